@@ -1,0 +1,17 @@
+//! sluice-schema: the records sluice's processors exchange, in JSON that TrustGraph 2.x
+//! readers and writers accept, plus topic names and message property keys.
+//!
+//! Pure data: this crate never does I/O and never logs. Every field is written on output
+//! (`null` for none) and unknown fields are ignored on input, so old and new readers keep
+//! working as records grow.
+
+mod de;
+pub mod properties;
+pub mod records;
+pub mod topics;
+
+pub use records::{
+    AgentMessageType, AgentRequest, AgentResponse, AgentStep, Error, ErrorKind, PromptRequest,
+    PromptResponse, ResponseRecord, TextCompletionRequest, TextCompletionResponse,
+};
+pub use topics::{Persistence, TopicError, TopicMapping, TopicName};

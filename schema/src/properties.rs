@@ -1,0 +1,19 @@
+//! Pulsar message property keys sluice reads and writes.
+//!
+//! Properties travel beside the JSON payload, so adding one never changes what a
+//! TrustGraph reader sees in the record itself.
+
+/// The caller's correlation id. A caller puts a unique id here; a service copies it onto
+/// every response record of that request (TrustGraph's convention).
+pub const ID: &str = "id";
+
+/// W3C trace context (`traceparent`), carried from the gateway through every processor.
+pub const TRACEPARENT: &str = "traceparent";
+
+/// W3C trace state, carried beside [`TRACEPARENT`] when present.
+pub const TRACESTATE: &str = "tracestate";
+
+/// Identifies one attempt at handling a request. A request redelivered after a crash is
+/// handled again under a new attempt id, so a client that sees the id change on a stream
+/// knows the stream restarted and can drop what it received from the earlier attempt.
+pub const ATTEMPT: &str = "sluice-attempt";

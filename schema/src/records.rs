@@ -1,0 +1,478 @@
+//! The request and response records of seed 003, JSON-compatible with TrustGraph 2.x.
+//!
+//! Rules every record here follows:
+//! - every field is written on output, `null` where there is no value;
+//! - unknown fields are ignored on input (serde's default), and `null` reads as the
+//!   field's default, because TrustGraph writers emit `null` freely;
+//! - anything sluice adds is optional, so old readers can ignore it.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+
+use crate::de::null_default;
+
+/// What went wrong, as TrustGraph carries it: `{"type": "...", "message": "..."}`.
+///
+/// `type` is a free string on the wire so that types written by other implementations
+/// survive a round trip; [`ErrorKind`] names the ones sluice writes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Error {
+    /// The error's type string, e.g. `llm-error`.
+    #[serde(rename = "type", default, deserialize_with = "null_default")]
+    pub kind: String,
+    /// A message for the operator or the user. Never contains secrets or prompt text.
+    #[serde(default, deserialize_with = "null_default")]
+    pub message: String,
+}
+
+impl Error {
+    /// An error of a kind sluice writes.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind: kind.as_str().to_owned(),
+            message: message.into(),
+        }
+    }
+
+    /// The kind, when it is one sluice knows.
+    pub fn known_kind(&self) -> Option<ErrorKind> {
+        ErrorKind::from_wire(&self.kind)
+    }
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.kind, self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// The error types sluice writes into [`Error::kind`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The LLM provider failed or refused (TrustGraph: `llm-error`).
+    Llm,
+    /// The agent could not complete the dialog (TrustGraph: `agent-error`).
+    Agent,
+    /// A required configuration is missing (TrustGraph: `no-configuration`).
+    NoConfiguration,
+    /// The gateway could not serve the request (TrustGraph: `gateway-error`).
+    Gateway,
+    /// The provider rate-limited the request and retries ran out (sluice's addition).
+    TooManyRequests,
+    /// The request record could not be decoded or is invalid (sluice's addition).
+    InvalidRequest,
+    /// A record exceeded the bus's message size limit (sluice's addition).
+    MessageTooLarge,
+    /// A time limit was reached (sluice's addition).
+    Timeout,
+    /// A bug or an unexpected condition inside sluice (sluice's addition).
+    Internal,
+}
+
+impl ErrorKind {
+    /// Every kind, for tables and tests.
+    pub const ALL: [ErrorKind; 9] = [
+        ErrorKind::Llm,
+        ErrorKind::Agent,
+        ErrorKind::NoConfiguration,
+        ErrorKind::Gateway,
+        ErrorKind::TooManyRequests,
+        ErrorKind::InvalidRequest,
+        ErrorKind::MessageTooLarge,
+        ErrorKind::Timeout,
+        ErrorKind::Internal,
+    ];
+
+    /// The string written on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Llm => "llm-error",
+            ErrorKind::Agent => "agent-error",
+            ErrorKind::NoConfiguration => "no-configuration",
+            ErrorKind::Gateway => "gateway-error",
+            ErrorKind::TooManyRequests => "too-many-requests",
+            ErrorKind::InvalidRequest => "invalid-request",
+            ErrorKind::MessageTooLarge => "message-too-large",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Internal => "internal-error",
+        }
+    }
+
+    /// The kind a wire string names, if sluice knows it.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+/// A response record: it knows whether it ends its request's stream, and every response
+/// type can carry an error as its terminal record.
+///
+/// The runtime relies on this to ack a request only after its terminal record is published
+/// and to answer a request it cannot handle with an error of the right type.
+pub trait ResponseRecord: Serialize + DeserializeOwned + Send + Sync + 'static {
+    /// True for the last record of a request (`end_of_stream`, or `end_of_dialog` for the agent).
+    fn is_terminal(&self) -> bool;
+    /// The terminal error record of this type.
+    fn from_error(error: Error) -> Self;
+    /// The error this record carries, if any.
+    fn error(&self) -> Option<&Error>;
+}
+
+/// A request to complete text (seed 003 `TextCompletionRequest`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TextCompletionRequest {
+    /// The system prompt.
+    #[serde(default, deserialize_with = "null_default")]
+    pub system: String,
+    /// The user prompt.
+    #[serde(default, deserialize_with = "null_default")]
+    pub prompt: String,
+    /// Stream the answer as many records (`false` on absent, for older callers).
+    #[serde(default, deserialize_with = "null_default")]
+    pub streaming: bool,
+    /// `"json"` asks the provider for JSON output where it supports that.
+    #[serde(default)]
+    pub response_format: Option<String>,
+    /// A JSON Schema the output should follow, where the provider supports that.
+    #[serde(default)]
+    pub schema: Option<serde_json::Value>,
+}
+
+/// One record of a text completion answer (seed 003 `TextCompletionResponse`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TextCompletionResponse {
+    /// Set on the terminal error record; nothing follows it.
+    #[serde(default)]
+    pub error: Option<Error>,
+    /// The text of this record: a delta when streaming, the whole answer otherwise.
+    #[serde(default, deserialize_with = "null_default")]
+    pub response: String,
+    /// Input tokens, as a delta: the sum over a stream is the request's total.
+    #[serde(default)]
+    pub in_token: Option<u64>,
+    /// Output tokens, as a delta: the sum over a stream is the request's total.
+    #[serde(default)]
+    pub out_token: Option<u64>,
+    /// The model that produced the text.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// True on the last record of the request.
+    #[serde(default, deserialize_with = "null_default")]
+    pub end_of_stream: bool,
+}
+
+impl ResponseRecord for TextCompletionResponse {
+    fn is_terminal(&self) -> bool {
+        self.end_of_stream
+    }
+
+    fn from_error(error: Error) -> Self {
+        Self {
+            error: Some(error),
+            end_of_stream: true,
+            ..Self::default()
+        }
+    }
+
+    fn error(&self) -> Option<&Error> {
+        self.error.as_ref()
+    }
+}
+
+/// A request to render a prompt template and complete it (seed 003 `PromptRequest`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PromptRequest {
+    /// The template id.
+    #[serde(default, deserialize_with = "null_default")]
+    pub id: String,
+    /// The template's variables; each value is itself JSON-encoded, as TrustGraph sends it.
+    #[serde(default, deserialize_with = "null_default")]
+    pub terms: BTreeMap<String, String>,
+    /// Stream the answer as many records.
+    #[serde(default, deserialize_with = "null_default")]
+    pub streaming: bool,
+}
+
+/// One record of a prompt answer (seed 003 `PromptResponse`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PromptResponse {
+    /// Set on the terminal error record; nothing follows it.
+    #[serde(default)]
+    pub error: Option<Error>,
+    /// Text output (a delta when streaming), for `text` templates.
+    #[serde(default)]
+    pub text: Option<String>,
+    /// JSON-encoded object output, for `json` and `jsonl` templates.
+    #[serde(default)]
+    pub object: Option<String>,
+    /// True on the last record of the request.
+    #[serde(default, deserialize_with = "null_default")]
+    pub end_of_stream: bool,
+    /// Input tokens, as a delta.
+    #[serde(default)]
+    pub in_token: Option<u64>,
+    /// Output tokens, as a delta.
+    #[serde(default)]
+    pub out_token: Option<u64>,
+    /// The model that produced the output.
+    #[serde(default)]
+    pub model: Option<String>,
+}
+
+impl ResponseRecord for PromptResponse {
+    fn is_terminal(&self) -> bool {
+        self.end_of_stream
+    }
+
+    fn from_error(error: Error) -> Self {
+        Self {
+            error: Some(error),
+            end_of_stream: true,
+            ..Self::default()
+        }
+    }
+
+    fn error(&self) -> Option<&Error> {
+        self.error.as_ref()
+    }
+}
+
+/// One step of an agent's history (seed 003 `AgentStep`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AgentStep {
+    /// The model's reasoning for this step.
+    #[serde(default, deserialize_with = "null_default")]
+    pub thought: String,
+    /// The tool the step invoked.
+    #[serde(default, deserialize_with = "null_default")]
+    pub action: String,
+    /// The tool's arguments.
+    #[serde(default, deserialize_with = "null_default")]
+    pub arguments: BTreeMap<String, String>,
+    /// What the tool returned.
+    #[serde(default, deserialize_with = "null_default")]
+    pub observation: String,
+    /// TrustGraph's step type, when set.
+    #[serde(default)]
+    pub step_type: Option<String>,
+}
+
+/// A question for the agent, or the next iteration of a dialog (seed 003 `AgentRequest`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AgentRequest {
+    /// The user's question.
+    #[serde(default, deserialize_with = "null_default")]
+    pub question: String,
+    /// Tool state filter.
+    #[serde(default)]
+    pub state: Option<String>,
+    /// Tool group filter.
+    #[serde(default)]
+    pub group: Option<Vec<String>>,
+    /// The steps taken so far; empty on the first iteration.
+    #[serde(default, deserialize_with = "null_default")]
+    pub history: Vec<AgentStep>,
+    /// TrustGraph collection, passed through.
+    #[serde(default)]
+    pub collection: Option<String>,
+    /// Stream the dialog as many records.
+    #[serde(default, deserialize_with = "null_default")]
+    pub streaming: bool,
+    /// Session id, passed through.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// Conversation id, passed through.
+    #[serde(default)]
+    pub conversation_id: Option<String>,
+    /// Agent pattern, passed through.
+    #[serde(default)]
+    pub pattern: Option<String>,
+    /// Older TrustGraph's user field, passed through.
+    #[serde(default)]
+    pub user: Option<String>,
+}
+
+/// What an agent response record carries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentMessageType {
+    /// The model's reasoning.
+    #[default]
+    Thought,
+    /// The tool being invoked, with its arguments.
+    Action,
+    /// The tool's result.
+    Observation,
+    /// The final answer.
+    Answer,
+    /// The terminal error.
+    Error,
+    /// A type this version does not know (written by a newer peer).
+    #[serde(other)]
+    Unknown,
+}
+
+/// One record of an agent dialog (seed 003 Phase 4 `AgentResponse`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AgentResponse {
+    /// What `content` is. Older TrustGraph calls this `chunk_type`; both are read.
+    #[serde(alias = "chunk_type", default, deserialize_with = "null_default")]
+    pub message_type: AgentMessageType,
+    /// The content: a token run, a tool name with arguments, a tool result, an answer.
+    #[serde(default, deserialize_with = "null_default")]
+    pub content: String,
+    /// True on the last piece of the current thought, action, observation or answer.
+    #[serde(default, deserialize_with = "null_default")]
+    pub end_of_message: bool,
+    /// True on the last record of the dialog.
+    #[serde(default, deserialize_with = "null_default")]
+    pub end_of_dialog: bool,
+    /// Identifies the message the piece belongs to.
+    #[serde(default)]
+    pub message_id: Option<String>,
+    /// Set on the terminal error record.
+    #[serde(default)]
+    pub error: Option<Error>,
+    /// Input tokens, as a delta.
+    #[serde(default)]
+    pub in_token: Option<u64>,
+    /// Output tokens, as a delta.
+    #[serde(default)]
+    pub out_token: Option<u64>,
+    /// The model used.
+    #[serde(default)]
+    pub model: Option<String>,
+}
+
+impl ResponseRecord for AgentResponse {
+    fn is_terminal(&self) -> bool {
+        self.end_of_dialog
+    }
+
+    fn from_error(error: Error) -> Self {
+        Self {
+            message_type: AgentMessageType::Error,
+            content: error.message.clone(),
+            end_of_message: true,
+            end_of_dialog: true,
+            error: Some(error),
+            ..Self::default()
+        }
+    }
+
+    fn error(&self) -> Option<&Error> {
+        self.error.as_ref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    #[test]
+    fn every_field_is_written_with_null_for_none() {
+        let v = serde_json::to_value(TextCompletionResponse::default()).unwrap();
+        assert_eq!(
+            v,
+            json!({"error": null, "response": "", "in_token": null, "out_token": null,
+                   "model": null, "end_of_stream": false})
+        );
+        let v = serde_json::to_value(PromptResponse::default()).unwrap();
+        for key in [
+            "error",
+            "text",
+            "object",
+            "end_of_stream",
+            "in_token",
+            "out_token",
+            "model",
+        ] {
+            assert!(v.get(key).is_some(), "missing {key}");
+        }
+        let v = serde_json::to_value(AgentResponse::default()).unwrap();
+        assert_eq!(v["message_type"], "thought");
+        assert_eq!(v["message_id"], Value::Null);
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored_and_null_reads_as_default() {
+        let r: TextCompletionRequest = serde_json::from_value(json!({
+            "system": null, "prompt": "hi", "streaming": null, "future_field": [1, 2],
+        }))
+        .unwrap();
+        assert_eq!(r.prompt, "hi");
+        assert_eq!(r.system, "");
+        assert!(!r.streaming);
+
+        let r: TextCompletionRequest = serde_json::from_value(json!({"prompt": "x"})).unwrap();
+        assert!(
+            !r.streaming,
+            "streaming defaults to false for older callers"
+        );
+    }
+
+    #[test]
+    fn chunk_type_is_read_as_message_type() {
+        let r: AgentResponse = serde_json::from_value(json!({
+            "chunk_type": "observation", "content": "42", "end_of_message": true,
+            "end_of_dialog": false,
+        }))
+        .unwrap();
+        assert_eq!(r.message_type, AgentMessageType::Observation);
+        let out = serde_json::to_value(&r).unwrap();
+        assert_eq!(out["message_type"], "observation");
+        assert!(out.get("chunk_type").is_none());
+    }
+
+    #[test]
+    fn unknown_agent_message_type_survives() {
+        let r: AgentResponse =
+            serde_json::from_value(json!({"message_type": "reflection"})).unwrap();
+        assert_eq!(r.message_type, AgentMessageType::Unknown);
+    }
+
+    #[test]
+    fn trustgraph_agent_request_reads() {
+        let r: AgentRequest = serde_json::from_value(json!({
+            "question": "What is 2+2?", "state": null, "group": null,
+            "history": [{"thought": "t", "action": "calc", "arguments": {"expr": "2+2"},
+                         "observation": "4", "user": "legacy"}],
+            "user": "trustgraph", "collection": "default", "streaming": true,
+            "session_id": "s1", "pattern": "react", "tool_hints": {"x": 1}
+        }))
+        .unwrap();
+        assert_eq!(r.history.len(), 1);
+        assert_eq!(r.history[0].arguments["expr"], "2+2");
+        assert!(r.streaming);
+    }
+
+    #[test]
+    fn error_records_are_terminal_for_every_type() {
+        let e = Error::new(ErrorKind::Llm, "provider said no");
+        let t = TextCompletionResponse::from_error(e.clone());
+        assert!(t.is_terminal() && t.error().is_some());
+        let p = PromptResponse::from_error(e.clone());
+        assert!(p.is_terminal() && p.error().is_some());
+        let a = AgentResponse::from_error(e);
+        assert!(a.is_terminal() && a.end_of_message);
+        assert_eq!(a.message_type, AgentMessageType::Error);
+        let v = serde_json::to_value(&t).unwrap();
+        assert_eq!(
+            v["error"],
+            json!({"type": "llm-error", "message": "provider said no"})
+        );
+    }
+
+    #[test]
+    fn error_kinds_round_trip_through_their_wire_strings() {
+        for k in ErrorKind::ALL {
+            assert_eq!(ErrorKind::from_wire(k.as_str()), Some(k));
+        }
+        assert_eq!(ErrorKind::from_wire("something-else"), None);
+    }
+}

@@ -1,0 +1,350 @@
+//! The message bus: publish records to topics and consume them through subscriptions.
+//!
+//! Two implementations: [`pulsar::PulsarBus`] (Apache Pulsar, for production and the
+//! integration tests) and [`memory::MemoryBus`] (in-process, for `sluice serve` and fast
+//! unit tests). Both give at-least-once delivery: a [`Delivery`] that is neither acked nor
+//! nacked is nacked when dropped, so a handler that panics or is cancelled never pins a
+//! request; it comes back for another attempt.
+//!
+//! The bus never interprets payloads: it moves bytes and string properties.
+
+pub mod admin;
+pub mod memory;
+pub mod pulsar;
+
+use std::{collections::BTreeMap, fmt, pin::Pin, sync::Arc};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::future::BoxFuture;
+
+/// A message to publish: payload bytes plus string properties.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Message {
+    /// The record, usually JSON.
+    pub payload: Bytes,
+    /// Properties such as `id` and `traceparent`.
+    pub properties: BTreeMap<String, String>,
+}
+
+impl Message {
+    /// A message with the given payload and no properties.
+    pub fn new(payload: impl Into<Bytes>) -> Self {
+        Self {
+            payload: payload.into(),
+            properties: BTreeMap::new(),
+        }
+    }
+
+    /// Adds a property.
+    pub fn with_property(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.properties.insert(key.into(), value.into());
+        self
+    }
+
+    /// Bytes this message occupies on the wire, payload and properties, not counting the
+    /// fixed framing. Compared against the bus's size limit before sending.
+    pub fn encoded_len(&self) -> usize {
+        self.payload.len()
+            + self
+                .properties
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + 8)
+                .sum::<usize>()
+    }
+}
+
+/// How consumers of one subscription share its messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubscriptionKind {
+    /// Competing consumers: each message goes to one of them (request topics).
+    Shared,
+    /// One consumer only; a second is refused (a client instance's response subscription).
+    Exclusive,
+}
+
+/// Where a subscription created for the first time starts reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartPosition {
+    /// From the oldest message the topic still holds: requests published before the first
+    /// processor subscribed are still served.
+    Earliest,
+    /// From the next message published.
+    Latest,
+}
+
+/// Options for [`Bus::subscribe`].
+#[derive(Debug, Clone)]
+pub struct SubscribeOptions {
+    /// Shared or exclusive.
+    pub kind: SubscriptionKind,
+    /// Where a new subscription starts.
+    pub start: StartPosition,
+    /// How many messages the broker may push ahead of processing. Kept near the consumer's
+    /// concurrency so one replica does not hoard a Shared subscription's backlog.
+    pub prefetch: u32,
+    /// A consumer name for the broker's statistics.
+    pub consumer_name: Option<String>,
+}
+
+impl SubscribeOptions {
+    /// Options for a processor's request subscription.
+    pub fn shared(prefetch: u32) -> Self {
+        Self {
+            kind: SubscriptionKind::Shared,
+            start: StartPosition::Earliest,
+            prefetch: prefetch.max(1),
+            consumer_name: None,
+        }
+    }
+
+    /// Options for a client instance's response subscription.
+    pub fn exclusive(prefetch: u32) -> Self {
+        Self {
+            kind: SubscriptionKind::Exclusive,
+            start: StartPosition::Latest,
+            prefetch: prefetch.max(1),
+            consumer_name: None,
+        }
+    }
+}
+
+/// What went wrong on the bus.
+#[derive(Debug, thiserror::Error)]
+pub enum BusError {
+    /// The message is larger than the bus accepts. Sending it would make Pulsar close the
+    /// connection and the client retry forever, so it is refused before sending.
+    #[error("message of {size} bytes exceeds the bus limit of {limit} bytes")]
+    TooLarge {
+        /// The message's encoded size.
+        size: usize,
+        /// The configured limit.
+        limit: usize,
+    },
+    /// The broker could not be reached or refused the operation.
+    #[error("bus unavailable: {0}")]
+    Unavailable(String),
+    /// The subscription or publisher was closed.
+    #[error("closed")]
+    Closed,
+    /// The subscription is exclusive and already has a consumer.
+    #[error("subscription {0:?} is exclusive and already has a consumer")]
+    ExclusiveTaken(String),
+    /// A bad topic or configuration.
+    #[error("invalid bus configuration: {0}")]
+    Config(String),
+}
+
+/// A future resolving when the broker has stored a published message.
+pub struct Receipt(BoxFuture<'static, Result<(), BusError>>);
+
+impl Receipt {
+    /// Wraps a future.
+    pub fn new(fut: impl Future<Output = Result<(), BusError>> + Send + 'static) -> Self {
+        Self(Box::pin(fut))
+    }
+
+    /// A receipt that is already settled.
+    pub fn ready(result: Result<(), BusError>) -> Self {
+        Self(Box::pin(std::future::ready(result)))
+    }
+}
+
+impl Future for Receipt {
+    type Output = Result<(), BusError>;
+
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        self.0.as_mut().poll(cx)
+    }
+}
+
+impl fmt::Debug for Receipt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Receipt")
+    }
+}
+
+/// Publishes to one topic. Messages sent through one publisher are stored in send order.
+#[async_trait]
+pub trait Publisher: Send + Sync {
+    /// Queues a message. Returns once the message is queued (waiting while the queue is
+    /// full) with a receipt that resolves when the broker has stored it.
+    async fn send(&self, message: Message) -> Result<Receipt, BusError>;
+
+    /// The topic this publisher writes to.
+    fn topic(&self) -> &str;
+}
+
+/// Consumes one subscription.
+#[async_trait]
+pub trait Subscription: Send {
+    /// The next delivery; `None` once the subscription is closed for good.
+    async fn next(&mut self) -> Option<Result<Delivery, BusError>>;
+
+    /// Closes the subscription. Deliveries not yet settled go back to the broker for
+    /// redelivery (to another consumer of a Shared subscription).
+    async fn close(self: Box<Self>);
+
+    /// Closes and deletes the subscription (a client instance's private response
+    /// subscription, so no backlog accumulates after it is gone).
+    async fn unsubscribe(self: Box<Self>);
+
+    /// A handle that tells, at any time, whether the subscription is attached to the
+    /// broker (for `/readyz`).
+    fn link(&self) -> Link;
+
+    /// Stops handing out new deliveries but keeps settling the ones already handed out;
+    /// called when draining, before [`Subscription::close`]. Undelivered messages go back
+    /// to the broker on close.
+    fn pause(&mut self) {}
+}
+
+/// A bus: publishers and subscriptions by topic.
+#[async_trait]
+pub trait Bus: Send + Sync + 'static {
+    /// A publisher for `topic` (a Pulsar topic URL). Publishers are cached per topic.
+    async fn publisher(&self, topic: &str) -> Result<Arc<dyn Publisher>, BusError>;
+
+    /// Subscribes to `topic` under the subscription name `subscription`.
+    async fn subscribe(
+        &self,
+        topic: &str,
+        subscription: &str,
+        options: SubscribeOptions,
+    ) -> Result<Box<dyn Subscription>, BusError>;
+
+    /// The largest message [`Publisher::send`] accepts.
+    fn max_message_bytes(&self) -> usize;
+}
+
+/// Whether a subscription is attached to its broker; cheap to clone and to read.
+#[derive(Debug, Clone)]
+pub struct Link(Arc<std::sync::atomic::AtomicBool>);
+
+impl Link {
+    /// A link in the given state.
+    pub fn new(up: bool) -> Self {
+        Self(Arc::new(std::sync::atomic::AtomicBool::new(up)))
+    }
+
+    /// True while attached.
+    pub fn is_up(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Records the state.
+    pub fn set(&self, up: bool) {
+        self.0.store(up, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// How a delivery was settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settlement {
+    /// Done with: never deliver again.
+    Ack,
+    /// Not done: deliver again (at once; the bus has no redelivery delay).
+    Nack,
+}
+
+/// Settles one delivery. Implemented by each bus; called exactly once.
+pub trait Settle: Send + Sync {
+    /// Acks or nacks. Must not block: implementations hand the command to a task.
+    fn settle(self: Box<Self>, settlement: Settlement);
+}
+
+/// A message received from a subscription, to be acked or nacked exactly once.
+pub struct Delivery {
+    payload: Bytes,
+    properties: BTreeMap<String, String>,
+    redelivery_count: u32,
+    settle: Option<Box<dyn Settle>>,
+}
+
+impl Delivery {
+    /// Builds a delivery; for bus implementations.
+    pub fn new(
+        payload: Bytes,
+        properties: BTreeMap<String, String>,
+        redelivery_count: u32,
+        settle: Box<dyn Settle>,
+    ) -> Self {
+        Self {
+            payload,
+            properties,
+            redelivery_count,
+            settle: Some(settle),
+        }
+    }
+
+    /// The payload bytes.
+    pub fn payload(&self) -> &Bytes {
+        &self.payload
+    }
+
+    /// One property.
+    pub fn property(&self, key: &str) -> Option<&str> {
+        self.properties.get(key).map(String::as_str)
+    }
+
+    /// All properties.
+    pub fn properties(&self) -> &BTreeMap<String, String> {
+        &self.properties
+    }
+
+    /// How many times this message was delivered before, as far as this bus can tell.
+    ///
+    /// Exact on the in-process bus. On Pulsar it counts redeliveries this process has
+    /// seen: pulsar-rs does not expose the broker's count, and the broker reports 0 after
+    /// a consumer disconnects anyway (apache/pulsar#8722). The attempt id on response
+    /// records is what tells clients a stream restarted.
+    pub fn redelivery_count(&self) -> u32 {
+        self.redelivery_count
+    }
+
+    /// Acknowledges: the message will not be delivered again.
+    pub fn ack(mut self) {
+        if let Some(s) = self.settle.take() {
+            s.settle(Settlement::Ack);
+        }
+    }
+
+    /// Negatively acknowledges: the message will be delivered again.
+    pub fn nack(mut self) {
+        if let Some(s) = self.settle.take() {
+            s.settle(Settlement::Nack);
+        }
+    }
+}
+
+impl Drop for Delivery {
+    fn drop(&mut self) {
+        // Unsettled on drop means the work was abandoned (panic, cancellation):
+        // hand the message back rather than leaving it pinned to this consumer.
+        if let Some(s) = self.settle.take() {
+            s.settle(Settlement::Nack);
+        }
+    }
+}
+
+impl fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Delivery")
+            .field("bytes", &self.payload.len())
+            .field("properties", &self.properties)
+            .field("redelivery_count", &self.redelivery_count)
+            .finish()
+    }
+}
+
+/// Checks a message against a size limit.
+pub(crate) fn check_size(message: &Message, limit: usize) -> Result<(), BusError> {
+    let size = message.encoded_len();
+    if size > limit {
+        return Err(BusError::TooLarge { size, limit });
+    }
+    Ok(())
+}

@@ -1,0 +1,731 @@
+//! The Apache Pulsar bus (crate `pulsar`, pulsar-rs).
+//!
+//! What this file copes with, each measured or read in pulsar-rs 6.9:
+//! - pulsar-rs never sets TCP_NODELAY, and a connection that writes small frames back to
+//!   back while its peer sends nothing back stalls on Nagle plus delayed ACK (~40 ms). So
+//!   consumers and producers use two separate clients, hence two connections: the consumer
+//!   connection writes acks and flow permits, the producer connection writes sends that the
+//!   broker answers with receipts.
+//! - After an outage longer than the client's retry budget a consumer's stream ends and a
+//!   producer's sends fail for good. A supervisor task re-creates consumers; publishers drop
+//!   a failed producer and create a new one, retrying within a budget.
+//! - Producers use `block_queue_if_full`, so a burst waits instead of failing with SlowDown.
+//! - A message over the broker's frame limit makes the connection close and the client retry
+//!   forever, so sizes are checked before sending.
+//! - The consumer engine handles acks and incoming messages in one loop: when its delivery
+//!   channel is full, acks wait behind it. The supervisor keeps reading into a bounded
+//!   buffer, and while draining parks new messages (released to other consumers on close)
+//!   so that the acks of in-flight requests still go out.
+//! - pulsar-rs hides the broker's redelivery count, so redeliveries are counted per process.
+//!
+//! This file must never log payloads or properties' values: they carry prompts.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt;
+use pulsar::{
+    Authentication, ConnectionRetryOptions, Consumer, ConsumerOptions, OperationRetryOptions,
+    Producer, ProducerOptions, Pulsar, TokioExecutor, consumer::InitialPosition,
+    message::proto::MessageIdData, message::proto::command_subscribe::SubType,
+};
+use tokio::{
+    sync::{mpsc, oneshot},
+    time::Instant,
+};
+use tracing::{debug, info, warn};
+
+use super::{
+    Bus, BusError, Delivery, Link, Message, Publisher, Receipt, Settle, Settlement, StartPosition,
+    SubscribeOptions, Subscription, SubscriptionKind, check_size,
+};
+use crate::secret::Secret;
+
+/// How to reach and use a Pulsar cluster.
+#[derive(Debug, Clone)]
+pub struct PulsarConfig {
+    /// Broker URL, e.g. `pulsar://127.0.0.1:6650`.
+    pub url: String,
+    /// JWT for token authentication, from env or file; never from the command line.
+    pub token: Option<Secret>,
+    /// Largest message sent; the broker's `maxMessageSize` (5 MiB by default) less headroom
+    /// for the frame's metadata.
+    pub max_message_bytes: usize,
+    /// Client connection retries before pulsar-rs gives up on an operation.
+    pub connection_retries: u32,
+    /// Longest wait between connection retries.
+    pub connection_max_backoff: Duration,
+    /// Time limit for one broker operation.
+    pub operation_timeout: Duration,
+    /// How long a send keeps re-creating a failed producer before reporting the bus unavailable.
+    pub publish_retry_budget: Duration,
+    /// Longest wait between attempts to re-create a consumer.
+    pub resubscribe_max_backoff: Duration,
+}
+
+impl PulsarConfig {
+    /// Defaults for a broker at `url`.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            token: None,
+            max_message_bytes: super::memory::DEFAULT_MAX_MESSAGE_BYTES,
+            connection_retries: 12,
+            connection_max_backoff: Duration::from_secs(5),
+            operation_timeout: Duration::from_secs(30),
+            publish_retry_budget: Duration::from_secs(60),
+            resubscribe_max_backoff: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The Pulsar bus. Cheap to clone.
+#[derive(Clone)]
+pub struct PulsarBus {
+    config: Arc<PulsarConfig>,
+    consumers: Pulsar<TokioExecutor>,
+    producers: Pulsar<TokioExecutor>,
+    publishers: Arc<Mutex<HashMap<String, Arc<PulsarPublisher>>>>,
+}
+
+impl std::fmt::Debug for PulsarBus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PulsarBus")
+            .field("url", &self.config.url)
+            .finish()
+    }
+}
+
+async fn client(config: &PulsarConfig) -> Result<Pulsar<TokioExecutor>, BusError> {
+    let mut builder = Pulsar::builder(config.url.clone(), TokioExecutor)
+        .with_connection_retry_options(ConnectionRetryOptions {
+            min_backoff: Duration::from_millis(10),
+            max_backoff: config.connection_max_backoff,
+            max_retries: config.connection_retries,
+            connection_timeout: Duration::from_secs(10),
+            keep_alive: Duration::from_secs(30),
+            connection_max_idle: Duration::from_secs(300),
+        })
+        .with_operation_retry_options(OperationRetryOptions {
+            operation_timeout: config.operation_timeout,
+            retry_delay: Duration::from_millis(500),
+            max_retries: Some(20),
+        })
+        .with_outbound_channel_size(1000);
+    if let Some(token) = &config.token {
+        builder = builder.with_auth(Authentication {
+            name: "token".to_owned(),
+            data: token.expose().as_bytes().to_vec(),
+        });
+    }
+    builder
+        .build()
+        .await
+        .map_err(|e| BusError::Unavailable(format!("connecting to {}: {e}", config.url)))
+}
+
+impl PulsarBus {
+    /// Connects, retrying until the broker answers or `wait` has passed: a processor may
+    /// start before its broker in Kubernetes or docker-compose.
+    pub async fn connect(config: PulsarConfig, wait: Duration) -> Result<Self, BusError> {
+        let deadline = Instant::now() + wait;
+        let mut backoff = Backoff::new(config.resubscribe_max_backoff);
+        loop {
+            match Self::try_connect(&config).await {
+                Ok(bus) => return Ok(bus),
+                Err(e) if Instant::now() + backoff.peek() < deadline => {
+                    warn!(error = %e, "pulsar not reachable yet; retrying");
+                    tokio::time::sleep(backoff.next_delay()).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn try_connect(config: &PulsarConfig) -> Result<Self, BusError> {
+        // Two clients, so consuming and producing never share a connection (see module doc).
+        let consumers = client(config).await?;
+        let producers = client(config).await?;
+        Ok(Self {
+            config: Arc::new(config.clone()),
+            consumers,
+            producers,
+            publishers: Arc::default(),
+        })
+    }
+}
+
+#[async_trait]
+impl Bus for PulsarBus {
+    async fn publisher(&self, topic: &str) -> Result<Arc<dyn Publisher>, BusError> {
+        let mut map = self
+            .publishers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let publisher = map
+            .entry(topic.to_owned())
+            .or_insert_with(|| {
+                Arc::new(PulsarPublisher {
+                    topic: topic.to_owned(),
+                    client: self.producers.clone(),
+                    config: self.config.clone(),
+                    producer: tokio::sync::Mutex::new(None),
+                })
+            })
+            .clone();
+        Ok(publisher)
+    }
+
+    async fn subscribe(
+        &self,
+        topic: &str,
+        subscription: &str,
+        options: SubscribeOptions,
+    ) -> Result<Box<dyn Subscription>, BusError> {
+        let spec = ConsumerSpec {
+            topic: topic.to_owned(),
+            subscription: subscription.to_owned(),
+            options,
+        };
+        // Subscribe once up front so that configuration errors (an exclusive subscription
+        // already taken, a missing namespace) reach the caller instead of a retry loop.
+        let consumer = spec.build(&self.consumers).await?;
+        let (deliveries_tx, deliveries_rx) = mpsc::channel(spec.options.prefetch as usize);
+        let (control_tx, control_rx) = mpsc::unbounded_channel();
+        let connected = Link::new(true);
+        let supervisor = Supervisor {
+            client: self.consumers.clone(),
+            spec,
+            deliveries: deliveries_tx,
+            control_tx: control_tx.clone(),
+            control: control_rx,
+            connected: connected.clone(),
+            redeliveries: RedeliveryTracker::new(100_000),
+            max_backoff: self.config.resubscribe_max_backoff,
+        };
+        tokio::spawn(supervisor.run(consumer));
+        Ok(Box::new(PulsarSubscription {
+            deliveries: deliveries_rx,
+            control: control_tx,
+            connected,
+            closed: false,
+        }))
+    }
+
+    fn max_message_bytes(&self) -> usize {
+        self.config.max_message_bytes
+    }
+}
+
+struct PulsarPublisher {
+    topic: String,
+    client: Pulsar<TokioExecutor>,
+    config: Arc<PulsarConfig>,
+    // A tokio Mutex: it is held across the awaits that queue a message, which is what keeps
+    // concurrent sends on one topic in a single order and makes a full queue back-pressure
+    // every sender.
+    producer: tokio::sync::Mutex<Option<Producer<TokioExecutor>>>,
+}
+
+impl PulsarPublisher {
+    async fn create(&self) -> Result<Producer<TokioExecutor>, pulsar::Error> {
+        self.client
+            .producer()
+            .with_topic(self.topic.clone())
+            .with_options(ProducerOptions {
+                block_queue_if_full: true,
+                ..ProducerOptions::default()
+            })
+            .build()
+            .await
+    }
+}
+
+#[async_trait]
+impl Publisher for PulsarPublisher {
+    async fn send(&self, message: Message) -> Result<Receipt, BusError> {
+        check_size(&message, self.config.max_message_bytes)?;
+        let outgoing = pulsar::producer::Message {
+            payload: message.payload.to_vec(),
+            properties: message.properties.into_iter().collect(),
+            ..Default::default()
+        };
+        let deadline = Instant::now() + self.config.publish_retry_budget;
+        let mut backoff = Backoff::new(Duration::from_secs(2));
+        let mut slot = self.producer.lock().await;
+        loop {
+            let failure = match slot.as_mut() {
+                None => match self.create().await {
+                    Ok(p) => {
+                        *slot = Some(p);
+                        continue;
+                    }
+                    Err(e) => format!("creating producer: {e}"),
+                },
+                Some(producer) => match producer.send_non_blocking(outgoing.clone()).await {
+                    Ok(receipt) => {
+                        return Ok(Receipt::new(async move {
+                            receipt
+                                .await
+                                .map(|_| ())
+                                .map_err(|e| BusError::Unavailable(format!("send receipt: {e}")))
+                        }));
+                    }
+                    Err(e) => {
+                        // The producer may be beyond repair (its reconnect budget ran out):
+                        // drop it and build a fresh one on the next attempt.
+                        *slot = None;
+                        format!("sending: {e}")
+                    }
+                },
+            };
+            if Instant::now() + backoff.peek() >= deadline {
+                return Err(BusError::Unavailable(format!(
+                    "publishing to {} failed for {:?}: {failure}",
+                    self.topic, self.config.publish_retry_budget
+                )));
+            }
+            warn!(topic = %self.topic, error = %failure, "publish failed; retrying");
+            tokio::time::sleep(backoff.next_delay()).await;
+        }
+    }
+
+    fn topic(&self) -> &str {
+        &self.topic
+    }
+}
+
+struct ConsumerSpec {
+    topic: String,
+    subscription: String,
+    options: SubscribeOptions,
+}
+
+impl ConsumerSpec {
+    async fn build(
+        &self,
+        client: &Pulsar<TokioExecutor>,
+    ) -> Result<Consumer<Vec<u8>, TokioExecutor>, BusError> {
+        let sub_type = match self.options.kind {
+            SubscriptionKind::Shared => SubType::Shared,
+            SubscriptionKind::Exclusive => SubType::Exclusive,
+        };
+        let initial_position = match self.options.start {
+            StartPosition::Earliest => InitialPosition::Earliest,
+            StartPosition::Latest => InitialPosition::Latest,
+        };
+        let mut builder = client
+            .consumer()
+            .with_topic(self.topic.clone())
+            .with_subscription(self.subscription.clone())
+            .with_subscription_type(sub_type)
+            .with_batch_size(self.options.prefetch)
+            .with_options(ConsumerOptions {
+                durable: Some(true),
+                receiver_queue_size: Some(self.options.prefetch),
+                initial_position,
+                ..ConsumerOptions::default()
+            });
+        if let Some(name) = &self.options.consumer_name {
+            builder = builder.with_consumer_name(name.clone());
+        }
+        builder.build().await.map_err(|e| {
+            let text = e.to_string();
+            if text.contains("Exclusive consumer is already connected")
+                || text.contains("ConsumerBusy")
+            {
+                BusError::ExclusiveTaken(self.subscription.clone())
+            } else {
+                BusError::Unavailable(format!(
+                    "subscribing {:?} to {}: {text}",
+                    self.subscription, self.topic
+                ))
+            }
+        })
+    }
+}
+
+enum Control {
+    Settle(MessageIdData, Settlement),
+    Pause,
+    Close(oneshot::Sender<()>),
+    Unsubscribe(oneshot::Sender<()>),
+}
+
+struct PulsarSubscription {
+    deliveries: mpsc::Receiver<Delivery>,
+    control: mpsc::UnboundedSender<Control>,
+    connected: Link,
+    closed: bool,
+}
+
+impl PulsarSubscription {
+    async fn shut(&mut self, make: fn(oneshot::Sender<()>) -> Control) {
+        self.closed = true;
+        let (tx, rx) = oneshot::channel();
+        if self.control.send(make(tx)).is_ok() {
+            let _ = rx.await;
+        }
+    }
+}
+
+#[async_trait]
+impl Subscription for PulsarSubscription {
+    async fn next(&mut self) -> Option<Result<Delivery, BusError>> {
+        if self.closed {
+            return None;
+        }
+        self.deliveries.recv().await.map(Ok)
+    }
+
+    async fn close(mut self: Box<Self>) {
+        self.shut(Control::Close).await;
+    }
+
+    async fn unsubscribe(mut self: Box<Self>) {
+        self.shut(Control::Unsubscribe).await;
+    }
+
+    fn link(&self) -> Link {
+        self.connected.clone()
+    }
+
+    fn pause(&mut self) {
+        // The consumer stays attached so that the acks of work in flight go out; see the
+        // module doc.
+        let _ = self.control.send(Control::Pause);
+    }
+}
+
+impl Drop for PulsarSubscription {
+    fn drop(&mut self) {
+        if !self.closed {
+            let (tx, _rx) = oneshot::channel();
+            let _ = self.control.send(Control::Close(tx));
+        }
+    }
+}
+
+struct PulsarSettle {
+    control: mpsc::UnboundedSender<Control>,
+    id: MessageIdData,
+}
+
+impl Settle for PulsarSettle {
+    fn settle(self: Box<Self>, settlement: Settlement) {
+        // Fails only once the supervisor has stopped, when the consumer is closed and the
+        // broker redelivers the message anyway.
+        let _ = self.control.send(Control::Settle(self.id, settlement));
+    }
+}
+
+/// Counts how often this process has seen each message, because pulsar-rs does not pass on
+/// the broker's redelivery count. Bounded: the oldest entries are forgotten first.
+struct RedeliveryTracker {
+    seen: HashMap<(u64, u64, i32, i32), u32>,
+    order: VecDeque<(u64, u64, i32, i32)>,
+    capacity: usize,
+}
+
+impl RedeliveryTracker {
+    fn new(capacity: usize) -> Self {
+        Self {
+            seen: HashMap::new(),
+            order: VecDeque::new(),
+            capacity,
+        }
+    }
+
+    fn key(id: &MessageIdData) -> (u64, u64, i32, i32) {
+        (
+            id.ledger_id,
+            id.entry_id,
+            id.partition.unwrap_or(-1),
+            id.batch_index.unwrap_or(-1),
+        )
+    }
+
+    /// Records a delivery and returns how many times the message was seen before.
+    fn observe(&mut self, id: &MessageIdData) -> u32 {
+        let key = Self::key(id);
+        if let Some(count) = self.seen.get_mut(&key) {
+            *count += 1;
+            return *count;
+        }
+        if self.order.len() >= self.capacity
+            && let Some(old) = self.order.pop_front()
+        {
+            self.seen.remove(&old);
+        }
+        self.seen.insert(key, 0);
+        self.order.push_back(key);
+        0
+    }
+
+    fn forget(&mut self, id: &MessageIdData) {
+        // The order queue keeps the key until it ages out; removal from the map is what
+        // matters, and a stale key in the queue only evicts nothing.
+        self.seen.remove(&Self::key(id));
+    }
+}
+
+struct Supervisor {
+    client: Pulsar<TokioExecutor>,
+    spec: ConsumerSpec,
+    deliveries: mpsc::Sender<Delivery>,
+    control_tx: mpsc::UnboundedSender<Control>,
+    control: mpsc::UnboundedReceiver<Control>,
+    connected: Link,
+    redeliveries: RedeliveryTracker,
+    max_backoff: Duration,
+}
+
+enum Exit {
+    Stop,
+    Resubscribe,
+}
+
+impl Supervisor {
+    async fn run(mut self, first: Consumer<Vec<u8>, TokioExecutor>) {
+        let mut consumer = Some(first);
+        let mut settles: Vec<(MessageIdData, Settlement)> = Vec::new();
+        let mut paused = false;
+        loop {
+            let mut current = match consumer.take() {
+                Some(c) => c,
+                None => match self.resubscribe(&mut settles, &mut paused).await {
+                    Some(c) => c,
+                    None => return,
+                },
+            };
+            self.connected.set(true);
+            for (id, settlement) in settles.drain(..) {
+                self.apply(&mut current, id, settlement).await;
+            }
+            let exit = self.serve(&mut current, &mut paused).await;
+            self.connected.set(false);
+            match exit {
+                Exit::Stop => return,
+                Exit::Resubscribe => {
+                    let _ = current.close().await;
+                    info!(topic = %self.spec.topic, subscription = %self.spec.subscription,
+                          "consumer stream ended; re-subscribing");
+                }
+            }
+        }
+    }
+
+    async fn apply(
+        &mut self,
+        consumer: &mut Consumer<Vec<u8>, TokioExecutor>,
+        id: MessageIdData,
+        settlement: Settlement,
+    ) {
+        let result = match settlement {
+            Settlement::Ack => {
+                self.redeliveries.forget(&id);
+                consumer.ack_with_id(&self.spec.topic, id).await
+            }
+            Settlement::Nack => consumer.nack_with_id(&self.spec.topic, id).await,
+        };
+        if let Err(e) = result {
+            // The broker redelivers what was not acked once the consumer is re-created.
+            warn!(topic = %self.spec.topic, error = %e, ?settlement, "settling a message failed");
+        }
+    }
+
+    /// Re-creates the consumer with backoff. Returns `None` when told to stop meanwhile.
+    async fn resubscribe(
+        &mut self,
+        settles: &mut Vec<(MessageIdData, Settlement)>,
+        paused: &mut bool,
+    ) -> Option<Consumer<Vec<u8>, TokioExecutor>> {
+        let mut backoff = Backoff::new(self.max_backoff);
+        loop {
+            match self.spec.build(&self.client).await {
+                Ok(c) => return Some(c),
+                Err(e) => warn!(topic = %self.spec.topic, error = %e, "re-subscribing failed"),
+            }
+            let sleep = tokio::time::sleep(backoff.next_delay());
+            tokio::pin!(sleep);
+            loop {
+                tokio::select! {
+                    () = &mut sleep => break,
+                    ctl = self.control.recv() => match ctl {
+                        Some(Control::Settle(id, s)) => settles.push((id, s)),
+                        Some(Control::Pause) => *paused = true,
+                        Some(Control::Close(done) | Control::Unsubscribe(done)) => {
+                            let _ = done.send(());
+                            return None;
+                        }
+                        None => return None,
+                    },
+                }
+            }
+        }
+    }
+
+    async fn serve(
+        &mut self,
+        consumer: &mut Consumer<Vec<u8>, TokioExecutor>,
+        paused: &mut bool,
+    ) -> Exit {
+        let limit = self.spec.options.prefetch as usize;
+        // Parked messages are never handed out: they go back to the broker when the consumer
+        // closes. The bound keeps a draining replica from pulling in the backlog.
+        let park_limit = limit * 4 + 1024;
+        let mut ready: VecDeque<Delivery> = VecDeque::new();
+        let mut parked = 0usize;
+        let mut slot: Option<mpsc::OwnedPermit<Delivery>> = None;
+        loop {
+            if !*paused && let Some(permit) = slot.take() {
+                match ready.pop_front() {
+                    Some(d) => {
+                        permit.send(d);
+                    }
+                    None => slot = Some(permit),
+                }
+            }
+            let want_message = if *paused {
+                parked < park_limit
+            } else {
+                ready.len() < limit
+            };
+            tokio::select! {
+                biased;
+                ctl = self.control.recv() => match ctl {
+                    Some(Control::Settle(id, s)) => self.apply(consumer, id, s).await,
+                    Some(Control::Pause) => {
+                        *paused = true;
+                        // Undelivered messages are released with the consumer on close.
+                        parked += ready.len();
+                        ready.clear();
+                    }
+                    Some(Control::Close(done)) => {
+                        let _ = consumer.close().await;
+                        let _ = done.send(());
+                        return Exit::Stop;
+                    }
+                    Some(Control::Unsubscribe(done)) => {
+                        if let Err(e) = consumer.unsubscribe().await {
+                            warn!(subscription = %self.spec.subscription, error = %e, "unsubscribe failed");
+                        }
+                        let _ = consumer.close().await;
+                        let _ = done.send(());
+                        return Exit::Stop;
+                    }
+                    // Unreachable while `self.control_tx` lives; kept for completeness.
+                    None => return Exit::Stop,
+                },
+                permit = self.deliveries.clone().reserve_owned(), if slot.is_none() && !*paused => match permit {
+                    Ok(p) => slot = Some(p),
+                    // The subscription handle is gone without a close: stop.
+                    Err(_) => {
+                        let _ = consumer.close().await;
+                        return Exit::Stop;
+                    }
+                },
+                msg = consumer.next(), if want_message => match msg {
+                    Some(Ok(m)) => {
+                        if *paused {
+                            parked += 1;
+                            continue;
+                        }
+                        let id = m.message_id.id.clone();
+                        let count = self.redeliveries.observe(&id);
+                        let properties = m
+                            .payload
+                            .metadata
+                            .properties
+                            .iter()
+                            .map(|kv| (kv.key.clone(), kv.value.clone()))
+                            .collect();
+                        let payload = Bytes::from(m.payload.data);
+                        let settle = Box::new(PulsarSettle { control: self.control_tx.clone(), id });
+                        ready.push_back(Delivery::new(payload, properties, count, settle));
+                    }
+                    Some(Err(e)) => {
+                        // A message pulsar-rs could not decode (e.g. compressed with a codec
+                        // not built in). It stays unacked on the broker; log and go on.
+                        warn!(topic = %self.spec.topic, error = %e, "consumer error");
+                    }
+                    None => return Exit::Resubscribe,
+                },
+            }
+        }
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        debug!(topic = %self.spec.topic, subscription = %self.spec.subscription, "subscription supervisor stopped");
+    }
+}
+
+/// Exponential backoff with full jitter, from 50 ms up to a cap.
+pub(crate) struct Backoff {
+    next: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    pub(crate) fn new(max: Duration) -> Self {
+        Self {
+            next: Duration::from_millis(50),
+            max,
+        }
+    }
+
+    /// The upper bound of the next delay.
+    pub(crate) fn peek(&self) -> Duration {
+        self.next
+    }
+
+    pub(crate) fn next_delay(&mut self) -> Duration {
+        let bound = self.next;
+        self.next = (self.next * 2).min(self.max);
+        // Full jitter keeps a fleet of replicas from reconnecting in lockstep.
+        let millis = u64::try_from(bound.as_millis()).unwrap_or(u64::MAX);
+        Duration::from_millis(rand::random_range(millis / 2..=millis.max(1)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(ledger: u64, entry: u64) -> MessageIdData {
+        MessageIdData {
+            ledger_id: ledger,
+            entry_id: entry,
+            ..MessageIdData::default()
+        }
+    }
+
+    #[test]
+    fn the_tracker_counts_repeat_deliveries_and_forgets_acked_ones() {
+        let mut t = RedeliveryTracker::new(2);
+        assert_eq!(t.observe(&id(1, 1)), 0);
+        assert_eq!(t.observe(&id(1, 1)), 1);
+        assert_eq!(t.observe(&id(1, 1)), 2);
+        t.forget(&id(1, 1));
+        assert_eq!(t.observe(&id(1, 1)), 0);
+        assert_eq!(t.observe(&id(1, 2)), 0);
+        assert_eq!(t.observe(&id(1, 3)), 0, "capacity evicts the oldest");
+        assert_eq!(t.seen.len(), 2);
+    }
+
+    #[test]
+    fn backoff_grows_to_its_cap_with_jitter() {
+        let mut b = Backoff::new(Duration::from_millis(400));
+        let delays: Vec<_> = (0..6).map(|_| b.next_delay()).collect();
+        assert!(delays[0] >= Duration::from_millis(25) && delays[0] <= Duration::from_millis(50));
+        assert!(delays.iter().all(|d| *d <= Duration::from_millis(400)));
+        assert_eq!(b.peek(), Duration::from_millis(400));
+    }
+}

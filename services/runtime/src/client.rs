@@ -1,0 +1,603 @@
+//! The request/response client: what the gateway, the CLI and processors that call other
+//! processors use to make a request over the bus and read its stream of records.
+//!
+//! One client instance owns one Exclusive subscription on the response topic (its name is
+//! unique to the instance) and one router task that hands each record to the caller waiting
+//! for its `id`. A caller gets a [`ResponseStream`]: records in order, then nothing after the
+//! first terminal record (later duplicates, e.g. from a redelivered request, are counted and
+//! dropped). A stream ends with an error after an inactivity timeout or a total timeout.
+//! When a record arrives under a new attempt id the stream yields [`Received::Restarted`]
+//! first, so the caller can discard what the abandoned attempt sent.
+//!
+//! It never logs payloads: they carry prompts and answers.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    marker::PhantomData,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use serde::Serialize;
+use sluice_schema::{ResponseRecord, properties};
+use tokio::{sync::mpsc, task::JoinHandle, time::Instant};
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use crate::{
+    bus::{Bus, BusError, Delivery, Link, Message, Publisher, SubscribeOptions},
+    telemetry::RuntimeMetrics,
+};
+
+/// Where a client sends requests and reads responses.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// The service's name, for metrics (e.g. `text-completion`).
+    pub service: String,
+    /// Pulsar topic URL of the service's requests.
+    pub request_topic: String,
+    /// Pulsar topic URL of the service's responses.
+    pub response_topic: String,
+    /// This instance's response subscription; unique per instance (a default is generated).
+    pub subscription: String,
+    /// A stream fails when no record arrives for this long.
+    pub inactivity_timeout: Duration,
+    /// A stream fails when it has not ended after this long.
+    pub total_timeout: Duration,
+}
+
+impl ClientConfig {
+    /// Defaults: a fresh subscription name, 120 s inactivity, 600 s total.
+    pub fn new(
+        service: impl Into<String>,
+        request_topic: impl Into<String>,
+        response_topic: impl Into<String>,
+    ) -> Self {
+        let service = service.into();
+        Self {
+            subscription: format!("sluice-client-{service}-{}", uuid::Uuid::new_v4().simple()),
+            service,
+            request_topic: request_topic.into(),
+            response_topic: response_topic.into(),
+            inactivity_timeout: Duration::from_secs(120),
+            total_timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+/// Why a request failed on the client side.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Publishing the request or subscribing failed.
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    /// No record arrived within the inactivity timeout.
+    #[error("no response record for {0:?}")]
+    InactivityTimeout(Duration),
+    /// The stream did not end within the total timeout.
+    #[error("the response did not complete within {0:?}")]
+    TotalTimeout(Duration),
+    /// A response record could not be decoded.
+    #[error("a response record could not be decoded: {0}")]
+    Decode(String),
+    /// The request could not be encoded.
+    #[error("the request could not be encoded: {0}")]
+    Encode(String),
+    /// The client was closed.
+    #[error("the client is closed")]
+    Closed,
+    /// Another request with the same id is in flight on this client.
+    #[error("a request with id {0:?} is already in flight")]
+    DuplicateId(String),
+}
+
+/// An item of a response stream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Received<R> {
+    /// The next record.
+    Record(R),
+    /// The request is being attempted again (the processor handling it went away);
+    /// records received before this belong to the abandoned attempt.
+    Restarted,
+}
+
+/// Per-request options.
+#[derive(Debug, Clone, Default)]
+pub struct RequestOptions {
+    /// The correlation id; a fresh UUID when `None`.
+    pub id: Option<String>,
+    /// W3C trace context to carry to the processor.
+    pub traceparent: Option<String>,
+    /// Overrides the client's inactivity timeout.
+    pub inactivity_timeout: Option<Duration>,
+    /// Overrides the client's total timeout.
+    pub total_timeout: Option<Duration>,
+}
+
+enum Routed<R> {
+    Record(R),
+    Restarted,
+    Undecodable(String),
+}
+
+struct Route<R> {
+    tx: mpsc::UnboundedSender<Routed<R>>,
+    attempt: Option<String>,
+}
+
+type Routes<R> = Arc<Mutex<HashMap<String, Route<R>>>>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // The map stays consistent whatever a panicking holder did: every operation is one
+    // insert, lookup or remove.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A request/response client for one service. Cheap to share behind an `Arc`.
+pub struct RequestClient<Req, Resp: ResponseRecord> {
+    config: ClientConfig,
+    publisher: Arc<dyn Publisher>,
+    routes: Routes<Resp>,
+    metrics: Option<RuntimeMetrics>,
+    link: Link,
+    stop: CancellationToken,
+    router: Mutex<Option<JoinHandle<()>>>,
+    _request: PhantomData<fn(Req)>,
+}
+
+impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
+    /// Subscribes to the response topic and starts routing.
+    pub async fn start(
+        bus: Arc<dyn Bus>,
+        config: ClientConfig,
+        metrics: Option<RuntimeMetrics>,
+    ) -> Result<Self, ClientError> {
+        let publisher = bus.publisher(&config.request_topic).await?;
+        let mut options = SubscribeOptions::exclusive(1000);
+        options.consumer_name = Some(config.subscription.clone());
+        let subscription = bus
+            .subscribe(&config.response_topic, &config.subscription, options)
+            .await?;
+        let link = subscription.link();
+        let routes: Routes<Resp> = Arc::default();
+        let stop = CancellationToken::new();
+        let router = tokio::spawn(route(
+            subscription,
+            routes.clone(),
+            stop.clone(),
+            metrics.clone(),
+            config.service.clone(),
+        ));
+        Ok(Self {
+            config,
+            publisher,
+            routes,
+            metrics,
+            link,
+            stop,
+            router: Mutex::new(Some(router)),
+            _request: PhantomData,
+        })
+    }
+
+    /// Whether the response subscription is attached (for readiness).
+    pub fn link(&self) -> Link {
+        self.link.clone()
+    }
+
+    /// Sends a request with a fresh id and returns its response stream.
+    pub async fn request(&self, request: &Req) -> Result<ResponseStream<Resp>, ClientError> {
+        self.request_with(request, RequestOptions::default()).await
+    }
+
+    /// Sends a request and returns its response stream.
+    pub async fn request_with(
+        &self,
+        request: &Req,
+        options: RequestOptions,
+    ) -> Result<ResponseStream<Resp>, ClientError> {
+        if self.stop.is_cancelled() {
+            return Err(ClientError::Closed);
+        }
+        let payload =
+            serde_json::to_vec(request).map_err(|e| ClientError::Encode(e.to_string()))?;
+        let id = options
+            .id
+            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let mut properties = BTreeMap::from([(properties::ID.to_owned(), id.clone())]);
+        if let Some(tp) = options.traceparent {
+            properties.insert(properties::TRACEPARENT.to_owned(), tp);
+        }
+        // Register before publishing: the first record can arrive before `send` returns.
+        let (tx, rx) = mpsc::unbounded_channel();
+        {
+            let mut routes = lock(&self.routes);
+            if routes.contains_key(&id) {
+                return Err(ClientError::DuplicateId(id));
+            }
+            routes.insert(id.clone(), Route { tx, attempt: None });
+        }
+        let started = Instant::now();
+        let stream = ResponseStream {
+            id: id.clone(),
+            rx,
+            routes: self.routes.clone(),
+            metrics: self.metrics.clone(),
+            service: self.config.service.clone(),
+            inactivity: options
+                .inactivity_timeout
+                .unwrap_or(self.config.inactivity_timeout),
+            total: options.total_timeout.unwrap_or(self.config.total_timeout),
+            started,
+            last: started,
+            done: false,
+        };
+        // The receipt is not awaited: the first response proves the request was stored, and
+        // waiting for the receipt would add a broker round trip to time-to-first-token. A
+        // failed store still surfaces, as a timeout.
+        let receipt = self
+            .publisher
+            .send(Message {
+                payload: payload.into(),
+                properties,
+            })
+            .await;
+        match receipt {
+            Ok(receipt) => {
+                let routes = self.routes.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = receipt.await {
+                        warn!(error = %e, "a request was not stored by the broker");
+                        // End the caller's wait now rather than at its timeout.
+                        if let Some(route) = lock(&routes).remove(&id) {
+                            let _ = route.tx.send(Routed::Undecodable(format!(
+                                "the request was not stored: {e}"
+                            )));
+                        }
+                    }
+                });
+                Ok(stream)
+            }
+            Err(e) => Err(ClientError::Bus(e)),
+        }
+    }
+
+    /// Sends a request and waits for its terminal record, ignoring records of an abandoned
+    /// attempt. For non-streaming calls.
+    pub async fn call(&self, request: &Req) -> Result<Vec<Resp>, ClientError> {
+        let mut stream = self.request(request).await?;
+        let mut records = Vec::new();
+        while let Some(item) = stream.next().await {
+            match item? {
+                Received::Record(r) => records.push(r),
+                Received::Restarted => records.clear(),
+            }
+        }
+        Ok(records)
+    }
+
+    /// Stops routing and deletes this instance's response subscription. Streams still open
+    /// end with [`ClientError::Closed`].
+    pub async fn close(&self) {
+        self.stop.cancel();
+        let router = lock(&self.router).take();
+        if let Some(router) = router {
+            let _ = router.await;
+        }
+    }
+}
+
+impl<Req, Resp: ResponseRecord> Drop for RequestClient<Req, Resp> {
+    fn drop(&mut self) {
+        // The router unsubscribes when it sees the token.
+        self.stop.cancel();
+    }
+}
+
+async fn route<R: ResponseRecord>(
+    mut subscription: Box<dyn crate::bus::Subscription>,
+    routes: Routes<R>,
+    stop: CancellationToken,
+    metrics: Option<RuntimeMetrics>,
+    service: String,
+) {
+    loop {
+        let delivery = tokio::select! {
+            biased;
+            () = stop.cancelled() => break,
+            d = subscription.next() => d,
+        };
+        match delivery {
+            Some(Ok(d)) => dispatch(d, &routes, metrics.as_ref(), &service),
+            Some(Err(e)) => warn!(service, error = %e, "receiving responses failed"),
+            None => break,
+        }
+    }
+    // Dropping the routes' senders ends every open stream with `Closed`.
+    lock(&routes).clear();
+    subscription.unsubscribe().await;
+}
+
+fn dispatch<R: ResponseRecord>(
+    delivery: Delivery,
+    routes: &Routes<R>,
+    metrics: Option<&RuntimeMetrics>,
+    service: &str,
+) {
+    let unroutable = || {
+        if let Some(m) = metrics {
+            m.client_unroutable(service);
+        }
+    };
+    let Some(id) = delivery.property(properties::ID) else {
+        unroutable();
+        delivery.ack();
+        return;
+    };
+    let attempt = delivery.property(properties::ATTEMPT);
+    let mut routes = lock(routes);
+    let Some(route) = routes.get_mut(id) else {
+        unroutable();
+        drop(routes);
+        delivery.ack();
+        return;
+    };
+    let decoded = serde_json::from_slice::<R>(delivery.payload());
+    let (terminal, items) = match decoded {
+        Ok(record) => {
+            let mut items = Vec::with_capacity(2);
+            if let Some(attempt) = attempt {
+                match &route.attempt {
+                    Some(current) if current != attempt => items.push(Routed::Restarted),
+                    _ => {}
+                }
+                route.attempt = Some(attempt.to_owned());
+            }
+            let terminal = record.is_terminal();
+            items.push(Routed::Record(record));
+            (terminal, items)
+        }
+        Err(e) => (true, vec![Routed::Undecodable(e.to_string())]),
+    };
+    let mut gone = false;
+    for item in items {
+        gone |= route.tx.send(item).is_err();
+    }
+    if terminal || gone {
+        routes.remove(id);
+    }
+    drop(routes);
+    // Acked on receipt: a response is only useful to this instance, now.
+    delivery.ack();
+}
+
+/// The records of one request, in order, ending after the terminal record.
+pub struct ResponseStream<R> {
+    id: String,
+    rx: mpsc::UnboundedReceiver<Routed<R>>,
+    routes: Routes<R>,
+    metrics: Option<RuntimeMetrics>,
+    service: String,
+    inactivity: Duration,
+    total: Duration,
+    started: Instant,
+    last: Instant,
+    done: bool,
+}
+
+impl<R: ResponseRecord> ResponseStream<R> {
+    /// The request's correlation id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The next item; `None` after the terminal record or an error.
+    pub async fn next(&mut self) -> Option<Result<Received<R>, ClientError>> {
+        if self.done {
+            return None;
+        }
+        let inactivity_deadline = self.last + self.inactivity;
+        let total_deadline = self.started + self.total;
+        let deadline = inactivity_deadline.min(total_deadline);
+        let item = match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+            Ok(Some(item)) => item,
+            Ok(None) => return self.finish("failed", Err(ClientError::Closed)),
+            Err(_) if deadline == total_deadline => {
+                return self.finish("timeout", Err(ClientError::TotalTimeout(self.total)));
+            }
+            Err(_) => {
+                return self.finish(
+                    "timeout",
+                    Err(ClientError::InactivityTimeout(self.inactivity)),
+                );
+            }
+        };
+        self.last = Instant::now();
+        match item {
+            Routed::Restarted => Some(Ok(Received::Restarted)),
+            Routed::Undecodable(e) => self.finish("failed", Err(ClientError::Decode(e))),
+            Routed::Record(r) if r.is_terminal() => {
+                let outcome = if r.error().is_some() {
+                    "error"
+                } else {
+                    "success"
+                };
+                self.finish(outcome, Ok(Received::Record(r)))
+            }
+            Routed::Record(r) => Some(Ok(Received::Record(r))),
+        }
+    }
+
+    fn finish(
+        &mut self,
+        outcome: &str,
+        item: Result<Received<R>, ClientError>,
+    ) -> Option<Result<Received<R>, ClientError>> {
+        self.done = true;
+        lock(&self.routes).remove(&self.id);
+        if let Some(m) = &self.metrics {
+            m.client_request(&self.service, outcome);
+        }
+        Some(item)
+    }
+
+    /// Adapts this into a `futures::Stream`.
+    pub fn into_stream(self) -> impl futures::Stream<Item = Result<Received<R>, ClientError>> {
+        futures::stream::unfold(self, |mut s| async move { s.next().await.map(|i| (i, s)) })
+    }
+}
+
+impl<R> Drop for ResponseStream<R> {
+    fn drop(&mut self) {
+        // A caller that stops listening (client disconnected) frees its route at once.
+        if !self.done {
+            lock(&self.routes).remove(&self.id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sluice_schema::{TextCompletionRequest, TextCompletionResponse};
+
+    use super::*;
+    use crate::bus::{Subscription, memory::MemoryBus};
+
+    type Client = RequestClient<TextCompletionRequest, TextCompletionResponse>;
+
+    async fn setup() -> (MemoryBus, Box<dyn Subscription>, Client) {
+        let bus = MemoryBus::default();
+        let requests = bus
+            .subscribe("req", "svc", SubscribeOptions::shared(10))
+            .await
+            .unwrap();
+        let mut config = ClientConfig::new("test", "req", "resp");
+        config.inactivity_timeout = Duration::from_millis(300);
+        let client = Client::start(Arc::new(bus.clone()), config, None)
+            .await
+            .unwrap();
+        (bus, requests, client)
+    }
+
+    async fn reply(bus: &MemoryBus, id: &str, attempt: &str, text: &str, end: bool) {
+        let r = TextCompletionResponse {
+            response: text.to_owned(),
+            end_of_stream: end,
+            ..Default::default()
+        };
+        bus.publisher("resp")
+            .await
+            .unwrap()
+            .send(
+                Message::new(serde_json::to_vec(&r).unwrap())
+                    .with_property(properties::ID, id)
+                    .with_property(properties::ATTEMPT, attempt),
+            )
+            .await
+            .unwrap();
+    }
+
+    fn text(item: Option<Result<Received<TextCompletionResponse>, ClientError>>) -> String {
+        match item.unwrap().unwrap() {
+            Received::Record(r) => r.response,
+            Received::Restarted => "<restarted>".to_owned(),
+        }
+    }
+
+    #[tokio::test]
+    async fn routes_by_id_and_ignores_duplicates_after_the_terminal_record() {
+        let (bus, mut requests, client) = setup().await;
+        let mut a = client
+            .request(&TextCompletionRequest::default())
+            .await
+            .unwrap();
+        let mut b = client
+            .request(&TextCompletionRequest::default())
+            .await
+            .unwrap();
+        let ra = requests.next().await.unwrap().unwrap();
+        let rb = requests.next().await.unwrap().unwrap();
+        assert_eq!(ra.property(properties::ID), Some(a.id()));
+        reply(&bus, b.id(), "1", "for b", false).await;
+        reply(&bus, a.id(), "1", "for a", true).await;
+        reply(&bus, a.id(), "1", "late duplicate", true).await;
+        reply(&bus, b.id(), "1", "b ends", true).await;
+        assert_eq!(text(a.next().await), "for a");
+        assert!(a.next().await.is_none());
+        assert_eq!(text(b.next().await), "for b");
+        assert_eq!(text(b.next().await), "b ends");
+        assert!(b.next().await.is_none());
+        ra.ack();
+        rb.ack();
+    }
+
+    #[tokio::test]
+    async fn a_new_attempt_is_announced_before_its_records() {
+        let (bus, _requests, client) = setup().await;
+        let mut s = client
+            .request(&TextCompletionRequest::default())
+            .await
+            .unwrap();
+        reply(&bus, s.id(), "first", "par", false).await;
+        reply(&bus, s.id(), "second", "full", false).await;
+        reply(&bus, s.id(), "second", " answer", true).await;
+        assert_eq!(text(s.next().await), "par");
+        assert_eq!(text(s.next().await), "<restarted>");
+        assert_eq!(text(s.next().await), "full");
+        assert_eq!(text(s.next().await), " answer");
+        assert!(s.next().await.is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn silence_ends_the_stream_with_an_inactivity_timeout() {
+        let (_bus, _requests, client) = setup().await;
+        let mut s = client
+            .request(&TextCompletionRequest::default())
+            .await
+            .unwrap();
+        let err = s.next().await.unwrap().unwrap_err();
+        assert!(matches!(err, ClientError::InactivityTimeout(_)));
+        assert!(s.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn an_undecodable_record_ends_the_stream_with_an_error() {
+        let (bus, _requests, client) = setup().await;
+        let mut s = client
+            .request(&TextCompletionRequest::default())
+            .await
+            .unwrap();
+        bus.publisher("resp")
+            .await
+            .unwrap()
+            .send(Message::new("not json").with_property(properties::ID, s.id()))
+            .await
+            .unwrap();
+        assert!(matches!(
+            s.next().await.unwrap().unwrap_err(),
+            ClientError::Decode(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn close_ends_open_streams() {
+        let (_bus, _requests, client) = setup().await;
+        let mut s = client
+            .request(&TextCompletionRequest::default())
+            .await
+            .unwrap();
+        client.close().await;
+        assert!(matches!(
+            s.next().await.unwrap().unwrap_err(),
+            ClientError::Closed
+        ));
+        assert!(matches!(
+            client
+                .request(&TextCompletionRequest::default())
+                .await
+                .err()
+                .unwrap(),
+            ClientError::Closed
+        ));
+    }
+}

@@ -1,0 +1,21 @@
+//! sluice-runtime: everything a sluice processor needs that is not its business.
+//!
+//! - [`bus`]: the `Bus` trait with Pulsar and in-process implementations;
+//! - [`processor`]: the consume loop a service plugs its handler into;
+//! - [`client`]: the request/response client for calling a service over the bus;
+//! - [`telemetry`]: metrics, `/metrics` `/healthz` `/readyz`, tracing, shutdown signals;
+//! - [`secret`]: secrets from the environment or files, never printed.
+//!
+//! Nothing in this crate logs a payload: payloads carry prompts and answers.
+
+pub mod bus;
+pub mod client;
+pub mod processor;
+pub mod secret;
+pub mod telemetry;
+
+/// Installs rustls' ring crypto provider for HTTPS clients (reqwest is built without a
+/// provider of its own so that one TLS stack serves the whole binary). Idempotent.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

@@ -1,0 +1,664 @@
+//! The processor runtime: one consume loop that any service plugs a [`Handler`] into.
+//!
+//! For each request: decode it, run the handler with up to `concurrency` requests at once,
+//! publish the records it streams in order with the request's `id`, and ack the request
+//! only once its terminal record is stored. What this loop guarantees, whatever the handler
+//! does:
+//! - a record that cannot be decoded gets an error record when it carries an id, and is
+//!   acked and counted either way: a bad record never cycles through redelivery;
+//! - exactly one terminal record per attempt, and nothing after it: a handler that returns
+//!   an error, panics, or forgets to finish gets an error record written for it;
+//! - a record too large for the bus ends the stream with a `message-too-large` error;
+//! - when publishing fails, the request is handed back to the broker (nack) for another
+//!   attempt, which starts its stream again under a new attempt id;
+//! - on SIGTERM/SIGINT it stops taking requests, lets in-flight ones finish within the grace
+//!   period, hands back what did not finish, and returns.
+//!
+//! It never logs payloads: they carry prompts.
+
+use std::{collections::BTreeMap, marker::PhantomData, panic::AssertUnwindSafe, sync::Arc};
+
+use async_trait::async_trait;
+use futures::{FutureExt, StreamExt, stream::FuturesUnordered};
+use serde::de::DeserializeOwned;
+use sluice_schema::{Error, ErrorKind, ResponseRecord, properties};
+use tokio::{
+    sync::Semaphore,
+    task::JoinSet,
+    time::{Duration, Instant},
+};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, error, info, info_span, warn};
+
+use crate::{
+    bus::{Bus, BusError, Delivery, Message, Publisher, Receipt, SubscribeOptions},
+    telemetry::{Outcome, Telemetry},
+};
+
+/// Default number of requests handled at once: LLM calls spend their time waiting on
+/// the provider, so a processor keeps many in flight.
+pub const DEFAULT_CONCURRENCY: usize = 256;
+
+/// How a processor consumes and answers.
+#[derive(Debug, Clone)]
+pub struct ProcessorConfig {
+    /// The processor's name, used in metrics and logs (e.g. `text-completion`).
+    pub name: String,
+    /// The Pulsar topic URL requests arrive on.
+    pub request_topic: String,
+    /// The Pulsar topic URL responses are published to.
+    pub response_topic: String,
+    /// The Shared subscription's name; replicas with the same name share the load.
+    pub subscription: String,
+    /// Requests handled at once.
+    pub concurrency: usize,
+    /// How long in-flight requests may run after a shutdown signal.
+    pub drain_grace: Duration,
+}
+
+impl ProcessorConfig {
+    /// A config with the default concurrency (256) and drain grace (30 s).
+    pub fn new(
+        name: impl Into<String>,
+        request_topic: impl Into<String>,
+        response_topic: impl Into<String>,
+    ) -> Self {
+        let name = name.into();
+        Self {
+            subscription: name.clone(),
+            name,
+            request_topic: request_topic.into(),
+            response_topic: response_topic.into(),
+            concurrency: DEFAULT_CONCURRENCY,
+            drain_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What a handler knows about the request it is handling.
+#[derive(Debug, Clone)]
+pub struct RequestContext {
+    /// The caller's correlation id.
+    pub id: String,
+    /// This attempt's id, on every record published for it.
+    pub attempt: String,
+    /// Earlier deliveries of this request seen by this process (see
+    /// [`Delivery::redelivery_count`]).
+    pub redelivery_count: u32,
+    /// The caller's W3C `traceparent`, if any.
+    pub traceparent: Option<String>,
+    /// Cancelled when the processor gives up on the request (drain grace expired).
+    pub cancel: CancellationToken,
+}
+
+/// A service's business: turn one request into a stream of response records.
+#[async_trait]
+pub trait Handler: Send + Sync + 'static {
+    /// The request record.
+    type Request: DeserializeOwned + Send + 'static;
+    /// The response record.
+    type Response: ResponseRecord;
+
+    /// Handles one request, sending its records through `sink` in order. The last record
+    /// sent must be terminal; returning `Err` instead makes the runtime send the error as
+    /// the terminal record.
+    async fn handle(
+        &self,
+        request: Self::Request,
+        ctx: RequestContext,
+        sink: &mut ResponseSink<Self::Response>,
+    ) -> Result<(), Error>;
+}
+
+/// Why a record could not be sent.
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    /// The stream already has its terminal record; nothing may follow it.
+    #[error("the stream has ended")]
+    Ended,
+    /// The bus failed; the request will be attempted again.
+    #[error(transparent)]
+    Bus(#[from] BusError),
+}
+
+/// Publishes one request's response records, in order, with the request's properties.
+pub struct ResponseSink<R> {
+    publisher: Arc<dyn Publisher>,
+    properties: BTreeMap<String, String>,
+    pending: FuturesUnordered<Receipt>,
+    failed: Option<BusError>,
+    ended: bool,
+    ended_with_error: bool,
+    published: u64,
+    _record: PhantomData<fn(R)>,
+}
+
+impl<R: ResponseRecord> ResponseSink<R> {
+    fn new(publisher: Arc<dyn Publisher>, properties: BTreeMap<String, String>) -> Self {
+        Self {
+            publisher,
+            properties,
+            pending: FuturesUnordered::new(),
+            failed: None,
+            ended: false,
+            ended_with_error: false,
+            published: 0,
+            _record: PhantomData,
+        }
+    }
+
+    /// Sends a record. After a terminal record, or after a failure, every send fails.
+    ///
+    /// A record too large for the bus is not sent: the stream ends with a
+    /// `message-too-large` error instead, and this returns [`SinkError::Ended`].
+    pub async fn send(&mut self, record: R) -> Result<(), SinkError> {
+        if self.ended {
+            return Err(SinkError::Ended);
+        }
+        if let Some(e) = &self.failed {
+            return Err(SinkError::Bus(BusError::Unavailable(e.to_string())));
+        }
+        match self.publish(&record).await {
+            Ok(()) => {
+                if record.is_terminal() {
+                    self.ended = true;
+                    self.ended_with_error = record.error().is_some();
+                }
+                Ok(())
+            }
+            Err(BusError::TooLarge { size, limit }) => {
+                let error = R::from_error(Error::new(
+                    ErrorKind::MessageTooLarge,
+                    format!(
+                        "a response record of {size} bytes exceeds the bus limit of {limit} bytes; the stream ends here"
+                    ),
+                ));
+                self.publish(&error).await?;
+                self.ended = true;
+                self.ended_with_error = true;
+                Err(SinkError::Ended)
+            }
+            Err(e) => Err(SinkError::Bus(e)),
+        }
+    }
+
+    async fn publish(&mut self, record: &R) -> Result<(), BusError> {
+        let payload = serde_json::to_vec(record)
+            .map_err(|e| BusError::Config(format!("encoding a response record: {e}")))?;
+        let message = Message {
+            payload: payload.into(),
+            properties: self.properties.clone(),
+        };
+        match self.publisher.send(message).await {
+            Ok(receipt) => {
+                self.pending.push(receipt);
+                self.published += 1;
+                // Settle receipts that are already in, so memory stays flat on long streams
+                // and a failure is noticed early.
+                while let Some(Some(result)) = self.pending.next().now_or_never() {
+                    if let Err(e) = result {
+                        self.failed.get_or_insert(e);
+                    }
+                }
+                match &self.failed {
+                    Some(e) => Err(BusError::Unavailable(e.to_string())),
+                    None => Ok(()),
+                }
+            }
+            Err(e @ BusError::TooLarge { .. }) => Err(e),
+            Err(e) => {
+                let reported = BusError::Unavailable(e.to_string());
+                self.failed.get_or_insert(e);
+                Err(reported)
+            }
+        }
+    }
+
+    /// True once the terminal record is sent.
+    pub fn is_ended(&self) -> bool {
+        self.ended
+    }
+
+    /// Records sent so far.
+    pub fn records_sent(&self) -> u64 {
+        self.published
+    }
+
+    /// Waits until the broker has stored every record sent.
+    async fn flush(&mut self) -> Result<(), BusError> {
+        while let Some(result) = self.pending.next().await {
+            if let Err(e) = result {
+                self.failed.get_or_insert(e);
+            }
+        }
+        match self.failed.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Runs a processor until `shutdown` is cancelled, then drains. Returns an error only when
+/// it cannot start (the subscription or publisher cannot be created).
+pub async fn run<H: Handler>(
+    bus: Arc<dyn Bus>,
+    config: ProcessorConfig,
+    handler: Arc<H>,
+    telemetry: Telemetry,
+    shutdown: CancellationToken,
+) -> Result<(), BusError> {
+    let concurrency = config.concurrency.max(1);
+    let publisher = bus.publisher(&config.response_topic).await?;
+    let mut options = SubscribeOptions::shared(u32::try_from(concurrency).unwrap_or(u32::MAX));
+    options.consumer_name = Some(format!("{}-{}", config.name, short_id()));
+    let mut subscription = bus
+        .subscribe(&config.request_topic, &config.subscription, options)
+        .await?;
+    telemetry
+        .health
+        .watch(format!("{} requests", config.name), subscription.link());
+    info!(processor = %config.name, topic = %config.request_topic, concurrency, "processor started");
+
+    let config = Arc::new(config);
+    let semaphore = Arc::new(Semaphore::new(concurrency));
+    // Cancelled if the drain grace runs out, so handlers can stop provider calls.
+    let abandon = CancellationToken::new();
+    let mut tasks = JoinSet::new();
+    loop {
+        // Take a slot before taking a request, so a busy processor leaves requests with the
+        // broker for other replicas.
+        let permit = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => break,
+            p = semaphore.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
+        let delivery = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => break,
+            d = subscription.next() => d,
+        };
+        let delivery = match delivery {
+            Some(Ok(d)) => d,
+            Some(Err(e)) => {
+                warn!(processor = %config.name, error = %e, "receiving failed");
+                continue;
+            }
+            None => break,
+        };
+        let (task_handler, task_publisher, task_telemetry, task_config, cancel) = (
+            handler.clone(),
+            publisher.clone(),
+            telemetry.clone(),
+            config.clone(),
+            abandon.child_token(),
+        );
+        tasks.spawn(async move {
+            handle_delivery(
+                &*task_handler,
+                delivery,
+                task_publisher,
+                &task_telemetry,
+                &task_config,
+                cancel,
+            )
+            .await;
+            drop(permit);
+        });
+        while let Some(done) = tasks.try_join_next() {
+            if let Err(e) = done {
+                error!(processor = %config.name, error = %e, "request task failed");
+            }
+        }
+    }
+
+    // Drain: stop routing new work here, keep settling what is in flight.
+    telemetry.health.set_draining();
+    subscription.pause();
+    let in_flight = tasks.len();
+    info!(processor = %config.name, in_flight, grace = ?config.drain_grace, "draining");
+    let drained = tokio::time::timeout(config.drain_grace, async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        warn!(processor = %config.name, abandoned = tasks.len(),
+              "drain grace expired; handing unfinished requests back to the broker");
+        abandon.cancel();
+        tasks.shutdown().await;
+    }
+    subscription.close().await;
+    info!(processor = %config.name, "processor stopped");
+    Ok(())
+}
+
+fn short_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..8].to_owned()
+}
+
+/// Describes a decoding failure without quoting the payload, which may contain a prompt.
+fn describe_decode_error(e: &serde_json::Error) -> String {
+    use serde_json::error::Category;
+    let what = match e.classify() {
+        Category::Io => "could not be read",
+        Category::Syntax => "is not valid JSON",
+        Category::Data => "does not match the record's fields or types",
+        Category::Eof => "ends before the JSON does",
+    };
+    format!(
+        "the request record {what} (line {}, column {})",
+        e.line(),
+        e.column()
+    )
+}
+
+async fn handle_delivery<H: Handler>(
+    handler: &H,
+    delivery: Delivery,
+    publisher: Arc<dyn Publisher>,
+    telemetry: &Telemetry,
+    config: &ProcessorConfig,
+    cancel: CancellationToken,
+) {
+    let started = Instant::now();
+    let metrics = &telemetry.metrics;
+    let processor = config.name.as_str();
+    let Some(id) = delivery.property(properties::ID).map(str::to_owned) else {
+        // Nobody to answer: count it, say so, and ack so it never comes back.
+        warn!(
+            processor,
+            bytes = delivery.payload().len(),
+            "request without an `id` property dropped"
+        );
+        metrics.request_finished(processor, Outcome::Malformed, 0.0);
+        delivery.ack();
+        return;
+    };
+    let attempt = uuid::Uuid::new_v4().simple().to_string();
+    let traceparent = delivery
+        .property(properties::TRACEPARENT)
+        .map(str::to_owned);
+    let mut props = BTreeMap::from([
+        (properties::ID.to_owned(), id.clone()),
+        (properties::ATTEMPT.to_owned(), attempt.clone()),
+    ]);
+    for key in [properties::TRACEPARENT, properties::TRACESTATE] {
+        if let Some(v) = delivery.property(key) {
+            props.insert(key.to_owned(), v.to_owned());
+        }
+    }
+    if delivery.redelivery_count() > 0 {
+        metrics.redelivered(processor);
+    }
+    let span = info_span!("request", processor, request_id = %id, attempt = %attempt);
+    metrics.in_flight(processor, 1);
+    let mut sink = ResponseSink::<H::Response>::new(publisher, props);
+    let outcome = async {
+        match serde_json::from_slice::<H::Request>(delivery.payload()) {
+            Err(e) => {
+                let message = describe_decode_error(&e);
+                warn!(error = %message, "malformed request");
+                let _ = sink
+                    .send(H::Response::from_error(Error::new(
+                        ErrorKind::InvalidRequest,
+                        message,
+                    )))
+                    .await;
+                Outcome::Malformed
+            }
+            Ok(request) => {
+                let ctx = RequestContext {
+                    id: id.clone(),
+                    attempt: attempt.clone(),
+                    redelivery_count: delivery.redelivery_count(),
+                    traceparent,
+                    cancel,
+                };
+                let result = AssertUnwindSafe(handler.handle(request, ctx, &mut sink))
+                    .catch_unwind()
+                    .await;
+                let failure = match result {
+                    Ok(Ok(())) if sink.is_ended() => None,
+                    Ok(Ok(())) => Some(Error::new(
+                        ErrorKind::Internal,
+                        "the handler finished without a terminal record",
+                    )),
+                    Ok(Err(e)) => Some(e),
+                    Err(_) => {
+                        // A panic must not become a redelivery loop: answer and ack.
+                        error!("handler panicked");
+                        Some(Error::new(
+                            ErrorKind::Internal,
+                            "the processor failed while handling this request",
+                        ))
+                    }
+                };
+                if let Some(err) = failure
+                    && !sink.is_ended()
+                {
+                    let _ = sink.send(H::Response::from_error(err)).await;
+                }
+                if sink.ended_with_error {
+                    Outcome::Error
+                } else {
+                    Outcome::Success
+                }
+            }
+        }
+    }
+    .instrument(span.clone())
+    .await;
+    let flushed = sink.flush().await;
+    metrics.records_published(processor, sink.records_sent());
+    metrics.in_flight(processor, -1);
+    let _enter = span.enter();
+    match flushed {
+        Ok(()) if sink.is_ended() => {
+            delivery.ack();
+            metrics.request_finished(processor, outcome, started.elapsed().as_secs_f64());
+            debug!(records = sink.records_sent(), "request done");
+        }
+        Ok(()) => {
+            warn!("no terminal record could be published; handing the request back");
+            delivery.nack();
+            metrics.request_finished(processor, Outcome::Retried, 0.0);
+        }
+        Err(e) => {
+            warn!(error = %e, "publishing failed; handing the request back for another attempt");
+            delivery.nack();
+            metrics.request_finished(processor, Outcome::Retried, 0.0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use sluice_schema::{TextCompletionRequest, TextCompletionResponse};
+
+    use super::*;
+    use crate::bus::{Subscription, memory::MemoryBus};
+
+    struct Echo;
+
+    #[async_trait]
+    impl Handler for Echo {
+        type Request = TextCompletionRequest;
+        type Response = TextCompletionResponse;
+
+        async fn handle(
+            &self,
+            request: TextCompletionRequest,
+            _ctx: RequestContext,
+            sink: &mut ResponseSink<TextCompletionResponse>,
+        ) -> Result<(), Error> {
+            match request.prompt.as_str() {
+                "panic" => panic!("boom"),
+                "forget" => return Ok(()),
+                "fail" => return Err(Error::new(ErrorKind::Llm, "provider said no")),
+                "huge" => {
+                    let big = TextCompletionResponse {
+                        response: "x".repeat(4096),
+                        ..Default::default()
+                    };
+                    let ended = sink.send(big).await;
+                    assert!(matches!(ended, Err(SinkError::Ended)));
+                    return Ok(());
+                }
+                _ => {}
+            }
+            for word in request.prompt.split(' ') {
+                let _ = sink
+                    .send(TextCompletionResponse {
+                        response: word.to_owned(),
+                        ..Default::default()
+                    })
+                    .await;
+            }
+            sink.send(TextCompletionResponse {
+                end_of_stream: true,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))?;
+            // Nothing may follow the terminal record.
+            assert!(matches!(
+                sink.send(TextCompletionResponse::default()).await,
+                Err(SinkError::Ended)
+            ));
+            Ok(())
+        }
+    }
+
+    struct Fixture {
+        bus: MemoryBus,
+        responses: Box<dyn Subscription>,
+        telemetry: Telemetry,
+        shutdown: CancellationToken,
+        task: tokio::task::JoinHandle<Result<(), BusError>>,
+    }
+
+    async fn start() -> Fixture {
+        let bus = MemoryBus::new(2048, 1000);
+        let responses = bus
+            .subscribe("resp", "test", SubscribeOptions::exclusive(100))
+            .await
+            .unwrap();
+        let telemetry = Telemetry::new().unwrap();
+        let shutdown = CancellationToken::new();
+        let mut config = ProcessorConfig::new("echo", "req", "resp");
+        config.drain_grace = Duration::from_millis(200);
+        let task = tokio::spawn(run(
+            Arc::new(bus.clone()),
+            config,
+            Arc::new(Echo),
+            telemetry.clone(),
+            shutdown.clone(),
+        ));
+        // Let the processor subscribe before anything is published.
+        for _ in 0..100 {
+            if telemetry.health.watched() > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Fixture {
+            bus,
+            responses,
+            telemetry,
+            shutdown,
+            task,
+        }
+    }
+
+    async fn ask(f: &mut Fixture, id: Option<&str>, payload: &str) -> Vec<TextCompletionResponse> {
+        let mut m = Message::new(payload.to_owned());
+        if let Some(id) = id {
+            m = m.with_property(properties::ID, id);
+        }
+        f.bus.publisher("req").await.unwrap().send(m).await.unwrap();
+        let mut out = Vec::new();
+        loop {
+            let d = tokio::time::timeout(Duration::from_secs(5), f.responses.next())
+                .await
+                .expect("a response")
+                .unwrap()
+                .unwrap();
+            assert_eq!(d.property(properties::ID), id);
+            assert!(d.property(properties::ATTEMPT).is_some());
+            let r: TextCompletionResponse = serde_json::from_slice(d.payload()).unwrap();
+            d.ack();
+            let end = r.end_of_stream;
+            out.push(r);
+            if end {
+                return out;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn streams_in_order_and_ends_with_one_terminal_record() {
+        let mut f = start().await;
+        let out = ask(&mut f, Some("r1"), r#"{"prompt":"a b c","streaming":true}"#).await;
+        let words: Vec<_> = out.iter().map(|r| r.response.as_str()).collect();
+        assert_eq!(words, ["a", "b", "c", ""]);
+        assert!(out.iter().filter(|r| r.end_of_stream).count() == 1);
+        f.shutdown.cancel();
+        f.task.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn every_failure_becomes_one_terminal_error_record() {
+        let mut f = start().await;
+        for (prompt, kind) in [
+            ("panic", "internal-error"),
+            ("forget", "internal-error"),
+            ("fail", "llm-error"),
+            ("huge", "message-too-large"),
+        ] {
+            let out = ask(&mut f, Some(prompt), &format!(r#"{{"prompt":"{prompt}"}}"#)).await;
+            assert_eq!(out.len(), 1, "{prompt}: {out:?}");
+            assert_eq!(out[0].error.as_ref().unwrap().kind, kind, "{prompt}");
+        }
+        let out = ask(&mut f, Some("bad"), r#"{"prompt": 42}"#).await;
+        let err = out[0].error.as_ref().unwrap();
+        assert_eq!(err.kind, "invalid-request");
+        assert!(
+            !err.message.contains("42"),
+            "the payload is not quoted back"
+        );
+        let text = f.telemetry.render();
+        assert!(text.contains(
+            r#"sluice_processor_requests_total{outcome="malformed",processor="echo"} 1"#
+        ));
+        assert!(
+            text.contains(r#"sluice_processor_requests_total{outcome="error",processor="echo"} 4"#)
+        );
+        f.shutdown.cancel();
+        f.task.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_request_without_id_is_counted_and_not_redelivered() {
+        let mut f = start().await;
+        f.bus
+            .publisher("req")
+            .await
+            .unwrap()
+            .send(Message::new("{}"))
+            .await
+            .unwrap();
+        // The next request still flows: the id-less one did not block anything.
+        let out = ask(&mut f, Some("after"), r#"{"prompt":"ok"}"#).await;
+        assert_eq!(out[0].response, "ok");
+        let text = f.telemetry.render();
+        assert!(text.contains(
+            r#"sluice_processor_requests_total{outcome="malformed",processor="echo"} 1"#
+        ));
+        f.shutdown.cancel();
+        f.task.await.unwrap().unwrap();
+    }
+}

@@ -1,0 +1,383 @@
+//! Telemetry: the Prometheus registry and the runtime's metrics, `/metrics`, `/healthz`
+//! and `/readyz`, and tracing setup.
+//!
+//! Metric names follow one convention: `sluice_<subsystem>_<name>_<unit>`, counters end in
+//! `_total`, durations are `_seconds` histograms. Labels are low-cardinality only: never a
+//! request id, a prompt, a topic a caller chose, or a secret.
+//!
+//! Metrics are emitted through the small typed methods below, so a test can check that a
+//! code path emitted what it should.
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+};
+
+use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::bus::Link;
+
+/// Buckets for request durations: LLM requests run from milliseconds to minutes.
+const DURATION_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0,
+];
+
+/// How a processor's request ended, as counted in `sluice_processor_requests_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The terminal record was published without an error.
+    Success,
+    /// The terminal record carried an error (provider failure, bad template...).
+    Error,
+    /// The request record could not be decoded; answered with an error when it had an id.
+    Malformed,
+    /// Publishing failed; the request was handed back to the broker for another attempt.
+    Retried,
+}
+
+impl Outcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Success => "success",
+            Outcome::Error => "error",
+            Outcome::Malformed => "malformed",
+            Outcome::Retried => "retried",
+        }
+    }
+}
+
+/// The metrics of the processor runtime and the request/response client.
+#[derive(Clone)]
+pub struct RuntimeMetrics {
+    requests: IntCounterVec,
+    duration: HistogramVec,
+    in_flight: IntGaugeVec,
+    records: IntCounterVec,
+    redelivered: IntCounterVec,
+    client_requests: IntCounterVec,
+    client_unroutable: IntCounterVec,
+}
+
+impl RuntimeMetrics {
+    fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "sluice_processor_requests_total",
+                "Requests a processor finished, by outcome.",
+            ),
+            &["processor", "outcome"],
+        )?;
+        let duration = HistogramVec::new(
+            HistogramOpts::new(
+                "sluice_processor_request_duration_seconds",
+                "Time from receiving a request to publishing its terminal record.",
+            )
+            .buckets(DURATION_BUCKETS.to_vec()),
+            &["processor"],
+        )?;
+        let in_flight = IntGaugeVec::new(
+            Opts::new(
+                "sluice_processor_in_flight_requests",
+                "Requests a processor is handling now.",
+            ),
+            &["processor"],
+        )?;
+        let records = IntCounterVec::new(
+            Opts::new(
+                "sluice_processor_records_published_total",
+                "Response records a processor published.",
+            ),
+            &["processor"],
+        )?;
+        let redelivered = IntCounterVec::new(
+            Opts::new(
+                "sluice_processor_redelivered_requests_total",
+                "Requests received again after an earlier attempt did not finish.",
+            ),
+            &["processor"],
+        )?;
+        let client_requests = IntCounterVec::new(
+            Opts::new(
+                "sluice_client_requests_total",
+                "Requests a request/response client made, by service and outcome.",
+            ),
+            &["service", "outcome"],
+        )?;
+        let client_unroutable = IntCounterVec::new(
+            Opts::new(
+                "sluice_client_unroutable_records_total",
+                "Response records no caller was waiting for (late duplicates, timed-out requests).",
+            ),
+            &["service"],
+        )?;
+        for c in [
+            &requests,
+            &records,
+            &redelivered,
+            &client_requests,
+            &client_unroutable,
+        ] {
+            registry.register(Box::new(c.clone()))?;
+        }
+        registry.register(Box::new(duration.clone()))?;
+        registry.register(Box::new(in_flight.clone()))?;
+        Ok(Self {
+            requests,
+            duration,
+            in_flight,
+            records,
+            redelivered,
+            client_requests,
+            client_unroutable,
+        })
+    }
+
+    /// A request finished.
+    pub fn request_finished(&self, processor: &str, outcome: Outcome, seconds: f64) {
+        self.requests
+            .with_label_values(&[processor, outcome.as_str()])
+            .inc();
+        if matches!(outcome, Outcome::Success | Outcome::Error) {
+            self.duration
+                .with_label_values(&[processor])
+                .observe(seconds);
+        }
+    }
+
+    /// A request started (`delta` = 1) or ended (`delta` = -1).
+    pub fn in_flight(&self, processor: &str, delta: i64) {
+        self.in_flight.with_label_values(&[processor]).add(delta);
+    }
+
+    /// Response records were published.
+    pub fn records_published(&self, processor: &str, n: u64) {
+        self.records.with_label_values(&[processor]).inc_by(n);
+    }
+
+    /// A request arrived again after an earlier attempt.
+    pub fn redelivered(&self, processor: &str) {
+        self.redelivered.with_label_values(&[processor]).inc();
+    }
+
+    /// A client request ended with `outcome` (`success`, `error`, `timeout`, `failed`).
+    pub fn client_request(&self, service: &str, outcome: &str) {
+        self.client_requests
+            .with_label_values(&[service, outcome])
+            .inc();
+    }
+
+    /// A response record arrived that no caller was waiting for.
+    pub fn client_unroutable(&self, service: &str) {
+        self.client_unroutable.with_label_values(&[service]).inc();
+    }
+}
+
+/// Liveness and readiness: ready while every registered link is up and not draining.
+#[derive(Clone, Default)]
+pub struct Health {
+    // A std Mutex: held only to clone or push a few handles, never across an await.
+    links: Arc<Mutex<Vec<(String, Link)>>>,
+    draining: Arc<AtomicBool>,
+}
+
+impl Health {
+    /// Readiness depends on `link` from now on.
+    pub fn watch(&self, name: impl Into<String>, link: Link) {
+        self.links
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((name.into(), link));
+    }
+
+    /// How many links readiness depends on.
+    pub fn watched(&self) -> usize {
+        self.links.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Marks the process as draining: `/readyz` fails so that no new traffic is routed here.
+    pub fn set_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// `Ok` when ready, else what is not.
+    pub fn readiness(&self) -> Result<(), String> {
+        if self.draining.load(Ordering::Relaxed) {
+            return Err("draining".to_owned());
+        }
+        let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        let down: Vec<&str> = links
+            .iter()
+            .filter(|(_, l)| !l.is_up())
+            .map(|(n, _)| n.as_str())
+            .collect();
+        if down.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("not connected: {}", down.join(", ")))
+        }
+    }
+}
+
+/// The process's telemetry: one registry, the runtime metrics, health.
+#[derive(Clone)]
+pub struct Telemetry {
+    /// Every metric of the process registers here.
+    pub registry: Registry,
+    /// The runtime's metrics.
+    pub metrics: RuntimeMetrics,
+    /// Liveness and readiness.
+    pub health: Health,
+}
+
+impl Telemetry {
+    /// A fresh registry with the runtime metrics registered.
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new();
+        let metrics = RuntimeMetrics::register(&registry)?;
+        Ok(Self {
+            registry,
+            metrics,
+            health: Health::default(),
+        })
+    }
+
+    /// The registry's metrics in Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        // Encoding into a Vec cannot fail for the text format.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+
+    /// Serves `/metrics`, `/healthz` and `/readyz` on `addr` until `shutdown`. Returns the
+    /// bound address (useful with port 0).
+    pub async fn serve(
+        &self,
+        addr: SocketAddr,
+        shutdown: CancellationToken,
+    ) -> std::io::Result<SocketAddr> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let local = listener.local_addr()?;
+        let app = Router::new()
+            .route("/metrics", get(metrics))
+            .route("/healthz", get(|| async { "ok" }))
+            .route("/readyz", get(readyz))
+            .with_state(self.clone());
+        tokio::spawn(async move {
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { shutdown.cancelled().await })
+                .await;
+            if let Err(e) = served {
+                tracing::error!(error = %e, "telemetry server stopped");
+            }
+        });
+        Ok(local)
+    }
+}
+
+async fn metrics(State(t): State<Telemetry>) -> impl IntoResponse {
+    ([("content-type", "text/plain; version=0.0.4")], t.render())
+}
+
+async fn readyz(State(t): State<Telemetry>) -> impl IntoResponse {
+    match t.health.readiness() {
+        Ok(()) => (StatusCode::OK, "ready".to_owned()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line, for log pipelines.
+    Json,
+}
+
+/// Installs the global tracing subscriber: level from `RUST_LOG` (default `info`), output to
+/// stderr. Does nothing if one is installed already (tests install their own).
+pub fn init_tracing(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+}
+
+/// A token cancelled on SIGTERM or SIGINT: the signal to drain.
+pub fn shutdown_on_signals() -> CancellationToken {
+    let token = CancellationToken::new();
+    let trigger = token.clone();
+    tokio::spawn(async move {
+        let ctrl_c = tokio::signal::ctrl_c();
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            match signal(SignalKind::terminate()) {
+                Ok(mut term) => {
+                    tokio::select! {
+                        _ = ctrl_c => tracing::info!("SIGINT: draining"),
+                        _ = term.recv() => tracing::info!("SIGTERM: draining"),
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot listen for SIGTERM; only SIGINT drains");
+                    let _ = ctrl_c.await;
+                }
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = ctrl_c.await;
+        }
+        trigger.cancel();
+    });
+    token
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readiness_follows_links_and_draining() {
+        let h = Health::default();
+        assert!(h.readiness().is_ok());
+        let link = Link::new(false);
+        h.watch("requests", link.clone());
+        assert_eq!(h.readiness().unwrap_err(), "not connected: requests");
+        link.set(true);
+        assert!(h.readiness().is_ok());
+        h.set_draining();
+        assert_eq!(h.readiness().unwrap_err(), "draining");
+    }
+
+    #[test]
+    fn metrics_render_with_their_documented_names() {
+        let t = Telemetry::new().unwrap();
+        t.metrics.request_finished("echo", Outcome::Success, 0.01);
+        t.metrics.in_flight("echo", 1);
+        let text = t.render();
+        assert!(
+            text.contains(
+                "sluice_processor_requests_total{outcome=\"success\",processor=\"echo\"} 1"
+            )
+        );
+        assert!(text.contains("sluice_processor_in_flight_requests{processor=\"echo\"} 1"));
+        assert!(text.contains("sluice_processor_request_duration_seconds_bucket"));
+    }
+}
