@@ -1,1 +1,252 @@
-//! placeholder
+//! sluice-tests: the harness the integration suites share.
+//!
+//! - [`Broker`]: the real Pulsar broker the test command started, from `PULSAR_URL` and
+//!   `PULSAR_ADMIN_URL`, with a test namespace created once per process;
+//! - [`unique_topic`]: a fresh persistent topic per test, so suites run in parallel;
+//! - [`EchoHandler`]: a scriptable processor handler (records per request, delay, size),
+//!   also run as a separate process by the `echo-processor` binary for crash and drain tests.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use sluice_runtime::{
+    bus::{
+        Bus,
+        admin::{NamespacePolicy, PulsarAdmin},
+        pulsar::{PulsarBus, PulsarConfig},
+    },
+    processor::{Handler, RequestContext, ResponseSink},
+};
+use sluice_schema::{Error, ErrorKind, TextCompletionRequest, TextCompletionResponse};
+use tokio::sync::OnceCell;
+
+/// The namespace every integration test's topics live in.
+pub const TEST_NAMESPACE: &str = "sluice-test/it";
+
+/// The broker under test.
+#[derive(Debug, Clone)]
+pub struct Broker {
+    /// `pulsar://...`
+    pub url: String,
+    /// `http://...` admin API.
+    pub admin_url: String,
+}
+
+static NAMESPACE: OnceCell<()> = OnceCell::const_new();
+
+impl Broker {
+    /// The broker named by `PULSAR_URL` / `PULSAR_ADMIN_URL` (the test command sets them),
+    /// with the test namespace ensured.
+    pub async fn from_env() -> Broker {
+        let broker = Broker {
+            url: std::env::var("PULSAR_URL").unwrap_or_else(|_| "pulsar://127.0.0.1:6650".into()),
+            admin_url: std::env::var("PULSAR_ADMIN_URL")
+                .unwrap_or_else(|_| "http://127.0.0.1:8080".into()),
+        };
+        NAMESPACE
+            .get_or_init(|| async {
+                broker
+                    .admin()
+                    .ensure_namespace(
+                        TEST_NAMESPACE,
+                        NamespacePolicy { subscription_expiration_minutes: 30 },
+                    )
+                    .await
+                    .unwrap_or_else(|e| {
+                        panic!(
+                            "the Pulsar broker at {} is not usable ({e}); start it with deploy/pulsar/pulsar.sh start",
+                            broker.admin_url
+                        )
+                    });
+            })
+            .await;
+        broker
+    }
+
+    /// An admin client.
+    pub fn admin(&self) -> PulsarAdmin {
+        PulsarAdmin::new(self.admin_url.clone(), None).unwrap()
+    }
+
+    /// Bus settings for this broker.
+    pub fn config(&self) -> PulsarConfig {
+        PulsarConfig::new(self.url.clone())
+    }
+
+    /// A new bus connection (its own clients, so its own TCP connections).
+    pub async fn bus(&self) -> Arc<dyn Bus> {
+        Arc::new(self.pulsar_bus(self.config()).await)
+    }
+
+    /// A new bus connection with the given settings.
+    pub async fn pulsar_bus(&self, config: PulsarConfig) -> PulsarBus {
+        PulsarBus::connect(config, Duration::from_secs(30))
+            .await
+            .unwrap()
+    }
+
+    /// A subscription's backlog and unacked counts from the broker's topic stats.
+    pub async fn subscription_stats(&self, topic: &str, subscription: &str) -> (u64, u64) {
+        let path = topic.replacen("://", "/", 1);
+        let stats: serde_json::Value =
+            reqwest::get(format!("{}/admin/v2/{path}/stats", self.admin_url))
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+        let sub = &stats["subscriptions"][subscription];
+        (
+            sub["msgBacklog"].as_u64().unwrap_or(0),
+            sub["unackedMessages"].as_u64().unwrap_or(0),
+        )
+    }
+}
+
+/// A fresh persistent topic in the test namespace.
+pub fn unique_topic(name: &str) -> String {
+    format!(
+        "persistent://{TEST_NAMESPACE}/{name}-{}",
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// Logs to the test output when `RUST_LOG` is set.
+pub fn init_logging() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
+/// What [`EchoHandler`] is asked to do, read from the request's `system` field as
+/// `key=value` words: `records=N` (default 1), `delay_ms=D` between records (default 0),
+/// `size=S` bytes per record (default: the word itself), `hang` (send one record and never
+/// finish), `fail` (terminal error).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EchoScript {
+    /// Records before the terminal one.
+    pub records: usize,
+    /// Delay before each record.
+    pub delay: Duration,
+    /// Bytes per record, if set.
+    pub size: Option<usize>,
+    /// Send one record, then wait until cancelled.
+    pub hang: bool,
+    /// End with an error.
+    pub fail: bool,
+}
+
+impl EchoScript {
+    /// Parses the `system` field.
+    pub fn parse(system: &str) -> Self {
+        let mut s = EchoScript {
+            records: 1,
+            ..Default::default()
+        };
+        for word in system.split_whitespace() {
+            match word.split_once('=') {
+                Some(("records", n)) => s.records = n.parse().unwrap_or(1),
+                Some(("delay_ms", n)) => s.delay = Duration::from_millis(n.parse().unwrap_or(0)),
+                Some(("size", n)) => s.size = n.parse().ok(),
+                None if word == "hang" => s.hang = true,
+                None if word == "fail" => s.fail = true,
+                _ => {}
+            }
+        }
+        s
+    }
+}
+
+/// A text-completion handler that echoes the prompt as a scripted stream: record `i` is
+/// `"<prompt>#<i>"` (or `size` bytes), and the terminal record carries token counts.
+#[derive(Debug, Default)]
+pub struct EchoHandler;
+
+#[async_trait]
+impl Handler for EchoHandler {
+    type Request = TextCompletionRequest;
+    type Response = TextCompletionResponse;
+
+    async fn handle(
+        &self,
+        request: TextCompletionRequest,
+        ctx: RequestContext,
+        sink: &mut ResponseSink<TextCompletionResponse>,
+    ) -> Result<(), Error> {
+        let script = EchoScript::parse(&request.system);
+        let send_err = |e: sluice_runtime::processor::SinkError| {
+            Error::new(ErrorKind::Internal, e.to_string())
+        };
+        if script.hang {
+            sink.send(TextCompletionResponse {
+                response: "started".into(),
+                ..Default::default()
+            })
+            .await
+            .map_err(send_err)?;
+            ctx.cancel.cancelled().await;
+            return Err(Error::new(ErrorKind::Internal, "cancelled"));
+        }
+        if script.fail {
+            return Err(Error::new(ErrorKind::Llm, "scripted failure"));
+        }
+        let text = |i: usize| match script.size {
+            Some(n) => "x".repeat(n),
+            None => format!("{}#{i}", request.prompt),
+        };
+        let in_token = Some(request.prompt.split_whitespace().count() as u64);
+        if !request.streaming {
+            // Non-streaming: exactly one record, terminal, carrying the whole answer.
+            sink.send(TextCompletionResponse {
+                response: text(0),
+                in_token,
+                out_token: Some(1),
+                model: Some("echo".into()),
+                end_of_stream: true,
+                ..Default::default()
+            })
+            .await
+            .map_err(send_err)?;
+            return Ok(());
+        }
+        let records = script.records;
+        for i in 0..records {
+            if !script.delay.is_zero() {
+                tokio::time::sleep(script.delay).await;
+            }
+            sink.send(TextCompletionResponse {
+                response: text(i),
+                model: Some("echo".into()),
+                ..Default::default()
+            })
+            .await
+            .map_err(send_err)?;
+        }
+        sink.send(TextCompletionResponse {
+            in_token,
+            out_token: Some(records as u64),
+            model: Some("echo".into()),
+            end_of_stream: true,
+            ..Default::default()
+        })
+        .await
+        .map_err(send_err)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scripts_parse() {
+        let s = EchoScript::parse("records=5 delay_ms=10 hang");
+        assert_eq!(s.records, 5);
+        assert_eq!(s.delay, Duration::from_millis(10));
+        assert!(s.hang && !s.fail);
+        assert_eq!(EchoScript::parse("").records, 1);
+    }
+}

@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# Runs a real Apache Pulsar standalone broker on loopback, for tests and local use.
+#
+#   deploy/pulsar/pulsar.sh start     start (or reuse) a broker and wait until it serves
+#   deploy/pulsar/pulsar.sh stop      stop the broker this script started
+#   deploy/pulsar/pulsar.sh restart   stop then start, keeping its data
+#   deploy/pulsar/pulsar.sh status    exit 0 when the broker answers
+#   deploy/pulsar/pulsar.sh env       print PULSAR_URL and PULSAR_ADMIN_URL for this broker
+#   deploy/pulsar/pulsar.sh wipe      stop and delete its data
+#
+# Pulsar comes from Maven Central through Maven (cached in ~/.m2), unpacked once under
+# $SLUICE_CACHE (default ~/.cache/sluice), outside the clone. A second broker for tests
+# that restart their broker runs beside the first with other ports and its own state:
+#   PULSAR_PORT=6652 PULSAR_HTTP_PORT=8082 PULSAR_BK_PORT=3183 deploy/pulsar/pulsar.sh start
+#
+# Settings (environment): SLUICE_PULSAR_VERSION (4.0.8), PULSAR_PORT (6650),
+# PULSAR_HTTP_PORT (8080), PULSAR_BK_PORT (3181), PULSAR_HEAP (512m),
+# PULSAR_STATE_DIR (default $SLUICE_CACHE/pulsar-state/$PULSAR_PORT),
+# PULSAR_READY_TIMEOUT (seconds, 240).
+set -euo pipefail
+
+VERSION="${SLUICE_PULSAR_VERSION:-4.0.8}"
+CACHE="${SLUICE_CACHE:-$HOME/.cache/sluice}"
+PORT="${PULSAR_PORT:-6650}"
+HTTP_PORT="${PULSAR_HTTP_PORT:-8080}"
+BK_PORT="${PULSAR_BK_PORT:-3181}"
+HEAP="${PULSAR_HEAP:-512m}"
+STATE="${PULSAR_STATE_DIR:-$CACHE/pulsar-state/$PORT}"
+READY_TIMEOUT="${PULSAR_READY_TIMEOUT:-240}"
+DIST="$CACHE/pulsar/apache-pulsar-$VERSION"
+ADMIN="http://127.0.0.1:$HTTP_PORT"
+
+log() { printf '[pulsar:%s] %s\n' "$PORT" "$*" >&2; }
+
+ready() {
+  # Serving once the standalone's default namespace exists: topics can be used.
+  curl -sf -m 5 "$ADMIN/admin/v2/namespaces/public" 2>/dev/null | grep -q 'public/default'
+}
+
+# Pulsar 4.x brokers want Java 21 or newer. Prefer JAVA_HOME, then any JDK under /usr/lib/jvm.
+find_java() {
+  local candidates=() j v
+  [ -n "${JAVA_HOME:-}" ] && candidates+=("$JAVA_HOME")
+  for j in /usr/lib/jvm/*; do [ -x "$j/bin/java" ] && candidates+=("$j"); done
+  for j in "${candidates[@]}"; do
+    v=$("$j/bin/java" -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1)
+    if [ -n "$v" ] && [ "$v" -ge 21 ]; then echo "$j"; return 0; fi
+  done
+  return 1
+}
+
+ensure_dist() {
+  [ -x "$DIST/bin/pulsar" ] && return 0
+  if ! command -v mvn >/dev/null 2>&1; then
+    log "installing Maven"
+    apt-get update -qq && apt-get install -y -qq maven >/dev/null
+  fi
+  local dl="$CACHE/pulsar-dl"
+  mkdir -p "$dl" "$CACHE/pulsar"
+  log "fetching Apache Pulsar $VERSION through Maven (once; cached)"
+  mvn -q -B dependency:copy \
+    -Dartifact="org.apache.pulsar:pulsar-server-distribution:$VERSION:tar.gz:bin" \
+    -DoutputDirectory="$dl" >&2
+  local tmp="$CACHE/pulsar/.unpack.$$"
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  tar xzf "$dl/pulsar-server-distribution-$VERSION-bin.tar.gz" -C "$tmp"
+  # Move into place atomically, so a half-unpacked tree is never taken for a distribution.
+  mv "$tmp/apache-pulsar-$VERSION" "$DIST" 2>/dev/null || [ -x "$DIST/bin/pulsar" ]
+  rm -rf "$tmp"
+}
+
+write_conf() {
+  mkdir -p "$STATE/logs"
+  sed -e "s/^brokerServicePort=.*/brokerServicePort=$PORT/" \
+      -e "s/^webServicePort=.*/webServicePort=$HTTP_PORT/" \
+      -e "s/^bindAddress=.*/bindAddress=127.0.0.1/" \
+      -e "s/^advertisedAddress=.*/advertisedAddress=127.0.0.1/" \
+      -e "s/^webSocketServiceEnabled=.*/webSocketServiceEnabled=false/" \
+      "$DIST/conf/standalone.conf" > "$STATE/standalone.conf"
+}
+
+start() {
+  if ready; then
+    log "already serving on $PORT (reused)"
+    return 0
+  fi
+  local java_home
+  if ! java_home=$(find_java); then
+    log "no Java 21+ found (JAVA_HOME or /usr/lib/jvm/*): Pulsar $VERSION needs one"
+    exit 1
+  fi
+  ensure_dist
+  write_conf
+  log "starting (state $STATE, Java $java_home)"
+  (
+    cd "$DIST"
+    export JAVA_HOME="$java_home"
+    export PULSAR_MEM="-Xms$HEAP -Xmx$HEAP -XX:MaxDirectMemorySize=$HEAP"
+    export PULSAR_LOG_DIR="$STATE/logs"
+    export PULSAR_STANDALONE_CONF="$STATE/standalone.conf"
+    nohup bin/pulsar standalone -nfw -nss -a 127.0.0.1 \
+      --bookkeeper-port "$BK_PORT" \
+      --bookkeeper-dir "$STATE/bookkeeper" \
+      --metadata-dir "$STATE/metadata" \
+      > "$STATE/logs/stdout.log" 2>&1 &
+    echo $! > "$STATE/pid"
+  )
+  local pid waited=0
+  pid=$(cat "$STATE/pid")
+  until ready; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      log "broker exited during start-up; last lines of its log:"
+      tail -n 40 "$STATE/logs/stdout.log" >&2 || true
+      exit 1
+    fi
+    if [ "$waited" -ge "$READY_TIMEOUT" ]; then
+      log "not ready after ${READY_TIMEOUT}s; last lines of its log:"
+      tail -n 40 "$STATE/logs/stdout.log" >&2 || true
+      exit 1
+    fi
+    sleep 1
+    waited=$((waited + 1))
+  done
+  log "ready after ${waited}s: pulsar://127.0.0.1:$PORT, admin $ADMIN"
+}
+
+stop() {
+  local pid
+  if [ -f "$STATE/pid" ]; then
+    pid=$(cat "$STATE/pid")
+    if kill -0 "$pid" 2>/dev/null; then
+      kill "$pid"
+      for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+      kill -9 "$pid" 2>/dev/null || true
+      log "stopped"
+    fi
+    rm -f "$STATE/pid"
+  fi
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  restart) stop; start ;;
+  status) ready ;;
+  env) printf 'PULSAR_URL=pulsar://127.0.0.1:%s\nPULSAR_ADMIN_URL=%s\n' "$PORT" "$ADMIN" ;;
+  wipe) stop; rm -rf "$STATE" ;;
+  *) echo "usage: $0 start|stop|restart|status|env|wipe" >&2; exit 2 ;;
+esac

@@ -1,0 +1,511 @@
+//! The bus, the processor runtime and the client against the real Pulsar broker.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use futures::future::join_all;
+use sluice_runtime::{
+    bus::{Bus, BusError, Message, SubscribeOptions},
+    client::{ClientConfig, ClientError, Received, RequestClient},
+    processor::{self, Handler, ProcessorConfig, RequestContext, ResponseSink},
+    telemetry::Telemetry,
+};
+use sluice_schema::{
+    Error, TextCompletionRequest, TextCompletionResponse, TopicMapping, TopicName, properties,
+};
+use sluice_tests::{Broker, EchoHandler, init_logging, unique_topic};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+type Client = RequestClient<TextCompletionRequest, TextCompletionResponse>;
+
+struct Service {
+    telemetry: Telemetry,
+    shutdown: CancellationToken,
+    task: JoinHandle<Result<(), BusError>>,
+}
+
+impl Service {
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+async fn start_processor<H: Handler>(
+    bus: Arc<dyn Bus>,
+    req: &str,
+    resp: &str,
+    handler: H,
+    concurrency: usize,
+) -> Service {
+    let telemetry = Telemetry::new().unwrap();
+    let shutdown = CancellationToken::new();
+    let mut config = ProcessorConfig::new("echo", req, resp);
+    config.concurrency = concurrency;
+    config.drain_grace = Duration::from_secs(5);
+    let task = tokio::spawn(processor::run(
+        bus,
+        config,
+        Arc::new(handler),
+        telemetry.clone(),
+        shutdown.clone(),
+    ));
+    // Subscribed (and so able to receive) once readiness has a link that is up.
+    while telemetry.health.watched() == 0 || telemetry.health.readiness().is_err() {
+        assert!(!task.is_finished(), "processor failed to start");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Service {
+        telemetry,
+        shutdown,
+        task,
+    }
+}
+
+fn request(prompt: &str, system: &str, streaming: bool) -> TextCompletionRequest {
+    TextCompletionRequest {
+        system: system.into(),
+        prompt: prompt.into(),
+        streaming,
+        ..Default::default()
+    }
+}
+
+async fn collect(
+    client: &Client,
+    req: &TextCompletionRequest,
+) -> Result<Vec<TextCompletionResponse>, ClientError> {
+    client.call(req).await
+}
+
+#[tokio::test]
+async fn publish_and_consume_keep_payload_and_properties() {
+    init_logging();
+    let broker = Broker::from_env().await;
+    let bus = broker.bus().await;
+    let topic = unique_topic("props");
+    let mut sub = bus
+        .subscribe(&topic, "s", SubscribeOptions::shared(10))
+        .await
+        .unwrap();
+    let publisher = bus.publisher(&topic).await.unwrap();
+    let receipt = publisher
+        .send(
+            Message::new(r#"{"prompt":"hi"}"#)
+                .with_property(properties::ID, "req-1")
+                .with_property(properties::TRACEPARENT, "00-abc-def-01"),
+        )
+        .await
+        .unwrap();
+    receipt.await.unwrap();
+    let d = tokio::time::timeout(Duration::from_secs(10), sub.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(d.payload().as_ref(), br#"{"prompt":"hi"}"#);
+    assert_eq!(d.property(properties::ID), Some("req-1"));
+    assert_eq!(d.property(properties::TRACEPARENT), Some("00-abc-def-01"));
+    assert_eq!(d.redelivery_count(), 0);
+    d.ack();
+    sub.close().await;
+}
+
+#[tokio::test]
+async fn a_nacked_message_comes_back_and_is_counted_as_redelivered() {
+    let broker = Broker::from_env().await;
+    let bus = broker.bus().await;
+    let topic = unique_topic("nack");
+    let mut sub = bus
+        .subscribe(&topic, "s", SubscribeOptions::shared(10))
+        .await
+        .unwrap();
+    bus.publisher(&topic)
+        .await
+        .unwrap()
+        .send(Message::new("x").with_property(properties::ID, "n1"))
+        .await
+        .unwrap();
+    let d = sub.next().await.unwrap().unwrap();
+    assert_eq!(d.redelivery_count(), 0);
+    d.nack();
+    let d = tokio::time::timeout(Duration::from_secs(10), sub.next())
+        .await
+        .expect("redelivered after nack")
+        .unwrap()
+        .unwrap();
+    assert_eq!(d.property(properties::ID), Some("n1"));
+    assert_eq!(d.redelivery_count(), 1);
+    d.ack();
+    sub.close().await;
+}
+
+#[tokio::test]
+async fn an_exclusive_subscription_refuses_a_second_consumer() {
+    let broker = Broker::from_env().await;
+    let topic = unique_topic("excl");
+    let a = broker
+        .bus()
+        .await
+        .subscribe(&topic, "mine", SubscribeOptions::exclusive(10))
+        .await
+        .unwrap();
+    let err = broker
+        .bus()
+        .await
+        .subscribe(&topic, "mine", SubscribeOptions::exclusive(10))
+        .await
+        .err()
+        .expect("refused");
+    assert!(matches!(err, BusError::ExclusiveTaken(_)), "{err}");
+    a.unsubscribe().await;
+}
+
+#[tokio::test]
+async fn two_processors_on_one_shared_subscription_share_the_load() {
+    init_logging();
+    let broker = Broker::from_env().await;
+    let (req, resp) = (unique_topic("share-req"), unique_topic("share-resp"));
+    let a = start_processor(broker.bus().await, &req, &resp, EchoHandler, 8).await;
+    let b = start_processor(broker.bus().await, &req, &resp, EchoHandler, 8).await;
+    let client = Client::start(
+        broker.bus().await,
+        ClientConfig::new("echo", &req, &resp),
+        None,
+    )
+    .await
+    .unwrap();
+    // Each request takes 20 ms, so neither processor can take them all in time.
+    let reqs: Vec<_> = (0..64)
+        .map(|i| request(&format!("q{i}"), "delay_ms=20", false))
+        .collect();
+    let results = join_all(reqs.iter().map(|r| collect(&client, r))).await;
+    for (i, r) in results.into_iter().enumerate() {
+        let records = r.unwrap();
+        assert_eq!(records.len(), 1);
+        assert_eq!(records[0].response, format!("q{i}#0"));
+        assert!(records[0].end_of_stream);
+    }
+    let handled = |s: &Service| {
+        let text = s.telemetry.render();
+        text.lines()
+            .find(|l| l.starts_with("sluice_processor_requests_total{outcome=\"success\""))
+            .and_then(|l| l.rsplit(' ').next())
+            .map(|n| n.parse::<u64>().unwrap())
+            .unwrap_or(0)
+    };
+    let (na, nb) = (handled(&a), handled(&b));
+    assert_eq!(na + nb, 64);
+    assert!(na > 0 && nb > 0, "both replicas took requests: {na} + {nb}");
+    client.close().await;
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn a_stream_of_1000_records_arrives_complete_and_in_order() {
+    let broker = Broker::from_env().await;
+    let (req, resp) = (unique_topic("thousand-req"), unique_topic("thousand-resp"));
+    let p = start_processor(broker.bus().await, &req, &resp, EchoHandler, 4).await;
+    let client = Client::start(
+        broker.bus().await,
+        ClientConfig::new("echo", &req, &resp),
+        None,
+    )
+    .await
+    .unwrap();
+    let records = collect(&client, &request("w", "records=1000", true))
+        .await
+        .unwrap();
+    assert_eq!(records.len(), 1001);
+    for (i, r) in records[..1000].iter().enumerate() {
+        assert_eq!(r.response, format!("w#{i}"));
+        assert!(!r.end_of_stream);
+    }
+    assert!(records[1000].end_of_stream);
+    assert_eq!(records[1000].out_token, Some(1000));
+    client.close().await;
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn a_slow_consumer_still_receives_every_record() {
+    // Non-persistent topics drop what a consumer without permits cannot take. sluice's
+    // default mapping makes response topics persistent, so a slow reader only slows down.
+    let broker = Broker::from_env().await;
+    let name: TopicName = format!(
+        "response:sluice-test:slow-{}",
+        uuid::Uuid::new_v4().simple()
+    )
+    .parse()
+    .unwrap();
+    let resp = name.to_pulsar(TopicMapping::default());
+    assert!(resp.starts_with("persistent://sluice-test/response/"));
+    broker
+        .admin()
+        .ensure_namespace("sluice-test/response", Default::default())
+        .await
+        .unwrap();
+    let req = unique_topic("slow-req");
+    let p = start_processor(broker.bus().await, &req, &resp, EchoHandler, 4).await;
+    let bus = broker.bus().await;
+    // A raw exclusive consumer with 5 permits, reading one record every 2 ms while the
+    // processor publishes 1000 as fast as it can.
+    let mut sub = bus
+        .subscribe(&resp, "slow-reader", SubscribeOptions::exclusive(5))
+        .await
+        .unwrap();
+    bus.publisher(&req)
+        .await
+        .unwrap()
+        .send(
+            Message::new(serde_json::to_vec(&request("s", "records=1000", true)).unwrap())
+                .with_property(properties::ID, "slow-1"),
+        )
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    loop {
+        let d = tokio::time::timeout(Duration::from_secs(30), sub.next())
+            .await
+            .expect("no record lost or stalled")
+            .unwrap()
+            .unwrap();
+        let r: TextCompletionResponse = serde_json::from_slice(d.payload()).unwrap();
+        d.ack();
+        if r.end_of_stream {
+            break;
+        }
+        seen.push(r.response);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let expected: Vec<String> = (0..1000).map(|i| format!("s#{i}")).collect();
+    assert_eq!(seen, expected);
+    sub.unsubscribe().await;
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn malformed_records_get_an_error_when_they_can_and_are_never_redelivered() {
+    let broker = Broker::from_env().await;
+    let (req, resp) = (unique_topic("bad-req"), unique_topic("bad-resp"));
+    let p = start_processor(broker.bus().await, &req, &resp, EchoHandler, 4).await;
+    let bus = broker.bus().await;
+    let mut responses = bus
+        .subscribe(&resp, "reader", SubscribeOptions::exclusive(100))
+        .await
+        .unwrap();
+    let publisher = bus.publisher(&req).await.unwrap();
+    let cases: [(&str, Option<&str>); 5] = [
+        ("{not json", Some("bad-json")),
+        (r#"{"prompt": 7, "streaming": "yes"}"#, Some("bad-types")),
+        ("\u{0}\u{1}binary", Some("binary")),
+        (r#"{"prompt":"no id here"}"#, None),
+        ("[1,2,3]", Some("array")),
+    ];
+    for (payload, id) in cases {
+        let mut m = Message::new(payload.to_owned());
+        if let Some(id) = id {
+            m = m.with_property(properties::ID, id);
+        }
+        publisher.send(m).await.unwrap().await.unwrap();
+    }
+    // A good request after the bad ones is still served.
+    publisher
+        .send(
+            Message::new(serde_json::to_vec(&request("fine", "", false)).unwrap())
+                .with_property(properties::ID, "good"),
+        )
+        .await
+        .unwrap();
+    let mut answers: HashMap<String, TextCompletionResponse> = HashMap::new();
+    while answers.len() < 5 {
+        let d = tokio::time::timeout(Duration::from_secs(10), responses.next())
+            .await
+            .expect("every record with an id is answered")
+            .unwrap()
+            .unwrap();
+        let id = d.property(properties::ID).unwrap().to_owned();
+        answers.insert(id, serde_json::from_slice(d.payload()).unwrap());
+        d.ack();
+    }
+    for id in ["bad-json", "bad-types", "binary", "array"] {
+        let r = &answers[id];
+        assert!(r.end_of_stream);
+        assert_eq!(r.error.as_ref().unwrap().kind, "invalid-request", "{id}");
+    }
+    assert_eq!(answers["good"].response, "fine#0");
+    let text = p.telemetry.render();
+    assert!(
+        text.contains(r#"sluice_processor_requests_total{outcome="malformed",processor="echo"} 5"#),
+        "{text}"
+    );
+    // Everything was acked: nothing waits on the subscription to come back.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (backlog, unacked) = broker.subscription_stats(&req, "echo").await;
+    assert_eq!((backlog, unacked), (0, 0));
+    responses.unsubscribe().await;
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn oversized_records_are_refused_with_a_clear_error() {
+    let broker = Broker::from_env().await;
+    let (req, resp) = (unique_topic("big-req"), unique_topic("big-resp"));
+    let bus = broker.bus().await;
+    // A request over the limit never reaches the broker: the caller gets the error at once.
+    let huge = Message::new(vec![b'x'; 6 * 1024 * 1024]).with_property(properties::ID, "huge");
+    let err = bus
+        .publisher(&req)
+        .await
+        .unwrap()
+        .send(huge)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, BusError::TooLarge { .. }), "{err}");
+    assert!(err.to_string().contains("exceeds the bus limit"));
+
+    // A response record over the limit ends its stream with an error record.
+    let p = start_processor(broker.bus().await, &req, &resp, EchoHandler, 4).await;
+    let client = Client::start(
+        broker.bus().await,
+        ClientConfig::new("echo", &req, &resp),
+        None,
+    )
+    .await
+    .unwrap();
+    let records = collect(&client, &request("b", "records=3 size=6000000", true))
+        .await
+        .unwrap();
+    assert_eq!(records.len(), 1);
+    let error = records[0].error.as_ref().unwrap();
+    assert_eq!(error.kind, "message-too-large");
+    assert!(error.message.contains("exceeds the bus limit"));
+    // And the processor is fine afterwards.
+    let ok = collect(&client, &request("after", "", false))
+        .await
+        .unwrap();
+    assert_eq!(ok.len(), 1);
+    assert_eq!(ok[0].response, "after#0");
+    assert!(ok[0].end_of_stream);
+    client.close().await;
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn trustgraph_topic_mapping_works_end_to_end() {
+    let broker = Broker::from_env().await;
+    for ns in ["sluice-test/request", "sluice-test/response"] {
+        broker
+            .admin()
+            .ensure_namespace(ns, Default::default())
+            .await
+            .unwrap();
+    }
+    let suffix = uuid::Uuid::new_v4().simple();
+    let map = |s: String| {
+        s.parse::<TopicName>()
+            .unwrap()
+            .to_pulsar(TopicMapping::TrustGraph)
+    };
+    let req = map(format!("request:sluice-test:tc-{suffix}"));
+    let resp = map(format!("response:sluice-test:tc-{suffix}"));
+    assert!(req.starts_with("non-persistent://"));
+    let p = start_processor(broker.bus().await, &req, &resp, EchoHandler, 4).await;
+    let client = Client::start(
+        broker.bus().await,
+        ClientConfig::new("echo", &req, &resp),
+        None,
+    )
+    .await
+    .unwrap();
+    let records = collect(&client, &request("tg", "records=3", true))
+        .await
+        .unwrap();
+    let texts: Vec<_> = records.iter().map(|r| r.response.as_str()).collect();
+    assert_eq!(texts, ["tg#0", "tg#1", "tg#2", ""]);
+    client.close().await;
+    p.stop().await;
+}
+
+struct Stall;
+
+#[async_trait]
+impl Handler for Stall {
+    type Request = TextCompletionRequest;
+    type Response = TextCompletionResponse;
+
+    async fn handle(
+        &self,
+        _r: TextCompletionRequest,
+        _ctx: RequestContext,
+        _sink: &mut ResponseSink<TextCompletionResponse>,
+    ) -> Result<(), Error> {
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_silent_service_ends_the_callers_stream_with_an_inactivity_timeout() {
+    let broker = Broker::from_env().await;
+    let (req, resp) = (unique_topic("quiet-req"), unique_topic("quiet-resp"));
+    let p = start_processor(broker.bus().await, &req, &resp, Stall, 4).await;
+    let mut config = ClientConfig::new("echo", &req, &resp);
+    config.inactivity_timeout = Duration::from_millis(500);
+    let client = Client::start(broker.bus().await, config, None)
+        .await
+        .unwrap();
+    let mut stream = client.request(&request("x", "", false)).await.unwrap();
+    match stream.next().await.unwrap() {
+        Err(ClientError::InactivityTimeout(d)) => assert_eq!(d, Duration::from_millis(500)),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(stream.next().await.is_none());
+    client.close().await;
+    p.shutdown.cancel();
+    // The stalled request is abandoned after the grace period and handed back.
+    p.task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn concurrent_streams_on_one_client_are_routed_to_their_callers() {
+    let broker = Broker::from_env().await;
+    let (req, resp) = (unique_topic("many-req"), unique_topic("many-resp"));
+    let p = start_processor(broker.bus().await, &req, &resp, EchoHandler, 64).await;
+    let client = Arc::new(
+        Client::start(
+            broker.bus().await,
+            ClientConfig::new("echo", &req, &resp),
+            None,
+        )
+        .await
+        .unwrap(),
+    );
+    let tasks = (0..50).map(|i| {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let mut s = client
+                .request(&request(&format!("c{i}"), "records=20 delay_ms=1", true))
+                .await
+                .unwrap();
+            let mut got = Vec::new();
+            while let Some(item) = s.next().await {
+                if let Received::Record(r) = item.unwrap() {
+                    got.push(r.response);
+                }
+            }
+            (i, got)
+        })
+    });
+    for t in join_all(tasks).await {
+        let (i, got) = t.unwrap();
+        let mut expected: Vec<String> = (0..20).map(|k| format!("c{i}#{k}")).collect();
+        expected.push(String::new());
+        assert_eq!(got, expected);
+    }
+    client.close().await;
+    p.stop().await;
+}
