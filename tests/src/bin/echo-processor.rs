@@ -37,8 +37,10 @@ async fn main() {
     }
     let telemetry = Telemetry::new().unwrap();
     let addr = std::env::var("METRICS_ADDR").unwrap_or_else(|_| "127.0.0.1:0".into());
+    // The telemetry server outlives the drain: /readyz must answer 503 while draining.
+    let telemetry_stop = tokio_util::sync::CancellationToken::new();
     let bound = telemetry
-        .serve(addr.parse().unwrap(), shutdown.clone())
+        .serve(addr.parse().unwrap(), telemetry_stop.clone())
         .await
         .unwrap();
     let health = telemetry.health.clone();
@@ -57,5 +59,6 @@ async fn main() {
     )
     .await
     .unwrap();
+    telemetry_stop.cancel();
     eprintln!("drained");
 }
