@@ -1,1 +1,410 @@
-fn main() {}
+//! sluice benchmarks. Figures are written to `bench/results/` and spliced into the README
+//! between `<!-- bench:NAME -->` markers; nothing here asserts on time.
+//!
+//! Every figure is reported beside a baseline measured in the same run, because these
+//! machines are noisy: absolute numbers move from run to run, ratios much less.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{
+    fmt::Write as _,
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use clap::{Parser, Subcommand};
+use futures::StreamExt;
+use hdrhistogram::Histogram;
+use pulsar::{Pulsar, TokioExecutor, message::proto::command_subscribe::SubType};
+use sluice_runtime::{
+    bus::Bus,
+    client::{ClientConfig, Received, RequestClient},
+    processor::{self, ProcessorConfig},
+    telemetry::Telemetry,
+};
+use sluice_schema::{TextCompletionRequest, TextCompletionResponse};
+use sluice_tests::{Broker, EchoHandler, unique_topic};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(about = "sluice benchmarks (results to bench/results and the README)")]
+struct Cli {
+    #[command(subcommand)]
+    scenario: Scenario,
+    /// Where result files go.
+    #[arg(long, default_value = "bench/results")]
+    out: PathBuf,
+    /// README to splice the results table into (skipped if missing).
+    #[arg(long, default_value = "README.md")]
+    readme: PathBuf,
+}
+
+#[derive(Subcommand)]
+enum Scenario {
+    /// The foundation: raw pulsar-rs round trip vs sluice runtime + client, throughput.
+    Foundation {
+        /// Sequential round trips per latency measurement.
+        #[arg(long, default_value_t = 2000)]
+        round_trips: u64,
+        /// Requests per throughput measurement.
+        #[arg(long, default_value_t = 20_000)]
+        requests: u64,
+    },
+}
+
+type Client = RequestClient<TextCompletionRequest, TextCompletionResponse>;
+
+fn hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000, 3).unwrap()
+}
+
+fn ms(h: &Histogram<u64>, q: f64) -> f64 {
+    h.value_at_quantile(q) as f64 / 1000.0
+}
+
+/// Raw pulsar-rs: publish on A; a responder consumes A and republishes on B; receive on B.
+/// `split` gives consuming and producing their own clients (own TCP connections).
+struct RawPair {
+    produce_a: pulsar::Producer<TokioExecutor>,
+    consume_b: pulsar::Consumer<Vec<u8>, TokioExecutor>,
+    stop: CancellationToken,
+    responder: tokio::task::JoinHandle<()>,
+}
+
+impl RawPair {
+    async fn start(url: &str, split: bool) -> Self {
+        let client = || async { Pulsar::builder(url, TokioExecutor).build().await.unwrap() };
+        let (a, b) = (unique_topic("raw-a"), unique_topic("raw-b"));
+        let responder_consume = client().await;
+        let responder_produce = if split {
+            client().await
+        } else {
+            responder_consume.clone()
+        };
+        let mut consume_a = responder_consume
+            .consumer()
+            .with_topic(&a)
+            .with_subscription("responder")
+            .with_subscription_type(SubType::Shared)
+            .build::<Vec<u8>>()
+            .await
+            .unwrap();
+        let mut produce_b = responder_produce
+            .producer()
+            .with_topic(&b)
+            .build()
+            .await
+            .unwrap();
+        let stop = CancellationToken::new();
+        let responder_stop = stop.clone();
+        let responder = tokio::spawn(async move {
+            loop {
+                let msg = tokio::select! {
+                    () = responder_stop.cancelled() => break,
+                    m = consume_a.next() => m,
+                };
+                let Some(Ok(m)) = msg else { break };
+                consume_a.ack(&m).await.unwrap();
+                let receipt = produce_b
+                    .send_non_blocking(m.payload.data.clone())
+                    .await
+                    .unwrap();
+                // Await the receipt, as sluice does before acking a request's stream.
+                receipt.await.unwrap();
+            }
+        });
+        let caller_consume = client().await;
+        let caller_produce = if split {
+            client().await
+        } else {
+            caller_consume.clone()
+        };
+        let consume_b = caller_consume
+            .consumer()
+            .with_topic(&b)
+            .with_subscription("caller")
+            .with_subscription_type(SubType::Exclusive)
+            .build::<Vec<u8>>()
+            .await
+            .unwrap();
+        let produce_a = caller_produce
+            .producer()
+            .with_topic(&a)
+            .build()
+            .await
+            .unwrap();
+        Self {
+            produce_a,
+            consume_b,
+            stop,
+            responder,
+        }
+    }
+
+    async fn batch(&mut self, n: u64, h: &mut Histogram<u64>) {
+        let payload = br#"{"system":"","prompt":"ping","streaming":false}"#.to_vec();
+        for _ in 0..n {
+            let t0 = Instant::now();
+            let _receipt = self
+                .produce_a
+                .send_non_blocking(payload.clone())
+                .await
+                .unwrap();
+            let m = self.consume_b.next().await.unwrap().unwrap();
+            self.consume_b.ack(&m).await.unwrap();
+            h.record(t0.elapsed().as_micros() as u64).unwrap();
+        }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.responder.await;
+    }
+}
+
+struct Sluice {
+    client: Arc<Client>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+async fn start_sluice(broker: &Broker, concurrency: usize) -> Sluice {
+    let (req, resp) = (unique_topic("bench-req"), unique_topic("bench-resp"));
+    let telemetry = Telemetry::new().unwrap();
+    let shutdown = CancellationToken::new();
+    let mut config = ProcessorConfig::new("echo", &req, &resp);
+    config.concurrency = concurrency;
+    let bus: Arc<dyn Bus> = broker.bus().await;
+    let health = telemetry.health.clone();
+    let task = {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            processor::run(bus, config, Arc::new(EchoHandler), telemetry, shutdown)
+                .await
+                .unwrap();
+        })
+    };
+    while health.watched() == 0 || health.readiness().is_err() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let client = Client::start(
+        broker.bus().await,
+        ClientConfig::new("echo", &req, &resp),
+        None,
+    )
+    .await
+    .unwrap();
+    Sluice {
+        client: Arc::new(client),
+        shutdown,
+        task,
+    }
+}
+
+impl Sluice {
+    async fn stop(self) {
+        self.client.close().await;
+        self.shutdown.cancel();
+        let _ = self.task.await;
+    }
+}
+
+fn ping(streaming: bool, system: &str) -> TextCompletionRequest {
+    TextCompletionRequest {
+        system: system.into(),
+        prompt: "ping".into(),
+        streaming,
+        ..Default::default()
+    }
+}
+
+/// Sequential sluice round trips on an already running processor + client.
+async fn sluice_batch(s: &Sluice, n: u64, h: &mut Histogram<u64>) {
+    let req = ping(false, "");
+    for _ in 0..n {
+        let t0 = Instant::now();
+        let records = s.client.call(&req).await.unwrap();
+        assert_eq!(records.len(), 1);
+        h.record(t0.elapsed().as_micros() as u64).unwrap();
+    }
+}
+
+/// Requests per second with `callers` concurrent callers, and records per second.
+async fn throughput(broker: &Broker, callers: u64, total: u64, system: &str) -> (f64, f64) {
+    let s = start_sluice(broker, 512).await;
+    let streaming = !system.is_empty();
+    let remaining = Arc::new(AtomicU64::new(total));
+    let records = Arc::new(AtomicU64::new(0));
+    let t0 = Instant::now();
+    let workers: Vec<_> = (0..callers)
+        .map(|_| {
+            let (client, remaining, records) =
+                (s.client.clone(), remaining.clone(), records.clone());
+            let req = ping(streaming, system);
+            tokio::spawn(async move {
+                while remaining
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_sub(1))
+                    .is_ok()
+                {
+                    let mut stream = client.request(&req).await.unwrap();
+                    while let Some(item) = stream.next().await {
+                        if let Received::Record(r) = item.unwrap() {
+                            assert!(r.error.is_none());
+                            records.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.unwrap();
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    s.stop().await;
+    (
+        total as f64 / secs,
+        records.load(Ordering::Relaxed) as f64 / secs,
+    )
+}
+
+fn splice(readme: &PathBuf, name: &str, table: &str) {
+    let Ok(text) = std::fs::read_to_string(readme) else {
+        return;
+    };
+    let (start, end) = (
+        format!("<!-- bench:{name} -->"),
+        format!("<!-- /bench:{name} -->"),
+    );
+    let (Some(a), Some(b)) = (text.find(&start), text.find(&end)) else {
+        eprintln!("README has no {start} … {end} markers; not spliced");
+        return;
+    };
+    let spliced = format!("{}{start}\n{table}{}", &text[..a], &text[b..]);
+    std::fs::write(readme, spliced).unwrap();
+}
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    let broker = Broker::from_env().await;
+    std::fs::create_dir_all(&cli.out).unwrap();
+    match cli.scenario {
+        Scenario::Foundation {
+            round_trips,
+            requests,
+        } => {
+            // The broker's JIT needs traffic before it settles; figures taken cold vary by
+            // 2-3x from run to run. Warm it up first, unrecorded.
+            eprintln!("warming up the broker …");
+            let _ = throughput(&broker, 64, requests / 2, "").await;
+            // The three set-ups run side by side and take turns in batches of 50, so that a
+            // noisy moment on the machine hits each of them alike.
+            eprintln!("round trips: raw pulsar-rs (stock and split) and sluice, interleaved …");
+            let mut stock_pair = RawPair::start(&broker.url, false).await;
+            let mut floor_pair = RawPair::start(&broker.url, true).await;
+            let sluice_pair = start_sluice(&broker, 64).await;
+            let (mut stock, mut floor, mut sluice) = (hist(), hist(), hist());
+            // Warm-up, not recorded.
+            floor_pair.batch(100, &mut hist()).await;
+            sluice_batch(&sluice_pair, 100, &mut hist()).await;
+            stock_pair.batch(20, &mut hist()).await;
+            for round in 0..round_trips / 50 {
+                floor_pair.batch(50, &mut floor).await;
+                sluice_batch(&sluice_pair, 50, &mut sluice).await;
+                // The stock client stalls ~40 ms per round trip; a tenth of the samples suffice.
+                if round % 10 == 0 {
+                    stock_pair.batch(50, &mut stock).await;
+                }
+            }
+            stock_pair.stop().await;
+            floor_pair.stop().await;
+            sluice_pair.stop().await;
+            let mut rps = Vec::new();
+            for callers in [1u64, 64, 512] {
+                let n = if callers == 1 {
+                    requests / 10
+                } else {
+                    requests
+                };
+                eprintln!("throughput with {callers} callers …");
+                rps.push((callers, throughput(&broker, callers, n, "").await.0));
+            }
+            eprintln!("streaming 100 records per request …");
+            let (stream_rps, records_per_s) =
+                throughput(&broker, 16, requests / 20, "records=100").await;
+
+            let mut md = String::new();
+            let _ = writeln!(
+                md,
+                "Measured {} on this machine (2 cores), Pulsar {} standalone on loopback; `bash bench/run.sh`.\n",
+                chrono_like_now(),
+                std::env::var("SLUICE_PULSAR_VERSION").unwrap_or_else(|_| "4.0.8".into())
+            );
+            let _ = writeln!(
+                md,
+                "| round trip (publish → responder → receive) | p50 ms | p99 ms | p50 vs floor |"
+            );
+            let _ = writeln!(md, "|---|---|---|---|");
+            let floor_p50 = ms(&floor, 0.5);
+            for (name, h) in [
+                ("raw pulsar-rs, stock (one client per side)", &stock),
+                (
+                    "raw pulsar-rs, floor (separate consume/produce clients)",
+                    &floor,
+                ),
+                ("sluice processor + client (echo handler)", &sluice),
+            ] {
+                let _ = writeln!(
+                    md,
+                    "| {name} | {:.2} | {:.2} | {:.2}x |",
+                    ms(h, 0.5),
+                    ms(h, 0.99),
+                    ms(h, 0.5) / floor_p50
+                );
+            }
+            let _ = writeln!(md, "\n| echo throughput | requests/s |");
+            let _ = writeln!(md, "|---|---|");
+            for (callers, r) in &rps {
+                let _ = writeln!(md, "| {callers} concurrent callers | {r:.0} |");
+            }
+            let _ = writeln!(
+                md,
+                "| 16 callers, 100 streamed records per request | {stream_rps:.0} requests/s = {records_per_s:.0} records/s |"
+            );
+            let json = serde_json::json!({
+                "round_trip_ms": {
+                    "raw_stock": {"p50": ms(&stock, 0.5), "p99": ms(&stock, 0.99)},
+                    "raw_floor": {"p50": floor_p50, "p99": ms(&floor, 0.99)},
+                    "sluice": {"p50": ms(&sluice, 0.5), "p99": ms(&sluice, 0.99)},
+                    "sluice_vs_floor_p50": ms(&sluice, 0.5) / floor_p50,
+                },
+                "requests_per_s": rps.iter().map(|(c, r)| (c.to_string(), *r)).collect::<std::collections::BTreeMap<_, _>>(),
+                "streaming_100": {"requests_per_s": stream_rps, "records_per_s": records_per_s},
+            });
+            std::fs::write(cli.out.join("foundation.md"), &md).unwrap();
+            std::fs::write(
+                cli.out.join("foundation.json"),
+                serde_json::to_string_pretty(&json).unwrap(),
+            )
+            .unwrap();
+            splice(&cli.readme, "foundation", &md);
+            println!("{md}");
+        }
+    }
+}
+
+/// The date, from the system clock, without a date crate: good enough for a results header.
+fn chrono_like_now() -> String {
+    std::process::Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%d %H:%M UTC")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}

@@ -1,1 +1,162 @@
-fn main() {}
+//! `sluice`: the one binary. Processors, the gateway, `serve` and `invoke` arrive with
+//! their issues; today it carries the operator commands the foundation needs:
+//!
+//! - `sluice topics resolve NAME...`: the Pulsar topic URL of a TrustGraph-style name;
+//! - `sluice pulsar ensure-namespaces NAME...`: create the tenants and namespaces of those
+//!   topics (Pulsar creates topics on first use, not namespaces), as a deploy-time step.
+//!
+//! Secrets (the Pulsar token) come from `SLUICE_PULSAR_TOKEN` or the file named by
+//! `SLUICE_PULSAR_TOKEN_FILE`, never from the command line.
+
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use sluice_runtime::{
+    bus::admin::{NamespacePolicy, PulsarAdmin},
+    secret::Secret,
+    telemetry::{LogFormat, init_tracing},
+};
+use sluice_schema::{TopicMapping, TopicName};
+
+#[derive(Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "Streaming LLM microservices on Apache Pulsar"
+)]
+struct Cli {
+    /// Log format: text or json.
+    #[arg(long, global = true, default_value = "text", env = "SLUICE_LOG_FORMAT", value_parser = parse_log_format)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Topic names.
+    Topics {
+        #[command(subcommand)]
+        command: TopicsCommand,
+    },
+    /// Pulsar administration sluice needs.
+    Pulsar {
+        #[command(subcommand)]
+        command: PulsarCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum TopicsCommand {
+    /// Prints the Pulsar topic URL of each `class:topicspace:topic` name.
+    Resolve {
+        #[command(flatten)]
+        mapping: MappingArgs,
+        /// Topic names, e.g. request:tg:text-completion.
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum PulsarCommand {
+    /// Creates the tenant and namespace of each topic if missing (idempotent).
+    EnsureNamespaces {
+        /// Pulsar admin URL.
+        #[arg(
+            long,
+            env = "SLUICE_PULSAR_ADMIN_URL",
+            default_value = "http://127.0.0.1:8080"
+        )]
+        pulsar_admin_url: String,
+        /// Expire response subscriptions of client instances that went away without
+        /// unsubscribing after this many minutes (0 = never).
+        #[arg(long, default_value_t = 60)]
+        subscription_expiration_minutes: u32,
+        /// Topic names (logical or URLs) whose namespaces to create.
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+}
+
+#[derive(Args)]
+struct MappingArgs {
+    /// How topic classes map to persistence: `durable` (every topic persistent; no request
+    /// or response is lost) or `trustgraph` (TrustGraph's non-persistent request/response).
+    #[arg(long, env = "SLUICE_TOPIC_MAPPING", default_value = "durable")]
+    topic_mapping: TopicMapping,
+}
+
+fn parse_log_format(s: &str) -> Result<LogFormat, String> {
+    match s {
+        "text" => Ok(LogFormat::Text),
+        "json" => Ok(LogFormat::Json),
+        other => Err(format!(
+            "unknown log format {other:?}: expected text or json"
+        )),
+    }
+}
+
+fn parse_names(names: &[String]) -> Result<Vec<TopicName>, String> {
+    names
+        .iter()
+        .map(|n| n.parse::<TopicName>().map_err(|e| e.to_string()))
+        .collect()
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(cli.log_format);
+    match run(cli.command).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sluice: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> Result<(), String> {
+    match command {
+        Command::Topics {
+            command: TopicsCommand::Resolve { mapping, names },
+        } => {
+            for name in parse_names(&names)? {
+                println!("{}", name.to_pulsar(mapping.topic_mapping));
+            }
+            Ok(())
+        }
+        Command::Pulsar {
+            command:
+                PulsarCommand::EnsureNamespaces {
+                    pulsar_admin_url,
+                    subscription_expiration_minutes,
+                    names,
+                },
+        } => {
+            let token = Secret::from_env("SLUICE_PULSAR_TOKEN").map_err(|e| e.to_string())?;
+            let admin = PulsarAdmin::new(pulsar_admin_url, token).map_err(|e| e.to_string())?;
+            let mut namespaces: Vec<String> = parse_names(&names)?
+                .iter()
+                .map(|n| {
+                    n.namespace()
+                        .ok_or_else(|| format!("{n} names no tenant/namespace"))
+                })
+                .collect::<Result<_, _>>()?;
+            namespaces.sort();
+            namespaces.dedup();
+            let policy = NamespacePolicy {
+                subscription_expiration_minutes,
+            };
+            for ns in namespaces {
+                admin
+                    .ensure_namespace(&ns, policy)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                println!("{ns}");
+            }
+            Ok(())
+        }
+    }
+}

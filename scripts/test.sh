@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs every check and test of sluice, starting what they need: a real Apache Pulsar
+# standalone broker (deploy/pulsar/pulsar.sh; a second one is started by the broker-restart
+# test itself). Works on a fresh machine of this kind: installs protoc and Maven when
+# missing; heavy downloads and builds are cached outside the clone, under ~/.cache/sluice
+# and ~/.m2.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sluice/target}"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+
+need_apt=()
+command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)  # pulsar-rs generates its protocol code at build time
+command -v curl >/dev/null 2>&1 || need_apt+=(curl)
+command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "installing: ${need_apt[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+echo "== formatting and lints"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+echo "== Pulsar broker"
+deploy/pulsar/pulsar.sh start
+export PULSAR_URL=pulsar://127.0.0.1:6650 PULSAR_ADMIN_URL=http://127.0.0.1:8080
+
+stop_brokers() {
+  # The broker-restart test starts its own broker on 6652; never leave it behind.
+  PULSAR_PORT=6652 PULSAR_HTTP_PORT=8082 PULSAR_BK_PORT=3183 deploy/pulsar/pulsar.sh stop || true
+  if [ "${CI:-}" = "true" ]; then deploy/pulsar/pulsar.sh stop || true; fi
+}
+trap stop_brokers EXIT
+
+echo "== tests"
+cargo test --workspace --locked

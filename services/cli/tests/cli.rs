@@ -1,0 +1,101 @@
+//! The `sluice` binary run as a process.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::process::Command;
+
+fn sluice(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .env_remove("SLUICE_PULSAR_TOKEN")
+        .env_remove("SLUICE_PULSAR_TOKEN_FILE")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[test]
+fn topics_resolve_maps_trustgraph_names_both_ways() {
+    let (ok, out, _) = sluice(&[
+        "topics",
+        "resolve",
+        "request:tg:text-completion:default:default",
+    ]);
+    assert!(ok);
+    assert_eq!(
+        out.trim(),
+        "persistent://tg/request/text-completion:default:default"
+    );
+    let (ok, out, _) = sluice(&[
+        "topics",
+        "resolve",
+        "--topic-mapping",
+        "trustgraph",
+        "request:tg:text-completion:default:default",
+        "flow:tg:x",
+    ]);
+    assert!(ok);
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        [
+            "non-persistent://tg/request/text-completion:default:default",
+            "persistent://tg/flow/x"
+        ]
+    );
+}
+
+#[test]
+fn a_bad_topic_name_is_a_clear_error_and_a_failing_exit() {
+    let (ok, _, err) = sluice(&["topics", "resolve", "nonsense"]);
+    assert!(!ok);
+    assert!(err.contains("class:topicspace:topic"), "{err}");
+}
+
+#[test]
+fn ensure_namespaces_creates_them_on_the_real_broker_idempotently() {
+    let admin =
+        std::env::var("PULSAR_ADMIN_URL").unwrap_or_else(|_| "http://127.0.0.1:8080".into());
+    let tenant = format!("sluice-cli-{}", std::process::id());
+    let names = [
+        format!("request:{tenant}:a"),
+        format!("response:{tenant}:a"),
+    ];
+    for _ in 0..2 {
+        let (ok, out, err) = sluice(&[
+            "pulsar",
+            "ensure-namespaces",
+            "--pulsar-admin-url",
+            &admin,
+            &names[0],
+            &names[1],
+        ]);
+        assert!(ok, "{err}");
+        assert_eq!(
+            out.lines().collect::<Vec<_>>(),
+            [format!("{tenant}/request"), format!("{tenant}/response")]
+        );
+    }
+    let listed = Command::new("curl")
+        .args(["-sf", &format!("{admin}/admin/v2/namespaces/{tenant}")])
+        .output()
+        .unwrap();
+    let listed = String::from_utf8(listed.stdout).unwrap();
+    assert!(listed.contains(&format!("{tenant}/request")), "{listed}");
+}
+
+#[test]
+fn an_unreachable_admin_url_fails_with_a_message_not_a_panic() {
+    let (ok, _, err) = sluice(&[
+        "pulsar",
+        "ensure-namespaces",
+        "--pulsar-admin-url",
+        "http://127.0.0.1:1",
+        "request:tg:x",
+    ]);
+    assert!(!ok);
+    assert!(err.starts_with("sluice: "), "{err}");
+    assert!(err.contains("listing clusters"), "{err}");
+}
