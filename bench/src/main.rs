@@ -12,21 +12,18 @@ use std::{
         Arc,
         atomic::{AtomicU64, Ordering},
     },
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use clap::{Parser, Subcommand};
 use futures::StreamExt;
 use hdrhistogram::Histogram;
 use pulsar::{Pulsar, TokioExecutor, message::proto::command_subscribe::SubType};
-use sluice_runtime::{
-    bus::Bus,
-    client::{ClientConfig, Received, RequestClient},
-    processor::{self, ProcessorConfig},
-    telemetry::Telemetry,
+use sluice_runtime::client::Received;
+use sluice_schema::TextCompletionRequest;
+use sluice_tests::{
+    Broker, EchoHandler, RunningProcessor, TextClient, echo_config, text_client, unique_topic,
 };
-use sluice_schema::{TextCompletionRequest, TextCompletionResponse};
-use sluice_tests::{Broker, EchoHandler, unique_topic};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -54,8 +51,6 @@ enum Scenario {
         requests: u64,
     },
 }
-
-type Client = RequestClient<TextCompletionRequest, TextCompletionResponse>;
 
 fn hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).unwrap()
@@ -166,49 +161,22 @@ impl RawPair {
 }
 
 struct Sluice {
-    client: Arc<Client>,
-    shutdown: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
+    client: Arc<TextClient>,
+    processor: RunningProcessor,
 }
 
 async fn start_sluice(broker: &Broker, concurrency: usize) -> Sluice {
     let (req, resp) = (unique_topic("bench-req"), unique_topic("bench-resp"));
-    let telemetry = Telemetry::new().unwrap();
-    let shutdown = CancellationToken::new();
-    let mut config = ProcessorConfig::new("echo", &req, &resp);
-    config.concurrency = concurrency;
-    let bus: Arc<dyn Bus> = broker.bus().await;
-    let health = telemetry.health.clone();
-    let task = {
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            processor::run(bus, config, Arc::new(EchoHandler), telemetry, shutdown)
-                .await
-                .unwrap();
-        })
-    };
-    while health.watched() == 0 || health.readiness().is_err() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let client = Client::start(
-        broker.bus().await,
-        ClientConfig::new("echo", &req, &resp),
-        None,
-    )
-    .await
-    .unwrap();
-    Sluice {
-        client: Arc::new(client),
-        shutdown,
-        task,
-    }
+    let config = echo_config(&req, &resp, concurrency);
+    let processor = RunningProcessor::start(broker.bus().await, config, EchoHandler).await;
+    let client = Arc::new(text_client(broker.bus().await, &req, &resp).await);
+    Sluice { client, processor }
 }
 
 impl Sluice {
     async fn stop(self) {
         self.client.close().await;
-        self.shutdown.cancel();
-        let _ = self.task.await;
+        self.processor.stop().await;
     }
 }
 

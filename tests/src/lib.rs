@@ -12,14 +12,88 @@ use std::{sync::Arc, time::Duration};
 use async_trait::async_trait;
 use sluice_runtime::{
     bus::{
-        Bus,
+        Bus, BusError,
         admin::{NamespacePolicy, PulsarAdmin},
         pulsar::{PulsarBus, PulsarConfig},
     },
-    processor::{Handler, RequestContext, ResponseSink},
+    client::{ClientConfig, RequestClient},
+    processor::{self, Handler, ProcessorConfig, RequestContext, ResponseSink},
+    telemetry::Telemetry,
 };
 use sluice_schema::{Error, ErrorKind, TextCompletionRequest, TextCompletionResponse};
-use tokio::sync::OnceCell;
+use tokio::{sync::OnceCell, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
+
+/// A text-completion request/response client.
+pub type TextClient = RequestClient<TextCompletionRequest, TextCompletionResponse>;
+
+/// A text-completion client for the given topics, under the service name `echo`.
+pub async fn text_client(
+    bus: Arc<dyn Bus>,
+    request_topic: &str,
+    response_topic: &str,
+) -> TextClient {
+    TextClient::start(
+        bus,
+        ClientConfig::new("echo", request_topic, response_topic),
+        None,
+    )
+    .await
+    .unwrap()
+}
+
+/// A processor config named `echo` (so its Shared subscription is `echo`) with a 5 s drain.
+pub fn echo_config(
+    request_topic: &str,
+    response_topic: &str,
+    concurrency: usize,
+) -> ProcessorConfig {
+    let mut config = ProcessorConfig::new("echo", request_topic, response_topic);
+    config.concurrency = concurrency;
+    config.drain_grace = Duration::from_secs(5);
+    config
+}
+
+/// A processor running in this process.
+pub struct RunningProcessor {
+    /// Its metrics and health.
+    pub telemetry: Telemetry,
+    /// Cancel to drain it.
+    pub shutdown: CancellationToken,
+    /// The processor's task.
+    pub task: JoinHandle<Result<(), BusError>>,
+}
+
+impl RunningProcessor {
+    /// Starts `handler` and returns once its request subscription is attached, so that
+    /// whatever is published next reaches it.
+    pub async fn start<H: Handler>(bus: Arc<dyn Bus>, config: ProcessorConfig, handler: H) -> Self {
+        let telemetry = Telemetry::new().unwrap();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(processor::run(
+            bus,
+            config,
+            Arc::new(handler),
+            telemetry.clone(),
+            shutdown.clone(),
+        ));
+        while telemetry.health.watched() == 0 || telemetry.health.readiness().is_err() {
+            assert!(!task.is_finished(), "processor failed to start");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Self {
+            telemetry,
+            shutdown,
+            task,
+        }
+    }
+
+    /// Drains and waits for the processor to return.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.unwrap().unwrap();
+    }
+}
 
 /// The namespace every integration test's topics live in.
 pub const TEST_NAMESPACE: &str = "sluice-test/it";

@@ -7,31 +7,18 @@ use async_trait::async_trait;
 use futures::future::join_all;
 use sluice_runtime::{
     bus::{Bus, BusError, Message, SubscribeOptions},
-    client::{ClientConfig, ClientError, Received, RequestClient},
-    processor::{self, Handler, ProcessorConfig, RequestContext, ResponseSink},
-    telemetry::Telemetry,
+    client::{ClientConfig, ClientError, Received},
+    processor::{Handler, RequestContext, ResponseSink},
 };
 use sluice_schema::{
     Error, TextCompletionRequest, TextCompletionResponse, TopicMapping, TopicName, properties,
 };
-use sluice_tests::{Broker, EchoHandler, init_logging, unique_topic};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
+use sluice_tests::{
+    Broker, EchoHandler, RunningProcessor, TextClient, echo_config, init_logging, text_client,
+    unique_topic,
+};
 
-type Client = RequestClient<TextCompletionRequest, TextCompletionResponse>;
-
-struct Service {
-    telemetry: Telemetry,
-    shutdown: CancellationToken,
-    task: JoinHandle<Result<(), BusError>>,
-}
-
-impl Service {
-    async fn stop(self) {
-        self.shutdown.cancel();
-        self.task.await.unwrap().unwrap();
-    }
-}
+type Client = TextClient;
 
 async fn start_processor<H: Handler>(
     bus: Arc<dyn Bus>,
@@ -39,29 +26,8 @@ async fn start_processor<H: Handler>(
     resp: &str,
     handler: H,
     concurrency: usize,
-) -> Service {
-    let telemetry = Telemetry::new().unwrap();
-    let shutdown = CancellationToken::new();
-    let mut config = ProcessorConfig::new("echo", req, resp);
-    config.concurrency = concurrency;
-    config.drain_grace = Duration::from_secs(5);
-    let task = tokio::spawn(processor::run(
-        bus,
-        config,
-        Arc::new(handler),
-        telemetry.clone(),
-        shutdown.clone(),
-    ));
-    // Subscribed (and so able to receive) once readiness has a link that is up.
-    while telemetry.health.watched() == 0 || telemetry.health.readiness().is_err() {
-        assert!(!task.is_finished(), "processor failed to start");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Service {
-        telemetry,
-        shutdown,
-        task,
-    }
+) -> RunningProcessor {
+    RunningProcessor::start(bus, echo_config(req, resp, concurrency), handler).await
 }
 
 fn request(prompt: &str, system: &str, streaming: bool) -> TextCompletionRequest {
@@ -170,13 +136,7 @@ async fn two_processors_on_one_shared_subscription_share_the_load() {
     let (req, resp) = (unique_topic("share-req"), unique_topic("share-resp"));
     let a = start_processor(broker.bus().await, &req, &resp, EchoHandler, 8).await;
     let b = start_processor(broker.bus().await, &req, &resp, EchoHandler, 8).await;
-    let client = Client::start(
-        broker.bus().await,
-        ClientConfig::new("echo", &req, &resp),
-        None,
-    )
-    .await
-    .unwrap();
+    let client = text_client(broker.bus().await, &req, &resp).await;
     // Each request takes 20 ms, so neither processor can take them all in time.
     let reqs: Vec<_> = (0..64)
         .map(|i| request(&format!("q{i}"), "delay_ms=20", false))
@@ -188,7 +148,7 @@ async fn two_processors_on_one_shared_subscription_share_the_load() {
         assert_eq!(records[0].response, format!("q{i}#0"));
         assert!(records[0].end_of_stream);
     }
-    let handled = |s: &Service| {
+    let handled = |s: &RunningProcessor| {
         let text = s.telemetry.render();
         text.lines()
             .find(|l| l.starts_with("sluice_processor_requests_total{outcome=\"success\""))
@@ -209,13 +169,7 @@ async fn a_stream_of_1000_records_arrives_complete_and_in_order() {
     let broker = Broker::from_env().await;
     let (req, resp) = (unique_topic("thousand-req"), unique_topic("thousand-resp"));
     let p = start_processor(broker.bus().await, &req, &resp, EchoHandler, 4).await;
-    let client = Client::start(
-        broker.bus().await,
-        ClientConfig::new("echo", &req, &resp),
-        None,
-    )
-    .await
-    .unwrap();
+    let client = text_client(broker.bus().await, &req, &resp).await;
     let records = collect(&client, &request("w", "records=1000", true))
         .await
         .unwrap();
@@ -369,13 +323,7 @@ async fn oversized_records_are_refused_with_a_clear_error() {
 
     // A response record over the limit ends its stream with an error record.
     let p = start_processor(broker.bus().await, &req, &resp, EchoHandler, 4).await;
-    let client = Client::start(
-        broker.bus().await,
-        ClientConfig::new("echo", &req, &resp),
-        None,
-    )
-    .await
-    .unwrap();
+    let client = text_client(broker.bus().await, &req, &resp).await;
     let records = collect(&client, &request("b", "records=3 size=6000000", true))
         .await
         .unwrap();
@@ -414,13 +362,7 @@ async fn trustgraph_topic_mapping_works_end_to_end() {
     let resp = map(format!("response:sluice-test:tc-{suffix}"));
     assert!(req.starts_with("non-persistent://"));
     let p = start_processor(broker.bus().await, &req, &resp, EchoHandler, 4).await;
-    let client = Client::start(
-        broker.bus().await,
-        ClientConfig::new("echo", &req, &resp),
-        None,
-    )
-    .await
-    .unwrap();
+    let client = text_client(broker.bus().await, &req, &resp).await;
     let records = collect(&client, &request("tg", "records=3", true))
         .await
         .unwrap();
@@ -475,15 +417,7 @@ async fn concurrent_streams_on_one_client_are_routed_to_their_callers() {
     let broker = Broker::from_env().await;
     let (req, resp) = (unique_topic("many-req"), unique_topic("many-resp"));
     let p = start_processor(broker.bus().await, &req, &resp, EchoHandler, 64).await;
-    let client = Arc::new(
-        Client::start(
-            broker.bus().await,
-            ClientConfig::new("echo", &req, &resp),
-            None,
-        )
-        .await
-        .unwrap(),
-    );
+    let client = Arc::new(text_client(broker.bus().await, &req, &resp).await);
     let tasks = (0..50).map(|i| {
         let client = client.clone();
         tokio::spawn(async move {

@@ -6,21 +6,22 @@ use std::{net::SocketAddr, path::PathBuf, process::Stdio, sync::Arc, time::Durat
 
 use async_trait::async_trait;
 use sluice_runtime::{
-    bus::{Bus, BusError},
-    client::{ClientConfig, ClientError, Received, RequestClient},
-    processor::{self, Handler, ProcessorConfig, RequestContext, ResponseSink},
-    telemetry::Telemetry,
+    bus::Bus,
+    client::{ClientConfig, ClientError, Received},
+    processor::{Handler, RequestContext, ResponseSink},
 };
 use sluice_schema::{Error, TextCompletionRequest, TextCompletionResponse};
-use sluice_tests::{Broker, EchoHandler, init_logging, unique_topic};
+use sluice_tests::{
+    Broker, EchoHandler, RunningProcessor, TextClient, echo_config, init_logging, text_client,
+    unique_topic,
+};
 use tokio::{
     io::{AsyncBufReadExt, BufReader},
     process::{Child, Command},
-    task::JoinHandle,
 };
 use tokio_util::sync::CancellationToken;
 
-type Client = RequestClient<TextCompletionRequest, TextCompletionResponse>;
+type Client = TextClient;
 
 fn request(prompt: &str, system: &str) -> TextCompletionRequest {
     TextCompletionRequest {
@@ -78,29 +79,13 @@ impl ProcessorProcess {
     }
 }
 
-struct InProcess {
-    shutdown: CancellationToken,
-    task: JoinHandle<Result<(), BusError>>,
-}
-
-async fn in_process<H: Handler>(bus: Arc<dyn Bus>, req: &str, resp: &str, handler: H) -> InProcess {
-    let telemetry = Telemetry::new().unwrap();
-    let shutdown = CancellationToken::new();
-    let mut config = ProcessorConfig::new("echo", req, resp);
-    config.subscription = "echo".into();
-    config.concurrency = 8;
-    config.drain_grace = Duration::from_secs(5);
-    let task = tokio::spawn(processor::run(
-        bus,
-        config,
-        Arc::new(handler),
-        telemetry.clone(),
-        shutdown.clone(),
-    ));
-    while telemetry.health.watched() == 0 || telemetry.health.readiness().is_err() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    InProcess { shutdown, task }
+async fn in_process<H: Handler>(
+    bus: Arc<dyn Bus>,
+    req: &str,
+    resp: &str,
+    handler: H,
+) -> RunningProcessor {
+    RunningProcessor::start(bus, echo_config(req, resp, 8), handler).await
 }
 
 /// The echo handler with `hang` removed from every script: a replica that finishes what
@@ -137,13 +122,7 @@ async fn a_request_whose_processor_is_killed_is_redelivered_to_another_and_the_s
     let broker = Broker::from_env().await;
     let (req, resp) = (unique_topic("kill-req"), unique_topic("kill-resp"));
     let mut doomed = ProcessorProcess::spawn(&broker, &req, &resp, 5000).await;
-    let client = Client::start(
-        broker.bus().await,
-        ClientConfig::new("echo", &req, &resp),
-        None,
-    )
-    .await
-    .unwrap();
+    let client = text_client(broker.bus().await, &req, &resp).await;
     let mut stream = client
         .request(&request("k", "records=3 hang"))
         .await
@@ -163,8 +142,7 @@ async fn a_request_whose_processor_is_killed_is_redelivered_to_another_and_the_s
     }
     assert_eq!(rest, ["<restarted>", "k#0", "k#1", "k#2", "<end>"]);
     client.close().await;
-    survivor.shutdown.cancel();
-    survivor.task.await.unwrap().unwrap();
+    survivor.stop().await;
 }
 
 #[tokio::test]
@@ -174,15 +152,7 @@ async fn sigterm_finishes_in_flight_requests_takes_no_new_ones_and_exits_zero() 
     let (req, resp) = (unique_topic("drain-req"), unique_topic("drain-resp"));
     let mut draining = ProcessorProcess::spawn(&broker, &req, &resp, 20_000).await;
     assert_eq!(draining.readyz().await, 200);
-    let client = Arc::new(
-        Client::start(
-            broker.bus().await,
-            ClientConfig::new("echo", &req, &resp),
-            None,
-        )
-        .await
-        .unwrap(),
-    );
+    let client = Arc::new(text_client(broker.bus().await, &req, &resp).await);
     // Four requests of ~1.5 s each, all started before the signal.
     let mut in_flight = Vec::new();
     for i in 0..4 {
@@ -238,8 +208,7 @@ async fn sigterm_finishes_in_flight_requests_takes_no_new_ones_and_exits_zero() 
         );
     }
     client.close().await;
-    successor.shutdown.cancel();
-    successor.task.await.unwrap().unwrap();
+    successor.stop().await;
 }
 
 /// A second broker on its own ports and state, so restarting it disturbs no other test.
@@ -369,6 +338,5 @@ async fn processors_and_clients_recover_by_themselves_when_the_broker_restarts()
     assert_eq!(after.last().unwrap().response, "");
     assert_eq!(after[0].response, "after#0");
     client.close().await;
-    processor.shutdown.cancel();
-    processor.task.await.unwrap().unwrap();
+    processor.stop().await;
 }

@@ -26,6 +26,7 @@ use tracing::warn;
 
 use crate::{
     bus::{Bus, BusError, Delivery, Link, Message, Publisher, SubscribeOptions},
+    lock,
     telemetry::RuntimeMetrics,
 };
 
@@ -126,12 +127,6 @@ struct Route<R> {
 }
 
 type Routes<R> = Arc<Mutex<HashMap<String, Route<R>>>>;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // The map stays consistent whatever a panicking holder did: every operation is one
-    // insert, lookup or remove.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// A request/response client for one service. Cheap to share behind an `Arc`.
 pub struct RequestClient<Req, Resp: ResponseRecord> {

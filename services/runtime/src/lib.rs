@@ -14,6 +14,13 @@ pub mod processor;
 pub mod secret;
 pub mod telemetry;
 
+/// Locks a std mutex, recovering the data if a panicking thread poisoned it. Every
+/// critical section in this crate is a few map or vector operations that leave the data
+/// consistent, and none is held across an await, so a std Mutex is the right tool.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Installs rustls' ring crypto provider for HTTPS clients (reqwest is built without a
 /// provider of its own so that one TLS stack serves the whole binary). Idempotent.
 pub fn install_crypto_provider() {

@@ -22,7 +22,7 @@ use prometheus::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::bus::Link;
+use crate::{bus::Link, lock};
 
 /// Buckets for request durations: LLM requests run from milliseconds to minutes.
 const DURATION_BUCKETS: &[f64] = &[
@@ -183,7 +183,6 @@ impl RuntimeMetrics {
 /// Liveness and readiness: ready while every registered link is up and not draining.
 #[derive(Clone, Default)]
 pub struct Health {
-    // A std Mutex: held only to clone or push a few handles, never across an await.
     links: Arc<Mutex<Vec<(String, Link)>>>,
     draining: Arc<AtomicBool>,
 }
@@ -191,15 +190,12 @@ pub struct Health {
 impl Health {
     /// Readiness depends on `link` from now on.
     pub fn watch(&self, name: impl Into<String>, link: Link) {
-        self.links
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((name.into(), link));
+        lock(&self.links).push((name.into(), link));
     }
 
     /// How many links readiness depends on.
     pub fn watched(&self) -> usize {
-        self.links.lock().unwrap_or_else(|p| p.into_inner()).len()
+        lock(&self.links).len()
     }
 
     /// Marks the process as draining: `/readyz` fails so that no new traffic is routed here.
@@ -212,7 +208,7 @@ impl Health {
         if self.draining.load(Ordering::Relaxed) {
             return Err("draining".to_owned());
         }
-        let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        let links = lock(&self.links);
         let down: Vec<&str> = links
             .iter()
             .filter(|(_, l)| !l.is_up())

@@ -10,7 +10,7 @@
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
     sync::{
-        Arc, Mutex, MutexGuard,
+        Arc, Mutex,
         atomic::{AtomicU64, Ordering},
     },
 };
@@ -18,6 +18,8 @@ use std::{
 use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::sync::Notify;
+
+use crate::lock;
 
 use super::{
     Bus, BusError, Delivery, Link, Message, Publisher, Receipt, Settle, Settlement,
@@ -60,12 +62,6 @@ impl MemoryBus {
             .or_insert_with(|| Arc::new(TopicState::default()))
             .clone()
     }
-}
-
-/// Locks a std mutex, recovering the data if a panicking thread poisoned it. Every
-/// critical section here is a few map operations that leave the state consistent.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[derive(Default)]

@@ -44,7 +44,7 @@ use super::{
     Bus, BusError, Delivery, Link, Message, Publisher, Receipt, Settle, Settlement, StartPosition,
     SubscribeOptions, Subscription, SubscriptionKind, check_size,
 };
-use crate::secret::Secret;
+use crate::{lock, secret::Secret};
 
 /// How to reach and use a Pulsar cluster.
 #[derive(Debug, Clone)]
@@ -163,10 +163,7 @@ impl PulsarBus {
 #[async_trait]
 impl Bus for PulsarBus {
     async fn publisher(&self, topic: &str) -> Result<Arc<dyn Publisher>, BusError> {
-        let mut map = self
-            .publishers
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut map = lock(&self.publishers);
         let publisher = map
             .entry(topic.to_owned())
             .or_insert_with(|| {
@@ -250,11 +247,6 @@ impl PulsarPublisher {
 impl Publisher for PulsarPublisher {
     async fn send(&self, message: Message) -> Result<Receipt, BusError> {
         check_size(&message, self.config.max_message_bytes)?;
-        let outgoing = pulsar::producer::Message {
-            payload: message.payload.to_vec(),
-            properties: message.properties.into_iter().collect(),
-            ..Default::default()
-        };
         let deadline = Instant::now() + self.config.publish_retry_budget;
         let mut backoff = Backoff::new(Duration::from_secs(2));
         let mut slot = self.producer.lock().await;
@@ -267,7 +259,20 @@ impl Publisher for PulsarPublisher {
                     }
                     Err(e) => format!("creating producer: {e}"),
                 },
-                Some(producer) => match producer.send_non_blocking(outgoing.clone()).await {
+                // Built per attempt from the cheaply cloned `Bytes`: one payload copy per
+                // send, and the original is still at hand for a retry.
+                Some(producer) => match producer
+                    .send_non_blocking(pulsar::producer::Message {
+                        payload: message.payload.to_vec(),
+                        properties: message
+                            .properties
+                            .iter()
+                            .map(|(k, v)| (k.clone(), v.clone()))
+                            .collect(),
+                        ..Default::default()
+                    })
+                    .await
+                {
                     Ok(receipt) => {
                         return Ok(Receipt::new(async move {
                             receipt
