@@ -1,0 +1,452 @@
+//! The text-completion processor's handler: a [`TextCompletionRequest`] in, records out.
+//!
+//! - A streaming request to a streaming provider gets one record per text chunk, then a
+//!   terminal record (`end_of_stream=true`). Otherwise it gets exactly one record.
+//! - Token counts are deltas: the provider's running totals are differenced, usage-only
+//!   chunks publish nothing, and what is pending rides on the next record or the terminal
+//!   one. The sum over a stream equals the provider's totals.
+//! - Retries (with the policy's backoff and the server's hints) happen only before the first
+//!   record is published. After that a failure is a terminal error carrying the usage so far.
+//! - Logs use seed 000's vocabulary (`llm_request_started`, `llm_response_chunk` at debug,
+//!   `llm_request_completed`, `llm_request_failed`, `llm_request_retry`) with the request id.
+//!   They never contain prompt text or keys.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use sluice_runtime::processor::{Handler, RequestContext, ResponseSink, SinkError};
+use sluice_schema::{Error, ErrorKind, TextCompletionRequest, TextCompletionResponse};
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use crate::{
+    provider::{FailureKind, Provider, ProviderError, Usage},
+    retry::RetryPolicy,
+};
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+/// The provider-call metrics. Labels: provider and model (both from configuration, so
+/// low-cardinality), outcome or failure kind. Never a request id, a prompt or a key.
+#[derive(Clone)]
+pub struct LlmMetrics {
+    requests: IntCounterVec,
+    ttft: HistogramVec,
+    duration: HistogramVec,
+    tokens: IntCounterVec,
+    retries: IntCounterVec,
+    rate_limited: IntCounterVec,
+    in_flight: IntGaugeVec,
+}
+
+impl LlmMetrics {
+    /// Registers the metrics in `registry`.
+    pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let labels = &["provider", "model"];
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "sluice_llm_requests_total",
+                "Provider calls finished, by outcome.",
+            ),
+            &["provider", "model", "outcome"],
+        )?;
+        let ttft = HistogramVec::new(
+            HistogramOpts::new(
+                "sluice_llm_time_to_first_token_seconds",
+                "From the start of a request to its first text chunk from the provider.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            labels,
+        )?;
+        let duration = HistogramVec::new(
+            HistogramOpts::new(
+                "sluice_llm_request_duration_seconds",
+                "From the start of a request to its end, retries included.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            labels,
+        )?;
+        let tokens = IntCounterVec::new(
+            Opts::new("sluice_llm_tokens_total", "Tokens reported by providers."),
+            &["provider", "model", "direction"],
+        )?;
+        let retries = IntCounterVec::new(
+            Opts::new(
+                "sluice_llm_retries_total",
+                "Provider calls retried, by failure kind.",
+            ),
+            &["provider", "model", "kind"],
+        )?;
+        let rate_limited = IntCounterVec::new(
+            Opts::new(
+                "sluice_llm_rate_limited_total",
+                "429 rate-limit answers received.",
+            ),
+            labels,
+        )?;
+        let in_flight = IntGaugeVec::new(
+            Opts::new(
+                "sluice_llm_in_flight_requests",
+                "Provider calls in progress.",
+            ),
+            labels,
+        )?;
+        for c in [&requests, &tokens, &retries, &rate_limited] {
+            registry.register(Box::new(c.clone()))?;
+        }
+        registry.register(Box::new(ttft.clone()))?;
+        registry.register(Box::new(duration.clone()))?;
+        registry.register(Box::new(in_flight.clone()))?;
+        Ok(Self {
+            requests,
+            ttft,
+            duration,
+            tokens,
+            retries,
+            rate_limited,
+            in_flight,
+        })
+    }
+}
+
+/// Turns a provider's running totals into deltas.
+#[derive(Debug, Default)]
+struct UsageDeltas {
+    reported: bool,
+    last: Usage,
+    pending: Usage,
+}
+
+impl UsageDeltas {
+    fn observe(&mut self, snapshot: Usage) {
+        self.reported = true;
+        // Totals never go down; a repeated snapshot adds nothing.
+        let input = snapshot.input.max(self.last.input);
+        let output = snapshot.output.max(self.last.output);
+        self.pending.input += input - self.last.input;
+        self.pending.output += output - self.last.output;
+        self.last = Usage { input, output };
+    }
+
+    /// The pending deltas, as record fields; `None` until the provider reported usage.
+    fn take(&mut self) -> (Option<u64>, Option<u64>) {
+        if !self.reported {
+            return (None, None);
+        }
+        let p = std::mem::take(&mut self.pending);
+        (Some(p.input), Some(p.output))
+    }
+}
+
+/// The text-completion handler over one provider.
+pub struct TextCompletionService {
+    provider: Arc<dyn Provider>,
+    retry: RetryPolicy,
+    metrics: LlmMetrics,
+}
+
+impl TextCompletionService {
+    /// A service calling `provider`.
+    pub fn new(provider: Arc<dyn Provider>, retry: RetryPolicy, metrics: LlmMetrics) -> Self {
+        Self {
+            provider,
+            retry,
+            metrics,
+        }
+    }
+
+    fn labels(&self) -> [&str; 2] {
+        [self.provider.name(), self.provider.model()]
+    }
+
+    fn error_record(&self, e: &ProviderError, usage: &mut UsageDeltas) -> TextCompletionResponse {
+        let kind = match e.kind {
+            FailureKind::RateLimited => ErrorKind::TooManyRequests,
+            _ => ErrorKind::Llm,
+        };
+        let (in_token, out_token) = usage.take();
+        TextCompletionResponse {
+            error: Some(Error::new(kind, e.message.clone())),
+            in_token,
+            out_token,
+            model: Some(self.provider.model().to_owned()),
+            end_of_stream: true,
+            ..Default::default()
+        }
+    }
+
+    /// Waits before the next attempt if the policy allows one; counts it.
+    async fn backoff(&self, ctx: &RequestContext, retry: u32, e: &ProviderError) -> bool {
+        let Some(delay) = self.retry.delay(retry, e) else {
+            return false;
+        };
+        let [provider, model] = self.labels();
+        self.metrics
+            .retries
+            .with_label_values(&[provider, model, e.kind.as_str()])
+            .inc();
+        warn!(event = "llm_request_retry", request_id = %ctx.id, provider, model,
+              error_type = e.kind.as_str(), delay_ms = delay.as_millis() as u64, "retrying");
+        tokio::select! {
+            () = tokio::time::sleep(delay) => true,
+            () = ctx.cancel.cancelled() => false,
+        }
+    }
+
+    fn finish(&self, started: Instant, outcome: &str, usage: &UsageDeltas) {
+        let [provider, model] = self.labels();
+        self.metrics
+            .requests
+            .with_label_values(&[provider, model, outcome])
+            .inc();
+        self.metrics
+            .duration
+            .with_label_values(&[provider, model])
+            .observe(started.elapsed().as_secs_f64());
+        self.metrics
+            .tokens
+            .with_label_values(&[provider, model, "input"])
+            .inc_by(usage.last.input);
+        self.metrics
+            .tokens
+            .with_label_values(&[provider, model, "output"])
+            .inc_by(usage.last.output);
+    }
+
+    fn note_failure(&self, e: &ProviderError) {
+        if e.kind == FailureKind::RateLimited {
+            let [provider, model] = self.labels();
+            self.metrics
+                .rate_limited
+                .with_label_values(&[provider, model])
+                .inc();
+        }
+    }
+
+    async fn stream(
+        &self,
+        request: &TextCompletionRequest,
+        ctx: &RequestContext,
+        sink: &mut ResponseSink<TextCompletionResponse>,
+        started: Instant,
+    ) -> Result<(), SinkError> {
+        let [provider, model] = self.labels();
+        let model_name = Some(model.to_owned());
+        let mut retry = 0;
+        loop {
+            let mut usage = UsageDeltas::default();
+            let mut published = 0u64;
+            let outcome: Result<(), ProviderError> = async {
+                let mut chunks = tokio::select! {
+                    s = self.provider.generate_stream(request) => s?,
+                    () = ctx.cancel.cancelled() => return Err(cancelled()),
+                };
+                loop {
+                    let next = tokio::select! {
+                        n = chunks.next() => n,
+                        () = ctx.cancel.cancelled() => return Err(cancelled()),
+                    };
+                    let Some(chunk) = next else { return Ok(()) };
+                    let chunk = chunk?;
+                    if let Some(u) = chunk.usage {
+                        usage.observe(u);
+                    }
+                    if chunk.text.is_empty() {
+                        continue;
+                    }
+                    if published == 0 {
+                        self.metrics
+                            .ttft
+                            .with_label_values(&[provider, model])
+                            .observe(started.elapsed().as_secs_f64());
+                    }
+                    let (in_token, out_token) = usage.take();
+                    sink.send(TextCompletionResponse {
+                        response: chunk.text,
+                        in_token,
+                        out_token,
+                        model: model_name.clone(),
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(|e| ProviderError::new(FailureKind::Protocol, format!("sink: {e}")))?;
+                    published += 1;
+                    debug!(event = "llm_response_chunk", request_id = %ctx.id, chunk_num = published);
+                }
+            }
+            .await;
+            if sink.is_ended() {
+                // The sink ended the stream itself (a record too large for the bus).
+                self.finish(started, "error", &usage);
+                return Ok(());
+            }
+            match outcome {
+                Ok(()) => {
+                    let (in_token, out_token) = usage.take();
+                    sink.send(TextCompletionResponse {
+                        in_token,
+                        out_token,
+                        model: model_name.clone(),
+                        end_of_stream: true,
+                        ..Default::default()
+                    })
+                    .await?;
+                    self.finish(started, "success", &usage);
+                    info!(event = "llm_request_completed", request_id = %ctx.id, provider, model,
+                          duration_ms = started.elapsed().as_millis() as u64, total_chunks = published,
+                          in_tokens = usage.last.input, out_tokens = usage.last.output);
+                    return Ok(());
+                }
+                Err(e) => {
+                    self.note_failure(&e);
+                    if published == 0 && self.backoff(ctx, retry, &e).await {
+                        retry += 1;
+                        continue;
+                    }
+                    warn!(event = "llm_request_failed", request_id = %ctx.id, provider, model,
+                          error_type = e.kind.as_str(), error_message = %e.message, chunks_received = published);
+                    self.finish(started, "error", &usage);
+                    return sink.send(self.error_record(&e, &mut usage)).await;
+                }
+            }
+        }
+    }
+
+    async fn whole(
+        &self,
+        request: &TextCompletionRequest,
+        ctx: &RequestContext,
+        sink: &mut ResponseSink<TextCompletionResponse>,
+        started: Instant,
+    ) -> Result<(), SinkError> {
+        let [provider, model] = self.labels();
+        let mut retry = 0;
+        loop {
+            let result = tokio::select! {
+                r = self.provider.generate(request) => r,
+                () = ctx.cancel.cancelled() => Err(cancelled()),
+            };
+            let mut usage = UsageDeltas::default();
+            match result {
+                Ok(done) => {
+                    if let Some(u) = done.usage {
+                        usage.observe(u);
+                    }
+                    self.metrics
+                        .ttft
+                        .with_label_values(&[provider, model])
+                        .observe(started.elapsed().as_secs_f64());
+                    let (in_token, out_token) = usage.take();
+                    sink.send(TextCompletionResponse {
+                        response: done.text,
+                        in_token,
+                        out_token,
+                        model: Some(model.to_owned()),
+                        end_of_stream: true,
+                        ..Default::default()
+                    })
+                    .await?;
+                    self.finish(started, "success", &usage);
+                    info!(event = "llm_request_completed", request_id = %ctx.id, provider, model,
+                          duration_ms = started.elapsed().as_millis() as u64, total_chunks = 1);
+                    return Ok(());
+                }
+                Err(e) => {
+                    self.note_failure(&e);
+                    if self.backoff(ctx, retry, &e).await {
+                        retry += 1;
+                        continue;
+                    }
+                    warn!(event = "llm_request_failed", request_id = %ctx.id, provider, model,
+                          error_type = e.kind.as_str(), error_message = %e.message, chunks_received = 0);
+                    self.finish(started, "error", &usage);
+                    return sink.send(self.error_record(&e, &mut usage)).await;
+                }
+            }
+        }
+    }
+}
+
+fn cancelled() -> ProviderError {
+    ProviderError::new(
+        FailureKind::Timeout,
+        "the processor is shutting down; the call was cancelled",
+    )
+}
+
+#[async_trait]
+impl Handler for TextCompletionService {
+    type Request = TextCompletionRequest;
+    type Response = TextCompletionResponse;
+
+    async fn handle(
+        &self,
+        request: TextCompletionRequest,
+        ctx: RequestContext,
+        sink: &mut ResponseSink<TextCompletionResponse>,
+    ) -> Result<(), Error> {
+        let started = Instant::now();
+        let [provider, model] = self.labels();
+        let streaming = request.streaming && self.provider.supports_streaming();
+        info!(event = "llm_request_started", request_id = %ctx.id, provider, model, streaming,
+              attempt = %ctx.attempt);
+        let gauge = self.metrics.in_flight.with_label_values(&[provider, model]);
+        gauge.inc();
+        let result = if streaming {
+            self.stream(&request, &ctx, sink, started).await
+        } else {
+            self.whole(&request, &ctx, sink, started).await
+        };
+        gauge.dec();
+        match result {
+            Ok(()) | Err(SinkError::Ended) => Ok(()),
+            Err(e) => Err(Error::new(
+                ErrorKind::Internal,
+                format!("publishing failed: {e}"),
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn running_totals_become_deltas_that_sum_to_the_totals() {
+        let mut d = UsageDeltas::default();
+        assert_eq!(d.take(), (None, None), "nothing reported yet");
+        // Anthropic: input and 1 output token at message_start, then running output totals,
+        // one repeated.
+        d.observe(Usage {
+            input: 25,
+            output: 1,
+        });
+        assert_eq!(d.take(), (Some(25), Some(1)));
+        d.observe(Usage {
+            input: 25,
+            output: 9,
+        });
+        d.observe(Usage {
+            input: 25,
+            output: 15,
+        });
+        d.observe(Usage {
+            input: 25,
+            output: 15,
+        });
+        assert_eq!(d.take(), (Some(0), Some(14)));
+        assert_eq!(d.take(), (Some(0), Some(0)));
+        assert_eq!(
+            d.last,
+            Usage {
+                input: 25,
+                output: 15
+            }
+        );
+    }
+}

@@ -1,0 +1,14 @@
+//! sluice-text-completion: the text-completion processor.
+//!
+//! - [`provider`]: the [`provider::Provider`] trait (`supports_streaming`, `generate`,
+//!   `generate_stream`) and what a call yields;
+//! - [`providers`]: one file per provider family, sharing status classification and time limits;
+//! - [`retry`]: the retry policy and the servers' retry hints;
+//! - [`handler`]: the processor handler, turning provider chunks into records.
+//!
+//! Nothing here logs a prompt, an answer or a key.
+
+pub mod handler;
+pub mod provider;
+pub mod providers;
+pub mod retry;

@@ -1,0 +1,170 @@
+//! The provider trait every LLM provider implements, and what a provider call can yield.
+//!
+//! Providers report usage as running totals ([`Usage`] snapshots): some send them once at the
+//! end (OpenAI), some as they go (Anthropic, Gemini). The handler turns snapshots into the
+//! deltas the records carry. A provider never logs prompts, answers or keys.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::{StreamExt, stream::BoxStream};
+use sluice_schema::TextCompletionRequest;
+
+/// Token counts so far in a call (running totals, not deltas).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Input (prompt) tokens.
+    pub input: u64,
+    /// Output (completion) tokens.
+    pub output: u64,
+}
+
+/// One piece of a streamed answer.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Chunk {
+    /// Text delta; may be empty (a usage-only or finish-only chunk).
+    pub text: String,
+    /// The provider's running totals, when this chunk reports them.
+    pub usage: Option<Usage>,
+    /// Why generation stopped, on the chunk that says so.
+    pub finish_reason: Option<String>,
+}
+
+/// A whole answer.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Completion {
+    /// The text.
+    pub text: String,
+    /// The totals, when the provider reports them.
+    pub usage: Option<Usage>,
+    /// Why generation stopped.
+    pub finish_reason: Option<String>,
+}
+
+/// A stream of chunks; ends after the last one or with an error.
+pub type ChunkStream = BoxStream<'static, Result<Chunk, ProviderError>>;
+
+/// What kind of failure a provider call met; decides retrying and the error record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureKind {
+    /// Could not connect.
+    Connect,
+    /// A time limit passed (connect, first token, between chunks).
+    Timeout,
+    /// 429 rate limit (not a quota).
+    RateLimited,
+    /// 5xx, 529 overloaded, 408, 409: the provider's trouble, worth another try.
+    Server,
+    /// 401: the key is wrong or missing.
+    Auth,
+    /// 403: the key may not do this.
+    Permission,
+    /// 400, 404, 413, 422: the request itself is wrong.
+    BadRequest,
+    /// Out of quota or credit: retrying will not help.
+    Quota,
+    /// The stream ended without its terminator.
+    Truncated,
+    /// The provider reported an error inside a stream that had started.
+    Stream,
+    /// The provider sent something this client cannot read.
+    Protocol,
+}
+
+impl FailureKind {
+    /// Whether another attempt may succeed (before the first chunk is published).
+    pub fn retryable(self) -> bool {
+        matches!(
+            self,
+            FailureKind::Connect
+                | FailureKind::Timeout
+                | FailureKind::RateLimited
+                | FailureKind::Server
+        )
+    }
+
+    /// The label used in metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::Connect => "connect",
+            FailureKind::Timeout => "timeout",
+            FailureKind::RateLimited => "rate_limited",
+            FailureKind::Server => "server",
+            FailureKind::Auth => "auth",
+            FailureKind::Permission => "permission",
+            FailureKind::BadRequest => "bad_request",
+            FailureKind::Quota => "quota",
+            FailureKind::Truncated => "truncated",
+            FailureKind::Stream => "stream",
+            FailureKind::Protocol => "protocol",
+        }
+    }
+}
+
+/// A failed provider call. `message` is for the operator: it names what to fix and never
+/// contains a key or prompt text.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct ProviderError {
+    /// The kind.
+    pub kind: FailureKind,
+    /// What happened and what to do.
+    pub message: String,
+    /// The provider's hint of when to retry.
+    pub retry_after: Option<Duration>,
+}
+
+impl ProviderError {
+    /// An error of `kind`.
+    pub fn new(kind: FailureKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// With a retry hint.
+    pub fn with_retry_after(mut self, after: Option<Duration>) -> Self {
+        self.retry_after = after;
+        self
+    }
+}
+
+/// An LLM provider.
+#[async_trait]
+pub trait Provider: Send + Sync + 'static {
+    /// Short provider name for metrics (`openai`, `azure`, ...).
+    fn name(&self) -> &'static str;
+
+    /// The configured model.
+    fn model(&self) -> &str;
+
+    /// Whether [`Provider::generate_stream`] streams; when false the processor answers every
+    /// request with one record.
+    fn supports_streaming(&self) -> bool;
+
+    /// Starts a streamed call. Errors before the stream opens (HTTP status errors) are
+    /// returned here; errors after, as stream items.
+    async fn generate_stream(
+        &self,
+        request: &TextCompletionRequest,
+    ) -> Result<ChunkStream, ProviderError>;
+
+    /// A whole answer. The default collects the stream.
+    async fn generate(&self, request: &TextCompletionRequest) -> Result<Completion, ProviderError> {
+        let mut stream = self.generate_stream(request).await?;
+        let mut done = Completion::default();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk?;
+            done.text.push_str(&chunk.text);
+            if chunk.usage.is_some() {
+                done.usage = chunk.usage;
+            }
+            if chunk.finish_reason.is_some() {
+                done.finish_reason = chunk.finish_reason;
+            }
+        }
+        Ok(done)
+    }
+}

@@ -1,0 +1,131 @@
+//! The providers, one file each, and what they share: HTTP status classification,
+//! transport errors, and the first-token / between-chunks time limits.
+
+pub mod openai;
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use reqwest::StatusCode;
+
+use crate::provider::{ChunkStream, FailureKind, ProviderError};
+
+/// Time limits of a provider call.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HttpTimeouts {
+    /// Establishing the connection.
+    pub connect: Duration,
+    /// From the response headers to the first chunk (or the whole answer, non-streaming).
+    pub first_token: Duration,
+    /// Between two chunks. Seeds 000/001 use 60 s, enough for local models on CPU.
+    pub between_chunks: Duration,
+}
+
+impl Default for HttpTimeouts {
+    fn default() -> Self {
+        Self {
+            connect: Duration::from_secs(10),
+            first_token: Duration::from_secs(60),
+            between_chunks: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The failure kind of an HTTP status, as the providers' SDKs treat it.
+pub fn classify_status(status: StatusCode) -> FailureKind {
+    match status.as_u16() {
+        401 => FailureKind::Auth,
+        403 => FailureKind::Permission,
+        429 => FailureKind::RateLimited,
+        408 | 409 | 500..=599 => FailureKind::Server,
+        _ => FailureKind::BadRequest,
+    }
+}
+
+/// A transport failure (no HTTP status): connect errors and timeouts are retryable.
+pub fn transport_error(e: &reqwest::Error) -> ProviderError {
+    let kind = if e.is_connect() {
+        FailureKind::Connect
+    } else if e.is_timeout() {
+        FailureKind::Timeout
+    } else if e.is_decode() {
+        FailureKind::Protocol
+    } else {
+        FailureKind::Connect
+    };
+    // reqwest's Display names the URL, never headers: no key can leak through it.
+    ProviderError::new(kind, format!("provider unreachable: {e}"))
+}
+
+/// Ends `stream` with a timeout error when its first item takes longer than
+/// `first_token`, or a later one longer than `between_chunks`.
+pub fn decode_timeouts(
+    stream: impl futures::Stream<Item = Result<crate::provider::Chunk, ProviderError>> + Send + 'static,
+    timeouts: HttpTimeouts,
+) -> ChunkStream {
+    let state = (Box::pin(stream), true, false);
+    futures::stream::unfold(state, move |(mut inner, first, over)| async move {
+        if over {
+            return None;
+        }
+        let limit = if first {
+            timeouts.first_token
+        } else {
+            timeouts.between_chunks
+        };
+        match tokio::time::timeout(limit, inner.next()).await {
+            Ok(Some(item)) => Some((item, (inner, false, false))),
+            Ok(None) => None,
+            Err(_) => {
+                let what = if first {
+                    "the first token"
+                } else {
+                    "the next chunk"
+                };
+                let e =
+                    ProviderError::new(FailureKind::Timeout, format!("no {what} within {limit:?}"));
+                Some((Err(e), (inner, false, true)))
+            }
+        }
+    })
+    .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provider::Chunk;
+
+    #[test]
+    fn statuses_classify_as_the_sdks_do() {
+        let k = |s: u16| classify_status(StatusCode::from_u16(s).unwrap());
+        assert_eq!(k(401), FailureKind::Auth);
+        assert_eq!(k(403), FailureKind::Permission);
+        assert_eq!(k(429), FailureKind::RateLimited);
+        for s in [408, 409, 500, 502, 503, 529] {
+            assert_eq!(k(s), FailureKind::Server, "{s}");
+        }
+        for s in [400, 404, 413, 422] {
+            assert_eq!(k(s), FailureKind::BadRequest, "{s}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_stream_times_out_between_chunks() {
+        let timeouts = HttpTimeouts {
+            between_chunks: Duration::from_secs(5),
+            ..Default::default()
+        };
+        let inner = futures::stream::iter([Ok(Chunk {
+            text: "a".into(),
+            ..Default::default()
+        })])
+        .chain(futures::stream::pending());
+        let mut s = decode_timeouts(inner, timeouts);
+        assert_eq!(s.next().await.unwrap().unwrap().text, "a");
+        let e = s.next().await.unwrap().unwrap_err();
+        assert_eq!(e.kind, FailureKind::Timeout);
+        assert!(e.message.contains("next chunk"));
+        assert!(s.next().await.is_none());
+    }
+}

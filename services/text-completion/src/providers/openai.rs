@@ -1,0 +1,453 @@
+//! The OpenAI chat-completions dialect: OpenAI, OpenAI-compatible servers by base URL
+//! (vLLM, LM Studio, llamafile, TGI, llama.cpp's llama-server), Azure OpenAI and Mistral.
+//! One request builder and one SSE decoder serve them all. The dialects differ in URL, auth
+//! header, and whether `stream_options` may be sent.
+//!
+//! Wire facts (../shared/reference/providers.md): `data:` events ending with `data: [DONE]`.
+//! Usage comes once, in a final chunk with `choices: []` or `null`. Azure's first chunk often
+//! has empty choices and no usage, and its content-filter chunks may lack `delta`. A
+//! mid-stream error arrives as `data: {"error": ...}`. A stream with neither `[DONE]` nor a
+//! `finish_reason` is truncated, not complete.
+
+use async_trait::async_trait;
+use eventsource_stream::Eventsource;
+use futures::StreamExt;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use sluice_runtime::secret::Secret;
+use sluice_schema::TextCompletionRequest;
+use tracing::warn;
+
+use crate::{
+    provider::{ChunkStream, Completion, FailureKind, Provider, ProviderError, Usage},
+    providers::{HttpTimeouts, classify_status, decode_timeouts, transport_error},
+    retry::retry_after,
+};
+
+/// Which member of the family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// api.openai.com.
+    OpenAi,
+    /// Any OpenAI-compatible server at a base URL.
+    Compatible,
+    /// Azure OpenAI: deployment URL, `api-key` header, `api-version` query.
+    Azure,
+    /// Mistral: usage arrives by itself; `stream_options` is refused with 422.
+    Mistral,
+}
+
+/// Configuration for an OpenAI-dialect provider.
+#[derive(Debug, Clone)]
+pub struct OpenAiConfig {
+    /// The dialect.
+    pub dialect: Dialect,
+    /// Base URL: `https://api.openai.com`, `http://127.0.0.1:8080`, `https://{resource}.openai.azure.com`.
+    pub base_url: String,
+    /// Model (for Azure: the deployment name).
+    pub model: String,
+    /// The API key, from env or file.
+    pub api_key: Option<Secret>,
+    /// Where the key comes from (e.g. `OPENAI_API_KEY`), named in auth errors.
+    pub api_key_source: String,
+    /// Sampling temperature.
+    pub temperature: Option<f32>,
+    /// Maximum output tokens.
+    pub max_tokens: Option<u32>,
+    /// Ask for usage in streams (`stream_options.include_usage`). Never sent to Mistral.
+    pub include_usage: bool,
+    /// Azure `api-version`.
+    pub azure_api_version: String,
+    /// Time limits.
+    pub timeouts: HttpTimeouts,
+}
+
+impl OpenAiConfig {
+    /// Defaults for `dialect` at `base_url` with `model`.
+    pub fn new(dialect: Dialect, base_url: impl Into<String>, model: impl Into<String>) -> Self {
+        Self {
+            dialect,
+            base_url: base_url.into(),
+            model: model.into(),
+            api_key: None,
+            api_key_source: "the provider's API key setting".into(),
+            temperature: None,
+            max_tokens: None,
+            include_usage: dialect != Dialect::Mistral,
+            azure_api_version: "2024-10-21".into(),
+            timeouts: HttpTimeouts::default(),
+        }
+    }
+}
+
+/// An OpenAI-dialect provider.
+pub struct OpenAiProvider {
+    config: OpenAiConfig,
+    http: reqwest::Client,
+    url: String,
+}
+
+impl OpenAiProvider {
+    /// Builds the provider (and its HTTP client).
+    pub fn new(config: OpenAiConfig) -> Result<Self, ProviderError> {
+        sluice_runtime::install_crypto_provider();
+        let http = reqwest::Client::builder()
+            .connect_timeout(config.timeouts.connect)
+            .build()
+            .map_err(|e| ProviderError::new(FailureKind::Protocol, format!("HTTP client: {e}")))?;
+        let base = config.base_url.trim_end_matches('/');
+        let url = match config.dialect {
+            Dialect::Azure => format!(
+                "{base}/openai/deployments/{}/chat/completions?api-version={}",
+                config.model, config.azure_api_version
+            ),
+            _ if base.ends_with("/v1") => format!("{base}/chat/completions"),
+            _ => format!("{base}/v1/chat/completions"),
+        };
+        Ok(Self { config, http, url })
+    }
+
+    fn body(&self, request: &TextCompletionRequest, stream: bool) -> Value {
+        let mut messages = Vec::new();
+        if !request.system.is_empty() {
+            messages.push(json!({"role": "system", "content": request.system}));
+        }
+        messages.push(json!({"role": "user", "content": request.prompt}));
+        let mut body = json!({"messages": messages, "stream": stream});
+        if self.config.dialect != Dialect::Azure {
+            body["model"] = json!(self.config.model);
+        }
+        if stream && self.config.include_usage && self.config.dialect != Dialect::Mistral {
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        if let Some(t) = self.config.temperature {
+            body["temperature"] = json!(t);
+        }
+        if let Some(m) = self.config.max_tokens {
+            body["max_tokens"] = json!(m);
+        }
+        if request.response_format.as_deref() == Some("json") {
+            body["response_format"] = match &request.schema {
+                Some(schema) => json!({"type": "json_schema",
+                    "json_schema": {"name": "response", "schema": schema}}),
+                None => json!({"type": "json_object"}),
+            };
+        }
+        body
+    }
+
+    async fn post(&self, body: &Value) -> Result<reqwest::Response, ProviderError> {
+        let mut req = self.http.post(&self.url).json(body);
+        if let Some(key) = &self.config.api_key {
+            req = match self.config.dialect {
+                Dialect::Azure => req.header("api-key", key.expose()),
+                _ => req.bearer_auth(key.expose()),
+            };
+        }
+        let resp = req.send().await.map_err(|e| transport_error(&e))?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        let hint = retry_after(resp.headers());
+        let text = resp.text().await.unwrap_or_default();
+        Err(self.http_error(status, &text).with_retry_after(hint))
+    }
+
+    fn http_error(&self, status: StatusCode, body: &str) -> ProviderError {
+        let parsed: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+        let err = &parsed["error"];
+        let detail = err["message"]
+            .as_str()
+            .or_else(|| parsed["message"].as_str())
+            .unwrap_or("")
+            .chars()
+            .take(300)
+            .collect::<String>();
+        let code = [&err["code"], &err["type"]]
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect::<Vec<_>>();
+        let mut kind = classify_status(status);
+        if status == StatusCode::TOO_MANY_REQUESTS && code.contains(&"insufficient_quota") {
+            kind = FailureKind::Quota;
+        }
+        let name = self.name();
+        let message = match kind {
+            FailureKind::Auth => format!(
+                "{name} rejected the API key (HTTP {status}): check {}{}",
+                self.config.api_key_source,
+                if self.config.api_key.is_none() {
+                    " (it is not set)"
+                } else {
+                    ""
+                }
+            ),
+            FailureKind::Permission => {
+                format!("{name} refused the request for this key (HTTP {status}): {detail}")
+            }
+            FailureKind::Quota => format!(
+                "{name} says the account is out of quota (HTTP {status}): {detail}; add credit or raise the limit"
+            ),
+            FailureKind::RateLimited => {
+                format!("{name} rate-limited the request (HTTP {status}): {detail}")
+            }
+            _ => format!("{name} answered HTTP {status}: {detail}"),
+        };
+        ProviderError::new(kind, message)
+    }
+}
+
+/// Decodes one `data:` payload of the dialect into a chunk; `Ok(None)` for chunks that carry
+/// nothing (role announcements, Azure's prompt-filter chunk).
+fn decode_event(data: &str) -> Result<Option<crate::provider::Chunk>, ProviderError> {
+    let v: Value = serde_json::from_str(data).map_err(|e| {
+        ProviderError::new(
+            FailureKind::Protocol,
+            format!("unreadable stream event: {e}"),
+        )
+    })?;
+    if let Some(err) = v.get("error").filter(|e| !e.is_null()) {
+        let message = err["message"].as_str().unwrap_or("unknown error");
+        return Err(ProviderError::new(
+            FailureKind::Stream,
+            format!("the provider reported an error mid-stream: {message}"),
+        ));
+    }
+    let choice = v["choices"].as_array().and_then(|c| c.first());
+    let text = choice
+        .and_then(|c| c["delta"]["content"].as_str())
+        .unwrap_or("")
+        .to_owned();
+    let finish_reason = choice
+        .and_then(|c| c["finish_reason"].as_str())
+        .map(str::to_owned);
+    let usage = v.get("usage").filter(|u| u.is_object()).map(|u| Usage {
+        input: u["prompt_tokens"].as_u64().unwrap_or(0),
+        output: u["completion_tokens"].as_u64().unwrap_or(0),
+    });
+    if text.is_empty() && usage.is_none() && finish_reason.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(crate::provider::Chunk {
+        text,
+        usage,
+        finish_reason,
+    }))
+}
+
+#[async_trait]
+impl Provider for OpenAiProvider {
+    fn name(&self) -> &'static str {
+        match self.config.dialect {
+            Dialect::OpenAi => "openai",
+            Dialect::Compatible => "openai-compatible",
+            Dialect::Azure => "azure",
+            Dialect::Mistral => "mistral",
+        }
+    }
+
+    fn model(&self) -> &str {
+        &self.config.model
+    }
+
+    fn supports_streaming(&self) -> bool {
+        true
+    }
+
+    async fn generate_stream(
+        &self,
+        request: &TextCompletionRequest,
+    ) -> Result<ChunkStream, ProviderError> {
+        let resp = self.post(&self.body(request, true)).await?;
+        let events = resp.bytes_stream().eventsource();
+        struct State<S> {
+            events: S,
+            done: bool,
+            finished: bool,
+        }
+        let stream = futures::stream::unfold(
+            State {
+                events: Box::pin(events),
+                done: false,
+                finished: false,
+            },
+            |mut st| async move {
+                loop {
+                    if st.done {
+                        return None;
+                    }
+                    match st.events.next().await {
+                        None if st.finished => return None,
+                        None => {
+                            st.done = true;
+                            let e = ProviderError::new(
+                                FailureKind::Truncated,
+                                "the stream ended without [DONE] or a finish_reason: the answer is incomplete",
+                            );
+                            return Some((Err(e), st));
+                        }
+                        Some(Err(eventsource_stream::EventStreamError::Transport(e))) => {
+                            st.done = true;
+                            let e = ProviderError::new(
+                                FailureKind::Truncated,
+                                format!("the connection broke mid-stream: {e}"),
+                            );
+                            return Some((Err(e), st));
+                        }
+                        Some(Err(e)) => {
+                            st.done = true;
+                            let e = ProviderError::new(
+                                FailureKind::Protocol,
+                                format!("unreadable event stream: {e}"),
+                            );
+                            return Some((Err(e), st));
+                        }
+                        Some(Ok(event)) if event.data.trim() == "[DONE]" => return None,
+                        Some(Ok(event)) if event.data.trim().is_empty() => {}
+                        Some(Ok(event)) => match decode_event(&event.data) {
+                            Ok(None) => {}
+                            Ok(Some(chunk)) => {
+                                st.finished |= chunk.finish_reason.is_some();
+                                return Some((Ok(chunk), st));
+                            }
+                            Err(e) if e.kind == FailureKind::Protocol => {
+                                // One unreadable event is skipped, as the seeds' NDJSON
+                                // contract skips a malformed line; the stream goes on.
+                                warn!(error = %e, "skipping an unreadable stream event");
+                            }
+                            Err(e) => {
+                                st.done = true;
+                                return Some((Err(e), st));
+                            }
+                        },
+                    }
+                }
+            },
+        );
+        Ok(decode_timeouts(stream, self.config.timeouts))
+    }
+
+    async fn generate(&self, request: &TextCompletionRequest) -> Result<Completion, ProviderError> {
+        let resp = self.post(&self.body(request, false)).await?;
+        let v: Value = tokio::time::timeout(self.config.timeouts.first_token, resp.json())
+            .await
+            .map_err(|_| {
+                ProviderError::new(
+                    FailureKind::Timeout,
+                    format!("no answer within {:?}", self.config.timeouts.first_token),
+                )
+            })?
+            .map_err(|e| transport_error(&e))?;
+        let choice = &v["choices"][0];
+        let text = choice["message"]["content"].as_str().ok_or_else(|| {
+            ProviderError::new(
+                FailureKind::Protocol,
+                "the answer has no choices[0].message.content",
+            )
+        })?;
+        Ok(Completion {
+            text: text.to_owned(),
+            usage: v.get("usage").filter(|u| u.is_object()).map(|u| Usage {
+                input: u["prompt_tokens"].as_u64().unwrap_or(0),
+                output: u["completion_tokens"].as_u64().unwrap_or(0),
+            }),
+            finish_reason: choice["finish_reason"].as_str().map(str::to_owned),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_text_usage_finish_and_skips_empty_chunks() {
+        let c = decode_event(
+            r#"{"choices":[{"index":0,"delta":{"content":"Hel"},"finish_reason":null}]}"#,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(c.text, "Hel");
+        let u =
+            decode_event(r#"{"choices":[],"usage":{"prompt_tokens":37,"completion_tokens":12}}"#)
+                .unwrap()
+                .unwrap();
+        assert_eq!(
+            u.usage,
+            Some(Usage {
+                input: 37,
+                output: 12
+            })
+        );
+        let n =
+            decode_event(r#"{"choices":null,"usage":{"prompt_tokens":1,"completion_tokens":2}}"#)
+                .unwrap()
+                .unwrap();
+        assert_eq!(
+            n.usage,
+            Some(Usage {
+                input: 1,
+                output: 2
+            })
+        );
+        // Azure's prompt-filter chunk: empty choices, no usage.
+        assert_eq!(
+            decode_event(r#"{"id":"","choices":[],"prompt_filter_results":[{}]}"#).unwrap(),
+            None
+        );
+        // Azure content-filter chunk without delta.
+        assert_eq!(
+            decode_event(r#"{"choices":[{"index":0,"content_filter_results":{}}]}"#).unwrap(),
+            None
+        );
+        let f = decode_event(r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#)
+            .unwrap()
+            .unwrap();
+        assert_eq!(f.finish_reason.as_deref(), Some("stop"));
+    }
+
+    #[test]
+    fn a_mid_stream_error_event_is_a_stream_error() {
+        let e = decode_event(r#"{"error":{"message":"overloaded","type":"server_error"}}"#)
+            .unwrap_err();
+        assert_eq!(e.kind, FailureKind::Stream);
+        assert!(e.message.contains("overloaded"));
+    }
+
+    #[test]
+    fn urls_and_bodies_follow_the_dialect() {
+        let p = |d, base: &str| OpenAiProvider::new(OpenAiConfig::new(d, base, "m")).unwrap();
+        assert_eq!(
+            p(Dialect::OpenAi, "https://api.openai.com").url,
+            "https://api.openai.com/v1/chat/completions"
+        );
+        assert_eq!(
+            p(Dialect::Compatible, "http://127.0.0.1:8080/v1/").url,
+            "http://127.0.0.1:8080/v1/chat/completions"
+        );
+        assert_eq!(
+            p(Dialect::Azure, "https://r.openai.azure.com").url,
+            "https://r.openai.azure.com/openai/deployments/m/chat/completions?api-version=2024-10-21"
+        );
+        let req = TextCompletionRequest {
+            system: "s".into(),
+            prompt: "p".into(),
+            ..Default::default()
+        };
+        let mistral = p(Dialect::Mistral, "https://api.mistral.ai").body(&req, true);
+        assert!(
+            mistral.get("stream_options").is_none(),
+            "Mistral refuses stream_options"
+        );
+        let openai = p(Dialect::OpenAi, "https://api.openai.com").body(&req, true);
+        assert_eq!(openai["stream_options"]["include_usage"], true);
+        assert_eq!(openai["messages"][0]["role"], "system");
+        assert!(
+            p(Dialect::Azure, "https://r")
+                .body(&req, true)
+                .get("model")
+                .is_none()
+        );
+    }
+}

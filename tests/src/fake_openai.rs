@@ -1,0 +1,327 @@
+//! A fake OpenAI chat-completions server over real HTTP, speaking the exact SSE wire format,
+//! scripted by the request's model name:
+//!
+//! | model | behaviour |
+//! |---|---|
+//! | `normal` | `Hello`, ` world`, `!`, a finish chunk, a usage chunk (11 in, 3 out), `[DONE]` |
+//! | `azure` | as `normal`, after Azure's empty-choices prompt-filter chunk and a delta-less content-filter chunk |
+//! | `slow` | as `normal`, 150 ms between events |
+//! | `rate_limited_once` | 429 `rate_limit_exceeded` with `retry-after-ms: 100` on the first call, then `normal` |
+//! | `server_error_once` | 500 on the first call, then `normal` |
+//! | `unauthorized` | 401 `invalid_api_key` |
+//! | `quota` | 429 `insufficient_quota` |
+//! | `error_mid_stream` | `Hel`, then `data: {"error": ...}`, then `[DONE]` (as vLLM) |
+//! | `drop_mid_stream` | `Hel`, then the connection breaks |
+//! | `no_terminator` | `Hel`, then the body ends cleanly without finish or `[DONE]` |
+//! | `malformed` | `Hel`, an unparseable event, ` lo`, finish, usage, `[DONE]` |
+//! | `stall` | `Hel`, then nothing more |
+//! | `tokens-N-D` | N one-word tokens, D ms apart, then finish, usage, `[DONE]` (for benchmarks) |
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{
+    collections::HashMap,
+    convert::Infallible,
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use axum::{
+    Json, Router,
+    body::Body,
+    extract::State,
+    http::{HeaderMap, StatusCode},
+    response::{IntoResponse, Response},
+    routing::post,
+};
+use bytes::Bytes;
+use futures::StreamExt;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Default)]
+struct Seen {
+    calls: HashMap<String, usize>,
+    bodies: Vec<Value>,
+    auth: Vec<Option<String>>,
+}
+
+/// A running fake; stops when dropped.
+pub struct FakeOpenAi {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    seen: Arc<Mutex<Seen>>,
+    stop: CancellationToken,
+}
+
+impl Drop for FakeOpenAi {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl FakeOpenAi {
+    /// Starts a fake on a free loopback port.
+    pub async fn start() -> Self {
+        let seen: Arc<Mutex<Seen>> = Arc::default();
+        let app = Router::new()
+            .route("/v1/chat/completions", post(chat))
+            .route(
+                "/openai/deployments/{deployment}/chat/completions",
+                post(chat),
+            )
+            .with_state(seen.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let until = stop.clone();
+        tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move { until.cancelled().await })
+                .await
+                .unwrap();
+        });
+        Self { addr, seen, stop }
+    }
+
+    /// The base URL to configure a provider with.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Calls received for `model`.
+    pub fn calls(&self, model: &str) -> usize {
+        self.seen
+            .lock()
+            .unwrap()
+            .calls
+            .get(model)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The last request body received.
+    pub fn last_body(&self) -> Value {
+        self.seen
+            .lock()
+            .unwrap()
+            .bodies
+            .last()
+            .cloned()
+            .unwrap_or(Value::Null)
+    }
+
+    /// The last credential header received (`authorization` or Azure's `api-key`).
+    pub fn last_auth(&self) -> Option<String> {
+        self.seen.lock().unwrap().auth.last().cloned().flatten()
+    }
+}
+
+fn event(v: Value) -> String {
+    format!("data: {v}\n\n")
+}
+
+fn delta(text: &str) -> String {
+    event(json!({"id": "c1", "object": "chat.completion.chunk",
+                 "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": null}]}))
+}
+
+fn finish() -> String {
+    event(json!({"id": "c1", "object": "chat.completion.chunk",
+                 "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))
+}
+
+fn usage(input: u64, output: u64) -> String {
+    event(
+        json!({"id": "c1", "object": "chat.completion.chunk", "choices": [],
+                 "usage": {"prompt_tokens": input, "completion_tokens": output,
+                           "total_tokens": input + output}}),
+    )
+}
+
+const DONE: &str = "data: [DONE]\n\n";
+
+fn error(status: StatusCode, message: &str, kind: &str, code: &str) -> Response {
+    let mut resp = (
+        status,
+        Json(json!({"error": {"message": message, "type": kind, "param": null, "code": code}})),
+    )
+        .into_response();
+    if status == StatusCode::TOO_MANY_REQUESTS && code == "rate_limit_exceeded" {
+        resp.headers_mut()
+            .insert("retry-after-ms", "100".parse().unwrap());
+        resp.headers_mut()
+            .insert("retry-after", "1".parse().unwrap());
+    }
+    resp
+}
+
+enum Step {
+    Send(String),
+    Wait(Duration),
+    Break,
+    Hang,
+}
+
+fn sse(steps: Vec<Step>) -> Response {
+    let body = futures::stream::iter(steps).then(|step| async move {
+        match step {
+            Step::Send(s) => Some(Ok::<_, std::io::Error>(Bytes::from(s))),
+            Step::Wait(d) => {
+                tokio::time::sleep(d).await;
+                Some(Ok(Bytes::new()))
+            }
+            Step::Break => Some(Err(std::io::Error::other("connection dropped by the fake"))),
+            Step::Hang => {
+                futures::future::pending::<Infallible>().await;
+                None
+            }
+        }
+    });
+    let body = body
+        .take_while(|x| std::future::ready(x.is_some()))
+        .map(|x| x.unwrap());
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(Body::from_stream(body))
+        .unwrap()
+}
+
+fn normal_events() -> Vec<Step> {
+    ["Hello", " world", "!"]
+        .into_iter()
+        .map(|t| Step::Send(delta(t)))
+        .chain([
+            Step::Send(finish()),
+            Step::Send(usage(11, 3)),
+            Step::Send(DONE.into()),
+        ])
+        .collect()
+}
+
+async fn chat(
+    State(seen): State<Arc<Mutex<Seen>>>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    let model = body["model"].as_str().unwrap_or("azure").to_owned();
+    let stream = body["stream"].as_bool().unwrap_or(false);
+    let call = {
+        let mut s = seen.lock().unwrap();
+        let n = s.calls.entry(model.clone()).or_default();
+        *n += 1;
+        let call = *n;
+        s.bodies.push(body.clone());
+        let auth = headers
+            .get("authorization")
+            .or_else(|| headers.get("api-key"))
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        s.auth.push(auth);
+        call
+    };
+    match (model.as_str(), call) {
+        ("unauthorized", _) => {
+            return error(
+                StatusCode::UNAUTHORIZED,
+                "Incorrect API key provided",
+                "invalid_request_error",
+                "invalid_api_key",
+            );
+        }
+        ("quota", _) => {
+            return error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "You exceeded your current quota",
+                "insufficient_quota",
+                "insufficient_quota",
+            );
+        }
+        ("rate_limited_once", 1) => {
+            return error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "Rate limit reached",
+                "requests",
+                "rate_limit_exceeded",
+            );
+        }
+        ("server_error_once", 1) => {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "The server had an error",
+                "server_error",
+                "server_error",
+            );
+        }
+        _ => {}
+    }
+    if !stream {
+        return Json(json!({
+            "id": "c1", "object": "chat.completion", "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello world!"},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}
+        }))
+        .into_response();
+    }
+    let steps = match model.as_str() {
+        "azure" => {
+            let mut v = vec![
+                Step::Send(event(
+                    json!({"id": "", "choices": [], "prompt_filter_results": [{"prompt_index": 0}]}),
+                )),
+                Step::Send(event(
+                    json!({"id": "c1", "choices": [{"index": 0, "content_filter_results": {}}]}),
+                )),
+            ];
+            v.extend(normal_events());
+            v
+        }
+        "slow" => normal_events()
+            .into_iter()
+            .flat_map(|s| [Step::Wait(Duration::from_millis(150)), s])
+            .collect(),
+        "error_mid_stream" => vec![
+            Step::Send(delta("Hel")),
+            Step::Send(event(
+                json!({"error": {"message": "model overloaded", "type": "server_error"}}),
+            )),
+            Step::Send(DONE.into()),
+        ],
+        "drop_mid_stream" => vec![
+            Step::Send(delta("Hel")),
+            Step::Wait(Duration::from_millis(20)),
+            Step::Break,
+        ],
+        "no_terminator" => vec![Step::Send(delta("Hel"))],
+        "malformed" => vec![
+            Step::Send(delta("Hel")),
+            Step::Send("data: {\"choices\": [{\"delta\": {\"content\": \n\n".into()),
+            Step::Send(delta(" lo")),
+            Step::Send(finish()),
+            Step::Send(usage(5, 2)),
+            Step::Send(DONE.into()),
+        ],
+        "stall" => vec![Step::Send(delta("Hel")), Step::Hang],
+        m if m.starts_with("tokens-") => {
+            let mut parts = m.trim_start_matches("tokens-").split('-');
+            let n: u64 = parts.next().and_then(|x| x.parse().ok()).unwrap_or(10);
+            let gap = Duration::from_millis(parts.next().and_then(|x| x.parse().ok()).unwrap_or(0));
+            let mut v = Vec::new();
+            for i in 0..n {
+                if !gap.is_zero() {
+                    v.push(Step::Wait(gap));
+                }
+                v.push(Step::Send(delta(&format!("t{i} "))));
+            }
+            v.extend([
+                Step::Send(finish()),
+                Step::Send(usage(7, n)),
+                Step::Send(DONE.into()),
+            ]);
+            v
+        }
+        _ => normal_events(),
+    };
+    sse(steps)
+}
