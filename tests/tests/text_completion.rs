@@ -1,0 +1,218 @@
+//! The text-completion processor end to end on the real broker, against the fake OpenAI
+//! server: records on the wire, token deltas, retries before the first chunk only, and
+//! terminal errors.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{sync::Arc, time::Duration};
+
+use sluice_runtime::{client::Received, secret::Secret, telemetry::Telemetry};
+use sluice_schema::{TextCompletionRequest, TextCompletionResponse};
+use sluice_tests::{
+    Broker, RunningProcessor, TextClient, echo_config, fake_openai::FakeOpenAi, init_logging,
+    text_client, unique_topic,
+};
+use sluice_text_completion::{
+    handler::{LlmMetrics, TextCompletionService},
+    providers::openai::{Dialect, OpenAiConfig, OpenAiProvider},
+    retry::RetryPolicy,
+};
+
+const KEY: &str = "sk-processor-secret";
+
+struct Setup {
+    fake: FakeOpenAi,
+    client: TextClient,
+    processor: RunningProcessor,
+    telemetry: Telemetry,
+}
+
+impl Setup {
+    async fn new(model: &str) -> Self {
+        init_logging();
+        let broker = Broker::from_env().await;
+        let fake = FakeOpenAi::start().await;
+        let mut config = OpenAiConfig::new(Dialect::OpenAi, fake.base_url(), model);
+        config.api_key = Some(Secret::new(KEY));
+        config.api_key_source = "OPENAI_API_KEY".into();
+        config.timeouts.between_chunks = Duration::from_secs(2);
+        let provider = Arc::new(OpenAiProvider::new(config).unwrap());
+        let telemetry = Telemetry::new().unwrap();
+        let metrics = LlmMetrics::register(&telemetry.registry).unwrap();
+        let service = TextCompletionService::new(provider, RetryPolicy::default(), metrics);
+        let (req, resp) = (unique_topic("tc-req"), unique_topic("tc-resp"));
+        let processor =
+            RunningProcessor::start(broker.bus().await, echo_config(&req, &resp, 16), service)
+                .await;
+        let client = text_client(broker.bus().await, &req, &resp).await;
+        Self {
+            fake,
+            client,
+            processor,
+            telemetry,
+        }
+    }
+
+    /// Every record of one request, asserting the stream never restarted.
+    async fn ask(&self, streaming: bool) -> Vec<TextCompletionResponse> {
+        let mut s = self
+            .client
+            .request(&TextCompletionRequest {
+                system: "be brief".into(),
+                prompt: "say hello".into(),
+                streaming,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        while let Some(item) = s.next().await {
+            match item.unwrap() {
+                Received::Record(r) => out.push(r),
+                Received::Restarted => panic!("no restart expected"),
+            }
+        }
+        out
+    }
+
+    fn metric(&self, prefix: &str) -> u64 {
+        let text = self.telemetry.render();
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .map(|v| v.parse::<f64>().unwrap() as u64)
+            .unwrap_or(0)
+    }
+
+    async fn stop(self) {
+        self.client.close().await;
+        self.processor.stop().await;
+    }
+}
+
+fn sums(records: &[TextCompletionResponse]) -> (u64, u64) {
+    records.iter().fold((0, 0), |(i, o), r| {
+        (i + r.in_token.unwrap_or(0), o + r.out_token.unwrap_or(0))
+    })
+}
+
+#[tokio::test]
+async fn a_streaming_request_gets_one_record_per_chunk_and_deltas_that_sum_to_the_totals() {
+    let s = Setup::new("normal").await;
+    let records = s.ask(true).await;
+    let texts: Vec<_> = records.iter().map(|r| r.response.as_str()).collect();
+    assert_eq!(texts, ["Hello", " world", "!", ""]);
+    assert!(
+        records[..3]
+            .iter()
+            .all(|r| !r.end_of_stream && r.error.is_none())
+    );
+    let last = records.last().unwrap();
+    assert!(last.end_of_stream && last.error.is_none());
+    assert!(records.iter().all(|r| r.model.as_deref() == Some("normal")));
+    assert_eq!(
+        sums(&records),
+        (11, 3),
+        "deltas sum to the provider's totals"
+    );
+    assert_eq!(
+        s.metric(
+            r#"sluice_llm_requests_total{model="normal",outcome="success",provider="openai"}"#
+        ),
+        1
+    );
+    assert_eq!(
+        s.metric(r#"sluice_llm_tokens_total{direction="output",model="normal",provider="openai"}"#),
+        3
+    );
+    assert_eq!(
+        s.metric(
+            r#"sluice_llm_time_to_first_token_seconds_count{model="normal",provider="openai"}"#
+        ),
+        1
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_non_streaming_request_gets_exactly_one_record() {
+    let s = Setup::new("normal").await;
+    let records = s.ask(false).await;
+    assert_eq!(records.len(), 1);
+    let r = &records[0];
+    assert_eq!(r.response, "Hello world!");
+    assert!(r.end_of_stream);
+    assert_eq!((r.in_token, r.out_token), (Some(11), Some(3)));
+    assert_eq!(s.fake.last_body()["stream"], false);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_rate_limit_before_the_first_chunk_is_retried_after_the_servers_hint() {
+    let s = Setup::new("rate_limited_once").await;
+    let records = s.ask(true).await;
+    assert_eq!(
+        records
+            .iter()
+            .map(|r| r.response.as_str())
+            .collect::<String>(),
+        "Hello world!"
+    );
+    assert!(records.last().unwrap().error.is_none());
+    assert_eq!(s.fake.calls("rate_limited_once"), 2);
+    assert_eq!(s.metric(r#"sluice_llm_retries_total{kind="rate_limited",model="rate_limited_once",provider="openai"}"#), 1);
+    assert_eq!(
+        s.metric(r#"sluice_llm_rate_limited_total{model="rate_limited_once",provider="openai"}"#),
+        1
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_server_error_before_the_first_chunk_is_retried() {
+    let s = Setup::new("server_error_once").await;
+    let records = s.ask(true).await;
+    assert!(records.last().unwrap().error.is_none());
+    assert_eq!(s.fake.calls("server_error_once"), 2);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_bad_key_is_one_terminal_error_naming_the_variable_without_retrying() {
+    let s = Setup::new("unauthorized").await;
+    let records = s.ask(true).await;
+    assert_eq!(records.len(), 1);
+    let err = records[0].error.as_ref().unwrap();
+    assert_eq!(err.kind, "llm-error");
+    assert!(err.message.contains("OPENAI_API_KEY"), "{}", err.message);
+    assert!(!err.message.contains(KEY));
+    assert!(records[0].end_of_stream);
+    assert_eq!(s.fake.calls("unauthorized"), 1, "401 is not retried");
+    assert!(!s.telemetry.render().contains(KEY), "no key in metrics");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn failures_after_the_first_chunk_are_terminal_errors_and_never_retried() {
+    for (model, says) in [
+        ("error_mid_stream", "model overloaded"),
+        ("drop_mid_stream", "connection broke"),
+        ("no_terminator", "incomplete"),
+        ("stall", "next chunk"),
+    ] {
+        let s = Setup::new(model).await;
+        let records = s.ask(true).await;
+        assert_eq!(records.len(), 2, "{model}: {records:?}");
+        assert_eq!(records[0].response, "Hel");
+        let last = &records[1];
+        assert!(last.end_of_stream, "{model}");
+        let err = last.error.as_ref().unwrap();
+        assert_eq!(err.kind, "llm-error");
+        assert!(err.message.contains(says), "{model}: {}", err.message);
+        assert_eq!(
+            s.fake.calls(model),
+            1,
+            "{model}: not retried after a published chunk"
+        );
+        s.stop().await;
+    }
+}
