@@ -14,6 +14,9 @@ need_apt=()
 command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)  # pulsar-rs generates its protocol code at build time
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
+command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)       # llama-server, the local LLM
+command -v ninja >/dev/null 2>&1 || need_apt+=(ninja-build)
+command -v unzip >/dev/null 2>&1 || need_apt+=(unzip)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing: ${need_apt[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
@@ -27,9 +30,16 @@ echo "== Pulsar broker"
 deploy/pulsar/pulsar.sh start
 export PULSAR_URL=pulsar://127.0.0.1:6650 PULSAR_ADMIN_URL=http://127.0.0.1:8080
 
+echo "== local LLM (llama-server + SmolLM2-135M; built once, cached)"
+export SLUICE_LLM_API_KEY="${SLUICE_LLM_API_KEY:-sluice-test-$RANDOM$RANDOM}"
+deploy/local-llm/llama-server.sh stop || true   # restart so it takes this run's key
+deploy/local-llm/llama-server.sh start
+export SLUICE_LLM_URL=http://127.0.0.1:8766
+
 stop_brokers() {
   # The broker-restart test starts its own broker on 6652; never leave it behind.
   PULSAR_PORT=6652 PULSAR_HTTP_PORT=8082 PULSAR_BK_PORT=3183 deploy/pulsar/pulsar.sh stop || true
+  deploy/local-llm/llama-server.sh stop || true
   if [ "${CI:-}" = "true" ]; then deploy/pulsar/pulsar.sh stop || true; fi
 }
 trap stop_brokers EXIT

@@ -1,12 +1,16 @@
-//! `sluice`: the one binary. Processors, the gateway, `serve` and `invoke` arrive with
-//! their issues; today it carries the operator commands the foundation needs:
+//! `sluice`: the one binary. The gateway, `serve` and `invoke`, and the prompt and agent
+//! processors arrive with their issues. Today it carries:
 //!
+//! - `sluice text-completion`: the text-completion processor (OpenAI-dialect providers);
 //! - `sluice topics resolve NAME...`: the Pulsar topic URL of a TrustGraph-style name;
 //! - `sluice pulsar ensure-namespaces NAME...`: create the tenants and namespaces of those
 //!   topics (Pulsar creates topics on first use, not namespaces), as a deploy-time step.
 //!
 //! Secrets (the Pulsar token) come from `SLUICE_PULSAR_TOKEN` or the file named by
 //! `SLUICE_PULSAR_TOKEN_FILE`, never from the command line.
+
+mod common;
+mod text_completion;
 
 use std::process::ExitCode;
 
@@ -34,6 +38,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The text-completion processor.
+    TextCompletion(Box<text_completion::TextCompletionArgs>),
     /// Topic names.
     Topics {
         #[command(subcommand)]
@@ -104,7 +110,7 @@ fn parse_names(names: &[String]) -> Result<Vec<TopicName>, String> {
         .collect()
 }
 
-#[tokio::main(flavor = "current_thread")]
+#[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(cli.log_format);
@@ -119,6 +125,7 @@ async fn main() -> ExitCode {
 
 async fn run(command: Command) -> Result<(), String> {
     match command {
+        Command::TextCompletion(args) => text_completion::run(*args).await,
         Command::Topics {
             command: TopicsCommand::Resolve { mapping, names },
         } => {

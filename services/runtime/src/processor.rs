@@ -334,6 +334,40 @@ pub async fn run<H: Handler>(
     Ok(())
 }
 
+/// Runs a processor as a whole process: serves `/metrics`, `/healthz`, `/readyz` on
+/// `metrics_addr` until the processor has drained (so probes see 503 while draining, and
+/// the last scrape sees the final counts), and drains on SIGTERM or SIGINT.
+pub async fn run_until_signalled<H: Handler>(
+    bus: Arc<dyn Bus>,
+    config: ProcessorConfig,
+    handler: Arc<H>,
+    telemetry: Telemetry,
+    metrics_addr: std::net::SocketAddr,
+) -> Result<std::net::SocketAddr, RunError> {
+    let shutdown = crate::telemetry::shutdown_on_signals();
+    let telemetry_stop = CancellationToken::new();
+    let bound = telemetry
+        .serve(metrics_addr, telemetry_stop.clone())
+        .await
+        .map_err(|e| RunError::Telemetry(metrics_addr, e))?;
+    info!(%bound, "serving /metrics /healthz /readyz");
+    let result = run(bus, config, handler, telemetry, shutdown).await;
+    telemetry_stop.cancel();
+    result.map_err(RunError::Bus)?;
+    Ok(bound)
+}
+
+/// Why a processor process could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The telemetry port could not be bound.
+    #[error("cannot serve metrics on {0}: {1}")]
+    Telemetry(std::net::SocketAddr, std::io::Error),
+    /// The bus failed at start-up.
+    #[error(transparent)]
+    Bus(#[from] BusError),
+}
+
 fn short_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..8].to_owned()
 }

@@ -1,0 +1,130 @@
+//! `sluice text-completion`: the text-completion processor as a process.
+
+use std::{sync::Arc, time::Duration};
+
+use clap::{Args, ValueEnum};
+use sluice_runtime::{processor::run_until_signalled, secret::Secret, telemetry::Telemetry};
+use sluice_text_completion::{
+    handler::{LlmMetrics, TextCompletionService},
+    provider::Provider,
+    providers::{
+        HttpTimeouts,
+        openai::{Dialect, OpenAiConfig, OpenAiProvider},
+    },
+    retry::RetryPolicy,
+};
+
+use crate::common::{BusArgs, ProcessorArgs, connect, processor_config};
+
+/// Which provider serves the completions.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ProviderKind {
+    /// OpenAI (key: OPENAI_API_KEY).
+    Openai,
+    /// Any OpenAI-compatible server by base URL: vLLM, LM Studio, llamafile, TGI, llama.cpp
+    /// (key, if the server wants one: SLUICE_LLM_API_KEY).
+    OpenaiCompatible,
+    /// Azure OpenAI (key: AZURE_OPENAI_API_KEY; --model is the deployment).
+    Azure,
+    /// Mistral (key: MISTRAL_API_KEY).
+    Mistral,
+}
+
+/// `sluice text-completion` options.
+#[derive(Args, Debug)]
+pub struct TextCompletionArgs {
+    #[command(flatten)]
+    bus: BusArgs,
+    #[command(flatten)]
+    processor: ProcessorArgs,
+    /// The provider.
+    #[arg(long, env = "SLUICE_PROVIDER", value_enum, default_value = "openai")]
+    provider: ProviderKind,
+    /// The model (Azure: the deployment name).
+    #[arg(long, env = "SLUICE_MODEL", default_value = "gpt-4o-mini")]
+    model: String,
+    /// The provider's base URL (default: the provider's public endpoint).
+    #[arg(long, env = "SLUICE_BASE_URL")]
+    base_url: Option<String>,
+    /// Sampling temperature.
+    #[arg(long, env = "SLUICE_TEMPERATURE")]
+    temperature: Option<f32>,
+    /// Maximum output tokens.
+    #[arg(long, env = "SLUICE_MAX_OUTPUT_TOKENS")]
+    max_output_tokens: Option<u32>,
+    /// Do not ask for usage in streams (older servers reject `stream_options`).
+    #[arg(long)]
+    no_stream_usage: bool,
+    /// Seconds to establish a connection.
+    #[arg(long, default_value_t = 10)]
+    connect_timeout_secs: u64,
+    /// Seconds to the first token.
+    #[arg(long, default_value_t = 60)]
+    first_token_timeout_secs: u64,
+    /// Seconds between chunks.
+    #[arg(long, default_value_t = 60)]
+    chunk_timeout_secs: u64,
+    /// Retries of a call that fails before its first chunk is published.
+    #[arg(long, default_value_t = 2)]
+    max_retries: u32,
+}
+
+fn provider(args: &TextCompletionArgs) -> Result<Arc<dyn Provider>, String> {
+    let (dialect, key_var, default_base) = match args.provider {
+        ProviderKind::Openai => (
+            Dialect::OpenAi,
+            "OPENAI_API_KEY",
+            Some("https://api.openai.com"),
+        ),
+        ProviderKind::OpenaiCompatible => (Dialect::Compatible, "SLUICE_LLM_API_KEY", None),
+        ProviderKind::Azure => (Dialect::Azure, "AZURE_OPENAI_API_KEY", None),
+        ProviderKind::Mistral => (
+            Dialect::Mistral,
+            "MISTRAL_API_KEY",
+            Some("https://api.mistral.ai"),
+        ),
+    };
+    let base = args
+        .base_url
+        .clone()
+        .or(default_base.map(str::to_owned))
+        .ok_or_else(|| {
+            format!(
+                "--base-url (or SLUICE_BASE_URL) is required for {:?}",
+                args.provider
+            )
+        })?;
+    let mut config = OpenAiConfig::new(dialect, base, args.model.clone());
+    config.api_key = Secret::from_env(key_var).map_err(|e| e.to_string())?;
+    config.api_key_source = format!("{key_var} (or the file named by {key_var}_FILE)");
+    config.temperature = args.temperature;
+    config.max_tokens = args.max_output_tokens;
+    config.include_usage = !args.no_stream_usage && dialect != Dialect::Mistral;
+    config.timeouts = HttpTimeouts {
+        connect: Duration::from_secs(args.connect_timeout_secs),
+        first_token: Duration::from_secs(args.first_token_timeout_secs),
+        between_chunks: Duration::from_secs(args.chunk_timeout_secs),
+    };
+    Ok(Arc::new(
+        OpenAiProvider::new(config).map_err(|e| e.to_string())?,
+    ))
+}
+
+/// Runs the processor until SIGTERM/SIGINT, then drains.
+pub async fn run(args: TextCompletionArgs) -> Result<(), String> {
+    let provider = provider(&args)?;
+    let (config, topics) =
+        processor_config("text-completion", &args.processor, args.bus.topic_mapping)?;
+    let bus = connect(&args.bus, &topics).await?;
+    let telemetry = Telemetry::new().map_err(|e| e.to_string())?;
+    let metrics = LlmMetrics::register(&telemetry.registry).map_err(|e| e.to_string())?;
+    let retry = RetryPolicy {
+        max_retries: args.max_retries,
+        ..RetryPolicy::default()
+    };
+    let handler = Arc::new(TextCompletionService::new(provider, retry, metrics));
+    run_until_signalled(bus, config, handler, telemetry, args.processor.metrics_addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
