@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Runs the benchmarks against a real Pulsar broker and writes their figures to
 # bench/results/ and into the README. Nothing here asserts on time.
-#   bash bench/run.sh            # the foundation scenario with default sizes
-#   bash bench/run.sh --round-trips 500 --requests 5000
+#   bash bench/run.sh                    # the foundation scenario with default sizes
+#   bash bench/run.sh foundation --round-trips 500 --requests 5000
+#   bash bench/run.sh text-completion    # TTFT overhead, concurrent streams, tokens/s
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sluice/target}"
 deploy/pulsar/pulsar.sh start
 export PULSAR_URL=pulsar://127.0.0.1:6650 PULSAR_ADMIN_URL=http://127.0.0.1:8080
-cargo build --release --locked -p sluice-bench
-"$CARGO_TARGET_DIR/release/sluice-bench" --out bench/results --readme README.md foundation "$@"
+cargo build --release --locked -p sluice-bench -p sluice-cli
+scenario="${1:-foundation}"
+[ $# -gt 0 ] && shift
+"$CARGO_TARGET_DIR/release/sluice-bench" --out bench/results --readme README.md "$scenario" "$@"

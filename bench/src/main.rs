@@ -12,7 +12,7 @@ use std::{
         Arc,
         atomic::{AtomicU64, Ordering},
     },
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use clap::{Parser, Subcommand};
@@ -41,6 +41,16 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Scenario {
+    /// Text completion: time-to-first-token overhead, concurrent slow streams and RSS of a
+    /// `sluice text-completion` process, tokens/s forwarded; against the fake OpenAI server.
+    TextCompletion {
+        /// Requests for the time-to-first-token comparison.
+        #[arg(long, default_value_t = 500)]
+        requests: u64,
+        /// Concurrent slow-stream levels to try.
+        #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+        streams: Vec<u64>,
+    },
     /// The foundation: raw pulsar-rs round trip vs sluice runtime + client, throughput.
     Foundation {
         /// Sequential round trips per latency measurement.
@@ -255,12 +265,237 @@ fn splice(readme: &PathBuf, name: &str, table: &str) {
     std::fs::write(readme, spliced).unwrap();
 }
 
+/// Peak and current resident memory of a process, in MiB, from /proc.
+fn rss_mib(pid: u32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<f64>().ok())
+            .unwrap_or(0.0)
+            / 1024.0
+    };
+    (field("VmHWM:"), field("VmRSS:"))
+}
+
+/// A `sluice text-completion` process against the fake provider, with `concurrency`.
+async fn spawn_text_completion(
+    broker: &Broker,
+    fake: &sluice_tests::fake_openai::FakeOpenAi,
+    model: &str,
+    concurrency: u64,
+) -> (tokio::process::Child, TextClient) {
+    let (req, resp) = (unique_topic("tcb-req"), unique_topic("tcb-resp"));
+    let exe = std::env::current_exe().unwrap().with_file_name("sluice");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = tokio::process::Command::new(exe)
+        .args([
+            "text-completion",
+            "--provider",
+            "openai-compatible",
+            "--base-url",
+            &fake.base_url(),
+            "--model",
+            model,
+            "--pulsar-url",
+            &broker.url,
+            "--request-topic",
+            &req,
+            "--response-topic",
+            &resp,
+            "--concurrency",
+            &concurrency.to_string(),
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+            "--chunk-timeout-secs",
+            "120",
+        ])
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .expect("build the sluice binary first: cargo build --release -p sluice-cli");
+    let ready = format!("http://127.0.0.1:{port}/readyz");
+    loop {
+        let ok = tokio::process::Command::new("curl")
+            .args(["-sf", &ready])
+            .output()
+            .await
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+        if ok {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (child, text_client(broker.bus().await, &req, &resp).await)
+}
+
+fn stream_req() -> TextCompletionRequest {
+    TextCompletionRequest {
+        prompt: "bench".into(),
+        streaming: true,
+        ..Default::default()
+    }
+}
+
+async fn text_completion_bench(broker: &Broker, requests: u64, levels: &[u64]) -> String {
+    use sluice_text_completion::provider::Provider;
+    let fake = sluice_tests::fake_openai::FakeOpenAi::start().await;
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "Measured {} on this machine (2 cores), Pulsar standalone on loopback, fake OpenAI server over HTTP; `bash bench/run.sh text-completion`.\n",
+        chrono_like_now()
+    );
+
+    // (1) Time to first token: the provider called directly vs through client, broker and
+    // processor (a separate `sluice text-completion` process), interleaved.
+    let model = "tokens-5-2";
+    let direct = sluice_text_completion::providers::openai::OpenAiProvider::new(
+        sluice_text_completion::providers::openai::OpenAiConfig::new(
+            sluice_text_completion::providers::openai::Dialect::Compatible,
+            fake.base_url(),
+            model,
+        ),
+    )
+    .unwrap();
+    let (mut child, client) = spawn_text_completion(broker, &fake, model, 64).await;
+    let (mut h_direct, mut h_sluice) = (hist(), hist());
+    for i in 0..requests + 50 {
+        let t0 = Instant::now();
+        let mut s = direct.generate_stream(&stream_req()).await.unwrap();
+        let _ = s.next().await;
+        let d = t0.elapsed();
+        while s.next().await.is_some() {}
+        let t0 = Instant::now();
+        let mut st = client.request(&stream_req()).await.unwrap();
+        let _ = st.next().await;
+        let v = t0.elapsed();
+        while st.next().await.is_some() {}
+        if i >= 50 {
+            h_direct.record(d.as_micros() as u64).unwrap();
+            h_sluice.record(v.as_micros() as u64).unwrap();
+        }
+    }
+    client.close().await;
+    let _ = child.kill().await;
+    let _ = writeln!(
+        md,
+        "| time to first token | p50 ms | p99 ms |\n|---|---|---|"
+    );
+    let _ = writeln!(
+        md,
+        "| fake provider called directly | {:.2} | {:.2} |",
+        ms(&h_direct, 0.5),
+        ms(&h_direct, 0.99)
+    );
+    let _ = writeln!(
+        md,
+        "| client → broker → `sluice text-completion` → provider → broker → client | {:.2} | {:.2} |",
+        ms(&h_sluice, 0.5),
+        ms(&h_sluice, 0.99)
+    );
+    let _ = writeln!(
+        md,
+        "| overhead sluice adds (difference) | {:.2} | {:.2} |\n",
+        ms(&h_sluice, 0.5) - ms(&h_direct, 0.5),
+        ms(&h_sluice, 0.99) - ms(&h_direct, 0.99)
+    );
+
+    // (2) Concurrent slow streams held by one processor process.
+    let _ = writeln!(
+        md,
+        "| concurrent slow streams (one `sluice text-completion` process) | completed | wall s | processor peak RSS MiB |\n|---|---|---|---|"
+    );
+    for &n in levels {
+        // Each stream: 5 tokens, 2 s apart (10 s), so the broker carries n/2 records/s.
+        let model = "tokens-5-2000";
+        let (mut child, client) = spawn_text_completion(broker, &fake, model, n).await;
+        let client = Arc::new(client);
+        let t0 = Instant::now();
+        let tasks: Vec<_> = (0..n)
+            .map(|_| {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    let mut s = client.request(&stream_req()).await.ok()?;
+                    let mut last = None;
+                    while let Some(item) = s.next().await {
+                        match item {
+                            Ok(Received::Record(r)) => last = Some(r),
+                            Ok(_) => {}
+                            Err(_) => return None,
+                        }
+                    }
+                    last.filter(|r| r.end_of_stream && r.error.is_none())
+                })
+            })
+            .collect();
+        let mut ok = 0;
+        for t in tasks {
+            if let Ok(Some(_)) = t.await {
+                ok += 1;
+            }
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        let (peak, _) = rss_mib(child.id().unwrap_or(0));
+        client.close().await;
+        let _ = child.kill().await;
+        let _ = writeln!(md, "| {n} | {ok} | {secs:.1} | {peak:.0} |");
+    }
+
+    // (3) Tokens forwarded per second: 100-token streams, no delay, 32 at a time.
+    let (mut child, client) = spawn_text_completion(broker, &fake, "tokens-100-0", 64).await;
+    let client = Arc::new(client);
+    let tokens = Arc::new(AtomicU64::new(0));
+    let t0 = Instant::now();
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let (client, tokens) = (client.clone(), tokens.clone());
+            tokio::spawn(async move {
+                for _ in 0..20 {
+                    let mut s = client.request(&stream_req()).await.unwrap();
+                    while let Some(item) = s.next().await {
+                        if let Ok(Received::Record(r)) = item
+                            && !r.response.is_empty()
+                        {
+                            tokens.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let rate = tokens.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64();
+    client.close().await;
+    let _ = child.kill().await;
+    let _ = writeln!(
+        md,
+        "\n| tokens forwarded (32 concurrent 100-token streams) | {rate:.0} tokens/s |\n|---|---|"
+    );
+    md
+}
+
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
     let broker = Broker::from_env().await;
     std::fs::create_dir_all(&cli.out).unwrap();
     match cli.scenario {
+        Scenario::TextCompletion { requests, streams } => {
+            let md = text_completion_bench(&broker, requests, &streams).await;
+            std::fs::write(cli.out.join("text-completion.md"), &md).unwrap();
+            splice(&cli.readme, "text-completion", &md);
+            println!("{md}");
+        }
         Scenario::Foundation {
             round_trips,
             requests,

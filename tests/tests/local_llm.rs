@@ -63,18 +63,37 @@ async fn a_real_model_streams_through_the_broker_with_usage() {
     let records = ask(&client, true).await;
     let (text, last) = (&records[..records.len() - 1], records.last().unwrap());
     assert!(last.end_of_stream && last.error.is_none(), "{last:?}");
-    assert!(text.len() > 1, "streamed as many records: {}", records.len());
-    assert!(text.iter().all(|r| !r.end_of_stream && !r.response.is_empty()));
-    assert!(records.iter().all(|r| r.model.as_deref() == Some("smollm2")));
+    assert!(
+        text.len() > 1,
+        "streamed as many records: {}",
+        records.len()
+    );
+    assert!(
+        text.iter()
+            .all(|r| !r.end_of_stream && !r.response.is_empty())
+    );
+    assert!(
+        records
+            .iter()
+            .all(|r| r.model.as_deref() == Some("smollm2"))
+    );
     let input: u64 = records.iter().filter_map(|r| r.in_token).sum();
     let output: u64 = records.iter().filter_map(|r| r.out_token).sum();
     assert!(input > 5, "prompt tokens reported: {input}");
-    assert!(output >= text.len() as u64 && output <= 24, "completion tokens: {output} for {} records", text.len());
+    assert!(
+        output >= text.len() as u64 && output <= 24,
+        "completion tokens: {output} for {} records",
+        text.len()
+    );
 
     let whole = ask(&client, false).await;
     assert_eq!(whole.len(), 1, "non-streaming: one record");
     assert!(whole[0].end_of_stream && !whole[0].response.is_empty());
-    assert_eq!(whole[0].in_token, Some(input), "same prompt, same input tokens");
+    assert_eq!(
+        whole[0].in_token,
+        Some(input),
+        "same prompt, same input tokens"
+    );
     assert!(whole[0].out_token.unwrap() > 0);
     client.close().await;
     p.stop().await;
@@ -86,7 +105,11 @@ async fn a_wrong_key_gets_the_real_servers_401_as_a_clear_error() {
     let records = ask(&client, true).await;
     assert_eq!(records.len(), 1);
     let err = records[0].error.as_ref().unwrap();
-    assert!(err.message.contains("SLUICE_LLM_API_KEY"), "{}", err.message);
+    assert!(
+        err.message.contains("SLUICE_LLM_API_KEY"),
+        "{}",
+        err.message
+    );
     assert!(!err.message.contains("not-the-key"));
     client.close().await;
     p.stop().await;
