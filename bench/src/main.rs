@@ -365,7 +365,37 @@ async fn text_completion_bench(broker: &Broker, requests: u64, levels: &[u64]) -
         ),
     )
     .unwrap();
-    let (mut child, client) = spawn_text_completion(broker, &fake, model, 64).await;
+    // SLUICE_BENCH_IN_PROCESS=1 runs the processor inside this process instead (a diagnostic:
+    // it separates the processor's own cost from the cost of a second process).
+    let in_process = std::env::var("SLUICE_BENCH_IN_PROCESS").is_ok();
+    let mut local = None;
+    let (mut child, client) = if in_process {
+        let (req, resp) = (unique_topic("tcb-req"), unique_topic("tcb-resp"));
+        let provider = Arc::new(
+            sluice_text_completion::providers::openai::OpenAiProvider::new(
+                sluice_text_completion::providers::openai::OpenAiConfig::new(
+                    sluice_text_completion::providers::openai::Dialect::Compatible,
+                    fake.base_url(),
+                    model,
+                ),
+            )
+            .unwrap(),
+        );
+        let telemetry = sluice_runtime::telemetry::Telemetry::new().unwrap();
+        let service = sluice_text_completion::handler::TextCompletionService::new(
+            provider,
+            Default::default(),
+            sluice_text_completion::handler::LlmMetrics::register(&telemetry.registry).unwrap(),
+        );
+        local = Some(
+            RunningProcessor::start(broker.bus().await, echo_config(&req, &resp, 64), service)
+                .await,
+        );
+        let child = tokio::process::Command::new("true").spawn().unwrap();
+        (child, text_client(broker.bus().await, &req, &resp).await)
+    } else {
+        spawn_text_completion(broker, &fake, model, 64).await
+    };
     let (mut h_direct, mut h_sluice) = (hist(), hist());
     for i in 0..requests + 50 {
         let t0 = Instant::now();
@@ -385,6 +415,9 @@ async fn text_completion_bench(broker: &Broker, requests: u64, levels: &[u64]) -
     }
     client.close().await;
     let _ = child.kill().await;
+    if let Some(p) = local {
+        p.stop().await;
+    }
     let _ = writeln!(
         md,
         "| time to first token | p50 ms | p99 ms |\n|---|---|---|"

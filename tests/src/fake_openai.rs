@@ -73,6 +73,11 @@ impl FakeOpenAi {
             .with_state(seen.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        // Real providers answer with TCP_NODELAY; without it every stream here would stall
+        // ~40 ms on Nagle + delayed ACK between the headers and the first event.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         let stop = CancellationToken::new();
         let until = stop.clone();
         tokio::spawn(async move {
