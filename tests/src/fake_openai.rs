@@ -161,7 +161,8 @@ fn error(status: StatusCode, message: &str, kind: &str, code: &str) -> Response 
     resp
 }
 
-enum Step {
+/// One step of a scripted response body (shared with the other fakes).
+pub(crate) enum Step {
     Send(String),
     Wait(Duration),
     Break,
@@ -169,6 +170,11 @@ enum Step {
 }
 
 fn sse(steps: Vec<Step>) -> Response {
+    scripted_body(steps, "text/event-stream")
+}
+
+/// A response whose body follows `steps`: bytes, pauses, a broken connection, or a hang.
+pub(crate) fn scripted_body(steps: Vec<Step>, content_type: &str) -> Response {
     let body = futures::stream::iter(steps).then(|step| async move {
         match step {
             Step::Send(s) => Some(Ok::<_, std::io::Error>(Bytes::from(s))),
@@ -187,7 +193,7 @@ fn sse(steps: Vec<Step>) -> Response {
         .take_while(|x| std::future::ready(x.is_some()))
         .map(|x| x.unwrap());
     Response::builder()
-        .header("content-type", "text/event-stream")
+        .header("content-type", content_type)
         .body(Body::from_stream(body))
         .unwrap()
 }

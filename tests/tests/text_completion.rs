@@ -216,3 +216,44 @@ async fn failures_after_the_first_chunk_are_terminal_errors_and_never_retried() 
         s.stop().await;
     }
 }
+
+#[tokio::test]
+async fn the_processor_over_ollama_streams_ndjson_and_reports_its_totals_as_deltas() {
+    use sluice_tests::fake_ollama::FakeOllama;
+    use sluice_text_completion::providers::ollama::{OllamaConfig, OllamaProvider};
+    init_logging();
+    let broker = Broker::from_env().await;
+    let fake = FakeOllama::start().await;
+    let mut config = OllamaConfig::new(fake.base_url(), "tiny_writes");
+    config.num_ctx = Some(4096);
+    let telemetry = Telemetry::new().unwrap();
+    let service = TextCompletionService::new(
+        Arc::new(OllamaProvider::new(config).unwrap()),
+        RetryPolicy::default(),
+        LlmMetrics::register(&telemetry.registry).unwrap(),
+    );
+    let (req, resp) = (unique_topic("tco-req"), unique_topic("tco-resp"));
+    let processor =
+        RunningProcessor::start(broker.bus().await, echo_config(&req, &resp, 4), service).await;
+    let client = text_client(broker.bus().await, &req, &resp).await;
+    let records = client
+        .call(&TextCompletionRequest {
+            prompt: "why is the sky blue".into(),
+            streaming: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let texts: Vec<_> = records.iter().map(|r| r.response.as_str()).collect();
+    assert_eq!(texts, ["The", " sky", " is blue.", ""]);
+    assert!(records.last().unwrap().end_of_stream);
+    assert_eq!(sums(&records), (26, 3));
+    assert!(
+        records
+            .iter()
+            .all(|r| r.model.as_deref() == Some("tiny_writes"))
+    );
+    assert_eq!(fake.last_body()["options"]["num_ctx"], 4096);
+    client.close().await;
+    processor.stop().await;
+}

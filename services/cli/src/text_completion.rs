@@ -9,6 +9,7 @@ use sluice_text_completion::{
     provider::Provider,
     providers::{
         HttpTimeouts,
+        ollama::{OllamaConfig, OllamaProvider},
         openai::{Dialect, OpenAiConfig, OpenAiProvider},
     },
     retry::RetryPolicy,
@@ -28,6 +29,8 @@ pub enum ProviderKind {
     Azure,
     /// Mistral (key: MISTRAL_API_KEY).
     Mistral,
+    /// Ollama's native API (`/api/chat`, NDJSON; optional key for a proxy: OLLAMA_API_KEY).
+    Ollama,
 }
 
 /// `sluice text-completion` options.
@@ -52,6 +55,9 @@ pub struct TextCompletionArgs {
     /// Maximum output tokens.
     #[arg(long, env = "SLUICE_MAX_OUTPUT_TOKENS")]
     max_output_tokens: Option<u32>,
+    /// Ollama's context window (`num_ctx`).
+    #[arg(long, env = "SLUICE_NUM_CTX")]
+    num_ctx: Option<u32>,
     /// Do not ask for usage in streams (older servers reject `stream_options`).
     #[arg(long)]
     no_stream_usage: bool,
@@ -69,20 +75,49 @@ pub struct TextCompletionArgs {
     max_retries: u32,
 }
 
-fn provider(args: &TextCompletionArgs) -> Result<Arc<dyn Provider>, String> {
-    let (dialect, key_var, default_base) = match args.provider {
-        ProviderKind::Openai => (
+fn timeouts(args: &TextCompletionArgs) -> HttpTimeouts {
+    HttpTimeouts {
+        connect: Duration::from_secs(args.connect_timeout_secs),
+        first_token: Duration::from_secs(args.first_token_timeout_secs),
+        between_chunks: Duration::from_secs(args.chunk_timeout_secs),
+    }
+}
+
+/// The OpenAI-family dialect, its key variable and default base URL; `None` for Ollama.
+fn openai_dialect(kind: ProviderKind) -> Option<(Dialect, &'static str, Option<&'static str>)> {
+    match kind {
+        ProviderKind::Openai => Some((
             Dialect::OpenAi,
             "OPENAI_API_KEY",
             Some("https://api.openai.com"),
-        ),
-        ProviderKind::OpenaiCompatible => (Dialect::Compatible, "SLUICE_LLM_API_KEY", None),
-        ProviderKind::Azure => (Dialect::Azure, "AZURE_OPENAI_API_KEY", None),
-        ProviderKind::Mistral => (
+        )),
+        ProviderKind::OpenaiCompatible => Some((Dialect::Compatible, "SLUICE_LLM_API_KEY", None)),
+        ProviderKind::Azure => Some((Dialect::Azure, "AZURE_OPENAI_API_KEY", None)),
+        ProviderKind::Mistral => Some((
             Dialect::Mistral,
             "MISTRAL_API_KEY",
             Some("https://api.mistral.ai"),
-        ),
+        )),
+        ProviderKind::Ollama => None,
+    }
+}
+
+fn provider(args: &TextCompletionArgs) -> Result<Arc<dyn Provider>, String> {
+    let Some((dialect, key_var, default_base)) = openai_dialect(args.provider) else {
+        let base = args
+            .base_url
+            .clone()
+            .unwrap_or_else(|| "http://127.0.0.1:11434".into());
+        let mut config = OllamaConfig::new(base, args.model.clone());
+        config.api_key = Secret::from_env("OLLAMA_API_KEY").map_err(|e| e.to_string())?;
+        config.api_key_source = "OLLAMA_API_KEY (or the file named by OLLAMA_API_KEY_FILE)".into();
+        config.temperature = args.temperature;
+        config.num_ctx = args.num_ctx;
+        config.num_predict = args.max_output_tokens;
+        config.timeouts = timeouts(args);
+        return Ok(Arc::new(
+            OllamaProvider::new(config).map_err(|e| e.to_string())?,
+        ));
     };
     let base = args
         .base_url

@@ -1,0 +1,338 @@
+//! Ollama's native API: `POST {base}/api/chat`, answered with NDJSON (seed 001, providers.md).
+//!
+//! Each line is `{"message":{"content":"..."},"done":false}`. The last line has `done:true`
+//! with the totals: `prompt_eval_count` (missing when the prompt was cached, which reads as
+//! 0) and `eval_count`. Errors are `{"error":"..."}`, both as an HTTP error body and as a line
+//! after a 200. A stream that ends without `done:true` is truncated. `options` carries
+//! `temperature`, `num_ctx` (the context window; seed 001) and `num_predict`.
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use serde_json::{Value, json};
+use sluice_runtime::{
+    ndjson::{LineError, LineSplitter},
+    secret::Secret,
+};
+use sluice_schema::TextCompletionRequest;
+use tracing::warn;
+
+use crate::{
+    provider::{Chunk, ChunkStream, Completion, FailureKind, Provider, ProviderError, Usage},
+    providers::{HttpTimeouts, classify_status, decode_timeouts, transport_error},
+    retry::retry_after,
+};
+
+/// Longest NDJSON line accepted from Ollama (one token's line is ~200 bytes).
+const MAX_LINE: usize = 1024 * 1024;
+
+/// Configuration for the Ollama provider.
+#[derive(Debug, Clone)]
+pub struct OllamaConfig {
+    /// Base URL, e.g. `http://127.0.0.1:11434`.
+    pub base_url: String,
+    /// Model, e.g. `llama3.2`.
+    pub model: String,
+    /// Optional bearer key, for an Ollama behind an authenticating proxy.
+    pub api_key: Option<Secret>,
+    /// Where the key comes from, named in auth errors.
+    pub api_key_source: String,
+    /// Sampling temperature.
+    pub temperature: Option<f32>,
+    /// Context window (`num_ctx`).
+    pub num_ctx: Option<u32>,
+    /// Maximum output tokens (`num_predict`).
+    pub num_predict: Option<u32>,
+    /// Time limits.
+    pub timeouts: HttpTimeouts,
+}
+
+impl OllamaConfig {
+    /// Defaults for `model` at `base_url`.
+    pub fn new(base_url: impl Into<String>, model: impl Into<String>) -> Self {
+        Self {
+            base_url: base_url.into(),
+            model: model.into(),
+            api_key: None,
+            api_key_source: "the Ollama API key setting".into(),
+            temperature: None,
+            num_ctx: None,
+            num_predict: None,
+            timeouts: HttpTimeouts::default(),
+        }
+    }
+}
+
+/// The Ollama provider.
+pub struct OllamaProvider {
+    config: OllamaConfig,
+    http: reqwest::Client,
+    url: String,
+}
+
+impl OllamaProvider {
+    /// Builds the provider.
+    pub fn new(config: OllamaConfig) -> Result<Self, ProviderError> {
+        sluice_runtime::install_crypto_provider();
+        let http = reqwest::Client::builder()
+            .connect_timeout(config.timeouts.connect)
+            .build()
+            .map_err(|e| ProviderError::new(FailureKind::Protocol, format!("HTTP client: {e}")))?;
+        let url = format!("{}/api/chat", config.base_url.trim_end_matches('/'));
+        Ok(Self { config, http, url })
+    }
+
+    fn body(&self, request: &TextCompletionRequest, stream: bool) -> Value {
+        let mut messages = Vec::new();
+        if !request.system.is_empty() {
+            messages.push(json!({"role": "system", "content": request.system}));
+        }
+        messages.push(json!({"role": "user", "content": request.prompt}));
+        let mut options = serde_json::Map::new();
+        if let Some(t) = self.config.temperature {
+            options.insert("temperature".into(), json!(t));
+        }
+        if let Some(n) = self.config.num_ctx {
+            options.insert("num_ctx".into(), json!(n));
+        }
+        if let Some(n) = self.config.num_predict {
+            options.insert("num_predict".into(), json!(n));
+        }
+        let mut body = json!({"model": self.config.model, "messages": messages, "stream": stream});
+        if !options.is_empty() {
+            body["options"] = Value::Object(options);
+        }
+        if request.response_format.as_deref() == Some("json") {
+            body["format"] = request.schema.clone().unwrap_or_else(|| json!("json"));
+        }
+        body
+    }
+
+    async fn post(&self, body: &Value) -> Result<reqwest::Response, ProviderError> {
+        let mut req = self.http.post(&self.url).json(body);
+        if let Some(key) = &self.config.api_key {
+            req = req.bearer_auth(key.expose());
+        }
+        let resp = req.send().await.map_err(|e| transport_error(&e))?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        let hint = retry_after(resp.headers());
+        let text = resp.text().await.unwrap_or_default();
+        let detail: String = serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|v| v["error"].as_str().map(str::to_owned))
+            .unwrap_or(text)
+            .chars()
+            .take(300)
+            .collect();
+        let kind = classify_status(status);
+        let message = match kind {
+            FailureKind::Auth => format!(
+                "ollama rejected the credentials (HTTP {status}): check {}",
+                self.config.api_key_source
+            ),
+            _ => format!("ollama answered HTTP {status}: {detail}"),
+        };
+        Err(ProviderError::new(kind, message).with_retry_after(hint))
+    }
+}
+
+type Ready = std::collections::VecDeque<Result<(Chunk, bool), ProviderError>>;
+
+/// Decodes complete lines into the queue. An unreadable line is skipped, as seed 002 says,
+/// and the stream goes on; the provider's own error line ends the stream.
+fn queue_lines(lines: Vec<Result<sluice_runtime::ndjson::Line, LineError>>, ready: &mut Ready) {
+    for line in lines {
+        let line = match line {
+            Ok(l) => l,
+            Err(e) => {
+                warn!(reason = %e, "skipping an NDJSON line");
+                continue;
+            }
+        };
+        match decode_line(&line.text) {
+            Ok(item) => ready.push_back(Ok(item)),
+            Err(e) if e.kind == FailureKind::Protocol => {
+                warn!(line = line.number, error = %e, "skipping an unreadable NDJSON line");
+            }
+            Err(e) => ready.push_back(Err(e)),
+        }
+    }
+}
+
+/// Decodes one NDJSON line: a chunk, or the provider's error.
+fn decode_line(line: &str) -> Result<(Chunk, bool), ProviderError> {
+    let v: Value = serde_json::from_str(line).map_err(|e| {
+        ProviderError::new(
+            FailureKind::Protocol,
+            format!("unreadable NDJSON line: {e}"),
+        )
+    })?;
+    if let Some(err) = v["error"].as_str() {
+        return Err(ProviderError::new(
+            FailureKind::Stream,
+            format!("ollama reported an error mid-stream: {err}"),
+        ));
+    }
+    let done = v["done"].as_bool().unwrap_or(false);
+    let chunk = Chunk {
+        text: v["message"]["content"].as_str().unwrap_or("").to_owned(),
+        usage: done.then(|| Usage {
+            input: v["prompt_eval_count"].as_u64().unwrap_or(0),
+            output: v["eval_count"].as_u64().unwrap_or(0),
+        }),
+        finish_reason: done.then(|| v["done_reason"].as_str().unwrap_or("stop").to_owned()),
+    };
+    Ok((chunk, done))
+}
+
+#[async_trait]
+impl Provider for OllamaProvider {
+    fn name(&self) -> &'static str {
+        "ollama"
+    }
+
+    fn model(&self) -> &str {
+        &self.config.model
+    }
+
+    fn supports_streaming(&self) -> bool {
+        true
+    }
+
+    async fn generate_stream(
+        &self,
+        request: &TextCompletionRequest,
+    ) -> Result<ChunkStream, ProviderError> {
+        let resp = self.post(&self.body(request, true)).await?;
+        struct State<S> {
+            bytes: S,
+            lines: LineSplitter,
+            ready: Ready,
+            over: bool,
+        }
+        let state = State {
+            bytes: Box::pin(resp.bytes_stream()),
+            lines: LineSplitter::new(MAX_LINE),
+            ready: Default::default(),
+            over: false,
+        };
+        let stream = futures::stream::unfold(state, move |mut st| async move {
+            loop {
+                if let Some(item) = st.ready.pop_front() {
+                    return match item {
+                        Ok((chunk, done)) => {
+                            if done {
+                                st.over = true;
+                                st.ready.clear();
+                            }
+                            Some((Ok(chunk), st))
+                        }
+                        Err(e) => {
+                            st.over = true;
+                            st.ready.clear();
+                            Some((Err(e), st))
+                        }
+                    };
+                }
+                if st.over {
+                    return None;
+                }
+                match st.bytes.next().await {
+                    Some(Ok(bytes)) => {
+                        let lines = st.lines.push(&bytes);
+                        queue_lines(lines, &mut st.ready);
+                    }
+                    Some(Err(e)) => {
+                        st.over = true;
+                        let e = ProviderError::new(
+                            FailureKind::Truncated,
+                            format!("the connection broke mid-stream: {e}"),
+                        );
+                        return Some((Err(e), st));
+                    }
+                    None => {
+                        let last: Vec<_> = st.lines.finish().into_iter().collect();
+                        queue_lines(last, &mut st.ready);
+                        if st.ready.is_empty() {
+                            st.over = true;
+                            let e = ProviderError::new(
+                                FailureKind::Truncated,
+                                "the stream ended without its done:true line: the answer is incomplete",
+                            );
+                            return Some((Err(e), st));
+                        }
+                    }
+                }
+            }
+        });
+        Ok(decode_timeouts(stream, self.config.timeouts))
+    }
+
+    async fn generate(&self, request: &TextCompletionRequest) -> Result<Completion, ProviderError> {
+        let resp = self.post(&self.body(request, false)).await?;
+        let text = tokio::time::timeout(self.config.timeouts.first_token, resp.text())
+            .await
+            .map_err(|_| ProviderError::new(FailureKind::Timeout, "no answer in time"))?
+            .map_err(|e| transport_error(&e))?;
+        let (chunk, done) = decode_line(text.trim())?;
+        if !done {
+            return Err(ProviderError::new(
+                FailureKind::Truncated,
+                "the answer has no done:true",
+            ));
+        }
+        Ok(Completion {
+            text: chunk.text,
+            usage: chunk.usage,
+            finish_reason: chunk.finish_reason,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_decode_with_totals_only_on_done_and_a_cached_prompt_as_zero() {
+        let (c, done) = decode_line(
+            r#"{"model":"m","message":{"role":"assistant","content":"The"},"done":false}"#,
+        )
+        .unwrap();
+        assert_eq!((c.text.as_str(), done, c.usage), ("The", false, None));
+        let (c, done) = decode_line(
+            r#"{"message":{"content":""},"done":true,"done_reason":"stop","eval_count":282}"#,
+        )
+        .unwrap();
+        assert!(done);
+        assert_eq!(
+            c.usage,
+            Some(Usage {
+                input: 0,
+                output: 282
+            })
+        );
+        let e = decode_line(r#"{"error":"model crashed"}"#).unwrap_err();
+        assert_eq!(e.kind, FailureKind::Stream);
+    }
+
+    #[test]
+    fn options_carry_num_ctx() {
+        let mut c = OllamaConfig::new("http://h:11434/", "llama3.2");
+        c.num_ctx = Some(8192);
+        c.temperature = Some(0.3);
+        let p = OllamaProvider::new(c).unwrap();
+        assert_eq!(p.url, "http://h:11434/api/chat");
+        let b = p.body(
+            &TextCompletionRequest {
+                prompt: "x".into(),
+                ..Default::default()
+            },
+            true,
+        );
+        assert_eq!(b["options"]["num_ctx"], 8192);
+        assert_eq!(b["stream"], true);
+    }
+}
