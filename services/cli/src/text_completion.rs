@@ -9,6 +9,7 @@ use sluice_text_completion::{
     provider::Provider,
     providers::{
         HttpTimeouts,
+        anthropic::{AnthropicConfig, AnthropicProvider},
         ollama::{OllamaConfig, OllamaProvider},
         openai::{Dialect, OpenAiConfig, OpenAiProvider},
     },
@@ -29,6 +30,8 @@ pub enum ProviderKind {
     Azure,
     /// Mistral (key: MISTRAL_API_KEY).
     Mistral,
+    /// Anthropic Messages (key: ANTHROPIC_API_KEY).
+    Anthropic,
     /// Ollama's native API (`/api/chat`, NDJSON; optional key for a proxy: OLLAMA_API_KEY).
     Ollama,
 }
@@ -83,7 +86,7 @@ fn timeouts(args: &TextCompletionArgs) -> HttpTimeouts {
     }
 }
 
-/// The OpenAI-family dialect, its key variable and default base URL; `None` for Ollama.
+/// The OpenAI-family dialect, its key variable and default base URL; `None` for the others.
 fn openai_dialect(kind: ProviderKind) -> Option<(Dialect, &'static str, Option<&'static str>)> {
     match kind {
         ProviderKind::Openai => Some((
@@ -98,11 +101,29 @@ fn openai_dialect(kind: ProviderKind) -> Option<(Dialect, &'static str, Option<&
             "MISTRAL_API_KEY",
             Some("https://api.mistral.ai"),
         )),
-        ProviderKind::Ollama => None,
+        ProviderKind::Ollama | ProviderKind::Anthropic => None,
     }
 }
 
 fn provider(args: &TextCompletionArgs) -> Result<Arc<dyn Provider>, String> {
+    if let ProviderKind::Anthropic = args.provider {
+        let base = args
+            .base_url
+            .clone()
+            .unwrap_or_else(|| "https://api.anthropic.com".into());
+        let mut config = AnthropicConfig::new(base, args.model.clone());
+        config.api_key = Secret::from_env("ANTHROPIC_API_KEY").map_err(|e| e.to_string())?;
+        config.api_key_source =
+            "ANTHROPIC_API_KEY (or the file named by ANTHROPIC_API_KEY_FILE)".into();
+        config.temperature = args.temperature;
+        if let Some(m) = args.max_output_tokens {
+            config.max_tokens = m;
+        }
+        config.timeouts = timeouts(args);
+        return Ok(Arc::new(
+            AnthropicProvider::new(config).map_err(|e| e.to_string())?,
+        ));
+    }
     let Some((dialect, key_var, default_base)) = openai_dialect(args.provider) else {
         let base = args
             .base_url

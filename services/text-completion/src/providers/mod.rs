@@ -1,6 +1,7 @@
 //! The providers, one file each, and what they share: HTTP status classification,
 //! transport errors, and the first-token / between-chunks time limits.
 
+pub mod anthropic;
 pub mod ollama;
 pub mod openai;
 
