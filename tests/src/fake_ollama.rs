@@ -30,7 +30,7 @@ use axum::{
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::fake_openai::{Step, scripted_body};
+use crate::fake_openai::{Step, scripted_body, serve_on_loopback};
 
 #[derive(Default)]
 struct Seen {
@@ -59,19 +59,7 @@ impl FakeOllama {
         let app = Router::new()
             .route("/api/chat", post(chat))
             .with_state(seen.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        let stop = CancellationToken::new();
-        let until = stop.clone();
-        tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move { until.cancelled().await })
-                .await
-                .unwrap();
-        });
+        let (addr, stop) = serve_on_loopback(app).await;
         Self { addr, seen, stop }
     }
 

@@ -71,21 +71,7 @@ impl FakeOpenAi {
                 post(chat),
             )
             .with_state(seen.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        // Real providers answer with TCP_NODELAY; without it every stream here would stall
-        // ~40 ms on Nagle + delayed ACK between the headers and the first event.
-        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        let stop = CancellationToken::new();
-        let until = stop.clone();
-        tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move { until.cancelled().await })
-                .await
-                .unwrap();
-        });
+        let (addr, stop) = serve_on_loopback(app).await;
         Self { addr, seen, stop }
     }
 
@@ -120,6 +106,26 @@ impl FakeOpenAi {
     pub fn last_auth(&self) -> Option<String> {
         self.seen.lock().unwrap().auth.last().cloned().flatten()
     }
+}
+
+/// Serves `app` on a free loopback port until the returned token is cancelled. Accepted
+/// sockets get TCP_NODELAY, as real providers' servers do; without it every stream would
+/// stall ~40 ms on Nagle + delayed ACK between the headers and the first event.
+pub(crate) async fn serve_on_loopback(app: Router) -> (SocketAddr, CancellationToken) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let stop = CancellationToken::new();
+    let until = stop.clone();
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { until.cancelled().await })
+            .await
+            .unwrap();
+    });
+    (addr, stop)
 }
 
 fn event(v: Value) -> String {

@@ -17,8 +17,7 @@ use tracing::warn;
 
 use crate::{
     provider::{Chunk, ChunkStream, FailureKind, Provider, ProviderError, Usage},
-    providers::{HttpTimeouts, classify_status, decode_timeouts, transport_error},
-    retry::retry_after,
+    providers::{HttpTimeouts, classify_status, decode_timeouts, http_client, send},
 };
 
 /// Configuration for the Anthropic provider.
@@ -65,11 +64,7 @@ pub struct AnthropicProvider {
 impl AnthropicProvider {
     /// Builds the provider.
     pub fn new(config: AnthropicConfig) -> Result<Self, ProviderError> {
-        sluice_runtime::install_crypto_provider();
-        let http = reqwest::Client::builder()
-            .connect_timeout(config.timeouts.connect)
-            .build()
-            .map_err(|e| ProviderError::new(FailureKind::Protocol, format!("HTTP client: {e}")))?;
+        let http = http_client(&config.timeouts)?;
         let url = format!("{}/v1/messages", config.base_url.trim_end_matches('/'));
         Ok(Self { config, http, url })
     }
@@ -204,13 +199,7 @@ impl Provider for AnthropicProvider {
         if let Some(key) = &self.config.api_key {
             req = req.header("x-api-key", key.expose());
         }
-        let resp = req.send().await.map_err(|e| transport_error(&e))?;
-        let status = resp.status();
-        if !status.is_success() {
-            let hint = retry_after(resp.headers());
-            let text = resp.text().await.unwrap_or_default();
-            return Err(self.http_error(status, &text).with_retry_after(hint));
-        }
+        let resp = send(req, |status, body| self.http_error(status, body)).await?;
         // The input count of message_start must survive message_delta's output-only totals.
         let state = (Box::pin(resp.bytes_stream().eventsource()), false, 0u64);
         let stream = futures::stream::unfold(state, |(mut events, over, input)| async move {

@@ -33,6 +33,32 @@ impl Default for HttpTimeouts {
     }
 }
 
+/// A provider's HTTP client: rustls (one TLS stack for the binary), the connect timeout,
+/// and TCP_NODELAY (reqwest's default), so streamed requests never wait on Nagle.
+pub fn http_client(timeouts: &HttpTimeouts) -> Result<reqwest::Client, ProviderError> {
+    sluice_runtime::install_crypto_provider();
+    reqwest::Client::builder()
+        .connect_timeout(timeouts.connect)
+        .build()
+        .map_err(|e| ProviderError::new(FailureKind::Protocol, format!("HTTP client: {e}")))
+}
+
+/// Sends a request. A non-2xx answer becomes the provider's error, built by `describe` from
+/// the status and body, with the server's retry hint attached.
+pub async fn send(
+    request: reqwest::RequestBuilder,
+    describe: impl FnOnce(StatusCode, &str) -> ProviderError,
+) -> Result<reqwest::Response, ProviderError> {
+    let resp = request.send().await.map_err(|e| transport_error(&e))?;
+    let status = resp.status();
+    if status.is_success() {
+        return Ok(resp);
+    }
+    let hint = crate::retry::retry_after(resp.headers());
+    let body = resp.text().await.unwrap_or_default();
+    Err(describe(status, &body).with_retry_after(hint))
+}
+
 /// The failure kind of an HTTP status, as the providers' SDKs treat it.
 pub fn classify_status(status: StatusCode) -> FailureKind {
     match status.as_u16() {

@@ -18,8 +18,9 @@ use tracing::warn;
 
 use crate::{
     provider::{Chunk, ChunkStream, Completion, FailureKind, Provider, ProviderError, Usage},
-    providers::{HttpTimeouts, classify_status, decode_timeouts, transport_error},
-    retry::retry_after,
+    providers::{
+        HttpTimeouts, classify_status, decode_timeouts, http_client, send, transport_error,
+    },
 };
 
 /// Longest NDJSON line accepted from Ollama (one token's line is ~200 bytes).
@@ -72,11 +73,7 @@ pub struct OllamaProvider {
 impl OllamaProvider {
     /// Builds the provider.
     pub fn new(config: OllamaConfig) -> Result<Self, ProviderError> {
-        sluice_runtime::install_crypto_provider();
-        let http = reqwest::Client::builder()
-            .connect_timeout(config.timeouts.connect)
-            .build()
-            .map_err(|e| ProviderError::new(FailureKind::Protocol, format!("HTTP client: {e}")))?;
+        let http = http_client(&config.timeouts)?;
         let url = format!("{}/api/chat", config.base_url.trim_end_matches('/'));
         Ok(Self { config, http, url })
     }
@@ -112,29 +109,25 @@ impl OllamaProvider {
         if let Some(key) = &self.config.api_key {
             req = req.bearer_auth(key.expose());
         }
-        let resp = req.send().await.map_err(|e| transport_error(&e))?;
-        let status = resp.status();
-        if status.is_success() {
-            return Ok(resp);
-        }
-        let hint = retry_after(resp.headers());
-        let text = resp.text().await.unwrap_or_default();
-        let detail: String = serde_json::from_str::<Value>(&text)
-            .ok()
-            .and_then(|v| v["error"].as_str().map(str::to_owned))
-            .unwrap_or(text)
-            .chars()
-            .take(300)
-            .collect();
-        let kind = classify_status(status);
-        let message = match kind {
-            FailureKind::Auth => format!(
-                "ollama rejected the credentials (HTTP {status}): check {}",
-                self.config.api_key_source
-            ),
-            _ => format!("ollama answered HTTP {status}: {detail}"),
-        };
-        Err(ProviderError::new(kind, message).with_retry_after(hint))
+        send(req, |status, body| {
+            let detail: String = serde_json::from_str::<Value>(body)
+                .ok()
+                .and_then(|v| v["error"].as_str().map(str::to_owned))
+                .unwrap_or_else(|| body.to_owned())
+                .chars()
+                .take(300)
+                .collect();
+            let kind = classify_status(status);
+            let message = match kind {
+                FailureKind::Auth => format!(
+                    "ollama rejected the credentials (HTTP {status}): check {}",
+                    self.config.api_key_source
+                ),
+                _ => format!("ollama answered HTTP {status}: {detail}"),
+            };
+            ProviderError::new(kind, message)
+        })
+        .await
     }
 }
 

@@ -20,8 +20,9 @@ use tracing::warn;
 
 use crate::{
     provider::{ChunkStream, Completion, FailureKind, Provider, ProviderError, Usage},
-    providers::{HttpTimeouts, classify_status, decode_timeouts, transport_error},
-    retry::retry_after,
+    providers::{
+        HttpTimeouts, classify_status, decode_timeouts, http_client, send, transport_error,
+    },
 };
 
 /// Which member of the family.
@@ -90,11 +91,7 @@ pub struct OpenAiProvider {
 impl OpenAiProvider {
     /// Builds the provider (and its HTTP client).
     pub fn new(config: OpenAiConfig) -> Result<Self, ProviderError> {
-        sluice_runtime::install_crypto_provider();
-        let http = reqwest::Client::builder()
-            .connect_timeout(config.timeouts.connect)
-            .build()
-            .map_err(|e| ProviderError::new(FailureKind::Protocol, format!("HTTP client: {e}")))?;
+        let http = http_client(&config.timeouts)?;
         let base = config.base_url.trim_end_matches('/');
         let url = match config.dialect {
             Dialect::Azure => format!(
@@ -144,14 +141,7 @@ impl OpenAiProvider {
                 _ => req.bearer_auth(key.expose()),
             };
         }
-        let resp = req.send().await.map_err(|e| transport_error(&e))?;
-        let status = resp.status();
-        if status.is_success() {
-            return Ok(resp);
-        }
-        let hint = retry_after(resp.headers());
-        let text = resp.text().await.unwrap_or_default();
-        Err(self.http_error(status, &text).with_retry_after(hint))
+        send(req, |status, body| self.http_error(status, body)).await
     }
 
     fn http_error(&self, status: StatusCode, body: &str) -> ProviderError {
