@@ -10,6 +10,7 @@ use sluice_text_completion::{
     providers::{
         HttpTimeouts,
         anthropic::{AnthropicConfig, AnthropicProvider},
+        gemini::{GeminiConfig, GeminiEndpoint, GeminiProvider},
         ollama::{OllamaConfig, OllamaProvider},
         openai::{Dialect, OpenAiConfig, OpenAiProvider},
     },
@@ -32,6 +33,11 @@ pub enum ProviderKind {
     Mistral,
     /// Anthropic Messages (key: ANTHROPIC_API_KEY).
     Anthropic,
+    /// Google AI Studio Gemini (key: GEMINI_API_KEY).
+    Gemini,
+    /// Vertex AI Gemini (OAuth access token: VERTEX_ACCESS_TOKEN, kept fresh by the platform;
+    /// needs --vertex-project and --vertex-location).
+    Vertex,
     /// Ollama's native API (`/api/chat`, NDJSON; optional key for a proxy: OLLAMA_API_KEY).
     Ollama,
 }
@@ -58,6 +64,12 @@ pub struct TextCompletionArgs {
     /// Maximum output tokens.
     #[arg(long, env = "SLUICE_MAX_OUTPUT_TOKENS")]
     max_output_tokens: Option<u32>,
+    /// Vertex AI project.
+    #[arg(long, env = "SLUICE_VERTEX_PROJECT")]
+    vertex_project: Option<String>,
+    /// Vertex AI location.
+    #[arg(long, env = "SLUICE_VERTEX_LOCATION", default_value = "us-central1")]
+    vertex_location: String,
     /// Ollama's context window (`num_ctx`).
     #[arg(long, env = "SLUICE_NUM_CTX")]
     num_ctx: Option<u32>,
@@ -101,11 +113,45 @@ fn openai_dialect(kind: ProviderKind) -> Option<(Dialect, &'static str, Option<&
             "MISTRAL_API_KEY",
             Some("https://api.mistral.ai"),
         )),
-        ProviderKind::Ollama | ProviderKind::Anthropic => None,
+        ProviderKind::Ollama
+        | ProviderKind::Anthropic
+        | ProviderKind::Gemini
+        | ProviderKind::Vertex => None,
     }
 }
 
 fn provider(args: &TextCompletionArgs) -> Result<Arc<dyn Provider>, String> {
+    if let ProviderKind::Gemini | ProviderKind::Vertex = args.provider {
+        let (endpoint, var, base) = if let ProviderKind::Vertex = args.provider {
+            let project = args
+                .vertex_project
+                .clone()
+                .ok_or("--vertex-project (or SLUICE_VERTEX_PROJECT) is required for vertex")?;
+            let location = args.vertex_location.clone();
+            let base = format!("https://{location}-aiplatform.googleapis.com");
+            (
+                GeminiEndpoint::Vertex { project, location },
+                "VERTEX_ACCESS_TOKEN",
+                base,
+            )
+        } else {
+            let base = "https://generativelanguage.googleapis.com".to_owned();
+            (GeminiEndpoint::AiStudio, "GEMINI_API_KEY", base)
+        };
+        let mut config = GeminiConfig::new(
+            endpoint,
+            args.base_url.clone().unwrap_or(base),
+            args.model.clone(),
+        );
+        config.credential = Secret::from_env(var).map_err(|e| e.to_string())?;
+        config.credential_source = format!("{var} (or the file named by {var}_FILE)");
+        config.temperature = args.temperature;
+        config.max_output_tokens = args.max_output_tokens;
+        config.timeouts = timeouts(args);
+        return Ok(Arc::new(
+            GeminiProvider::new(config).map_err(|e| e.to_string())?,
+        ));
+    }
     if let ProviderKind::Anthropic = args.provider {
         let base = args
             .base_url

@@ -2,6 +2,7 @@
 //! transport errors, and the first-token / between-chunks time limits.
 
 pub mod anthropic;
+pub mod gemini;
 pub mod ollama;
 pub mod openai;
 
@@ -44,7 +45,7 @@ pub fn http_client(timeouts: &HttpTimeouts) -> Result<reqwest::Client, ProviderE
 }
 
 /// Sends a request. A non-2xx answer becomes the provider's error, built by `describe` from
-/// the status and body, with the server's retry hint attached.
+/// the status and body, with the server's `retry-after(-ms)` hint attached when it sent one.
 pub async fn send(
     request: reqwest::RequestBuilder,
     describe: impl FnOnce(StatusCode, &str) -> ProviderError,
@@ -56,7 +57,12 @@ pub async fn send(
     }
     let hint = crate::retry::retry_after(resp.headers());
     let body = resp.text().await.unwrap_or_default();
-    Err(describe(status, &body).with_retry_after(hint))
+    let error = describe(status, &body);
+    // A header hint wins; otherwise keep one `describe` found in the body (Gemini's RetryInfo).
+    Err(match hint {
+        Some(_) => error.with_retry_after(hint),
+        None => error,
+    })
 }
 
 /// The failure kind of an HTTP status, as the providers' SDKs treat it.

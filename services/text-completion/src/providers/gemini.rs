@@ -1,0 +1,357 @@
+//! Google Gemini: AI Studio (`x-goog-api-key`) and Vertex AI (OAuth bearer token), one
+//! decoder (providers.md).
+//!
+//! `streamGenerateContent?alt=sse` sends `data:` lines only, with no `[DONE]`; the stream
+//! ends when the connection closes and the last chunk has `finishReason`. `usageMetadata` is
+//! a running snapshot: input is `promptTokenCount`, output is `candidatesTokenCount +
+//! thoughtsTokenCount`. Errors put the retry hint in the body (`RetryInfo.retryDelay`). A bad
+//! key is reported as 400 `API_KEY_INVALID`. A blocked prompt is a 200 with
+//! `promptFeedback.blockReason` and no candidates.
+//!
+//! Vertex wants a short-lived OAuth access token. sluice reads it from the environment or a
+//! file (refreshed by the platform, e.g. a metadata-server sidecar). It does not mint tokens
+//! from service-account keys itself.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use eventsource_stream::Eventsource;
+use futures::StreamExt;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use sluice_runtime::secret::Secret;
+use sluice_schema::TextCompletionRequest;
+use tracing::warn;
+
+use crate::{
+    provider::{Chunk, ChunkStream, FailureKind, Provider, ProviderError, Usage},
+    providers::{HttpTimeouts, classify_status, decode_timeouts, http_client, send},
+};
+
+/// Where the model is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GeminiEndpoint {
+    /// Google AI Studio: `{base}/v1beta/models/{model}`, key in `x-goog-api-key`.
+    AiStudio,
+    /// Vertex AI: `{base}/v1/projects/{project}/locations/{location}/publishers/google/models/{model}`,
+    /// OAuth bearer token.
+    Vertex {
+        /// GCP project.
+        project: String,
+        /// Region, e.g. `us-central1`.
+        location: String,
+    },
+}
+
+/// Configuration for Gemini.
+#[derive(Debug, Clone)]
+pub struct GeminiConfig {
+    /// AI Studio or Vertex.
+    pub endpoint: GeminiEndpoint,
+    /// Base URL (`https://generativelanguage.googleapis.com`, `https://{loc}-aiplatform.googleapis.com`).
+    pub base_url: String,
+    /// Model, e.g. `gemini-2.5-flash`.
+    pub model: String,
+    /// API key (AI Studio) or access token (Vertex).
+    pub credential: Option<Secret>,
+    /// Where the credential comes from, named in auth errors.
+    pub credential_source: String,
+    /// Maximum output tokens.
+    pub max_output_tokens: Option<u32>,
+    /// Sampling temperature.
+    pub temperature: Option<f32>,
+    /// Time limits.
+    pub timeouts: HttpTimeouts,
+}
+
+impl GeminiConfig {
+    /// Defaults for `model` at `base_url`.
+    pub fn new(
+        endpoint: GeminiEndpoint,
+        base_url: impl Into<String>,
+        model: impl Into<String>,
+    ) -> Self {
+        Self {
+            endpoint,
+            base_url: base_url.into(),
+            model: model.into(),
+            credential: None,
+            credential_source: "GEMINI_API_KEY".into(),
+            max_output_tokens: None,
+            temperature: None,
+            timeouts: HttpTimeouts::default(),
+        }
+    }
+}
+
+/// The Gemini provider.
+pub struct GeminiProvider {
+    config: GeminiConfig,
+    http: reqwest::Client,
+    url: String,
+}
+
+impl GeminiProvider {
+    /// Builds the provider.
+    pub fn new(config: GeminiConfig) -> Result<Self, ProviderError> {
+        let http = http_client(&config.timeouts)?;
+        let base = config.base_url.trim_end_matches('/');
+        let model = &config.model;
+        let url = match &config.endpoint {
+            GeminiEndpoint::AiStudio => {
+                format!("{base}/v1beta/models/{model}:streamGenerateContent?alt=sse")
+            }
+            GeminiEndpoint::Vertex { project, location } => format!(
+                "{base}/v1/projects/{project}/locations/{location}/publishers/google/models/{model}:streamGenerateContent?alt=sse"
+            ),
+        };
+        Ok(Self { config, http, url })
+    }
+
+    fn body(&self, request: &TextCompletionRequest) -> Value {
+        let mut body = json!({"contents": [{"role": "user", "parts": [{"text": request.prompt}]}]});
+        if !request.system.is_empty() {
+            body["systemInstruction"] = json!({"parts": [{"text": request.system}]});
+        }
+        let mut generation = serde_json::Map::new();
+        if let Some(m) = self.config.max_output_tokens {
+            generation.insert("maxOutputTokens".into(), json!(m));
+        }
+        if let Some(t) = self.config.temperature {
+            generation.insert("temperature".into(), json!(t));
+        }
+        if request.response_format.as_deref() == Some("json") {
+            generation.insert("responseMimeType".into(), json!("application/json"));
+        }
+        if !generation.is_empty() {
+            body["generationConfig"] = Value::Object(generation);
+        }
+        body
+    }
+
+    fn http_error(&self, status: StatusCode, body: &str) -> ProviderError {
+        let v: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+        let err = &v["error"];
+        let details = err["details"].as_array().cloned().unwrap_or_default();
+        let key_invalid = details.iter().any(|d| d["reason"] == "API_KEY_INVALID")
+            || err["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("API key not valid"));
+        let kind = if key_invalid {
+            FailureKind::Auth
+        } else {
+            classify_status(status)
+        };
+        let detail: String = err["message"]
+            .as_str()
+            .unwrap_or("")
+            .chars()
+            .take(300)
+            .collect();
+        let message = match kind {
+            FailureKind::Auth => format!(
+                "gemini rejected the credential (HTTP {status}): check {}",
+                self.config.credential_source
+            ),
+            _ => format!(
+                "gemini answered HTTP {status} ({}): {detail}",
+                err["status"].as_str().unwrap_or("error")
+            ),
+        };
+        // The retry hint lives in the body: RetryInfo { retryDelay: "17s" }.
+        let hint = details
+            .iter()
+            .find(|d| {
+                d["@type"]
+                    .as_str()
+                    .is_some_and(|t| t.ends_with("RetryInfo"))
+            })
+            .and_then(|d| d["retryDelay"].as_str())
+            .and_then(|s| s.strip_suffix('s'))
+            .and_then(|s| s.parse::<f64>().ok())
+            .filter(|s| *s >= 0.0)
+            .map(Duration::from_secs_f64);
+        ProviderError::new(kind, message).with_retry_after(hint)
+    }
+}
+
+/// Decodes one `data:` payload; `Ok((chunk, finished))`.
+fn decode_event(data: &str) -> Result<(Chunk, bool), ProviderError> {
+    let v: Value = serde_json::from_str(data).map_err(|e| {
+        ProviderError::new(
+            FailureKind::Protocol,
+            format!("unreadable stream event: {e}"),
+        )
+    })?;
+    if let Some(err) = v.get("error").filter(|e| !e.is_null()) {
+        return Err(ProviderError::new(
+            FailureKind::Stream,
+            format!(
+                "gemini reported an error mid-stream: {}",
+                err["message"].as_str().unwrap_or("")
+            ),
+        ));
+    }
+    let candidate = &v["candidates"][0];
+    if candidate.is_null()
+        && let Some(reason) = v["promptFeedback"]["blockReason"].as_str()
+    {
+        return Err(ProviderError::new(
+            FailureKind::BadRequest,
+            format!("gemini blocked the prompt ({reason})"),
+        ));
+    }
+    let text = candidate["content"]["parts"]
+        .as_array()
+        .map(|parts| {
+            parts
+                .iter()
+                .filter_map(|p| p["text"].as_str())
+                .collect::<String>()
+        })
+        .unwrap_or_default();
+    let finish = candidate["finishReason"].as_str().map(str::to_owned);
+    let u = &v["usageMetadata"];
+    let usage = u.is_object().then(|| Usage {
+        input: u["promptTokenCount"].as_u64().unwrap_or(0),
+        output: u["candidatesTokenCount"].as_u64().unwrap_or(0)
+            + u["thoughtsTokenCount"].as_u64().unwrap_or(0),
+    });
+    let finished = finish.is_some();
+    Ok((
+        Chunk {
+            text,
+            usage,
+            finish_reason: finish,
+        },
+        finished,
+    ))
+}
+
+#[async_trait]
+impl Provider for GeminiProvider {
+    fn name(&self) -> &'static str {
+        match self.config.endpoint {
+            GeminiEndpoint::AiStudio => "gemini",
+            GeminiEndpoint::Vertex { .. } => "vertex",
+        }
+    }
+
+    fn model(&self) -> &str {
+        &self.config.model
+    }
+
+    fn supports_streaming(&self) -> bool {
+        true
+    }
+
+    async fn generate_stream(
+        &self,
+        request: &TextCompletionRequest,
+    ) -> Result<ChunkStream, ProviderError> {
+        let mut req = self.http.post(&self.url).json(&self.body(request));
+        if let Some(c) = &self.config.credential {
+            req = match self.config.endpoint {
+                GeminiEndpoint::AiStudio => req.header("x-goog-api-key", c.expose()),
+                GeminiEndpoint::Vertex { .. } => req.bearer_auth(c.expose()),
+            };
+        }
+        let resp = send(req, |status, body| self.http_error(status, body)).await?;
+        let state = (Box::pin(resp.bytes_stream().eventsource()), false, false);
+        let stream = futures::stream::unfold(state, |(mut events, finished, over)| async move {
+            if over {
+                return None;
+            }
+            loop {
+                let failure = match events.next().await {
+                    // The connection closing is the end; complete only after a finishReason.
+                    None if finished => return None,
+                    None => ProviderError::new(
+                        FailureKind::Truncated,
+                        "the stream ended without a finishReason: the answer is incomplete",
+                    ),
+                    Some(Err(eventsource_stream::EventStreamError::Transport(e))) => {
+                        ProviderError::new(
+                            FailureKind::Truncated,
+                            format!("the connection broke mid-stream: {e}"),
+                        )
+                    }
+                    Some(Err(e)) => ProviderError::new(
+                        FailureKind::Protocol,
+                        format!("unreadable event stream: {e}"),
+                    ),
+                    Some(Ok(ev)) if ev.data.trim().is_empty() => continue,
+                    Some(Ok(ev)) => match decode_event(&ev.data) {
+                        Ok((chunk, done)) => {
+                            return Some((Ok(chunk), (events, finished || done, false)));
+                        }
+                        Err(e) if e.kind == FailureKind::Protocol => {
+                            warn!(error = %e, "skipping an unreadable stream event");
+                            continue;
+                        }
+                        Err(e) => e,
+                    },
+                };
+                return Some((Err(failure), (events, finished, true)));
+            }
+        });
+        Ok(decode_timeouts(stream, self.config.timeouts))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshots_decode_with_thoughts_counted_as_output() {
+        let (c, done) = decode_event(r#"{"candidates":[{"content":{"parts":[{"text":"The"}],"role":"model"},"index":0}],"usageMetadata":{"promptTokenCount":9,"totalTokenCount":9}}"#).unwrap();
+        assert_eq!((c.text.as_str(), done), ("The", false));
+        assert_eq!(
+            c.usage,
+            Some(Usage {
+                input: 9,
+                output: 0
+            })
+        );
+        let (c, done) = decode_event(r#"{"candidates":[{"content":{"parts":[{"text":" sky is blue."}],"role":"model"},"finishReason":"STOP","index":0}],"usageMetadata":{"promptTokenCount":9,"candidatesTokenCount":6,"thoughtsTokenCount":25,"totalTokenCount":40}}"#).unwrap();
+        assert!(done);
+        assert_eq!(
+            c.usage,
+            Some(Usage {
+                input: 9,
+                output: 31
+            })
+        );
+        let e = decode_event(r#"{"promptFeedback":{"blockReason":"SAFETY"}}"#).unwrap_err();
+        assert_eq!(e.kind, FailureKind::BadRequest);
+        assert!(e.message.contains("SAFETY"));
+    }
+
+    #[test]
+    fn errors_carry_the_body_retry_hint_and_a_bad_key_is_auth() {
+        let p = GeminiProvider::new(GeminiConfig::new(GeminiEndpoint::AiStudio, "http://x", "m"))
+            .unwrap();
+        let e = p.http_error(StatusCode::TOO_MANY_REQUESTS, r#"{"error":{"code":429,"message":"quota","status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"17s"}]}}"#);
+        assert_eq!(
+            (e.kind, e.retry_after),
+            (FailureKind::RateLimited, Some(Duration::from_secs(17)))
+        );
+        let e = p.http_error(StatusCode::BAD_REQUEST, r#"{"error":{"code":400,"message":"API key not valid. Please pass a valid API key.","status":"INVALID_ARGUMENT","details":[{"@type":"type.googleapis.com/google.rpc.ErrorInfo","reason":"API_KEY_INVALID"}]}}"#);
+        assert_eq!(e.kind, FailureKind::Auth);
+        assert!(e.message.contains("GEMINI_API_KEY"));
+        let v = GeminiProvider::new(GeminiConfig::new(
+            GeminiEndpoint::Vertex {
+                project: "p".into(),
+                location: "us-central1".into(),
+            },
+            "https://us-central1-aiplatform.googleapis.com",
+            "gemini-2.5-flash",
+        ))
+        .unwrap();
+        assert_eq!(
+            v.url,
+            "https://us-central1-aiplatform.googleapis.com/v1/projects/p/locations/us-central1/publishers/google/models/gemini-2.5-flash:streamGenerateContent?alt=sse"
+        );
+    }
+}

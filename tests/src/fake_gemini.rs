@@ -1,0 +1,150 @@
+//! A fake Gemini server (AI Studio `streamGenerateContent?alt=sse`) over real HTTP, scripted
+//! by model name (the path's `{model}`):
+//!
+//! | model | behaviour |
+//! |---|---|
+//! | `normal` | `The` (snapshot 9 in), ` sky is blue.` with `finishReason: STOP` (6 candidates + 25 thoughts), connection closes |
+//! | `rate_limited_once` | 429 `RESOURCE_EXHAUSTED` with `RetryInfo.retryDelay: 0.1s` on the first call, then `normal` |
+//! | `bad_key` | 400 `INVALID_ARGUMENT` with reason `API_KEY_INVALID` |
+//! | `blocked` | 200 with `promptFeedback.blockReason: SAFETY` and no candidates |
+//! | `no_finish` | `The`, then the connection closes without a `finishReason` |
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+};
+
+use axum::{
+    Json, Router,
+    extract::{Path, State},
+    http::{HeaderMap, StatusCode},
+    response::{IntoResponse, Response},
+    routing::post,
+};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::fake_openai::{Step, scripted_body, serve_on_loopback};
+
+#[derive(Default)]
+struct Seen {
+    calls: HashMap<String, usize>,
+    keys: Vec<Option<String>>,
+}
+
+/// A running fake; stops when dropped.
+pub struct FakeGemini {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    seen: Arc<Mutex<Seen>>,
+    stop: CancellationToken,
+}
+
+impl Drop for FakeGemini {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl FakeGemini {
+    /// Starts a fake on a free loopback port.
+    pub async fn start() -> Self {
+        let seen: Arc<Mutex<Seen>> = Arc::default();
+        let app = Router::new()
+            .route("/v1beta/models/{call}", post(generate))
+            .with_state(seen.clone());
+        let (addr, stop) = serve_on_loopback(app).await;
+        Self { addr, seen, stop }
+    }
+
+    /// The base URL.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Calls received for `model`.
+    pub fn calls(&self, model: &str) -> usize {
+        self.seen
+            .lock()
+            .unwrap()
+            .calls
+            .get(model)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The last `x-goog-api-key` header.
+    pub fn last_key(&self) -> Option<String> {
+        self.seen.lock().unwrap().keys.last().cloned().flatten()
+    }
+}
+
+fn data(v: Value) -> String {
+    format!("data: {v}\n\n")
+}
+
+fn first() -> String {
+    data(
+        json!({"candidates": [{"content": {"parts": [{"text": "The"}], "role": "model"}, "index": 0}],
+        "usageMetadata": {"promptTokenCount": 9, "totalTokenCount": 9}}),
+    )
+}
+
+async fn generate(
+    State(seen): State<Arc<Mutex<Seen>>>,
+    Path(call): Path<String>,
+    headers: HeaderMap,
+    Json(_body): Json<Value>,
+) -> Response {
+    let model = call.split(':').next().unwrap_or("").to_owned();
+    let n = {
+        let mut s = seen.lock().unwrap();
+        s.keys.push(
+            headers
+                .get("x-goog-api-key")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+        );
+        let n = s.calls.entry(model.clone()).or_default();
+        *n += 1;
+        *n
+    };
+    let error = |status: StatusCode, body: Value| (status, Json(body)).into_response();
+    match (model.as_str(), n) {
+        ("bad_key", _) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                json!({"error": {"code": 400,
+            "message": "API key not valid. Please pass a valid API key.", "status": "INVALID_ARGUMENT",
+            "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "API_KEY_INVALID"}]}}),
+            );
+        }
+        ("rate_limited_once", 1) => {
+            return error(
+                StatusCode::TOO_MANY_REQUESTS,
+                json!({"error": {"code": 429,
+            "message": "Resource has been exhausted", "status": "RESOURCE_EXHAUSTED",
+            "details": [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "0.1s"}]}}),
+            );
+        }
+        _ => {}
+    }
+    let steps = match model.as_str() {
+        "blocked" => vec![Step::Send(data(
+            json!({"promptFeedback": {"blockReason": "SAFETY"},
+            "usageMetadata": {"promptTokenCount": 9, "totalTokenCount": 9}}),
+        ))],
+        "no_finish" => vec![Step::Send(first())],
+        _ => vec![
+            Step::Send(first()),
+            Step::Send(data(
+                json!({"candidates": [{"content": {"parts": [{"text": " sky is blue."}],
+            "role": "model"}, "finishReason": "STOP", "index": 0}], "usageMetadata": {"promptTokenCount": 9,
+            "candidatesTokenCount": 6, "thoughtsTokenCount": 25, "totalTokenCount": 40}}),
+            )),
+        ],
+    };
+    scripted_body(steps, "text/event-stream")
+}
