@@ -8,6 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod fake_anthropic;
+pub mod fake_cohere;
 pub mod fake_gemini;
 pub mod fake_ollama;
 pub mod fake_openai;

@@ -10,6 +10,7 @@ use sluice_text_completion::{
     providers::{
         HttpTimeouts,
         anthropic::{AnthropicConfig, AnthropicProvider},
+        cohere::{CohereConfig, CohereProvider},
         gemini::{GeminiConfig, GeminiEndpoint, GeminiProvider},
         ollama::{OllamaConfig, OllamaProvider},
         openai::{Dialect, OpenAiConfig, OpenAiProvider},
@@ -33,6 +34,8 @@ pub enum ProviderKind {
     Mistral,
     /// Anthropic Messages (key: ANTHROPIC_API_KEY).
     Anthropic,
+    /// Cohere v2 chat (key: COHERE_API_KEY).
+    Cohere,
     /// Google AI Studio Gemini (key: GEMINI_API_KEY).
     Gemini,
     /// Vertex AI Gemini (OAuth access token: VERTEX_ACCESS_TOKEN, kept fresh by the platform;
@@ -150,6 +153,21 @@ fn provider(args: &TextCompletionArgs) -> Result<Arc<dyn Provider>, String> {
         config.timeouts = timeouts(args);
         return Ok(Arc::new(
             GeminiProvider::new(config).map_err(|e| e.to_string())?,
+        ));
+    }
+    if let ProviderKind::Cohere = args.provider {
+        let base = args
+            .base_url
+            .clone()
+            .unwrap_or_else(|| "https://api.cohere.com".into());
+        let mut config = CohereConfig::new(base, args.model.clone());
+        config.api_key = Secret::from_env("COHERE_API_KEY").map_err(|e| e.to_string())?;
+        config.api_key_source = "COHERE_API_KEY (or the file named by COHERE_API_KEY_FILE)".into();
+        config.temperature = args.temperature;
+        config.max_tokens = args.max_output_tokens;
+        config.timeouts = timeouts(args);
+        return Ok(Arc::new(
+            CohereProvider::new(config).map_err(|e| e.to_string())?,
         ));
     }
     if let ProviderKind::Anthropic = args.provider {
