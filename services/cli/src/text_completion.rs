@@ -118,6 +118,7 @@ fn openai_dialect(kind: ProviderKind) -> Option<(Dialect, &'static str, Option<&
         )),
         ProviderKind::Ollama
         | ProviderKind::Anthropic
+        | ProviderKind::Cohere
         | ProviderKind::Gemini
         | ProviderKind::Vertex => None,
     }
