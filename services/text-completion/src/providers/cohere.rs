@@ -18,7 +18,7 @@ use tracing::warn;
 
 use crate::{
     provider::{Chunk, ChunkStream, FailureKind, Provider, ProviderError, Usage},
-    providers::{HttpTimeouts, classify_status, decode_timeouts, http_client, send},
+    providers::{HttpTimeouts, classify_status, decode_timeouts, http_client, send, sse_failure},
 };
 
 /// Configuration for Cohere.
@@ -193,16 +193,7 @@ impl Provider for CohereProvider {
                         FailureKind::Truncated,
                         "the stream ended without message-end: the answer is incomplete",
                     ),
-                    Some(Err(eventsource_stream::EventStreamError::Transport(e))) => {
-                        ProviderError::new(
-                            FailureKind::Truncated,
-                            format!("the connection broke mid-stream: {e}"),
-                        )
-                    }
-                    Some(Err(e)) => ProviderError::new(
-                        FailureKind::Protocol,
-                        format!("unreadable event stream: {e}"),
-                    ),
+                    Some(Err(e)) => sse_failure(e),
                     Some(Ok(ev)) => match decode_event(&ev.event, &ev.data) {
                         Ok(Event::Ignore) => continue,
                         Ok(Event::Chunk(c)) => return Some((Ok(c), (events, false))),

@@ -25,7 +25,7 @@ use tracing::warn;
 
 use crate::{
     provider::{Chunk, ChunkStream, FailureKind, Provider, ProviderError, Usage},
-    providers::{HttpTimeouts, classify_status, decode_timeouts, http_client, send},
+    providers::{HttpTimeouts, classify_status, decode_timeouts, http_client, send, sse_failure},
 };
 
 /// Where the model is served.
@@ -270,16 +270,7 @@ impl Provider for GeminiProvider {
                         FailureKind::Truncated,
                         "the stream ended without a finishReason: the answer is incomplete",
                     ),
-                    Some(Err(eventsource_stream::EventStreamError::Transport(e))) => {
-                        ProviderError::new(
-                            FailureKind::Truncated,
-                            format!("the connection broke mid-stream: {e}"),
-                        )
-                    }
-                    Some(Err(e)) => ProviderError::new(
-                        FailureKind::Protocol,
-                        format!("unreadable event stream: {e}"),
-                    ),
+                    Some(Err(e)) => sse_failure(e),
                     Some(Ok(ev)) if ev.data.trim().is_empty() => continue,
                     Some(Ok(ev)) => match decode_event(&ev.data) {
                         Ok((chunk, done)) => {

@@ -92,6 +92,23 @@ pub fn transport_error(e: &reqwest::Error) -> ProviderError {
     ProviderError::new(kind, format!("provider unreachable: {e}"))
 }
 
+/// The error for a failed read of an SSE body: a broken connection is a truncated answer,
+/// anything else an unreadable stream.
+pub fn sse_failure<E: std::fmt::Display>(
+    e: eventsource_stream::EventStreamError<E>,
+) -> ProviderError {
+    match e {
+        eventsource_stream::EventStreamError::Transport(e) => ProviderError::new(
+            FailureKind::Truncated,
+            format!("the connection broke mid-stream: {e}"),
+        ),
+        other => ProviderError::new(
+            FailureKind::Protocol,
+            format!("unreadable event stream: {other}"),
+        ),
+    }
+}
+
 /// Ends `stream` with a timeout error when its first item takes longer than
 /// `first_token`, or a later one longer than `between_chunks`.
 pub fn decode_timeouts(

@@ -21,7 +21,8 @@ use tracing::warn;
 use crate::{
     provider::{ChunkStream, Completion, FailureKind, Provider, ProviderError, Usage},
     providers::{
-        HttpTimeouts, classify_status, decode_timeouts, http_client, send, transport_error,
+        HttpTimeouts, classify_status, decode_timeouts, http_client, send, sse_failure,
+        transport_error,
     },
 };
 
@@ -277,21 +278,9 @@ impl Provider for OpenAiProvider {
                             );
                             return Some((Err(e), st));
                         }
-                        Some(Err(eventsource_stream::EventStreamError::Transport(e))) => {
-                            st.done = true;
-                            let e = ProviderError::new(
-                                FailureKind::Truncated,
-                                format!("the connection broke mid-stream: {e}"),
-                            );
-                            return Some((Err(e), st));
-                        }
                         Some(Err(e)) => {
                             st.done = true;
-                            let e = ProviderError::new(
-                                FailureKind::Protocol,
-                                format!("unreadable event stream: {e}"),
-                            );
-                            return Some((Err(e), st));
+                            return Some((Err(sse_failure(e)), st));
                         }
                         Some(Ok(event)) if event.data.trim() == "[DONE]" => return None,
                         Some(Ok(event)) if event.data.trim().is_empty() => {}
