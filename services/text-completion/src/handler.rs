@@ -124,12 +124,11 @@ struct UsageDeltas {
 impl UsageDeltas {
     fn observe(&mut self, snapshot: Usage) {
         self.reported = true;
-        // Totals never go down; a repeated snapshot adds nothing.
-        let input = snapshot.input.max(self.last.input);
-        let output = snapshot.output.max(self.last.output);
-        self.pending.input += input - self.last.input;
-        self.pending.output += output - self.last.output;
-        self.last = Usage { input, output };
+        // A repeated snapshot adds nothing.
+        let merged = self.last.merge(snapshot);
+        self.pending.input += merged.input - self.last.input;
+        self.pending.output += merged.output - self.last.output;
+        self.last = merged;
     }
 
     /// The pending deltas, as record fields; `None` until the provider reported usage.

@@ -19,6 +19,18 @@ pub struct Usage {
     pub output: u64,
 }
 
+impl Usage {
+    /// Combines two snapshots of one call's running totals. Totals never go down, and a
+    /// provider may report one count without the other (Anthropic's `message_delta` carries
+    /// output only), so each count is the larger of the two.
+    pub fn merge(self, later: Usage) -> Usage {
+        Usage {
+            input: self.input.max(later.input),
+            output: self.output.max(later.output),
+        }
+    }
+}
+
 /// One piece of a streamed answer.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Chunk {
@@ -158,8 +170,8 @@ pub trait Provider: Send + Sync + 'static {
         while let Some(chunk) = stream.next().await {
             let chunk = chunk?;
             done.text.push_str(&chunk.text);
-            if chunk.usage.is_some() {
-                done.usage = chunk.usage;
+            if let Some(u) = chunk.usage {
+                done.usage = Some(done.usage.map_or(u, |d| d.merge(u)));
             }
             if chunk.finish_reason.is_some() {
                 done.finish_reason = chunk.finish_reason;

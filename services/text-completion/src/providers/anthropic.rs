@@ -8,16 +8,13 @@
 //! `event: error` is a mid-stream failure. A stream without `message_stop` is truncated.
 
 use async_trait::async_trait;
-use eventsource_stream::Eventsource;
-use futures::StreamExt;
 use serde_json::{Value, json};
 use sluice_runtime::secret::Secret;
 use sluice_schema::TextCompletionRequest;
-use tracing::warn;
 
 use crate::{
     provider::{Chunk, ChunkStream, FailureKind, Provider, ProviderError, Usage},
-    providers::{HttpTimeouts, classify_status, decode_timeouts, http_client, send, sse_failure},
+    providers::{HttpTimeouts, SseStep, classify_status, http_client, send, sse_chunks},
 };
 
 /// Configuration for the Anthropic provider.
@@ -200,43 +197,21 @@ impl Provider for AnthropicProvider {
             req = req.header("x-api-key", key.expose());
         }
         let resp = send(req, |status, body| self.http_error(status, body)).await?;
-        // The input count of message_start must survive message_delta's output-only totals.
-        let state = (Box::pin(resp.bytes_stream().eventsource()), false, 0u64);
-        let stream = futures::stream::unfold(state, |(mut events, over, input)| async move {
-            if over {
-                return None;
-            }
-            loop {
-                let failure = match events.next().await {
-                    None => ProviderError::new(
-                        FailureKind::Truncated,
-                        "the stream ended without message_stop: the answer is incomplete",
-                    ),
-                    Some(Err(e)) => sse_failure(e),
-                    Some(Ok(ev)) => match decode_event(&ev.event, &ev.data) {
-                        Ok(Event::Stop) => return None,
-                        Ok(Event::Ignore) => continue,
-                        Ok(Event::Chunk(mut chunk)) => {
-                            let mut input = input;
-                            if let Some(u) = &mut chunk.usage {
-                                if u.input == 0 {
-                                    u.input = input;
-                                }
-                                input = u.input;
-                            }
-                            return Some((Ok(chunk), (events, false, input)));
-                        }
-                        Err(e) if e.kind == FailureKind::Protocol => {
-                            warn!(error = %e, "skipping an unreadable stream event");
-                            continue;
-                        }
-                        Err(e) => e,
-                    },
-                };
-                return Some((Err(failure), (events, true, input)));
-            }
-        });
-        Ok(decode_timeouts(stream, self.config.timeouts))
+        // message_delta's output-only totals read input 0; the handler's usage merge keeps
+        // message_start's input count.
+        Ok(sse_chunks(
+            resp,
+            self.config.timeouts,
+            false,
+            "the stream ended without message_stop: the answer is incomplete",
+            |event| {
+                Ok(match decode_event(&event.event, &event.data)? {
+                    Event::Stop => SseStep::End(None),
+                    Event::Ignore => SseStep::Skip,
+                    Event::Chunk(chunk) => SseStep::Chunk(chunk),
+                })
+            },
+        ))
     }
 }
 

@@ -8,17 +8,14 @@
 //! `{"message": "..."}`.
 
 use async_trait::async_trait;
-use eventsource_stream::Eventsource;
-use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sluice_runtime::secret::Secret;
 use sluice_schema::TextCompletionRequest;
-use tracing::warn;
 
 use crate::{
     provider::{Chunk, ChunkStream, FailureKind, Provider, ProviderError, Usage},
-    providers::{HttpTimeouts, classify_status, decode_timeouts, http_client, send, sse_failure},
+    providers::{HttpTimeouts, SseStep, classify_status, http_client, send, sse_chunks},
 };
 
 /// Configuration for Cohere.
@@ -182,34 +179,20 @@ impl Provider for CohereProvider {
             req = req.bearer_auth(key.expose());
         }
         let resp = send(req, |status, body| self.http_error(status, body)).await?;
-        let state = (Box::pin(resp.bytes_stream().eventsource()), false);
-        let stream = futures::stream::unfold(state, |(mut events, over)| async move {
-            if over {
-                return None;
-            }
-            loop {
-                let failure = match events.next().await {
-                    None => ProviderError::new(
-                        FailureKind::Truncated,
-                        "the stream ended without message-end: the answer is incomplete",
-                    ),
-                    Some(Err(e)) => sse_failure(e),
-                    Some(Ok(ev)) => match decode_event(&ev.event, &ev.data) {
-                        Ok(Event::Ignore) => continue,
-                        Ok(Event::Chunk(c)) => return Some((Ok(c), (events, false))),
-                        // message-end: its usage, then nothing (a trailing [DONE] is not read).
-                        Ok(Event::End(c)) => return Some((Ok(c), (events, true))),
-                        Err(e) if e.kind == FailureKind::Protocol => {
-                            warn!(error = %e, "skipping an unreadable stream event");
-                            continue;
-                        }
-                        Err(e) => e,
-                    },
-                };
-                return Some((Err(failure), (events, true)));
-            }
-        });
-        Ok(decode_timeouts(stream, self.config.timeouts))
+        Ok(sse_chunks(
+            resp,
+            self.config.timeouts,
+            false,
+            "the stream ended without message-end: the answer is incomplete",
+            |event| {
+                Ok(match decode_event(&event.event, &event.data)? {
+                    Event::Ignore => SseStep::Skip,
+                    Event::Chunk(chunk) => SseStep::Chunk(chunk),
+                    // message-end: its usage, then nothing (a trailing [DONE] is not read).
+                    Event::End(chunk) => SseStep::End(Some(chunk)),
+                })
+            },
+        ))
     }
 }
 

@@ -15,17 +15,14 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use eventsource_stream::Eventsource;
-use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sluice_runtime::secret::Secret;
 use sluice_schema::TextCompletionRequest;
-use tracing::warn;
 
 use crate::{
     provider::{Chunk, ChunkStream, FailureKind, Provider, ProviderError, Usage},
-    providers::{HttpTimeouts, classify_status, decode_timeouts, http_client, send, sse_failure},
+    providers::{HttpTimeouts, SseStep, classify_status, http_client, send, sse_chunks},
 };
 
 /// Where the model is served.
@@ -175,8 +172,8 @@ impl GeminiProvider {
     }
 }
 
-/// Decodes one `data:` payload; `Ok((chunk, finished))`.
-fn decode_event(data: &str) -> Result<(Chunk, bool), ProviderError> {
+/// Decodes one `data:` payload; the last chunk carries `finish_reason`.
+fn decode_event(data: &str) -> Result<Chunk, ProviderError> {
     let v: Value = serde_json::from_str(data).map_err(|e| {
         ProviderError::new(
             FailureKind::Protocol,
@@ -217,15 +214,11 @@ fn decode_event(data: &str) -> Result<(Chunk, bool), ProviderError> {
         output: u["candidatesTokenCount"].as_u64().unwrap_or(0)
             + u["thoughtsTokenCount"].as_u64().unwrap_or(0),
     });
-    let finished = finish.is_some();
-    Ok((
-        Chunk {
-            text,
-            usage,
-            finish_reason: finish,
-        },
-        finished,
-    ))
+    Ok(Chunk {
+        text,
+        usage,
+        finish_reason: finish,
+    })
 }
 
 #[async_trait]
@@ -257,36 +250,19 @@ impl Provider for GeminiProvider {
             };
         }
         let resp = send(req, |status, body| self.http_error(status, body)).await?;
-        let state = (Box::pin(resp.bytes_stream().eventsource()), false, false);
-        let stream = futures::stream::unfold(state, |(mut events, finished, over)| async move {
-            if over {
-                return None;
-            }
-            loop {
-                let failure = match events.next().await {
-                    // The connection closing is the end; complete only after a finishReason.
-                    None if finished => return None,
-                    None => ProviderError::new(
-                        FailureKind::Truncated,
-                        "the stream ended without a finishReason: the answer is incomplete",
-                    ),
-                    Some(Err(e)) => sse_failure(e),
-                    Some(Ok(ev)) if ev.data.trim().is_empty() => continue,
-                    Some(Ok(ev)) => match decode_event(&ev.data) {
-                        Ok((chunk, done)) => {
-                            return Some((Ok(chunk), (events, finished || done, false)));
-                        }
-                        Err(e) if e.kind == FailureKind::Protocol => {
-                            warn!(error = %e, "skipping an unreadable stream event");
-                            continue;
-                        }
-                        Err(e) => e,
-                    },
-                };
-                return Some((Err(failure), (events, finished, true)));
-            }
-        });
-        Ok(decode_timeouts(stream, self.config.timeouts))
+        // No end event: the connection closing ends the answer, after a finishReason.
+        Ok(sse_chunks(
+            resp,
+            self.config.timeouts,
+            true,
+            "the stream ended without a finishReason: the answer is incomplete",
+            |event| {
+                if event.data.trim().is_empty() {
+                    return Ok(SseStep::Skip);
+                }
+                Ok(SseStep::Chunk(decode_event(&event.data)?))
+            },
+        ))
     }
 }
 
@@ -296,8 +272,8 @@ mod tests {
 
     #[test]
     fn snapshots_decode_with_thoughts_counted_as_output() {
-        let (c, done) = decode_event(r#"{"candidates":[{"content":{"parts":[{"text":"The"}],"role":"model"},"index":0}],"usageMetadata":{"promptTokenCount":9,"totalTokenCount":9}}"#).unwrap();
-        assert_eq!((c.text.as_str(), done), ("The", false));
+        let c = decode_event(r#"{"candidates":[{"content":{"parts":[{"text":"The"}],"role":"model"},"index":0}],"usageMetadata":{"promptTokenCount":9,"totalTokenCount":9}}"#).unwrap();
+        assert_eq!((c.text.as_str(), c.finish_reason), ("The", None));
         assert_eq!(
             c.usage,
             Some(Usage {
@@ -305,8 +281,8 @@ mod tests {
                 output: 0
             })
         );
-        let (c, done) = decode_event(r#"{"candidates":[{"content":{"parts":[{"text":" sky is blue."}],"role":"model"},"finishReason":"STOP","index":0}],"usageMetadata":{"promptTokenCount":9,"candidatesTokenCount":6,"thoughtsTokenCount":25,"totalTokenCount":40}}"#).unwrap();
-        assert!(done);
+        let c = decode_event(r#"{"candidates":[{"content":{"parts":[{"text":" sky is blue."}],"role":"model"},"finishReason":"STOP","index":0}],"usageMetadata":{"promptTokenCount":9,"candidatesTokenCount":6,"thoughtsTokenCount":25,"totalTokenCount":40}}"#).unwrap();
+        assert_eq!(c.finish_reason.as_deref(), Some("STOP"));
         assert_eq!(
             c.usage,
             Some(Usage {

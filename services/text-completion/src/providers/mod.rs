@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use reqwest::StatusCode;
 
-use crate::provider::{ChunkStream, FailureKind, ProviderError};
+use crate::provider::{Chunk, ChunkStream, FailureKind, ProviderError};
 
 /// Time limits of a provider call.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -92,11 +92,76 @@ pub fn transport_error(e: &reqwest::Error) -> ProviderError {
     ProviderError::new(kind, format!("provider unreachable: {e}"))
 }
 
+/// What one SSE event means to a provider's decoder.
+pub enum SseStep {
+    /// Nothing to hand on (pings, role announcements, unknown event types).
+    Skip,
+    /// A chunk; the stream goes on.
+    Chunk(Chunk),
+    /// The provider's end-of-stream event, with a last chunk when it carries one.
+    End(Option<Chunk>),
+}
+
+/// Turns an SSE response into chunks with `decode`, which sees each event. Shared by every
+/// SSE provider, so they agree on what ends a stream:
+/// - `decode` returning [`SseStep::End`] ends it normally;
+/// - the connection closing ends it normally only when `complete_on_close` and a chunk with a
+///   `finish_reason` has been seen (Gemini has no end event; OpenAI-compatible servers may
+///   omit `[DONE]`), otherwise it is a [`FailureKind::Truncated`] error saying `truncated`;
+/// - an unreadable event is skipped with a warning and the stream goes on (seed 002); any
+///   other error from `decode` ends the stream with that error.
+pub fn sse_chunks(
+    response: reqwest::Response,
+    timeouts: HttpTimeouts,
+    complete_on_close: bool,
+    truncated: &'static str,
+    decode: impl FnMut(&eventsource_stream::Event) -> Result<SseStep, ProviderError> + Send + 'static,
+) -> ChunkStream {
+    use eventsource_stream::Eventsource;
+    let state = (
+        Box::pin(response.bytes_stream().eventsource()),
+        decode,
+        false,
+        false,
+    );
+    let stream = futures::stream::unfold(
+        state,
+        move |(mut events, mut decode, finished, over)| async move {
+            if over {
+                return None;
+            }
+            loop {
+                let failure = match events.next().await {
+                    None if complete_on_close && finished => return None,
+                    None => ProviderError::new(FailureKind::Truncated, truncated),
+                    Some(Err(e)) => sse_failure(e),
+                    Some(Ok(event)) => match decode(&event) {
+                        Ok(SseStep::Skip) => continue,
+                        Ok(SseStep::Chunk(chunk)) => {
+                            let finished = finished || chunk.finish_reason.is_some();
+                            return Some((Ok(chunk), (events, decode, finished, false)));
+                        }
+                        Ok(SseStep::End(Some(chunk))) => {
+                            return Some((Ok(chunk), (events, decode, finished, true)));
+                        }
+                        Ok(SseStep::End(None)) => return None,
+                        Err(e) if e.kind == FailureKind::Protocol => {
+                            tracing::warn!(error = %e, "skipping an unreadable stream event");
+                            continue;
+                        }
+                        Err(e) => e,
+                    },
+                };
+                return Some((Err(failure), (events, decode, finished, true)));
+            }
+        },
+    );
+    decode_timeouts(stream, timeouts)
+}
+
 /// The error for a failed read of an SSE body: a broken connection is a truncated answer,
 /// anything else an unreadable stream.
-pub fn sse_failure<E: std::fmt::Display>(
-    e: eventsource_stream::EventStreamError<E>,
-) -> ProviderError {
+fn sse_failure<E: std::fmt::Display>(e: eventsource_stream::EventStreamError<E>) -> ProviderError {
     match e {
         eventsource_stream::EventStreamError::Transport(e) => ProviderError::new(
             FailureKind::Truncated,
@@ -146,7 +211,6 @@ pub fn decode_timeouts(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::Chunk;
 
     #[test]
     fn statuses_classify_as_the_sdks_do() {

@@ -10,19 +10,15 @@
 //! `finish_reason` is truncated, not complete.
 
 use async_trait::async_trait;
-use eventsource_stream::Eventsource;
-use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sluice_runtime::secret::Secret;
 use sluice_schema::TextCompletionRequest;
-use tracing::warn;
 
 use crate::{
     provider::{ChunkStream, Completion, FailureKind, Provider, ProviderError, Usage},
     providers::{
-        HttpTimeouts, classify_status, decode_timeouts, http_client, send, sse_failure,
-        transport_error,
+        HttpTimeouts, SseStep, classify_status, http_client, send, sse_chunks, transport_error,
     },
 };
 
@@ -251,60 +247,22 @@ impl Provider for OpenAiProvider {
         request: &TextCompletionRequest,
     ) -> Result<ChunkStream, ProviderError> {
         let resp = self.post(&self.body(request, true)).await?;
-        let events = resp.bytes_stream().eventsource();
-        struct State<S> {
-            events: S,
-            done: bool,
-            finished: bool,
-        }
-        let stream = futures::stream::unfold(
-            State {
-                events: Box::pin(events),
-                done: false,
-                finished: false,
-            },
-            |mut st| async move {
-                loop {
-                    if st.done {
-                        return None;
-                    }
-                    match st.events.next().await {
-                        None if st.finished => return None,
-                        None => {
-                            st.done = true;
-                            let e = ProviderError::new(
-                                FailureKind::Truncated,
-                                "the stream ended without [DONE] or a finish_reason: the answer is incomplete",
-                            );
-                            return Some((Err(e), st));
-                        }
-                        Some(Err(e)) => {
-                            st.done = true;
-                            return Some((Err(sse_failure(e)), st));
-                        }
-                        Some(Ok(event)) if event.data.trim() == "[DONE]" => return None,
-                        Some(Ok(event)) if event.data.trim().is_empty() => {}
-                        Some(Ok(event)) => match decode_event(&event.data) {
-                            Ok(None) => {}
-                            Ok(Some(chunk)) => {
-                                st.finished |= chunk.finish_reason.is_some();
-                                return Some((Ok(chunk), st));
-                            }
-                            Err(e) if e.kind == FailureKind::Protocol => {
-                                // One unreadable event is skipped, as the seeds' NDJSON
-                                // contract skips a malformed line; the stream goes on.
-                                warn!(error = %e, "skipping an unreadable stream event");
-                            }
-                            Err(e) => {
-                                st.done = true;
-                                return Some((Err(e), st));
-                            }
-                        },
-                    }
+        Ok(sse_chunks(
+            resp,
+            self.config.timeouts,
+            true,
+            "the stream ended without [DONE] or a finish_reason: the answer is incomplete",
+            |event| {
+                let data = event.data.trim();
+                if data == "[DONE]" {
+                    return Ok(SseStep::End(None));
                 }
+                if data.is_empty() {
+                    return Ok(SseStep::Skip);
+                }
+                Ok(decode_event(data)?.map_or(SseStep::Skip, SseStep::Chunk))
             },
-        );
-        Ok(decode_timeouts(stream, self.config.timeouts))
+        ))
     }
 
     async fn generate(&self, request: &TextCompletionRequest) -> Result<Completion, ProviderError> {
