@@ -11,11 +11,7 @@
 //! | `no_stop` | message_start, `Hello`, then the body ends without message_stop |
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{
-    collections::HashMap,
-    net::SocketAddr,
-    sync::{Arc, Mutex},
-};
+use std::sync::{Arc, Mutex};
 
 use axum::{
     Json, Router,
@@ -25,66 +21,38 @@ use axum::{
     routing::post,
 };
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
-use crate::fake_openai::{Step, scripted_body, serve_on_loopback};
+use crate::fake::{Calls, Fake, Step, scripted_body};
 
+/// The fake Anthropic server.
+pub type FakeAnthropic = Fake<AnthropicSeen>;
+
+/// What the fake Anthropic server recorded.
 #[derive(Default)]
-struct Seen {
-    calls: HashMap<String, usize>,
+pub struct AnthropicSeen {
+    calls: Calls,
     headers: Vec<(Option<String>, Option<String>)>,
 }
 
-/// A running fake; stops when dropped.
-pub struct FakeAnthropic {
-    /// Where it listens.
-    pub addr: SocketAddr,
-    seen: Arc<Mutex<Seen>>,
-    stop: CancellationToken,
-}
-
-impl Drop for FakeAnthropic {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-impl FakeAnthropic {
+impl Fake<AnthropicSeen> {
     /// Starts a fake on a free loopback port.
     pub async fn start() -> Self {
-        let seen: Arc<Mutex<Seen>> = Arc::default();
-        let app = Router::new()
-            .route("/v1/messages", post(messages))
-            .with_state(seen.clone());
-        let (addr, stop) = serve_on_loopback(app).await;
-        Self { addr, seen, stop }
-    }
-
-    /// The base URL.
-    pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
+        Self::serve(|seen| {
+            Router::new()
+                .route("/v1/messages", post(messages))
+                .with_state(seen)
+        })
+        .await
     }
 
     /// Calls received for `model`.
     pub fn calls(&self, model: &str) -> usize {
-        self.seen
-            .lock()
-            .unwrap()
-            .calls
-            .get(model)
-            .copied()
-            .unwrap_or(0)
+        self.seen().calls.get(model)
     }
 
     /// The last `(x-api-key, anthropic-version)` headers.
     pub fn last_headers(&self) -> (Option<String>, Option<String>) {
-        self.seen
-            .lock()
-            .unwrap()
-            .headers
-            .last()
-            .cloned()
-            .unwrap_or((None, None))
+        self.seen().headers.last().cloned().unwrap_or((None, None))
     }
 }
 
@@ -132,7 +100,7 @@ fn error(status: StatusCode, kind: &str, message: &str) -> Response {
 }
 
 async fn messages(
-    State(seen): State<Arc<Mutex<Seen>>>,
+    State(seen): State<Arc<Mutex<AnthropicSeen>>>,
     headers: HeaderMap,
     Json(body): Json<Value>,
 ) -> Response {
@@ -146,9 +114,7 @@ async fn messages(
                 .map(str::to_owned)
         };
         s.headers.push((h("x-api-key"), h("anthropic-version")));
-        let n = s.calls.entry(model.clone()).or_default();
-        *n += 1;
-        *n
+        s.calls.count(&model)
     };
     match (model.as_str(), call) {
         ("unauthorized", _) => {

@@ -9,10 +9,7 @@
 //! | `no_end` | `Hi`, then the body ends without message-end |
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{
-    net::SocketAddr,
-    sync::{Arc, Mutex},
-};
+use std::sync::{Arc, Mutex};
 
 use axum::{
     Json, Router,
@@ -22,43 +19,25 @@ use axum::{
     routing::post,
 };
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
-use crate::fake_openai::{Step, scripted_body, serve_on_loopback};
+use crate::fake::{Fake, Step, scripted_body};
 
-/// A running fake; stops when dropped.
-pub struct FakeCohere {
-    /// Where it listens.
-    pub addr: SocketAddr,
-    auth: Arc<Mutex<Vec<Option<String>>>>,
-    stop: CancellationToken,
-}
+/// The fake Cohere server.
+pub type FakeCohere = Fake<CohereSeen>;
 
-impl Drop for FakeCohere {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
+/// What the fake Cohere server recorded: the `authorization` headers.
+#[derive(Default)]
+pub struct CohereSeen(Vec<Option<String>>);
 
-impl FakeCohere {
+impl Fake<CohereSeen> {
     /// Starts a fake on a free loopback port.
     pub async fn start() -> Self {
-        let auth: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
-        let app = Router::new()
-            .route("/v2/chat", post(chat))
-            .with_state(auth.clone());
-        let (addr, stop) = serve_on_loopback(app).await;
-        Self { addr, auth, stop }
-    }
-
-    /// The base URL.
-    pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
+        Self::serve(|seen| Router::new().route("/v2/chat", post(chat)).with_state(seen)).await
     }
 
     /// The last `authorization` header.
     pub fn last_auth(&self) -> Option<String> {
-        self.auth.lock().unwrap().last().cloned().flatten()
+        self.seen().0.last().cloned().flatten()
     }
 }
 
@@ -74,11 +53,11 @@ fn delta(t: &str) -> String {
 }
 
 async fn chat(
-    State(auth): State<Arc<Mutex<Vec<Option<String>>>>>,
+    State(seen): State<Arc<Mutex<CohereSeen>>>,
     headers: HeaderMap,
     Json(body): Json<Value>,
 ) -> Response {
-    auth.lock().unwrap().push(
+    seen.lock().unwrap().0.push(
         headers
             .get("authorization")
             .and_then(|v| v.to_str().ok())

@@ -10,11 +10,7 @@
 //! | `no_finish` | `The`, then the connection closes without a `finishReason` |
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{
-    collections::HashMap,
-    net::SocketAddr,
-    sync::{Arc, Mutex},
-};
+use std::sync::{Arc, Mutex};
 
 use axum::{
     Json, Router,
@@ -24,60 +20,38 @@ use axum::{
     routing::post,
 };
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
-use crate::fake_openai::{Step, scripted_body, serve_on_loopback};
+use crate::fake::{Calls, Fake, Step, scripted_body};
 
+/// The fake Gemini server.
+pub type FakeGemini = Fake<GeminiSeen>;
+
+/// What the fake Gemini server recorded.
 #[derive(Default)]
-struct Seen {
-    calls: HashMap<String, usize>,
+pub struct GeminiSeen {
+    calls: Calls,
     keys: Vec<Option<String>>,
 }
 
-/// A running fake; stops when dropped.
-pub struct FakeGemini {
-    /// Where it listens.
-    pub addr: SocketAddr,
-    seen: Arc<Mutex<Seen>>,
-    stop: CancellationToken,
-}
-
-impl Drop for FakeGemini {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-impl FakeGemini {
+impl Fake<GeminiSeen> {
     /// Starts a fake on a free loopback port.
     pub async fn start() -> Self {
-        let seen: Arc<Mutex<Seen>> = Arc::default();
-        let app = Router::new()
-            .route("/v1beta/models/{call}", post(generate))
-            .with_state(seen.clone());
-        let (addr, stop) = serve_on_loopback(app).await;
-        Self { addr, seen, stop }
-    }
-
-    /// The base URL.
-    pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
+        Self::serve(|seen| {
+            Router::new()
+                .route("/v1beta/models/{call}", post(generate))
+                .with_state(seen)
+        })
+        .await
     }
 
     /// Calls received for `model`.
     pub fn calls(&self, model: &str) -> usize {
-        self.seen
-            .lock()
-            .unwrap()
-            .calls
-            .get(model)
-            .copied()
-            .unwrap_or(0)
+        self.seen().calls.get(model)
     }
 
     /// The last `x-goog-api-key` header.
     pub fn last_key(&self) -> Option<String> {
-        self.seen.lock().unwrap().keys.last().cloned().flatten()
+        self.seen().keys.last().cloned().flatten()
     }
 }
 
@@ -93,7 +67,7 @@ fn first() -> String {
 }
 
 async fn generate(
-    State(seen): State<Arc<Mutex<Seen>>>,
+    State(seen): State<Arc<Mutex<GeminiSeen>>>,
     Path(call): Path<String>,
     headers: HeaderMap,
     Json(_body): Json<Value>,
@@ -107,9 +81,7 @@ async fn generate(
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned),
         );
-        let n = s.calls.entry(model.clone()).or_default();
-        *n += 1;
-        *n
+        s.calls.count(&model)
     };
     let error = |status: StatusCode, body: Value| (status, Json(body)).into_response();
     match (model.as_str(), n) {

@@ -14,8 +14,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::{
-    collections::HashMap,
-    net::SocketAddr,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -28,66 +26,38 @@ use axum::{
     routing::post,
 };
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
-use crate::fake_openai::{Step, scripted_body, serve_on_loopback};
+use crate::fake::{Calls, Fake, Step, scripted_body};
 
+/// The fake Ollama server.
+pub type FakeOllama = Fake<OllamaSeen>;
+
+/// What the fake Ollama server recorded.
 #[derive(Default)]
-struct Seen {
-    calls: HashMap<String, usize>,
+pub struct OllamaSeen {
+    calls: Calls,
     bodies: Vec<Value>,
 }
 
-/// A running fake; stops when dropped.
-pub struct FakeOllama {
-    /// Where it listens.
-    pub addr: SocketAddr,
-    seen: Arc<Mutex<Seen>>,
-    stop: CancellationToken,
-}
-
-impl Drop for FakeOllama {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-impl FakeOllama {
+impl Fake<OllamaSeen> {
     /// Starts a fake on a free loopback port.
     pub async fn start() -> Self {
-        let seen: Arc<Mutex<Seen>> = Arc::default();
-        let app = Router::new()
-            .route("/api/chat", post(chat))
-            .with_state(seen.clone());
-        let (addr, stop) = serve_on_loopback(app).await;
-        Self { addr, seen, stop }
-    }
-
-    /// The base URL.
-    pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
+        Self::serve(|seen| {
+            Router::new()
+                .route("/api/chat", post(chat))
+                .with_state(seen)
+        })
+        .await
     }
 
     /// Calls received for `model`.
     pub fn calls(&self, model: &str) -> usize {
-        self.seen
-            .lock()
-            .unwrap()
-            .calls
-            .get(model)
-            .copied()
-            .unwrap_or(0)
+        self.seen().calls.get(model)
     }
 
     /// The last request body.
     pub fn last_body(&self) -> Value {
-        self.seen
-            .lock()
-            .unwrap()
-            .bodies
-            .last()
-            .cloned()
-            .unwrap_or(Value::Null)
+        self.seen().bodies.last().cloned().unwrap_or(Value::Null)
     }
 }
 
@@ -119,14 +89,12 @@ fn normal() -> String {
     .concat()
 }
 
-async fn chat(State(seen): State<Arc<Mutex<Seen>>>, Json(body): Json<Value>) -> Response {
+async fn chat(State(seen): State<Arc<Mutex<OllamaSeen>>>, Json(body): Json<Value>) -> Response {
     let model = body["model"].as_str().unwrap_or("").to_owned();
     let call = {
         let mut s = seen.lock().unwrap();
         s.bodies.push(body.clone());
-        let n = s.calls.entry(model.clone()).or_default();
-        *n += 1;
-        *n
+        s.calls.count(&model)
     };
     let error = |status: StatusCode, message: String| {
         (status, Json(json!({"error": message}))).into_response()

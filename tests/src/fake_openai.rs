@@ -19,113 +19,61 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::{
-    collections::HashMap,
-    convert::Infallible,
-    net::SocketAddr,
     sync::{Arc, Mutex},
     time::Duration,
 };
 
 use axum::{
     Json, Router,
-    body::Body,
     extract::State,
     http::{HeaderMap, StatusCode},
     response::{IntoResponse, Response},
     routing::post,
 };
-use bytes::Bytes;
-use futures::StreamExt;
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
+use crate::fake::{Calls, Fake, Step, scripted_body};
+
+/// The fake OpenAI server.
+pub type FakeOpenAi = Fake<OpenAiSeen>;
+
+/// What the fake OpenAI server recorded.
 #[derive(Default)]
-struct Seen {
-    calls: HashMap<String, usize>,
+pub struct OpenAiSeen {
+    calls: Calls,
     bodies: Vec<Value>,
     auth: Vec<Option<String>>,
 }
 
-/// A running fake; stops when dropped.
-pub struct FakeOpenAi {
-    /// Where it listens.
-    pub addr: SocketAddr,
-    seen: Arc<Mutex<Seen>>,
-    stop: CancellationToken,
-}
-
-impl Drop for FakeOpenAi {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-impl FakeOpenAi {
+impl Fake<OpenAiSeen> {
     /// Starts a fake on a free loopback port.
     pub async fn start() -> Self {
-        let seen: Arc<Mutex<Seen>> = Arc::default();
-        let app = Router::new()
-            .route("/v1/chat/completions", post(chat))
-            .route(
-                "/openai/deployments/{deployment}/chat/completions",
-                post(chat),
-            )
-            .with_state(seen.clone());
-        let (addr, stop) = serve_on_loopback(app).await;
-        Self { addr, seen, stop }
-    }
-
-    /// The base URL to configure a provider with.
-    pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
+        Self::serve(|seen| {
+            Router::new()
+                .route("/v1/chat/completions", post(chat))
+                .route(
+                    "/openai/deployments/{deployment}/chat/completions",
+                    post(chat),
+                )
+                .with_state(seen)
+        })
+        .await
     }
 
     /// Calls received for `model`.
     pub fn calls(&self, model: &str) -> usize {
-        self.seen
-            .lock()
-            .unwrap()
-            .calls
-            .get(model)
-            .copied()
-            .unwrap_or(0)
+        self.seen().calls.get(model)
     }
 
     /// The last request body received.
     pub fn last_body(&self) -> Value {
-        self.seen
-            .lock()
-            .unwrap()
-            .bodies
-            .last()
-            .cloned()
-            .unwrap_or(Value::Null)
+        self.seen().bodies.last().cloned().unwrap_or(Value::Null)
     }
 
     /// The last credential header received (`authorization` or Azure's `api-key`).
     pub fn last_auth(&self) -> Option<String> {
-        self.seen.lock().unwrap().auth.last().cloned().flatten()
+        self.seen().auth.last().cloned().flatten()
     }
-}
-
-/// Serves `app` on a free loopback port until the returned token is cancelled. Accepted
-/// sockets get TCP_NODELAY, as real providers' servers do; without it every stream would
-/// stall ~40 ms on Nagle + delayed ACK between the headers and the first event.
-pub(crate) async fn serve_on_loopback(app: Router) -> (SocketAddr, CancellationToken) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let stop = CancellationToken::new();
-    let until = stop.clone();
-    tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { until.cancelled().await })
-            .await
-            .unwrap();
-    });
-    (addr, stop)
 }
 
 fn event(v: Value) -> String {
@@ -167,41 +115,8 @@ fn error(status: StatusCode, message: &str, kind: &str, code: &str) -> Response 
     resp
 }
 
-/// One step of a scripted response body (shared with the other fakes).
-pub(crate) enum Step {
-    Send(String),
-    Wait(Duration),
-    Break,
-    Hang,
-}
-
 fn sse(steps: Vec<Step>) -> Response {
     scripted_body(steps, "text/event-stream")
-}
-
-/// A response whose body follows `steps`: bytes, pauses, a broken connection, or a hang.
-pub(crate) fn scripted_body(steps: Vec<Step>, content_type: &str) -> Response {
-    let body = futures::stream::iter(steps).then(|step| async move {
-        match step {
-            Step::Send(s) => Some(Ok::<_, std::io::Error>(Bytes::from(s))),
-            Step::Wait(d) => {
-                tokio::time::sleep(d).await;
-                Some(Ok(Bytes::new()))
-            }
-            Step::Break => Some(Err(std::io::Error::other("connection dropped by the fake"))),
-            Step::Hang => {
-                futures::future::pending::<Infallible>().await;
-                None
-            }
-        }
-    });
-    let body = body
-        .take_while(|x| std::future::ready(x.is_some()))
-        .map(|x| x.unwrap());
-    Response::builder()
-        .header("content-type", content_type)
-        .body(Body::from_stream(body))
-        .unwrap()
 }
 
 fn normal_events() -> Vec<Step> {
@@ -217,7 +132,7 @@ fn normal_events() -> Vec<Step> {
 }
 
 async fn chat(
-    State(seen): State<Arc<Mutex<Seen>>>,
+    State(seen): State<Arc<Mutex<OpenAiSeen>>>,
     headers: HeaderMap,
     Json(body): Json<Value>,
 ) -> Response {
@@ -225,9 +140,7 @@ async fn chat(
     let stream = body["stream"].as_bool().unwrap_or(false);
     let call = {
         let mut s = seen.lock().unwrap();
-        let n = s.calls.entry(model.clone()).or_default();
-        *n += 1;
-        let call = *n;
+        let call = s.calls.count(&model);
         s.bodies.push(body.clone());
         let auth = headers
             .get("authorization")

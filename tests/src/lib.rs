@@ -7,6 +7,7 @@
 //!   also run as a separate process by the `echo-processor` binary for crash and drain tests.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod fake;
 pub mod fake_anthropic;
 pub mod fake_cohere;
 pub mod fake_gemini;

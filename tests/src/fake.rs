@@ -1,0 +1,120 @@
+//! What every fake provider server shares: a loopback HTTP server that stops when its
+//! handle is dropped, a record of the requests it received, and scripted response bodies
+//! (bytes, pauses, a broken connection, a hang) for the failure shapes real providers show.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{
+    collections::HashMap,
+    convert::Infallible,
+    net::SocketAddr,
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
+
+use axum::{Router, body::Body, response::Response};
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+/// A running fake server; `S` is what it records. Stops when dropped.
+pub struct Fake<S> {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    seen: Arc<Mutex<S>>,
+    stop: CancellationToken,
+}
+
+impl<S: Default + Send + 'static> Fake<S> {
+    /// Serves the router `app` builds around the shared record, on a free loopback port.
+    /// Accepted sockets get TCP_NODELAY, as real providers' servers do; without it every
+    /// stream would stall ~40 ms on Nagle + delayed ACK between the headers and the first event.
+    pub(crate) async fn serve(app: impl FnOnce(Arc<Mutex<S>>) -> Router) -> Self {
+        let seen: Arc<Mutex<S>> = Arc::default();
+        let app = app(seen.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        let stop = CancellationToken::new();
+        let until = stop.clone();
+        tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move { until.cancelled().await })
+                .await
+                .unwrap();
+        });
+        Self { addr, seen, stop }
+    }
+
+    /// The base URL to configure a provider with.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// What the server recorded so far.
+    pub(crate) fn seen(&self) -> MutexGuard<'_, S> {
+        self.seen.lock().unwrap()
+    }
+}
+
+impl<S> Drop for Fake<S> {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Calls received, per model name: fakes script "fail the first call, then succeed" with it.
+#[derive(Debug, Default)]
+pub struct Calls(HashMap<String, usize>);
+
+impl Calls {
+    /// Counts a call for `model`; returns its number, from 1.
+    pub(crate) fn count(&mut self, model: &str) -> usize {
+        let n = self.0.entry(model.to_owned()).or_default();
+        *n += 1;
+        *n
+    }
+
+    /// Calls so far for `model`.
+    pub(crate) fn get(&self, model: &str) -> usize {
+        self.0.get(model).copied().unwrap_or(0)
+    }
+}
+
+/// One step of a scripted response body.
+pub(crate) enum Step {
+    /// Send these bytes.
+    Send(String),
+    /// Pause.
+    Wait(Duration),
+    /// Break the connection (the client sees a truncated chunked body).
+    Break,
+    /// Send nothing more, ever.
+    Hang,
+}
+
+/// A response whose body follows `steps`.
+pub(crate) fn scripted_body(steps: Vec<Step>, content_type: &str) -> Response {
+    let body = futures::stream::iter(steps).then(|step| async move {
+        match step {
+            Step::Send(s) => Some(Ok::<_, std::io::Error>(Bytes::from(s))),
+            Step::Wait(d) => {
+                tokio::time::sleep(d).await;
+                Some(Ok(Bytes::new()))
+            }
+            Step::Break => Some(Err(std::io::Error::other("connection dropped by the fake"))),
+            Step::Hang => {
+                futures::future::pending::<Infallible>().await;
+                None
+            }
+        }
+    });
+    let body = body
+        .take_while(|x| std::future::ready(x.is_some()))
+        .map(|x| x.unwrap());
+    Response::builder()
+        .header("content-type", content_type)
+        .body(Body::from_stream(body))
+        .unwrap()
+}
