@@ -70,11 +70,13 @@ pub enum ErrorKind {
     Timeout,
     /// A bug or an unexpected condition inside sluice (sluice's addition).
     Internal,
+    /// The client went away or asked to stop before the answer was complete (sluice's addition).
+    Cancelled,
 }
 
 impl ErrorKind {
     /// Every kind, for tables and tests.
-    pub const ALL: [ErrorKind; 9] = [
+    pub const ALL: [ErrorKind; 10] = [
         ErrorKind::Llm,
         ErrorKind::Agent,
         ErrorKind::NoConfiguration,
@@ -84,6 +86,7 @@ impl ErrorKind {
         ErrorKind::MessageTooLarge,
         ErrorKind::Timeout,
         ErrorKind::Internal,
+        ErrorKind::Cancelled,
     ];
 
     /// The string written on the wire.
@@ -98,6 +101,7 @@ impl ErrorKind {
             ErrorKind::MessageTooLarge => "message-too-large",
             ErrorKind::Timeout => "timeout",
             ErrorKind::Internal => "internal-error",
+            ErrorKind::Cancelled => "cancelled",
         }
     }
 

@@ -49,6 +49,9 @@ pub struct ProcessorArgs {
     /// Response topic.
     #[arg(long)]
     pub response_topic: Option<String>,
+    /// Topic clients publish cancels on (default `notify:tg:<processor>-cancel`).
+    #[arg(long)]
+    pub cancel_topic: Option<String>,
     /// Shared subscription name; replicas with the same name share the requests.
     #[arg(long)]
     pub subscription: Option<String>,
@@ -78,6 +81,7 @@ pub fn processor_config(
     };
     let request = parse(&args.request_topic, "request")?;
     let response = parse(&args.response_topic, "response")?;
+    let cancel = cancel_topic(name, args.cancel_topic.as_deref())?;
     let mut config = ProcessorConfig::new(
         name,
         request.to_pulsar(mapping),
@@ -86,7 +90,16 @@ pub fn processor_config(
     config.subscription = args.subscription.clone().unwrap_or_else(|| name.to_owned());
     config.concurrency = args.concurrency;
     config.drain_grace = Duration::from_secs(args.drain_grace_secs);
-    Ok((config, vec![request, response]))
+    config.cancel_topic = Some(cancel.to_pulsar(mapping));
+    Ok((config, vec![request, response, cancel]))
+}
+
+/// The cancel topic of service `name`: `given`, or `notify:tg:<name>-cancel`.
+pub fn cancel_topic(name: &str, given: Option<&str>) -> Result<TopicName, String> {
+    given
+        .map_or_else(|| format!("notify:tg:{name}-cancel"), str::to_owned)
+        .parse::<TopicName>()
+        .map_err(|e| e.to_string())
 }
 
 /// Connects the bus, creating the topics' namespaces first when an admin URL is given.
@@ -100,7 +113,15 @@ pub async fn connect(args: &BusArgs, topics: &[TopicName]) -> Result<Arc<dyn Bus
             PulsarAdmin::new(admin_url.clone(), token.clone()).map_err(|e| e.to_string())?;
         for ns in topics.iter().filter_map(TopicName::namespace) {
             let policy = NamespacePolicy {
-                subscription_expiration_minutes: if ns.ends_with("/response") { 60 } else { 0 },
+                // Response and cancel subscriptions belong to one instance each; expire the
+                // ones whose instance died without unsubscribing.
+                subscription_expiration_minutes: if ns.ends_with("/response")
+                    || ns.ends_with("/notify")
+                {
+                    60
+                } else {
+                    0
+                },
             };
             admin
                 .ensure_namespace(&ns, policy)

@@ -45,6 +45,9 @@ pub struct ClientConfig {
     pub inactivity_timeout: Duration,
     /// A stream fails when it has not ended after this long.
     pub total_timeout: Duration,
+    /// The service's cancel topic: a stream dropped before its end publishes a cancel there
+    /// (see [`crate::cancel`]). `None`: dropped streams are not cancelled.
+    pub cancel_topic: Option<String>,
 }
 
 impl ClientConfig {
@@ -62,6 +65,7 @@ impl ClientConfig {
             response_topic: response_topic.into(),
             inactivity_timeout: Duration::from_secs(120),
             total_timeout: Duration::from_secs(600),
+            cancel_topic: None,
         }
     }
 }
@@ -132,6 +136,7 @@ type Routes<R> = Arc<Mutex<HashMap<String, Route<R>>>>;
 pub struct RequestClient<Req, Resp: ResponseRecord> {
     config: ClientConfig,
     publisher: Arc<dyn Publisher>,
+    cancel: Option<Arc<dyn Publisher>>,
     routes: Routes<Resp>,
     metrics: Option<RuntimeMetrics>,
     link: Link,
@@ -148,6 +153,10 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
         metrics: Option<RuntimeMetrics>,
     ) -> Result<Self, ClientError> {
         let publisher = bus.publisher(&config.request_topic).await?;
+        let cancel = match &config.cancel_topic {
+            Some(topic) => Some(bus.publisher(topic).await?),
+            None => None,
+        };
         let mut options = SubscribeOptions::exclusive(1000);
         options.consumer_name = Some(config.subscription.clone());
         let subscription = bus
@@ -166,6 +175,7 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
         Ok(Self {
             config,
             publisher,
+            cancel,
             routes,
             metrics,
             link,
@@ -217,6 +227,7 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
             id: id.clone(),
             rx,
             routes: self.routes.clone(),
+            cancel: self.cancel.clone(),
             metrics: self.metrics.clone(),
             service: self.config.service.clone(),
             inactivity: options
@@ -371,6 +382,7 @@ pub struct ResponseStream<R> {
     id: String,
     rx: mpsc::UnboundedReceiver<Routed<R>>,
     routes: Routes<R>,
+    cancel: Option<Arc<dyn Publisher>>,
     metrics: Option<RuntimeMetrics>,
     service: String,
     inactivity: Duration,
@@ -444,9 +456,16 @@ impl<R: ResponseRecord> ResponseStream<R> {
 
 impl<R> Drop for ResponseStream<R> {
     fn drop(&mut self) {
-        // A caller that stops listening (client disconnected) frees its route at once.
+        // A caller that stops listening (client disconnected) frees its route at once and
+        // tells the service to stop working on it.
         if !self.done {
             lock(&self.routes).remove(&self.id);
+            if let Some(m) = &self.metrics {
+                m.client_request(&self.service, "cancelled");
+            }
+            if let Some(publisher) = self.cancel.take() {
+                crate::cancel::send_cancel(publisher, self.id.clone());
+            }
         }
     }
 }

@@ -3,6 +3,7 @@
 //! - [`bus`]: the `Bus` trait with Pulsar and in-process implementations;
 //! - [`processor`]: the consume loop a service plugs its handler into;
 //! - [`client`]: the request/response client for calling a service over the bus;
+//! - [`cancel`]: client cancellation over the bus;
 //! - [`ndjson`]: the incremental NDJSON line splitter of the seeds;
 //! - [`telemetry`]: metrics, `/metrics` `/healthz` `/readyz`, tracing, shutdown signals;
 //! - [`secret`]: secrets from the environment or files, never printed.
@@ -10,6 +11,7 @@
 //! Nothing in this crate logs a payload: payloads carry prompts and answers.
 
 pub mod bus;
+pub mod cancel;
 pub mod client;
 pub mod ndjson;
 pub mod processor;

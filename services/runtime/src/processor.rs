@@ -11,6 +11,8 @@
 //! - a record too large for the bus ends the stream with a `message-too-large` error;
 //! - when publishing fails, the request is handed back to the broker (nack) for another
 //!   attempt, which starts its stream again under a new attempt id;
+//! - a request its client cancels (see [`crate::cancel`]) stops at once: the handler, and
+//!   with it the provider call, is dropped, and a `cancelled` error ends the stream;
 //! - on SIGTERM/SIGINT it stops taking requests, lets in-flight ones finish within the grace
 //!   period, hands back what did not finish, and returns.
 //!
@@ -32,6 +34,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::{
     bus::{Bus, BusError, Delivery, Message, Publisher, Receipt, SubscribeOptions},
+    cancel::{self, CancelRegistry},
     telemetry::{Outcome, Telemetry},
 };
 
@@ -54,6 +57,9 @@ pub struct ProcessorConfig {
     pub concurrency: usize,
     /// How long in-flight requests may run after a shutdown signal.
     pub drain_grace: Duration,
+    /// The Pulsar topic URL clients publish cancels on (see [`crate::cancel`]); `None` turns
+    /// client cancellation off.
+    pub cancel_topic: Option<String>,
 }
 
 impl ProcessorConfig {
@@ -71,6 +77,7 @@ impl ProcessorConfig {
             response_topic: response_topic.into(),
             concurrency: DEFAULT_CONCURRENCY,
             drain_grace: Duration::from_secs(30),
+            cancel_topic: None,
         }
     }
 }
@@ -257,6 +264,23 @@ pub async fn run<H: Handler>(
     telemetry
         .health
         .watch(format!("{} requests", config.name), subscription.link());
+    let cancels = CancelRegistry::default();
+    let stop_cancels = CancellationToken::new();
+    let cancel_listener = match &config.cancel_topic {
+        Some(topic) => {
+            // Every replica reads every cancel: its own exclusive subscription, from now on.
+            let mut options = SubscribeOptions::exclusive(1000);
+            let name = format!("{}-cancel-{}", config.name, short_id());
+            options.consumer_name = Some(name.clone());
+            let subscription = bus.subscribe(topic, &name, options).await?;
+            Some(tokio::spawn(cancel::listen(
+                subscription,
+                cancels.clone(),
+                stop_cancels.clone(),
+            )))
+        }
+        None => None,
+    };
     info!(processor = %config.name, topic = %config.request_topic, concurrency, "processor started");
 
     let config = Arc::new(config);
@@ -288,12 +312,13 @@ pub async fn run<H: Handler>(
             }
             None => break,
         };
-        let (task_handler, task_publisher, task_telemetry, task_config, cancel) = (
+        let (task_handler, task_publisher, task_telemetry, task_config, cancel, task_cancels) = (
             handler.clone(),
             publisher.clone(),
             telemetry.clone(),
             config.clone(),
             abandon.child_token(),
+            cancels.clone(),
         );
         tasks.spawn(async move {
             handle_delivery(
@@ -303,6 +328,7 @@ pub async fn run<H: Handler>(
                 &task_telemetry,
                 &task_config,
                 cancel,
+                &task_cancels,
             )
             .await;
             drop(permit);
@@ -330,6 +356,10 @@ pub async fn run<H: Handler>(
         tasks.shutdown().await;
     }
     subscription.close().await;
+    stop_cancels.cancel();
+    if let Some(listener) = cancel_listener {
+        let _ = listener.await;
+    }
     info!(processor = %config.name, "processor stopped");
     Ok(())
 }
@@ -368,6 +398,10 @@ pub enum RunError {
     Bus(#[from] BusError),
 }
 
+fn client_cancelled() -> Error {
+    Error::new(ErrorKind::Cancelled, "the client cancelled the request")
+}
+
 fn short_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..8].to_owned()
 }
@@ -395,6 +429,7 @@ async fn handle_delivery<H: Handler>(
     telemetry: &Telemetry,
     config: &ProcessorConfig,
     cancel: CancellationToken,
+    cancels: &CancelRegistry,
 ) {
     let started = Instant::now();
     let metrics = &telemetry.metrics;
@@ -429,7 +464,13 @@ async fn handle_delivery<H: Handler>(
     let span = info_span!("request", processor, request_id = %id, attempt = %attempt);
     metrics.in_flight(processor, 1);
     let mut sink = ResponseSink::<H::Response>::new(publisher, props);
+    let in_flight = cancels.begin(&id);
     let outcome = async {
+        let Some(in_flight) = in_flight else {
+            debug!("cancelled by its client before it was taken");
+            let _ = sink.send(H::Response::from_error(client_cancelled())).await;
+            return Outcome::Cancelled;
+        };
         match serde_json::from_slice::<H::Request>(delivery.payload()) {
             Err(e) => {
                 let message = describe_decode_error(&e);
@@ -450,9 +491,19 @@ async fn handle_delivery<H: Handler>(
                     traceparent,
                     cancel,
                 };
-                let result = AssertUnwindSafe(handler.handle(request, ctx, &mut sink))
-                    .catch_unwind()
-                    .await;
+                // Dropping the handler's future on a client cancel drops its provider call
+                // (and closes that connection) wherever it is waiting.
+                let result = tokio::select! {
+                    r = AssertUnwindSafe(handler.handle(request, ctx, &mut sink)).catch_unwind() => Some(r),
+                    () = in_flight.token().cancelled() => None,
+                };
+                let Some(result) = result else {
+                    debug!("cancelled by its client");
+                    if !sink.is_ended() {
+                        let _ = sink.send(H::Response::from_error(client_cancelled())).await;
+                    }
+                    return Outcome::Cancelled;
+                };
                 let failure = match result {
                     Ok(Ok(())) if sink.is_ended() => None,
                     Ok(Ok(())) => Some(Error::new(
@@ -518,6 +569,16 @@ mod tests {
 
     struct Echo;
 
+    /// Counts handler futures of "hang" requests that were dropped.
+    static HANGS_DROPPED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+    struct OnDrop;
+    impl Drop for OnDrop {
+        fn drop(&mut self) {
+            HANGS_DROPPED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
     #[async_trait]
     impl Handler for Echo {
         type Request = TextCompletionRequest;
@@ -532,6 +593,16 @@ mod tests {
             match request.prompt.as_str() {
                 "panic" => panic!("boom"),
                 "forget" => return Ok(()),
+                "hang" => {
+                    let _guard = OnDrop;
+                    let _ = sink
+                        .send(TextCompletionResponse {
+                            response: "started".into(),
+                            ..Default::default()
+                        })
+                        .await;
+                    std::future::pending::<()>().await;
+                }
                 "fail" => return Err(Error::new(ErrorKind::Llm, "provider said no")),
                 "huge" => {
                     let big = TextCompletionResponse {
@@ -585,6 +656,7 @@ mod tests {
         let shutdown = CancellationToken::new();
         let mut config = ProcessorConfig::new("echo", "req", "resp");
         config.drain_grace = Duration::from_millis(200);
+        config.cancel_topic = Some("cancel".into());
         let task = tokio::spawn(run(
             Arc::new(bus.clone()),
             config,
@@ -671,6 +743,47 @@ mod tests {
         assert!(
             text.contains(r#"sluice_processor_requests_total{outcome="error",processor="echo"} 4"#)
         );
+        f.shutdown.cancel();
+        f.task.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_cancel_drops_the_handler_and_ends_the_stream_with_cancelled() {
+        let mut f = start().await;
+        let cancels = f.bus.publisher("cancel").await.unwrap();
+        f.bus
+            .publisher("req")
+            .await
+            .unwrap()
+            .send(Message::new(r#"{"prompt":"hang"}"#).with_property(properties::ID, "h1"))
+            .await
+            .unwrap();
+        let d = f.responses.next().await.unwrap().unwrap();
+        let first: TextCompletionResponse = serde_json::from_slice(d.payload()).unwrap();
+        d.ack();
+        assert_eq!(first.response, "started");
+        cancels.send(cancel::cancel_message("h1")).await.unwrap();
+        let d = tokio::time::timeout(Duration::from_secs(5), f.responses.next())
+            .await
+            .expect("the cancelled record")
+            .unwrap()
+            .unwrap();
+        let last: TextCompletionResponse = serde_json::from_slice(d.payload()).unwrap();
+        d.ack();
+        assert!(last.end_of_stream);
+        assert_eq!(last.error.unwrap().kind, "cancelled");
+        assert_eq!(HANGS_DROPPED.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+        // A cancel that arrives before its request: the request is answered, not handled.
+        cancels.send(cancel::cancel_message("early")).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let out = ask(&mut f, Some("early"), r#"{"prompt":"hang"}"#).await;
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].error.as_ref().unwrap().kind, "cancelled");
+        let text = f.telemetry.render();
+        assert!(text.contains(
+            r#"sluice_processor_requests_total{outcome="cancelled",processor="echo"} 2"#
+        ));
         f.shutdown.cancel();
         f.task.await.unwrap().unwrap();
     }

@@ -41,6 +41,8 @@ pub enum Outcome {
     Malformed,
     /// Publishing failed; the request was handed back to the broker for another attempt.
     Retried,
+    /// The client cancelled the request; the handler was stopped.
+    Cancelled,
 }
 
 impl Outcome {
@@ -50,6 +52,7 @@ impl Outcome {
             Outcome::Error => "error",
             Outcome::Malformed => "malformed",
             Outcome::Retried => "retried",
+            Outcome::Cancelled => "cancelled",
         }
     }
 }

@@ -1,0 +1,481 @@
+//! The REST routes: a whole answer as JSON, or a stream of seed 004 events as NDJSON or SSE.
+
+use std::{collections::VecDeque, convert::Infallible, sync::Arc, time::Instant};
+
+use axum::{
+    Json,
+    body::{Body, Bytes},
+    extract::{Path, State, rejection::BytesRejection},
+    http::{HeaderMap, HeaderValue, StatusCode, header},
+    response::{
+        IntoResponse, Response,
+        sse::{self, KeepAlive, Sse},
+    },
+};
+use futures::Stream;
+use serde_json::json;
+use sluice_runtime::client::{Received, RequestClient, RequestOptions, ResponseStream};
+use sluice_schema::{Error, ErrorKind, ResponseRecord};
+
+use crate::{
+    Clients, Inner, client_error,
+    events::{Event, Reason, Status},
+    kinds::{Agent, Kind, Prompt, ServiceKind, StreamState, TextCompletion},
+    traceparent,
+};
+
+/// A service kind the gateway holds a client for.
+pub(crate) trait Routed: Kind {
+    fn client(clients: &Clients) -> Option<&RequestClient<Self::Request, Self::Response>>;
+}
+
+impl Routed for TextCompletion {
+    fn client(clients: &Clients) -> Option<&RequestClient<Self::Request, Self::Response>> {
+        clients.text_completion.as_ref()
+    }
+}
+
+impl Routed for Prompt {
+    fn client(clients: &Clients) -> Option<&RequestClient<Self::Request, Self::Response>> {
+        clients.prompt.as_ref()
+    }
+}
+
+impl Routed for Agent {
+    fn client(clients: &Clients) -> Option<&RequestClient<Self::Request, Self::Response>> {
+        clients.agent.as_ref()
+    }
+}
+
+/// How the caller wants the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Json,
+    Ndjson,
+    Sse,
+}
+
+fn mode(headers: &HeaderMap) -> Mode {
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if accept.contains("application/x-ndjson") {
+        Mode::Ndjson
+    } else if accept.contains("text/event-stream") {
+        Mode::Sse
+    } else {
+        Mode::Json
+    }
+}
+
+/// The HTTP status an error record's type maps to.
+pub(crate) fn status_for(kind: &str) -> StatusCode {
+    match ErrorKind::from_wire(kind) {
+        Some(ErrorKind::InvalidRequest) => StatusCode::BAD_REQUEST,
+        Some(ErrorKind::MessageTooLarge) => StatusCode::PAYLOAD_TOO_LARGE,
+        Some(ErrorKind::TooManyRequests) => StatusCode::TOO_MANY_REQUESTS,
+        Some(ErrorKind::Timeout) => StatusCode::GATEWAY_TIMEOUT,
+        Some(ErrorKind::NoConfiguration | ErrorKind::Internal) => StatusCode::INTERNAL_SERVER_ERROR,
+        Some(ErrorKind::Cancelled) => StatusCode::SERVICE_UNAVAILABLE,
+        Some(ErrorKind::Llm | ErrorKind::Agent | ErrorKind::Gateway) | None => {
+            StatusCode::BAD_GATEWAY
+        }
+    }
+}
+
+fn error_response(status: StatusCode, kind: &str, message: &str) -> Response {
+    let mut resp = (
+        status,
+        Json(json!({ "error": { "type": kind, "message": message } })),
+    )
+        .into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        resp.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    resp
+}
+
+fn counted(inner: &Inner, route: &str, resp: Response) -> Response {
+    inner.metrics.request(route, resp.status().as_u16());
+    resp
+}
+
+/// `POST /api/v1/{service}`.
+pub(crate) async fn service(
+    State(inner): State<Arc<Inner>>,
+    Path(service): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let mode = mode(&headers);
+    dispatch(inner, &service, headers, body, mode).await
+}
+
+/// `POST /api/v1/flow/{flow}/service/{service}`: TrustGraph's REST, always a whole answer.
+pub(crate) async fn flow_service(
+    State(inner): State<Arc<Inner>>,
+    Path((flow, service)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    if flow != inner.config.flow {
+        let message = format!(
+            "unknown flow {flow:?}; this gateway serves flow {:?}",
+            inner.config.flow
+        );
+        return counted(
+            &inner,
+            "flow",
+            error_response(StatusCode::NOT_FOUND, "invalid-request", &message),
+        );
+    }
+    dispatch(inner, &service, headers, body, Mode::Json).await
+}
+
+/// Unknown paths get a JSON 404 like every other error.
+pub(crate) async fn not_found() -> Response {
+    error_response(
+        StatusCode::NOT_FOUND,
+        "invalid-request",
+        "no such route; see POST /api/v1/{text-completion|prompt|agent} and GET /api/v1/socket",
+    )
+}
+
+async fn dispatch(
+    inner: Arc<Inner>,
+    service: &str,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    mode: Mode,
+) -> Response {
+    let Some(kind) = ServiceKind::from_name(service) else {
+        let message =
+            format!("unknown service {service:?}: expected text-completion, prompt or agent");
+        return counted(
+            &inner,
+            "unknown",
+            error_response(StatusCode::NOT_FOUND, "invalid-request", &message),
+        );
+    };
+    match kind {
+        ServiceKind::TextCompletion => handle::<TextCompletion>(inner, headers, body, mode).await,
+        ServiceKind::Prompt => handle::<Prompt>(inner, headers, body, mode).await,
+        ServiceKind::Agent => handle::<Agent>(inner, headers, body, mode).await,
+    }
+}
+
+async fn handle<K: Routed>(
+    inner: Arc<Inner>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    mode: Mode,
+) -> Response {
+    let route = K::KIND.as_str();
+    let started = Instant::now();
+    if !inner.config.auth.accepts_headers(&headers) {
+        let resp = error_response(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a valid `Authorization: Bearer <token>` header is required",
+        );
+        return counted(&inner, route, resp);
+    }
+    let body = match body {
+        Ok(b) => b,
+        Err(rejection) => {
+            let status = rejection.status();
+            let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                format!(
+                    "the request body is larger than the limit of {} bytes",
+                    inner.config.body_limit
+                )
+            } else {
+                rejection.body_text()
+            };
+            let kind = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                "message-too-large"
+            } else {
+                "invalid-request"
+            };
+            return counted(&inner, route, error_response(status, kind, &message));
+        }
+    };
+    let mut request: K::Request = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            // Position and category only: the body may hold a prompt.
+            let message = format!(
+                "the body is not a valid {route} request record (line {}, column {}: {:?})",
+                e.line(),
+                e.column(),
+                e.classify()
+            );
+            return counted(
+                &inner,
+                route,
+                error_response(StatusCode::BAD_REQUEST, "invalid-request", &message),
+            );
+        }
+    };
+    let Some(client) = K::client(&inner.clients) else {
+        let message = format!("the {route} service is not enabled on this gateway");
+        return counted(
+            &inner,
+            route,
+            error_response(StatusCode::NOT_FOUND, "no-configuration", &message),
+        );
+    };
+    K::set_streaming(&mut request, mode != Mode::Json);
+    let incoming = headers.get("traceparent").and_then(|v| v.to_str().ok());
+    let (tp, trace_id) = traceparent(incoming);
+    let session_id = headers
+        .get("x-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| K::session_id(&request))
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let options = RequestOptions {
+        traceparent: Some(tp),
+        ..RequestOptions::default()
+    };
+    let stream = match client.request_with(&request, options).await {
+        Ok(s) => s,
+        Err(e) => {
+            let err = client_error(&e);
+            return counted(
+                &inner,
+                route,
+                error_response(StatusCode::SERVICE_UNAVAILABLE, &err.kind, &err.message),
+            );
+        }
+    };
+    match mode {
+        Mode::Json => {
+            let resp = whole::<K>(stream).await;
+            counted(&inner, route, resp)
+        }
+        Mode::Ndjson | Mode::Sse => {
+            inner.metrics.request(route, 200);
+            let events = EventStream::<K> {
+                stream: Some(stream),
+                state: StreamState::default(),
+                pending: VecDeque::from([Event::status(Status::Thinking)]),
+                trace_id: Arc::from(trace_id),
+                session_id: Arc::from(session_id),
+                started,
+                first_sent: false,
+                outcome: None,
+                inner: inner.clone(),
+            };
+            inner.metrics.open_streams(route, 1);
+            let events = futures::stream::unfold(events, |mut s| async move {
+                s.next_event().await.map(|e| (e, s))
+            });
+            if mode == Mode::Ndjson {
+                ndjson_response(events)
+            } else {
+                sse_response(events)
+            }
+        }
+    }
+}
+
+fn no_buffering(resp: &mut Response) {
+    let h = resp.headers_mut();
+    h.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, no-transform"),
+    );
+    // nginx and compatible proxies: pass each write through.
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+}
+
+fn ndjson_response(events: impl Stream<Item = Event> + Send + 'static) -> Response {
+    use futures::StreamExt;
+    let body = Body::from_stream(events.map(|e| Ok::<_, Infallible>(e.to_line())));
+    let mut resp = Response::new(body);
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ndjson"),
+    );
+    no_buffering(&mut resp);
+    resp
+}
+
+fn sse_response(events: impl Stream<Item = Event> + Send + 'static) -> Response {
+    use futures::StreamExt;
+    let events = events.map(|e| {
+        let name = match e.kind {
+            crate::events::EventType::Status => "status",
+            crate::events::EventType::Token => "token",
+            crate::events::EventType::Done => "done",
+            crate::events::EventType::Error => "error",
+        };
+        let line = e.to_line();
+        let data = String::from_utf8_lossy(&line[..line.len().saturating_sub(1)]).into_owned();
+        Ok::<_, Infallible>(sse::Event::default().event(name).data(data))
+    });
+    let mut resp = Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response();
+    no_buffering(&mut resp);
+    resp
+}
+
+/// Reads a non-streaming answer to its end: the final record, or an error.
+async fn whole<K: Kind>(mut stream: ResponseStream<K::Response>) -> Response {
+    let mut last = None;
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(Received::Record(r)) => last = Some(r),
+            Ok(Received::Restarted) => last = None,
+            Err(e) => {
+                let err = client_error(&e);
+                return error_response(status_for(&err.kind), &err.kind, &err.message);
+            }
+        }
+    }
+    match last {
+        Some(r) => match r.error() {
+            Some(e) => error_response(status_for(&e.kind), &e.kind, &e.message),
+            None => Json(r).into_response(),
+        },
+        None => error_response(
+            StatusCode::BAD_GATEWAY,
+            "gateway-error",
+            "the service ended the answer without a final record",
+        ),
+    }
+}
+
+/// The state of one streamed answer: records in, seed 004 events out.
+struct EventStream<K: Kind> {
+    stream: Option<ResponseStream<K::Response>>,
+    state: StreamState,
+    pending: VecDeque<Event>,
+    trace_id: Arc<str>,
+    session_id: Arc<str>,
+    started: Instant,
+    first_sent: bool,
+    outcome: Option<&'static str>,
+    inner: Arc<Inner>,
+}
+
+impl<K: Kind> EventStream<K> {
+    async fn next_event(&mut self) -> Option<Event> {
+        loop {
+            if let Some(mut e) = self.pending.pop_front() {
+                e.trace_id = self.trace_id.clone();
+                e.session_id = self.session_id.clone();
+                if !self.first_sent && e.kind != crate::events::EventType::Status {
+                    self.first_sent = true;
+                    self.inner
+                        .metrics
+                        .first_event(K::KIND.as_str(), self.started.elapsed().as_secs_f64());
+                }
+                return Some(e);
+            }
+            let stream = self.stream.as_mut()?;
+            match stream.next().await {
+                Some(Ok(Received::Record(r))) => {
+                    if let Some(err) = r.error() {
+                        self.fail(err.clone());
+                    } else {
+                        let mut out = Vec::new();
+                        K::events(&r, &mut self.state, &mut out);
+                        self.pending.extend(out);
+                        if r.is_terminal() {
+                            self.end(Reason::Success, "success");
+                        }
+                    }
+                }
+                Some(Ok(Received::Restarted)) => {
+                    // Another replica starts the answer over; the caller discards what it has.
+                    self.state = StreamState::default();
+                    self.pending.push_back(Event::status(Status::Restarted));
+                }
+                Some(Err(e)) => self.fail(client_error(&e)),
+                None => {
+                    if self.outcome.is_none() {
+                        self.fail(Error::new(
+                            ErrorKind::Gateway,
+                            "the answer ended without a final record",
+                        ));
+                    }
+                    self.stream = None;
+                }
+            }
+        }
+    }
+
+    fn fail(&mut self, err: Error) {
+        let (reason, outcome) = match err.known_kind() {
+            Some(ErrorKind::Cancelled) => (Reason::Cancelled, "cancelled"),
+            Some(ErrorKind::Timeout) => (Reason::Error, "timeout"),
+            _ => (Reason::Error, "error"),
+        };
+        self.pending.push_back(Event::error(&err));
+        self.end(reason, outcome);
+    }
+
+    fn end(&mut self, reason: Reason, outcome: &'static str) {
+        let state = std::mem::take(&mut self.state);
+        self.pending
+            .push_back(Event::done(reason, state.usage, state.model));
+        self.outcome = Some(outcome);
+        self.stream = None;
+    }
+}
+
+impl<K: Kind> Drop for EventStream<K> {
+    fn drop(&mut self) {
+        let route = K::KIND.as_str();
+        self.inner.metrics.open_streams(route, -1);
+        // Dropped before its end: the caller went away. The response stream's own drop
+        // publishes the cancel.
+        let outcome = match self.outcome {
+            Some(o) if self.pending.is_empty() => o,
+            _ => "cancelled",
+        };
+        self.inner.metrics.stream_ended(route, outcome);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_type_has_a_fitting_status() {
+        assert_eq!(status_for("invalid-request"), StatusCode::BAD_REQUEST);
+        assert_eq!(
+            status_for("too-many-requests"),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        assert_eq!(status_for("timeout"), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(status_for("llm-error"), StatusCode::BAD_GATEWAY);
+        assert_eq!(
+            status_for("message-too-large"),
+            StatusCode::PAYLOAD_TOO_LARGE
+        );
+        assert_eq!(status_for("from-the-future"), StatusCode::BAD_GATEWAY);
+    }
+
+    #[test]
+    fn accept_picks_the_mode() {
+        let mut h = HeaderMap::new();
+        assert_eq!(mode(&h), Mode::Json);
+        h.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("application/x-ndjson"),
+        );
+        assert_eq!(mode(&h), Mode::Ndjson);
+        h.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        assert_eq!(mode(&h), Mode::Sse);
+    }
+}

@@ -1,0 +1,252 @@
+//! The three services the gateway fronts, as one trait: what their records are, how a
+//! record becomes seed 004 events, and how it looks in a TrustGraph WebSocket frame.
+
+use serde::{Serialize, de::DeserializeOwned};
+use sluice_schema::{
+    AgentMessageType, AgentRequest, AgentResponse, PromptRequest, PromptResponse, ResponseRecord,
+    TextCompletionRequest, TextCompletionResponse,
+};
+
+use crate::events::{Event, Status};
+
+/// A service the gateway can route to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ServiceKind {
+    /// `text-completion`.
+    TextCompletion,
+    /// `prompt`.
+    Prompt,
+    /// `agent`.
+    Agent,
+}
+
+impl ServiceKind {
+    /// Every service.
+    pub const ALL: [ServiceKind; 3] = [
+        ServiceKind::TextCompletion,
+        ServiceKind::Prompt,
+        ServiceKind::Agent,
+    ];
+
+    /// The service's name in routes, topics and frames.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServiceKind::TextCompletion => "text-completion",
+            ServiceKind::Prompt => "prompt",
+            ServiceKind::Agent => "agent",
+        }
+    }
+
+    /// The service a name means.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == name)
+    }
+}
+
+/// Usage summed over a stream's records (they carry deltas).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct UsageTotal {
+    /// Input tokens.
+    pub in_token: Option<u64>,
+    /// Output tokens.
+    pub out_token: Option<u64>,
+}
+
+impl UsageTotal {
+    fn add(&mut self, in_token: Option<u64>, out_token: Option<u64>) {
+        fn sum(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+            match (a, b) {
+                (None, None) => None,
+                (a, b) => Some(a.unwrap_or(0).saturating_add(b.unwrap_or(0))),
+            }
+        }
+        self.in_token = sum(self.in_token, in_token);
+        self.out_token = sum(self.out_token, out_token);
+    }
+}
+
+/// What a translation accumulates over one stream.
+#[derive(Debug, Default)]
+pub struct StreamState {
+    /// Token usage so far.
+    pub usage: UsageTotal,
+    /// The model, once a record named it.
+    pub model: Option<String>,
+    /// The last status event sent.
+    pub status: Option<Status>,
+}
+
+/// A service's records, as the gateway needs them.
+pub trait Kind: Send + Sync + 'static {
+    /// The request record.
+    type Request: Serialize + DeserializeOwned + Send + Sync + 'static;
+    /// The response record.
+    type Response: ResponseRecord + Default + Clone;
+    /// Which service this is.
+    const KIND: ServiceKind;
+
+    /// Asks for a streamed or a whole answer.
+    fn set_streaming(request: &mut Self::Request, streaming: bool);
+
+    /// The session id a request carries, if any (the agent's `session_id`).
+    fn session_id(_request: &Self::Request) -> Option<String> {
+        None
+    }
+
+    /// The events a non-error record stands for, pushed onto `out`; updates `state`.
+    fn events(record: &Self::Response, state: &mut StreamState, out: &mut Vec<Event>);
+}
+
+/// The text-completion service.
+pub struct TextCompletion;
+
+impl Kind for TextCompletion {
+    type Request = TextCompletionRequest;
+    type Response = TextCompletionResponse;
+    const KIND: ServiceKind = ServiceKind::TextCompletion;
+
+    fn set_streaming(request: &mut Self::Request, streaming: bool) {
+        request.streaming = streaming;
+    }
+
+    fn events(record: &Self::Response, state: &mut StreamState, out: &mut Vec<Event>) {
+        state.usage.add(record.in_token, record.out_token);
+        if record.model.is_some() {
+            state.model.clone_from(&record.model);
+        }
+        if !record.response.is_empty() {
+            out.push(Event::token(record.response.clone()));
+        }
+    }
+}
+
+/// The prompt service.
+pub struct Prompt;
+
+impl Kind for Prompt {
+    type Request = PromptRequest;
+    type Response = PromptResponse;
+    const KIND: ServiceKind = ServiceKind::Prompt;
+
+    fn set_streaming(request: &mut Self::Request, streaming: bool) {
+        request.streaming = streaming;
+    }
+
+    fn events(record: &Self::Response, state: &mut StreamState, out: &mut Vec<Event>) {
+        state.usage.add(record.in_token, record.out_token);
+        if record.model.is_some() {
+            state.model.clone_from(&record.model);
+        }
+        if let Some(text) = record.text.as_ref().filter(|t| !t.is_empty()) {
+            out.push(Event::token(text.clone()));
+        }
+        if let Some(object) = &record.object {
+            // The record carries the object JSON-encoded; the event carries it both ways, so
+            // a seed 004 client reading only `content` still gets it.
+            let mut event = Event::token(object.clone());
+            event.object = serde_json::from_str(object).ok();
+            out.push(event);
+        }
+    }
+}
+
+/// The agent service.
+pub struct Agent;
+
+impl Kind for Agent {
+    type Request = AgentRequest;
+    type Response = AgentResponse;
+    const KIND: ServiceKind = ServiceKind::Agent;
+
+    fn set_streaming(request: &mut Self::Request, streaming: bool) {
+        request.streaming = streaming;
+    }
+
+    fn session_id(request: &Self::Request) -> Option<String> {
+        request.session_id.clone()
+    }
+
+    fn events(record: &Self::Response, state: &mut StreamState, out: &mut Vec<Event>) {
+        state.usage.add(record.in_token, record.out_token);
+        if record.model.is_some() {
+            state.model.clone_from(&record.model);
+        }
+        let status = match record.message_type {
+            AgentMessageType::Thought => Some(Status::Thinking),
+            AgentMessageType::Action | AgentMessageType::Observation => Some(Status::UsingTool),
+            AgentMessageType::Answer => Some(Status::Writing),
+            AgentMessageType::Error | AgentMessageType::Unknown => None,
+        };
+        if let Some(status) = status
+            && state.status != Some(status)
+        {
+            state.status = Some(status);
+            out.push(Event::status(status));
+        }
+        if !record.content.is_empty() || record.end_of_message {
+            let mut event = Event::token(record.content.clone());
+            event.message_type = Some(record.message_type);
+            event.end_of_message = Some(record.end_of_message);
+            out.push(event);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_sums_deltas_and_stays_null_when_never_reported() {
+        let mut u = UsageTotal::default();
+        u.add(None, Some(2));
+        u.add(Some(5), Some(3));
+        assert_eq!(u.in_token, Some(5));
+        assert_eq!(u.out_token, Some(5));
+        let mut none = UsageTotal::default();
+        none.add(None, None);
+        assert_eq!(none, UsageTotal::default());
+    }
+
+    #[test]
+    fn agent_records_announce_each_phase_once_and_carry_their_type() {
+        let mut state = StreamState::default();
+        let mut out = Vec::new();
+        for (t, c) in [
+            (AgentMessageType::Thought, "I should"),
+            (AgentMessageType::Thought, " look"),
+            (AgentMessageType::Action, "search"),
+            (AgentMessageType::Observation, "found"),
+            (AgentMessageType::Answer, "42"),
+        ] {
+            let r = AgentResponse {
+                message_type: t,
+                content: c.into(),
+                ..Default::default()
+            };
+            Agent::events(&r, &mut state, &mut out);
+        }
+        let lines: Vec<String> = out
+            .iter()
+            .map(|e| serde_json::to_string(e).unwrap())
+            .collect();
+        let statuses: Vec<_> = lines.iter().filter(|l| l.contains("\"status\"")).collect();
+        assert_eq!(statuses.len(), 3, "{lines:#?}");
+        assert!(lines[1].contains(r#""message_type":"thought""#));
+        assert!(lines.last().unwrap().contains(r#""content":"42""#));
+    }
+
+    #[test]
+    fn prompt_objects_arrive_as_content_and_as_parsed_json() {
+        let mut state = StreamState::default();
+        let mut out = Vec::new();
+        let r = PromptResponse {
+            object: Some(r#"{"a":1}"#.into()),
+            ..Default::default()
+        };
+        Prompt::events(&r, &mut state, &mut out);
+        let line = serde_json::to_string(&out[0]).unwrap();
+        assert!(line.contains(r#""content":"{\"a\":1}""#), "{line}");
+        assert!(line.contains(r#""object":{"a":1}"#), "{line}");
+    }
+}

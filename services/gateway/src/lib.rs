@@ -1,0 +1,312 @@
+//! sluice-gateway: HTTP in front of the processors.
+//!
+//! - `POST /api/v1/{service}` (`text-completion`, `prompt`, `agent`): the request record as
+//!   the body. `Accept: application/x-ndjson` streams seed 004's events, one JSON object per
+//!   line, flushed per event; `Accept: text/event-stream` carries the same events as SSE;
+//!   anything else gets the final record as JSON (a non-streaming call).
+//! - `POST /api/v1/flow/{flow}/service/{service}`: TrustGraph's REST form; never streams.
+//! - `GET /api/v1/socket`: TrustGraph's multiplexed WebSocket protocol.
+//!
+//! Every request goes over the bus with a fresh correlation id and a W3C `traceparent`; a
+//! caller that goes away (HTTP disconnect, socket closed) drops its response stream, which
+//! publishes a cancel so the processor stops the provider call. Errors are JSON
+//! (`{"error":{"type","message"}}`) with a status that fits the error's type. Nothing here
+//! logs a payload: payloads carry prompts and answers.
+
+pub mod auth;
+pub mod events;
+mod http;
+pub mod kinds;
+pub mod metrics;
+mod socket;
+
+use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
+
+use axum::{
+    Router,
+    extract::DefaultBodyLimit,
+    routing::{get, post},
+    serve::ListenerExt,
+};
+use sluice_runtime::{
+    bus::Bus,
+    client::{ClientConfig, ClientError, RequestClient},
+    telemetry::Telemetry,
+};
+use sluice_schema::{
+    AgentRequest, AgentResponse, Error, ErrorKind, PromptRequest, PromptResponse,
+    TextCompletionRequest, TextCompletionResponse,
+};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info};
+
+pub use crate::{auth::Auth, kinds::ServiceKind, metrics::GatewayMetrics};
+
+/// The bus topics (Pulsar URLs) of one service.
+#[derive(Debug, Clone)]
+pub struct ServiceTopics {
+    /// Requests.
+    pub request: String,
+    /// Responses.
+    pub response: String,
+    /// Cancels (see `sluice_runtime::cancel`); `None` disables cancellation.
+    pub cancel: Option<String>,
+}
+
+/// The gateway's settings.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// Who may call.
+    pub auth: Auth,
+    /// The largest request body (and WebSocket frame) accepted, in bytes.
+    pub body_limit: usize,
+    /// A request that has not finished after this long ends with a `timeout` error.
+    pub request_timeout: Duration,
+    /// A stream that receives nothing for this long ends with a `timeout` error.
+    pub inactivity_timeout: Duration,
+    /// The flow name TrustGraph clients address (`/api/v1/flow/{flow}/...`, socket `flow`).
+    pub flow: String,
+    /// The services routed to, and their topics. A service not listed answers 404.
+    pub services: BTreeMap<ServiceKind, ServiceTopics>,
+}
+
+impl GatewayConfig {
+    /// Defaults: no auth, 1 MiB bodies, 600 s per request, 120 s of silence, flow `default`,
+    /// no services.
+    pub fn new() -> Self {
+        Self {
+            auth: Auth::default(),
+            body_limit: 1024 * 1024,
+            request_timeout: Duration::from_secs(600),
+            inactivity_timeout: Duration::from_secs(120),
+            flow: "default".into(),
+            services: BTreeMap::new(),
+        }
+    }
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The bus clients of the enabled services.
+#[derive(Default)]
+pub(crate) struct Clients {
+    text_completion: Option<RequestClient<TextCompletionRequest, TextCompletionResponse>>,
+    prompt: Option<RequestClient<PromptRequest, PromptResponse>>,
+    agent: Option<RequestClient<AgentRequest, AgentResponse>>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) config: GatewayConfig,
+    pub(crate) clients: Clients,
+    pub(crate) metrics: GatewayMetrics,
+}
+
+/// A running gateway's state; build its router with [`Gateway::router`].
+#[derive(Clone)]
+pub struct Gateway {
+    inner: Arc<Inner>,
+}
+
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// A service's response subscription or request publisher could not be created.
+    #[error("cannot reach the {0} service's topics: {1}")]
+    Bus(&'static str, ClientError),
+    /// Metrics could not be registered.
+    #[error("cannot register metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    /// The listener failed.
+    #[error("cannot listen on {0}: {1}")]
+    Listen(SocketAddr, std::io::Error),
+}
+
+impl Gateway {
+    /// Connects a client per enabled service and registers the metrics.
+    pub async fn start(
+        bus: Arc<dyn Bus>,
+        config: GatewayConfig,
+        telemetry: &Telemetry,
+    ) -> Result<Self, GatewayError> {
+        let metrics = GatewayMetrics::register(&telemetry.registry)?;
+        let mut clients = Clients::default();
+        for (kind, topics) in &config.services {
+            let mut cc = ClientConfig::new(
+                format!("gateway-{}", kind.as_str()),
+                topics.request.clone(),
+                topics.response.clone(),
+            );
+            cc.cancel_topic.clone_from(&topics.cancel);
+            cc.inactivity_timeout = config.inactivity_timeout;
+            cc.total_timeout = config.request_timeout;
+            let runtime_metrics = Some(telemetry.metrics.clone());
+            let name = kind.as_str();
+            let bus = bus.clone();
+            match kind {
+                ServiceKind::TextCompletion => {
+                    let c = RequestClient::start(bus, cc, runtime_metrics)
+                        .await
+                        .map_err(|e| GatewayError::Bus(name, e))?;
+                    telemetry
+                        .health
+                        .watch(format!("{name} responses"), c.link());
+                    clients.text_completion = Some(c);
+                }
+                ServiceKind::Prompt => {
+                    let c = RequestClient::start(bus, cc, runtime_metrics)
+                        .await
+                        .map_err(|e| GatewayError::Bus(name, e))?;
+                    telemetry
+                        .health
+                        .watch(format!("{name} responses"), c.link());
+                    clients.prompt = Some(c);
+                }
+                ServiceKind::Agent => {
+                    let c = RequestClient::start(bus, cc, runtime_metrics)
+                        .await
+                        .map_err(|e| GatewayError::Bus(name, e))?;
+                    telemetry
+                        .health
+                        .watch(format!("{name} responses"), c.link());
+                    clients.agent = Some(c);
+                }
+            }
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                config,
+                clients,
+                metrics,
+            }),
+        })
+    }
+
+    /// The HTTP routes.
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/api/v1/socket", get(socket::upgrade))
+            .route("/api/v1/{service}", post(http::service))
+            .route(
+                "/api/v1/flow/{flow}/service/{service}",
+                post(http::flow_service),
+            )
+            .fallback(http::not_found)
+            .layer(DefaultBodyLimit::max(self.inner.config.body_limit))
+            .with_state(self.inner.clone())
+    }
+
+    /// Serves until `shutdown`, then lets open responses finish. Accepted sockets get
+    /// TCP_NODELAY: each event is a small write that must leave at once.
+    pub async fn serve(
+        &self,
+        addr: SocketAddr,
+        shutdown: CancellationToken,
+    ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), GatewayError> {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| GatewayError::Listen(addr, e))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| GatewayError::Listen(addr, e))?;
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        let app = self.router();
+        info!(%local, "gateway listening");
+        let task = tokio::spawn(async move {
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { shutdown.cancelled().await })
+                .await;
+            if let Err(e) = served {
+                error!(error = %e, "gateway stopped");
+            }
+        });
+        Ok((local, task))
+    }
+
+    /// Closes the bus clients (their response subscriptions are deleted).
+    pub async fn close(&self) {
+        let c = &self.inner.clients;
+        if let Some(c) = &c.text_completion {
+            c.close().await;
+        }
+        if let Some(c) = &c.prompt {
+            c.close().await;
+        }
+        if let Some(c) = &c.agent {
+            c.close().await;
+        }
+    }
+}
+
+/// The error a client-side failure becomes.
+pub(crate) fn client_error(e: &ClientError) -> Error {
+    match e {
+        ClientError::InactivityTimeout(d) => Error::new(
+            ErrorKind::Timeout,
+            format!("no answer for {} s", d.as_secs()),
+        ),
+        ClientError::TotalTimeout(d) => Error::new(
+            ErrorKind::Timeout,
+            format!("the answer did not complete within {} s", d.as_secs()),
+        ),
+        ClientError::Closed => Error::new(ErrorKind::Gateway, "the gateway is shutting down"),
+        ClientError::Bus(e) => Error::new(
+            ErrorKind::Gateway,
+            format!("the message bus is unavailable: {e}"),
+        ),
+        ClientError::Decode(e) => Error::new(
+            ErrorKind::Gateway,
+            format!("a response could not be decoded: {e}"),
+        ),
+        ClientError::Encode(e) => Error::new(ErrorKind::InvalidRequest, e.clone()),
+        ClientError::DuplicateId(id) => Error::new(
+            ErrorKind::InvalidRequest,
+            format!("request id {id:?} is already in flight"),
+        ),
+    }
+}
+
+/// A fresh W3C `traceparent`, or one continuing the caller's trace.
+pub(crate) fn traceparent(incoming: Option<&str>) -> (String, String) {
+    let span = &uuid::Uuid::new_v4().simple().to_string()[..16];
+    let trace = incoming
+        .and_then(|tp| {
+            let mut parts = tp.trim().split('-');
+            let (_version, trace) = (parts.next()?, parts.next()?);
+            (trace.len() == 32
+                && trace.bytes().all(|b| b.is_ascii_hexdigit())
+                && trace != "00000000000000000000000000000000")
+                .then(|| trace.to_ascii_lowercase())
+        })
+        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+    (format!("00-{trace}-{span}-01"), trace)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traceparent_continues_a_valid_trace_and_starts_one_otherwise() {
+        let (tp, trace) = traceparent(Some(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ));
+        assert_eq!(trace, "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert!(tp.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"));
+        assert_eq!(tp.len(), 55);
+        for bad in [
+            None,
+            Some("garbage"),
+            Some("00-00000000000000000000000000000000-00f067aa0ba902b7-01"),
+        ] {
+            let (tp, trace) = traceparent(bad);
+            assert_eq!(trace.len(), 32);
+            assert_eq!(tp.len(), 55);
+        }
+    }
+}

@@ -1,0 +1,306 @@
+//! TrustGraph's WebSocket protocol on `/api/v1/socket`: a first `auth` frame, then any number
+//! of concurrent requests multiplexed by the client's ids, each answered by response frames
+//! with a `complete` flag. Closing the socket cancels everything still running on it.
+
+use std::{collections::HashMap, sync::Arc, time::Instant};
+
+use axum::{
+    extract::{
+        State, WebSocketUpgrade,
+        ws::{Message, WebSocket},
+    },
+    response::Response,
+};
+use serde_json::{Map, Value, json};
+use sluice_runtime::client::{Received, RequestOptions};
+use sluice_schema::{Error, ErrorKind, ResponseRecord};
+use tokio::{sync::mpsc, task::JoinSet};
+use tracing::debug;
+
+use crate::{
+    Inner, client_error,
+    http::Routed,
+    kinds::{Agent, Prompt, ServiceKind, TextCompletion},
+    traceparent,
+};
+
+/// Frames waiting for the socket; a slow reader slows its requests down rather than
+/// growing memory.
+const OUTBOUND_FRAMES: usize = 256;
+const ROUTE: &str = "socket";
+
+/// `GET /api/v1/socket`.
+pub(crate) async fn upgrade(State(inner): State<Arc<Inner>>, ws: WebSocketUpgrade) -> Response {
+    inner.metrics.request(ROUTE, 101);
+    let limit = inner.config.body_limit;
+    ws.max_message_size(limit)
+        .max_frame_size(limit)
+        .on_upgrade(move |socket| run(inner, socket))
+}
+
+fn error_frame(id: Option<&str>, err: &Error) -> String {
+    let mut frame = json!({
+        "error": { "message": err.message, "type": err.kind },
+        "complete": true,
+    });
+    if let (Some(id), Some(obj)) = (id, frame.as_object_mut()) {
+        obj.insert("id".into(), Value::String(id.to_owned()));
+    }
+    frame.to_string()
+}
+
+async fn run(inner: Arc<Inner>, mut socket: WebSocket) {
+    let (out_tx, mut out_rx) = mpsc::channel::<String>(OUTBOUND_FRAMES);
+    let mut tasks: JoinSet<String> = JoinSet::new();
+    let mut active: HashMap<String, tokio::task::AbortHandle> = HashMap::new();
+    let mut authed = !inner.config.auth.required();
+    loop {
+        tokio::select! {
+            msg = socket.recv() => {
+                let text = match msg {
+                    Some(Ok(Message::Text(t))) => t,
+                    Some(Ok(Message::Binary(_))) => {
+                        inner.metrics.socket_frame("invalid");
+                        let err = Error::new(ErrorKind::InvalidRequest, "binary frames are not supported; send JSON text frames");
+                        if socket.send(Message::Text(error_frame(None, &err).into())).await.is_err() {
+                            break;
+                        }
+                        continue;
+                    }
+                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+                    Some(Ok(Message::Close(_)) | Err(_)) | None => break,
+                };
+                let reply = frame(&inner, text.as_str(), &mut authed, &mut tasks, &mut active, &out_tx);
+                if let Some(reply) = reply
+                    && socket.send(Message::Text(reply.into())).await.is_err()
+                {
+                    break;
+                }
+            }
+            Some(out) = out_rx.recv() => {
+                if socket.send(Message::Text(out.into())).await.is_err() {
+                    break;
+                }
+            }
+            Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                if let Ok(id) = done {
+                    active.remove(&id);
+                }
+            }
+        }
+    }
+    // Dropping the tasks drops their response streams, which cancels the requests.
+    debug!(open = tasks.len(), "socket closed");
+    tasks.abort_all();
+}
+
+/// Handles one text frame; returns a frame to send at once, if any.
+fn frame(
+    inner: &Arc<Inner>,
+    text: &str,
+    authed: &mut bool,
+    tasks: &mut JoinSet<String>,
+    active: &mut HashMap<String, tokio::task::AbortHandle>,
+    out: &mpsc::Sender<String>,
+) -> Option<String> {
+    let Ok(Value::Object(frame)) = serde_json::from_str::<Value>(text) else {
+        inner.metrics.socket_frame("invalid");
+        let err = Error::new(ErrorKind::InvalidRequest, "the frame is not a JSON object");
+        return Some(error_frame(None, &err));
+    };
+    if frame.get("type").and_then(Value::as_str) == Some("auth") {
+        inner.metrics.socket_frame("auth");
+        let token = frame.get("token").and_then(Value::as_str);
+        // The socket stays open after a failure: the client may try again.
+        *authed = inner.config.auth.accepts(token);
+        return Some(if *authed {
+            json!({ "type": "auth-ok", "default_workspace": "default" }).to_string()
+        } else {
+            json!({ "type": "auth-failed", "error": "auth failure" }).to_string()
+        });
+    }
+    let id = frame.get("id").and_then(Value::as_str).map(str::to_owned);
+    let Some(id) = id else {
+        inner.metrics.socket_frame("invalid");
+        let err = Error::new(
+            ErrorKind::InvalidRequest,
+            "a request frame needs a string `id`",
+        );
+        return Some(error_frame(None, &err));
+    };
+    let reject = |message: String| {
+        inner.metrics.socket_frame("invalid");
+        Some(error_frame(
+            Some(&id),
+            &Error::new(ErrorKind::InvalidRequest, message),
+        ))
+    };
+    if !*authed {
+        return reject("not authenticated: send {\"type\":\"auth\",\"token\":...} first".into());
+    }
+    if let Some(flow) = frame.get("flow").and_then(Value::as_str)
+        && flow != inner.config.flow
+    {
+        return reject(format!(
+            "unknown flow {flow:?}; this gateway serves flow {:?}",
+            inner.config.flow
+        ));
+    }
+    let service = frame.get("service").and_then(Value::as_str).unwrap_or("");
+    let Some(kind) = ServiceKind::from_name(service) else {
+        return reject(format!(
+            "unknown service {service:?}: expected text-completion, prompt or agent"
+        ));
+    };
+    let Some(request) = frame.get("request").cloned() else {
+        return reject("a request frame needs a `request` object".into());
+    };
+    if request.get("operation").and_then(Value::as_str) == Some("list-models") {
+        return reject("list-models is not supported: sluice serves one configured model per text-completion processor".into());
+    }
+    if active.contains_key(&id) {
+        return reject(format!(
+            "request id {id:?} is already in flight on this socket"
+        ));
+    }
+    inner.metrics.socket_frame("request");
+    let handle = match kind {
+        ServiceKind::TextCompletion => tasks.spawn(serve::<TextCompletion>(
+            inner.clone(),
+            id.clone(),
+            request,
+            out.clone(),
+        )),
+        ServiceKind::Prompt => tasks.spawn(serve::<Prompt>(
+            inner.clone(),
+            id.clone(),
+            request,
+            out.clone(),
+        )),
+        ServiceKind::Agent => tasks.spawn(serve::<Agent>(
+            inner.clone(),
+            id.clone(),
+            request,
+            out.clone(),
+        )),
+    };
+    active.insert(id, handle);
+    None
+}
+
+/// A record as TrustGraph's response object: without the `error` field and null fields.
+fn response_object<R: serde::Serialize>(record: &R) -> Value {
+    let mut obj = match serde_json::to_value(record) {
+        Ok(Value::Object(m)) => m,
+        _ => Map::new(),
+    };
+    obj.remove("error");
+    obj.retain(|_, v| !v.is_null());
+    Value::Object(obj)
+}
+
+/// Runs one request of a socket; returns its id when done.
+async fn serve<K: Routed>(
+    inner: Arc<Inner>,
+    id: String,
+    request: Value,
+    out: mpsc::Sender<String>,
+) -> String {
+    let started = Instant::now();
+    let send = |frame: String| {
+        let out = out.clone();
+        async move { out.send(frame).await.is_ok() }
+    };
+    let request: K::Request = match serde_json::from_value(request) {
+        Ok(r) => r,
+        Err(e) => {
+            let err = Error::new(
+                ErrorKind::InvalidRequest,
+                format!(
+                    "the request is not a valid {} record: {:?}",
+                    K::KIND.as_str(),
+                    e.classify()
+                ),
+            );
+            send(error_frame(Some(&id), &err)).await;
+            return id;
+        }
+    };
+    let Some(client) = K::client(&inner.clients) else {
+        let err = Error::new(
+            ErrorKind::NoConfiguration,
+            format!(
+                "the {} service is not enabled on this gateway",
+                K::KIND.as_str()
+            ),
+        );
+        send(error_frame(Some(&id), &err)).await;
+        return id;
+    };
+    let (tp, _) = traceparent(None);
+    let options = RequestOptions {
+        traceparent: Some(tp),
+        ..RequestOptions::default()
+    };
+    let mut stream = match client.request_with(&request, options).await {
+        Ok(s) => s,
+        Err(e) => {
+            send(error_frame(Some(&id), &client_error(&e))).await;
+            return id;
+        }
+    };
+    inner.metrics.open_streams(ROUTE, 1);
+    let mut first = true;
+    let mut outcome = "cancelled";
+    while let Some(item) = stream.next().await {
+        let frame = match item {
+            Ok(Received::Record(r)) => {
+                if let Some(err) = r.error() {
+                    outcome = if err.known_kind() == Some(ErrorKind::Cancelled) {
+                        "cancelled"
+                    } else {
+                        "error"
+                    };
+                    error_frame(Some(&id), err)
+                } else {
+                    if r.is_terminal() {
+                        outcome = "success";
+                    }
+                    json!({ "id": id, "response": response_object(&r), "complete": r.is_terminal() })
+                        .to_string()
+                }
+            }
+            Ok(Received::Restarted) => {
+                // sluice's addition: an empty response object flagged `restarted`; older
+                // clients append nothing and read on.
+                let mut obj = response_object(&K::Response::default());
+                if let Value::Object(m) = &mut obj {
+                    m.insert("restarted".into(), Value::Bool(true));
+                }
+                json!({ "id": id, "response": obj, "complete": false }).to_string()
+            }
+            Err(e) => {
+                let err = client_error(&e);
+                outcome = if err.known_kind() == Some(ErrorKind::Timeout) {
+                    "timeout"
+                } else {
+                    "error"
+                };
+                error_frame(Some(&id), &err)
+            }
+        };
+        if first {
+            first = false;
+            inner
+                .metrics
+                .first_event(ROUTE, started.elapsed().as_secs_f64());
+        }
+        if !send(frame).await {
+            outcome = "cancelled";
+            break;
+        }
+    }
+    inner.metrics.open_streams(ROUTE, -1);
+    inner.metrics.stream_ended(ROUTE, outcome);
+    id
+}
