@@ -10,17 +10,10 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sluice/target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
-need_apt=()
-command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)  # pulsar-rs generates its protocol code at build time
-command -v curl >/dev/null 2>&1 || need_apt+=(curl)
-command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
-command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)       # llama-server, the local LLM
-command -v ninja >/dev/null 2>&1 || need_apt+=(ninja-build)
-command -v unzip >/dev/null 2>&1 || need_apt+=(unzip)
-if [ ${#need_apt[@]} -gt 0 ]; then
-  echo "installing: ${need_apt[*]}"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
-fi
+. scripts/prereqs.sh
+# protoc: pulsar-rs generates its protocol code at build time; maven fetches Pulsar;
+# cmake, ninja and unzip build llama-server, the local LLM.
+prereqs protoc:protobuf-compiler curl:curl mvn:maven cmake:cmake ninja:ninja-build unzip:unzip
 
 echo "== formatting and lints"
 cargo fmt --all -- --check

@@ -1,7 +1,11 @@
-//! `sluice`: the one binary. The gateway, `serve` and `invoke`, and the prompt and agent
-//! processors arrive with their issues. Today it carries:
+//! `sluice`: the one binary. The prompt and agent processors arrive with their issues.
+//! Today it carries:
 //!
-//! - `sluice text-completion`: the text-completion processor (OpenAI-dialect providers);
+//! - `sluice serve`: the embedded default, the text-completion processor and the gateway in
+//!   one process on the in-process bus (or Pulsar);
+//! - `sluice text-completion`: the text-completion processor;
+//! - `sluice gateway`: the HTTP gateway (REST, NDJSON, SSE, TrustGraph's WebSocket);
+//! - `sluice invoke llm|prompt|agent`: call a gateway and print the answer as it streams;
 //! - `sluice topics resolve NAME...`: the Pulsar topic URL of a TrustGraph-style name;
 //! - `sluice pulsar ensure-namespaces NAME...`: create the tenants and namespaces of those
 //!   topics (Pulsar creates topics on first use, not namespaces), as a deploy-time step.
@@ -10,11 +14,15 @@
 //! `SLUICE_PULSAR_TOKEN_FILE`, never from the command line.
 
 mod common;
+mod config;
+mod gateway;
+mod invoke;
+mod serve;
 mod text_completion;
 
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use sluice_runtime::{
     bus::admin::{NamespacePolicy, PulsarAdmin},
     secret::Secret,
@@ -38,8 +46,16 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Everything in one process: the text-completion processor and the gateway, on the
+    /// in-process bus unless --pulsar-url is given.
+    Serve(Box<serve::ServeArgs>),
     /// The text-completion processor.
     TextCompletion(Box<text_completion::TextCompletionArgs>),
+    /// The HTTP gateway in front of the processors.
+    Gateway(Box<gateway::GatewayCommand>),
+    /// Calls a gateway: `invoke llm SYSTEM PROMPT`, `invoke prompt TEMPLATE k=v...`,
+    /// `invoke agent -q QUESTION`.
+    Invoke(Box<invoke::InvokeArgs>),
     /// Topic names.
     Topics {
         #[command(subcommand)]
@@ -110,9 +126,37 @@ fn parse_names(names: &[String]) -> Result<Vec<TopicName>, String> {
         .collect()
 }
 
+fn parse() -> Result<Cli, String> {
+    // Later occurrences of an option override earlier ones, so that the command line wins
+    // over the values `--config` splices in before it.
+    let command = Cli::command().args_override_self(true);
+    let args = config::expand(std::env::args_os().collect(), &command)?;
+    let matches = command.get_matches_from(args);
+    Cli::from_arg_matches(&matches).map_err(|e| e.to_string())
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            eprintln!("sluice: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Command::Invoke(args) = cli.command {
+        // `invoke` is a client: its output is the answer, so no log lines unless asked for.
+        if std::env::var_os("RUST_LOG").is_some() {
+            init_tracing(cli.log_format);
+        }
+        return match invoke::run(*args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("sluice: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     init_tracing(cli.log_format);
     match run(cli.command).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -125,7 +169,10 @@ async fn main() -> ExitCode {
 
 async fn run(command: Command) -> Result<(), String> {
     match command {
+        Command::Serve(args) => serve::run(*args).await,
         Command::TextCompletion(args) => text_completion::run(*args).await,
+        Command::Gateway(args) => gateway::run(*args).await,
+        Command::Invoke(_) => Ok(()),
         Command::Topics {
             command: TopicsCommand::Resolve { mapping, names },
         } => {

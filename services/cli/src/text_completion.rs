@@ -52,6 +52,13 @@ pub struct TextCompletionArgs {
     bus: BusArgs,
     #[command(flatten)]
     processor: ProcessorArgs,
+    #[command(flatten)]
+    llm: LlmArgs,
+}
+
+/// The provider and how to call it (shared by `text-completion` and `serve`).
+#[derive(Args, Debug, Clone)]
+pub struct LlmArgs {
     /// The provider.
     #[arg(long, env = "SLUICE_PROVIDER", value_enum, default_value = "openai")]
     provider: ProviderKind,
@@ -93,7 +100,7 @@ pub struct TextCompletionArgs {
     max_retries: u32,
 }
 
-fn timeouts(args: &TextCompletionArgs) -> HttpTimeouts {
+fn timeouts(args: &LlmArgs) -> HttpTimeouts {
     HttpTimeouts {
         connect: Duration::from_secs(args.connect_timeout_secs),
         first_token: Duration::from_secs(args.first_token_timeout_secs),
@@ -124,7 +131,7 @@ fn openai_dialect(kind: ProviderKind) -> Option<(Dialect, &'static str, Option<&
     }
 }
 
-fn provider(args: &TextCompletionArgs) -> Result<Arc<dyn Provider>, String> {
+fn provider(args: &LlmArgs) -> Result<Arc<dyn Provider>, String> {
     if let ProviderKind::Gemini | ProviderKind::Vertex = args.provider {
         let (endpoint, var, base) = if let ProviderKind::Vertex = args.provider {
             let project = args
@@ -231,19 +238,24 @@ fn provider(args: &TextCompletionArgs) -> Result<Arc<dyn Provider>, String> {
     ))
 }
 
-/// Runs the processor until SIGTERM/SIGINT, then drains.
-pub async fn run(args: TextCompletionArgs) -> Result<(), String> {
-    let provider = provider(&args)?;
-    let (config, topics) =
-        processor_config("text-completion", &args.processor, args.bus.topic_mapping)?;
-    let bus = connect(&args.bus, &topics).await?;
-    let telemetry = Telemetry::new().map_err(|e| e.to_string())?;
+/// The text-completion handler `args` describe, its metrics registered in `telemetry`.
+pub fn service(args: &LlmArgs, telemetry: &Telemetry) -> Result<TextCompletionService, String> {
+    let provider = provider(args)?;
     let metrics = LlmMetrics::register(&telemetry.registry).map_err(|e| e.to_string())?;
     let retry = RetryPolicy {
         max_retries: args.max_retries,
         ..RetryPolicy::default()
     };
-    let handler = Arc::new(TextCompletionService::new(provider, retry, metrics));
+    Ok(TextCompletionService::new(provider, retry, metrics))
+}
+
+/// Runs the processor until SIGTERM/SIGINT, then drains.
+pub async fn run(args: TextCompletionArgs) -> Result<(), String> {
+    let telemetry = Telemetry::new().map_err(|e| e.to_string())?;
+    let handler = Arc::new(service(&args.llm, &telemetry)?);
+    let (config, topics) =
+        processor_config("text-completion", &args.processor, args.bus.topic_mapping)?;
+    let bus = connect(&args.bus, &topics).await?;
     run_until_signalled(bus, config, handler, telemetry, args.processor.metrics_addr)
         .await
         .map_err(|e| e.to_string())?;

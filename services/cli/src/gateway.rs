@@ -1,0 +1,166 @@
+//! `sluice gateway`: the HTTP gateway as a process, in front of processors on Pulsar.
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use clap::Args;
+use sluice_gateway::{Auth, Gateway, GatewayConfig, ServiceKind, ServiceTopics};
+use sluice_runtime::{
+    bus::Bus,
+    secret::Secret,
+    telemetry::{Telemetry, shutdown_on_signals},
+};
+use sluice_schema::{TopicMapping, TopicName};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::common::{BusArgs, cancel_topic, connect};
+
+/// How the gateway serves HTTP (shared by `gateway` and `serve`). The bearer token comes
+/// from SLUICE_GATEWAY_TOKEN or the file named by SLUICE_GATEWAY_TOKEN_FILE; without one,
+/// every caller is accepted.
+#[derive(Args, Debug, Clone)]
+pub struct GatewayArgs {
+    /// Address the gateway listens on (default: 0.0.0.0:8088 for `gateway`, 127.0.0.1:8088
+    /// for `serve`).
+    #[arg(long, env = "SLUICE_GATEWAY_ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// Largest request body or WebSocket frame, in bytes.
+    #[arg(long, env = "SLUICE_BODY_LIMIT_BYTES", default_value_t = 1024 * 1024)]
+    pub body_limit_bytes: usize,
+    /// Seconds a request may take in all.
+    #[arg(long, env = "SLUICE_REQUEST_TIMEOUT_SECS", default_value_t = 600)]
+    pub request_timeout_secs: u64,
+    /// Seconds a stream may stay silent.
+    #[arg(long, env = "SLUICE_INACTIVITY_TIMEOUT_SECS", default_value_t = 120)]
+    pub inactivity_timeout_secs: u64,
+    /// The flow name TrustGraph clients address.
+    #[arg(long, env = "SLUICE_FLOW", default_value = "default")]
+    pub flow: String,
+}
+
+impl GatewayArgs {
+    /// The gateway config for `services`, with their default topics under `mapping`.
+    pub fn config(
+        &self,
+        services: &[ServiceKind],
+        mapping: TopicMapping,
+    ) -> Result<(GatewayConfig, Vec<TopicName>), String> {
+        let token = Secret::from_env("SLUICE_GATEWAY_TOKEN").map_err(|e| e.to_string())?;
+        let mut config = GatewayConfig::new();
+        config.auth = Auth::new(token);
+        config.body_limit = self.body_limit_bytes;
+        config.request_timeout = Duration::from_secs(self.request_timeout_secs);
+        config.inactivity_timeout = Duration::from_secs(self.inactivity_timeout_secs);
+        config.flow.clone_from(&self.flow);
+        let mut topics = Vec::new();
+        for kind in services {
+            let name = kind.as_str();
+            let parse = |s: String| s.parse::<TopicName>().map_err(|e| e.to_string());
+            let request = parse(format!("request:tg:{name}"))?;
+            let response = parse(format!("response:tg:{name}"))?;
+            let cancel = cancel_topic(name, None)?;
+            config.services.insert(
+                *kind,
+                ServiceTopics {
+                    request: request.to_pulsar(mapping),
+                    response: response.to_pulsar(mapping),
+                    cancel: Some(cancel.to_pulsar(mapping)),
+                },
+            );
+            topics.extend([request, response, cancel]);
+        }
+        Ok((config, topics))
+    }
+}
+
+fn parse_service(s: &str) -> Result<ServiceKind, String> {
+    ServiceKind::from_name(s)
+        .ok_or_else(|| format!("unknown service {s:?}: expected text-completion, prompt or agent"))
+}
+
+/// `sluice gateway` options.
+#[derive(Args, Debug)]
+pub struct GatewayCommand {
+    #[command(flatten)]
+    bus: BusArgs,
+    #[command(flatten)]
+    gateway: GatewayArgs,
+    /// Services to route to (the others answer 404).
+    #[arg(long, env = "SLUICE_SERVICES", value_delimiter = ',', value_parser = parse_service,
+          default_value = "text-completion,prompt,agent")]
+    services: Vec<ServiceKind>,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "SLUICE_METRICS_ADDR", default_value = "0.0.0.0:8000")]
+    metrics_addr: SocketAddr,
+    /// Seconds open streams may run after SIGTERM.
+    #[arg(long, env = "SLUICE_DRAIN_GRACE_SECS", default_value_t = 30)]
+    drain_grace_secs: u64,
+}
+
+/// Serves `gateway` on `addr` until `shutdown`, then lets open responses finish within
+/// `grace` and closes the bus clients.
+pub async fn serve_until(
+    gateway: &Gateway,
+    addr: SocketAddr,
+    shutdown: CancellationToken,
+    grace: Duration,
+    bound: impl FnOnce(SocketAddr),
+) -> Result<(), String> {
+    let stop_accepting = CancellationToken::new();
+    let (local, task) = gateway
+        .serve(addr, stop_accepting.clone())
+        .await
+        .map_err(|e| e.to_string())?;
+    bound(local);
+    shutdown.cancelled().await;
+    stop_accepting.cancel();
+    let abort = task.abort_handle();
+    if tokio::time::timeout(grace, task).await.is_err() {
+        warn!(grace = ?grace, "open responses did not finish within the drain grace; closing them");
+        abort.abort();
+    }
+    gateway.close().await;
+    Ok(())
+}
+
+/// Runs the gateway until SIGTERM/SIGINT.
+pub async fn run(args: GatewayCommand) -> Result<(), String> {
+    let (config, topics) = args
+        .gateway
+        .config(&args.services, args.bus.topic_mapping)?;
+    let bus: Arc<dyn Bus> = connect(&args.bus, &topics).await?;
+    let telemetry = Telemetry::new().map_err(|e| e.to_string())?;
+    let gateway = Gateway::start(bus, config, &telemetry)
+        .await
+        .map_err(|e| e.to_string())?;
+    let telemetry_stop = CancellationToken::new();
+    let metrics = telemetry
+        .serve(args.metrics_addr, telemetry_stop.clone())
+        .await
+        .map_err(|e| format!("cannot serve metrics on {}: {e}", args.metrics_addr))?;
+    info!(%metrics, "serving /metrics /healthz /readyz");
+    let shutdown = shutdown_on_signals();
+    let draining = {
+        let shutdown = shutdown.clone();
+        let health = telemetry.health.clone();
+        tokio::spawn(async move {
+            shutdown.cancelled().await;
+            health.set_draining();
+        })
+    };
+    let addr = args
+        .gateway
+        .listen
+        .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 8088)));
+    let result = serve_until(
+        &gateway,
+        addr,
+        shutdown,
+        Duration::from_secs(args.drain_grace_secs),
+        |local| println!("gateway listening on {local}"),
+    )
+    .await;
+    draining.abort();
+    telemetry_stop.cancel();
+    result
+}

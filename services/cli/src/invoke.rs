@@ -1,0 +1,365 @@
+//! `sluice invoke llm|prompt|agent`: call a running gateway and print the answer as it
+//! arrives (NDJSON, seed 004), or whole with `--no-streaming`.
+//!
+//! Answers go to stdout; agent thoughts, actions and observations, usage and errors go to
+//! stderr, so `sluice invoke ... > answer.txt` captures only the answer. An error event or
+//! error response exits 1 with a readable message.
+
+use std::{
+    collections::BTreeMap,
+    io::{IsTerminal, Write},
+};
+
+use clap::{Args, Subcommand};
+use futures::StreamExt;
+use serde_json::{Value, json};
+use sluice_runtime::{ndjson::LineSplitter, secret::Secret};
+
+/// Where the gateway is and how to call it.
+#[derive(Args, Debug)]
+pub struct InvokeArgs {
+    /// The gateway's URL.
+    #[arg(
+        short = 'u',
+        long,
+        env = "SLUICE_URL",
+        default_value = "http://127.0.0.1:8088",
+        global = true
+    )]
+    url: String,
+    /// Bearer token. Prefer SLUICE_TOKEN or SLUICE_TOKEN_FILE: a token on the command line
+    /// is visible to other users of the machine (`ps`).
+    #[arg(short = 't', long, global = true, hide_env_values = true)]
+    token: Option<String>,
+    /// Wait for the whole answer instead of streaming it.
+    #[arg(long, global = true)]
+    no_streaming: bool,
+    /// Print the input and output token counts after the answer.
+    #[arg(long, global = true)]
+    show_usage: bool,
+    #[command(subcommand)]
+    what: Invoke,
+}
+
+#[derive(Subcommand, Debug)]
+enum Invoke {
+    /// A text completion.
+    Llm {
+        /// The system prompt.
+        system: String,
+        /// The prompt.
+        prompt: String,
+    },
+    /// A prompt template, with `name=value` terms (values that parse as JSON are sent as
+    /// that JSON, others as strings).
+    Prompt {
+        /// The template id.
+        template: String,
+        /// Terms, `name=value`.
+        terms: Vec<String>,
+    },
+    /// A question to the agent.
+    Agent {
+        /// The question.
+        #[arg(short = 'q', long)]
+        question: String,
+        /// The agent state.
+        #[arg(short = 's', long)]
+        state: Option<String>,
+        /// Tool groups.
+        #[arg(short = 'g', long)]
+        group: Vec<String>,
+    },
+}
+
+/// Why an invocation failed; printed as `sluice: <message>`.
+#[derive(Debug, thiserror::Error)]
+pub enum InvokeError {
+    /// The answer was an error.
+    #[error("{kind}: {message}")]
+    Answer {
+        /// The error's type.
+        kind: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// Anything else (connection, usage).
+    #[error("{0}")]
+    Other(String),
+}
+
+fn prompt_terms(terms: &[String]) -> Result<BTreeMap<String, String>, InvokeError> {
+    terms
+        .iter()
+        .map(|t| {
+            let (k, v) = t.split_once('=').ok_or_else(|| {
+                InvokeError::Other(format!("a term must be name=value, got {t:?}"))
+            })?;
+            // TrustGraph sends every term JSON-encoded.
+            let value =
+                serde_json::from_str::<Value>(v).unwrap_or_else(|_| Value::String(v.to_owned()));
+            Ok((k.to_owned(), value.to_string()))
+        })
+        .collect()
+}
+
+struct Printer {
+    show_usage: bool,
+    color: bool,
+    /// The message type being printed to stderr (agent), to label each new message once.
+    current: Option<String>,
+    wrote_answer: bool,
+}
+
+impl Printer {
+    fn side(&mut self, message_type: &str, content: &str, end: bool) {
+        let mut err = std::io::stderr().lock();
+        if self.current.as_deref() != Some(message_type) {
+            if self.current.is_some() {
+                let _ = writeln!(err);
+            }
+            let label = format!("[{message_type}] ");
+            let _ = if self.color {
+                write!(err, "\x1b[2m{label}")
+            } else {
+                write!(err, "{label}")
+            };
+            self.current = Some(message_type.to_owned());
+        }
+        let _ = write!(err, "{content}");
+        if end {
+            let _ = if self.color {
+                writeln!(err, "\x1b[0m")
+            } else {
+                writeln!(err)
+            };
+            self.current = None;
+        }
+        let _ = err.flush();
+    }
+
+    fn answer(&mut self, content: &str) {
+        if let Some(_previous) = self.current.take() {
+            let mut err = std::io::stderr().lock();
+            let _ = if self.color {
+                writeln!(err, "\x1b[0m")
+            } else {
+                writeln!(err)
+            };
+        }
+        let mut out = std::io::stdout().lock();
+        let _ = write!(out, "{content}");
+        let _ = out.flush();
+        self.wrote_answer = true;
+    }
+
+    fn usage(&self, usage: Option<&Value>) {
+        if !self.show_usage {
+            return;
+        }
+        let n = |k: &str| {
+            usage
+                .and_then(|u| u.get(k))
+                .and_then(Value::as_u64)
+                .map_or_else(|| "unknown".to_owned(), |n| n.to_string())
+        };
+        eprintln!(
+            "Input tokens: {}\nOutput tokens: {}",
+            n("in_token"),
+            n("out_token")
+        );
+    }
+
+    /// Handles one seed 004 event; `Some` when the stream is over.
+    fn event(&mut self, e: &Value) -> Option<Result<(), InvokeError>> {
+        let content = e.get("content").and_then(Value::as_str).unwrap_or("");
+        match e.get("type").and_then(Value::as_str) {
+            Some("token") => {
+                match e.get("message_type").and_then(Value::as_str) {
+                    Some(t @ ("thought" | "action" | "observation")) => {
+                        let end = e
+                            .get("end_of_message")
+                            .and_then(Value::as_bool)
+                            .unwrap_or(false);
+                        self.side(t, content, end);
+                    }
+                    _ => self.answer(content),
+                }
+                None
+            }
+            Some("status") => {
+                if e.get("status").and_then(Value::as_str) == Some("restarted") {
+                    eprintln!(
+                        "\n[the answer restarted on another processor; what follows replaces the text above]"
+                    );
+                }
+                None
+            }
+            Some("error") => Some(Err(InvokeError::Answer {
+                kind: e
+                    .get("error_type")
+                    .and_then(Value::as_str)
+                    .unwrap_or("error")
+                    .to_owned(),
+                message: content.to_owned(),
+            })),
+            Some("done") => {
+                if self.wrote_answer {
+                    println!();
+                }
+                self.usage(e.get("usage"));
+                Some(Ok(()))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Runs an invocation.
+pub async fn run(args: InvokeArgs) -> Result<(), InvokeError> {
+    if args.token.is_some() {
+        eprintln!(
+            "sluice: warning: a token on the command line is visible to other users; prefer SLUICE_TOKEN or SLUICE_TOKEN_FILE"
+        );
+    }
+    let token = match args.token.clone() {
+        Some(t) => Some(Secret::new(t)),
+        None => Secret::from_env("SLUICE_TOKEN").map_err(|e| InvokeError::Other(e.to_string()))?,
+    };
+    let (service, body) = match &args.what {
+        Invoke::Llm { system, prompt } => (
+            "text-completion",
+            json!({ "system": system, "prompt": prompt, "streaming": !args.no_streaming }),
+        ),
+        Invoke::Prompt { template, terms } => (
+            "prompt",
+            json!({ "id": template, "terms": prompt_terms(terms)?, "streaming": !args.no_streaming }),
+        ),
+        Invoke::Agent {
+            question,
+            state,
+            group,
+        } => (
+            "agent",
+            json!({
+                "question": question,
+                "state": state,
+                "group": if group.is_empty() { None } else { Some(group) },
+                "history": [],
+                "streaming": !args.no_streaming,
+            }),
+        ),
+    };
+    sluice_runtime::install_crypto_provider();
+    let client = reqwest::Client::builder()
+        .build()
+        .map_err(|e| InvokeError::Other(format!("HTTP client: {e}")))?;
+    let url = format!("{}/api/v1/{service}", args.url.trim_end_matches('/'));
+    let mut request = client.post(&url).json(&body);
+    if let Some(t) = &token {
+        request = request.bearer_auth(t.expose());
+    }
+    request = request.header(
+        reqwest::header::ACCEPT,
+        if args.no_streaming {
+            "application/json"
+        } else {
+            "application/x-ndjson"
+        },
+    );
+    let resp = request.send().await.map_err(|e| {
+        InvokeError::Other(format!(
+            "cannot reach the gateway at {url}: {}",
+            without_url(&e)
+        ))
+    })?;
+    let status = resp.status();
+    let mut printer = Printer {
+        show_usage: args.show_usage,
+        color: std::io::stderr().is_terminal(),
+        current: None,
+        wrote_answer: false,
+    };
+    if !status.is_success() || args.no_streaming {
+        let text = resp.text().await.map_err(|e| {
+            InvokeError::Other(format!("reading the answer failed: {}", without_url(&e)))
+        })?;
+        let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        if let Some(err) = value.get("error").filter(|e| !e.is_null()) {
+            return Err(InvokeError::Answer {
+                kind: err
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .unwrap_or("error")
+                    .to_owned(),
+                message: err
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned(),
+            });
+        }
+        if !status.is_success() {
+            return Err(InvokeError::Other(format!("the gateway answered {status}")));
+        }
+        return whole(&mut printer, &value);
+    }
+    let mut lines = LineSplitter::new(1 << 24);
+    let mut body = resp.bytes_stream();
+    loop {
+        let chunk = body.next().await;
+        let done = chunk.is_none();
+        let items = match chunk {
+            Some(Ok(bytes)) => lines.push(&bytes),
+            Some(Err(e)) => {
+                return Err(InvokeError::Other(format!(
+                    "the answer stream broke off: {}",
+                    without_url(&e)
+                )));
+            }
+            None => lines.finish().into_iter().collect(),
+        };
+        for line in items {
+            let Ok(line) = line else { continue };
+            let Ok(event) = serde_json::from_str::<Value>(&line.text) else {
+                continue;
+            };
+            if let Some(result) = printer.event(&event) {
+                return result;
+            }
+        }
+        if done {
+            return Err(InvokeError::Other(
+                "the answer stream ended without a `done` event".into(),
+            ));
+        }
+    }
+}
+
+fn whole(printer: &mut Printer, record: &Value) -> Result<(), InvokeError> {
+    let text = |k: &str| {
+        record
+            .get(k)
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+    };
+    if let Some(t) = text("response")
+        .or(text("text"))
+        .or(text("object"))
+        .or(text("content"))
+    {
+        printer.answer(t);
+        println!();
+    }
+    printer.usage(Some(record));
+    Ok(())
+}
+
+/// A reqwest error's message without the URL (which could carry credentials in userinfo).
+fn without_url(e: &reqwest::Error) -> String {
+    let mut e = e.to_string();
+    if let Some(i) = e.find(" for url (") {
+        e.truncate(i);
+    }
+    e
+}

@@ -1,0 +1,149 @@
+//! `sluice serve`: the embedded default. The text-completion processor and the gateway in
+//! one process, on the in-process bus (or on Pulsar with `--pulsar-url`). Configured by
+//! flags, their environment variables, and `--config FILE` (see `config.rs`).
+
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+
+use clap::Args;
+use sluice_gateway::{Gateway, ServiceKind};
+use sluice_runtime::{
+    bus::Bus,
+    processor::{self, ProcessorConfig},
+    telemetry::{Telemetry, shutdown_on_signals},
+};
+use sluice_schema::TopicMapping;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::{
+    common::{BusArgs, cancel_topic, connect},
+    gateway::{GatewayArgs, serve_until},
+    text_completion::{LlmArgs, service},
+};
+
+/// `sluice serve` options.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// A TOML file of option values: `model = "..."`, `base-url = "..."`, one key per long
+    /// option of this command. Flags and environment variables take precedence over it.
+    #[arg(long, env = "SLUICE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Run on this Pulsar broker instead of the in-process bus (the token comes from
+    /// SLUICE_PULSAR_TOKEN or SLUICE_PULSAR_TOKEN_FILE).
+    #[arg(long)]
+    pub pulsar_url: Option<String>,
+    /// Pulsar admin URL, to create the topics' namespaces at start-up.
+    #[arg(long)]
+    pub pulsar_admin_url: Option<String>,
+    /// `durable` or `trustgraph` (with `--pulsar-url`).
+    #[arg(long, default_value = "durable")]
+    pub topic_mapping: TopicMapping,
+    #[command(flatten)]
+    pub gateway: GatewayArgs,
+    #[command(flatten)]
+    pub llm: LlmArgs,
+    /// Completions handled at once.
+    #[arg(long, env = "SLUICE_CONCURRENCY", default_value_t = processor::DEFAULT_CONCURRENCY)]
+    pub concurrency: usize,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "SLUICE_METRICS_ADDR", default_value = "127.0.0.1:8000")]
+    pub metrics_addr: SocketAddr,
+    /// Seconds in-flight work may run after SIGTERM.
+    #[arg(long, env = "SLUICE_DRAIN_GRACE_SECS", default_value_t = 30)]
+    pub drain_grace_secs: u64,
+}
+
+/// Runs everything until SIGTERM/SIGINT, then drains.
+pub async fn run(args: ServeArgs) -> Result<(), String> {
+    let mapping = args.topic_mapping;
+    let services = [ServiceKind::TextCompletion];
+    let (gateway_config, mut topics) = args.gateway.config(&services, mapping)?;
+    let tc = &gateway_config.services[&ServiceKind::TextCompletion];
+    let mut tc_config =
+        ProcessorConfig::new("text-completion", tc.request.clone(), tc.response.clone());
+    tc_config.cancel_topic = Some(cancel_topic("text-completion", None)?.to_pulsar(mapping));
+    tc_config.concurrency = args.concurrency;
+    tc_config.drain_grace = Duration::from_secs(args.drain_grace_secs);
+    topics.dedup();
+
+    let telemetry = Telemetry::new().map_err(|e| e.to_string())?;
+    let handler = Arc::new(service(&args.llm, &telemetry)?);
+    let bus_args = BusArgs {
+        pulsar_url: args.pulsar_url.clone().unwrap_or_default(),
+        pulsar_admin_url: args.pulsar_admin_url.clone(),
+        topic_mapping: mapping,
+        connect_wait_secs: 120,
+        in_process: args.pulsar_url.is_none(),
+    };
+    let bus: Arc<dyn Bus> = connect(&bus_args, &topics).await?;
+    info!(
+        bus = if bus_args.in_process {
+            "in-process"
+        } else {
+            "pulsar"
+        },
+        "sluice serve starting"
+    );
+
+    let shutdown = shutdown_on_signals();
+    let processor_stop = CancellationToken::new();
+    let processor = tokio::spawn(processor::run(
+        bus.clone(),
+        tc_config,
+        handler,
+        telemetry.clone(),
+        processor_stop.clone(),
+    ));
+    // The in-process bus delivers only what is published after a subscription exists: the
+    // gateway opens once the processor is subscribed.
+    while telemetry.health.watched() == 0 {
+        if processor.is_finished() {
+            return match processor.await {
+                Ok(Err(e)) => Err(format!(
+                    "the text-completion processor could not start: {e}"
+                )),
+                _ => Err("the text-completion processor stopped at start-up".into()),
+            };
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let gateway = Gateway::start(bus, gateway_config, &telemetry)
+        .await
+        .map_err(|e| e.to_string())?;
+    let telemetry_stop = CancellationToken::new();
+    let metrics = telemetry
+        .serve(args.metrics_addr, telemetry_stop.clone())
+        .await
+        .map_err(|e| format!("cannot serve metrics on {}: {e}", args.metrics_addr))?;
+    info!(%metrics, "serving /metrics /healthz /readyz");
+    let addr = args
+        .gateway
+        .listen
+        .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 8088)));
+    let grace = Duration::from_secs(args.drain_grace_secs);
+    let on_signal = {
+        let (shutdown, health, processor_stop) = (
+            shutdown.clone(),
+            telemetry.health.clone(),
+            processor_stop.clone(),
+        );
+        tokio::spawn(async move {
+            shutdown.cancelled().await;
+            health.set_draining();
+            processor_stop.cancel();
+        })
+    };
+    let served = serve_until(&gateway, addr, shutdown, grace, |local| {
+        println!("sluice serve: gateway on http://{local}, metrics on http://{metrics}/metrics");
+    })
+    .await;
+    let processed = processor.await;
+    on_signal.abort();
+    telemetry_stop.cancel();
+    served?;
+    match processed {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(e) => Err(format!("the text-completion processor failed: {e}")),
+    }
+}
