@@ -7,13 +7,15 @@ use std::{
     collections::HashMap,
     convert::Infallible,
     net::SocketAddr,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{
+        Arc, Mutex, MutexGuard,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::Duration,
 };
 
 use axum::{Router, body::Body, response::Response};
 use bytes::Bytes;
-use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 /// A running fake server; `S` is what it records. Stops when dropped.
@@ -92,27 +94,68 @@ pub(crate) enum Step {
     Break,
     /// Send nothing more, ever.
     Hang,
+    /// Wait until the test opens the gate (`Notify::notify_one`).
+    Gate(Arc<tokio::sync::Notify>),
 }
 
 /// A response whose body follows `steps`.
 pub(crate) fn scripted_body(steps: Vec<Step>, content_type: &str) -> Response {
-    let body = futures::stream::iter(steps).then(|step| async move {
-        match step {
-            Step::Send(s) => Some(Ok::<_, std::io::Error>(Bytes::from(s))),
-            Step::Wait(d) => {
-                tokio::time::sleep(d).await;
-                Some(Ok(Bytes::new()))
-            }
-            Step::Break => Some(Err(std::io::Error::other("connection dropped by the fake"))),
-            Step::Hang => {
-                futures::future::pending::<Infallible>().await;
-                None
-            }
+    tracked_body(steps, content_type, Arc::default())
+}
+
+/// Counts bodies dropped before their last step; dropped means the client closed the
+/// connection, which is how a cancelled provider call looks from the provider's side.
+struct Unfinished {
+    abandoned: Arc<AtomicUsize>,
+    finished: bool,
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.abandoned.fetch_add(1, Ordering::SeqCst);
         }
-    });
-    let body = body
-        .take_while(|x| std::future::ready(x.is_some()))
-        .map(|x| x.unwrap());
+    }
+}
+
+/// A response whose body follows `steps`, counting in `abandoned` if the client goes away
+/// before the end.
+pub(crate) fn tracked_body(
+    steps: Vec<Step>,
+    content_type: &str,
+    abandoned: Arc<AtomicUsize>,
+) -> Response {
+    let guard = Unfinished {
+        abandoned,
+        finished: false,
+    };
+    let body = futures::stream::unfold(
+        (steps.into_iter(), guard),
+        |(mut steps, mut guard)| async move {
+            let Some(step) = steps.next() else {
+                guard.finished = true;
+                drop(guard);
+                return None;
+            };
+            let item = match step {
+                Step::Send(s) => Ok::<_, std::io::Error>(Bytes::from(s)),
+                Step::Wait(d) => {
+                    tokio::time::sleep(d).await;
+                    Ok(Bytes::new())
+                }
+                Step::Gate(gate) => {
+                    gate.notified().await;
+                    Ok(Bytes::new())
+                }
+                Step::Break => {
+                    guard.finished = true;
+                    Err(std::io::Error::other("connection dropped by the fake"))
+                }
+                Step::Hang => match futures::future::pending::<Infallible>().await {},
+            };
+            Some((item, (steps, guard)))
+        },
+    );
     Response::builder()
         .header("content-type", content_type)
         .body(Body::from_stream(body))

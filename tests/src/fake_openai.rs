@@ -15,6 +15,7 @@
 //! | `no_terminator` | `Hel`, then the body ends cleanly without finish or `[DONE]` |
 //! | `malformed` | `Hel`, an unparseable event, ` lo`, finish, usage, `[DONE]` |
 //! | `stall` | `Hel`, then nothing more |
+//! | `gated` | `Hel`, then waits for [`FakeOpenAi::open_gate`], then ` lo`, finish, usage, `[DONE]` |
 //! | `tokens-N-D` | N one-word tokens, D ms apart, then finish, usage, `[DONE]` (for benchmarks) |
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -32,7 +33,7 @@ use axum::{
 };
 use serde_json::{Value, json};
 
-use crate::fake::{Calls, Fake, Step, scripted_body};
+use crate::fake::{Calls, Fake, Step, tracked_body};
 
 /// The fake OpenAI server.
 pub type FakeOpenAi = Fake<OpenAiSeen>;
@@ -43,6 +44,8 @@ pub struct OpenAiSeen {
     calls: Calls,
     bodies: Vec<Value>,
     auth: Vec<Option<String>>,
+    abandoned: Arc<std::sync::atomic::AtomicUsize>,
+    gate: Arc<tokio::sync::Notify>,
 }
 
 impl Fake<OpenAiSeen> {
@@ -68,6 +71,18 @@ impl Fake<OpenAiSeen> {
     /// The last request body received.
     pub fn last_body(&self) -> Value {
         self.seen().bodies.last().cloned().unwrap_or(Value::Null)
+    }
+
+    /// Streams whose client closed the connection before the end (aborted provider calls).
+    pub fn abandoned_streams(&self) -> usize {
+        self.seen()
+            .abandoned
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Lets one `gated` stream go on past its first token.
+    pub fn open_gate(&self) {
+        self.seen().gate.notify_one();
     }
 
     /// The last credential header received (`authorization` or Azure's `api-key`).
@@ -115,8 +130,8 @@ fn error(status: StatusCode, message: &str, kind: &str, code: &str) -> Response 
     resp
 }
 
-fn sse(steps: Vec<Step>) -> Response {
-    scripted_body(steps, "text/event-stream")
+fn sse(steps: Vec<Step>, abandoned: Arc<std::sync::atomic::AtomicUsize>) -> Response {
+    tracked_body(steps, "text/event-stream", abandoned)
 }
 
 fn normal_events() -> Vec<Step> {
@@ -138,7 +153,7 @@ async fn chat(
 ) -> Response {
     let model = body["model"].as_str().unwrap_or("azure").to_owned();
     let stream = body["stream"].as_bool().unwrap_or(false);
-    let call = {
+    let (call, abandoned, gate) = {
         let mut s = seen.lock().unwrap();
         let call = s.calls.count(&model);
         s.bodies.push(body.clone());
@@ -148,7 +163,7 @@ async fn chat(
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         s.auth.push(auth);
-        call
+        (call, s.abandoned.clone(), s.gate.clone())
     };
     match (model.as_str(), call) {
         ("unauthorized", _) => {
@@ -233,6 +248,14 @@ async fn chat(
             Step::Send(DONE.into()),
         ],
         "stall" => vec![Step::Send(delta("Hel")), Step::Hang],
+        "gated" => vec![
+            Step::Send(delta("Hel")),
+            Step::Gate(gate),
+            Step::Send(delta(" lo")),
+            Step::Send(finish()),
+            Step::Send(usage(5, 2)),
+            Step::Send(DONE.into()),
+        ],
         m if m.starts_with("tokens-") => {
             let mut parts = m.trim_start_matches("tokens-").split('-');
             let n: u64 = parts.next().and_then(|x| x.parse().ok()).unwrap_or(10);
@@ -253,5 +276,5 @@ async fn chat(
         }
         _ => normal_events(),
     };
-    sse(steps)
+    sse(steps, abandoned)
 }

@@ -409,14 +409,17 @@ impl<R: ResponseRecord> ResponseStream<R> {
         let item = match tokio::time::timeout_at(deadline, self.rx.recv()).await {
             Ok(Some(item)) => item,
             Ok(None) => return self.finish("failed", Err(ClientError::Closed)),
-            Err(_) if deadline == total_deadline => {
-                return self.finish("timeout", Err(ClientError::TotalTimeout(self.total)));
-            }
             Err(_) => {
-                return self.finish(
-                    "timeout",
-                    Err(ClientError::InactivityTimeout(self.inactivity)),
-                );
+                // The caller stops waiting: the service should stop working on it too.
+                if let Some(publisher) = self.cancel.take() {
+                    crate::cancel::send_cancel(publisher, self.id.clone());
+                }
+                let error = if deadline == total_deadline {
+                    ClientError::TotalTimeout(self.total)
+                } else {
+                    ClientError::InactivityTimeout(self.inactivity)
+                };
+                return self.finish("timeout", Err(error));
             }
         };
         self.last = Instant::now();

@@ -1,0 +1,593 @@
+//! The gateway end to end on the real broker: HTTP client -> gateway -> Pulsar ->
+//! text-completion processor -> fake OpenAI server, and back. NDJSON checked at the byte
+//! level, SSE read by an SSE parser, TrustGraph's WebSocket with concurrent requests and bad
+//! frames, auth, limits, and a disconnect that must close the provider's connection.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
+
+use futures::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use sluice_gateway::{Auth, Gateway, GatewayConfig, ServiceKind, ServiceTopics};
+use sluice_runtime::{processor::ProcessorConfig, secret::Secret, telemetry::Telemetry};
+use sluice_tests::{Broker, RunningProcessor, fake_openai::FakeOpenAi, init_logging, unique_topic};
+use sluice_text_completion::{
+    handler::{LlmMetrics, TextCompletionService},
+    providers::openai::{Dialect, OpenAiConfig, OpenAiProvider},
+    retry::RetryPolicy,
+};
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+use tokio_util::sync::CancellationToken;
+
+const TOKEN: &str = "gw-test-token-8f1c";
+
+struct Stack {
+    fake: FakeOpenAi,
+    processor: RunningProcessor,
+    telemetry: Telemetry,
+    addr: SocketAddr,
+    gateway: Gateway,
+    stop: CancellationToken,
+}
+
+impl Stack {
+    async fn start(model: &str, configure: impl FnOnce(&mut GatewayConfig)) -> Self {
+        init_logging();
+        let broker = Broker::from_env().await;
+        let fake = FakeOpenAi::start().await;
+        let mut config = OpenAiConfig::new(Dialect::OpenAi, fake.base_url(), model);
+        config.api_key = Some(Secret::new("sk-provider-key"));
+        config.api_key_source = "OPENAI_API_KEY".into();
+        let provider = Arc::new(OpenAiProvider::new(config).unwrap());
+        let llm_telemetry = Telemetry::new().unwrap();
+        let metrics = LlmMetrics::register(&llm_telemetry.registry).unwrap();
+        let service = TextCompletionService::new(provider, RetryPolicy::default(), metrics);
+        let topics = ServiceTopics {
+            request: unique_topic("gw-req"),
+            response: unique_topic("gw-resp"),
+            cancel: Some(unique_topic("gw-cancel")),
+        };
+        let mut pc = ProcessorConfig::new("text-completion", &topics.request, &topics.response);
+        pc.cancel_topic.clone_from(&topics.cancel);
+        pc.drain_grace = Duration::from_secs(5);
+        let processor = RunningProcessor::start(broker.bus().await, pc, service).await;
+        let mut gc = GatewayConfig::new();
+        gc.services.insert(ServiceKind::TextCompletion, topics);
+        configure(&mut gc);
+        let telemetry = Telemetry::new().unwrap();
+        let gateway = Gateway::start(broker.bus().await, gc, &telemetry)
+            .await
+            .unwrap();
+        let stop = CancellationToken::new();
+        let (addr, _task) = gateway
+            .serve("127.0.0.1:0".parse().unwrap(), stop.clone())
+            .await
+            .unwrap();
+        Self {
+            fake,
+            processor,
+            telemetry,
+            addr,
+            gateway,
+            stop,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        self.gateway.close().await;
+        self.processor.stop().await;
+    }
+}
+
+fn http() -> reqwest::Client {
+    sluice_runtime::install_crypto_provider();
+    reqwest::Client::new()
+}
+
+fn request() -> Value {
+    json!({"system": "be brief", "prompt": "say hello"})
+}
+
+/// Reads an NDJSON body to its end, checking the bytes: every line one JSON object ending in
+/// a single `\n`, no blank lines, no partial objects.
+fn ndjson_lines(body: &[u8]) -> Vec<Value> {
+    assert!(body.ends_with(b"\n"), "the body ends with a newline");
+    let text = std::str::from_utf8(body).expect("UTF-8");
+    assert!(!text.contains("\r"), "LF only");
+    text.split_terminator('\n')
+        .map(|line| {
+            assert!(!line.is_empty(), "no blank lines");
+            let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{line:?}: {e}"));
+            assert!(v.is_object());
+            v
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn ndjson_streams_seed_004_events_and_the_first_token_arrives_before_the_last_is_sent() {
+    let s = Stack::start("gated", |_| {}).await;
+    let resp = http()
+        .post(s.url("/api/v1/text-completion"))
+        .header("accept", "application/x-ndjson")
+        .header(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        )
+        .header("x-session-id", "session-7")
+        .json(&request())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "application/x-ndjson");
+    assert_eq!(resp.headers()["x-accel-buffering"], "no");
+    assert!(
+        resp.headers()["cache-control"]
+            .to_str()
+            .unwrap()
+            .contains("no-cache")
+    );
+    let mut body = resp.bytes_stream();
+    let mut bytes = Vec::new();
+    // Read until the first token event: the fake is holding its last tokens behind a gate
+    // only this test opens, so seeing it proves the token was not buffered behind them.
+    while !String::from_utf8_lossy(&bytes).contains(r#""type":"token""#) {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), body.next())
+            .await
+            .expect("the first token arrives while the provider is still streaming")
+            .unwrap()
+            .unwrap();
+        bytes.extend_from_slice(&chunk);
+    }
+    s.fake.open_gate();
+    while let Some(chunk) = body.next().await {
+        bytes.extend_from_slice(&chunk.unwrap());
+    }
+    let events = ndjson_lines(&bytes);
+    let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["status", "token", "token", "done"], "{events:#?}");
+    assert_eq!(events[0]["status"], "thinking");
+    assert_eq!(events[0]["content"], Value::Null);
+    assert_eq!(events[1]["content"], "Hel");
+    assert_eq!(events[2]["content"], " lo");
+    let done = &events[3];
+    assert_eq!(done["reason"], "success");
+    assert_eq!(done["content"], Value::Null);
+    assert_eq!(done["usage"], json!({"in_token": 5, "out_token": 2}));
+    assert_eq!(done["model"], "gated");
+    for e in &events {
+        assert_eq!(
+            e["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736",
+            "the caller's trace goes on"
+        );
+        assert_eq!(e["session_id"], "session-7");
+    }
+    let metrics = s.telemetry.render();
+    assert!(
+        metrics.contains(
+            r#"sluice_gateway_streams_total{outcome="success",route="text-completion"} 1"#
+        )
+    );
+    assert!(
+        metrics.contains(r#"sluice_gateway_first_event_seconds_count{route="text-completion"} 1"#)
+    );
+    assert!(metrics.contains(r#"sluice_gateway_open_streams{route="text-completion"} 0"#));
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn sse_carries_the_same_events() {
+    use eventsource_stream::Eventsource;
+    let s = Stack::start("normal", |_| {}).await;
+    let resp = http()
+        .post(s.url("/api/v1/text-completion"))
+        .header("accept", "text/event-stream")
+        .json(&request())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(
+        resp.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let mut events = resp.bytes_stream().eventsource();
+    let mut seen = Vec::new();
+    while let Some(e) = events.next().await {
+        let e = e.unwrap();
+        let data: Value = serde_json::from_str(&e.data).unwrap();
+        assert_eq!(
+            data["type"],
+            e.event.as_str(),
+            "the SSE event name is the type"
+        );
+        let done = e.event == "done";
+        seen.push(data);
+        if done {
+            break;
+        }
+    }
+    let text: String = seen
+        .iter()
+        .filter(|e| e["type"] == "token")
+        .map(|e| e["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, "Hello world!");
+    assert_eq!(
+        seen.last().unwrap()["usage"],
+        json!({"in_token": 11, "out_token": 3})
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn json_answers_whole_and_errors_map_to_statuses() {
+    let s = Stack::start("normal", |_| {}).await;
+    let c = http();
+    // Streaming asked for in the body, but a JSON caller gets the whole answer.
+    let mut body = request();
+    body["streaming"] = json!(true);
+    let resp = c
+        .post(s.url("/api/v1/text-completion"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let r: Value = resp.json().await.unwrap();
+    assert_eq!(r["response"], "Hello world!");
+    assert_eq!(r["end_of_stream"], true);
+    assert_eq!(r["in_token"], 11);
+
+    // TrustGraph's REST form.
+    let resp = c
+        .post(s.url("/api/v1/flow/default/service/text-completion"))
+        .json(&request())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.json::<Value>().await.unwrap()["response"],
+        "Hello world!"
+    );
+    let resp = c
+        .post(s.url("/api/v1/flow/other/service/text-completion"))
+        .json(&request())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+
+    // Bad input: a clear JSON error, nothing echoed back.
+    let resp = c
+        .post(s.url("/api/v1/text-completion"))
+        .header("content-type", "application/json")
+        .body(r#"{"prompt": 42, "secret-looking": "do-not-echo"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let e: Value = resp.json().await.unwrap();
+    assert_eq!(e["error"]["type"], "invalid-request");
+    assert!(!e.to_string().contains("do-not-echo"));
+    let resp = c
+        .post(s.url("/api/v1/nonsense"))
+        .json(&request())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    let resp = c
+        .post(s.url("/api/v1/prompt"))
+        .json(&json!({"id": "t"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404, "the prompt service is not enabled here");
+    assert_eq!(
+        resp.json::<Value>().await.unwrap()["error"]["type"],
+        "no-configuration"
+    );
+    let huge = json!({"system": "", "prompt": "x".repeat(2 * 1024 * 1024)});
+    let resp = c
+        .post(s.url("/api/v1/text-completion"))
+        .json(&huge)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 413);
+    assert_eq!(
+        resp.json::<Value>().await.unwrap()["error"]["type"],
+        "message-too-large"
+    );
+    s.stop().await;
+
+    // A provider failure: the error record's type picks the status.
+    let s = Stack::start("unauthorized", |_| {}).await;
+    let resp = c
+        .post(s.url("/api/v1/text-completion"))
+        .json(&request())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 502);
+    let e: Value = resp.json().await.unwrap();
+    assert_eq!(e["error"]["type"], "llm-error");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("OPENAI_API_KEY"),
+        "{e}"
+    );
+    // And streamed: an error event, then done with reason error.
+    let resp = c
+        .post(s.url("/api/v1/text-completion"))
+        .header("accept", "application/x-ndjson")
+        .json(&request())
+        .send()
+        .await
+        .unwrap();
+    let events = ndjson_lines(&resp.bytes().await.unwrap());
+    let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["status", "error", "done"]);
+    assert_eq!(events[1]["error_type"], "llm-error");
+    assert_eq!(events[2]["reason"], "error");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_that_disconnects_cancels_the_provider_call() {
+    let s = Stack::start("stall", |_| {}).await;
+    let resp = http()
+        .post(s.url("/api/v1/text-completion"))
+        .header("accept", "application/x-ndjson")
+        .json(&request())
+        .send()
+        .await
+        .unwrap();
+    let mut body = resp.bytes_stream();
+    let mut bytes = Vec::new();
+    while !String::from_utf8_lossy(&bytes).contains("Hel") {
+        bytes.extend_from_slice(&body.next().await.unwrap().unwrap());
+    }
+    assert_eq!(s.fake.abandoned_streams(), 0);
+    drop(body);
+    // The gateway publishes a cancel; the processor drops the provider call, which closes
+    // the connection to the fake provider.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while s.fake.abandoned_streams() == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the provider's connection was not closed after the client went away"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let m = s.processor.telemetry.render();
+        if m.contains(
+            r#"sluice_processor_requests_total{outcome="cancelled",processor="text-completion"} 1"#,
+        ) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{m}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(s.telemetry.render().contains(
+        r#"sluice_gateway_streams_total{outcome="cancelled",route="text-completion"} 1"#
+    ));
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_request_past_its_time_limit_ends_with_a_timeout_and_is_cancelled() {
+    let s = Stack::start("stall", |c| c.request_timeout = Duration::from_secs(1)).await;
+    let resp = http()
+        .post(s.url("/api/v1/text-completion"))
+        .header("accept", "application/x-ndjson")
+        .json(&request())
+        .send()
+        .await
+        .unwrap();
+    let events = ndjson_lines(&resp.bytes().await.unwrap());
+    let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    // The token arrives unless the machine is slow enough to spend the whole second before it.
+    assert!(
+        types == ["status", "token", "error", "done"] || types == ["status", "error", "done"],
+        "{events:#?}"
+    );
+    assert_eq!(events[types.len() - 2]["error_type"], "timeout");
+    assert_eq!(events[types.len() - 1]["reason"], "error");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while s.fake.abandoned_streams() == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the provider call was not cancelled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn bearer_auth_guards_http_and_the_socket() {
+    let s = Stack::start("normal", |c| c.auth = Auth::new(Some(Secret::new(TOKEN)))).await;
+    let c = http();
+    for auth in [None, Some("Bearer wrong"), Some("Basic gw-test-token-8f1c")] {
+        let mut r = c.post(s.url("/api/v1/text-completion")).json(&request());
+        if let Some(a) = auth {
+            r = r.header("authorization", a);
+        }
+        let resp = r.send().await.unwrap();
+        assert_eq!(resp.status(), 401, "{auth:?}");
+        assert_eq!(resp.headers()["www-authenticate"], "Bearer");
+        assert_eq!(
+            resp.json::<Value>().await.unwrap()["error"]["type"],
+            "unauthorized"
+        );
+    }
+    let resp = c
+        .post(s.url("/api/v1/text-completion"))
+        .bearer_auth(TOKEN)
+        .json(&request())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{}/api/v1/socket", s.addr))
+        .await
+        .unwrap();
+    let frame = json!({"id": "req-1", "service": "text-completion", "flow": "default",
+                       "request": {"system": "", "prompt": "hi", "streaming": true}});
+    ws.send(WsMessage::text(frame.to_string())).await.unwrap();
+    let reply = next_json(&mut ws).await;
+    assert_eq!(reply["id"], "req-1");
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not authenticated")
+    );
+    ws.send(WsMessage::text(
+        json!({"type": "auth", "token": "nope"}).to_string(),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(
+        next_json(&mut ws).await,
+        json!({"type": "auth-failed", "error": "auth failure"})
+    );
+    ws.send(WsMessage::text(
+        json!({"type": "auth", "token": TOKEN}).to_string(),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(next_json(&mut ws).await["type"], "auth-ok");
+    ws.send(WsMessage::text(frame.to_string())).await.unwrap();
+    let mut text = String::new();
+    loop {
+        let f = next_json(&mut ws).await;
+        text.push_str(f["response"]["response"].as_str().unwrap_or(""));
+        if f["complete"] == true {
+            break;
+        }
+    }
+    assert_eq!(text, "Hello world!");
+    s.stop().await;
+}
+
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn next_json(ws: &mut Ws) -> Value {
+    loop {
+        let m = tokio::time::timeout(Duration::from_secs(10), ws.next())
+            .await
+            .expect("a frame")
+            .unwrap()
+            .unwrap();
+        if let WsMessage::Text(t) = m {
+            return serde_json::from_str(t.as_str()).unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_socket_multiplexes_concurrent_requests_and_survives_bad_frames() {
+    let s = Stack::start("slow", |_| {}).await;
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{}/api/v1/socket", s.addr))
+        .await
+        .unwrap();
+    // Without a configured token, any auth frame is accepted (TrustGraph clients always send one).
+    ws.send(WsMessage::text(
+        json!({"type": "auth", "token": ""}).to_string(),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(next_json(&mut ws).await["type"], "auth-ok");
+    let n = 6;
+    for i in 0..n {
+        let frame = json!({"id": format!("req-{i}"), "service": "text-completion", "flow": "default",
+                           "request": {"system": "", "prompt": "hi", "streaming": true}});
+        ws.send(WsMessage::text(frame.to_string())).await.unwrap();
+    }
+    // Bad frames while those stream: each gets an error frame, the socket stays open.
+    ws.send(WsMessage::text("not json")).await.unwrap();
+    ws.send(WsMessage::text(
+        json!({"service": "text-completion"}).to_string(),
+    ))
+    .await
+    .unwrap();
+    ws.send(WsMessage::text(
+        json!({"id": "bad-svc", "service": "nope", "request": {}}).to_string(),
+    ))
+    .await
+    .unwrap();
+    ws.send(WsMessage::text(
+        json!({"id": "req-0", "service": "text-completion", "request": {"prompt": "dup"}})
+            .to_string(),
+    ))
+    .await
+    .unwrap();
+    ws.send(WsMessage::text(
+        json!({"id": "bad-rec", "service": "text-completion", "request": {"prompt": 42}})
+            .to_string(),
+    ))
+    .await
+    .unwrap();
+    ws.send(WsMessage::binary(vec![1u8, 2, 3])).await.unwrap();
+
+    let mut text: BTreeMap<String, String> = BTreeMap::new();
+    let mut complete = 0;
+    let mut errors = Vec::new();
+    let mut interleaved = false;
+    let mut last_id = String::new();
+    while complete < n || errors.len() < 6 {
+        let f = next_json(&mut ws).await;
+        if f.get("error").is_some() {
+            errors.push(f);
+            continue;
+        }
+        let id = f["id"].as_str().unwrap().to_owned();
+        if !last_id.is_empty() && id != last_id && text.get(&id).is_some_and(|t| !t.is_empty()) {
+            interleaved = true;
+        }
+        last_id.clone_from(&id);
+        assert!(
+            f["response"].get("error").is_none(),
+            "no error field on success: {f}"
+        );
+        text.entry(id)
+            .or_default()
+            .push_str(f["response"]["response"].as_str().unwrap_or(""));
+        if f["complete"] == true {
+            assert_eq!(f["response"]["end_of_stream"], true);
+            complete += 1;
+        }
+    }
+    assert_eq!(text.len(), n);
+    assert!(text.values().all(|t| t == "Hello world!"), "{text:?}");
+    assert!(interleaved, "the requests streamed concurrently");
+    let ids: Vec<Option<&str>> = errors.iter().map(|e| e["id"].as_str()).collect();
+    assert_eq!(ids.iter().filter(|i| i.is_none()).count(), 3, "{errors:#?}");
+    for id in ["bad-svc", "req-0", "bad-rec"] {
+        assert!(ids.contains(&Some(id)), "{id}: {errors:#?}");
+    }
+    assert!(
+        errors
+            .iter()
+            .all(|e| e["complete"] == true && e["error"]["type"].is_string())
+    );
+    s.stop().await;
+}
