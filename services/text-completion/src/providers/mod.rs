@@ -2,6 +2,7 @@
 //! transport errors, and the first-token / between-chunks time limits.
 
 pub mod anthropic;
+pub mod bedrock;
 pub mod cohere;
 pub mod gemini;
 pub mod ollama;
