@@ -86,6 +86,8 @@ impl Calls {
 pub(crate) enum Step {
     /// Send these bytes.
     Send(String),
+    /// Send these binary bytes (Bedrock's event-stream frames).
+    Bytes(Vec<u8>),
     /// Pause.
     Wait(Duration),
     /// Break the connection (the client sees a truncated chunked body).
@@ -99,6 +101,7 @@ pub(crate) fn scripted_body(steps: Vec<Step>, content_type: &str) -> Response {
     let body = futures::stream::iter(steps).then(|step| async move {
         match step {
             Step::Send(s) => Some(Ok::<_, std::io::Error>(Bytes::from(s))),
+            Step::Bytes(b) => Some(Ok(Bytes::from(b))),
             Step::Wait(d) => {
                 tokio::time::sleep(d).await;
                 Some(Ok(Bytes::new()))
