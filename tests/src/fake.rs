@@ -88,6 +88,8 @@ impl Calls {
 pub(crate) enum Step {
     /// Send these bytes.
     Send(String),
+    /// Send these binary bytes (Bedrock's event-stream frames).
+    Bytes(Vec<u8>),
     /// Pause.
     Wait(Duration),
     /// Break the connection (the client sees a truncated chunked body).
@@ -139,6 +141,7 @@ pub(crate) fn tracked_body(
             };
             let item = match step {
                 Step::Send(s) => Ok::<_, std::io::Error>(Bytes::from(s)),
+                Step::Bytes(b) => Ok(Bytes::from(b)),
                 Step::Wait(d) => {
                     tokio::time::sleep(d).await;
                     Ok(Bytes::new())

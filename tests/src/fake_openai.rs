@@ -8,6 +8,8 @@
 //! | `slow` | as `normal`, 150 ms between events |
 //! | `rate_limited_once` | 429 `rate_limit_exceeded` with `retry-after-ms: 100` on the first call, then `normal` |
 //! | `server_error_once` | 500 on the first call, then `normal` |
+//! | `server_error_final` | 500 with `x-should-retry: false`, every call |
+//! | `bad_request_retry_once` | 400 with `x-should-retry: true` on the first call, then `normal` |
 //! | `unauthorized` | 401 `invalid_api_key` |
 //! | `quota` | 429 `insufficient_quota` |
 //! | `error_mid_stream` | `Hel`, then `data: {"error": ...}`, then `[DONE]` (as vLLM) |
@@ -197,6 +199,28 @@ async fn chat(
                 "server_error",
                 "server_error",
             );
+        }
+        ("server_error_final", _) => {
+            let mut resp = error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "The request cannot succeed",
+                "server_error",
+                "server_error",
+            );
+            resp.headers_mut()
+                .insert("x-should-retry", "false".parse().unwrap());
+            return resp;
+        }
+        ("bad_request_retry_once", 1) => {
+            let mut resp = error(
+                StatusCode::BAD_REQUEST,
+                "Try again",
+                "invalid_request_error",
+                "transient",
+            );
+            resp.headers_mut()
+                .insert("x-should-retry", "true".parse().unwrap());
+            return resp;
         }
         _ => {}
     }

@@ -9,6 +9,7 @@
 
 pub mod fake;
 pub mod fake_anthropic;
+pub mod fake_bedrock;
 pub mod fake_cohere;
 pub mod fake_gemini;
 pub mod fake_ollama;

@@ -177,6 +177,33 @@ async fn a_server_error_before_the_first_chunk_is_retried() {
 }
 
 #[tokio::test]
+async fn the_servers_x_should_retry_header_overrides_the_status() {
+    // `false` makes a 500 final: one call, one terminal error.
+    let s = Setup::new("server_error_final").await;
+    let records = s.ask(true).await;
+    assert_eq!(records.len(), 1);
+    assert!(records[0].error.is_some() && records[0].end_of_stream);
+    assert_eq!(
+        s.fake.calls("server_error_final"),
+        1,
+        "x-should-retry: false"
+    );
+    s.stop().await;
+    // `true` makes a 400 retryable: the second call streams the answer.
+    let s = Setup::new("bad_request_retry_once").await;
+    let records = s.ask(true).await;
+    assert!(records.last().unwrap().error.is_none());
+    let text: String = records.iter().map(|r| r.response.as_str()).collect();
+    assert_eq!(text, "Hello world!");
+    assert_eq!(
+        s.fake.calls("bad_request_retry_once"),
+        2,
+        "x-should-retry: true"
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
 async fn a_bad_key_is_one_terminal_error_naming_the_variable_without_retrying() {
     let s = Setup::new("unauthorized").await;
     let records = s.ask(true).await;

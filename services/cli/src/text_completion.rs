@@ -10,6 +10,7 @@ use sluice_text_completion::{
     providers::{
         HttpTimeouts,
         anthropic::{AnthropicConfig, AnthropicProvider},
+        bedrock::{BedrockConfig, BedrockCredentials, BedrockProvider},
         cohere::{CohereConfig, CohereProvider},
         gemini::{GeminiConfig, GeminiEndpoint, GeminiProvider},
         ollama::{OllamaConfig, OllamaProvider},
@@ -43,6 +44,11 @@ pub enum ProviderKind {
     Vertex,
     /// Ollama's native API (`/api/chat`, NDJSON; optional key for a proxy: OLLAMA_API_KEY).
     Ollama,
+    /// AWS Bedrock Converse (needs --region; --model is the model or inference-profile id).
+    /// Credentials: a Bedrock API key in AWS_BEARER_TOKEN_BEDROCK, or SigV4 keys in
+    /// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and optionally AWS_SESSION_TOKEN; each may
+    /// be a file named by *_FILE.
+    Bedrock,
 }
 
 /// `sluice text-completion` options.
@@ -80,6 +86,9 @@ pub struct LlmArgs {
     /// Vertex AI location.
     #[arg(long, env = "SLUICE_VERTEX_LOCATION", default_value = "us-central1")]
     vertex_location: String,
+    /// AWS region of Bedrock, e.g. us-east-1.
+    #[arg(long, env = "AWS_REGION")]
+    region: Option<String>,
     /// Ollama's context window (`num_ctx`).
     #[arg(long, env = "SLUICE_NUM_CTX")]
     num_ctx: Option<u32>,
@@ -124,6 +133,7 @@ fn openai_dialect(kind: ProviderKind) -> Option<(Dialect, &'static str, Option<&
             Some("https://api.mistral.ai"),
         )),
         ProviderKind::Ollama
+        | ProviderKind::Bedrock
         | ProviderKind::Anthropic
         | ProviderKind::Cohere
         | ProviderKind::Gemini
@@ -162,6 +172,9 @@ fn provider(args: &LlmArgs) -> Result<Arc<dyn Provider>, String> {
         return Ok(Arc::new(
             GeminiProvider::new(config).map_err(|e| e.to_string())?,
         ));
+    }
+    if let ProviderKind::Bedrock = args.provider {
+        return bedrock(args);
     }
     if let ProviderKind::Cohere = args.provider {
         let base = args
@@ -235,6 +248,30 @@ fn provider(args: &LlmArgs) -> Result<Arc<dyn Provider>, String> {
     };
     Ok(Arc::new(
         OpenAiProvider::new(config).map_err(|e| e.to_string())?,
+    ))
+}
+
+fn bedrock(args: &LlmArgs) -> Result<Arc<dyn Provider>, String> {
+    let region = args
+        .region
+        .clone()
+        .ok_or("--region (or AWS_REGION) is required for bedrock")?;
+    let mut config = BedrockConfig::new(region, args.model.clone());
+    config.credentials = BedrockCredentials::from_env().map_err(|e| e.to_string())?;
+    match (&config.credentials, &args.base_url) {
+        // A custom endpoint may be a proxy that signs for us; AWS itself never accepts an
+        // unsigned call, so say so now rather than on every request.
+        (BedrockCredentials::None, None) => {
+            return Err(format!("bedrock needs {}", config.credentials.source()));
+        }
+        (_, Some(base)) => config.base_url = base.clone(),
+        (_, None) => {}
+    }
+    config.temperature = args.temperature;
+    config.max_tokens = args.max_output_tokens;
+    config.timeouts = timeouts(args);
+    Ok(Arc::new(
+        BedrockProvider::new(config).map_err(|e| e.to_string())?,
     ))
 }
 

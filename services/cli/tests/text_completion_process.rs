@@ -142,3 +142,132 @@ fn a_missing_base_url_is_a_clear_error() {
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(err.contains("--base-url"), "{err}");
 }
+
+/// Bedrock with SigV4 keys from a file and the environment, logging at trace for the
+/// signing crates: the signature is accepted, and neither the secret key nor the session
+/// token reaches a log line or the metrics (aws-sigv4 traces the canonical request).
+#[tokio::test]
+async fn the_bedrock_processor_signs_with_sigv4_and_never_logs_its_credentials() {
+    use sluice_tests::fake_bedrock::{
+        ACCESS_KEY_ID, FakeBedrock, SECRET_ACCESS_KEY, SeenAuth, model_id,
+    };
+    const TOKEN: &str = "session-token-from-a-file-only";
+    let broker = Broker::from_env().await;
+    let fake = FakeBedrock::start().await;
+    let dir = std::env::temp_dir().join(format!("sluice-bedrock-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let secret_file = dir.join("secret");
+    std::fs::write(&secret_file, format!("{SECRET_ACCESS_KEY}\n")).unwrap();
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let (req, resp) = (unique_topic("cli-br-req"), unique_topic("cli-br-resp"));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "text-completion",
+            "--provider",
+            "bedrock",
+            "--region",
+            "eu-west-1",
+            "--base-url",
+            &fake.base_url(),
+            "--model",
+            &model_id("normal"),
+            "--pulsar-url",
+            &broker.url,
+            "--pulsar-admin-url",
+            &broker.admin_url,
+            "--request-topic",
+            &req,
+            "--response-topic",
+            &resp,
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .env_remove("AWS_BEARER_TOKEN_BEDROCK")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env_remove("AWS_SESSION_TOKEN")
+        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID)
+        .env("AWS_SECRET_ACCESS_KEY_FILE", &secret_file)
+        .env("AWS_SESSION_TOKEN_FILE", &token_file)
+        .env(
+            "RUST_LOG",
+            "debug,aws_sigv4=trace,aws_credential_types=trace,aws_smithy_types=trace",
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let ready = format!("http://127.0.0.1:{port}/readyz");
+    let mut up = false;
+    for _ in 0..300 {
+        if reqwest::get(&ready)
+            .await
+            .map(|r| r.status().is_success())
+            .unwrap_or(false)
+        {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(up, "the processor became ready");
+    let client = text_client(broker.bus().await, &req, &resp).await;
+    let records = client
+        .call(&TextCompletionRequest {
+            prompt: "zebra-prompt-7731".into(),
+            streaming: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let text: String = records.iter().map(|r| r.response.as_str()).collect();
+    assert_eq!(text, "Hello world!");
+    assert!(records.last().unwrap().error.is_none());
+    assert!(matches!(
+        fake.last_request().auth,
+        SeenAuth::SigV4 { ref region, .. } if region == "eu-west-1"
+    ));
+    let metrics = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let pid = child.id().unwrap().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    let mut logs = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut logs)
+        .await
+        .unwrap();
+    assert!(logs.contains("llm_request_completed"), "{logs}");
+    for secret in [SECRET_ACCESS_KEY, TOKEN] {
+        assert!(!logs.contains(secret), "a credential reached the logs");
+        assert!(
+            !metrics.contains(secret),
+            "a credential reached the metrics"
+        );
+    }
+    client.close().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -124,6 +124,9 @@ pub struct ProviderError {
     pub message: String,
     /// The provider's hint of when to retry.
     pub retry_after: Option<Duration>,
+    /// The server's own verdict on retrying (`x-should-retry: true|false`), which overrides
+    /// what the kind says, as the official OpenAI and Anthropic SDKs let it.
+    pub should_retry: Option<bool>,
 }
 
 impl ProviderError {
@@ -133,7 +136,20 @@ impl ProviderError {
             kind,
             message: message.into(),
             retry_after: None,
+            should_retry: None,
         }
+    }
+
+    /// Whether another attempt may succeed: the server's verdict when it gave one, else the
+    /// kind's. The kind itself is kept, so records and metrics still say what happened.
+    pub fn retryable(&self) -> bool {
+        self.should_retry.unwrap_or(self.kind.retryable())
+    }
+
+    /// With the server's retry verdict.
+    pub fn with_should_retry(mut self, verdict: Option<bool>) -> Self {
+        self.should_retry = verdict;
+        self
     }
 
     /// With a retry hint.

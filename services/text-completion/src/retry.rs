@@ -3,7 +3,8 @@
 //! The providers' own SDKs retry 408, 409, 429, 5xx and connection errors; they wait the
 //! server's hint when it is at most 60 s, else 0.5 s × 2^n capped at 8 s with jitter, two
 //! retries by default. sluice does the same, and only before the first chunk of a stream has
-//! been published: after that a failure is a terminal error.
+//! been published: after that a failure is a terminal error. A server's `x-should-retry`
+//! header, when present, decides instead of the status ([`should_retry`]).
 
 use std::time::Duration;
 
@@ -39,7 +40,7 @@ impl RetryPolicy {
     /// The wait before retry number `retry` (0-based) after `error`, or `None` when the
     /// error is not retryable or the retries are spent.
     pub fn delay(&self, retry: u32, error: &ProviderError) -> Option<Duration> {
-        if retry >= self.max_retries || !error.kind.retryable() {
+        if retry >= self.max_retries || !error.retryable() {
             return None;
         }
         if let Some(hint) = error.retry_after
@@ -77,6 +78,16 @@ pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
         at.duration_since(std::time::SystemTime::now())
             .unwrap_or_default(),
     )
+}
+
+/// The server's verdict from `x-should-retry`: `Some(true)` or `Some(false)` for exactly
+/// `true` or `false`, as the OpenAI and Anthropic SDKs read it; `None` otherwise.
+pub fn should_retry(headers: &HeaderMap) -> Option<bool> {
+    match headers.get("x-should-retry")?.to_str().ok()?.trim() {
+        "true" => Some(true),
+        "false" => Some(false),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -117,6 +128,27 @@ mod tests {
         ] {
             assert_eq!(p.delay(0, &ProviderError::new(kind, "x")), None);
         }
+    }
+
+    #[test]
+    fn the_servers_should_retry_header_overrides_the_kind() {
+        let p = RetryPolicy::default();
+        let mut h = HeaderMap::new();
+        assert_eq!(should_retry(&h), None);
+        h.insert("x-should-retry", HeaderValue::from_static("maybe"));
+        assert_eq!(should_retry(&h), None, "only exactly true or false count");
+        h.insert("x-should-retry", HeaderValue::from_static("false"));
+        let server = ProviderError::new(FailureKind::Server, "500");
+        assert!(p.delay(0, &server).is_some());
+        let vetoed = server.with_should_retry(should_retry(&h));
+        assert_eq!(p.delay(0, &vetoed), None);
+        assert_eq!(vetoed.kind, FailureKind::Server, "the kind is kept");
+        h.insert("x-should-retry", HeaderValue::from_static("true"));
+        let bad = ProviderError::new(FailureKind::BadRequest, "400");
+        assert_eq!(p.delay(0, &bad), None);
+        let allowed = bad.with_should_retry(should_retry(&h));
+        assert!(p.delay(0, &allowed).is_some());
+        assert_eq!(p.delay(2, &allowed), None, "the retry budget still applies");
     }
 
     #[test]

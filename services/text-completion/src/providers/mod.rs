@@ -2,6 +2,7 @@
 //! transport errors, and the first-token / between-chunks time limits.
 
 pub mod anthropic;
+pub mod bedrock;
 pub mod cohere;
 pub mod gemini;
 pub mod ollama;
@@ -46,22 +47,39 @@ pub fn http_client(timeouts: &HttpTimeouts) -> Result<reqwest::Client, ProviderE
 }
 
 /// Sends a request. A non-2xx answer becomes the provider's error, built by `describe` from
-/// the status and body, with the server's `retry-after(-ms)` hint attached when it sent one.
+/// the status and body, with the server's `retry-after(-ms)` hint and `x-should-retry`
+/// verdict attached when it sent them.
 pub async fn send(
     request: reqwest::RequestBuilder,
     describe: impl FnOnce(StatusCode, &str) -> ProviderError,
+) -> Result<reqwest::Response, ProviderError> {
+    send_with_headers(request, |status, _, body| describe(status, body)).await
+}
+
+/// [`send`] for providers whose errors are described by a header too (Bedrock's
+/// `x-amzn-ErrorType`).
+pub async fn send_with_headers(
+    request: reqwest::RequestBuilder,
+    describe: impl FnOnce(StatusCode, &reqwest::header::HeaderMap, &str) -> ProviderError,
 ) -> Result<reqwest::Response, ProviderError> {
     let resp = request.send().await.map_err(|e| transport_error(&e))?;
     let status = resp.status();
     if status.is_success() {
         return Ok(resp);
     }
-    let hint = crate::retry::retry_after(resp.headers());
+    let headers = resp.headers().clone();
+    let hint = crate::retry::retry_after(&headers);
     let body = resp.text().await.unwrap_or_default();
-    let error = describe(status, &body);
+    let error = describe(status, &headers, &body);
     // A header hint wins; otherwise keep one `describe` found in the body (Gemini's RetryInfo).
-    Err(match hint {
+    let error = match hint {
         Some(_) => error.with_retry_after(hint),
+        None => error,
+    };
+    // The server knows best whether this request can succeed again: `x-should-retry`
+    // overrides the status, as in the official SDKs.
+    Err(match crate::retry::should_retry(&headers) {
+        Some(verdict) => error.with_should_retry(Some(verdict)),
         None => error,
     })
 }
