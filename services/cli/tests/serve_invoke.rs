@@ -1,0 +1,237 @@
+//! `sluice serve` and `sluice invoke` run as processes: the embedded default (in-process bus)
+//! against the fake OpenAI server, a config file, the gateway token, exit codes and messages
+//! on errors, no key in logs or metrics, and SIGTERM.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{process::Stdio, time::Duration};
+
+use sluice_tests::fake_openai::FakeOpenAi;
+use tokio::{
+    io::{AsyncBufReadExt, AsyncReadExt, BufReader},
+    process::{Child, Command},
+};
+
+const KEY: &str = "sk-serve-provider-key-5521";
+const TOKEN: &str = "gateway-token-9930";
+
+struct Serve {
+    child: Child,
+    url: String,
+    metrics: String,
+}
+
+/// Starts `sluice serve` with `args` and `env`, and reads the addresses it prints.
+async fn serve(args: &[&str], env: &[(&str, &str)]) -> Serve {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    cmd.arg("serve")
+        .args(["--listen", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"])
+        .args(args)
+        .env("SLUICE_LLM_API_KEY", KEY)
+        .env("RUST_LOG", "debug")
+        .env_remove("SLUICE_CONFIG")
+        .env_remove("SLUICE_GATEWAY_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .expect("serve starts")
+        .unwrap()
+        .expect("serve prints its addresses");
+    // "sluice serve: gateway on http://ADDR, metrics on http://ADDR/metrics"
+    let url = line
+        .split("gateway on ")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .unwrap()
+        .to_owned();
+    let metrics = line.split("metrics on ").nth(1).unwrap().to_owned();
+    Serve {
+        child,
+        url,
+        metrics,
+    }
+}
+
+impl Serve {
+    /// SIGTERM, then the exit status and everything it logged.
+    async fn stop(mut self) -> (std::process::ExitStatus, String) {
+        let pid = self.child.id().unwrap();
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("serve exits after SIGTERM")
+            .unwrap();
+        let mut log = String::new();
+        self.child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut log)
+            .await
+            .unwrap();
+        (status, log)
+    }
+}
+
+struct Invoked {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+async fn invoke(args: &[&str], env: &[(&str, &str)]) -> Invoked {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    cmd.arg("invoke")
+        .args(args)
+        .env_remove("SLUICE_TOKEN")
+        .env_remove("SLUICE_URL")
+        .env_remove("RUST_LOG");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .expect("invoke finishes")
+        .unwrap();
+    Invoked {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8(out.stdout).unwrap(),
+        stderr: String::from_utf8(out.stderr).unwrap(),
+    }
+}
+
+#[tokio::test]
+async fn serve_streams_to_invoke_and_errors_exit_non_zero_with_a_readable_message() {
+    let fake = FakeOpenAi::start().await;
+    let dir = std::env::temp_dir().join(format!("sluice-serve-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("serve.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "provider = \"openai-compatible\"\nbase-url = \"{}\"\nmodel = \"normal\"\n",
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let s = serve(&["--config", config.to_str().unwrap()], &[]).await;
+    let url = s.url.clone();
+
+    let out = invoke(
+        &["-u", &url, "--show-usage", "llm", "be brief", "say hello"],
+        &[],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.stdout, "Hello world!\n");
+    assert!(out.stderr.contains("Input tokens: 11"), "{}", out.stderr);
+    assert!(out.stderr.contains("Output tokens: 3"), "{}", out.stderr);
+    assert_eq!(fake.last_body()["stream"], true);
+    assert_eq!(fake.last_auth().unwrap(), format!("Bearer {KEY}"));
+
+    let out = invoke(
+        &["-u", &url, "--no-streaming", "llm", "be brief", "say hello"],
+        &[],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.stdout, "Hello world!\n");
+    assert_eq!(fake.last_body()["stream"], false);
+
+    // SLUICE_URL works like -u; a service serve does not run is a clear error.
+    let out = invoke(&["prompt", "some-template", "x=1"], &[("SLUICE_URL", &url)]).await;
+    assert_eq!(out.code, 1);
+    assert!(out.stderr.contains("no-configuration"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("prompt service is not enabled"),
+        "{}",
+        out.stderr
+    );
+
+    // Nothing listening: a message, not a panic.
+    let out = invoke(&["-u", "http://127.0.0.1:9", "llm", "a", "b"], &[]).await;
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stderr.starts_with("sluice: cannot reach the gateway"),
+        "{}",
+        out.stderr
+    );
+
+    sluice_runtime::install_crypto_provider();
+    let metrics = reqwest::get(&s.metrics)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("sluice_gateway_requests_total"));
+    assert!(metrics.contains("sluice_llm_requests_total"));
+    assert!(!metrics.contains(KEY));
+    let (status, log) = s.stop().await;
+    assert!(status.success(), "exit after SIGTERM: {status:?}\n{log}");
+    assert!(!log.contains(KEY), "the provider key reached the log");
+    assert!(!log.contains("say hello"), "a prompt reached the log");
+}
+
+#[tokio::test]
+async fn a_provider_error_and_the_gateway_token_reach_the_cli_user() {
+    let fake = FakeOpenAi::start().await;
+    let base = fake.base_url();
+    let s = serve(
+        &[
+            "--provider",
+            "openai-compatible",
+            "--base-url",
+            &base,
+            "--model",
+            "unauthorized",
+        ],
+        &[("SLUICE_GATEWAY_TOKEN", TOKEN)],
+    )
+    .await;
+    let url = s.url.clone();
+
+    let out = invoke(&["-u", &url, "llm", "s", "p"], &[]).await;
+    assert_eq!(out.code, 1);
+    assert!(out.stderr.contains("unauthorized"), "{}", out.stderr);
+
+    for extra in [&[][..], &["--no-streaming"][..]] {
+        let mut args = vec!["-u", url.as_str()];
+        args.extend_from_slice(extra);
+        args.extend(["llm", "s", "p"]);
+        let out = invoke(&args, &[("SLUICE_TOKEN", TOKEN)]).await;
+        assert_eq!(out.code, 1, "{extra:?}");
+        assert_eq!(out.stdout, "", "{extra:?}");
+        assert!(
+            out.stderr.starts_with("sluice: llm-error: "),
+            "{extra:?}: {}",
+            out.stderr
+        );
+        assert!(
+            out.stderr.contains("SLUICE_LLM_API_KEY"),
+            "the message says which key: {}",
+            out.stderr
+        );
+        assert!(!out.stderr.contains(KEY));
+    }
+    // A token on the command line works, with a warning about its visibility.
+    let out = invoke(&["-u", &url, "-t", TOKEN, "llm", "s", "p"], &[]).await;
+    assert!(
+        out.stderr.contains("warning: a token on the command line"),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("llm-error"), "{}", out.stderr);
+    let (status, log) = s.stop().await;
+    assert!(status.success());
+    assert!(!log.contains(TOKEN) && !log.contains(KEY));
+}
