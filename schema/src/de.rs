@@ -11,3 +11,27 @@ where
 {
     Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
 }
+
+/// Prompt terms: TrustGraph sends every value as a JSON-encoded string. A caller that sends a
+/// JSON value instead (an object, a number) gets it JSON-encoded here, so both shapes reach
+/// the template the same way. `null` reads as no terms.
+pub(crate) fn terms<'de, D>(
+    deserializer: D,
+) -> Result<std::collections::BTreeMap<String, String>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    let raw: Option<std::collections::BTreeMap<String, serde_json::Value>> =
+        serde::Deserialize::deserialize(deserializer)?;
+    Ok(raw
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| {
+            let v = match v {
+                serde_json::Value::String(s) => s,
+                other => other.to_string(),
+            };
+            (k, v)
+        })
+        .collect())
+}

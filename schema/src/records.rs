@@ -192,8 +192,9 @@ pub struct PromptRequest {
     /// The template id.
     #[serde(default, deserialize_with = "null_default")]
     pub id: String,
-    /// The template's variables; each value is itself JSON-encoded, as TrustGraph sends it.
-    #[serde(default, deserialize_with = "null_default")]
+    /// The template's variables; each value is itself JSON-encoded, as TrustGraph sends it
+    /// (a plain JSON value is accepted too, and encoded on reading).
+    #[serde(default, deserialize_with = "crate::de::terms")]
     pub terms: BTreeMap<String, String>,
     /// Stream the answer as many records.
     #[serde(default, deserialize_with = "null_default")]
@@ -224,6 +225,13 @@ pub struct PromptResponse {
     /// The model that produced the output.
     #[serde(default)]
     pub model: Option<String>,
+    /// `jsonl` templates, on the terminal record: objects published (sluice's addition).
+    #[serde(default)]
+    pub objects_emitted: Option<u64>,
+    /// `jsonl` templates, on the terminal record: lines skipped as malformed or invalid
+    /// (sluice's addition).
+    #[serde(default)]
+    pub lines_skipped: Option<u64>,
 }
 
 impl ResponseRecord for PromptResponse {
@@ -478,5 +486,17 @@ mod tests {
             assert_eq!(ErrorKind::from_wire(k.as_str()), Some(k));
         }
         assert_eq!(ErrorKind::from_wire("something-else"), None);
+    }
+
+    #[test]
+    fn prompt_terms_take_encoded_strings_and_plain_values() {
+        let r: PromptRequest =
+            serde_json::from_str(r#"{"id":"t","terms":{"a":"\"x\"","b":[1,2],"c":{"k":true}}}"#)
+                .unwrap();
+        assert_eq!(r.terms["a"], "\"x\"");
+        assert_eq!(r.terms["b"], "[1,2]");
+        assert_eq!(r.terms["c"], r#"{"k":true}"#);
+        let r: PromptRequest = serde_json::from_str(r#"{"id":"t","terms":null}"#).unwrap();
+        assert!(r.terms.is_empty());
     }
 }

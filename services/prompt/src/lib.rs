@@ -1,8 +1,19 @@
 //! sluice-prompt: the prompt processor. It renders a named template with the request's
 //! terms, calls text-completion over the bus, and answers with PromptResponse records in one
-//! of three output modes: `text`, `json`, `jsonl`.
+//! of three output modes: `text`, `json`, `jsonl` (see [`handler`]).
+//!
+//! - [`templates`]: loading (sluice's file shape and TrustGraph's `template.<id>` shape),
+//!   strict rendering;
+//! - [`store`]: the live set, reloaded on SIGHUP or file change;
+//! - [`output`]: the incremental JSON-lines parser and JSON extraction;
+//! - [`builtin`]: the templates of seeds 000/001 with their schemas and normalisation.
 
 pub mod builtin;
+pub mod handler;
+pub mod metrics;
+pub mod output;
+pub mod store;
+pub mod templates;
 
 use serde::{Deserialize, Serialize};
 

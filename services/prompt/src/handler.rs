@@ -1,0 +1,433 @@
+//! The prompt handler: render, call text-completion over the bus, answer in the template's
+//! output mode.
+//!
+//! - `text`: a streaming request gets the text deltas as `text` records with their token
+//!   deltas; a non-streaming one gets one record with the whole text.
+//! - `json`: the answer is read whole (a ```` ```json ```` fence stripped, prose around the
+//!   value tolerated), normalised, validated against the template's schema, and sent as
+//!   `object` on ONE terminal record, streaming or not: a half-written JSON value is of no
+//!   use to anyone, and a single terminal record means nothing can ever follow it.
+//! - `jsonl`: the completion is streamed and parsed line by line as tokens arrive; each
+//!   line that is a JSON object, survives normalisation and satisfies the schema is
+//!   published at once as its own `object` record. Other lines are skipped, logged with
+//!   their line number and counted, and the stream goes on. The terminal record carries
+//!   `objects_emitted` and `lines_skipped`. A non-streaming request gets one record whose
+//!   `object` is the JSON array of the objects.
+//!
+//! Failures end the stream with one error record that carries the usage so far: an unknown
+//! template or a missing variable (`invalid-request`), a text-completion error (its own type
+//! and message), an answer that is not the JSON the template asks for (`llm-error`).
+//! Nothing of the prompt or the answer is logged.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use sluice_runtime::{
+    client::{ClientError, Received, RequestClient, RequestOptions, ResponseStream},
+    processor::{Handler, RequestContext, ResponseSink},
+};
+use sluice_schema::{
+    Error, ErrorKind, PromptRequest, PromptResponse, TextCompletionRequest, TextCompletionResponse,
+};
+use tracing::{debug, warn};
+
+use crate::{
+    ResponseType,
+    builtin::Normalised,
+    metrics::PromptMetrics,
+    output::{JsonlParser, LineItem, extract_json},
+    store::TemplateStore,
+    templates::{RenderError, Template},
+};
+
+/// The text-completion client the prompt processor calls.
+pub type LlmClient = RequestClient<TextCompletionRequest, TextCompletionResponse>;
+
+/// The prompt processor's handler.
+pub struct PromptService {
+    store: Arc<TemplateStore>,
+    llm: Arc<LlmClient>,
+    metrics: PromptMetrics,
+}
+
+impl PromptService {
+    /// A handler rendering from `store` and completing through `llm`.
+    pub fn new(store: Arc<TemplateStore>, llm: Arc<LlmClient>, metrics: PromptMetrics) -> Self {
+        Self {
+            store,
+            llm,
+            metrics,
+        }
+    }
+}
+
+/// Token deltas and the model, waiting to ride on the next published record.
+#[derive(Debug, Default)]
+struct Pending {
+    in_token: Option<u64>,
+    out_token: Option<u64>,
+    model: Option<String>,
+}
+
+impl Pending {
+    fn add(&mut self, r: &TextCompletionResponse) {
+        fn sum(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+            match (a, b) {
+                (None, None) => None,
+                (a, b) => Some(a.unwrap_or(0).saturating_add(b.unwrap_or(0))),
+            }
+        }
+        self.in_token = sum(self.in_token, r.in_token);
+        self.out_token = sum(self.out_token, r.out_token);
+        if r.model.is_some() {
+            self.model.clone_from(&r.model);
+        }
+    }
+
+    /// A record carrying the pending usage, which is then no longer pending.
+    fn record(&mut self) -> PromptResponse {
+        PromptResponse {
+            in_token: self.in_token.take(),
+            out_token: self.out_token.take(),
+            model: self.model.clone(),
+            ..PromptResponse::default()
+        }
+    }
+}
+
+fn client_error(e: &ClientError) -> Error {
+    match e {
+        ClientError::InactivityTimeout(_) | ClientError::TotalTimeout(_) => Error::new(
+            ErrorKind::Timeout,
+            format!("text-completion did not answer in time: {e}"),
+        ),
+        other => Error::new(
+            ErrorKind::Llm,
+            format!("text-completion could not be reached: {other}"),
+        ),
+    }
+}
+
+fn restarted() -> Error {
+    Error::new(
+        ErrorKind::Llm,
+        "text-completion restarted its answer after part of it was published; send the request again",
+    )
+}
+
+/// The state of one answer.
+struct Answer<'a> {
+    sink: &'a mut ResponseSink<PromptResponse>,
+    pending: Pending,
+    template: Arc<Template>,
+    metrics: &'a PromptMetrics,
+    published: bool,
+}
+
+impl Answer<'_> {
+    async fn send(&mut self, record: PromptResponse) -> Result<(), Error> {
+        self.published = true;
+        self.sink
+            .send(record)
+            .await
+            .map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))
+    }
+
+    /// Ends the stream with `error`, the usage so far, and (jsonl) the counts.
+    async fn fail(&mut self, error: Error, counts: Option<(u64, u64)>) -> Result<(), Error> {
+        let mut r = self.pending.record();
+        r.error = Some(error);
+        r.end_of_stream = true;
+        if let Some((objects, skipped)) = counts {
+            r.objects_emitted = Some(objects);
+            r.lines_skipped = Some(skipped);
+        }
+        self.send(r).await
+    }
+
+    /// Corrects and validates `value`; `Err` is why it is dropped (and the metric's reason).
+    fn check(&self, value: &mut Value, line: usize) -> Result<(), (&'static str, String)> {
+        let t = &self.template;
+        if let Some(normalise) = t.normalise {
+            match normalise(value) {
+                Normalised::Keep { warnings } => {
+                    for w in &warnings {
+                        warn!(template = %t.id, line, correction = %w, "jsonl object corrected");
+                    }
+                    if !warnings.is_empty() {
+                        self.metrics.corrected(&t.id, warnings.len());
+                    }
+                }
+                Normalised::Skip { reason } => return Err(("rejected", reason)),
+            }
+        }
+        if let Some(v) = &t.validator {
+            let problems: Vec<String> = v
+                .iter_errors(value)
+                .take(3)
+                .map(|e| {
+                    let mut m = format!("{}: {e}", e.instance_path);
+                    if m.len() > 200 {
+                        let mut cut = 200;
+                        while !m.is_char_boundary(cut) {
+                            cut -= 1;
+                        }
+                        m.truncate(cut);
+                        m.push('…');
+                    }
+                    m
+                })
+                .collect();
+            if !problems.is_empty() {
+                return Err(("invalid", problems.join("; ")));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Handler for PromptService {
+    type Request = PromptRequest;
+    type Response = PromptResponse;
+
+    async fn handle(
+        &self,
+        request: PromptRequest,
+        ctx: RequestContext,
+        sink: &mut ResponseSink<PromptResponse>,
+    ) -> Result<(), Error> {
+        let set = self.store.current();
+        let rendered = set.render(&request.id, &request.terms).map_err(|e| {
+            let kind = match &e {
+                RenderError::Unknown { .. } => "unknown",
+                RenderError::Render { .. } => "render",
+            };
+            self.metrics.template_error(kind);
+            Error::new(ErrorKind::InvalidRequest, e.to_string())
+        })?;
+        drop(set);
+        let mode = rendered.template.response_type;
+        let completion = TextCompletionRequest {
+            system: rendered.system,
+            prompt: rendered.prompt,
+            // jsonl is always streamed, so objects go out as their lines complete.
+            streaming: match mode {
+                ResponseType::Text => request.streaming,
+                ResponseType::Json => false,
+                ResponseType::Jsonl => true,
+            },
+            response_format: None,
+            schema: None,
+        };
+        let options = RequestOptions {
+            traceparent: ctx.traceparent.clone(),
+            ..RequestOptions::default()
+        };
+        debug!(template = %request.id, ?mode, "rendered; calling text-completion");
+        let stream = self
+            .llm
+            .request_with(&completion, options)
+            .await
+            .map_err(|e| client_error(&e))?;
+        let mut answer = Answer {
+            sink,
+            pending: Pending::default(),
+            template: rendered.template,
+            metrics: &self.metrics,
+            published: false,
+        };
+        match mode {
+            ResponseType::Text => text(&mut answer, stream).await,
+            ResponseType::Json => json(&mut answer, stream).await,
+            ResponseType::Jsonl => jsonl(&mut answer, stream, request.streaming).await,
+        }
+    }
+}
+
+async fn text(
+    a: &mut Answer<'_>,
+    mut stream: ResponseStream<TextCompletionResponse>,
+) -> Result<(), Error> {
+    while let Some(item) = stream.next().await {
+        let r = match item {
+            Ok(Received::Record(r)) => r,
+            Ok(Received::Restarted) if a.published => return a.fail(restarted(), None).await,
+            Ok(Received::Restarted) => {
+                a.pending = Pending::default();
+                continue;
+            }
+            Err(e) => return a.fail(client_error(&e), None).await,
+        };
+        a.pending.add(&r);
+        if let Some(e) = r.error {
+            return a.fail(e, None).await;
+        }
+        if r.end_of_stream {
+            let mut last = a.pending.record();
+            last.text = Some(r.response);
+            last.end_of_stream = true;
+            return a.send(last).await;
+        }
+        if !r.response.is_empty() {
+            let mut rec = a.pending.record();
+            rec.text = Some(r.response);
+            a.send(rec).await?;
+        }
+    }
+    a.fail(
+        Error::new(
+            ErrorKind::Internal,
+            "the text-completion stream ended without a final record",
+        ),
+        None,
+    )
+    .await
+}
+
+/// Reads the whole completion; `Err` when it failed (already answered).
+async fn whole(
+    a: &mut Answer<'_>,
+    mut stream: ResponseStream<TextCompletionResponse>,
+) -> Result<Option<String>, Error> {
+    let mut text = String::new();
+    while let Some(item) = stream.next().await {
+        let r = match item {
+            Ok(Received::Record(r)) => r,
+            Ok(Received::Restarted) => {
+                text.clear();
+                a.pending = Pending::default();
+                continue;
+            }
+            Err(e) => return a.fail(client_error(&e), None).await.map(|()| None),
+        };
+        a.pending.add(&r);
+        if let Some(e) = r.error {
+            return a.fail(e, None).await.map(|()| None);
+        }
+        text.push_str(&r.response);
+        if r.end_of_stream {
+            return Ok(Some(text));
+        }
+    }
+    a.fail(
+        Error::new(
+            ErrorKind::Internal,
+            "the text-completion stream ended without a final record",
+        ),
+        None,
+    )
+    .await
+    .map(|()| None)
+}
+
+async fn json(
+    a: &mut Answer<'_>,
+    stream: ResponseStream<TextCompletionResponse>,
+) -> Result<(), Error> {
+    let Some(text) = whole(a, stream).await? else {
+        return Ok(());
+    };
+    let id = a.template.id.clone();
+    let mut value = match extract_json(&text) {
+        Ok(v) => v,
+        Err(why) => {
+            warn!(template = %id, reason = %why, "json answer unusable");
+            let e = Error::new(ErrorKind::Llm, format!("template {id:?}: {why}"));
+            return a.fail(e, None).await;
+        }
+    };
+    if let Err((_, why)) = a.check(&mut value, 1) {
+        warn!(template = %id, "json answer does not match the template's schema");
+        let e = Error::new(
+            ErrorKind::Llm,
+            format!("template {id:?}: the model's answer does not match the schema: {why}"),
+        );
+        return a.fail(e, None).await;
+    }
+    a.metrics.object(&id);
+    let mut last = a.pending.record();
+    last.object = Some(value.to_string());
+    last.end_of_stream = true;
+    a.send(last).await
+}
+
+async fn jsonl(
+    a: &mut Answer<'_>,
+    mut stream: ResponseStream<TextCompletionResponse>,
+    streaming: bool,
+) -> Result<(), Error> {
+    let mut parser = JsonlParser::default();
+    let (mut emitted, mut skipped) = (0u64, 0u64);
+    let mut collected: Vec<Value> = Vec::new();
+    let id = a.template.id.clone();
+    loop {
+        let Some(item) = stream.next().await else {
+            let e = Error::new(
+                ErrorKind::Internal,
+                "the text-completion stream ended without a final record",
+            );
+            return a.fail(e, Some((emitted, skipped))).await;
+        };
+        let r = match item {
+            Ok(Received::Record(r)) => r,
+            Ok(Received::Restarted) if a.published => {
+                return a.fail(restarted(), Some((emitted, skipped))).await;
+            }
+            Ok(Received::Restarted) => {
+                parser = JsonlParser::default();
+                (emitted, skipped) = (0, 0);
+                collected.clear();
+                a.pending = Pending::default();
+                continue;
+            }
+            Err(e) => return a.fail(client_error(&e), Some((emitted, skipped))).await,
+        };
+        a.pending.add(&r);
+        if let Some(e) = r.error {
+            return a.fail(e, Some((emitted, skipped))).await;
+        }
+        let mut items = parser.push(&r.response);
+        if r.end_of_stream {
+            items.extend(parser.finish());
+        }
+        for item in items {
+            let (line, mut value) = match item {
+                LineItem::Object { line, value } => (line, value),
+                LineItem::Malformed { line, reason } => {
+                    warn!(template = %id, line, reason = %reason, "jsonl line skipped: malformed");
+                    a.metrics.skipped(&id, "malformed");
+                    skipped += 1;
+                    continue;
+                }
+            };
+            if let Err((kind, why)) = a.check(&mut value, line) {
+                warn!(template = %id, line, reason = %why, "jsonl line skipped: {kind}");
+                a.metrics.skipped(&id, kind);
+                skipped += 1;
+                continue;
+            }
+            a.metrics.object(&id);
+            emitted += 1;
+            if streaming {
+                let mut rec = a.pending.record();
+                rec.object = Some(value.to_string());
+                a.send(rec).await?;
+            } else {
+                collected.push(value);
+            }
+        }
+        if r.end_of_stream {
+            let mut last = a.pending.record();
+            last.end_of_stream = true;
+            last.objects_emitted = Some(emitted);
+            last.lines_skipped = Some(skipped);
+            if !streaming {
+                last.object = Some(Value::Array(collected).to_string());
+            }
+            debug!(template = %id, emitted, skipped, "jsonl answer complete");
+            return a.send(last).await;
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! Reading structured output out of a model's text: JSON lines as they complete (seed 002's
+//! incremental parser) and one JSON value from a whole answer.
+
+use serde_json::Value;
+use sluice_runtime::ndjson::{LineError, LineSplitter};
+
+/// The longest line accepted; a longer one is skipped as malformed.
+pub const MAX_LINE_BYTES: usize = 1024 * 1024;
+
+/// What one line of a JSON-lines answer is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LineItem {
+    /// A JSON object, and the line's text as the model wrote it (trimmed).
+    Object {
+        /// 1-based line number in the answer.
+        line: usize,
+        /// The object.
+        value: Value,
+    },
+    /// A line that should have been an object and is not.
+    Malformed {
+        /// 1-based line number.
+        line: usize,
+        /// Why, without quoting the line (it is model output, possibly long or sensitive).
+        reason: String,
+    },
+}
+
+/// Splits a streamed answer into JSON-lines items as text deltas arrive: a line split across
+/// any number of deltas, several lines in one delta, a final line without newline. Blank
+/// lines and markdown fence lines (```` ``` ````, ```` ```json ````) are ignored, not skipped.
+#[derive(Debug)]
+pub struct JsonlParser {
+    lines: LineSplitter,
+}
+
+impl Default for JsonlParser {
+    fn default() -> Self {
+        Self {
+            lines: LineSplitter::new(MAX_LINE_BYTES),
+        }
+    }
+}
+
+impl JsonlParser {
+    /// Feeds a text delta; returns the items of the lines it completed.
+    pub fn push(&mut self, delta: &str) -> Vec<LineItem> {
+        self.lines
+            .push(delta.as_bytes())
+            .into_iter()
+            .filter_map(item)
+            .collect()
+    }
+
+    /// Ends the answer: the last line, if it had no newline.
+    pub fn finish(&mut self) -> Option<LineItem> {
+        self.lines.finish().and_then(item)
+    }
+}
+
+fn item(line: Result<sluice_runtime::ndjson::Line, LineError>) -> Option<LineItem> {
+    let line = match line {
+        Ok(l) => l,
+        Err(LineError::TooLong { number: line, .. }) => {
+            return Some(LineItem::Malformed {
+                line,
+                reason: format!("longer than {MAX_LINE_BYTES} bytes"),
+            });
+        }
+        Err(LineError::NotUtf8 { number: line }) => {
+            return Some(LineItem::Malformed {
+                line,
+                reason: "not UTF-8".into(),
+            });
+        }
+    };
+    let text = line.text.trim();
+    if text.is_empty() || text.starts_with("```") {
+        return None;
+    }
+    Some(match serde_json::from_str::<Value>(text) {
+        Ok(value @ Value::Object(_)) => LineItem::Object {
+            line: line.number,
+            value,
+        },
+        Ok(_) => LineItem::Malformed {
+            line: line.number,
+            reason: "a JSON value that is not an object".into(),
+        },
+        Err(e) => LineItem::Malformed {
+            line: line.number,
+            reason: format!(
+                "not valid JSON ({:?} at column {})",
+                e.classify(),
+                e.column()
+            ),
+        },
+    })
+}
+
+/// The JSON value in a whole answer: inside a ```` ```json ```` fence if there is one,
+/// otherwise the first object or array in the text, prose around it ignored.
+pub fn extract_json(answer: &str) -> Result<Value, String> {
+    let body = fenced(answer).unwrap_or(answer);
+    let mut from = 0;
+    while let Some(offset) = body[from..].find(['{', '[']) {
+        let start = from + offset;
+        let mut values = serde_json::Deserializer::from_str(&body[start..]).into_iter::<Value>();
+        if let Some(Ok(v)) = values.next() {
+            return Ok(v);
+        }
+        from = start + 1;
+    }
+    Err(if answer.trim().is_empty() {
+        "the model's answer is empty".into()
+    } else {
+        "the model's answer holds no JSON object or array".into()
+    })
+}
+
+/// The text between the first fence line and the next one.
+fn fenced(text: &str) -> Option<&str> {
+    let open = text.find("```")?;
+    let after = open + text[open..].find('\n')? + 1;
+    let close = text[after..].find("```").map_or(text.len(), |i| after + i);
+    Some(&text[after..close])
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    const TEXT: &str = "```json\n{\"a\":1}\n\n{\"a\":2}\nnot json\n[1]\n```\n{\"a\":3}";
+
+    fn parse_in_pieces(pieces: &[&str]) -> Vec<LineItem> {
+        let mut p = JsonlParser::default();
+        let mut out: Vec<LineItem> = pieces.iter().flat_map(|d| p.push(d)).collect();
+        out.extend(p.finish());
+        out
+    }
+
+    #[test]
+    fn lines_fences_blanks_and_a_final_line_without_newline() {
+        let out = parse_in_pieces(&[TEXT]);
+        let objects: Vec<&Value> = out
+            .iter()
+            .filter_map(|i| match i {
+                LineItem::Object { value, .. } => Some(value),
+                LineItem::Malformed { .. } => None,
+            })
+            .collect();
+        assert_eq!(objects, [&json!({"a":1}), &json!({"a":2}), &json!({"a":3})]);
+        let bad: Vec<usize> = out
+            .iter()
+            .filter_map(|i| match i {
+                LineItem::Malformed { line, .. } => Some(*line),
+                LineItem::Object { .. } => None,
+            })
+            .collect();
+        assert_eq!(bad, [5, 6], "line numbers count every line");
+    }
+
+    /// For every way of cutting the text into two or three pieces, the parser yields the same
+    /// items; byte-at-a-time too.
+    #[test]
+    fn any_split_yields_the_same_items() {
+        let whole = parse_in_pieces(&[TEXT]);
+        let n = TEXT.len();
+        for i in 0..=n {
+            for j in i..=n {
+                if !TEXT.is_char_boundary(i) || !TEXT.is_char_boundary(j) {
+                    continue;
+                }
+                let got = parse_in_pieces(&[&TEXT[..i], &TEXT[i..j], &TEXT[j..]]);
+                assert_eq!(got, whole, "split at {i}, {j}");
+            }
+        }
+        let bytes: Vec<String> = TEXT.chars().map(String::from).collect();
+        let pieces: Vec<&str> = bytes.iter().map(String::as_str).collect();
+        assert_eq!(parse_in_pieces(&pieces), whole);
+    }
+
+    #[test]
+    fn a_whole_answer_yields_its_json_value() {
+        assert_eq!(
+            extract_json("Sure! Here it is:\n```json\n{\"x\": [1, 2]}\n```\nAnything else?")
+                .unwrap(),
+            json!({"x": [1, 2]})
+        );
+        assert_eq!(
+            extract_json("The answer is {\"x\": true} as requested.").unwrap(),
+            json!({"x": true})
+        );
+        assert_eq!(extract_json("[1,2] trailing").unwrap(), json!([1, 2]));
+        // A brace in prose before the object is skipped over.
+        assert_eq!(
+            extract_json("use {braces} like {\"k\": 1}").unwrap(),
+            json!({"k": 1})
+        );
+        assert!(extract_json("").unwrap_err().contains("empty"));
+        assert!(
+            extract_json("no json here")
+                .unwrap_err()
+                .contains("no JSON")
+        );
+    }
+}
