@@ -17,6 +17,8 @@
 //! | `no_terminator` | `Hel`, then the body ends cleanly without finish or `[DONE]` |
 //! | `malformed` | `Hel`, an unparseable event, ` lo`, finish, usage, `[DONE]` |
 //! | `stall` | `Hel`, then nothing more |
+//! | `replay-N` | the last user message streamed back in N-byte pieces, finish, usage (9 in, one out per word), `[DONE]` |
+//! | `replay-N-break` | the same pieces, then the connection breaks (a truncated answer) |
 //! | `gated` | `Hel`, then waits for [`FakeOpenAi::open_gate`], then ` lo`, finish, usage, `[DONE]` |
 //! | `tokens-N-D` | N one-word tokens, D ms apart, then finish, usage, `[DONE]` (for benchmarks) |
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -224,12 +226,24 @@ async fn chat(
         }
         _ => {}
     }
+    let user_message = body["messages"]
+        .as_array()
+        .and_then(|ms| ms.iter().rev().find(|m| m["role"] == "user"))
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or("")
+        .to_owned();
     if !stream {
+        let (content, input, output) = if model.starts_with("replay-") {
+            let words = user_message.split_whitespace().count();
+            (user_message, 9, words)
+        } else {
+            ("Hello world!".to_owned(), 11, 3)
+        };
         return Json(json!({
             "id": "c1", "object": "chat.completion", "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello world!"},
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
                          "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}
+            "usage": {"prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output}
         }))
         .into_response();
     }
@@ -280,6 +294,34 @@ async fn chat(
             Step::Send(usage(5, 2)),
             Step::Send(DONE.into()),
         ],
+        m if m.starts_with("replay-") => {
+            // The last user message, streamed back in pieces of N bytes: tests choose the
+            // model's "answer" through the prompt they render.
+            let mut parts = m.trim_start_matches("replay-").split('-');
+            let n: usize = parts
+                .next()
+                .and_then(|x| x.parse().ok())
+                .unwrap_or(4)
+                .max(1);
+            let truncated = parts.next() == Some("break");
+            let text = user_message.clone();
+            let mut v: Vec<Step> = pieces(&text, n)
+                .into_iter()
+                .map(|p| Step::Send(delta(&p)))
+                .collect();
+            if truncated {
+                v.push(Step::Wait(Duration::from_millis(20)));
+                v.push(Step::Break);
+            } else {
+                let words = u64::try_from(text.split_whitespace().count()).unwrap_or(0);
+                v.extend([
+                    Step::Send(finish()),
+                    Step::Send(usage(9, words)),
+                    Step::Send(DONE.into()),
+                ]);
+            }
+            v
+        }
         m if m.starts_with("tokens-") => {
             let mut parts = m.trim_start_matches("tokens-").split('-');
             let n: u64 = parts.next().and_then(|x| x.parse().ok()).unwrap_or(10);
@@ -301,4 +343,20 @@ async fn chat(
         _ => normal_events(),
     };
     sse(steps, abandoned)
+}
+
+/// `text` in pieces of about `n` bytes, cut on character boundaries.
+pub fn pieces(text: &str, n: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    for c in text.chars() {
+        current.push(c);
+        if current.len() >= n {
+            out.push(std::mem::take(&mut current));
+        }
+    }
+    if !current.is_empty() {
+        out.push(current);
+    }
+    out
 }

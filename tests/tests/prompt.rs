@@ -1,0 +1,382 @@
+//! The prompt processor end to end on the real broker: client -> prompt processor ->
+//! text-completion processor -> fake OpenAI server (model `replay-N` streams the rendered
+//! prompt back in N-byte tokens, so each test picks the "model's answer" through its terms).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use serde_json::{Value, json};
+use sluice_prompt::{
+    handler::{LlmClient, PromptService},
+    metrics::PromptMetrics,
+    store::TemplateStore,
+};
+use sluice_runtime::{
+    client::{ClientConfig, Received, RequestClient},
+    processor::ProcessorConfig,
+    secret::Secret,
+    telemetry::Telemetry,
+};
+use sluice_schema::{PromptRequest, PromptResponse};
+use sluice_tests::{
+    Broker, RunningProcessor, echo_config, fake_openai::FakeOpenAi, init_logging, unique_topic,
+};
+use sluice_text_completion::{
+    handler::{LlmMetrics, TextCompletionService},
+    providers::openai::{Dialect, OpenAiConfig, OpenAiProvider},
+    retry::RetryPolicy,
+};
+use tokio_util::sync::CancellationToken;
+
+type PromptClient = RequestClient<PromptRequest, PromptResponse>;
+
+const TEMPLATES: &str = r#"{
+  "system": "You answer in the requested format.",
+  "templates": {
+    "say": {"prompt": "{{ out }}"},
+    "facts": {"prompt": "{{ out }}", "response-type": "jsonl",
+              "schema": {"type": "object", "required": ["fact", "score"],
+                         "properties": {"fact": {"type": "string"},
+                                        "score": {"type": "number", "minimum": 0, "maximum": 1}}}},
+    "one": {"prompt": "{{ out }}", "response-type": "json",
+            "schema": {"type": "object", "required": ["answer"],
+                       "properties": {"answer": {"type": "integer"}}}},
+    "needs": {"prompt": "{{ out }} {{ missing_var }}"}
+  }
+}"#;
+
+struct Setup {
+    client: PromptClient,
+    prompt: RunningProcessor,
+    llm: RunningProcessor,
+    metrics: Telemetry,
+    store: Arc<TemplateStore>,
+    file: PathBuf,
+    _fake: FakeOpenAi,
+}
+
+impl Setup {
+    async fn new(model: &str, templates: &str) -> Self {
+        init_logging();
+        let broker = Broker::from_env().await;
+        let fake = FakeOpenAi::start().await;
+        let mut config = OpenAiConfig::new(Dialect::OpenAi, fake.base_url(), model);
+        config.api_key = Some(Secret::new("sk-test"));
+        let provider = Arc::new(OpenAiProvider::new(config).unwrap());
+        let llm_telemetry = Telemetry::new().unwrap();
+        let service = TextCompletionService::new(
+            provider,
+            RetryPolicy::default(),
+            LlmMetrics::register(&llm_telemetry.registry).unwrap(),
+        );
+        let (tc_req, tc_resp, tc_cancel) = (
+            unique_topic("tc-req"),
+            unique_topic("tc-resp"),
+            unique_topic("tc-cancel"),
+        );
+        let mut tc_config = echo_config(&tc_req, &tc_resp, 64);
+        tc_config.cancel_topic = Some(tc_cancel.clone());
+        let llm = RunningProcessor::start(broker.bus().await, tc_config, service).await;
+
+        let dir =
+            std::env::temp_dir().join(format!("sluice-prompt-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("templates.json");
+        std::fs::write(&file, templates).unwrap();
+        let metrics = Telemetry::new().unwrap();
+        let prompt_metrics = PromptMetrics::register(&metrics.registry).unwrap();
+        let store =
+            TemplateStore::open(Some(file.clone()), false, Some(prompt_metrics.clone())).unwrap();
+        let mut cc = ClientConfig::new("text-completion", &tc_req, &tc_resp);
+        cc.cancel_topic = Some(tc_cancel);
+        let llm_client: Arc<LlmClient> = Arc::new(
+            RequestClient::start(broker.bus().await, cc, None)
+                .await
+                .unwrap(),
+        );
+        let handler = PromptService::new(store.clone(), llm_client, prompt_metrics);
+        let (p_req, p_resp) = (unique_topic("prompt-req"), unique_topic("prompt-resp"));
+        let mut p_config = ProcessorConfig::new("prompt", &p_req, &p_resp);
+        p_config.drain_grace = Duration::from_secs(5);
+        let prompt = RunningProcessor::start(broker.bus().await, p_config, handler).await;
+        let client = PromptClient::start(
+            broker.bus().await,
+            ClientConfig::new("prompt", &p_req, &p_resp),
+            None,
+        )
+        .await
+        .unwrap();
+        Self {
+            client,
+            prompt,
+            llm,
+            metrics,
+            store,
+            file,
+            _fake: fake,
+        }
+    }
+
+    async fn ask(&self, id: &str, out: &str, streaming: bool) -> Vec<PromptResponse> {
+        let request = PromptRequest {
+            id: id.into(),
+            terms: [("out".to_owned(), serde_json::to_string(out).unwrap())].into(),
+            streaming,
+        };
+        let mut s = self.client.request(&request).await.unwrap();
+        let mut out = Vec::new();
+        while let Some(item) = s.next().await {
+            match item.unwrap() {
+                Received::Record(r) => out.push(r),
+                Received::Restarted => panic!("unexpected restart"),
+            }
+        }
+        assert_eq!(
+            out.iter().filter(|r| r.end_of_stream).count(),
+            1,
+            "{out:#?}"
+        );
+        assert!(
+            out.last().unwrap().end_of_stream,
+            "nothing after the terminal record"
+        );
+        out
+    }
+
+    async fn stop(self) {
+        self.client.close().await;
+        self.prompt.stop().await;
+        self.llm.stop().await;
+    }
+}
+
+fn objects(records: &[PromptResponse]) -> Vec<Value> {
+    records
+        .iter()
+        .filter_map(|r| r.object.as_deref())
+        .map(|o| serde_json::from_str(o).unwrap())
+        .collect()
+}
+
+fn sum(records: &[PromptResponse], f: fn(&PromptResponse) -> Option<u64>) -> u64 {
+    records.iter().filter_map(f).sum()
+}
+
+#[tokio::test]
+async fn text_streams_deltas_with_token_counts() {
+    let s = Setup::new("replay-3", TEMPLATES).await;
+    let out = s.ask("say", "Hello there, world", true).await;
+    assert!(out.len() > 3, "streamed in pieces: {out:#?}");
+    let text: String = out.iter().filter_map(|r| r.text.as_deref()).collect();
+    assert_eq!(text, "Hello there, world");
+    assert_eq!(sum(&out, |r| r.in_token), 9);
+    assert_eq!(sum(&out, |r| r.out_token), 3);
+    assert!(out.iter().all(|r| r.model.as_deref() == Some("replay-3")));
+    assert!(out.iter().all(|r| r.error.is_none()));
+
+    let out = s.ask("say", "Hello there, world", false).await;
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].text.as_deref(), Some("Hello there, world"));
+    assert_eq!(out[0].out_token, Some(3));
+    s.stop().await;
+}
+
+const JSONL: &str = "Here you go:\n```json\n{\"fact\": \"water is wet\", \"score\": 0.9}\n\n{\"fact\": \"broken\", \"score\": \n{\"fact\": \"fire is hot\", \"score\": 0.8}\n{\"fact\": \"too sure\", \"score\": 7}\n[1, 2]\n```\n{\"fact\": \"last line, no newline\", \"score\": 0.1}";
+
+#[tokio::test]
+async fn jsonl_publishes_each_valid_line_and_skips_the_rest() {
+    let s = Setup::new("replay-5", TEMPLATES).await;
+    let out = s.ask("facts", JSONL, true).await;
+    let got = objects(&out);
+    let facts: Vec<&str> = got.iter().map(|o| o["fact"].as_str().unwrap()).collect();
+    assert_eq!(
+        facts,
+        ["water is wet", "fire is hot", "last line, no newline"]
+    );
+    // Each object is its own record, before the terminal one, which carries the counts.
+    let last = out.last().unwrap();
+    assert!(last.object.is_none());
+    assert_eq!(last.objects_emitted, Some(3));
+    // "Here you go:" (prose), the broken line, score 7 (schema), [1, 2] (not an object).
+    assert_eq!(last.lines_skipped, Some(4));
+    assert_eq!(out.len(), 4);
+    assert_eq!(sum(&out, |r| r.in_token), 9);
+    let m = s.metrics.render();
+    assert!(
+        m.contains(r#"sluice_prompt_objects_total{template="facts"} 3"#),
+        "{m}"
+    );
+    assert!(
+        m.contains(r#"sluice_prompt_lines_skipped_total{reason="malformed",template="facts"} 3"#),
+        "{m}"
+    );
+    assert!(
+        m.contains(r#"sluice_prompt_lines_skipped_total{reason="invalid",template="facts"} 1"#),
+        "{m}"
+    );
+
+    // Not streaming: one record, the objects as an array.
+    let out = s.ask("facts", JSONL, false).await;
+    assert_eq!(out.len(), 1);
+    let all: Value = serde_json::from_str(out[0].object.as_deref().unwrap()).unwrap();
+    assert_eq!(all.as_array().unwrap().len(), 3);
+    assert_eq!(out[0].objects_emitted, Some(3));
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_truncated_jsonl_answer_keeps_what_was_published_and_ends_with_an_error() {
+    let s = Setup::new("replay-4-break", TEMPLATES).await;
+    let answer = "{\"fact\": \"a\", \"score\": 0.5}\n{\"fact\": \"b\", \"score\": 0.6}\n{\"fact\": \"c\", \"sco";
+    let out = s.ask("facts", answer, true).await;
+    assert_eq!(objects(&out).len(), 2);
+    let last = out.last().unwrap();
+    let err = last.error.as_ref().expect("a terminal error");
+    assert_eq!(err.kind, "llm-error");
+    assert_eq!(last.objects_emitted, Some(2));
+    assert_eq!(last.lines_skipped, Some(0));
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn json_is_one_validated_object_even_when_streaming() {
+    let s = Setup::new("replay-6", TEMPLATES).await;
+    for streaming in [true, false] {
+        let out = s
+            .ask(
+                "one",
+                "Sure! The result:\n```json\n{\"answer\": 42}\n```\nHope that helps.",
+                streaming,
+            )
+            .await;
+        assert_eq!(out.len(), 1, "one record, streaming={streaming}");
+        assert_eq!(objects(&out), [json!({"answer": 42})]);
+        assert!(out[0].error.is_none());
+    }
+    let out = s.ask("one", "{\"answer\": \"forty-two\"}", true).await;
+    let err = out[0].error.as_ref().unwrap();
+    assert_eq!(err.kind, "llm-error");
+    assert!(
+        err.message.contains("does not match the schema"),
+        "{}",
+        err.message
+    );
+    assert!(
+        err.message.contains("/answer"),
+        "names the field: {}",
+        err.message
+    );
+    let out = s.ask("one", "I cannot answer that.", true).await;
+    assert!(out[0].error.as_ref().unwrap().message.contains("no JSON"));
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn unknown_templates_and_missing_variables_are_clear_errors() {
+    let s = Setup::new("replay-4", TEMPLATES).await;
+    let out = s.ask("nope", "x", true).await;
+    let e = out[0].error.as_ref().unwrap();
+    assert_eq!(e.kind, "invalid-request");
+    assert!(
+        e.message.contains("unknown template \"nope\""),
+        "{}",
+        e.message
+    );
+    assert!(
+        e.message.contains("facts, needs, one, say"),
+        "{}",
+        e.message
+    );
+    let out = s.ask("needs", "x", true).await;
+    let e = out[0].error.as_ref().unwrap();
+    assert_eq!(e.kind, "invalid-request");
+    assert!(e.message.contains("undefined"), "{}", e.message);
+    let m = s.metrics.render();
+    assert!(m.contains(r#"sluice_prompt_template_errors_total{kind="unknown"} 1"#));
+    assert!(m.contains(r#"sluice_prompt_template_errors_total{kind="render"} 1"#));
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn templates_reload_on_file_change_without_disturbing_requests_in_flight() {
+    let s = Setup::new("replay-2", TEMPLATES).await;
+    let stop = CancellationToken::new();
+    let watcher = s
+        .store
+        .clone()
+        .watch(Duration::from_millis(50), stop.clone());
+    // Slow answers (2-byte tokens) in flight while the file changes under them.
+    let long = "0123456789".repeat(20);
+    let client = &s.client;
+    let in_flight = futures::future::join_all((0..16).map(|_| {
+        let long = long.clone();
+        async move {
+            let request = PromptRequest {
+                id: "say".into(),
+                terms: [("out".to_owned(), serde_json::to_string(&long).unwrap())].into(),
+                streaming: true,
+            };
+            let mut st = client.request(&request).await.unwrap();
+            let mut text = String::new();
+            while let Some(item) = st.next().await {
+                if let Received::Record(r) = item.unwrap() {
+                    assert!(r.error.is_none(), "{r:?}");
+                    text.push_str(r.text.as_deref().unwrap_or(""));
+                }
+            }
+            text
+        }
+    }));
+    let changed = TEMPLATES.replace(
+        r#""say": {"prompt": "{{ out }}"}"#,
+        r#""say": {"prompt": "v2: {{ out }}"}"#,
+    );
+    let rewrite = async {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        // Written whole and renamed into place, as editors and ConfigMaps do.
+        let tmp = s.file.with_extension("tmp");
+        std::fs::write(&tmp, &changed).unwrap();
+        std::fs::rename(&tmp, &s.file).unwrap();
+    };
+    let (texts, ()) = tokio::join!(in_flight, rewrite);
+    for t in texts {
+        assert!(
+            t == long || t == format!("v2: {long}"),
+            "each answer is whole: {t}"
+        );
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = s.ask("say", "x", false).await;
+        if out[0].text.as_deref() == Some("v2: x") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the change was not picked up"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A broken file is refused; the last good templates stay in use.
+    std::fs::write(&s.file, "{ not json").unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !s
+        .metrics
+        .render()
+        .contains(r#"sluice_prompt_template_reloads_total{outcome="failure"} 1"#)
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{}",
+            s.metrics.render()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        s.ask("say", "y", false).await[0].text.as_deref(),
+        Some("v2: y")
+    );
+    stop.cancel();
+    watcher.await.unwrap();
+    s.stop().await;
+}
