@@ -109,6 +109,8 @@ struct Printer {
     /// The message type being printed to stderr (agent), to label each new message once.
     current: Option<String>,
     wrote_answer: bool,
+    /// Whether the answer printed so far ends with a newline.
+    at_line_start: bool,
 }
 
 impl Printer {
@@ -150,7 +152,10 @@ impl Printer {
         let mut out = std::io::stdout().lock();
         let _ = write!(out, "{content}");
         let _ = out.flush();
-        self.wrote_answer = true;
+        if !content.is_empty() {
+            self.wrote_answer = true;
+            self.at_line_start = content.ends_with('\n');
+        }
     }
 
     fn usage(&self, usage: Option<&Value>) {
@@ -183,6 +188,8 @@ impl Printer {
                             .unwrap_or(false);
                         self.side(t, content, end);
                     }
+                    // A prompt's JSON objects: one per line.
+                    _ if e.get("object").is_some() => self.answer(&format!("{content}\n")),
                     _ => self.answer(content),
                 }
                 None
@@ -204,7 +211,7 @@ impl Printer {
                 message: content.to_owned(),
             })),
             Some("done") => {
-                if self.wrote_answer {
+                if self.wrote_answer && !self.at_line_start {
                     println!();
                 }
                 self.usage(e.get("usage"));
@@ -279,6 +286,7 @@ pub async fn run(args: InvokeArgs) -> Result<(), InvokeError> {
         color: std::io::stderr().is_terminal(),
         current: None,
         wrote_answer: false,
+        at_line_start: true,
     };
     if !status.is_success() || args.no_streaming {
         let text = resp.text().await.map_err(|e| {

@@ -1,9 +1,10 @@
-//! `sluice`: the one binary. The prompt and agent processors arrive with their issues.
+//! `sluice`: the one binary. The agent processor arrives with its issue.
 //! Today it carries:
 //!
-//! - `sluice serve`: the embedded default, the text-completion processor and the gateway in
-//!   one process on the in-process bus (or Pulsar);
+//! - `sluice serve`: the embedded default, the text-completion and prompt processors and the
+//!   gateway in one process on the in-process bus (or Pulsar);
 //! - `sluice text-completion`: the text-completion processor;
+//! - `sluice prompt`: the prompt processor;
 //! - `sluice gateway`: the HTTP gateway (REST, NDJSON, SSE, TrustGraph's WebSocket);
 //! - `sluice invoke llm|prompt|agent`: call a gateway and print the answer as it streams;
 //! - `sluice topics resolve NAME...`: the Pulsar topic URL of a TrustGraph-style name;
@@ -17,6 +18,7 @@ mod common;
 mod config;
 mod gateway;
 mod invoke;
+mod prompt;
 mod serve;
 mod text_completion;
 
@@ -46,11 +48,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Everything in one process: the text-completion processor and the gateway, on the
-    /// in-process bus unless --pulsar-url is given.
+    /// Everything in one process: the text-completion and prompt processors and the
+    /// gateway, on the in-process bus unless --pulsar-url is given.
     Serve(Box<serve::ServeArgs>),
     /// The text-completion processor.
     TextCompletion(Box<text_completion::TextCompletionArgs>),
+    /// The prompt processor: templates, text/json/jsonl answers.
+    Prompt(Box<prompt::PromptCommand>),
     /// The HTTP gateway in front of the processors.
     Gateway(Box<gateway::GatewayCommand>),
     /// Calls a gateway: `invoke llm SYSTEM PROMPT`, `invoke prompt TEMPLATE k=v...`,
@@ -172,6 +176,7 @@ async fn run(command: Command) -> Result<(), String> {
         Command::Serve(args) => serve::run(*args).await,
         Command::TextCompletion(args) => text_completion::run(*args).await,
         Command::Gateway(args) => gateway::run(*args).await,
+        Command::Prompt(args) => prompt::run(*args).await,
         Command::Invoke(_) => Ok(()),
         Command::Topics {
             command: TopicsCommand::Resolve { mapping, names },

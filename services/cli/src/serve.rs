@@ -1,11 +1,12 @@
-//! `sluice serve`: the embedded default. The text-completion processor and the gateway in
-//! one process, on the in-process bus (or on Pulsar with `--pulsar-url`). Configured by
+//! `sluice serve`: the embedded default. The text-completion and prompt processors and the
+//! gateway in one process, on the in-process bus (or on Pulsar with `--pulsar-url`). Configured by
 //! flags, their environment variables, and `--config FILE` (see `config.rs`).
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use clap::Args;
 use sluice_gateway::{Gateway, ServiceKind};
+use sluice_prompt::handler::PromptService;
 use sluice_runtime::{
     bus::Bus,
     processor::{self, ProcessorConfig},
@@ -18,6 +19,7 @@ use tracing::info;
 use crate::{
     common::{BusArgs, cancel_topic, connect},
     gateway::{GatewayArgs, serve_until},
+    prompt::{LlmServiceArgs, TemplateArgs, template_store},
     text_completion::{LlmArgs, service},
 };
 
@@ -42,7 +44,9 @@ pub struct ServeArgs {
     pub gateway: GatewayArgs,
     #[command(flatten)]
     pub llm: LlmArgs,
-    /// Completions handled at once.
+    #[command(flatten)]
+    pub templates: TemplateArgs,
+    /// Completions (and prompts) handled at once.
     #[arg(long, env = "SLUICE_CONCURRENCY", default_value_t = processor::DEFAULT_CONCURRENCY)]
     pub concurrency: usize,
     /// Address of /metrics, /healthz and /readyz.
@@ -56,18 +60,37 @@ pub struct ServeArgs {
 /// Runs everything until SIGTERM/SIGINT, then drains.
 pub async fn run(args: ServeArgs) -> Result<(), String> {
     let mapping = args.topic_mapping;
-    let services = [ServiceKind::TextCompletion];
+    let services = [ServiceKind::TextCompletion, ServiceKind::Prompt];
     let (gateway_config, mut topics) = args.gateway.config(&services, mapping)?;
-    let tc = &gateway_config.services[&ServiceKind::TextCompletion];
-    let mut tc_config =
-        ProcessorConfig::new("text-completion", tc.request.clone(), tc.response.clone());
-    tc_config.cancel_topic = Some(cancel_topic("text-completion", None)?.to_pulsar(mapping));
-    tc_config.concurrency = args.concurrency;
-    tc_config.drain_grace = Duration::from_secs(args.drain_grace_secs);
-    topics.dedup();
+    let grace = Duration::from_secs(args.drain_grace_secs);
+    let processor_config = |kind: ServiceKind| -> Result<ProcessorConfig, String> {
+        let name = kind.as_str();
+        let t = &gateway_config.services[&kind];
+        let mut c = ProcessorConfig::new(name, t.request.clone(), t.response.clone());
+        c.cancel_topic = Some(cancel_topic(name, None)?.to_pulsar(mapping));
+        c.concurrency = args.concurrency;
+        c.drain_grace = grace;
+        Ok(c)
+    };
+    let tc_config = processor_config(ServiceKind::TextCompletion)?;
+    let prompt_config = processor_config(ServiceKind::Prompt)?;
+    // The prompt processor reaches text-completion by the same default topics.
+    let llm_service = LlmServiceArgs {
+        llm_request_topic: "request:tg:text-completion".into(),
+        llm_response_topic: "response:tg:text-completion".into(),
+        llm_cancel_topic: "notify:tg:text-completion-cancel".into(),
+        llm_inactivity_timeout_secs: args.gateway.inactivity_timeout_secs,
+        llm_timeout_secs: args.gateway.request_timeout_secs,
+    };
+    topics.extend(llm_service.topics()?);
+    topics.sort_by_key(ToString::to_string);
+    topics.dedup_by_key(|t| t.to_string());
 
     let telemetry = Telemetry::new().map_err(|e| e.to_string())?;
     let handler = Arc::new(service(&args.llm, &telemetry)?);
+    let stop_watching = CancellationToken::new();
+    let (store, prompt_metrics) =
+        template_store(&args.templates, &telemetry, stop_watching.clone())?;
     let bus_args = BusArgs {
         pulsar_url: args.pulsar_url.clone().unwrap_or_default(),
         pulsar_admin_url: args.pulsar_admin_url.clone(),
@@ -84,25 +107,38 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         },
         "sluice serve starting"
     );
+    let llm_client = llm_service.client(bus.clone(), mapping, &telemetry).await?;
+    let prompt_handler = Arc::new(PromptService::new(
+        store,
+        llm_client.clone(),
+        prompt_metrics,
+    ));
 
     let shutdown = shutdown_on_signals();
     let processor_stop = CancellationToken::new();
-    let processor = tokio::spawn(processor::run(
+    let mut processors = tokio::task::JoinSet::new();
+    processors.spawn(processor::run(
         bus.clone(),
         tc_config,
         handler,
         telemetry.clone(),
         processor_stop.clone(),
     ));
+    processors.spawn(processor::run(
+        bus.clone(),
+        prompt_config,
+        prompt_handler,
+        telemetry.clone(),
+        processor_stop.clone(),
+    ));
     // The in-process bus delivers only what is published after a subscription exists: the
-    // gateway opens once the processor is subscribed.
-    while telemetry.health.watched() == 0 {
-        if processor.is_finished() {
-            return match processor.await {
-                Ok(Err(e)) => Err(format!(
-                    "the text-completion processor could not start: {e}"
-                )),
-                _ => Err("the text-completion processor stopped at start-up".into()),
+    // gateway opens once both processors are subscribed (the LLM client already watches one
+    // link, each processor adds one).
+    while telemetry.health.watched() < 3 {
+        if let Some(done) = processors.try_join_next() {
+            return match done {
+                Ok(Err(e)) => Err(format!("a processor could not start: {e}")),
+                _ => Err("a processor stopped at start-up".into()),
             };
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -120,7 +156,6 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         .gateway
         .listen
         .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 8088)));
-    let grace = Duration::from_secs(args.drain_grace_secs);
     let on_signal = {
         let (shutdown, health, processor_stop) = (
             shutdown.clone(),
@@ -137,13 +172,18 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         println!("sluice serve: gateway on http://{local}, metrics on http://{metrics}/metrics");
     })
     .await;
-    let processed = processor.await;
+    let mut failed = None;
+    while let Some(done) = processors.join_next().await {
+        match done {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => failed = Some(e.to_string()),
+            Err(e) => failed = Some(format!("a processor failed: {e}")),
+        }
+    }
+    stop_watching.cancel();
+    llm_client.close().await;
     on_signal.abort();
     telemetry_stop.cancel();
     served?;
-    match processed {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(e) => Err(format!("the text-completion processor failed: {e}")),
-    }
+    failed.map_or(Ok(()), Err)
 }

@@ -116,10 +116,16 @@ async fn serve_streams_to_invoke_and_errors_exit_non_zero_with_a_readable_messag
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("serve.toml");
     std::fs::write(
+        dir.join("templates.json"),
+        r#"{"templates": {"say": {"prompt": "Say: {{ x }}"}}}"#,
+    )
+    .unwrap();
+    std::fs::write(
         &config,
         format!(
-            "provider = \"openai-compatible\"\nbase-url = \"{}\"\nmodel = \"normal\"\n",
-            fake.base_url()
+            "provider = \"openai-compatible\"\nbase-url = \"{}\"\nmodel = \"normal\"\ntemplates = \"{}\"\n",
+            fake.base_url(),
+            dir.join("templates.json").display()
         ),
     )
     .unwrap();
@@ -147,15 +153,29 @@ async fn serve_streams_to_invoke_and_errors_exit_non_zero_with_a_readable_messag
     assert_eq!(out.stdout, "Hello world!\n");
     assert_eq!(fake.last_body()["stream"], false);
 
-    // SLUICE_URL works like -u; a service serve does not run is a clear error.
+    // The prompt service runs too, with the file's templates beside the built-in ones.
+    // SLUICE_URL works like -u.
+    let out = invoke(&["prompt", "say", "x=1"], &[("SLUICE_URL", &url)]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.stdout, "Hello world!\n");
+    assert!(fake.last_body()["messages"].to_string().contains("Say: 1"));
     let out = invoke(&["prompt", "some-template", "x=1"], &[("SLUICE_URL", &url)]).await;
     assert_eq!(out.code, 1);
-    assert!(out.stderr.contains("no-configuration"), "{}", out.stderr);
+    assert!(out.stderr.contains("invalid-request"), "{}", out.stderr);
     assert!(
-        out.stderr.contains("prompt service is not enabled"),
+        out.stderr.contains("unknown template \"some-template\""),
         "{}",
         out.stderr
     );
+    assert!(
+        out.stderr.contains("knowledge-classification"),
+        "built-ins are listed: {}",
+        out.stderr
+    );
+    // The agent service is not part of serve yet: a clear error.
+    let out = invoke(&["agent", "-q", "why?"], &[("SLUICE_URL", &url)]).await;
+    assert_eq!(out.code, 1);
+    assert!(out.stderr.contains("no-configuration"), "{}", out.stderr);
 
     // Nothing listening: a message, not a panic.
     let out = invoke(&["-u", "http://127.0.0.1:9", "llm", "a", "b"], &[]).await;
