@@ -182,6 +182,59 @@ mod tests {
         assert_eq!(parse_in_pieces(&pieces), whole);
     }
 
+    /// Property: for random JSON-lines texts (objects, blank lines, fences, garbage, CRLF,
+    /// multi-byte characters, with or without a final newline) and random ways of cutting
+    /// them into chunks, the parser yields exactly what it yields for the whole text.
+    #[test]
+    fn random_texts_and_random_splits_agree() {
+        use rand::{Rng, SeedableRng, rngs::StdRng};
+        let seed: u64 = std::env::var("SLUICE_PROPTEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(rand::random);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let pieces = [
+            r#"{"a": 1, "text": "héllo wörld ✓"}"#,
+            r#"{"nested": {"list": [1, 2, {"k": "v"}]}, "s": "a\nb"}"#,
+            "",
+            "   ",
+            "```json",
+            "```",
+            "not json at all",
+            r#"{"truncated": "#,
+            "[1, 2, 3]",
+            r#"  {"padded": true}  "#,
+        ];
+        for case in 0..300 {
+            let n = rng.random_range(0..12);
+            let mut text = String::new();
+            for i in 0..n {
+                text.push_str(pieces[rng.random_range(0..pieces.len())]);
+                if i + 1 < n || rng.random_bool(0.5) {
+                    text.push_str(if rng.random_bool(0.2) { "\r\n" } else { "\n" });
+                }
+            }
+            let whole = parse_in_pieces(&[&text]);
+            let mut cuts: Vec<usize> = (0..rng.random_range(0..8))
+                .map(|_| rng.random_range(0..=text.len()))
+                .filter(|&i| text.is_char_boundary(i))
+                .collect();
+            cuts.sort_unstable();
+            let mut chunks = Vec::new();
+            let mut from = 0;
+            for c in cuts {
+                chunks.push(&text[from..c]);
+                from = c;
+            }
+            chunks.push(&text[from..]);
+            assert_eq!(
+                parse_in_pieces(&chunks),
+                whole,
+                "seed {seed}, case {case}: {text:?} cut as {chunks:?}"
+            );
+        }
+    }
+
     #[test]
     fn a_whole_answer_yields_its_json_value() {
         assert_eq!(
