@@ -4,7 +4,8 @@
 //!   `PULSAR_ADMIN_URL`, with a test namespace created once per process;
 //! - [`unique_topic`]: a fresh persistent topic per test, so suites run in parallel;
 //! - [`EchoHandler`]: a scriptable processor handler (records per request, delay, size),
-//!   also run as a separate process by the `echo-processor` binary for crash and drain tests.
+//!   also run as a separate process by the `echo-processor` binary for crash and drain tests;
+//! - [`seed_streams`]: the seeds' model outputs for the prompt processor's built-in templates.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod fake;
@@ -14,6 +15,7 @@ pub mod fake_cohere;
 pub mod fake_gemini;
 pub mod fake_ollama;
 pub mod fake_openai;
+pub mod seed_streams;
 
 use std::{sync::Arc, time::Duration};
 
