@@ -17,6 +17,7 @@
 //! | `no_terminator` | `Hel`, then the body ends cleanly without finish or `[DONE]` |
 //! | `malformed` | `Hel`, an unparseable event, ` lo`, finish, usage, `[DONE]` |
 //! | `stall` | `Hel`, then nothing more |
+//! | `seed-NAME` | the seed example answer `NAME` of `seed_streams`, in 3-byte tokens |
 //! | `replay-N` | the last user message streamed back in N-byte pieces, finish, usage (9 in, one out per word), `[DONE]` |
 //! | `replay-N-break` | the same pieces, then the connection breaks (a truncated answer) |
 //! | `gated` | `Hel`, then waits for [`FakeOpenAi::open_gate`], then ` lo`, finish, usage, `[DONE]` |
@@ -294,6 +295,21 @@ async fn chat(
             Step::Send(usage(5, 2)),
             Step::Send(DONE.into()),
         ],
+        m if m.starts_with("seed-") => {
+            // A seed's example answer (tests/src/seed_streams.rs) in 3-byte tokens.
+            let text = crate::seed_streams::stream(m.trim_start_matches("seed-")).unwrap_or("");
+            let mut v: Vec<Step> = crate::seed_streams::tokens(text, 3)
+                .into_iter()
+                .map(|p| Step::Send(delta(&p)))
+                .collect();
+            let words = u64::try_from(text.split_whitespace().count()).unwrap_or(0);
+            v.extend([
+                Step::Send(finish()),
+                Step::Send(usage(9, words)),
+                Step::Send(DONE.into()),
+            ]);
+            v
+        }
         m if m.starts_with("replay-") => {
             // The last user message, streamed back in pieces of N bytes: tests choose the
             // model's "answer" through the prompt they render.

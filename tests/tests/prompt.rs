@@ -57,6 +57,10 @@ struct Setup {
 
 impl Setup {
     async fn new(model: &str, templates: &str) -> Self {
+        Self::with(model, templates, false).await
+    }
+
+    async fn with(model: &str, templates: &str, builtins: bool) -> Self {
         init_logging();
         let broker = Broker::from_env().await;
         let fake = FakeOpenAi::start().await;
@@ -85,8 +89,8 @@ impl Setup {
         std::fs::write(&file, templates).unwrap();
         let metrics = Telemetry::new().unwrap();
         let prompt_metrics = PromptMetrics::register(&metrics.registry).unwrap();
-        let store =
-            TemplateStore::open(Some(file.clone()), false, Some(prompt_metrics.clone())).unwrap();
+        let store = TemplateStore::open(Some(file.clone()), builtins, Some(prompt_metrics.clone()))
+            .unwrap();
         let mut cc = ClientConfig::new("text-completion", &tc_req, &tc_resp);
         cc.cancel_topic = Some(tc_cancel);
         let llm_client: Arc<LlmClient> = Arc::new(
@@ -379,4 +383,61 @@ async fn templates_reload_on_file_change_without_disturbing_requests_in_flight()
     stop.cancel();
     watcher.await.unwrap();
     s.stop().await;
+}
+
+/// Terms that render each built-in template (the fake ignores the prompt and answers with
+/// the seed's example stream).
+fn builtin_terms(template: &str) -> std::collections::BTreeMap<String, String> {
+    let blocks = json!([{"block_id": "b1", "content": "Rust traits are like interfaces"}]);
+    match template {
+        "integration-decisions" => [(
+            "knowledge_blocks".to_owned(),
+            json!([{"block_id": "b1", "content": "x", "original_context": null,
+                    "candidate_pages": [{"page_name": "Rust", "structure": "- Traits\n  id:: 1"}]}])
+            .to_string(),
+        )]
+        .into(),
+        _ => [("blocks".to_owned(), blocks.to_string())].into(),
+    }
+}
+
+/// Every example stream of seeds 000-002, token by token through the broker, against the
+/// built-in templates: the objects a correct parser, normaliser and validator emits, and the
+/// lines it skips, as `seed_streams::expected` counts them.
+#[tokio::test]
+async fn the_seed_streams_through_the_builtin_templates() {
+    use sluice_tests::seed_streams;
+    let mut checked = 0;
+    for name in seed_streams::names() {
+        let expected = seed_streams::expected(name).unwrap();
+        let s = Setup::with(&format!("seed-{name}"), r#"{"templates": {}}"#, true).await;
+        let request = PromptRequest {
+            id: expected.template.into(),
+            terms: builtin_terms(expected.template),
+            streaming: true,
+        };
+        let mut st = s.client.request(&request).await.unwrap();
+        let mut out = Vec::new();
+        while let Some(item) = st.next().await {
+            if let Received::Record(r) = item.unwrap() {
+                out.push(r);
+            }
+        }
+        let last = out.last().unwrap();
+        assert!(last.error.is_none(), "{name}: {last:?}");
+        assert_eq!(objects(&out).len(), expected.objects, "{name}: objects");
+        assert_eq!(
+            last.objects_emitted,
+            Some(expected.objects as u64),
+            "{name}"
+        );
+        assert_eq!(
+            last.lines_skipped,
+            Some(expected.skipped as u64),
+            "{name}: skipped"
+        );
+        checked += 1;
+        s.stop().await;
+    }
+    assert!(checked >= 10, "{checked} streams");
 }
