@@ -1,0 +1,1 @@
+//! The MCP client (to be written).

@@ -1,0 +1,1 @@
+//! The streaming ReAct parser (to be written).
