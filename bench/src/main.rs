@@ -5,6 +5,8 @@
 //! machines are noisy: absolute numbers move from run to run, ratios much less.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod prompt;
+
 use std::{
     fmt::Write as _,
     path::PathBuf,
@@ -50,6 +52,16 @@ enum Scenario {
         /// Concurrent slow-stream levels to try.
         #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
         streams: Vec<u64>,
+    },
+    /// The prompt jsonl path: a line's last token to its object record, objects/s; against
+    /// text-completion called directly.
+    Prompt {
+        /// Answers (of 20 lines each) for the latency comparison.
+        #[arg(long, default_value_t = 50)]
+        requests: u64,
+        /// Lines per answer for the throughput measure.
+        #[arg(long, default_value_t = 200)]
+        objects: u64,
     },
     /// The foundation: raw pulsar-rs round trip vs sluice runtime + client, throughput.
     Foundation {
@@ -527,6 +539,17 @@ async fn main() {
             let md = text_completion_bench(&broker, requests, &streams).await;
             std::fs::write(cli.out.join("text-completion.md"), &md).unwrap();
             splice(&cli.readme, "text-completion", &md);
+            println!("{md}");
+        }
+        Scenario::Prompt { requests, objects } => {
+            let (md, json) = prompt::bench(&broker, requests, objects).await;
+            std::fs::write(cli.out.join("prompt.md"), &md).unwrap();
+            std::fs::write(
+                cli.out.join("prompt.json"),
+                serde_json::to_string_pretty(&json).unwrap(),
+            )
+            .unwrap();
+            splice(&cli.readme, "prompt", &md);
             println!("{md}");
         }
         Scenario::Foundation {

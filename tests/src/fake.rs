@@ -96,6 +96,9 @@ pub(crate) enum Step {
     Break,
     /// Send nothing more, ever.
     Hang,
+    /// Send these bytes with `@NOW@` replaced by the wall clock in nanoseconds since the
+    /// Unix epoch, taken as the step is sent (benchmarks time a token from here).
+    Stamped(String),
     /// Wait until the test opens the gate (`Notify::notify_one`).
     Gate(Arc<tokio::sync::Notify>),
 }
@@ -142,6 +145,12 @@ pub(crate) fn tracked_body(
             let item = match step {
                 Step::Send(s) => Ok::<_, std::io::Error>(Bytes::from(s)),
                 Step::Bytes(b) => Ok(Bytes::from(b)),
+                Step::Stamped(s) => {
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_nanos());
+                    Ok(Bytes::from(s.replace("@NOW@", &now.to_string())))
+                }
                 Step::Wait(d) => {
                     tokio::time::sleep(d).await;
                     Ok(Bytes::new())

@@ -18,6 +18,7 @@
 //! | `malformed` | `Hel`, an unparseable event, ` lo`, finish, usage, `[DONE]` |
 //! | `stall` | `Hel`, then nothing more |
 //! | `seed-NAME` | the seed example answer `NAME` of `seed_streams`, in 3-byte tokens |
+//! | `stamped-N-D` | N lines `{"seq": i, "sent_ns": T}`, two tokens each, T the send time of the second, D ms apart |
 //! | `replay-N` | the last user message streamed back in N-byte pieces, finish, usage (9 in, one out per word), `[DONE]` |
 //! | `replay-N-break` | the same pieces, then the connection breaks (a truncated answer) |
 //! | `gated` | `Hel`, then waits for [`FakeOpenAi::open_gate`], then ` lo`, finish, usage, `[DONE]` |
@@ -306,6 +307,27 @@ async fn chat(
             v.extend([
                 Step::Send(finish()),
                 Step::Send(usage(9, words)),
+                Step::Send(DONE.into()),
+            ]);
+            v
+        }
+        m if m.starts_with("stamped-") => {
+            // N JSON lines `{"seq": i, "sent_ns": T}` in two tokens each, the second stamped
+            // with the time it is sent, D ms apart (for benchmarks).
+            let mut parts = m.trim_start_matches("stamped-").split('-');
+            let n: u64 = parts.next().and_then(|x| x.parse().ok()).unwrap_or(10);
+            let gap = Duration::from_millis(parts.next().and_then(|x| x.parse().ok()).unwrap_or(0));
+            let mut v = Vec::new();
+            for i in 0..n {
+                if !gap.is_zero() {
+                    v.push(Step::Wait(gap));
+                }
+                v.push(Step::Send(delta(&format!("{{\"seq\": {i}, \"sent_ns\": "))));
+                v.push(Step::Stamped(delta("@NOW@}\n")));
+            }
+            v.extend([
+                Step::Send(finish()),
+                Step::Send(usage(7, 2 * n)),
                 Step::Send(DONE.into()),
             ]);
             v
