@@ -52,7 +52,7 @@ struct Setup {
     metrics: Telemetry,
     store: Arc<TemplateStore>,
     file: PathBuf,
-    _fake: FakeOpenAi,
+    fake: FakeOpenAi,
 }
 
 impl Setup {
@@ -99,17 +99,20 @@ impl Setup {
                 .unwrap(),
         );
         let handler = PromptService::new(store.clone(), llm_client, prompt_metrics);
-        let (p_req, p_resp) = (unique_topic("prompt-req"), unique_topic("prompt-resp"));
+        let (p_req, p_resp, p_cancel) = (
+            unique_topic("prompt-req"),
+            unique_topic("prompt-resp"),
+            unique_topic("prompt-cancel"),
+        );
         let mut p_config = ProcessorConfig::new("prompt", &p_req, &p_resp);
         p_config.drain_grace = Duration::from_secs(5);
+        p_config.cancel_topic = Some(p_cancel.clone());
         let prompt = RunningProcessor::start(broker.bus().await, p_config, handler).await;
-        let client = PromptClient::start(
-            broker.bus().await,
-            ClientConfig::new("prompt", &p_req, &p_resp),
-            None,
-        )
-        .await
-        .unwrap();
+        let mut pc = ClientConfig::new("prompt", &p_req, &p_resp);
+        pc.cancel_topic = Some(p_cancel);
+        let client = PromptClient::start(broker.bus().await, pc, None)
+            .await
+            .unwrap();
         Self {
             client,
             prompt,
@@ -117,7 +120,7 @@ impl Setup {
             metrics,
             store,
             file,
-            _fake: fake,
+            fake,
         }
     }
 
@@ -440,4 +443,32 @@ async fn the_seed_streams_through_the_builtin_templates() {
         s.stop().await;
     }
     assert!(checked >= 10, "{checked} streams");
+}
+
+/// A caller that stops listening cancels the prompt, and the prompt processor's own
+/// text-completion request with it: the provider's connection is closed.
+#[tokio::test]
+async fn a_cancel_passes_through_the_prompt_processor_to_the_provider_call() {
+    let s = Setup::new("stall", TEMPLATES).await;
+    let request = PromptRequest {
+        id: "say".into(),
+        terms: [("out".to_owned(), "\"x\"".to_owned())].into(),
+        streaming: true,
+    };
+    let mut st = s.client.request(&request).await.unwrap();
+    match st.next().await.unwrap().unwrap() {
+        Received::Record(r) => assert_eq!(r.text.as_deref(), Some("Hel")),
+        Received::Restarted => panic!("restart"),
+    }
+    assert_eq!(s.fake.abandoned_streams(), 0);
+    drop(st);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while s.fake.abandoned_streams() == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the provider call was not cancelled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    s.stop().await;
 }
