@@ -17,3 +17,8 @@ pub const TRACESTATE: &str = "tracestate";
 /// handled again under a new attempt id, so a client that sees the id change on a stream
 /// knows the stream restarted and can drop what it received from the earlier attempt.
 pub const ATTEMPT: &str = "sluice-attempt";
+
+/// On a continuation request (an agent re-publishing its request for the next step) and on
+/// the records of the attempt that handles it: the attempt id it continues. A client seeing a
+/// new attempt that continues its current one reads on instead of restarting the stream.
+pub const CONTINUES: &str = "sluice-continues";

@@ -354,7 +354,14 @@ fn dispatch<R: ResponseRecord>(
             let mut items = Vec::with_capacity(2);
             if let Some(attempt) = attempt {
                 match &route.attempt {
-                    Some(current) if current != attempt => items.push(Routed::Restarted),
+                    // A new attempt that continues the current one (an agent's next step)
+                    // reads on; any other new attempt starts the stream over.
+                    Some(current)
+                        if current != attempt
+                            && delivery.property(properties::CONTINUES) != Some(current) =>
+                    {
+                        items.push(Routed::Restarted);
+                    }
                     _ => {}
                 }
                 route.attempt = Some(attempt.to_owned());
@@ -562,6 +569,46 @@ mod tests {
         assert_eq!(text(s.next().await), "<restarted>");
         assert_eq!(text(s.next().await), "full");
         assert_eq!(text(s.next().await), " answer");
+        assert!(s.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_continuation_reads_on_and_a_redelivered_step_restarts() {
+        let (bus, _requests, client) = setup().await;
+        let mut s = client
+            .request(&TextCompletionRequest::default())
+            .await
+            .unwrap();
+        let send = |attempt: &'static str,
+                    continues: Option<&'static str>,
+                    text: &'static str,
+                    end: bool| {
+            let (bus, id) = (bus.clone(), s.id().to_owned());
+            async move {
+                let r = TextCompletionResponse {
+                    response: text.to_owned(),
+                    end_of_stream: end,
+                    ..Default::default()
+                };
+                let mut m = Message::new(serde_json::to_vec(&r).unwrap())
+                    .with_property(properties::ID, id)
+                    .with_property(properties::ATTEMPT, attempt);
+                if let Some(c) = continues {
+                    m = m.with_property(properties::CONTINUES, c);
+                }
+                bus.publisher("resp").await.unwrap().send(m).await.unwrap();
+            }
+        };
+        send("step1", None, "thought", false).await;
+        send("step2", Some("step1"), "observation", false).await;
+        // step2 crashed; its redelivery continues step1 again, not the current step2.
+        send("step2b", Some("step1"), "observation again", false).await;
+        send("step3", Some("step2b"), "answer", true).await;
+        assert_eq!(text(s.next().await), "thought");
+        assert_eq!(text(s.next().await), "observation");
+        assert_eq!(text(s.next().await), "<restarted>");
+        assert_eq!(text(s.next().await), "observation again");
+        assert_eq!(text(s.next().await), "answer");
         assert!(s.next().await.is_none());
     }
 

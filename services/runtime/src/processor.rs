@@ -136,6 +136,7 @@ pub struct ResponseSink<R> {
     failed: Option<BusError>,
     ended: bool,
     ended_with_error: bool,
+    handed_off: bool,
     published: u64,
     _record: PhantomData<fn(R)>,
 }
@@ -149,6 +150,7 @@ impl<R: ResponseRecord> ResponseSink<R> {
             failed: None,
             ended: false,
             ended_with_error: false,
+            handed_off: false,
             published: 0,
             _record: PhantomData,
         }
@@ -221,7 +223,46 @@ impl<R: ResponseRecord> ResponseSink<R> {
         }
     }
 
-    /// True once the terminal record is sent.
+    /// Ends this attempt without a terminal record by handing the request on: `payload` (the
+    /// next request) is published to `publisher` with this request's id and trace context and
+    /// a [`properties::CONTINUES`] marker naming this attempt, for any replica to take the next
+    /// step. The records sent so far are stored first, so the next step's records follow
+    /// them. Once this returns, the request is acked; nothing may be sent after it.
+    pub async fn hand_off(
+        &mut self,
+        publisher: &dyn Publisher,
+        payload: Vec<u8>,
+    ) -> Result<(), SinkError> {
+        if self.ended {
+            return Err(SinkError::Ended);
+        }
+        self.flush().await?;
+        let mut props = BTreeMap::new();
+        for key in [
+            properties::ID,
+            properties::TRACEPARENT,
+            properties::TRACESTATE,
+        ] {
+            if let Some(v) = self.properties.get(key) {
+                props.insert(key.to_owned(), v.clone());
+            }
+        }
+        if let Some(attempt) = self.properties.get(properties::ATTEMPT) {
+            props.insert(properties::CONTINUES.to_owned(), attempt.clone());
+        }
+        publisher
+            .send(Message {
+                payload: payload.into(),
+                properties: props,
+            })
+            .await?
+            .await?;
+        self.ended = true;
+        self.handed_off = true;
+        Ok(())
+    }
+
+    /// True once the terminal record is sent (or the request was handed off).
     pub fn is_ended(&self) -> bool {
         self.ended
     }
@@ -453,7 +494,11 @@ async fn handle_delivery<H: Handler>(
         (properties::ID.to_owned(), id.clone()),
         (properties::ATTEMPT.to_owned(), attempt.clone()),
     ]);
-    for key in [properties::TRACEPARENT, properties::TRACESTATE] {
+    for key in [
+        properties::TRACEPARENT,
+        properties::TRACESTATE,
+        properties::CONTINUES,
+    ] {
         if let Some(v) = delivery.property(key) {
             props.insert(key.to_owned(), v.to_owned());
         }
@@ -527,6 +572,8 @@ async fn handle_delivery<H: Handler>(
                 }
                 if sink.ended_with_error {
                     Outcome::Error
+                } else if sink.handed_off {
+                    Outcome::Continued
                 } else {
                     Outcome::Success
                 }

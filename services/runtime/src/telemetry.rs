@@ -43,6 +43,8 @@ pub enum Outcome {
     Retried,
     /// The client cancelled the request; the handler was stopped.
     Cancelled,
+    /// The handler handed the request on for its next step (an agent iteration).
+    Continued,
 }
 
 impl Outcome {
@@ -53,6 +55,7 @@ impl Outcome {
             Outcome::Malformed => "malformed",
             Outcome::Retried => "retried",
             Outcome::Cancelled => "cancelled",
+            Outcome::Continued => "continued",
         }
     }
 }
