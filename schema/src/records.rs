@@ -305,6 +305,10 @@ pub struct AgentRequest {
     /// Older TrustGraph's user field, passed through.
     #[serde(default)]
     pub user: Option<String>,
+    /// When the dialog must be over, in milliseconds since the Unix epoch; set by the agent on
+    /// its first iteration and carried through the next ones (sluice's addition).
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
 }
 
 /// What an agent response record carries.

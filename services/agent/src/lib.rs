@@ -1,8 +1,12 @@
 //! sluice-agent: the agent processor, a streaming ReAct loop over the bus.
 //!
+//! - [`handler`]: one ReAct iteration per request, handing the next step on over the bus;
 //! - [`react`]: the streaming parser of the model's ReAct output (thought, action with
 //!   arguments, final answer), markers split across tokens;
+//! - [`tools`]: tool configuration, group and state filters, invocation;
 //! - [`mcp`]: a client for tools on MCP servers (streamable HTTP, JSON-RPC).
 
+pub mod handler;
 pub mod mcp;
 pub mod react;
+pub mod tools;

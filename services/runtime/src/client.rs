@@ -154,7 +154,16 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
     ) -> Result<Self, ClientError> {
         let publisher = bus.publisher(&config.request_topic).await?;
         let cancel = match &config.cancel_topic {
-            Some(topic) => Some(bus.publisher(topic).await?),
+            // Without it, a caller that goes away no longer stops the service's work; that
+            // is worth a warning, not a refusal to start.
+            Some(topic) => match bus.publisher(topic).await {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    warn!(service = %config.service, topic = %topic, error = %e,
+                          "cancels cannot be published: requests abandoned by their caller run to the end");
+                    None
+                }
+            },
             None => None,
         };
         let mut options = SubscribeOptions::exclusive(1000);

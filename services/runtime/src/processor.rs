@@ -313,12 +313,20 @@ pub async fn run<H: Handler>(
             let mut options = SubscribeOptions::exclusive(1000);
             let name = format!("{}-cancel-{}", config.name, short_id());
             options.consumer_name = Some(name.clone());
-            let subscription = bus.subscribe(topic, &name, options).await?;
-            Some(tokio::spawn(cancel::listen(
-                subscription,
-                cancels.clone(),
-                stop_cancels.clone(),
-            )))
+            // Cancellation saves provider calls nobody reads; it is not worth refusing to
+            // serve over (e.g. a deployment whose `notify` namespace does not exist yet).
+            match bus.subscribe(topic, &name, options).await {
+                Ok(subscription) => Some(tokio::spawn(cancel::listen(
+                    subscription,
+                    cancels.clone(),
+                    stop_cancels.clone(),
+                ))),
+                Err(e) => {
+                    warn!(processor = %config.name, topic = %topic, error = %e,
+                          "client cancellation is off: the cancel topic cannot be read (create its namespace, e.g. with `sluice pulsar ensure-namespaces`)");
+                    None
+                }
+            }
         }
         None => None,
     };

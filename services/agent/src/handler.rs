@@ -1,0 +1,497 @@
+//! The agent handler: one ReAct iteration per request.
+//!
+//! Each iteration renders the ReAct prompt (question, tools, history), streams the model's
+//! output through the ReAct parser and publishes what it finds as it finds it: `thought`
+//! pieces (`end_of_message` on the last), then either `answer` pieces and a last record with
+//! `end_of_dialog`, or one `action` record (the tool and its arguments, as JSON), the tool's
+//! `observation`, and a hand-off: the request, its history one step longer, is re-published
+//! on the agent's own request topic with the same id, so any replica takes the next step and
+//! a crash costs at most one iteration. Non-streaming requests get the same message types,
+//! each whole.
+//!
+//! Limits: a maximum number of iterations and a total dialog time (a terminal `agent-error`);
+//! a tool error or an unknown tool becomes the observation; output that cannot be parsed gets
+//! one corrective retry, then a terminal `agent-error`.
+
+use std::{
+    collections::BTreeMap,
+    sync::Arc,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use async_trait::async_trait;
+use minijinja::{Environment, UndefinedBehavior};
+use serde_json::json;
+use sluice_runtime::{
+    bus::Publisher,
+    client::{ClientError, Received, RequestClient, RequestOptions},
+    processor::{Handler, RequestContext, ResponseSink},
+};
+use sluice_schema::{
+    AgentMessageType, AgentRequest, AgentResponse, AgentStep, Error, ErrorKind, ResponseRecord,
+    TextCompletionRequest, TextCompletionResponse,
+};
+use tracing::{debug, info, warn};
+
+use crate::{
+    react::{Event, Outcome, ReactParser},
+    tools::{self, Tool},
+};
+
+/// The default ReAct prompt (minijinja; variables `question`, `tools`, `tool_names`,
+/// `history`).
+pub const DEFAULT_REACT_TEMPLATE: &str = include_str!("react_prompt.txt");
+
+/// The agent's limits.
+#[derive(Debug, Clone)]
+pub struct AgentLimits {
+    /// Iterations (model calls that chose a tool) before the dialog is ended.
+    pub max_iterations: usize,
+    /// The whole dialog, across iterations.
+    pub dialog_timeout: Duration,
+    /// One tool call.
+    pub tool_timeout: Duration,
+}
+
+impl Default for AgentLimits {
+    fn default() -> Self {
+        Self {
+            max_iterations: 10,
+            dialog_timeout: Duration::from_secs(600),
+            tool_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// The agent's handler.
+pub struct AgentService {
+    llm: Arc<RequestClient<TextCompletionRequest, TextCompletionResponse>>,
+    tools: Vec<Arc<Tool>>,
+    next_step: Arc<dyn Publisher>,
+    env: Environment<'static>,
+    limits: AgentLimits,
+}
+
+/// Why the agent could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[error("the ReAct template does not compile: {0}")]
+pub struct TemplateError(String);
+
+impl AgentService {
+    /// An agent completing through `llm`, with `tools`, handing each next step to
+    /// `next_step` (a publisher on its own request topic), prompting with `template`.
+    pub fn new(
+        llm: Arc<RequestClient<TextCompletionRequest, TextCompletionResponse>>,
+        tools: Vec<Arc<Tool>>,
+        next_step: Arc<dyn Publisher>,
+        template: &str,
+        limits: AgentLimits,
+    ) -> Result<Self, TemplateError> {
+        let mut env = Environment::new();
+        env.set_undefined_behavior(UndefinedBehavior::Strict);
+        env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
+        env.add_template_owned("react", template.to_owned())
+            .map_err(|e| TemplateError(e.to_string()))?;
+        Ok(Self {
+            llm,
+            tools,
+            next_step,
+            env,
+            limits,
+        })
+    }
+
+    fn render(&self, request: &AgentRequest, tools: &[&Arc<Tool>]) -> Result<String, Error> {
+        let tool_list: Vec<_> = tools
+            .iter()
+            .map(|t| {
+                json!({
+                    "name": t.config.name,
+                    "description": t.config.description,
+                    "arguments": t.config.arguments,
+                })
+            })
+            .collect();
+        let names: Vec<&str> = tools.iter().map(|t| t.config.name.as_str()).collect();
+        let history: Vec<_> = request
+            .history
+            .iter()
+            .map(|s| {
+                json!({"thought": s.thought, "action": s.action,
+                       "arguments": s.arguments, "observation": s.observation})
+            })
+            .collect();
+        self.env
+            .get_template("react")
+            .and_then(|t| {
+                t.render(json!({
+                    "question": request.question,
+                    "tools": tool_list,
+                    "tool_names": names.join(", "),
+                    "history": history,
+                }))
+            })
+            .map_err(|e| {
+                Error::new(
+                    ErrorKind::Internal,
+                    format!("the ReAct prompt cannot be rendered: {e}"),
+                )
+            })
+    }
+}
+
+/// Token deltas and the model, waiting to ride on the next record.
+#[derive(Debug, Default)]
+struct Usage {
+    in_token: Option<u64>,
+    out_token: Option<u64>,
+    model: Option<String>,
+}
+
+impl Usage {
+    fn add(&mut self, r: &TextCompletionResponse) {
+        fn sum(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+            match (a, b) {
+                (None, None) => None,
+                (a, b) => Some(a.unwrap_or(0).saturating_add(b.unwrap_or(0))),
+            }
+        }
+        self.in_token = sum(self.in_token, r.in_token);
+        self.out_token = sum(self.out_token, r.out_token);
+        if r.model.is_some() {
+            self.model.clone_from(&r.model);
+        }
+    }
+}
+
+struct Dialog<'a> {
+    sink: &'a mut ResponseSink<AgentResponse>,
+    usage: Usage,
+    streaming: bool,
+}
+
+impl Dialog<'_> {
+    async fn send(
+        &mut self,
+        message_type: AgentMessageType,
+        content: String,
+        end_of_message: bool,
+        end_of_dialog: bool,
+    ) -> Result<(), Error> {
+        let record = AgentResponse {
+            message_type,
+            content,
+            end_of_message,
+            end_of_dialog,
+            in_token: self.usage.in_token.take(),
+            out_token: self.usage.out_token.take(),
+            model: self.usage.model.clone(),
+            ..AgentResponse::default()
+        };
+        self.sink
+            .send(record)
+            .await
+            .map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))
+    }
+
+    /// The terminal error, with the usage so far.
+    async fn fail(&mut self, error: Error) -> Result<(), Error> {
+        let mut record = AgentResponse::from_error(error);
+        record.in_token = self.usage.in_token.take();
+        record.out_token = self.usage.out_token.take();
+        record.model.clone_from(&self.usage.model);
+        self.sink
+            .send(record)
+            .await
+            .map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))
+    }
+}
+
+fn llm_error(e: &ClientError) -> Error {
+    match e {
+        ClientError::InactivityTimeout(_) | ClientError::TotalTimeout(_) => Error::new(
+            ErrorKind::Timeout,
+            format!("text-completion did not answer in time: {e}"),
+        ),
+        other => Error::new(ErrorKind::Agent, format!("text-completion failed: {other}")),
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// What one model call produced.
+enum Step {
+    Decided(Outcome),
+    Unparsable(String, String),
+    Failed(Error),
+}
+
+impl AgentService {
+    /// Calls the model once, streaming thought and answer pieces as they are parsed.
+    async fn think(
+        &self,
+        prompt: String,
+        dialog: &mut Dialog<'_>,
+        ctx: &RequestContext,
+        remaining: Duration,
+    ) -> Result<Step, Error> {
+        let request = TextCompletionRequest {
+            prompt,
+            streaming: true,
+            ..TextCompletionRequest::default()
+        };
+        let options = RequestOptions {
+            traceparent: ctx.traceparent.clone(),
+            total_timeout: Some(remaining),
+            ..RequestOptions::default()
+        };
+        let mut stream = match self.llm.request_with(&request, options).await {
+            Ok(s) => s,
+            Err(e) => return Ok(Step::Failed(llm_error(&e))),
+        };
+        let mut parser = ReactParser::new();
+        let mut text = String::new();
+        while let Some(item) = stream.next().await {
+            let r = match item {
+                Ok(Received::Record(r)) => r,
+                Ok(Received::Restarted) => {
+                    return Ok(Step::Failed(Error::new(
+                        ErrorKind::Agent,
+                        "text-completion restarted its answer midway; ask again",
+                    )));
+                }
+                Err(e) => return Ok(Step::Failed(llm_error(&e))),
+            };
+            dialog.usage.add(&r);
+            if let Some(e) = r.error {
+                return Ok(Step::Failed(e));
+            }
+            text.push_str(&r.response);
+            for event in parser.push(&r.response) {
+                if !dialog.streaming {
+                    continue;
+                }
+                match event {
+                    Event::Thought(t) if !t.is_empty() => {
+                        dialog
+                            .send(AgentMessageType::Thought, t, false, false)
+                            .await?;
+                    }
+                    Event::ThoughtEnd => {
+                        dialog
+                            .send(AgentMessageType::Thought, String::new(), true, false)
+                            .await?;
+                    }
+                    Event::Answer(a) if !a.is_empty() => {
+                        dialog
+                            .send(AgentMessageType::Answer, a, false, false)
+                            .await?;
+                    }
+                    _ => {}
+                }
+            }
+            if r.end_of_stream {
+                break;
+            }
+        }
+        Ok(match parser.finish() {
+            Ok(outcome) => Step::Decided(outcome),
+            Err(e) => Step::Unparsable(e.to_string(), text),
+        })
+    }
+}
+
+#[async_trait]
+impl Handler for AgentService {
+    type Request = AgentRequest;
+    type Response = AgentResponse;
+
+    async fn handle(
+        &self,
+        mut request: AgentRequest,
+        ctx: RequestContext,
+        sink: &mut ResponseSink<AgentResponse>,
+    ) -> Result<(), Error> {
+        let deadline = *request.deadline_ms.get_or_insert_with(|| {
+            now_ms().saturating_add(
+                u64::try_from(self.limits.dialog_timeout.as_millis()).unwrap_or(u64::MAX),
+            )
+        });
+        let remaining = Duration::from_millis(deadline.saturating_sub(now_ms()));
+        let mut dialog = Dialog {
+            sink,
+            usage: Usage::default(),
+            streaming: request.streaming,
+        };
+        if remaining.is_zero() {
+            return dialog
+                .fail(Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "the dialog did not finish within {} s",
+                        self.limits.dialog_timeout.as_secs()
+                    ),
+                ))
+                .await;
+        }
+        if request.history.len() >= self.limits.max_iterations {
+            return dialog
+                .fail(Error::new(
+                    ErrorKind::Agent,
+                    format!(
+                        "no final answer after {} iterations (the maximum); the question may need other tools or a simpler form",
+                        self.limits.max_iterations
+                    ),
+                ))
+                .await;
+        }
+        let available = tools::available(
+            &self.tools,
+            request.group.as_deref(),
+            request.state.as_deref(),
+        );
+        let prompt = self.render(&request, &available)?;
+        debug!(
+            iteration = request.history.len(),
+            tools = available.len(),
+            "thinking"
+        );
+        let step = tokio::time::timeout(remaining, async {
+            match self.think(prompt.clone(), &mut dialog, &ctx, remaining).await? {
+                Step::Unparsable(why, text) => {
+                    // One corrective retry, telling the model what was wrong.
+                    warn!(reason = %why, "model output not in the ReAct format; retrying once");
+                    let mut shown: String = text.chars().take(2000).collect();
+                    if shown.len() < text.len() {
+                        shown.push('…');
+                    }
+                    let corrective = format!(
+                        "{prompt}\n{shown}\n\nThat answer could not be read: {why}\nAnswer again, exactly in the format above.\n"
+                    );
+                    self.think(corrective, &mut dialog, &ctx, remaining).await
+                }
+                other => Ok(other),
+            }
+        })
+        .await;
+        let step = match step {
+            Ok(step) => step?,
+            Err(_) => Step::Failed(Error::new(
+                ErrorKind::Timeout,
+                format!(
+                    "the dialog did not finish within {} s",
+                    self.limits.dialog_timeout.as_secs()
+                ),
+            )),
+        };
+        let outcome = match step {
+            Step::Decided(o) => o,
+            Step::Failed(e) => return dialog.fail(e).await,
+            Step::Unparsable(why, _) => {
+                return dialog
+                    .fail(Error::new(
+                        ErrorKind::Agent,
+                        format!("the model's output could not be read twice: {why}"),
+                    ))
+                    .await;
+            }
+        };
+        match outcome {
+            Outcome::Answer { thought, answer } => {
+                if !dialog.streaming {
+                    if !thought.is_empty() {
+                        dialog
+                            .send(AgentMessageType::Thought, thought, true, false)
+                            .await?;
+                    }
+                    return dialog
+                        .send(AgentMessageType::Answer, answer, true, true)
+                        .await;
+                }
+                info!(iterations = request.history.len() + 1, "dialog answered");
+                dialog
+                    .send(AgentMessageType::Answer, String::new(), true, true)
+                    .await
+            }
+            Outcome::Action {
+                thought,
+                name,
+                arguments,
+            } => {
+                if !dialog.streaming && !thought.is_empty() {
+                    dialog
+                        .send(AgentMessageType::Thought, thought.clone(), true, false)
+                        .await?;
+                }
+                let action = json!({"name": name, "arguments": arguments}).to_string();
+                dialog
+                    .send(AgentMessageType::Action, action, true, false)
+                    .await?;
+                let tool = available.iter().find(|t| t.config.name == name);
+                let (observation, next_state) = match tool {
+                    None => {
+                        let names: Vec<&str> =
+                            available.iter().map(|t| t.config.name.as_str()).collect();
+                        (
+                            format!(
+                                "There is no tool called {name:?}. The tools are: {}.",
+                                if names.is_empty() {
+                                    "(none)".to_owned()
+                                } else {
+                                    names.join(", ")
+                                }
+                            ),
+                            None,
+                        )
+                    }
+                    Some(t) => {
+                        let timeout = self.limits.tool_timeout.min(remaining);
+                        let result = t.invoke(&arguments, ctx.traceparent.clone(), timeout).await;
+                        let observation = match result {
+                            Ok(o) => o,
+                            Err(e) => {
+                                warn!(tool = %name, "tool failed; its error is the observation");
+                                format!("The tool failed: {e}")
+                            }
+                        };
+                        (observation, t.config.next_state.clone())
+                    }
+                };
+                dialog
+                    .send(
+                        AgentMessageType::Observation,
+                        observation.clone(),
+                        true,
+                        false,
+                    )
+                    .await?;
+                request.history.push(AgentStep {
+                    thought,
+                    action: name,
+                    arguments: arguments.into_iter().collect::<BTreeMap<_, _>>(),
+                    observation,
+                    step_type: Some("react".into()),
+                });
+                if next_state.is_some() {
+                    request.state = next_state;
+                }
+                let payload = serde_json::to_vec(&request)
+                    .map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))?;
+                dialog
+                    .sink
+                    .hand_off(&*self.next_step, payload)
+                    .await
+                    .map_err(|e| {
+                        Error::new(
+                            ErrorKind::Internal,
+                            format!("handing the next step on failed: {e}"),
+                        )
+                    })
+            }
+        }
+    }
+}

@@ -1,0 +1,438 @@
+//! Tools: configured from a JSON file, filtered by TrustGraph's group and state rules, and
+//! invoked. A tool's failure is not the dialog's: it becomes the observation the model sees.
+//!
+//! ```json
+//! {"tools": [
+//!   {"name": "facts", "description": "...", "type": "prompt", "template": "facts",
+//!    "arguments": [{"name": "topic", "type": "string", "description": "..."}]},
+//!   {"name": "ask", "description": "...", "type": "text-completion",
+//!    "arguments": [{"name": "question", "type": "string", "description": "..."}]},
+//!   {"name": "search", "description": "...", "type": "mcp", "url": "http://mcp:8000/mcp",
+//!    "tool": "web_search", "token-env": "SEARCH_MCP_TOKEN"},
+//!   {"name": "lookup", "description": "...", "type": "service",
+//!    "request-topic": "request:tg:lookup", "response-topic": "response:tg:lookup"}
+//! ],
+//!  "groups": ...}
+//! ```
+//!
+//! Every tool may carry `group` (default `["default"]`), `applicable-states` (the request's
+//! `state` must be one of them) and `next-state` (the state of the next iteration after the
+//! tool ran), as TrustGraph's tools do. A request with no `group` sees the `default` group.
+
+use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
+
+use serde::Deserialize;
+use serde_json::Value;
+use sluice_runtime::{
+    client::{Received, RequestClient, RequestOptions},
+    secret::Secret,
+};
+use sluice_schema::{
+    Error, ErrorKind, PromptRequest, PromptResponse, ResponseRecord, TextCompletionRequest,
+    TextCompletionResponse,
+};
+
+use crate::mcp::McpClient;
+
+/// One argument of a tool, as the model is told about it.
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
+pub struct ToolArgument {
+    /// Its name.
+    pub name: String,
+    /// Its JSON type, e.g. `string`.
+    #[serde(default = "string_type", rename = "type")]
+    pub kind: String,
+    /// What it means.
+    #[serde(default)]
+    pub description: String,
+}
+
+fn string_type() -> String {
+    "string".into()
+}
+
+/// How a tool is implemented.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum ToolKind {
+    /// A prompt template, its terms the tool's arguments.
+    Prompt {
+        /// The template id.
+        template: String,
+    },
+    /// A text completion: the `question` (or the only) argument is the prompt.
+    TextCompletion {
+        /// An optional system prompt.
+        #[serde(default)]
+        system: Option<String>,
+    },
+    /// A tool on an MCP server (streamable HTTP).
+    Mcp {
+        /// The server's endpoint.
+        url: String,
+        /// The tool's name on the server (default: this tool's name).
+        #[serde(default)]
+        tool: Option<String>,
+        /// The environment variable (or its `_FILE` twin) holding a bearer token.
+        #[serde(default, rename = "token-env")]
+        token_env: Option<String>,
+    },
+    /// Any service with a request/response topic pair: the arguments are the request.
+    Service {
+        /// Its request topic (`class:topicspace:topic` or a URL).
+        #[serde(rename = "request-topic")]
+        request_topic: String,
+        /// Its response topic.
+        #[serde(rename = "response-topic")]
+        response_topic: String,
+    },
+}
+
+/// A configured tool.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct ToolConfig {
+    /// The name the model calls it by.
+    pub name: String,
+    /// What it does, for the model.
+    #[serde(default)]
+    pub description: String,
+    /// Its arguments, for the model.
+    #[serde(default)]
+    pub arguments: Vec<ToolArgument>,
+    /// Groups it belongs to.
+    #[serde(default = "default_group")]
+    pub group: Vec<String>,
+    /// States in which it may be used (any, when absent).
+    #[serde(default, rename = "applicable-states")]
+    pub applicable_states: Option<Vec<String>>,
+    /// The state after it is used (unchanged, when absent).
+    #[serde(default, rename = "next-state")]
+    pub next_state: Option<String>,
+    /// Its implementation.
+    #[serde(flatten)]
+    pub kind: ToolKind,
+}
+
+fn default_group() -> Vec<String> {
+    vec!["default".into()]
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ToolFile {
+    tools: Vec<ToolConfig>,
+}
+
+/// Why the tools could not be configured.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolConfigError {
+    /// The file could not be read.
+    #[error("cannot read the tools file {0}: {1}")]
+    Read(String, std::io::Error),
+    /// The file is not valid.
+    #[error("the tools file {0} is not valid: {1}")]
+    Parse(String, String),
+}
+
+/// Reads a tools file.
+pub fn load(path: &Path) -> Result<Vec<ToolConfig>, ToolConfigError> {
+    let shown = path.display().to_string();
+    let text =
+        std::fs::read_to_string(path).map_err(|e| ToolConfigError::Read(shown.clone(), e))?;
+    parse(&text).map_err(|e| ToolConfigError::Parse(shown, e))
+}
+
+/// Parses a tools file's text.
+pub fn parse(text: &str) -> Result<Vec<ToolConfig>, String> {
+    let file: ToolFile = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let mut seen = std::collections::BTreeSet::new();
+    for t in &file.tools {
+        if !seen.insert(t.name.clone()) {
+            return Err(format!("tool {:?} is defined twice", t.name));
+        }
+    }
+    Ok(file.tools)
+}
+
+/// The tools a request may use: in one of its groups (`default` when it names none) and
+/// applicable in its state.
+pub fn available<'a>(
+    tools: &'a [Arc<Tool>],
+    group: Option<&[String]>,
+    state: Option<&str>,
+) -> Vec<&'a Arc<Tool>> {
+    let default = default_group();
+    let groups = group.unwrap_or(&default);
+    tools
+        .iter()
+        .filter(|t| t.config.group.iter().any(|g| groups.contains(g)))
+        .filter(|t| match (&t.config.applicable_states, state) {
+            (None, _) => true,
+            (Some(states), Some(s)) => states.iter().any(|x| x == s),
+            (Some(_), None) => false,
+        })
+        .collect()
+}
+
+/// A generic response record, for `service` tools: any JSON object; terminal when it says
+/// `end_of_stream`, `end_of_dialog` or `complete`, or carries an error.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(transparent)]
+pub struct AnyResponse {
+    value: Value,
+    #[serde(skip)]
+    error: Option<Error>,
+}
+
+impl<'de> Deserialize<'de> for AnyResponse {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(d)?;
+        let error = value
+            .get("error")
+            .filter(|e| !e.is_null())
+            .and_then(|e| serde_json::from_value::<Error>(e.clone()).ok());
+        Ok(Self { value, error })
+    }
+}
+
+impl ResponseRecord for AnyResponse {
+    fn is_terminal(&self) -> bool {
+        let flag = |k: &str| self.value.get(k).and_then(Value::as_bool).unwrap_or(false);
+        self.error.is_some() || flag("end_of_stream") || flag("end_of_dialog") || flag("complete")
+    }
+
+    fn from_error(error: Error) -> Self {
+        Self {
+            value: serde_json::json!({"error": {"type": error.kind, "message": error.message}}),
+            error: Some(error),
+        }
+    }
+
+    fn error(&self) -> Option<&Error> {
+        self.error.as_ref()
+    }
+}
+
+/// How a tool reaches what implements it.
+pub enum Backend {
+    /// Through the prompt service.
+    Prompt(Arc<RequestClient<PromptRequest, PromptResponse>>),
+    /// Through the text-completion service.
+    TextCompletion(Arc<RequestClient<TextCompletionRequest, TextCompletionResponse>>),
+    /// An MCP server.
+    Mcp(McpClient),
+    /// A service on the bus.
+    Service(RequestClient<Value, AnyResponse>),
+}
+
+/// A tool ready to be invoked.
+pub struct Tool {
+    /// Its configuration.
+    pub config: ToolConfig,
+    /// What implements it.
+    pub backend: Backend,
+}
+
+impl std::fmt::Debug for Tool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tool")
+            .field("name", &self.config.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The secret a `token-env` names, if set.
+pub fn token(var: Option<&str>) -> Result<Option<Secret>, String> {
+    match var {
+        Some(v) => Secret::from_env(v).map_err(|e| e.to_string()),
+        None => Ok(None),
+    }
+}
+
+impl Tool {
+    /// Invokes the tool; `Err` is an error to show the model as the observation.
+    pub async fn invoke(
+        &self,
+        arguments: &BTreeMap<String, String>,
+        traceparent: Option<String>,
+        timeout: Duration,
+    ) -> Result<String, String> {
+        let options = RequestOptions {
+            traceparent,
+            total_timeout: Some(timeout),
+            ..RequestOptions::default()
+        };
+        let work = async {
+            match &self.backend {
+                Backend::Prompt(client) => {
+                    let ToolKind::Prompt { template } = &self.config.kind else {
+                        return Err("misconfigured prompt tool".to_owned());
+                    };
+                    let terms = arguments
+                        .iter()
+                        .map(|(k, v)| (k.clone(), Value::String(v.clone()).to_string()))
+                        .collect();
+                    let request = PromptRequest {
+                        id: template.clone(),
+                        terms,
+                        streaming: false,
+                    };
+                    let records = collect(client.request_with(&request, options).await).await?;
+                    let last = records
+                        .last()
+                        .ok_or("the prompt service answered nothing")?;
+                    if let Some(e) = &last.error {
+                        return Err(format!("{}: {}", e.kind, e.message));
+                    }
+                    Ok(last
+                        .text
+                        .clone()
+                        .or_else(|| last.object.clone())
+                        .unwrap_or_default())
+                }
+                Backend::TextCompletion(client) => {
+                    let system = match &self.config.kind {
+                        ToolKind::TextCompletion { system } => system.clone().unwrap_or_default(),
+                        _ => String::new(),
+                    };
+                    let prompt = arguments
+                        .get("question")
+                        .or_else(|| arguments.values().next())
+                        .cloned()
+                        .unwrap_or_default();
+                    let request = TextCompletionRequest {
+                        system,
+                        prompt,
+                        ..TextCompletionRequest::default()
+                    };
+                    let records = collect(client.request_with(&request, options).await).await?;
+                    let last = records.last().ok_or("text-completion answered nothing")?;
+                    if let Some(e) = &last.error {
+                        return Err(format!("{}: {}", e.kind, e.message));
+                    }
+                    Ok(records.iter().map(|r| r.response.as_str()).collect())
+                }
+                Backend::Mcp(client) => {
+                    let remote = match &self.config.kind {
+                        ToolKind::Mcp { tool: Some(t), .. } => t.clone(),
+                        _ => self.config.name.clone(),
+                    };
+                    let args: serde_json::Map<String, Value> = arguments
+                        .iter()
+                        .map(|(k, v)| {
+                            // Arguments arrive as strings; send JSON values as such.
+                            let value = serde_json::from_str(v)
+                                .ok()
+                                .filter(|x: &Value| !x.is_string())
+                                .unwrap_or_else(|| Value::String(v.clone()));
+                            (k.clone(), value)
+                        })
+                        .collect();
+                    let result = client
+                        .call(&remote, Value::Object(args))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    if result.is_error {
+                        Err(result.text)
+                    } else {
+                        Ok(result.text)
+                    }
+                }
+                Backend::Service(client) => {
+                    let request = serde_json::to_value(arguments).map_err(|e| e.to_string())?;
+                    let records = collect(client.request_with(&request, options).await).await?;
+                    let last = records.last().ok_or("the service answered nothing")?;
+                    if let Some(e) = &last.error {
+                        return Err(format!("{}: {}", e.kind, e.message));
+                    }
+                    Ok(last.value.to_string())
+                }
+            }
+        };
+        tokio::time::timeout(timeout, work)
+            .await
+            .unwrap_or_else(|_| {
+                Err(format!(
+                    "the tool did not answer within {} s",
+                    timeout.as_secs()
+                ))
+            })
+    }
+}
+
+async fn collect<R: ResponseRecord>(
+    stream: Result<sluice_runtime::client::ResponseStream<R>, sluice_runtime::client::ClientError>,
+) -> Result<Vec<R>, String> {
+    let mut stream = stream.map_err(|e| e.to_string())?;
+    let mut records = Vec::new();
+    while let Some(item) = stream.next().await {
+        match item.map_err(|e| e.to_string())? {
+            Received::Record(r) => records.push(r),
+            Received::Restarted => records.clear(),
+        }
+    }
+    Ok(records)
+}
+
+/// The error a tool-configuration problem is reported as at start-up.
+pub fn config_error(message: impl Into<String>) -> Error {
+    Error::new(ErrorKind::NoConfiguration, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = r#"{"tools": [
+        {"name": "facts", "description": "Facts", "type": "prompt", "template": "facts",
+         "arguments": [{"name": "topic", "description": "what about"}]},
+        {"name": "ask", "type": "text-completion", "group": ["research"]},
+        {"name": "search", "type": "mcp", "url": "http://127.0.0.1:1/mcp", "applicable-states": ["searching"], "next-state": "done"},
+        {"name": "lookup", "type": "service", "request-topic": "request:tg:lookup", "response-topic": "response:tg:lookup"}
+    ]}"#;
+
+    #[test]
+    fn tools_parse_with_their_filters() {
+        let tools = parse(FILE).unwrap();
+        assert_eq!(tools.len(), 4);
+        assert_eq!(
+            tools[0].kind,
+            ToolKind::Prompt {
+                template: "facts".into()
+            }
+        );
+        assert_eq!(tools[0].arguments[0].kind, "string");
+        assert_eq!(tools[1].group, ["research"]);
+        assert_eq!(tools[2].next_state.as_deref(), Some("done"));
+        assert!(parse(r#"{"tools": [{"name": "x", "type": "teleport"}]}"#).is_err());
+        assert!(parse(r#"{"tools": [{"name": "x", "type": "text-completion"}, {"name": "x", "type": "text-completion"}]}"#)
+            .unwrap_err()
+            .contains("twice"));
+    }
+
+    #[test]
+    fn groups_and_states_filter_as_trustgraph_does() {
+        let tools: Vec<Arc<Tool>> = parse(FILE)
+            .unwrap()
+            .into_iter()
+            .map(|config| {
+                Arc::new(Tool {
+                    config,
+                    backend: Backend::Mcp(McpClient::new("http://127.0.0.1:1".into())),
+                })
+            })
+            .collect();
+        let names = |g: Option<&[String]>, s: Option<&str>| -> Vec<String> {
+            available(&tools, g, s)
+                .iter()
+                .map(|t| t.config.name.clone())
+                .collect()
+        };
+        assert_eq!(names(None, None), ["facts", "lookup"]);
+        assert_eq!(names(Some(&["research".into()]), None), ["ask"]);
+        assert_eq!(
+            names(None, Some("searching")),
+            ["facts", "search", "lookup"]
+        );
+    }
+}
