@@ -1,10 +1,11 @@
-//! `sluice`: the one binary. The agent processor arrives with its issue.
+//! `sluice`: the one binary.
 //! Today it carries:
 //!
-//! - `sluice serve`: the embedded default, the text-completion and prompt processors and the
-//!   gateway in one process on the in-process bus (or Pulsar);
+//! - `sluice serve`: the embedded default, the text-completion, prompt and agent processors
+//!   and the gateway in one process on the in-process bus (or Pulsar);
 //! - `sluice text-completion`: the text-completion processor;
 //! - `sluice prompt`: the prompt processor;
+//! - `sluice agent`: the agent processor;
 //! - `sluice gateway`: the HTTP gateway (REST, NDJSON, SSE, TrustGraph's WebSocket);
 //! - `sluice invoke llm|prompt|agent`: call a gateway and print the answer as it streams;
 //! - `sluice topics resolve NAME...`: the Pulsar topic URL of a TrustGraph-style name;
@@ -14,6 +15,7 @@
 //! Secrets (the Pulsar token) come from `SLUICE_PULSAR_TOKEN` or the file named by
 //! `SLUICE_PULSAR_TOKEN_FILE`, never from the command line.
 
+mod agent;
 mod common;
 mod config;
 mod gateway;
@@ -48,11 +50,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Everything in one process: the text-completion and prompt processors and the
+    /// Everything in one process: the text-completion, prompt and agent processors and the
     /// gateway, on the in-process bus unless --pulsar-url is given.
     Serve(Box<serve::ServeArgs>),
     /// The text-completion processor.
     TextCompletion(Box<text_completion::TextCompletionArgs>),
+    /// The agent processor: a streaming ReAct loop with tools.
+    Agent(Box<agent::AgentCommand>),
     /// The prompt processor: templates, text/json/jsonl answers.
     Prompt(Box<prompt::PromptCommand>),
     /// The HTTP gateway in front of the processors.
@@ -177,6 +181,7 @@ async fn run(command: Command) -> Result<(), String> {
         Command::TextCompletion(args) => text_completion::run(*args).await,
         Command::Gateway(args) => gateway::run(*args).await,
         Command::Prompt(args) => prompt::run(*args).await,
+        Command::Agent(args) => agent::run(*args).await,
         Command::Invoke(_) => Ok(()),
         Command::Topics {
             command: TopicsCommand::Resolve { mapping, names },

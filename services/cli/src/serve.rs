@@ -1,5 +1,5 @@
-//! `sluice serve`: the embedded default. The text-completion and prompt processors and the
-//! gateway in one process, on the in-process bus (or on Pulsar with `--pulsar-url`). Configured by
+//! `sluice serve`: the embedded default. The text-completion, prompt and agent processors
+//! and the gateway in one process, on the in-process bus (or on Pulsar with `--pulsar-url`). Configured by
 //! flags, their environment variables, and `--config FILE` (see `config.rs`).
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::{
+    agent::{AgentArgs, agent_service},
     common::{BusArgs, cancel_topic, connect},
     gateway::{GatewayArgs, serve_until},
     prompt::{LlmServiceArgs, TemplateArgs, template_store},
@@ -46,6 +47,8 @@ pub struct ServeArgs {
     pub llm: LlmArgs,
     #[command(flatten)]
     pub templates: TemplateArgs,
+    #[command(flatten)]
+    pub agent: AgentArgs,
     /// Completions (and prompts) handled at once.
     #[arg(long, env = "SLUICE_CONCURRENCY", default_value_t = processor::DEFAULT_CONCURRENCY)]
     pub concurrency: usize,
@@ -60,7 +63,11 @@ pub struct ServeArgs {
 /// Runs everything until SIGTERM/SIGINT, then drains.
 pub async fn run(args: ServeArgs) -> Result<(), String> {
     let mapping = args.topic_mapping;
-    let services = [ServiceKind::TextCompletion, ServiceKind::Prompt];
+    let services = [
+        ServiceKind::TextCompletion,
+        ServiceKind::Prompt,
+        ServiceKind::Agent,
+    ];
     let (gateway_config, mut topics) = args.gateway.config(&services, mapping)?;
     let grace = Duration::from_secs(args.drain_grace_secs);
     let processor_config = |kind: ServiceKind| -> Result<ProcessorConfig, String> {
@@ -74,6 +81,7 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
     };
     let tc_config = processor_config(ServiceKind::TextCompletion)?;
     let prompt_config = processor_config(ServiceKind::Prompt)?;
+    let agent_config = processor_config(ServiceKind::Agent)?;
     // The prompt processor reaches text-completion by the same default topics.
     let llm_service = LlmServiceArgs {
         llm_request_topic: "request:tg:text-completion".into(),
@@ -113,6 +121,16 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         llm_client.clone(),
         prompt_metrics,
     ));
+    let agent_handler = Arc::new(
+        agent_service(
+            &args.agent,
+            llm_client.clone(),
+            bus.clone(),
+            mapping,
+            &agent_config.request_topic,
+        )
+        .await?,
+    );
 
     let shutdown = shutdown_on_signals();
     let processor_stop = CancellationToken::new();
@@ -131,10 +149,17 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         telemetry.clone(),
         processor_stop.clone(),
     ));
+    processors.spawn(processor::run(
+        bus.clone(),
+        agent_config,
+        agent_handler,
+        telemetry.clone(),
+        processor_stop.clone(),
+    ));
     // The in-process bus delivers only what is published after a subscription exists: the
-    // gateway opens once both processors are subscribed (the LLM client already watches one
+    // gateway opens once the processors are subscribed (the LLM client already watches one
     // link, each processor adds one).
-    while telemetry.health.watched() < 3 {
+    while telemetry.health.watched() < 4 {
         if let Some(done) = processors.try_join_next() {
             return match done {
                 Ok(Err(e)) => Err(format!("a processor could not start: {e}")),
