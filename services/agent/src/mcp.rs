@@ -374,32 +374,26 @@ impl McpClient {
             // Without a session header the server cannot mean an expired session.
             Err(Failure::SessionExpired) => return Err(self.protocol("initialize", "HTTP 404")),
         };
-        let version = result
+        let offered = result
             .get("protocolVersion")
             .and_then(Value::as_str)
             .ok_or_else(|| self.protocol("initialize", "no protocolVersion in the result"))?;
-        if !SUPPORTED_VERSIONS.contains(&version) {
+        let Some(version) = SUPPORTED_VERSIONS.iter().find(|v| **v == offered) else {
             return Err(self.protocol(
                 "initialize",
                 format!(
-                    "protocol version {version:?} is not one this client speaks ({})",
+                    "protocol version {offered:?} is not one this client speaks ({})",
                     SUPPORTED_VERSIONS.join(", ")
                 ),
             ));
-        }
+        };
         let session = Session {
             id,
-            version: HeaderValue::from_static(
-                SUPPORTED_VERSIONS
-                    .iter()
-                    .find(|v| **v == version)
-                    .copied()
-                    .unwrap_or(PROTOCOL_VERSION),
-            ),
+            version: HeaderValue::from_static(version),
         };
         self.notify(&session, "notifications/initialized", json!({}))
             .await?;
-        tracing::debug!(server = %self.server, version, session = session.id.is_some(), "MCP session open");
+        tracing::debug!(server = %self.server, version = *version, session = session.id.is_some(), "MCP session open");
         Ok(session)
     }
 
