@@ -5,6 +5,7 @@
 //! - [`unique_topic`]: a fresh persistent topic per test, so suites run in parallel;
 //! - [`EchoHandler`]: a scriptable processor handler (records per request, delay, size),
 //!   also run as a separate process by the `echo-processor` binary for crash and drain tests;
+//! - [`mcp_server`]: a real MCP server (the official SDK) with scripted tools, for the agent;
 //! - [`seed_streams`]: the seeds' model outputs for the prompt processor's built-in templates.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -15,6 +16,7 @@ pub mod fake_cohere;
 pub mod fake_gemini;
 pub mod fake_ollama;
 pub mod fake_openai;
+pub mod mcp_server;
 pub mod seed_streams;
 
 use std::{sync::Arc, time::Duration};

@@ -1,49 +1,1129 @@
-//! The MCP client (placeholder API; the full client replaces this file).
+//! A client for tools on MCP servers over the streamable HTTP transport (JSON-RPC 2.0
+//! POSTed to one endpoint; the answer comes back as one JSON object or on an SSE stream).
+//!
+//! It lists a server's tools and calls them; the session (`initialize`, then
+//! `notifications/initialized`) is opened on first use and opened again, once, when the
+//! server says it forgot it (HTTP 404). It must never print the bearer token: not in
+//! `Debug`, not in errors (the server URL in errors loses its userinfo and query, and a
+//! body excerpt loses any echo of the token).
 
-use serde_json::Value;
+use std::{
+    fmt,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use eventsource_stream::{EventStreamError, Eventsource};
+use futures::{Stream, StreamExt};
+use reqwest::{
+    StatusCode, Url,
+    header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue},
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sluice_runtime::secret::Secret;
+
+/// The protocol version asked for in `initialize`.
+const PROTOCOL_VERSION: &str = "2025-06-18";
+
+/// Versions this client speaks; a server answering `initialize` with another one is refused
+/// (the spec says the client should then disconnect). They differ in ways this client does
+/// not depend on (batching, structured content, titles).
+const SUPPORTED_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26"];
+
+const SESSION_HEADER: &str = "mcp-session-id";
+const VERSION_HEADER: &str = "mcp-protocol-version";
+
+/// The most a response may weigh. Tool results go into a model's context, so anything near
+/// this is already useless; the cap keeps a broken server from exhausting memory.
+const MAX_RESPONSE_BYTES: usize = 8 * 1024 * 1024;
+
+/// How much of an error body an error message quotes.
+const BODY_EXCERPT_CHARS: usize = 200;
+
+/// `tools/list` pages followed before giving up on a server whose cursors never end.
+const MAX_PAGES: usize = 100;
+
+/// How long the courtesy `notifications/cancelled` after a timed-out call may take.
+const CANCEL_GRACE: Duration = Duration::from_secs(2);
+
+/// Time limits of an MCP client.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct McpTimeouts {
+    /// Establishing a connection.
+    pub connect: Duration,
+    /// One JSON-RPC exchange, from sending the request to its response (`initialize`, one
+    /// `tools/list` page, one `tools/call`).
+    pub call: Duration,
+}
+
+impl Default for McpTimeouts {
+    fn default() -> Self {
+        Self {
+            connect: Duration::from_secs(10),
+            call: Duration::from_secs(60),
+        }
+    }
+}
 
 /// A tool an MCP server offers.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct McpTool {
-    /// Name.
+    /// The name to call it by.
     pub name: String,
-    /// Description.
+    /// What it does, for the model (empty when the server gives none).
     pub description: String,
-    /// Input schema.
+    /// The JSON Schema of its arguments.
     pub input_schema: Value,
 }
 
-/// A tool call's result.
-#[derive(Debug, Clone)]
+/// What a tool call returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolResult {
-    /// Text content.
+    /// The text content items joined by newlines; other items are described briefly
+    /// (`[image image/png]`); the structured content as JSON when there is no content.
     pub text: String,
-    /// Whether the tool reported an error.
+    /// The tool reported a failure (`isError`): the text says what went wrong, for the model.
     pub is_error: bool,
 }
 
-/// An MCP failure.
+/// Why an MCP request failed. Every message names the server (without userinfo or query).
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct McpError(pub String);
+pub enum McpError {
+    /// The endpoint URL or the token cannot be used.
+    #[error("MCP client misconfigured: {0}")]
+    Config(String),
+    /// No HTTP answer: connection refused, reset, DNS failure.
+    #[error("MCP server {server} unreachable during {method}: {reason}")]
+    Transport {
+        /// The server URL, redacted.
+        server: String,
+        /// The JSON-RPC method.
+        method: String,
+        /// What failed.
+        reason: String,
+    },
+    /// No complete answer within the per-call time limit.
+    #[error("MCP server {server} did not answer {method} within {after:?}")]
+    Timeout {
+        /// The server URL, redacted.
+        server: String,
+        /// The JSON-RPC method.
+        method: String,
+        /// The limit.
+        after: Duration,
+    },
+    /// The server answered with an HTTP error status.
+    #[error("MCP server {server} answered {method} with HTTP {status}{}: {body}", status_hint(*.status))]
+    Status {
+        /// The server URL, redacted.
+        server: String,
+        /// The JSON-RPC method.
+        method: String,
+        /// The HTTP status.
+        status: u16,
+        /// The start of the body, with any echo of the token removed.
+        body: String,
+    },
+    /// The server answered with a JSON-RPC error (for tools: unknown tool, invalid arguments).
+    #[error("MCP server {server} refused {method}: JSON-RPC error {code}: {message}")]
+    Rpc {
+        /// The server URL, redacted.
+        server: String,
+        /// The JSON-RPC method.
+        method: String,
+        /// The JSON-RPC error code.
+        code: i64,
+        /// The server's message.
+        message: String,
+    },
+    /// The answer does not follow the protocol.
+    #[error("MCP server {server} answered {method} in a way this client cannot read: {detail}")]
+    Protocol {
+        /// The server URL, redacted.
+        server: String,
+        /// The JSON-RPC method.
+        method: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+}
 
-/// An MCP client.
+impl McpError {
+    /// Whether trying again later may succeed (the server or the network may recover; a
+    /// refusal or a malformed answer will not change by itself).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            McpError::Transport { .. } | McpError::Timeout { .. } => true,
+            McpError::Status { status, .. } => matches!(status, 408 | 429 | 500..=599),
+            McpError::Config(_) | McpError::Rpc { .. } | McpError::Protocol { .. } => false,
+        }
+    }
+}
+
+/// What an operator should check for statuses with one likely cause.
+fn status_hint(status: u16) -> &'static str {
+    match status {
+        401 => " (unauthorized: check the MCP server's bearer token)",
+        403 => " (forbidden: the token lacks access to this server)",
+        404 => " (not found: check the endpoint path, usually /mcp)",
+        405 | 406 | 415 => " (is this a streamable HTTP MCP endpoint?)",
+        _ => "",
+    }
+}
+
+/// An open session: what `initialize` settled.
 #[derive(Debug)]
+struct Session {
+    /// `Mcp-Session-Id`, when the server assigns sessions.
+    id: Option<HeaderValue>,
+    /// The negotiated version, sent as `MCP-Protocol-Version` on every later request.
+    version: HeaderValue,
+}
+
+/// A client of one MCP server. Cheap to share behind an `Arc`; requests may run concurrently.
 pub struct McpClient {
-    url: String,
+    http: reqwest::Client,
+    endpoint: Url,
+    /// The endpoint as errors and logs show it.
+    server: String,
+    token: Option<Secret>,
+    timeouts: McpTimeouts,
+    next_id: AtomicU64,
+    /// A tokio mutex because it is held across `initialize`: concurrent first requests wait
+    /// for one session instead of each opening their own.
+    session: tokio::sync::Mutex<Option<Arc<Session>>>,
+}
+
+impl fmt::Debug for McpClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("McpClient")
+            .field("server", &self.server)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("timeouts", &self.timeouts)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why one exchange failed: the server forgot the session (worth one new session), or
+/// anything else.
+enum Failure {
+    SessionExpired,
+    Error(McpError),
+}
+
+impl From<McpError> for Failure {
+    fn from(e: McpError) -> Self {
+        Failure::Error(e)
+    }
 }
 
 impl McpClient {
-    /// A client for `url`.
-    pub fn new(url: String) -> Self {
-        Self { url }
+    /// A client of the server at `endpoint` (`http(s)://host/mcp`), authenticating with
+    /// `token` as a bearer token when given. Nothing is sent until the first request.
+    pub fn new(
+        endpoint: &str,
+        token: Option<Secret>,
+        timeouts: McpTimeouts,
+    ) -> Result<Self, McpError> {
+        let url = Url::parse(endpoint)
+            .map_err(|e| McpError::Config(format!("the MCP endpoint is not a URL ({e})")))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(McpError::Config(format!(
+                "the MCP endpoint {} is not http(s)",
+                redact_url(&url)
+            )));
+        }
+        if let Some(token) = &token {
+            // Checked here so that a token with a newline fails at startup, not per call.
+            HeaderValue::from_str(&format!("Bearer {}", token.expose())).map_err(|_| {
+                McpError::Config(
+                    "the MCP bearer token contains characters not allowed in an HTTP header".into(),
+                )
+            })?;
+        }
+        sluice_runtime::install_crypto_provider();
+        let http = reqwest::Client::builder()
+            .connect_timeout(timeouts.connect)
+            .build()
+            .map_err(|e| McpError::Config(format!("HTTP client: {}", e.without_url())))?;
+        Ok(Self {
+            http,
+            server: redact_url(&url),
+            endpoint: url,
+            token,
+            timeouts,
+            next_id: AtomicU64::new(1),
+            session: tokio::sync::Mutex::new(None),
+        })
     }
-    /// Lists tools.
+
+    /// The endpoint as errors show it: no userinfo, no query.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// The server's tools, all pages of `tools/list`.
     pub async fn tools(&self) -> Result<Vec<McpTool>, McpError> {
-        Err(McpError(self.url.clone()))
+        let mut tools = Vec::new();
+        let mut cursor: Option<String> = None;
+        for _ in 0..MAX_PAGES {
+            let params = match &cursor {
+                Some(c) => json!({ "cursor": c }),
+                None => json!({}),
+            };
+            let result = self.request("tools/list", params).await?;
+            let page: ToolsPage = serde_json::from_value(result)
+                .map_err(|e| self.protocol("tools/list", format!("unexpected result: {e}")))?;
+            tools.extend(page.tools.into_iter().map(|t| McpTool {
+                name: t.name,
+                description: t.description.unwrap_or_default(),
+                input_schema: t.input_schema,
+            }));
+            match page.next_cursor {
+                Some(next) if Some(&next) == cursor.as_ref() => {
+                    return Err(self.protocol("tools/list", "the same cursor came back twice"));
+                }
+                Some(next) => cursor = Some(next),
+                None => return Ok(tools),
+            }
+        }
+        Err(self.protocol(
+            "tools/list",
+            format!("more than {MAX_PAGES} pages of tools"),
+        ))
     }
-    /// Calls a tool.
-    pub async fn call(&self, _name: &str, _arguments: Value) -> Result<ToolResult, McpError> {
-        Err(McpError(self.url.clone()))
+
+    /// Calls the tool `name` with `arguments` (a JSON object; `null` for none).
+    ///
+    /// A tool that fails in its own terms comes back as `Ok` with `is_error`; `Err` means
+    /// the call itself failed (unknown tool, bad arguments, server unreachable).
+    pub async fn call(&self, name: &str, arguments: Value) -> Result<ToolResult, McpError> {
+        let params = if arguments.is_null() {
+            json!({ "name": name })
+        } else {
+            json!({ "name": name, "arguments": arguments })
+        };
+        let result = self.request("tools/call", params).await?;
+        let result: CallResult = serde_json::from_value(result)
+            .map_err(|e| self.protocol("tools/call", format!("unexpected result: {e}")))?;
+        Ok(result.into_tool_result())
+    }
+
+    /// One request in the current session; a forgotten session is replaced once.
+    async fn request(&self, method: &str, params: Value) -> Result<Value, McpError> {
+        let session = self.session().await?;
+        match self.exchange(Some(&session), method, &params).await {
+            Ok((result, _)) => Ok(result),
+            Err(Failure::Error(e)) => Err(e),
+            Err(Failure::SessionExpired) => {
+                tracing::info!(server = %self.server, "MCP session expired; initializing a new one");
+                let session = self.renew(&session).await?;
+                match self.exchange(Some(&session), method, &params).await {
+                    Ok((result, _)) => Ok(result),
+                    Err(Failure::Error(e)) => Err(e),
+                    Err(Failure::SessionExpired) => Err(McpError::Status {
+                        server: self.server.clone(),
+                        method: method.into(),
+                        status: 404,
+                        body: "a new session was forgotten at once".into(),
+                    }),
+                }
+            }
+        }
+    }
+
+    /// The open session, opening one if there is none.
+    async fn session(&self) -> Result<Arc<Session>, McpError> {
+        let mut slot = self.session.lock().await;
+        if let Some(session) = slot.as_ref() {
+            return Ok(session.clone());
+        }
+        let session = Arc::new(self.initialize().await?);
+        *slot = Some(session.clone());
+        Ok(session)
+    }
+
+    /// Replaces `expired` with a new session, unless a concurrent request already did.
+    async fn renew(&self, expired: &Arc<Session>) -> Result<Arc<Session>, McpError> {
+        let mut slot = self.session.lock().await;
+        if let Some(current) = slot.as_ref() {
+            if !Arc::ptr_eq(current, expired) {
+                return Ok(current.clone());
+            }
+        }
+        *slot = None;
+        let session = Arc::new(self.initialize().await?);
+        *slot = Some(session.clone());
+        Ok(session)
+    }
+
+    /// `initialize`, then `notifications/initialized`.
+    async fn initialize(&self) -> Result<Session, McpError> {
+        let params = json!({
+            "protocolVersion": PROTOCOL_VERSION,
+            "capabilities": {},
+            "clientInfo": { "name": "sluice-agent", "version": env!("CARGO_PKG_VERSION") },
+        });
+        let (result, id) = match self.exchange(None, "initialize", &params).await {
+            Ok(answer) => answer,
+            Err(Failure::Error(e)) => return Err(e),
+            // Without a session header the server cannot mean an expired session.
+            Err(Failure::SessionExpired) => return Err(self.protocol("initialize", "HTTP 404")),
+        };
+        let offered = result
+            .get("protocolVersion")
+            .and_then(Value::as_str)
+            .ok_or_else(|| self.protocol("initialize", "no protocolVersion in the result"))?;
+        let Some(version) = SUPPORTED_VERSIONS.iter().find(|v| **v == offered) else {
+            return Err(self.protocol(
+                "initialize",
+                format!(
+                    "protocol version {offered:?} is not one this client speaks ({})",
+                    SUPPORTED_VERSIONS.join(", ")
+                ),
+            ));
+        };
+        let session = Session {
+            id,
+            version: HeaderValue::from_static(version),
+        };
+        self.notify(&session, "notifications/initialized", json!({}))
+            .await?;
+        tracing::debug!(server = %self.server, version = *version, session = session.id.is_some(), "MCP session open");
+        Ok(session)
+    }
+
+    /// Sends a notification; the server answers 202 with no body.
+    async fn notify(&self, session: &Session, method: &str, params: Value) -> Result<(), McpError> {
+        let body = json!({ "jsonrpc": "2.0", "method": method, "params": params });
+        let send = async {
+            let response = self.post(Some(session), &body, method).await;
+            match response {
+                Ok(_) => Ok(()),
+                Err(Failure::Error(e)) => Err(e),
+                Err(Failure::SessionExpired) => Err(McpError::Status {
+                    server: self.server.clone(),
+                    method: method.into(),
+                    status: 404,
+                    body: "the session was forgotten right after initialize".into(),
+                }),
+            }
+        };
+        tokio::time::timeout(self.timeouts.call, send)
+            .await
+            .unwrap_or_else(|_| Err(self.timeout(method)))
+    }
+
+    /// One JSON-RPC request and its response, within the per-call time limit. Returns the
+    /// result and the session id the server assigned (`initialize`).
+    async fn exchange(
+        &self,
+        session: Option<&Session>,
+        method: &str,
+        params: &Value,
+    ) -> Result<(Value, Option<HeaderValue>), Failure> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let body = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
+        let answer = async {
+            let response = self.post(session, &body, method).await?;
+            let session_id = response.headers().get(SESSION_HEADER).cloned();
+            let kind =
+                body_kind(response.headers()).map_err(|detail| self.protocol(method, detail))?;
+            let reply = read_reply(kind, response.bytes_stream(), id)
+                .await
+                .map_err(|e| self.read_error(method, e))?;
+            match reply {
+                Ok(result) => Ok((result, session_id)),
+                Err(e) => Err(Failure::Error(McpError::Rpc {
+                    server: self.server.clone(),
+                    method: method.into(),
+                    code: e.code,
+                    message: e.message,
+                })),
+            }
+        };
+        match tokio::time::timeout(self.timeouts.call, answer).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                // The spec forbids cancelling `initialize`; any other request is cancelled so
+                // the server can stop work nobody waits for.
+                if let (Some(session), false) = (session, method == "initialize") {
+                    self.cancel_in_background(session, id);
+                }
+                Err(Failure::Error(self.timeout(method)))
+            }
+        }
+    }
+
+    /// POSTs one JSON-RPC message; a 2xx answer is returned for its body to be read.
+    async fn post(
+        &self,
+        session: Option<&Session>,
+        body: &Value,
+        method: &str,
+    ) -> Result<reqwest::Response, Failure> {
+        let response = self
+            .http
+            .post(self.endpoint.clone())
+            .headers(self.headers(session))
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| self.transport(method, e))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        if status == StatusCode::NOT_FOUND && session.is_some_and(|s| s.id.is_some()) {
+            return Err(Failure::SessionExpired);
+        }
+        let body = read_excerpt(response).await;
+        Err(Failure::Error(McpError::Status {
+            server: self.server.clone(),
+            method: method.into(),
+            status: status.as_u16(),
+            body: self.scrub(body),
+        }))
+    }
+
+    /// The headers of every POST.
+    fn headers(&self, session: Option<&Session>) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            ACCEPT,
+            HeaderValue::from_static("application/json, text/event-stream"),
+        );
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(token) = &self.token {
+            // Validated in `new`; a failure here cannot happen, and sending without the
+            // header would only earn a clear 401.
+            if let Ok(mut value) = HeaderValue::from_str(&format!("Bearer {}", token.expose())) {
+                value.set_sensitive(true);
+                headers.insert(AUTHORIZATION, value);
+            }
+        }
+        if let Some(session) = session {
+            if let Some(id) = &session.id {
+                headers.insert(SESSION_HEADER, id.clone());
+            }
+            headers.insert(VERSION_HEADER, session.version.clone());
+        }
+        headers
+    }
+
+    /// Tells the server to stop working on request `id`, without making the caller wait.
+    fn cancel_in_background(&self, session: &Session, id: u64) {
+        let request = self
+            .http
+            .post(self.endpoint.clone())
+            .headers(self.headers(Some(session)))
+            .json(&json!({
+                "jsonrpc": "2.0",
+                "method": "notifications/cancelled",
+                "params": { "requestId": id, "reason": "timed out" },
+            }));
+        // Detached but bounded by CANCEL_GRACE, so it never outlives shutdown by much; its
+        // outcome does not matter (the server may have finished already).
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(CANCEL_GRACE, request.send()).await;
+        });
+    }
+
+    fn timeout(&self, method: &str) -> McpError {
+        McpError::Timeout {
+            server: self.server.clone(),
+            method: method.into(),
+            after: self.timeouts.call,
+        }
+    }
+
+    fn protocol(&self, method: &str, detail: impl Into<String>) -> McpError {
+        McpError::Protocol {
+            server: self.server.clone(),
+            method: method.into(),
+            detail: detail.into(),
+        }
+    }
+
+    fn transport(&self, method: &str, e: reqwest::Error) -> McpError {
+        let what = if e.is_connect() {
+            "cannot connect"
+        } else if e.is_timeout() {
+            "connect timed out"
+        } else {
+            "request failed"
+        };
+        // `without_url`: the URL may carry secrets in its query; the server is named already.
+        McpError::Transport {
+            server: self.server.clone(),
+            method: method.into(),
+            reason: format!("{what}: {}", error_chain(&e.without_url())),
+        }
+    }
+
+    fn read_error(&self, method: &str, e: ReadError) -> McpError {
+        match e {
+            ReadError::Body(reason) => McpError::Transport {
+                server: self.server.clone(),
+                method: method.into(),
+                reason: format!("the answer broke off: {reason}"),
+            },
+            ReadError::Malformed(detail) => self.protocol(method, detail),
+        }
+    }
+
+    /// Removes any echo of the token from text quoted in an error.
+    fn scrub(&self, text: String) -> String {
+        match &self.token {
+            Some(token) if !token.expose().is_empty() => text.replace(token.expose(), "<redacted>"),
+            _ => text,
+        }
+    }
+}
+
+/// An error and its causes on one line: reqwest's own message ("error sending request")
+/// says little; the cause ("Connection refused") is what an operator acts on.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let shown = cause.to_string();
+        if !text.contains(&shown) {
+            text.push_str(": ");
+            text.push_str(&shown);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// The URL as errors show it: scheme, host, port and path only.
+fn redact_url(url: &Url) -> String {
+    let mut shown = url.clone();
+    // Both setters fail only for URLs that cannot have userinfo; nothing to remove then.
+    let _ = shown.set_username("");
+    let _ = shown.set_password(None);
+    shown.set_query(None);
+    shown.set_fragment(None);
+    shown.to_string()
+}
+
+/// The first characters of an error body, on one line.
+async fn read_excerpt(response: reqwest::Response) -> String {
+    let mut body = response.bytes_stream();
+    let mut bytes = Vec::new();
+    // An error body is quoted, not parsed: a few KiB are plenty.
+    while let Some(Ok(chunk)) = body.next().await {
+        bytes.extend_from_slice(&chunk);
+        if bytes.len() >= 4 * BODY_EXCERPT_CHARS {
+            break;
+        }
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    let line: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut excerpt: String = line.chars().take(BODY_EXCERPT_CHARS).collect();
+    if line.chars().count() > BODY_EXCERPT_CHARS {
+        excerpt.push('…');
+    }
+    if excerpt.is_empty() {
+        excerpt.push_str("(empty body)");
+    }
+    excerpt
+}
+
+/// How a response body carries the JSON-RPC answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BodyKind {
+    /// One JSON object (or a batch array holding it).
+    Json,
+    /// An SSE stream whose events carry JSON-RPC messages.
+    EventStream,
+}
+
+fn body_kind(headers: &HeaderMap) -> Result<BodyKind, String> {
+    let content_type = headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let essence = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    match essence.as_str() {
+        "application/json" => Ok(BodyKind::Json),
+        "text/event-stream" => Ok(BodyKind::EventStream),
+        "" => Err("the answer has no Content-Type".into()),
+        other => Err(format!(
+            "the answer is {other}, not application/json or text/event-stream"
+        )),
+    }
+}
+
+/// A JSON-RPC error object.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+struct RpcError {
+    code: i64,
+    #[serde(default)]
+    message: String,
+}
+
+/// Why the answer could not be read.
+#[derive(Debug, PartialEq, Eq)]
+enum ReadError {
+    /// The body broke off.
+    Body(String),
+    /// The body is not a JSON-RPC answer to the request.
+    Malformed(String),
+}
+
+/// One JSON-RPC message from the server: a response (`id` and `result` or `error`), or a
+/// request or notification of its own (`method`).
+#[derive(Debug, Deserialize)]
+struct Incoming {
+    #[serde(default)]
+    id: Option<Value>,
+    #[serde(default)]
+    method: Option<String>,
+    #[serde(default)]
+    result: Option<Value>,
+    #[serde(default)]
+    error: Option<RpcError>,
+}
+
+impl Incoming {
+    /// The answer to request `id`, if this message is it. An error without an id is the
+    /// server failing to read the request, so it is the answer too.
+    fn answer_to(self, id: u64) -> Option<Result<Value, RpcError>> {
+        if self.method.is_some() {
+            return None;
+        }
+        let matches = match &self.id {
+            Some(Value::Number(n)) => n.as_u64() == Some(id),
+            Some(Value::String(s)) => s.parse::<u64>().ok() == Some(id),
+            Some(Value::Null) | None => self.error.is_some(),
+            Some(_) => false,
+        };
+        if !matches {
+            return None;
+        }
+        match (self.result, self.error) {
+            (_, Some(error)) => Some(Err(error)),
+            (Some(result), None) => Some(Ok(result)),
+            // A response with neither: read as an empty result rather than rejected, the
+            // lenient reading of a server that serialised `null`.
+            (None, None) => Some(Ok(Value::Null)),
+        }
+    }
+}
+
+/// Reads the answer to request `id` from a body of the given kind. On an SSE stream the
+/// server's own notifications and requests before the answer are skipped.
+async fn read_reply<S, B, E>(
+    kind: BodyKind,
+    body: S,
+    id: u64,
+) -> Result<Result<Value, RpcError>, ReadError>
+where
+    S: Stream<Item = Result<B, E>> + Unpin,
+    B: AsRef<[u8]>,
+    E: fmt::Display,
+{
+    let mut seen = 0usize;
+    let body = body.map(move |chunk| match chunk {
+        Ok(bytes) => {
+            seen += bytes.as_ref().len();
+            if seen > MAX_RESPONSE_BYTES {
+                Err(ReadError::Malformed(format!(
+                    "the answer exceeds {MAX_RESPONSE_BYTES} bytes"
+                )))
+            } else {
+                Ok(bytes)
+            }
+        }
+        Err(e) => Err(ReadError::Body(e.to_string())),
+    });
+    match kind {
+        BodyKind::Json => read_json(body, id).await,
+        BodyKind::EventStream => read_event_stream(body, id).await,
+    }
+}
+
+async fn read_json<S, B>(mut body: S, id: u64) -> Result<Result<Value, RpcError>, ReadError>
+where
+    S: Stream<Item = Result<B, ReadError>> + Unpin,
+    B: AsRef<[u8]>,
+{
+    let mut bytes = Vec::new();
+    while let Some(chunk) = body.next().await {
+        bytes.extend_from_slice(chunk?.as_ref());
+    }
+    let value: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| ReadError::Malformed(format!("the JSON answer does not parse: {e}")))?;
+    // Protocol 2025-03-26 allowed batches; the answer is the element with our id.
+    let messages = match value {
+        Value::Array(items) => items,
+        single => vec![single],
+    };
+    for message in messages {
+        let message: Incoming = serde_json::from_value(message)
+            .map_err(|e| ReadError::Malformed(format!("not a JSON-RPC message: {e}")))?;
+        if let Some(answer) = message.answer_to(id) {
+            return Ok(answer);
+        }
+    }
+    Err(ReadError::Malformed(format!(
+        "the JSON answer holds no response to request {id}"
+    )))
+}
+
+async fn read_event_stream<S, B>(body: S, id: u64) -> Result<Result<Value, RpcError>, ReadError>
+where
+    S: Stream<Item = Result<B, ReadError>> + Unpin,
+    B: AsRef<[u8]>,
+{
+    let mut events = body.eventsource();
+    while let Some(event) = events.next().await {
+        let event = event.map_err(|e| match e {
+            EventStreamError::Transport(e) => e,
+            EventStreamError::Utf8(e) => ReadError::Malformed(format!("SSE not UTF-8: {e}")),
+            EventStreamError::Parser(e) => ReadError::Malformed(format!("SSE does not parse: {e}")),
+        })?;
+        // Priming events (an id and a retry hint, no data) and keep-alives carry nothing.
+        if event.data.trim().is_empty() {
+            continue;
+        }
+        let message: Incoming = serde_json::from_str(&event.data).map_err(|e| {
+            ReadError::Malformed(format!("an SSE event is not a JSON-RPC message: {e}"))
+        })?;
+        if let Some(method) = &message.method {
+            // Progress, logging, or a request of the server's own: this client declared no
+            // capabilities, so it has nothing to answer with.
+            tracing::debug!(method, "MCP server message before the response, skipped");
+            continue;
+        }
+        if let Some(answer) = message.answer_to(id) {
+            return Ok(answer);
+        }
+    }
+    Err(ReadError::Malformed(format!(
+        "the SSE stream ended before the response to request {id}"
+    )))
+}
+
+/// One page of `tools/list`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ToolsPage {
+    #[serde(default)]
+    tools: Vec<ToolEntry>,
+    #[serde(default)]
+    next_cursor: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ToolEntry {
+    name: String,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default = "empty_object_schema")]
+    input_schema: Value,
+}
+
+fn empty_object_schema() -> Value {
+    json!({ "type": "object" })
+}
+
+/// The result of `tools/call`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CallResult {
+    #[serde(default)]
+    content: Vec<Value>,
+    #[serde(default)]
+    structured_content: Option<Value>,
+    #[serde(default)]
+    is_error: Option<bool>,
+}
+
+impl CallResult {
+    fn into_tool_result(self) -> ToolResult {
+        let mut parts: Vec<String> = self.content.iter().map(describe_content).collect();
+        if parts.is_empty() {
+            if let Some(structured) = &self.structured_content {
+                parts.push(structured.to_string());
+            }
+        }
+        ToolResult {
+            text: parts.join("\n"),
+            is_error: self.is_error.unwrap_or(false),
+        }
+    }
+}
+
+/// A content item as text: text as is, embedded text resources by their text, anything
+/// else named briefly, since the model reading it cannot see images or hear audio.
+fn describe_content(item: &Value) -> String {
+    let field = |v: &Value, name: &str| v.get(name).and_then(Value::as_str).map(str::to_owned);
+    let kind = field(item, "type").unwrap_or_default();
+    match kind.as_str() {
+        "text" => field(item, "text").unwrap_or_default(),
+        "image" | "audio" => match field(item, "mimeType") {
+            Some(mime) => format!("[{kind} {mime}]"),
+            None => format!("[{kind}]"),
+        },
+        "resource_link" => format!("[resource link {}]", field(item, "uri").unwrap_or_default()),
+        "resource" => {
+            let resource = item.get("resource").cloned().unwrap_or(Value::Null);
+            match field(&resource, "text") {
+                Some(text) => text,
+                None => format!("[resource {}]", field(&resource, "uri").unwrap_or_default()),
+            }
+        }
+        "" => "[content]".into(),
+        other => format!("[{other}]"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use std::convert::Infallible;
+
+    use super::*;
+
+    fn chunks(parts: &[&str]) -> impl Stream<Item = Result<Vec<u8>, Infallible>> + Unpin {
+        futures::stream::iter(
+            parts
+                .iter()
+                .map(|p| Ok(p.as_bytes().to_vec()))
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    async fn read(
+        kind: BodyKind,
+        parts: &[&str],
+        id: u64,
+    ) -> Result<Result<Value, RpcError>, ReadError> {
+        read_reply(kind, chunks(parts), id).await
+    }
+
+    #[tokio::test]
+    async fn a_json_answer_is_read_whole_even_when_split() {
+        let answer = read(
+            BodyKind::Json,
+            &[r#"{"jsonrpc":"2.0","id":7,"res"#, r#"ult":{"ok":true}}"#],
+            7,
+        )
+        .await
+        .unwrap();
+        assert_eq!(answer, Ok(json!({ "ok": true })));
+    }
+
+    #[tokio::test]
+    async fn a_json_error_is_a_json_rpc_error() {
+        let answer = read(
+            BodyKind::Json,
+            &[r#"{"jsonrpc":"2.0","id":3,"error":{"code":-32602,"message":"Unknown tool: x"}}"#],
+            3,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            answer,
+            Err(RpcError {
+                code: -32602,
+                message: "Unknown tool: x".into()
+            })
+        );
+    }
+
+    #[tokio::test]
+    async fn a_json_batch_yields_the_element_with_our_id() {
+        let answer = read(
+            BodyKind::Json,
+            &[
+                r#"[{"jsonrpc":"2.0","method":"notifications/progress","params":{}},
+                 {"jsonrpc":"2.0","id":4,"result":{"n":1}},
+                 {"jsonrpc":"2.0","id":5,"result":{"n":2}}]"#,
+            ],
+            5,
+        )
+        .await
+        .unwrap();
+        assert_eq!(answer, Ok(json!({ "n": 2 })));
+    }
+
+    #[tokio::test]
+    async fn json_without_our_response_is_malformed() {
+        for body in [
+            r#"{"jsonrpc":"2.0","id":99,"result":{}}"#,
+            "not json",
+            r#"{"jsonrpc":"2.0","id":1,"result":"#,
+        ] {
+            let err = read(BodyKind::Json, &[body], 1).await.unwrap_err();
+            assert!(matches!(err, ReadError::Malformed(_)), "{body}: {err:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn sse_skips_priming_notifications_requests_and_other_ids() {
+        let stream = [
+            // A priming event: id and retry, empty data.
+            "id: 0\nretry: 3000\ndata:\n\n",
+            ": keep-alive comment\n\n",
+            "event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",",
+            "\"params\":{\"progressToken\":1,\"progress\":0.5}}\n\n",
+            "data: {\"jsonrpc\":\"2.0\",\"id\":\"srv-1\",\"method\":\"ping\"}\n\n",
+            "data: {\"jsonrpc\":\"2.0\",\"id\":41,\"result\":{\"stale\":true}}\n\n",
+            "id: 5\nevent: message\ndata: {\"jsonrpc\":\"2.0\",\n",
+            "data: \"id\":42,\"result\":{\"content\":[]}}\r\n\r\n",
+            "data: {\"jsonrpc\":\"2.0\",\"id\":43,\"result\":{}}\n\n",
+        ];
+        let answer = read(BodyKind::EventStream, &stream, 42).await.unwrap();
+        assert_eq!(answer, Ok(json!({ "content": [] })));
+    }
+
+    #[tokio::test]
+    async fn an_sse_stream_that_ends_before_the_response_is_malformed() {
+        let err = read(
+            BodyKind::EventStream,
+            &["data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{}}\n\n"],
+            1,
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(&err, ReadError::Malformed(m) if m.contains("ended before the response")),
+            "{err:?}"
+        );
+        let err = read(BodyKind::EventStream, &["data: {oops\n\n"], 1)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ReadError::Malformed(_)), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn a_broken_body_is_a_transport_failure() {
+        let body = futures::stream::iter(vec![
+            Ok(b"data: {\"jsonrpc\"".to_vec()),
+            Err("connection reset"),
+        ]);
+        let err = read_reply(BodyKind::EventStream, body, 1)
+            .await
+            .unwrap_err();
+        assert_eq!(err, ReadError::Body("connection reset".into()));
+    }
+
+    #[tokio::test]
+    async fn an_oversized_answer_is_refused() {
+        let big = vec![b' '; MAX_RESPONSE_BYTES / 2 + 1];
+        let body = futures::stream::iter(vec![Ok::<_, Infallible>(big.clone()), Ok(big)]);
+        let err = read_reply(BodyKind::Json, body, 1).await.unwrap_err();
+        assert!(
+            matches!(&err, ReadError::Malformed(m) if m.contains("exceeds")),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn content_items_become_text() {
+        let result: CallResult = serde_json::from_value(json!({
+            "content": [
+                { "type": "text", "text": "first" },
+                { "type": "image", "data": "AAAA", "mimeType": "image/png" },
+                { "type": "audio", "data": "AAAA" },
+                { "type": "resource_link", "uri": "file:///a.txt", "name": "a" },
+                { "type": "resource", "resource": { "uri": "file:///b.txt", "text": "inline" } },
+                { "type": "resource", "resource": { "uri": "file:///c.bin", "blob": "AA==" } },
+                { "type": "text", "text": "last" },
+            ],
+            "isError": true,
+        }))
+        .unwrap();
+        assert_eq!(
+            result.into_tool_result(),
+            ToolResult {
+                text: "first\n[image image/png]\n[audio]\n[resource link file:///a.txt]\ninline\n[resource file:///c.bin]\nlast".into(),
+                is_error: true,
+            }
+        );
+        let structured: CallResult =
+            serde_json::from_value(json!({ "content": [], "structuredContent": { "sum": 3 } }))
+                .unwrap();
+        assert_eq!(
+            structured.into_tool_result(),
+            ToolResult {
+                text: r#"{"sum":3}"#.into(),
+                is_error: false
+            }
+        );
+    }
+
+    #[test]
+    fn debug_and_errors_never_show_the_token_or_url_secrets() {
+        let client = McpClient::new(
+            "https://user:pw-secret@mcp.example.com:8443/mcp?api_key=query-secret#frag",
+            Some(Secret::new("tok-very-secret")),
+            McpTimeouts::default(),
+        )
+        .unwrap();
+        let debug = format!("{client:?}");
+        assert!(debug.contains("<redacted>"), "{debug}");
+        for secret in ["tok-very-secret", "pw-secret", "query-secret", "user"] {
+            assert!(!debug.contains(secret), "{secret} in {debug}");
+        }
+        assert_eq!(client.server(), "https://mcp.example.com:8443/mcp");
+        assert_eq!(
+            client.scrub("bad token tok-very-secret".into()),
+            "bad token <redacted>"
+        );
+    }
+
+    #[test]
+    fn bad_endpoints_and_tokens_fail_at_construction() {
+        let err = McpClient::new("not a url", None, McpTimeouts::default()).unwrap_err();
+        assert!(err.to_string().contains("not a URL"), "{err}");
+        let err = McpClient::new("ftp://h/mcp", None, McpTimeouts::default()).unwrap_err();
+        assert!(err.to_string().contains("not http(s)"), "{err}");
+        let err = McpClient::new(
+            "http://127.0.0.1/mcp",
+            Some(Secret::new("line\nbreak-secret")),
+            McpTimeouts::default(),
+        )
+        .unwrap_err();
+        assert!(!err.to_string().contains("break-secret"), "{err}");
+    }
+
+    #[test]
+    fn error_messages_guide_the_operator() {
+        let unauthorized = McpError::Status {
+            server: "http://h/mcp".into(),
+            method: "initialize".into(),
+            status: 401,
+            body: "missing token".into(),
+        };
+        let text = unauthorized.to_string();
+        assert!(
+            text.contains("http://h/mcp") && text.contains("401") && text.contains("bearer token"),
+            "{text}"
+        );
+        assert!(!unauthorized.is_retryable());
+        assert!(
+            McpError::Timeout {
+                server: "s".into(),
+                method: "tools/call".into(),
+                after: Duration::from_secs(1)
+            }
+            .is_retryable()
+        );
     }
 }

@@ -418,7 +418,9 @@ mod tests {
             .map(|config| {
                 Arc::new(Tool {
                     config,
-                    backend: Backend::Mcp(McpClient::new("http://127.0.0.1:1".into())),
+                    backend: Backend::Mcp(
+                        McpClient::new("http://127.0.0.1:1/mcp", None, Default::default()).unwrap(),
+                    ),
                 })
             })
             .collect();

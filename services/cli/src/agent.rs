@@ -8,7 +8,7 @@ use clap::Args;
 use serde_json::Value;
 use sluice_agent::{
     handler::{AgentLimits, AgentService, DEFAULT_REACT_TEMPLATE},
-    mcp::McpClient,
+    mcp::{McpClient, McpTimeouts},
     tools::{self, AnyResponse, Backend, Tool, ToolKind},
 };
 use sluice_prompt::handler::LlmClient;
@@ -103,7 +103,11 @@ pub async fn agent_service(
             ToolKind::TextCompletion { .. } => Backend::TextCompletion(llm.clone()),
             ToolKind::Mcp { url, token_env, .. } => {
                 let token = tools::token(token_env.as_deref())?;
-                Backend::Mcp(mcp_client(url, token)?)
+                Backend::Mcp(mcp_client(
+                    url,
+                    token,
+                    Duration::from_secs(args.tool_timeout_secs),
+                )?)
             }
             ToolKind::Service {
                 request_topic,
@@ -139,9 +143,14 @@ pub async fn agent_service(
 
 fn mcp_client(
     url: &str,
-    _token: Option<sluice_runtime::secret::Secret>,
+    token: Option<sluice_runtime::secret::Secret>,
+    call_timeout: Duration,
 ) -> Result<McpClient, String> {
-    Ok(McpClient::new(url.to_owned()))
+    let timeouts = McpTimeouts {
+        call: call_timeout,
+        ..McpTimeouts::default()
+    };
+    McpClient::new(url, token, timeouts).map_err(|e| e.to_string())
 }
 
 /// `sluice agent` options.
