@@ -271,7 +271,12 @@ impl AgentService {
                 return Ok(Step::Failed(e));
             }
             text.push_str(&r.response);
-            for event in parser.push(&r.response) {
+            let mut events = parser.push(&r.response);
+            if r.end_of_stream {
+                // The last line may still have been held back as a possible marker.
+                events.extend(parser.close());
+            }
+            for event in events {
                 if !dialog.streaming {
                     continue;
                 }
