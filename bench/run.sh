@@ -4,6 +4,7 @@
 #   bash bench/run.sh                    # the foundation scenario with default sizes
 #   bash bench/run.sh foundation --round-trips 500 --requests 5000
 #   bash bench/run.sh text-completion    # TTFT overhead, concurrent streams, tokens/s
+#   bash bench/run.sh gateway            # TTFT over HTTP through the gateway, requests/s
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sluice/target}"

@@ -63,6 +63,20 @@ enum Scenario {
         #[arg(long, default_value_t = 200)]
         objects: u64,
     },
+    /// The gateway: time to first token over HTTP through `sluice gateway`, the broker and a
+    /// `sluice text-completion` process vs the fake provider called directly; requests/s at
+    /// several concurrent HTTP streams.
+    Gateway {
+        /// Requests for the time-to-first-token comparison.
+        #[arg(long, default_value_t = 500)]
+        requests: u64,
+        /// Concurrent HTTP stream levels for requests/s.
+        #[arg(long, value_delimiter = ',', default_value = "1,64,256")]
+        concurrency: Vec<u64>,
+        /// Requests per throughput level (a tenth of it at concurrency 1).
+        #[arg(long, default_value_t = 5000)]
+        throughput_requests: u64,
+    },
     /// The foundation: raw pulsar-rs round trip vs sluice runtime + client, throughput.
     Foundation {
         /// Sequential round trips per latency measurement.
@@ -292,21 +306,39 @@ fn rss_mib(pid: u32) -> (f64, f64) {
     (field("VmHWM:"), field("VmRSS:"))
 }
 
+/// Whether a scenario's topics are stored by the broker (sluice's default) or not
+/// (`--topic-mapping trustgraph` for requests and responses).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Durability {
+    Persistent,
+    NonPersistent,
+}
+
 /// A `sluice text-completion` process against the fake provider, with `concurrency`.
 async fn spawn_text_completion(
     broker: &Broker,
     fake: &sluice_tests::fake_openai::FakeOpenAi,
     model: &str,
     concurrency: u64,
+    durability: Durability,
 ) -> (tokio::process::Child, TextClient) {
-    let (req, resp) = (unique_topic("tcb-req"), unique_topic("tcb-resp"));
+    let topic = |name: &str| match durability {
+        Durability::Persistent => unique_topic(name),
+        Durability::NonPersistent => {
+            unique_topic(name).replacen("persistent://", "non-persistent://", 1)
+        }
+    };
+    let (req, resp) = (topic("tcb-req"), topic("tcb-resp"));
+    // Its own cancel topic too: the default one lives in a namespace (`tg/notify`) that this
+    // broker may not have, and the processor subscribes to it at start-up.
+    let cancel = topic("tcb-cancel");
     let exe = std::env::current_exe().unwrap().with_file_name("sluice");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let child = tokio::process::Command::new(exe)
+    let mut child = tokio::process::Command::new(exe)
         .args([
             "text-completion",
             "--provider",
@@ -321,6 +353,8 @@ async fn spawn_text_completion(
             &req,
             "--response-topic",
             &resp,
+            "--cancel-topic",
+            &cancel,
             "--concurrency",
             &concurrency.to_string(),
             "--metrics-addr",
@@ -332,8 +366,18 @@ async fn spawn_text_completion(
         .kill_on_drop(true)
         .spawn()
         .expect("build the sluice binary first: cargo build --release -p sluice-cli");
+    wait_ready(&mut child, port).await;
+    (child, text_client(broker.bus().await, &req, &resp).await)
+}
+
+/// Waits until a `sluice` process answers `/readyz` on `port`; fails if it exits first
+/// (its own error is on stderr), instead of waiting forever.
+async fn wait_ready(child: &mut tokio::process::Child, port: u16) {
     let ready = format!("http://127.0.0.1:{port}/readyz");
     loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the sluice process exited before it was ready ({status}); see its error above");
+        }
         let ok = tokio::process::Command::new("curl")
             .args(["-sf", &ready])
             .output()
@@ -345,7 +389,6 @@ async fn spawn_text_completion(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    (child, text_client(broker.bus().await, &req, &resp).await)
 }
 
 fn stream_req() -> TextCompletionRequest {
@@ -406,9 +449,15 @@ async fn text_completion_bench(broker: &Broker, requests: u64, levels: &[u64]) -
         let child = tokio::process::Command::new("true").spawn().unwrap();
         (child, text_client(broker.bus().await, &req, &resp).await)
     } else {
-        spawn_text_completion(broker, &fake, model, 64).await
+        spawn_text_completion(broker, &fake, model, 64, Durability::Persistent).await
     };
-    let (mut h_direct, mut h_sluice) = (hist(), hist());
+    // The same path on non-persistent topics: what the broker's storage adds to each hop.
+    let (mut np_child, np_client) =
+        spawn_text_completion(broker, &fake, model, 64, Durability::NonPersistent).await;
+    // Two raw pulsar-rs hops (no sluice code), each after the broker sat idle as it does in
+    // the sluice path while the provider thinks: the floor under the sluice figure.
+    let mut floor_pair = RawPair::start(&broker.url, true).await;
+    let (mut h_direct, mut h_sluice, mut h_np, mut h_floor) = (hist(), hist(), hist(), hist());
     for i in 0..requests + 50 {
         let t0 = Instant::now();
         let mut s = direct.generate_stream(&stream_req()).await.unwrap();
@@ -420,13 +469,27 @@ async fn text_completion_bench(broker: &Broker, requests: u64, levels: &[u64]) -
         let _ = st.next().await;
         let v = t0.elapsed();
         while st.next().await.is_some() {}
+        let t0 = Instant::now();
+        let mut st = np_client.request(&stream_req()).await.unwrap();
+        let _ = st.next().await;
+        let np = t0.elapsed();
+        while st.next().await.is_some() {}
+        // The provider's first token comes ~3 ms after the request reaches the processor.
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        let mut floor = hist();
+        floor_pair.batch(1, &mut floor).await;
         if i >= 50 {
             h_direct.record(d.as_micros() as u64).unwrap();
             h_sluice.record(v.as_micros() as u64).unwrap();
+            h_np.record(np.as_micros() as u64).unwrap();
+            h_floor.add(&floor).unwrap();
         }
     }
     client.close().await;
+    np_client.close().await;
+    floor_pair.stop().await;
     let _ = child.kill().await;
+    let _ = np_child.kill().await;
     if let Some(p) = local {
         p.stop().await;
     }
@@ -448,9 +511,27 @@ async fn text_completion_bench(broker: &Broker, requests: u64, levels: &[u64]) -
     );
     let _ = writeln!(
         md,
-        "| overhead sluice adds (difference) | {:.2} | {:.2} |\n",
+        "| overhead sluice adds (difference) | {:.2} | {:.2} |",
         ms(&h_sluice, 0.5) - ms(&h_direct, 0.5),
         ms(&h_sluice, 0.99) - ms(&h_direct, 0.99)
+    );
+    let _ = writeln!(
+        md,
+        "| of which two broker hops: raw pulsar-rs round trip after 3 ms idle, no sluice code | {:.2} | {:.2} |",
+        ms(&h_floor, 0.5),
+        ms(&h_floor, 0.99)
+    );
+    let _ = writeln!(
+        md,
+        "| same sluice path on non-persistent topics | {:.2} | {:.2} |",
+        ms(&h_np, 0.5),
+        ms(&h_np, 0.99)
+    );
+    let _ = writeln!(
+        md,
+        "| overhead on non-persistent topics (difference) | {:.2} | {:.2} |\n",
+        ms(&h_np, 0.5) - ms(&h_direct, 0.5),
+        ms(&h_np, 0.99) - ms(&h_direct, 0.99)
     );
 
     // (2) Concurrent slow streams held by one processor process.
@@ -461,7 +542,8 @@ async fn text_completion_bench(broker: &Broker, requests: u64, levels: &[u64]) -
     for &n in levels {
         // Each stream: 5 tokens, 2 s apart (10 s), so the broker carries n/2 records/s.
         let model = "tokens-5-2000";
-        let (mut child, client) = spawn_text_completion(broker, &fake, model, n).await;
+        let (mut child, client) =
+            spawn_text_completion(broker, &fake, model, n, Durability::Persistent).await;
         let client = Arc::new(client);
         let t0 = Instant::now();
         let tasks: Vec<_> = (0..n)
@@ -495,7 +577,8 @@ async fn text_completion_bench(broker: &Broker, requests: u64, levels: &[u64]) -
     }
 
     // (3) Tokens forwarded per second: 100-token streams, no delay, 32 at a time.
-    let (mut child, client) = spawn_text_completion(broker, &fake, "tokens-100-0", 64).await;
+    let (mut child, client) =
+        spawn_text_completion(broker, &fake, "tokens-100-0", 64, Durability::Persistent).await;
     let client = Arc::new(client);
     let tokens = Arc::new(AtomicU64::new(0));
     let t0 = Instant::now();
@@ -529,6 +612,304 @@ async fn text_completion_bench(broker: &Broker, requests: u64, levels: &[u64]) -
     md
 }
 
+/// A `sluice` subcommand as a child process: its stderr passes through, its stdout is piped
+/// (the gateway prints its address there).
+fn sluice_process(args: &[&str]) -> tokio::process::Child {
+    let exe = std::env::current_exe().unwrap().with_file_name("sluice");
+    tokio::process::Command::new(exe)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("build the sluice binary first: cargo build --release -p sluice-cli")
+}
+
+/// A free loopback port (for a child's metrics address).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Stops a child with SIGTERM so that it drains and deletes its response subscription, as
+/// a deployment would; SIGKILL if it has not exited after 10 s.
+async fn terminate(mut child: tokio::process::Child) {
+    if let Some(pid) = child.id() {
+        let _ = tokio::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .await;
+    }
+    if tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .is_err()
+    {
+        let _ = child.kill().await;
+    }
+}
+
+/// `sluice text-completion` on its default topics (the ones `sluice gateway` routes to),
+/// answering with the fake's `model`.
+async fn gateway_processor(broker: &Broker, fake_url: &str, model: &str) -> tokio::process::Child {
+    let port = free_port();
+    let mut child = sluice_process(&[
+        "text-completion",
+        "--provider",
+        "openai-compatible",
+        "--base-url",
+        fake_url,
+        "--model",
+        model,
+        "--pulsar-url",
+        &broker.url,
+        "--pulsar-admin-url",
+        &broker.admin_url,
+        "--concurrency",
+        "512",
+        "--metrics-addr",
+        &format!("127.0.0.1:{port}"),
+    ]);
+    wait_ready(&mut child, port).await;
+    child
+}
+
+/// POSTs one NDJSON request to the gateway and reads its stream to the end. Returns the time
+/// to the first `token` line and whether the stream ended with a successful `done`.
+async fn gateway_call(http: &reqwest::Client, url: &str) -> (Option<Duration>, bool) {
+    let t0 = Instant::now();
+    let resp = http
+        .post(url)
+        .header("accept", "application/x-ndjson")
+        .json(&serde_json::json!({"prompt": "bench"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        resp.status().is_success(),
+        "gateway answered {}",
+        resp.status()
+    );
+    let mut body = resp.bytes_stream();
+    let (mut buf, mut first, mut ok) = (Vec::new(), None, false);
+    while let Some(bytes) = body.next().await {
+        buf.extend_from_slice(&bytes.unwrap());
+        while let Some(end) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=end).collect();
+            let event: serde_json::Value = serde_json::from_slice(&line).unwrap();
+            match event["type"].as_str() {
+                Some("token") if first.is_none() => first = Some(t0.elapsed()),
+                Some("done") => ok = event["reason"] == "success",
+                _ => {}
+            }
+        }
+    }
+    (first, ok)
+}
+
+/// Calls the fake OpenAI server directly, streaming, as a provider SDK would. Returns the time
+/// to the first SSE event carrying content and whether `[DONE]` arrived.
+async fn direct_call(http: &reqwest::Client, url: &str, model: &str) -> (Option<Duration>, bool) {
+    let t0 = Instant::now();
+    let resp = http
+        .post(url)
+        .json(&serde_json::json!({"model": model, "stream": true,
+            "messages": [{"role": "user", "content": "bench"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        resp.status().is_success(),
+        "fake answered {}",
+        resp.status()
+    );
+    let mut body = resp.bytes_stream();
+    let (mut buf, mut first, mut ok) = (Vec::new(), None, false);
+    while let Some(bytes) = body.next().await {
+        buf.extend_from_slice(&bytes.unwrap());
+        while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = buf.drain(..end + 2).collect();
+            let event = String::from_utf8_lossy(&event);
+            if first.is_none() && event.contains("\"content\"") {
+                first = Some(t0.elapsed());
+            }
+            ok |= event.contains("[DONE]");
+        }
+    }
+    (first, ok)
+}
+
+/// Requests per second through the gateway with `streams` concurrent HTTP streams, and how
+/// many of the `total` requests ended with a successful `done`.
+async fn gateway_throughput(url: &str, streams: u64, total: u64) -> (f64, u64) {
+    let http = reqwest::Client::new();
+    let remaining = Arc::new(AtomicU64::new(total));
+    let succeeded = Arc::new(AtomicU64::new(0));
+    let t0 = Instant::now();
+    let workers: Vec<_> = (0..streams)
+        .map(|_| {
+            let (http, url, remaining, succeeded) = (
+                http.clone(),
+                url.to_owned(),
+                remaining.clone(),
+                succeeded.clone(),
+            );
+            tokio::spawn(async move {
+                while remaining
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_sub(1))
+                    .is_ok()
+                {
+                    if gateway_call(&http, &url).await.1 {
+                        succeeded.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.unwrap();
+    }
+    (
+        total as f64 / t0.elapsed().as_secs_f64(),
+        succeeded.load(Ordering::Relaxed),
+    )
+}
+
+async fn gateway_bench(
+    broker: &Broker,
+    requests: u64,
+    levels: &[u64],
+    throughput_requests: u64,
+) -> (String, serde_json::Value) {
+    sluice_runtime::install_crypto_provider();
+    let fake = sluice_tests::fake_openai::FakeOpenAi::start().await;
+    let fake_url = format!("{}/v1/chat/completions", fake.base_url());
+    // The gateway as deployed: its own process on the default topics, where the processor
+    // process answers.
+    let metrics_port = free_port();
+    let mut gateway = sluice_process(&[
+        "gateway",
+        "--services",
+        "text-completion",
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-addr",
+        &format!("127.0.0.1:{metrics_port}"),
+        "--pulsar-url",
+        &broker.url,
+        "--pulsar-admin-url",
+        &broker.admin_url,
+    ]);
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(
+        gateway.stdout.take().unwrap(),
+    ));
+    let addr = loop {
+        let line = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("the gateway exited before it listened; see its error above");
+        if let Some(addr) = line.strip_prefix("gateway listening on ") {
+            break addr.trim().to_owned();
+        }
+    };
+    wait_ready(&mut gateway, metrics_port).await;
+    let url = format!("http://{addr}/api/v1/text-completion");
+
+    // (1) Time to first token, interleaved: the fake called directly vs through the gateway.
+    // The fake's first token comes 2 ms after the request, as in the text-completion scenario.
+    let model = "tokens-5-2";
+    let processor = gateway_processor(broker, &fake.base_url(), model).await;
+    let http = reqwest::Client::new();
+    let (mut h_direct, mut h_gateway) = (hist(), hist());
+    for i in 0..requests + 50 {
+        let (d, d_ok) = direct_call(&http, &fake_url, model).await;
+        let (g, g_ok) = gateway_call(&http, &url).await;
+        assert!(d_ok && g_ok, "a stream did not complete");
+        if i >= 50 {
+            h_direct.record(d.unwrap().as_micros() as u64).unwrap();
+            h_gateway.record(g.unwrap().as_micros() as u64).unwrap();
+        }
+    }
+    terminate(processor).await;
+
+    // (2) Requests/s with short streams (5 tokens, no delay) at each concurrency.
+    let processor = gateway_processor(broker, &fake.base_url(), "tokens-5-0").await;
+    // Warm-up, unrecorded: the broker's JIT and the connection pools.
+    let _ = gateway_throughput(&url, 64, throughput_requests / 5).await;
+    let mut rps = Vec::new();
+    for &streams in levels {
+        let n = if streams == 1 {
+            throughput_requests / 10
+        } else {
+            throughput_requests
+        };
+        eprintln!("gateway throughput with {streams} concurrent streams …");
+        let (r, ok) = gateway_throughput(&url, streams, n).await;
+        rps.push((streams, r, ok, n));
+    }
+    terminate(processor).await;
+    terminate(gateway).await;
+
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "Measured {} on this machine (2 cores), Pulsar standalone on loopback, fake OpenAI server over HTTP; `sluice gateway` and `sluice text-completion` as processes; `bash bench/run.sh gateway`.\n",
+        chrono_like_now()
+    );
+    let (d50, d99, g50, g99) = (
+        ms(&h_direct, 0.5),
+        ms(&h_direct, 0.99),
+        ms(&h_gateway, 0.5),
+        ms(&h_gateway, 0.99),
+    );
+    let _ = writeln!(
+        md,
+        "| time to first token (NDJSON `token` line vs first SSE content event) | p50 ms | p99 ms |\n|---|---|---|"
+    );
+    let _ = writeln!(
+        md,
+        "| fake provider called directly (reqwest, streaming) | {d50:.2} | {d99:.2} |"
+    );
+    let _ = writeln!(
+        md,
+        "| HTTP → `sluice gateway` → broker → `sluice text-completion` → provider → broker → gateway → HTTP | {g50:.2} | {g99:.2} |"
+    );
+    let _ = writeln!(
+        md,
+        "| ratio (gateway / direct) | {:.2}x | {:.2}x |",
+        g50 / d50,
+        g99 / d99
+    );
+    let _ = writeln!(
+        md,
+        "| overhead (difference) | {:.2} | {:.2} |\n",
+        g50 - d50,
+        g99 - d99
+    );
+    let _ = writeln!(
+        md,
+        "| concurrent HTTP streams (5 tokens each, no delay) | requests/s | completed |\n|---|---|---|"
+    );
+    for (streams, r, ok, n) in &rps {
+        let _ = writeln!(md, "| {streams} | {r:.0} | {ok}/{n} |");
+    }
+    let json = serde_json::json!({
+        "ttft_ms": {
+            "direct": {"p50": d50, "p99": d99},
+            "gateway": {"p50": g50, "p99": g99},
+            "ratio": {"p50": g50 / d50, "p99": g99 / d99},
+            "overhead": {"p50": g50 - d50, "p99": g99 - d99},
+        },
+        "requests_per_s": rps.iter().map(|(c, r, ok, n)| (c.to_string(),
+            serde_json::json!({"requests_per_s": r, "completed": ok, "requests": n})))
+            .collect::<std::collections::BTreeMap<_, _>>(),
+    });
+    (md, json)
+}
+
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
@@ -550,6 +931,22 @@ async fn main() {
             )
             .unwrap();
             splice(&cli.readme, "prompt", &md);
+            println!("{md}");
+        }
+        Scenario::Gateway {
+            requests,
+            concurrency,
+            throughput_requests,
+        } => {
+            let (md, json) =
+                gateway_bench(&broker, requests, &concurrency, throughput_requests).await;
+            std::fs::write(cli.out.join("gateway.md"), &md).unwrap();
+            std::fs::write(
+                cli.out.join("gateway.json"),
+                serde_json::to_string_pretty(&json).unwrap(),
+            )
+            .unwrap();
+            splice(&cli.readme, "gateway", &md);
             println!("{md}");
         }
         Scenario::Foundation {
