@@ -38,4 +38,4 @@ stop_brokers() {
 trap stop_brokers EXIT
 
 echo "== tests"
-cargo test --workspace --locked
+cargo test --workspace --locked --no-fail-fast

@@ -132,11 +132,14 @@ struct Route<R> {
 
 type Routes<R> = Arc<Mutex<HashMap<String, Route<R>>>>;
 
+/// The publisher of cancels, once it exists.
+type CancelPublisher = Arc<std::sync::OnceLock<Arc<dyn Publisher>>>;
+
 /// A request/response client for one service. Cheap to share behind an `Arc`.
 pub struct RequestClient<Req, Resp: ResponseRecord> {
     config: ClientConfig,
     publisher: Arc<dyn Publisher>,
-    cancel: Option<Arc<dyn Publisher>>,
+    cancel: CancelPublisher,
     routes: Routes<Resp>,
     metrics: Option<RuntimeMetrics>,
     link: Link,
@@ -153,19 +156,23 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
         metrics: Option<RuntimeMetrics>,
     ) -> Result<Self, ClientError> {
         let publisher = bus.publisher(&config.request_topic).await?;
-        let cancel = match &config.cancel_topic {
-            // Without it, a caller that goes away no longer stops the service's work; that
-            // is worth a warning, not a refusal to start.
-            Some(topic) => match bus.publisher(topic).await {
-                Ok(p) => Some(p),
-                Err(e) => {
-                    warn!(service = %config.service, topic = %topic, error = %e,
-                          "cancels cannot be published: requests abandoned by their caller run to the end");
-                    None
+        // The cancel publisher is a convenience: it must not hold up start-up (a missing
+        // namespace makes the broker lookup retry for a long time). Wait briefly, then let it
+        // finish in the background; until it exists, dropped streams are not cancelled.
+        let cancel: CancelPublisher = Arc::default();
+        if let Some(topic) = config.cancel_topic.clone() {
+            let (slot, bus, service) = (cancel.clone(), bus.clone(), config.service.clone());
+            let create = tokio::spawn(async move {
+                match bus.publisher(&topic).await {
+                    Ok(p) => {
+                        let _ = slot.set(p);
+                    }
+                    Err(e) => warn!(service = %service, topic = %topic, error = %e,
+                                    "cancels cannot be published: requests abandoned by their caller run to the end"),
                 }
-            },
-            None => None,
-        };
+            });
+            let _ = tokio::time::timeout(Duration::from_secs(2), create).await;
+        }
         let mut options = SubscribeOptions::exclusive(1000);
         options.consumer_name = Some(config.subscription.clone());
         let subscription = bus
@@ -236,7 +243,7 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
             id: id.clone(),
             rx,
             routes: self.routes.clone(),
-            cancel: self.cancel.clone(),
+            cancel: Some(self.cancel.clone()),
             metrics: self.metrics.clone(),
             service: self.config.service.clone(),
             inactivity: options
@@ -398,7 +405,7 @@ pub struct ResponseStream<R> {
     id: String,
     rx: mpsc::UnboundedReceiver<Routed<R>>,
     routes: Routes<R>,
-    cancel: Option<Arc<dyn Publisher>>,
+    cancel: Option<CancelPublisher>,
     metrics: Option<RuntimeMetrics>,
     service: String,
     inactivity: Duration,
@@ -427,7 +434,7 @@ impl<R: ResponseRecord> ResponseStream<R> {
             Ok(None) => return self.finish("failed", Err(ClientError::Closed)),
             Err(_) => {
                 // The caller stops waiting: the service should stop working on it too.
-                if let Some(publisher) = self.cancel.take() {
+                if let Some(publisher) = self.cancel.take().and_then(|c| c.get().cloned()) {
                     crate::cancel::send_cancel(publisher, self.id.clone());
                 }
                 let error = if deadline == total_deadline {
@@ -482,7 +489,7 @@ impl<R> Drop for ResponseStream<R> {
             if let Some(m) = &self.metrics {
                 m.client_request(&self.service, "cancelled");
             }
-            if let Some(publisher) = self.cancel.take() {
+            if let Some(publisher) = self.cancel.take().and_then(|c| c.get().cloned()) {
                 crate::cancel::send_cancel(publisher, self.id.clone());
             }
         }

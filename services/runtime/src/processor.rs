@@ -307,29 +307,28 @@ pub async fn run<H: Handler>(
         .watch(format!("{} requests", config.name), subscription.link());
     let cancels = CancelRegistry::default();
     let stop_cancels = CancellationToken::new();
-    let cancel_listener = match &config.cancel_topic {
-        Some(topic) => {
+    // Cancellation saves provider calls nobody reads; it is not worth delaying or refusing
+    // to serve over (a missing `notify` namespace makes the broker lookup retry for long), so
+    // the cancel subscription is set up beside the consume loop.
+    let cancel_listener = config.cancel_topic.clone().map(|topic| {
+        let (bus, cancels, stop) = (bus.clone(), cancels.clone(), stop_cancels.clone());
+        let name = format!("{}-cancel-{}", config.name, short_id());
+        let processor = config.name.clone();
+        tokio::spawn(async move {
             // Every replica reads every cancel: its own exclusive subscription, from now on.
             let mut options = SubscribeOptions::exclusive(1000);
-            let name = format!("{}-cancel-{}", config.name, short_id());
             options.consumer_name = Some(name.clone());
-            // Cancellation saves provider calls nobody reads; it is not worth refusing to
-            // serve over (e.g. a deployment whose `notify` namespace does not exist yet).
-            match bus.subscribe(topic, &name, options).await {
-                Ok(subscription) => Some(tokio::spawn(cancel::listen(
-                    subscription,
-                    cancels.clone(),
-                    stop_cancels.clone(),
-                ))),
-                Err(e) => {
-                    warn!(processor = %config.name, topic = %topic, error = %e,
-                          "client cancellation is off: the cancel topic cannot be read (create its namespace, e.g. with `sluice pulsar ensure-namespaces`)");
-                    None
-                }
+            let subscribed = tokio::select! {
+                () = stop.cancelled() => return,
+                s = bus.subscribe(&topic, &name, options) => s,
+            };
+            match subscribed {
+                Ok(subscription) => cancel::listen(subscription, cancels, stop).await,
+                Err(e) => warn!(processor = %processor, topic = %topic, error = %e,
+                                "client cancellation is off: the cancel topic cannot be read (create its namespace, e.g. with `sluice pulsar ensure-namespaces`)"),
             }
-        }
-        None => None,
-    };
+        })
+    });
     info!(processor = %config.name, topic = %config.request_topic, concurrency, "processor started");
 
     let config = Arc::new(config);
