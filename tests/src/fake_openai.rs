@@ -17,6 +17,7 @@
 //! | `no_terminator` | `Hel`, then the body ends cleanly without finish or `[DONE]` |
 //! | `malformed` | `Hel`, an unparseable event, ` lo`, finish, usage, `[DONE]` |
 //! | `stall` | `Hel`, then nothing more |
+//! | `react-answer`, `react-tool`, `react-unknown`, `react-fail`, `react-garbage-once`, `react-garbage`, `react-loop` | a scripted ReAct model; the step is the number of observations in the prompt |
 //! | `seed-NAME` | the seed example answer `NAME` of `seed_streams`, in 3-byte tokens |
 //! | `stamped-N-D` | N lines `{"seq": i, "sent_ns": T}`, two tokens each, T the send time of the second, D ms apart |
 //! | `replay-N` | the last user message streamed back in N-byte pieces, finish, usage (9 in, one out per word), `[DONE]` |
@@ -296,6 +297,34 @@ async fn chat(
             Step::Send(usage(5, 2)),
             Step::Send(DONE.into()),
         ],
+        m if m.starts_with("react-") => {
+            // A scripted ReAct agent: the step is the number of observations in the prompt.
+            let step = user_message.matches("\nObservation: ").count();
+            let corrected = user_message.contains("could not be read");
+            let answer = |a: &str| format!("Thought: I know the answer now.\nFinal Answer: {a}");
+            let text = match (m, step) {
+                ("react-answer", _) => answer("Paris is the capital of France."),
+                ("react-tool", 0) => "Thought: I should add the numbers.\nAction: add\nArgs: {\n  \"a\": 2,\n  \"b\": 3\n}\n".to_owned(),
+                ("react-tool", _) => answer("The sum is 5."),
+                ("react-unknown", 0) => "Thought: Let me teleport.\nAction: teleport\nArgs: {}\n".to_owned(),
+                ("react-fail", 0) => "Thought: Try the failing tool.\nAction: fail\nArgs: {\"message\": \"boom\"}\n".to_owned(),
+                ("react-unknown" | "react-fail", _) => answer("Done."),
+                ("react-garbage-once", _) if corrected => answer("Recovered."),
+                ("react-garbage-once" | "react-garbage", _) => "I refuse to follow formats.".to_owned(),
+                _ => "Thought: Again.\nAction: add\nArgs: {\"a\": 1, \"b\": 1}\n".to_owned(),
+            };
+            let mut v: Vec<Step> = pieces(&text, 3)
+                .into_iter()
+                .map(|p| Step::Send(delta(&p)))
+                .collect();
+            let words = u64::try_from(text.split_whitespace().count()).unwrap_or(0);
+            v.extend([
+                Step::Send(finish()),
+                Step::Send(usage(9, words)),
+                Step::Send(DONE.into()),
+            ]);
+            v
+        }
         m if m.starts_with("seed-") => {
             // A seed's example answer (tests/src/seed_streams.rs) in 3-byte tokens.
             let text = crate::seed_streams::stream(m.trim_start_matches("seed-")).unwrap_or("");
