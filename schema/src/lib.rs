@@ -15,3 +15,13 @@ pub use records::{
     PromptResponse, ResponseRecord, TextCompletionRequest, TextCompletionResponse,
 };
 pub use topics::{Persistence, TopicError, TopicMapping, TopicName};
+
+/// Adds two token counts as records carry them: `None` means "not reported", so the sum is
+/// `None` only when neither reported anything. Records carry deltas; callers that add them
+/// up (the gateway's `done` usage, the prompt and agent processors) all count the same way.
+pub fn add_tokens(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (None, None) => None,
+        (a, b) => Some(a.unwrap_or(0).saturating_add(b.unwrap_or(0))),
+    }
+}

@@ -150,14 +150,8 @@ struct Usage {
 
 impl Usage {
     fn add(&mut self, r: &TextCompletionResponse) {
-        fn sum(a: Option<u64>, b: Option<u64>) -> Option<u64> {
-            match (a, b) {
-                (None, None) => None,
-                (a, b) => Some(a.unwrap_or(0).saturating_add(b.unwrap_or(0))),
-            }
-        }
-        self.in_token = sum(self.in_token, r.in_token);
-        self.out_token = sum(self.out_token, r.out_token);
+        self.in_token = sluice_schema::add_tokens(self.in_token, r.in_token);
+        self.out_token = sluice_schema::add_tokens(self.out_token, r.out_token);
         if r.model.is_some() {
             self.model.clone_from(&r.model);
         }

@@ -54,14 +54,8 @@ pub struct UsageTotal {
 
 impl UsageTotal {
     fn add(&mut self, in_token: Option<u64>, out_token: Option<u64>) {
-        fn sum(a: Option<u64>, b: Option<u64>) -> Option<u64> {
-            match (a, b) {
-                (None, None) => None,
-                (a, b) => Some(a.unwrap_or(0).saturating_add(b.unwrap_or(0))),
-            }
-        }
-        self.in_token = sum(self.in_token, in_token);
-        self.out_token = sum(self.out_token, out_token);
+        self.in_token = sluice_schema::add_tokens(self.in_token, in_token);
+        self.out_token = sluice_schema::add_tokens(self.out_token, out_token);
     }
 }
 
