@@ -333,11 +333,7 @@ async fn spawn_text_completion(
     // broker may not have, and the processor subscribes to it at start-up.
     let cancel = topic("tcb-cancel");
     let exe = std::env::current_exe().unwrap().with_file_name("sluice");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let mut child = tokio::process::Command::new(exe)
         .args([
             "text-completion",

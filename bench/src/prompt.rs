@@ -8,8 +8,9 @@
 //! - Throughput: objects/s through the prompt path, beside text-completion records/s for the
 //!   same streams.
 
-use std::{fmt::Write as _, time::Duration};
+use std::fmt::Write as _;
 
+use crate::{free_port, terminate, wait_ready};
 use hdrhistogram::Histogram;
 use sluice_runtime::client::{ClientConfig, Received, RequestClient};
 use sluice_schema::{PromptRequest, PromptResponse, TextCompletionRequest};
@@ -21,31 +22,6 @@ fn now_ns() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos())
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-async fn wait_ready(port: u16) {
-    let ready = format!("http://127.0.0.1:{port}/readyz");
-    for _ in 0..600 {
-        let ok = tokio::process::Command::new("curl")
-            .args(["-sf", &ready])
-            .output()
-            .await
-            .map(|o| o.status.success())
-            .unwrap_or(false);
-        if ok {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("a sluice process did not become ready on {port}");
 }
 
 struct Pair {
@@ -69,7 +45,7 @@ async fn spawn_pair(
     );
     let (p_req, p_resp) = (unique_topic("pb-p-req"), unique_topic("pb-p-resp"));
     let (tc_port, p_port) = (free_port(), free_port());
-    let tc = tokio::process::Command::new(&exe)
+    let mut tc = tokio::process::Command::new(&exe)
         .args([
             "text-completion",
             "--provider",
@@ -97,7 +73,7 @@ async fn spawn_pair(
         .kill_on_drop(true)
         .spawn()
         .expect("build the sluice binary first: cargo build --release -p sluice-cli");
-    let prompt = tokio::process::Command::new(&exe)
+    let mut prompt = tokio::process::Command::new(&exe)
         .args([
             "prompt",
             "--templates",
@@ -125,8 +101,8 @@ async fn spawn_pair(
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    wait_ready(tc_port).await;
-    wait_ready(p_port).await;
+    wait_ready(&mut tc, tc_port).await;
+    wait_ready(&mut prompt, p_port).await;
     let prompt_client = PromptClient::start(
         broker.bus().await,
         ClientConfig::new("prompt", &p_req, &p_resp),
@@ -145,8 +121,8 @@ impl Pair {
     async fn stop(mut self) {
         self.prompt.close().await;
         self.llm.close().await;
-        for p in &mut self.processes {
-            let _ = p.kill().await;
+        for p in self.processes.drain(..) {
+            terminate(p).await;
         }
     }
 }
