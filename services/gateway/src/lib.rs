@@ -143,37 +143,18 @@ impl Gateway {
             cc.cancel_topic.clone_from(&topics.cancel);
             cc.inactivity_timeout = config.inactivity_timeout;
             cc.total_timeout = config.request_timeout;
-            let runtime_metrics = Some(telemetry.metrics.clone());
-            let name = kind.as_str();
-            let bus = bus.clone();
+            let new_client = NewClient {
+                bus: bus.clone(),
+                config: cc,
+                telemetry,
+                name: kind.as_str(),
+            };
             match kind {
                 ServiceKind::TextCompletion => {
-                    let c = RequestClient::start(bus, cc, runtime_metrics)
-                        .await
-                        .map_err(|e| GatewayError::Bus(name, e))?;
-                    telemetry
-                        .health
-                        .watch(format!("{name} responses"), c.link());
-                    clients.text_completion = Some(c);
+                    clients.text_completion = Some(new_client.client().await?)
                 }
-                ServiceKind::Prompt => {
-                    let c = RequestClient::start(bus, cc, runtime_metrics)
-                        .await
-                        .map_err(|e| GatewayError::Bus(name, e))?;
-                    telemetry
-                        .health
-                        .watch(format!("{name} responses"), c.link());
-                    clients.prompt = Some(c);
-                }
-                ServiceKind::Agent => {
-                    let c = RequestClient::start(bus, cc, runtime_metrics)
-                        .await
-                        .map_err(|e| GatewayError::Bus(name, e))?;
-                    telemetry
-                        .health
-                        .watch(format!("{name} responses"), c.link());
-                    clients.agent = Some(c);
-                }
+                ServiceKind::Prompt => clients.prompt = Some(new_client.client().await?),
+                ServiceKind::Agent => clients.agent = Some(new_client.client().await?),
             }
         }
         Ok(Self {
@@ -240,6 +221,30 @@ impl Gateway {
         if let Some(c) = &c.agent {
             c.close().await;
         }
+    }
+}
+
+/// What starting one service's bus client needs; the client's types come from the field it
+/// is stored in.
+struct NewClient<'a> {
+    bus: Arc<dyn Bus>,
+    config: ClientConfig,
+    telemetry: &'a Telemetry,
+    name: &'static str,
+}
+
+impl NewClient<'_> {
+    /// Subscribes to the service's responses; readiness follows that subscription.
+    async fn client<Req: serde::Serialize, Resp: sluice_schema::ResponseRecord>(
+        self,
+    ) -> Result<RequestClient<Req, Resp>, GatewayError> {
+        let c = RequestClient::start(self.bus, self.config, Some(self.telemetry.metrics.clone()))
+            .await
+            .map_err(|e| GatewayError::Bus(self.name, e))?;
+        self.telemetry
+            .health
+            .watch(format!("{} responses", self.name), c.link());
+        Ok(c)
     }
 }
 
