@@ -313,32 +313,14 @@ async fn chat(
                 ("react-garbage-once" | "react-garbage", _) => "I refuse to follow formats.".to_owned(),
                 _ => "Thought: Again.\nAction: add\nArgs: {\"a\": 1, \"b\": 1}\n".to_owned(),
             };
-            let mut v: Vec<Step> = pieces(&text, 3)
-                .into_iter()
-                .map(|p| Step::Send(delta(&p)))
-                .collect();
-            let words = u64::try_from(text.split_whitespace().count()).unwrap_or(0);
-            v.extend([
-                Step::Send(finish()),
-                Step::Send(usage(9, words)),
-                Step::Send(DONE.into()),
-            ]);
-            v
+            streamed(&text, 3)
         }
         m if m.starts_with("seed-") => {
             // A seed's example answer (tests/src/seed_streams.rs) in 3-byte tokens.
-            let text = crate::seed_streams::stream(m.trim_start_matches("seed-")).unwrap_or("");
-            let mut v: Vec<Step> = crate::seed_streams::tokens(text, 3)
-                .into_iter()
-                .map(|p| Step::Send(delta(&p)))
-                .collect();
-            let words = u64::try_from(text.split_whitespace().count()).unwrap_or(0);
-            v.extend([
-                Step::Send(finish()),
-                Step::Send(usage(9, words)),
-                Step::Send(DONE.into()),
-            ]);
-            v
+            streamed(
+                crate::seed_streams::stream(m.trim_start_matches("seed-")).unwrap_or(""),
+                3,
+            )
         }
         m if m.starts_with("stamped-") => {
             // N JSON lines `{"seq": i, "sent_ns": T}` in two tokens each, the second stamped
@@ -371,23 +353,17 @@ async fn chat(
                 .unwrap_or(4)
                 .max(1);
             let truncated = parts.next() == Some("break");
-            let text = user_message.clone();
-            let mut v: Vec<Step> = pieces(&text, n)
-                .into_iter()
-                .map(|p| Step::Send(delta(&p)))
-                .collect();
             if truncated {
+                let mut v: Vec<Step> = crate::seed_streams::tokens(&user_message, n)
+                    .into_iter()
+                    .map(|p| Step::Send(delta(&p)))
+                    .collect();
                 v.push(Step::Wait(Duration::from_millis(20)));
                 v.push(Step::Break);
+                v
             } else {
-                let words = u64::try_from(text.split_whitespace().count()).unwrap_or(0);
-                v.extend([
-                    Step::Send(finish()),
-                    Step::Send(usage(9, words)),
-                    Step::Send(DONE.into()),
-                ]);
+                streamed(&user_message, n)
             }
-            v
         }
         m if m.starts_with("tokens-") => {
             let mut parts = m.trim_start_matches("tokens-").split('-');
@@ -412,18 +388,18 @@ async fn chat(
     sse(steps, abandoned)
 }
 
-/// `text` in pieces of about `n` bytes, cut on character boundaries.
-pub fn pieces(text: &str, n: usize) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut current = String::new();
-    for c in text.chars() {
-        current.push(c);
-        if current.len() >= n {
-            out.push(std::mem::take(&mut current));
-        }
-    }
-    if !current.is_empty() {
-        out.push(current);
-    }
-    out
+/// `text` as an answer streamed in tokens of about `n` bytes, then a finish chunk, usage
+/// (9 in, one out per word) and `[DONE]`.
+fn streamed(text: &str, n: usize) -> Vec<Step> {
+    let mut v: Vec<Step> = crate::seed_streams::tokens(text, n)
+        .into_iter()
+        .map(|p| Step::Send(delta(&p)))
+        .collect();
+    let words = u64::try_from(text.split_whitespace().count()).unwrap_or(0);
+    v.extend([
+        Step::Send(finish()),
+        Step::Send(usage(9, words)),
+        Step::Send(DONE.into()),
+    ]);
+    v
 }
