@@ -25,3 +25,32 @@ pub fn add_tokens(a: Option<u64>, b: Option<u64>) -> Option<u64> {
         (a, b) => Some(a.unwrap_or(0).saturating_add(b.unwrap_or(0))),
     }
 }
+
+/// Token deltas and the model received from a service and not yet passed on. A processor that
+/// calls another (prompt, agent) adds each record it receives and hands the counts on with
+/// its next published record, so the deltas it publishes still add up to the totals.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PendingUsage {
+    /// Input tokens not yet passed on.
+    pub in_token: Option<u64>,
+    /// Output tokens not yet passed on.
+    pub out_token: Option<u64>,
+    /// The last model named.
+    pub model: Option<String>,
+}
+
+impl PendingUsage {
+    /// Adds a text-completion record's counts and model.
+    pub fn add(&mut self, r: &TextCompletionResponse) {
+        self.in_token = add_tokens(self.in_token, r.in_token);
+        self.out_token = add_tokens(self.out_token, r.out_token);
+        if r.model.is_some() {
+            self.model.clone_from(&r.model);
+        }
+    }
+
+    /// The pending input and output counts, which are then no longer pending.
+    pub fn take(&mut self) -> (Option<u64>, Option<u64>) {
+        (self.in_token.take(), self.out_token.take())
+    }
+}

@@ -28,8 +28,8 @@ use sluice_runtime::{
     processor::{Handler, RequestContext, ResponseSink},
 };
 use sluice_schema::{
-    AgentMessageType, AgentRequest, AgentResponse, AgentStep, Error, ErrorKind, ResponseRecord,
-    TextCompletionRequest, TextCompletionResponse,
+    AgentMessageType, AgentRequest, AgentResponse, AgentStep, Error, ErrorKind, PendingUsage,
+    ResponseRecord, TextCompletionRequest, TextCompletionResponse,
 };
 use tracing::{debug, info, warn};
 
@@ -140,27 +140,9 @@ impl AgentService {
     }
 }
 
-/// Token deltas and the model, waiting to ride on the next record.
-#[derive(Debug, Default)]
-struct Usage {
-    in_token: Option<u64>,
-    out_token: Option<u64>,
-    model: Option<String>,
-}
-
-impl Usage {
-    fn add(&mut self, r: &TextCompletionResponse) {
-        self.in_token = sluice_schema::add_tokens(self.in_token, r.in_token);
-        self.out_token = sluice_schema::add_tokens(self.out_token, r.out_token);
-        if r.model.is_some() {
-            self.model.clone_from(&r.model);
-        }
-    }
-}
-
 struct Dialog<'a> {
     sink: &'a mut ResponseSink<AgentResponse>,
-    usage: Usage,
+    usage: PendingUsage,
     streaming: bool,
 }
 
@@ -172,13 +154,14 @@ impl Dialog<'_> {
         end_of_message: bool,
         end_of_dialog: bool,
     ) -> Result<(), Error> {
+        let (in_token, out_token) = self.usage.take();
         let record = AgentResponse {
             message_type,
             content,
             end_of_message,
             end_of_dialog,
-            in_token: self.usage.in_token.take(),
-            out_token: self.usage.out_token.take(),
+            in_token,
+            out_token,
             model: self.usage.model.clone(),
             ..AgentResponse::default()
         };
@@ -191,8 +174,7 @@ impl Dialog<'_> {
     /// The terminal error, with the usage so far.
     async fn fail(&mut self, error: Error) -> Result<(), Error> {
         let mut record = AgentResponse::from_error(error);
-        record.in_token = self.usage.in_token.take();
-        record.out_token = self.usage.out_token.take();
+        (record.in_token, record.out_token) = self.usage.take();
         record.model.clone_from(&self.usage.model);
         self.sink
             .send(record)
@@ -323,7 +305,7 @@ impl Handler for AgentService {
         let remaining = Duration::from_millis(deadline.saturating_sub(now_ms()));
         let mut dialog = Dialog {
             sink,
-            usage: Usage::default(),
+            usage: PendingUsage::default(),
             streaming: request.streaming,
         };
         if remaining.is_zero() {

@@ -28,7 +28,8 @@ use sluice_runtime::{
     processor::{Handler, RequestContext, ResponseSink},
 };
 use sluice_schema::{
-    Error, ErrorKind, PromptRequest, PromptResponse, TextCompletionRequest, TextCompletionResponse,
+    Error, ErrorKind, PendingUsage, PromptRequest, PromptResponse, TextCompletionRequest,
+    TextCompletionResponse,
 };
 use tracing::{debug, warn};
 
@@ -62,31 +63,14 @@ impl PromptService {
     }
 }
 
-/// Token deltas and the model, waiting to ride on the next published record.
-#[derive(Debug, Default)]
-struct Pending {
-    in_token: Option<u64>,
-    out_token: Option<u64>,
-    model: Option<String>,
-}
-
-impl Pending {
-    fn add(&mut self, r: &TextCompletionResponse) {
-        self.in_token = sluice_schema::add_tokens(self.in_token, r.in_token);
-        self.out_token = sluice_schema::add_tokens(self.out_token, r.out_token);
-        if r.model.is_some() {
-            self.model.clone_from(&r.model);
-        }
-    }
-
-    /// A record carrying the pending usage, which is then no longer pending.
-    fn record(&mut self) -> PromptResponse {
-        PromptResponse {
-            in_token: self.in_token.take(),
-            out_token: self.out_token.take(),
-            model: self.model.clone(),
-            ..PromptResponse::default()
-        }
+/// A record carrying the pending usage, which is then no longer pending.
+fn with_usage(pending: &mut PendingUsage) -> PromptResponse {
+    let (in_token, out_token) = pending.take();
+    PromptResponse {
+        in_token,
+        out_token,
+        model: pending.model.clone(),
+        ..PromptResponse::default()
     }
 }
 
@@ -113,7 +97,7 @@ fn restarted() -> Error {
 /// The state of one answer.
 struct Answer<'a> {
     sink: &'a mut ResponseSink<PromptResponse>,
-    pending: Pending,
+    pending: PendingUsage,
     template: Arc<Template>,
     metrics: &'a PromptMetrics,
     published: bool,
@@ -130,7 +114,7 @@ impl Answer<'_> {
 
     /// Ends the stream with `error`, the usage so far, and (jsonl) the counts.
     async fn fail(&mut self, error: Error, counts: Option<(u64, u64)>) -> Result<(), Error> {
-        let mut r = self.pending.record();
+        let mut r = with_usage(&mut self.pending);
         r.error = Some(error);
         r.end_of_stream = true;
         if let Some((objects, skipped)) = counts {
@@ -227,7 +211,7 @@ impl Handler for PromptService {
             .map_err(|e| client_error(&e))?;
         let mut answer = Answer {
             sink,
-            pending: Pending::default(),
+            pending: PendingUsage::default(),
             template: rendered.template,
             metrics: &self.metrics,
             published: false,
@@ -249,7 +233,7 @@ async fn text(
             Ok(Received::Record(r)) => r,
             Ok(Received::Restarted) if a.published => return a.fail(restarted(), None).await,
             Ok(Received::Restarted) => {
-                a.pending = Pending::default();
+                a.pending = PendingUsage::default();
                 continue;
             }
             Err(e) => return a.fail(client_error(&e), None).await,
@@ -259,13 +243,13 @@ async fn text(
             return a.fail(e, None).await;
         }
         if r.end_of_stream {
-            let mut last = a.pending.record();
+            let mut last = with_usage(&mut a.pending);
             last.text = Some(r.response);
             last.end_of_stream = true;
             return a.send(last).await;
         }
         if !r.response.is_empty() {
-            let mut rec = a.pending.record();
+            let mut rec = with_usage(&mut a.pending);
             rec.text = Some(r.response);
             a.send(rec).await?;
         }
@@ -291,7 +275,7 @@ async fn whole(
             Ok(Received::Record(r)) => r,
             Ok(Received::Restarted) => {
                 text.clear();
-                a.pending = Pending::default();
+                a.pending = PendingUsage::default();
                 continue;
             }
             Err(e) => return a.fail(client_error(&e), None).await.map(|()| None),
@@ -341,7 +325,7 @@ async fn json(
         return a.fail(e, None).await;
     }
     a.metrics.object(&id);
-    let mut last = a.pending.record();
+    let mut last = with_usage(&mut a.pending);
     last.object = Some(value.to_string());
     last.end_of_stream = true;
     a.send(last).await
@@ -373,7 +357,7 @@ async fn jsonl(
                 parser = JsonlParser::default();
                 (emitted, skipped) = (0, 0);
                 collected.clear();
-                a.pending = Pending::default();
+                a.pending = PendingUsage::default();
                 continue;
             }
             Err(e) => return a.fail(client_error(&e), Some((emitted, skipped))).await,
@@ -405,7 +389,7 @@ async fn jsonl(
             a.metrics.object(&id);
             emitted += 1;
             if streaming {
-                let mut rec = a.pending.record();
+                let mut rec = with_usage(&mut a.pending);
                 rec.object = Some(value.to_string());
                 a.send(rec).await?;
             } else {
@@ -413,7 +397,7 @@ async fn jsonl(
             }
         }
         if r.end_of_stream {
-            let mut last = a.pending.record();
+            let mut last = with_usage(&mut a.pending);
             last.end_of_stream = true;
             last.objects_emitted = Some(emitted);
             last.lines_skipped = Some(skipped);
