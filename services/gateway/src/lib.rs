@@ -133,8 +133,10 @@ impl Gateway {
         telemetry: &Telemetry,
     ) -> Result<Self, GatewayError> {
         let metrics = GatewayMetrics::register(&telemetry.registry)?;
+        metrics.route_served(socket::ROUTE);
         let mut clients = Clients::default();
         for (kind, topics) in &config.services {
+            metrics.route_served(kind.as_str());
             let mut cc = ClientConfig::new(
                 format!("gateway-{}", kind.as_str()),
                 topics.request.clone(),

@@ -57,6 +57,11 @@ impl GatewayMetrics {
             ),
             &["kind"],
         )?;
+        // Frame kinds are a fixed set: export them at 0 so a rate exists before the first
+        // WebSocket client.
+        for kind in ["auth", "request", "invalid"] {
+            socket_frames.with_label_values(&[kind]);
+        }
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(streams.clone()))?;
         registry.register(Box::new(first_event.clone()))?;
@@ -69,6 +74,16 @@ impl GatewayMetrics {
             open_streams,
             socket_frames,
         })
+    }
+
+    /// Exports `route`'s stream series at 0 before its first stream, so that dashboards and
+    /// alerts see every route the gateway serves from the start.
+    pub fn route_served(&self, route: &str) {
+        for outcome in ["success", "error", "timeout", "cancelled"] {
+            self.streams.with_label_values(&[route, outcome]);
+        }
+        self.first_event.with_label_values(&[route]);
+        self.open_streams.with_label_values(&[route]);
     }
 
     /// Counts an HTTP request.

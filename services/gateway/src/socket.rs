@@ -27,7 +27,8 @@ use crate::{
 /// Frames waiting for the socket; a slow reader slows its requests down rather than
 /// growing memory.
 const OUTBOUND_FRAMES: usize = 256;
-const ROUTE: &str = "socket";
+/// The route label of WebSocket traffic in the gateway's metrics.
+pub(crate) const ROUTE: &str = "socket";
 
 /// `GET /api/v1/socket`.
 pub(crate) async fn upgrade(State(inner): State<Arc<Inner>>, ws: WebSocketUpgrade) -> Response {

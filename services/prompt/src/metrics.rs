@@ -53,6 +53,14 @@ impl PromptMetrics {
             &["outcome"],
         )?;
         let templates = IntGauge::new("sluice_prompt_templates", "Templates loaded")?;
+        // These label sets are fixed: export them at 0 so that an alert on the first render
+        // error or failed reload has a series to compare with.
+        for kind in ["unknown", "render"] {
+            template_errors.with_label_values(&[kind]);
+        }
+        for outcome in ["success", "failure"] {
+            reloads.with_label_values(&[outcome]);
+        }
         registry.register(Box::new(objects.clone()))?;
         registry.register(Box::new(skipped.clone()))?;
         registry.register(Box::new(corrections.clone()))?;

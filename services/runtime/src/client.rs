@@ -179,6 +179,9 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
             .subscribe(&config.response_topic, &config.subscription, options)
             .await?;
         let link = subscription.link();
+        if let Some(m) = &metrics {
+            m.client_started(&config.service);
+        }
         let routes: Routes<Resp> = Arc::default();
         let stop = CancellationToken::new();
         let router = tokio::spawn(route(

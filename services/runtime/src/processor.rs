@@ -296,6 +296,7 @@ pub async fn run<H: Handler>(
     shutdown: CancellationToken,
 ) -> Result<(), BusError> {
     let concurrency = config.concurrency.max(1);
+    telemetry.metrics.processor_started(&config.name);
     let publisher = bus.publisher(&config.response_topic).await?;
     let mut options = SubscribeOptions::shared(u32::try_from(concurrency).unwrap_or(u32::MAX));
     options.consumer_name = Some(format!("{}-{}", config.name, short_id()));

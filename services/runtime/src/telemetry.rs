@@ -48,6 +48,16 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Every outcome, for exporting each at 0 when a processor starts.
+    const ALL: [Outcome; 6] = [
+        Outcome::Success,
+        Outcome::Error,
+        Outcome::Malformed,
+        Outcome::Retried,
+        Outcome::Cancelled,
+        Outcome::Continued,
+    ];
+
     fn as_str(self) -> &'static str {
         match self {
             Outcome::Success => "success",
@@ -59,6 +69,9 @@ impl Outcome {
         }
     }
 }
+
+/// How a client request can end, as counted in `sluice_client_requests_total`.
+const CLIENT_OUTCOMES: [&str; 5] = ["success", "error", "timeout", "failed", "cancelled"];
 
 /// The metrics of the processor runtime and the request/response client.
 #[derive(Clone)]
@@ -146,6 +159,29 @@ impl RuntimeMetrics {
         })
     }
 
+    /// Exports `processor`'s series at 0 before its first request, so that dashboards and
+    /// alerts (`rate()`, ratios, "nothing finished") see the processor from the start rather
+    /// than from its first error.
+    pub fn processor_started(&self, processor: &str) {
+        for outcome in Outcome::ALL {
+            self.requests
+                .with_label_values(&[processor, outcome.as_str()]);
+        }
+        self.duration.with_label_values(&[processor]);
+        self.in_flight.with_label_values(&[processor]);
+        self.records.with_label_values(&[processor]);
+        self.redelivered.with_label_values(&[processor]);
+    }
+
+    /// Exports a request/response client's series for `service` at 0 (see
+    /// [`RuntimeMetrics::processor_started`]).
+    pub fn client_started(&self, service: &str) {
+        for outcome in CLIENT_OUTCOMES {
+            self.client_requests.with_label_values(&[service, outcome]);
+        }
+        self.client_unroutable.with_label_values(&[service]);
+    }
+
     /// A request finished.
     pub fn request_finished(&self, processor: &str, outcome: Outcome, seconds: f64) {
         self.requests
@@ -173,7 +209,7 @@ impl RuntimeMetrics {
         self.redelivered.with_label_values(&[processor]).inc();
     }
 
-    /// A client request ended with `outcome` (`success`, `error`, `timeout`, `failed`).
+    /// A client request ended with `outcome` (one of [`CLIENT_OUTCOMES`]).
     pub fn client_request(&self, service: &str, outcome: &str) {
         self.client_requests
             .with_label_values(&[service, outcome])
@@ -381,5 +417,42 @@ mod tests {
         );
         assert!(text.contains("sluice_processor_in_flight_requests{processor=\"echo\"} 1"));
         assert!(text.contains("sluice_processor_request_duration_seconds_bucket"));
+    }
+
+    #[test]
+    fn started_processors_and_clients_export_every_outcome_at_zero() {
+        let t = Telemetry::new().unwrap();
+        assert!(!t.render().contains("sluice_processor_requests_total{"));
+        t.metrics.processor_started("echo");
+        t.metrics.client_started("text-completion");
+        let text = t.render();
+        for outcome in [
+            "success",
+            "error",
+            "malformed",
+            "retried",
+            "cancelled",
+            "continued",
+        ] {
+            let line = format!(
+                "sluice_processor_requests_total{{outcome=\"{outcome}\",processor=\"echo\"}} 0"
+            );
+            assert!(text.contains(&line), "{line} missing:\n{text}");
+        }
+        for outcome in ["success", "error", "timeout", "failed", "cancelled"] {
+            let line = format!(
+                "sluice_client_requests_total{{outcome=\"{outcome}\",service=\"text-completion\"}} 0"
+            );
+            assert!(text.contains(&line), "{line} missing:\n{text}");
+        }
+        for line in [
+            "sluice_processor_in_flight_requests{processor=\"echo\"} 0",
+            "sluice_processor_records_published_total{processor=\"echo\"} 0",
+            "sluice_processor_redelivered_requests_total{processor=\"echo\"} 0",
+            "sluice_processor_request_duration_seconds_count{processor=\"echo\"} 0",
+            "sluice_client_unroutable_records_total{service=\"text-completion\"} 0",
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
+        }
     }
 }

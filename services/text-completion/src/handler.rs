@@ -113,6 +113,34 @@ impl LlmMetrics {
     }
 }
 
+impl LlmMetrics {
+    /// Exports the series of `provider` and `model` at 0 before the first call: the outcomes,
+    /// token directions and the failure kinds that are retried by default. Rate limits and
+    /// retries are rare, and an alert on their rate needs the series to exist before them.
+    pub fn provider_configured(&self, provider: &str, model: &str) {
+        let labels = [provider, model];
+        for outcome in ["success", "error"] {
+            self.requests.with_label_values(&[provider, model, outcome]);
+        }
+        for direction in ["input", "output"] {
+            self.tokens.with_label_values(&[provider, model, direction]);
+        }
+        for kind in [
+            FailureKind::Connect,
+            FailureKind::Timeout,
+            FailureKind::RateLimited,
+            FailureKind::Server,
+        ] {
+            self.retries
+                .with_label_values(&[provider, model, kind.as_str()]);
+        }
+        self.ttft.with_label_values(&labels);
+        self.duration.with_label_values(&labels);
+        self.rate_limited.with_label_values(&labels);
+        self.in_flight.with_label_values(&labels);
+    }
+}
+
 /// Turns a provider's running totals into deltas.
 #[derive(Debug, Default)]
 struct UsageDeltas {
@@ -151,6 +179,7 @@ pub struct TextCompletionService {
 impl TextCompletionService {
     /// A service calling `provider`.
     pub fn new(provider: Arc<dyn Provider>, retry: RetryPolicy, metrics: LlmMetrics) -> Self {
+        metrics.provider_configured(provider.name(), provider.model());
         Self {
             provider,
             retry,
