@@ -13,7 +13,7 @@ use sluice_schema::{TopicMapping, TopicName};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::common::{BusArgs, cancel_topic, connect};
+use crate::common::{BusArgs, connect};
 
 /// How the gateway serves HTTP (shared by `gateway` and `serve`). The bearer token comes
 /// from SLUICE_GATEWAY_TOKEN or the file named by SLUICE_GATEWAY_TOKEN_FILE; without one,
@@ -39,10 +39,12 @@ pub struct GatewayArgs {
 }
 
 impl GatewayArgs {
-    /// The gateway config for `services`, with their default topics under `mapping`.
+    /// The gateway config for `services`, with their topics in `topicspace` (`tg` for
+    /// TrustGraph's) under `mapping`.
     pub fn config(
         &self,
         services: &[ServiceKind],
+        topicspace: &str,
         mapping: TopicMapping,
     ) -> Result<(GatewayConfig, Vec<TopicName>), String> {
         let token = Secret::from_env("SLUICE_GATEWAY_TOKEN").map_err(|e| e.to_string())?;
@@ -56,9 +58,9 @@ impl GatewayArgs {
         for kind in services {
             let name = kind.as_str();
             let parse = |s: String| s.parse::<TopicName>().map_err(|e| e.to_string());
-            let request = parse(format!("request:tg:{name}"))?;
-            let response = parse(format!("response:tg:{name}"))?;
-            let cancel = cancel_topic(name, None)?;
+            let request = parse(format!("request:{topicspace}:{name}"))?;
+            let response = parse(format!("response:{topicspace}:{name}"))?;
+            let cancel = parse(format!("notify:{topicspace}:{name}-cancel"))?;
             config.services.insert(
                 *kind,
                 ServiceTopics {
@@ -89,6 +91,12 @@ pub struct GatewayCommand {
     #[arg(long, env = "SLUICE_SERVICES", value_delimiter = ',', value_parser = parse_service,
           default_value = "text-completion,prompt,agent")]
     services: Vec<ServiceKind>,
+    /// The topicspace of the services' topics: requests go to `request:<topicspace>:<service>`,
+    /// answers come from `response:<topicspace>:<service>`, cancels go to
+    /// `notify:<topicspace>:<service>-cancel`. Processors started with matching topics can
+    /// then share a broker with other deployments (each topicspace is a Pulsar tenant).
+    #[arg(long, env = "SLUICE_TOPICSPACE", default_value = "tg")]
+    topicspace: String,
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "SLUICE_METRICS_ADDR", default_value = "0.0.0.0:8000")]
     metrics_addr: SocketAddr,
@@ -125,9 +133,9 @@ pub async fn serve_until(
 
 /// Runs the gateway until SIGTERM/SIGINT.
 pub async fn run(args: GatewayCommand) -> Result<(), String> {
-    let (config, topics) = args
-        .gateway
-        .config(&args.services, args.bus.topic_mapping)?;
+    let (config, topics) =
+        args.gateway
+            .config(&args.services, &args.topicspace, args.bus.topic_mapping)?;
     let bus: Arc<dyn Bus> = connect(&args.bus, &topics).await?;
     let telemetry = Telemetry::new().map_err(|e| e.to_string())?;
     let gateway = Gateway::start(bus, config, &telemetry)

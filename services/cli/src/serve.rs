@@ -68,7 +68,7 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         ServiceKind::Prompt,
         ServiceKind::Agent,
     ];
-    let (gateway_config, mut topics) = args.gateway.config(&services, mapping)?;
+    let (gateway_config, mut topics) = args.gateway.config(&services, "tg", mapping)?;
     let grace = Duration::from_secs(args.drain_grace_secs);
     let processor_config = |kind: ServiceKind| -> Result<ProcessorConfig, String> {
         let name = kind.as_str();
