@@ -24,6 +24,7 @@
 //! | `replay-N-break` | the same pieces, then the connection breaks (a truncated answer) |
 //! | `gated` | `Hel`, then waits for [`FakeOpenAi::open_gate`], then ` lo`, finish, usage, `[DONE]` |
 //! | `tokens-N-D` | N one-word tokens, D ms apart, then finish, usage, `[DONE]` (for benchmarks) |
+//! | `routed` | as the model named by `[model:NAME]` in the last user message, else `normal`: one configured model, every behaviour (call counts are per routed name) |
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::{
@@ -158,7 +159,21 @@ async fn chat(
     headers: HeaderMap,
     Json(body): Json<Value>,
 ) -> Response {
-    let model = body["model"].as_str().unwrap_or("azure").to_owned();
+    let user_message = body["messages"]
+        .as_array()
+        .and_then(|ms| ms.iter().rev().find(|m| m["role"] == "user"))
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or("")
+        .to_owned();
+    let mut model = body["model"].as_str().unwrap_or("azure").to_owned();
+    if model == "routed" {
+        // A process has one configured model; the caller picks the behaviour in its prompt.
+        model = user_message
+            .split_once("[model:")
+            .and_then(|(_, rest)| rest.split_once(']'))
+            .map_or("normal", |(name, _)| name)
+            .to_owned();
+    }
     let stream = body["stream"].as_bool().unwrap_or(false);
     let (call, abandoned, gate) = {
         let mut s = seen.lock().unwrap();
@@ -229,12 +244,6 @@ async fn chat(
         }
         _ => {}
     }
-    let user_message = body["messages"]
-        .as_array()
-        .and_then(|ms| ms.iter().rev().find(|m| m["role"] == "user"))
-        .and_then(|m| m["content"].as_str())
-        .unwrap_or("")
-        .to_owned();
     if !stream {
         let (content, input, output) = if model.starts_with("replay-") {
             let words = user_message.split_whitespace().count();
