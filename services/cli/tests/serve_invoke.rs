@@ -3,47 +3,35 @@
 //! on errors, no key in logs or metrics, and SIGTERM.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{process::Stdio, time::Duration};
+mod common;
 
+use common::{Sluice, invoke};
 use sluice_tests::fake_openai::FakeOpenAi;
-use tokio::{
-    io::{AsyncBufReadExt, AsyncReadExt, BufReader},
-    process::{Child, Command},
-};
 
 const KEY: &str = "sk-serve-provider-key-5521";
 const TOKEN: &str = "gateway-token-9930";
 
 struct Serve {
-    child: Child,
+    process: Sluice,
     url: String,
     metrics: String,
 }
 
 /// Starts `sluice serve` with `args` and `env`, and reads the addresses it prints.
 async fn serve(args: &[&str], env: &[(&str, &str)]) -> Serve {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
-    cmd.arg("serve")
-        .args(["--listen", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"])
-        .args(args)
-        .env("SLUICE_LLM_API_KEY", KEY)
-        .env("RUST_LOG", "debug")
-        .env_remove("SLUICE_CONFIG")
-        .env_remove("SLUICE_GATEWAY_TOKEN")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let mut child = cmd.spawn().unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-        .await
-        .expect("serve starts")
-        .unwrap()
-        .expect("serve prints its addresses");
+    let mut all = vec![
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ];
+    all.extend_from_slice(args);
+    let mut vars = vec![("SLUICE_LLM_API_KEY", KEY), ("RUST_LOG", "debug")];
+    vars.extend_from_slice(env);
+    let mut process = Sluice::spawn(&all, &vars, &["SLUICE_CONFIG", "SLUICE_GATEWAY_TOKEN"]);
     // "sluice serve: gateway on http://ADDR, metrics on http://ADDR/metrics"
+    let line = process.stdout_line("gateway on ").await;
     let url = line
         .split("gateway on ")
         .nth(1)
@@ -52,7 +40,7 @@ async fn serve(args: &[&str], env: &[(&str, &str)]) -> Serve {
         .to_owned();
     let metrics = line.split("metrics on ").nth(1).unwrap().to_owned();
     Serve {
-        child,
+        process,
         url,
         metrics,
     }
@@ -60,52 +48,9 @@ async fn serve(args: &[&str], env: &[(&str, &str)]) -> Serve {
 
 impl Serve {
     /// SIGTERM, then the exit status and everything it logged.
-    async fn stop(mut self) -> (std::process::ExitStatus, String) {
-        let pid = self.child.id().unwrap();
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .unwrap();
-        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
-            .await
-            .expect("serve exits after SIGTERM")
-            .unwrap();
-        let mut log = String::new();
-        self.child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut log)
-            .await
-            .unwrap();
-        (status, log)
-    }
-}
-
-struct Invoked {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-async fn invoke(args: &[&str], env: &[(&str, &str)]) -> Invoked {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
-    cmd.arg("invoke")
-        .args(args)
-        .env_remove("SLUICE_TOKEN")
-        .env_remove("SLUICE_URL")
-        .env_remove("RUST_LOG");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
-        .await
-        .expect("invoke finishes")
-        .unwrap();
-    Invoked {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8(out.stdout).unwrap(),
-        stderr: String::from_utf8(out.stderr).unwrap(),
+    async fn stop(self) -> (std::process::ExitStatus, String) {
+        let stopped = self.process.stop().await;
+        (stopped.status, stopped.stderr)
     }
 }
 

@@ -1,0 +1,229 @@
+//! What the CLI's process tests share: running `sluice` subcommands as child processes with
+//! their output captured, `sluice invoke`, and the README's metrics table.
+// Each test binary uses its own part of this module.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{
+    process::{ExitStatus, Stdio},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use tokio::{
+    io::{AsyncBufReadExt, AsyncRead, BufReader},
+    process::{Child, Command},
+    task::JoinHandle,
+};
+
+/// A `sluice` child process whose stdout and stderr are collected as they are written (so
+/// that a chatty debug log never fills a pipe and blocks the process).
+pub struct Sluice {
+    child: Child,
+    stdout: Arc<Mutex<String>>,
+    stderr: Arc<Mutex<String>>,
+    readers: Vec<JoinHandle<()>>,
+}
+
+/// What a stopped process left behind.
+pub struct Stopped {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+fn collect(
+    from: impl AsyncRead + Unpin + Send + 'static,
+    into: Arc<Mutex<String>>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(from).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let mut s = into.lock().unwrap();
+            s.push_str(&line);
+            s.push('\n');
+        }
+    })
+}
+
+impl Sluice {
+    /// Starts `sluice ARGS` with `env` added and `remove` removed from the environment.
+    pub fn spawn(args: &[&str], env: &[(&str, &str)], remove: &[&str]) -> Sluice {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        cmd.args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        for k in remove {
+            cmd.env_remove(k);
+        }
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let stdout = Arc::new(Mutex::new(String::new()));
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let readers = vec![
+            collect(child.stdout.take().unwrap(), stdout.clone()),
+            collect(child.stderr.take().unwrap(), stderr.clone()),
+        ];
+        Sluice {
+            child,
+            stdout,
+            stderr,
+            readers,
+        }
+    }
+
+    /// The first stdout line containing `needle`; panics with the log if the process exits
+    /// first or says nothing of the kind within a minute.
+    pub async fn stdout_line(&mut self, needle: &str) -> String {
+        for _ in 0..600 {
+            if let Some(line) = self
+                .stdout
+                .lock()
+                .unwrap()
+                .lines()
+                .find(|l| l.contains(needle))
+            {
+                return line.to_owned();
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "exited ({status}) before printing {needle:?}:\n{}",
+                    self.stderr()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!(
+            "no {needle:?} on stdout within a minute:\n{}",
+            self.stderr()
+        );
+    }
+
+    /// Waits until `url` (a /readyz) answers 2xx; panics with the log if the process exits
+    /// first or is not ready within a minute.
+    pub async fn ready(&mut self, url: &str) {
+        sluice_runtime::install_crypto_provider();
+        for _ in 0..600 {
+            if reqwest::get(url)
+                .await
+                .map(|r| r.status().is_success())
+                .unwrap_or(false)
+            {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("exited ({status}) before it was ready:\n{}", self.stderr());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("not ready within a minute:\n{}", self.stderr());
+    }
+
+    /// What it logged so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// SIGTERM, then the exit status and everything it wrote.
+    pub async fn stop(mut self) -> Stopped {
+        let pid = self.child.id().unwrap();
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("exits after SIGTERM")
+            .unwrap();
+        for r in self.readers.drain(..) {
+            let _ = tokio::time::timeout(Duration::from_secs(5), r).await;
+        }
+        Stopped {
+            status,
+            stdout: self.stdout.lock().unwrap().clone(),
+            stderr: self.stderr.lock().unwrap().clone(),
+        }
+    }
+}
+
+/// A free loopback port (bound and released: good enough for a test).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The result of one `sluice invoke`.
+pub struct Invoked {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `sluice invoke ARGS` with `env`, without the caller's token, URL or log settings.
+pub async fn invoke(args: &[&str], env: &[(&str, &str)]) -> Invoked {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    cmd.arg("invoke")
+        .args(args)
+        .env_remove("SLUICE_TOKEN")
+        .env_remove("SLUICE_URL")
+        .env_remove("RUST_LOG");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .expect("invoke finishes")
+        .unwrap();
+    Invoked {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8(out.stdout).unwrap(),
+        stderr: String::from_utf8(out.stderr).unwrap(),
+    }
+}
+
+/// One row of the README's metrics table.
+#[derive(Debug, Clone)]
+pub struct DocumentedMetric {
+    /// The metric name.
+    pub name: String,
+    /// `counter`, `gauge` or `histogram`.
+    pub kind: String,
+}
+
+/// The README's metrics reference (section "Metrics"), read at test time so that the
+/// documentation and the code cannot drift apart.
+pub fn documented_metrics() -> Vec<DocumentedMetric> {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let section = readme
+        .split("\n## Metrics\n")
+        .nth(1)
+        .expect("the README has a Metrics section");
+    let section = section.split("\n## ").next().unwrap();
+    let metrics: Vec<DocumentedMetric> = section
+        .lines()
+        .filter(|l| l.starts_with("| `sluice_"))
+        .map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            DocumentedMetric {
+                name: cells[1].trim_matches('`').to_owned(),
+                kind: cells[2].to_owned(),
+            }
+        })
+        .collect();
+    assert!(metrics.len() >= 20, "the metrics table was not found");
+    for m in &metrics {
+        assert!(
+            ["counter", "gauge", "histogram"].contains(&m.kind.as_str()),
+            "{}: unknown type {:?}",
+            m.name,
+            m.kind
+        );
+    }
+    metrics
+}
