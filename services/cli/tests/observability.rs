@@ -250,6 +250,50 @@ fn the_dashboard_and_the_alert_rules_parse_and_name_only_documented_metrics() {
     }
 }
 
+/// The naming convention of the README: `sluice_<subsystem>_<name>_<unit>`, counters end in
+/// `_total`, histograms are durations in `_seconds`, gauges do not end in `_total`.
+fn convention_broken(name: &str, kind: &str) -> Option<&'static str> {
+    let parts: Vec<&str> = name.split('_').collect();
+    if parts.len() < 3 || parts[0] != "sluice" || parts.iter().any(|p| p.is_empty()) {
+        return Some("not sluice_<subsystem>_<name>");
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    {
+        return Some("not lower snake case");
+    }
+    match kind {
+        "counter" if !name.ends_with("_total") => Some("a counter must end in _total"),
+        "histogram" if !name.ends_with("_seconds") => Some("a histogram must be _seconds"),
+        "gauge" if name.ends_with("_total") => Some("a gauge must not end in _total"),
+        _ => None,
+    }
+}
+
+#[test]
+fn every_documented_metric_follows_the_naming_convention() {
+    let mut seen = BTreeSet::new();
+    for m in documented_metrics() {
+        assert!(
+            seen.insert(m.name.clone()),
+            "{} is documented twice",
+            m.name
+        );
+        if let Some(why) = convention_broken(&m.name, &m.kind) {
+            panic!("{} ({}): {why}", m.name, m.kind);
+        }
+        // Every subsystem has a process that owns it.
+        let _ = owners(&m.name);
+    }
+    assert_eq!(
+        convention_broken("sluice_llm_in_flight_total", "gauge"),
+        Some("a gauge must not end in _total")
+    );
+    assert!(convention_broken("sluice_llm_requests", "counter").is_some());
+    assert!(convention_broken("sluice_llm_latency_ms", "histogram").is_some());
+}
+
 #[test]
 fn the_checks_catch_undocumented_metrics_and_bad_queries() {
     let documented = documented_metrics();
@@ -786,6 +830,19 @@ async fn every_service_exports_its_documented_metrics_and_no_secret() {
             }
         }
     }
+    // And the other way round: every sluice metric a process exports is documented, with
+    // its type.
+    for (i, text) in scraped.iter().enumerate() {
+        for line in text.lines().filter(|l| l.starts_with("# TYPE sluice_")) {
+            let mut words = line.split(' ').skip(2);
+            let (name, kind) = (words.next().unwrap(), words.next().unwrap());
+            assert!(
+                documented.iter().any(|d| d.name == name && d.kind == kind),
+                "{}: {name} ({kind}) is exported but not in the README's metrics table",
+                names[i]
+            );
+        }
+    }
     for (i, text) in scraped.iter().enumerate() {
         for s in SECRETS {
             assert!(!text.contains(s), "a secret is on {}'s /metrics", names[i]);
@@ -866,22 +923,6 @@ async fn every_service_exports_its_documented_metrics_and_no_secret() {
             scraped[*i]
         );
     }
-    if documented
-        .iter()
-        .any(|m| m.name == "sluice_agent_tool_calls_total")
-    {
-        // Documented (so required): the dialog above made exactly one MCP tool call.
-        assert!(
-            value(
-                &scraped[agent_m],
-                "sluice_agent_tool_calls_total",
-                &[("kind", "mcp")]
-            ) >= 1.0,
-            "{}",
-            scraped[agent_m]
-        );
-    }
-
     // Stop everything; nothing it wrote may hold a secret; JSON logs are JSON.
     let mut outputs = Vec::new();
     for (name, process) in [
@@ -923,4 +964,19 @@ async fn every_service_exports_its_documented_metrics_and_no_secret() {
         missing.is_empty(),
         "documented metrics missing from /metrics: {missing:#?}"
     );
+    if documented
+        .iter()
+        .any(|m| m.name == "sluice_agent_tool_calls_total")
+    {
+        // Documented (so required): the dialog above called the MCP tool.
+        assert!(
+            value(
+                &scraped[agent_m],
+                "sluice_agent_tool_calls_total",
+                &[("kind", "mcp")]
+            ) >= 1.0,
+            "{}",
+            scraped[agent_m]
+        );
+    }
 }
