@@ -159,21 +159,7 @@ async fn chat(
     headers: HeaderMap,
     Json(body): Json<Value>,
 ) -> Response {
-    let user_message = body["messages"]
-        .as_array()
-        .and_then(|ms| ms.iter().rev().find(|m| m["role"] == "user"))
-        .and_then(|m| m["content"].as_str())
-        .unwrap_or("")
-        .to_owned();
-    let mut model = body["model"].as_str().unwrap_or("azure").to_owned();
-    if model == "routed" {
-        // A process has one configured model; the caller picks the behaviour in its prompt.
-        model = user_message
-            .split_once("[model:")
-            .and_then(|(_, rest)| rest.split_once(']'))
-            .map_or("normal", |(name, _)| name)
-            .to_owned();
-    }
+    let model = scripted_model(&body);
     let stream = body["stream"].as_bool().unwrap_or(false);
     let (call, abandoned, gate) = {
         let mut s = seen.lock().unwrap();
@@ -244,6 +230,12 @@ async fn chat(
         }
         _ => {}
     }
+    let user_message = body["messages"]
+        .as_array()
+        .and_then(|ms| ms.iter().rev().find(|m| m["role"] == "user"))
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or("")
+        .to_owned();
     if !stream {
         let (content, input, output) = if model.starts_with("replay-") {
             let words = user_message.split_whitespace().count();
@@ -395,6 +387,24 @@ async fn chat(
         _ => normal_events(),
     };
     sse(steps, abandoned)
+}
+
+/// The model whose script runs: the request's, or for `routed` the one the last user message
+/// names as `[model:NAME]` (a process has one configured model; the caller picks the
+/// behaviour in its prompt).
+fn scripted_model(body: &Value) -> String {
+    let model = body["model"].as_str().unwrap_or("azure");
+    if model != "routed" {
+        return model.to_owned();
+    }
+    body["messages"]
+        .as_array()
+        .and_then(|ms| ms.iter().rev().find(|m| m["role"] == "user"))
+        .and_then(|m| m["content"].as_str())
+        .and_then(|text| text.split_once("[model:"))
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .map_or("normal", |(name, _)| name)
+        .to_owned()
 }
 
 /// `text` as an answer streamed in tokens of about `n` bytes, then a finish chunk, usage
