@@ -389,6 +389,22 @@ async fn chat(
     sse(steps, abandoned)
 }
 
+/// `text` as an answer streamed in tokens of about `n` bytes, then a finish chunk, usage
+/// (9 in, one out per word) and `[DONE]`.
+fn streamed(text: &str, n: usize) -> Vec<Step> {
+    let mut v: Vec<Step> = crate::seed_streams::tokens(text, n)
+        .into_iter()
+        .map(|p| Step::Send(delta(&p)))
+        .collect();
+    let words = u64::try_from(text.split_whitespace().count()).unwrap_or(0);
+    v.extend([
+        Step::Send(finish()),
+        Step::Send(usage(9, words)),
+        Step::Send(DONE.into()),
+    ]);
+    v
+}
+
 /// The model whose script runs: the request's, or for `routed` the one the last user message
 /// names as `[model:NAME]` (a process has one configured model; the caller picks the
 /// behaviour in its prompt).
@@ -405,20 +421,4 @@ fn scripted_model(body: &Value) -> String {
         .and_then(|(_, rest)| rest.split_once(']'))
         .map_or("normal", |(name, _)| name)
         .to_owned()
-}
-
-/// `text` as an answer streamed in tokens of about `n` bytes, then a finish chunk, usage
-/// (9 in, one out per word) and `[DONE]`.
-fn streamed(text: &str, n: usize) -> Vec<Step> {
-    let mut v: Vec<Step> = crate::seed_streams::tokens(text, n)
-        .into_iter()
-        .map(|p| Step::Send(delta(&p)))
-        .collect();
-    let words = u64::try_from(text.split_whitespace().count()).unwrap_or(0);
-    v.extend([
-        Step::Send(finish()),
-        Step::Send(usage(9, words)),
-        Step::Send(DONE.into()),
-    ]);
-    v
 }
