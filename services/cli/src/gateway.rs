@@ -13,7 +13,7 @@ use sluice_schema::{TopicMapping, TopicName};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::common::{BusArgs, connect};
+use crate::common::{BusArgs, cancel_topic, connect};
 
 /// How the gateway serves HTTP (shared by `gateway` and `serve`). The bearer token comes
 /// from SLUICE_GATEWAY_TOKEN or the file named by SLUICE_GATEWAY_TOKEN_FILE; without one,
@@ -60,7 +60,7 @@ impl GatewayArgs {
             let parse = |s: String| s.parse::<TopicName>().map_err(|e| e.to_string());
             let request = parse(format!("request:{topicspace}:{name}"))?;
             let response = parse(format!("response:{topicspace}:{name}"))?;
-            let cancel = parse(format!("notify:{topicspace}:{name}-cancel"))?;
+            let cancel = cancel_topic(name, Some(&format!("notify:{topicspace}:{name}-cancel")))?;
             config.services.insert(
                 *kind,
                 ServiceTopics {
