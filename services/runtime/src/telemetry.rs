@@ -48,16 +48,6 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    /// Every outcome, for exporting each at 0 when a processor starts.
-    const ALL: [Outcome; 6] = [
-        Outcome::Success,
-        Outcome::Error,
-        Outcome::Malformed,
-        Outcome::Retried,
-        Outcome::Cancelled,
-        Outcome::Continued,
-    ];
-
     fn as_str(self) -> &'static str {
         match self {
             Outcome::Success => "success",
@@ -69,6 +59,16 @@ impl Outcome {
         }
     }
 }
+
+/// Every processor outcome, for exporting each at 0 when a processor starts.
+const OUTCOMES: [Outcome; 6] = [
+    Outcome::Success,
+    Outcome::Error,
+    Outcome::Malformed,
+    Outcome::Retried,
+    Outcome::Cancelled,
+    Outcome::Continued,
+];
 
 /// How a client request can end, as counted in `sluice_client_requests_total`.
 const CLIENT_OUTCOMES: [&str; 5] = ["success", "error", "timeout", "failed", "cancelled"];
@@ -163,7 +163,7 @@ impl RuntimeMetrics {
     /// alerts (`rate()`, ratios, "nothing finished") see the processor from the start rather
     /// than from its first error.
     pub fn processor_started(&self, processor: &str) {
-        for outcome in Outcome::ALL {
+        for outcome in OUTCOMES {
             self.requests
                 .with_label_values(&[processor, outcome.as_str()]);
         }
