@@ -21,7 +21,7 @@ use sluice_runtime::{
 use sluice_schema::{PromptRequest, PromptResponse, TopicMapping, TopicName};
 
 use crate::{
-    common::{BusArgs, ProcessorArgs, cancel_topic, connect, processor_config},
+    common::{BusArgs, ConfigFileArgs, ProcessorArgs, cancel_topic, connect, processor_config},
     prompt::LlmServiceArgs,
 };
 
@@ -156,6 +156,8 @@ fn mcp_client(
 /// `sluice agent` options.
 #[derive(Args, Debug)]
 pub struct AgentCommand {
+    #[command(flatten)]
+    pub config: ConfigFileArgs,
     #[command(flatten)]
     bus: BusArgs,
     #[command(flatten)]
