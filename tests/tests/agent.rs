@@ -9,6 +9,7 @@ use std::{sync::Arc, time::Duration};
 use sluice_agent::{
     handler::{AgentLimits, AgentService, DEFAULT_REACT_TEMPLATE},
     mcp::{McpClient, McpTimeouts},
+    metrics::AgentMetrics,
     tools::{self, Backend, Tool},
 };
 use sluice_runtime::{
@@ -99,9 +100,16 @@ impl Setup {
             max_iterations,
             ..AgentLimits::default()
         };
-        let handler =
-            AgentService::new(llm_client, tools, next_step, DEFAULT_REACT_TEMPLATE, limits)
-                .unwrap();
+        let metrics = AgentMetrics::register(&Telemetry::new().unwrap().registry).unwrap();
+        let handler = AgentService::new(
+            llm_client,
+            tools,
+            next_step,
+            DEFAULT_REACT_TEMPLATE,
+            limits,
+            metrics,
+        )
+        .unwrap();
         let mut a_config = ProcessorConfig::new("agent", &a_req, &a_resp);
         a_config.drain_grace = Duration::from_secs(5);
         let agent = RunningProcessor::start(broker.bus().await, a_config, handler).await;
