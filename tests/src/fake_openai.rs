@@ -53,6 +53,7 @@ pub struct OpenAiSeen {
     calls: Calls,
     bodies: Vec<Value>,
     auth: Vec<Option<String>>,
+    traceparents: Vec<Option<String>>,
     abandoned: Arc<std::sync::atomic::AtomicUsize>,
     gate: Arc<tokio::sync::Notify>,
 }
@@ -92,6 +93,11 @@ impl Fake<OpenAiSeen> {
     /// Lets one `gated` stream go on past its first token.
     pub fn open_gate(&self) {
         self.seen().gate.notify_one();
+    }
+
+    /// The `traceparent` header of every request received, in order.
+    pub fn traceparents(&self) -> Vec<Option<String>> {
+        self.seen().traceparents.clone()
     }
 
     /// The last credential header received (`authorization` or Azure's `api-key`).
@@ -172,6 +178,11 @@ async fn chat(
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         s.auth.push(auth);
+        let traceparent = headers
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        s.traceparents.push(traceparent);
         (call, s.abandoned.clone(), s.gate.clone())
     };
     match (model.as_str(), call) {

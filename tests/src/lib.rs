@@ -16,6 +16,7 @@ pub mod fake_cohere;
 pub mod fake_gemini;
 pub mod fake_ollama;
 pub mod fake_openai;
+pub mod fake_otlp;
 pub mod mcp_server;
 pub mod seed_streams;
 
