@@ -3,7 +3,8 @@
 # standalone broker (deploy/pulsar/pulsar.sh; a second one is started by the broker-restart
 # test itself). Works on a fresh machine of this kind: installs protoc and Maven when
 # missing; heavy downloads and builds are cached outside the clone, under ~/.cache/sluice
-# and ~/.m2.
+# and ~/.m2. The deployment checks (scripts/check-deploy.sh) build their tools from the Go
+# module proxy and PyPI once, under ~/.cache/sluice/deploy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +15,9 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 # protoc: pulsar-rs generates its protocol code at build time; maven fetches Pulsar;
 # cmake, ninja and unzip build llama-server, the local LLM.
 prereqs protoc:protobuf-compiler curl:curl mvn:maven cmake:cmake ninja:ninja-build unzip:unzip
+
+echo "== deployment files (kustomize + kubeconform, docker compose config; offline)"
+bash scripts/check-deploy.sh
 
 echo "== formatting and lints"
 cargo fmt --all -- --check

@@ -18,6 +18,8 @@
 //! | `malformed` | `Hel`, an unparseable event, ` lo`, finish, usage, `[DONE]` |
 //! | `stall` | `Hel`, then nothing more |
 //! | `react-answer`, `react-tool`, `react-unknown`, `react-fail`, `react-garbage-once`, `react-garbage`, `react-loop` | a scripted ReAct model; the step is the number of observations in the prompt |
+//! | `react-ask`, `react-facts`, `react-lookup` | a ReAct model that calls the tool `ask`, `facts` or `lookup` once, then answers `The tool said: <observation>`; a prompt that is not a ReAct prompt (the tool's own model call) is answered `Echo: <prompt>`, streaming or not |
+//! | `react-gated` | as `react-tool`, but the second step sends its thought line, then waits for [`FakeOpenAi::open_gate`] before the final answer |
 //! | `seed-NAME` | the seed example answer `NAME` of `seed_streams`, in 3-byte tokens |
 //! | `stamped-N-D` | N lines `{"seq": i, "sent_ns": T}`, two tokens each, T the send time of the second, D ms apart |
 //! | `replay-N` | the last user message streamed back in N-byte pieces, finish, usage (9 in, one out per word), `[DONE]` |
@@ -52,6 +54,7 @@ pub struct OpenAiSeen {
     calls: Calls,
     bodies: Vec<Value>,
     auth: Vec<Option<String>>,
+    traceparents: Vec<Option<String>>,
     abandoned: Arc<std::sync::atomic::AtomicUsize>,
     gate: Arc<tokio::sync::Notify>,
 }
@@ -91,6 +94,11 @@ impl Fake<OpenAiSeen> {
     /// Lets one `gated` stream go on past its first token.
     pub fn open_gate(&self) {
         self.seen().gate.notify_one();
+    }
+
+    /// The `traceparent` header of every request received, in order.
+    pub fn traceparents(&self) -> Vec<Option<String>> {
+        self.seen().traceparents.clone()
     }
 
     /// The last credential header received (`authorization` or Azure's `api-key`).
@@ -171,6 +179,11 @@ async fn chat(
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         s.auth.push(auth);
+        let traceparent = headers
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        s.traceparents.push(traceparent);
         (call, s.abandoned.clone(), s.gate.clone())
     };
     match (model.as_str(), call) {
@@ -236,10 +249,14 @@ async fn chat(
         .and_then(|m| m["content"].as_str())
         .unwrap_or("")
         .to_owned();
+    let tool_answer = react_tool_answer(&model, &user_message);
     if !stream {
         let (content, input, output) = if model.starts_with("replay-") {
             let words = user_message.split_whitespace().count();
             (user_message, 9, words)
+        } else if let Some(echo) = tool_answer {
+            let words = echo.split_whitespace().count();
+            (echo, 9, words)
         } else {
             ("Hello world!".to_owned(), 11, 3)
         };
@@ -298,14 +315,40 @@ async fn chat(
             Step::Send(usage(5, 2)),
             Step::Send(DONE.into()),
         ],
+        _ if tool_answer.is_some() => streamed(tool_answer.as_deref().unwrap_or_default(), 3),
+        "react-gated" if user_message.contains("\nObservation: ") => {
+            // The second step holds its final answer back until the test opens the gate, so
+            // a test can act (e.g. kill the agent) while an iteration is in flight.
+            let mut v: Vec<Step> =
+                crate::seed_streams::tokens("Thought: I know the answer now.\n", 3)
+                    .into_iter()
+                    .map(|p| Step::Send(delta(&p)))
+                    .collect();
+            v.push(Step::Gate(gate));
+            v.extend(streamed("Final Answer: The sum is 5.", 3));
+            v
+        }
         m if m.starts_with("react-") => {
             // A scripted ReAct agent: the step is the number of observations in the prompt.
             let step = user_message.matches("\nObservation: ").count();
             let corrected = user_message.contains("could not be read");
             let answer = |a: &str| format!("Thought: I know the answer now.\nFinal Answer: {a}");
+            let observation = user_message
+                .rsplit("\nObservation: ")
+                .next()
+                .and_then(|rest| rest.lines().next())
+                .unwrap_or("")
+                .trim()
+                .to_owned();
             let text = match (m, step) {
                 ("react-answer", _) => answer("Paris is the capital of France."),
-                ("react-tool", 0) => "Thought: I should add the numbers.\nAction: add\nArgs: {\n  \"a\": 2,\n  \"b\": 3\n}\n".to_owned(),
+                ("react-ask", 0) => "Thought: I will ask a model.\nAction: ask\nArgs: {\"question\": \"Name a colour.\"}\n".to_owned(),
+                ("react-facts", 0) => "Thought: I will look for facts.\nAction: facts\nArgs: {\"topic\": \"otters\"}\n".to_owned(),
+                ("react-lookup", 0) => "Thought: I will look it up.\nAction: lookup\nArgs: {\"key\": \"capital-of-france\"}\n".to_owned(),
+                ("react-ask" | "react-facts" | "react-lookup", _) => {
+                    answer(&format!("The tool said: {observation}"))
+                }
+                ("react-tool" | "react-gated", 0) => "Thought: I should add the numbers.\nAction: add\nArgs: {\n  \"a\": 2,\n  \"b\": 3\n}\n".to_owned(),
                 ("react-tool", _) => answer("The sum is 5."),
                 ("react-unknown", 0) => "Thought: Let me teleport.\nAction: teleport\nArgs: {}\n".to_owned(),
                 ("react-fail", 0) => "Thought: Try the failing tool.\nAction: fail\nArgs: {\"message\": \"boom\"}\n".to_owned(),
@@ -387,6 +430,15 @@ async fn chat(
         _ => normal_events(),
     };
     sse(steps, abandoned)
+}
+
+/// For the `react-ask`, `react-facts` and `react-lookup` models: a prompt that is not a ReAct
+/// prompt is a tool's own model call (a text-completion or prompt tool on the same
+/// processor), answered `Echo: <prompt>`.
+fn react_tool_answer(model: &str, user_message: &str) -> Option<String> {
+    let tool_model = matches!(model, "react-ask" | "react-facts" | "react-lookup");
+    let react_prompt = user_message.contains("Final Answer:");
+    (tool_model && !react_prompt).then(|| format!("Echo: {user_message}"))
 }
 
 /// `text` as an answer streamed in tokens of about `n` bytes, then a finish chunk, usage

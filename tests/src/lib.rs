@@ -16,6 +16,7 @@ pub mod fake_cohere;
 pub mod fake_gemini;
 pub mod fake_ollama;
 pub mod fake_openai;
+pub mod fake_otlp;
 pub mod mcp_server;
 pub mod seed_streams;
 
@@ -80,7 +81,17 @@ impl RunningProcessor {
     /// Starts `handler` and returns once its request subscription is attached, so that
     /// whatever is published next reaches it.
     pub async fn start<H: Handler>(bus: Arc<dyn Bus>, config: ProcessorConfig, handler: H) -> Self {
-        let telemetry = Telemetry::new().unwrap();
+        Self::start_with(bus, config, handler, Telemetry::new().unwrap()).await
+    }
+
+    /// As [`RunningProcessor::start`], reporting to `telemetry`: a handler's own metrics
+    /// registered there show on the processor's `/metrics` beside the runtime's.
+    pub async fn start_with<H: Handler>(
+        bus: Arc<dyn Bus>,
+        config: ProcessorConfig,
+        handler: H,
+        telemetry: Telemetry,
+    ) -> Self {
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(processor::run(
             bus,
@@ -104,6 +115,22 @@ impl RunningProcessor {
     pub async fn stop(self) {
         self.shutdown.cancel();
         self.task.await.unwrap().unwrap();
+    }
+
+    /// Stops the processor as a crash would, without draining: its task and the handlers in
+    /// flight are dropped where they are, and its subscription goes away with nothing
+    /// settled, so the broker hands its unacked requests to another consumer. Returns the
+    /// telemetry, which still holds what the processor counted before it died.
+    pub async fn kill(self) -> Telemetry {
+        self.task.abort();
+        let ended = self.task.await;
+        assert!(
+            ended
+                .as_ref()
+                .is_err_and(tokio::task::JoinError::is_cancelled),
+            "the processor was running until killed: {ended:?}"
+        );
+        self.telemetry
     }
 }
 

@@ -1,23 +1,35 @@
 //! The agent processor end to end on the real broker: client -> agent -> text-completion ->
-//! fake OpenAI server (a scripted ReAct model), with MCP tools on a real MCP server (rmcp),
-//! each iteration handed back over the agent's own request topic. The exact sequence of
-//! message types and flags is asserted.
+//! fake OpenAI server (a scripted ReAct model), each iteration handed back over the agent's
+//! own request topic. Its tools are real: MCP tools on a real MCP server (rmcp), a prompt
+//! tool on a real prompt processor, a text-completion tool on the text-completion processor
+//! the agent itself uses, and a service tool on a small lookup processor with its own record
+//! type. The exact sequence of message types and flags is asserted, and the agent's metrics
+//! are read from its processor's registry.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{sync::Arc, time::Duration};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use sluice_agent::{
     handler::{AgentLimits, AgentService, DEFAULT_REACT_TEMPLATE},
     mcp::{McpClient, McpTimeouts},
-    tools::{self, Backend, Tool},
+    metrics::AgentMetrics,
+    tools::{self, AnyResponse, Backend, Tool, ToolKind},
+};
+use sluice_prompt::{
+    handler::{LlmClient, PromptService},
+    metrics::PromptMetrics,
+    store::TemplateStore,
 };
 use sluice_runtime::{
-    client::{ClientConfig, Received, RequestClient},
-    processor::ProcessorConfig,
+    client::{ClientConfig, ClientError, Received, RequestClient, ResponseStream},
+    processor::{Handler, ProcessorConfig, RequestContext, ResponseSink},
     secret::Secret,
     telemetry::Telemetry,
 };
-use sluice_schema::{AgentMessageType, AgentRequest, AgentResponse};
+use sluice_schema::{AgentMessageType, AgentRequest, AgentResponse, Error, ResponseRecord};
 use sluice_tests::{
     Broker, RunningProcessor, echo_config, fake_openai::FakeOpenAi, init_logging, mcp_server,
     unique_topic,
@@ -30,12 +42,106 @@ use sluice_text_completion::{
 
 type AgentClient = RequestClient<AgentRequest, AgentResponse>;
 
+/// The prompt processor's templates: `facts` renders its `topic` into a prompt the fake
+/// model echoes.
+const TEMPLATES: &str =
+    r#"{"templates": {"facts": {"prompt": "Tell me facts about {{ topic }}."}}}"#;
+
+/// The lookup service's record: not a TrustGraph record, so the `service` tool must find
+/// the end by `complete`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct LookupRecord {
+    #[serde(default)]
+    value: String,
+    #[serde(default)]
+    complete: bool,
+    #[serde(default)]
+    error: Option<Error>,
+}
+
+impl ResponseRecord for LookupRecord {
+    fn is_terminal(&self) -> bool {
+        self.complete || self.error.is_some()
+    }
+
+    fn from_error(error: Error) -> Self {
+        Self {
+            error: Some(error),
+            ..Self::default()
+        }
+    }
+
+    fn error(&self) -> Option<&Error> {
+        self.error.as_ref()
+    }
+}
+
+/// A service on its own topic pair: looks `key` up, answering with a progress record and
+/// then the value.
+struct LookupService;
+
+#[async_trait]
+impl Handler for LookupService {
+    type Request = Value;
+    type Response = LookupRecord;
+
+    async fn handle(
+        &self,
+        request: Value,
+        _ctx: RequestContext,
+        sink: &mut ResponseSink<LookupRecord>,
+    ) -> Result<(), Error> {
+        let key = request["key"].as_str().unwrap_or_default().to_owned();
+        let value = match key.as_str() {
+            "capital-of-france" => "Paris",
+            _ => "unknown",
+        };
+        let failed = |e: sluice_runtime::processor::SinkError| {
+            Error::new(sluice_schema::ErrorKind::Internal, e.to_string())
+        };
+        sink.send(LookupRecord {
+            value: format!("looking up {key}"),
+            ..LookupRecord::default()
+        })
+        .await
+        .map_err(failed)?;
+        sink.send(LookupRecord {
+            value: value.into(),
+            complete: true,
+            error: None,
+        })
+        .await
+        .map_err(failed)
+    }
+}
+
+/// Topics of the agent and of the services its tools reach.
+struct Topics {
+    agent: (String, String),
+    llm: (String, String),
+    prompt: (String, String),
+    lookup: (String, String),
+}
+
+fn pair(name: &str) -> (String, String) {
+    (
+        unique_topic(&format!("{name}-req")),
+        unique_topic(&format!("{name}-resp")),
+    )
+}
+
 struct Setup {
     client: AgentClient,
     agent: RunningProcessor,
     llm: RunningProcessor,
+    prompt: RunningProcessor,
+    lookup: RunningProcessor,
     mcp: mcp_server::McpServer,
-    _fake: FakeOpenAi,
+    fake: FakeOpenAi,
+    broker: Broker,
+    topics: Topics,
+    max_iterations: usize,
+    templates: PathBuf,
 }
 
 impl Setup {
@@ -49,65 +155,63 @@ impl Setup {
     async fn with(config: OpenAiConfig, fake: FakeOpenAi, max_iterations: usize) -> Self {
         init_logging();
         let broker = Broker::from_env().await;
+        let topics = Topics {
+            agent: pair("agent"),
+            llm: pair("ag-tc"),
+            prompt: pair("ag-prompt"),
+            lookup: pair("ag-lookup"),
+        };
         let llm_telemetry = Telemetry::new().unwrap();
         let service = TextCompletionService::new(
             Arc::new(OpenAiProvider::new(config).unwrap()),
             RetryPolicy::default(),
             LlmMetrics::register(&llm_telemetry.registry).unwrap(),
         );
-        let (tc_req, tc_resp) = (unique_topic("ag-tc-req"), unique_topic("ag-tc-resp"));
         let llm = RunningProcessor::start(
             broker.bus().await,
-            echo_config(&tc_req, &tc_resp, 64),
+            echo_config(&topics.llm.0, &topics.llm.1, 64),
             service,
         )
         .await;
-        let llm_client = Arc::new(
+
+        // The prompt processor, calling the same text-completion processor.
+        let templates = std::env::temp_dir().join(format!(
+            "sluice-agent-{}.json",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::write(&templates, TEMPLATES).unwrap();
+        let prompt_telemetry = Telemetry::new().unwrap();
+        let prompt_metrics = PromptMetrics::register(&prompt_telemetry.registry).unwrap();
+        let store =
+            TemplateStore::open(Some(templates.clone()), false, Some(prompt_metrics.clone()))
+                .unwrap();
+        let prompt_llm: Arc<LlmClient> = Arc::new(
             RequestClient::start(
                 broker.bus().await,
-                ClientConfig::new("text-completion", &tc_req, &tc_resp),
+                ClientConfig::new("text-completion", &topics.llm.0, &topics.llm.1),
                 None,
             )
             .await
             .unwrap(),
         );
+        let mut p_config = ProcessorConfig::new("prompt", &topics.prompt.0, &topics.prompt.1);
+        p_config.drain_grace = Duration::from_secs(5);
+        let prompt = RunningProcessor::start(
+            broker.bus().await,
+            p_config,
+            PromptService::new(store, prompt_llm, prompt_metrics),
+        )
+        .await;
+
+        let mut l_config = ProcessorConfig::new("lookup", &topics.lookup.0, &topics.lookup.1);
+        l_config.drain_grace = Duration::from_secs(5);
+        let lookup = RunningProcessor::start(broker.bus().await, l_config, LookupService).await;
 
         let mcp = mcp_server::start(None).await;
-        let configs = tools::parse(&format!(
-            r#"{{"tools": [
-                {{"name": "add", "description": "Adds two numbers", "type": "mcp", "url": "{url}",
-                  "arguments": [{{"name": "a", "type": "number"}}, {{"name": "b", "type": "number"}}]}},
-                {{"name": "fail", "description": "Always fails", "type": "mcp", "url": "{url}"}}
-            ]}}"#,
-            url = mcp.url()
-        ))
-        .unwrap();
-        let tools: Vec<Arc<Tool>> = configs
-            .into_iter()
-            .map(|config| {
-                let client = McpClient::new(&mcp.url(), None, McpTimeouts::default()).unwrap();
-                Arc::new(Tool {
-                    config,
-                    backend: Backend::Mcp(client),
-                })
-            })
-            .collect();
-
-        let (a_req, a_resp) = (unique_topic("agent-req"), unique_topic("agent-resp"));
-        let next_step = broker.bus().await.publisher(&a_req).await.unwrap();
-        let limits = AgentLimits {
-            max_iterations,
-            ..AgentLimits::default()
-        };
-        let handler =
-            AgentService::new(llm_client, tools, next_step, DEFAULT_REACT_TEMPLATE, limits)
-                .unwrap();
-        let mut a_config = ProcessorConfig::new("agent", &a_req, &a_resp);
-        a_config.drain_grace = Duration::from_secs(5);
-        let agent = RunningProcessor::start(broker.bus().await, a_config, handler).await;
+        let agent = start_agent(&broker, &topics, &mcp.url(), max_iterations).await;
         let client = AgentClient::start(
             broker.bus().await,
-            ClientConfig::new("agent", &a_req, &a_resp),
+            ClientConfig::new("agent", &topics.agent.0, &topics.agent.1),
             None,
         )
         .await
@@ -116,18 +220,137 @@ impl Setup {
             client,
             agent,
             llm,
+            prompt,
+            lookup,
             mcp,
-            _fake: fake,
+            fake,
+            broker,
+            topics,
+            max_iterations,
+            templates,
+        }
+    }
+
+    /// Another agent replica on the same subscription.
+    async fn start_agent(&self) -> RunningProcessor {
+        start_agent(
+            &self.broker,
+            &self.topics,
+            &self.mcp.url(),
+            self.max_iterations,
+        )
+        .await
+    }
+}
+
+/// The tools file: every kind of tool, each on a real backend.
+fn tools_file(t: &Topics, mcp_url: &str) -> String {
+    format!(
+        r#"{{"tools": [
+                {{"name": "add", "description": "Adds two numbers", "type": "mcp", "url": "{url}",
+                  "arguments": [{{"name": "a", "type": "number"}}, {{"name": "b", "type": "number"}}]}},
+                {{"name": "fail", "description": "Always fails", "type": "mcp", "url": "{url}"}},
+                {{"name": "ask", "description": "Asks a language model", "type": "text-completion",
+                  "arguments": [{{"name": "question", "type": "string"}}]}},
+                {{"name": "facts", "description": "Facts about a topic", "type": "prompt", "template": "facts",
+                  "arguments": [{{"name": "topic", "type": "string"}}]}},
+                {{"name": "lookup", "description": "Looks a key up", "type": "service",
+                  "request-topic": "{lreq}", "response-topic": "{lresp}",
+                  "arguments": [{{"name": "key", "type": "string"}}]}}
+            ]}}"#,
+        url = mcp_url,
+        lreq = t.lookup.0,
+        lresp = t.lookup.1,
+    )
+}
+
+/// One agent replica, as a process would build it: its own bus connection, clients and tool
+/// backends, and its metrics on its processor's registry. Replicas share the Shared
+/// subscription `agent`.
+async fn start_agent(
+    broker: &Broker,
+    t: &Topics,
+    mcp_url: &str,
+    max_iterations: usize,
+) -> RunningProcessor {
+    let bus = broker.bus().await;
+    let llm: Arc<LlmClient> = Arc::new(
+        RequestClient::start(
+            bus.clone(),
+            ClientConfig::new("text-completion", &t.llm.0, &t.llm.1),
+            None,
+        )
+        .await
+        .unwrap(),
+    );
+    let prompt = Arc::new(
+        RequestClient::start(
+            bus.clone(),
+            ClientConfig::new("prompt", &t.prompt.0, &t.prompt.1),
+            None,
+        )
+        .await
+        .unwrap(),
+    );
+    let mut tools = Vec::new();
+    for config in tools::parse(&tools_file(t, mcp_url)).unwrap() {
+        let backend = match &config.kind {
+            ToolKind::Mcp { url, .. } => {
+                Backend::Mcp(McpClient::new(url, None, McpTimeouts::default()).unwrap())
+            }
+            ToolKind::TextCompletion { .. } => Backend::TextCompletion(llm.clone()),
+            ToolKind::Prompt { .. } => Backend::Prompt(prompt.clone()),
+            ToolKind::Service {
+                request_topic,
+                response_topic,
+            } => Backend::Service(
+                RequestClient::<Value, AnyResponse>::start(
+                    bus.clone(),
+                    ClientConfig::new("tool-lookup", request_topic, response_topic),
+                    None,
+                )
+                .await
+                .unwrap(),
+            ),
+        };
+        tools.push(Arc::new(Tool { config, backend }));
+    }
+    let next_step = bus.publisher(&t.agent.0).await.unwrap();
+    let limits = AgentLimits {
+        max_iterations,
+        ..AgentLimits::default()
+    };
+    let telemetry = Telemetry::new().unwrap();
+    let metrics = AgentMetrics::register(&telemetry.registry).unwrap();
+    let handler = AgentService::new(
+        llm,
+        tools,
+        next_step,
+        DEFAULT_REACT_TEMPLATE,
+        limits,
+        metrics,
+    )
+    .unwrap();
+    let mut config = ProcessorConfig::new("agent", &t.agent.0, &t.agent.1);
+    config.drain_grace = Duration::from_secs(5);
+    RunningProcessor::start_with(bus, config, handler, telemetry).await
+}
+
+impl Setup {
+    fn request(streaming: bool) -> AgentRequest {
+        AgentRequest {
+            question: "What is 2 + 3?".into(),
+            streaming,
+            ..AgentRequest::default()
         }
     }
 
     async fn ask(&self, streaming: bool) -> Vec<AgentResponse> {
-        let request = AgentRequest {
-            question: "What is 2 + 3?".into(),
-            streaming,
-            ..AgentRequest::default()
-        };
-        let mut s = self.client.request(&request).await.unwrap();
+        let mut s = self
+            .client
+            .request(&Self::request(streaming))
+            .await
+            .unwrap();
         let mut out = Vec::new();
         while let Some(item) = s.next().await {
             match item.unwrap() {
@@ -144,29 +367,86 @@ impl Setup {
         out
     }
 
+    /// The agent processor's `/metrics` text.
+    fn metrics(&self) -> String {
+        self.agent.telemetry.render()
+    }
+
     async fn stop(self) {
         self.client.close().await;
         self.agent.stop().await;
+        self.prompt.stop().await;
+        self.lookup.stop().await;
         self.llm.stop().await;
+        let _ = std::fs::remove_file(&self.templates);
     }
 }
 
-/// The message types in order, with runs of thought or answer pieces collapsed.
+/// The message types in order, with runs of thought or answer pieces collapsed: `.` marks
+/// `end_of_message`, `!` `end_of_dialog`.
 fn shape(out: &[AgentResponse]) -> Vec<String> {
+    let items: Vec<Received<AgentResponse>> = out.iter().cloned().map(Received::Record).collect();
+    shape_of(&items)
+}
+
+/// As [`shape`], for a stream that may restart (`<restarted>`).
+fn shape_of(items: &[Received<AgentResponse>]) -> Vec<String> {
     let mut v: Vec<String> = Vec::new();
-    for r in out {
-        let mut t = format!("{:?}", r.message_type).to_lowercase();
-        if r.end_of_message {
-            t.push('.');
-        }
-        if r.end_of_dialog {
-            t.push('!');
-        }
+    for item in items {
+        let t = match item {
+            Received::Restarted => "<restarted>".to_owned(),
+            Received::Record(r) => {
+                let mut t = format!("{:?}", r.message_type).to_lowercase();
+                if r.end_of_message {
+                    t.push('.');
+                }
+                if r.end_of_dialog {
+                    t.push('!');
+                }
+                t
+            }
+        };
         if v.last() != Some(&t) {
             v.push(t);
         }
     }
     v
+}
+
+/// One tool call, then the answer, streamed.
+const TOOL_CALL: [&str; 8] = [
+    "thought",
+    "thought.",
+    "action.",
+    "observation.",
+    "thought",
+    "thought.",
+    "answer",
+    "answer.!",
+];
+
+/// Asserts that each line is in the metrics text.
+fn assert_metrics(metrics: &str, lines: &[&str]) {
+    for line in lines {
+        assert!(
+            metrics.lines().any(|l| l == *line),
+            "{line} is not in\n{}",
+            metrics
+                .lines()
+                .filter(|l| l.starts_with("sluice_agent_"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+}
+
+/// The action record's tool name and arguments.
+fn action(out: &[AgentResponse]) -> Value {
+    let record = out
+        .iter()
+        .find(|r| r.message_type == AgentMessageType::Action)
+        .expect("an action record");
+    serde_json::from_str(&record.content).unwrap()
 }
 
 fn text(out: &[AgentResponse], t: AgentMessageType) -> String {
@@ -180,27 +460,8 @@ fn text(out: &[AgentResponse], t: AgentMessageType) -> String {
 async fn a_tool_call_streams_thought_action_observation_then_the_answer() {
     let s = Setup::new("react-tool", 5).await;
     let out = s.ask(true).await;
-    assert_eq!(
-        shape(&out),
-        [
-            "thought",
-            "thought.",
-            "action.",
-            "observation.",
-            "thought",
-            "thought.",
-            "answer",
-            "answer.!"
-        ],
-        "{out:#?}"
-    );
-    let action: serde_json::Value = serde_json::from_str(
-        &out.iter()
-            .find(|r| r.message_type == AgentMessageType::Action)
-            .unwrap()
-            .content,
-    )
-    .unwrap();
+    assert_eq!(shape(&out), TOOL_CALL, "{out:#?}");
+    let action = action(&out);
     assert_eq!(action["name"], "add");
     assert_eq!(action["arguments"]["a"], "2");
     assert_eq!(text(&out, AgentMessageType::Observation), "5");
@@ -229,6 +490,19 @@ async fn a_tool_call_streams_thought_action_observation_then_the_answer() {
             .count(),
         2
     );
+    // Both dialogs, counted on the agent processor's own /metrics.
+    assert_metrics(
+        &s.metrics(),
+        &[
+            r#"sluice_agent_iterations_total{outcome="action"} 2"#,
+            r#"sluice_agent_iterations_total{outcome="answer"} 2"#,
+            r#"sluice_agent_tool_calls_total{kind="mcp",outcome="success",tool="add"} 2"#,
+            r#"sluice_agent_tool_duration_seconds_count{kind="mcp"} 2"#,
+            r#"sluice_agent_dialogs_total{outcome="answer"} 2"#,
+            r#"sluice_processor_requests_total{outcome="continued",processor="agent"} 2"#,
+            r#"sluice_processor_requests_total{outcome="success",processor="agent"} 2"#,
+        ],
+    );
     s.stop().await;
 }
 
@@ -242,6 +516,12 @@ async fn unknown_tools_and_tool_errors_become_observations() {
         "{obs}"
     );
     assert_eq!(text(&out, AgentMessageType::Answer), "Done.");
+    // The made-up name is not a label.
+    assert_metrics(
+        &s.metrics(),
+        &[r#"sluice_agent_tool_calls_total{kind="",outcome="unknown",tool=""} 1"#],
+    );
+    assert!(!s.metrics().contains("teleport"));
     s.stop().await;
 
     let s = Setup::new("react-fail", 5).await;
@@ -252,6 +532,13 @@ async fn unknown_tools_and_tool_errors_become_observations() {
         "{obs}"
     );
     assert_eq!(text(&out, AgentMessageType::Answer), "Done.");
+    assert_metrics(
+        &s.metrics(),
+        &[
+            r#"sluice_agent_tool_calls_total{kind="mcp",outcome="error",tool="fail"} 1"#,
+            r#"sluice_agent_dialogs_total{outcome="answer"} 1"#,
+        ],
+    );
     s.stop().await;
 }
 
@@ -260,6 +547,13 @@ async fn unreadable_output_gets_one_corrective_retry_then_an_error() {
     let s = Setup::new("react-garbage-once", 5).await;
     let out = s.ask(true).await;
     assert_eq!(text(&out, AgentMessageType::Answer), "Recovered.");
+    assert_metrics(
+        &s.metrics(),
+        &[
+            r#"sluice_agent_iterations_total{outcome="retry"} 1"#,
+            r#"sluice_agent_iterations_total{outcome="answer"} 1"#,
+        ],
+    );
     s.stop().await;
 
     let s = Setup::new("react-garbage", 5).await;
@@ -273,6 +567,14 @@ async fn unreadable_output_gets_one_corrective_retry_then_an_error() {
             .unwrap()
             .message
             .contains("could not be read twice")
+    );
+    assert_metrics(
+        &s.metrics(),
+        &[
+            r#"sluice_agent_iterations_total{outcome="retry"} 1"#,
+            r#"sluice_agent_iterations_total{outcome="error"} 1"#,
+            r#"sluice_agent_dialogs_total{outcome="error"} 1"#,
+        ],
     );
     s.stop().await;
 }
@@ -292,6 +594,13 @@ async fn the_iteration_limit_ends_the_dialog_with_a_clear_error() {
     let e = last.error.as_ref().unwrap();
     assert_eq!(e.kind, "agent-error");
     assert!(e.message.contains("after 3 iterations"), "{}", e.message);
+    assert_metrics(
+        &s.metrics(),
+        &[
+            r#"sluice_agent_iterations_total{outcome="action"} 3"#,
+            r#"sluice_agent_dialogs_total{outcome="max-iterations"} 1"#,
+        ],
+    );
     s.stop().await;
 }
 
@@ -339,5 +648,221 @@ async fn the_real_local_llm_keeps_the_protocol() {
         out.iter().filter_map(|r| r.out_token).sum::<u64>() > 0,
         "usage is reported"
     );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_text_completion_tool_gets_its_answer_from_the_text_completion_processor() {
+    let s = Setup::new("react-ask", 5).await;
+    let out = s.ask(true).await;
+    assert_eq!(shape(&out), TOOL_CALL, "{out:#?}");
+    let action = action(&out);
+    assert_eq!(action["name"], "ask");
+    assert_eq!(action["arguments"]["question"], "Name a colour.");
+    // The model behind the processor answered the tool's question, not the ReAct prompt.
+    assert_eq!(
+        text(&out, AgentMessageType::Observation),
+        "Echo: Name a colour."
+    );
+    assert_eq!(
+        text(&out, AgentMessageType::Answer),
+        "The tool said: Echo: Name a colour."
+    );
+    assert_eq!(s.fake.calls("react-ask"), 3, "two ReAct steps and the tool");
+    assert_metrics(
+        &s.metrics(),
+        &[
+            r#"sluice_agent_tool_calls_total{kind="text-completion",outcome="success",tool="ask"} 1"#,
+            r#"sluice_agent_tool_duration_seconds_count{kind="text-completion"} 1"#,
+            r#"sluice_agent_dialogs_total{outcome="answer"} 1"#,
+        ],
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_prompt_tool_renders_its_template_on_the_prompt_processor() {
+    let s = Setup::new("react-facts", 5).await;
+    let out = s.ask(true).await;
+    assert_eq!(shape(&out), TOOL_CALL, "{out:#?}");
+    let action = action(&out);
+    assert_eq!(action["name"], "facts");
+    assert_eq!(action["arguments"]["topic"], "otters");
+    // The template `facts` rendered with the argument, answered by the model.
+    assert_eq!(
+        text(&out, AgentMessageType::Observation),
+        "Echo: Tell me facts about otters."
+    );
+    assert_eq!(
+        text(&out, AgentMessageType::Answer),
+        "The tool said: Echo: Tell me facts about otters."
+    );
+    assert!(
+        s.prompt
+            .telemetry
+            .render()
+            .contains(r#"sluice_processor_requests_total{outcome="success",processor="prompt"} 1"#)
+    );
+    assert_metrics(
+        &s.metrics(),
+        &[r#"sluice_agent_tool_calls_total{kind="prompt",outcome="success",tool="facts"} 1"#],
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_service_tool_reads_any_topic_pair_to_its_terminal_record() {
+    let s = Setup::new("react-lookup", 5).await;
+    let out = s.ask(true).await;
+    assert_eq!(shape(&out), TOOL_CALL, "{out:#?}");
+    let action = action(&out);
+    assert_eq!(action["name"], "lookup");
+    assert_eq!(action["arguments"]["key"], "capital-of-france");
+    // The observation is the service's terminal record (`complete`), not its progress one.
+    let observation: Value =
+        serde_json::from_str(&text(&out, AgentMessageType::Observation)).unwrap();
+    assert_eq!(observation["value"], "Paris");
+    assert_eq!(observation["complete"], true);
+    assert!(text(&out, AgentMessageType::Answer).starts_with("The tool said: {"));
+    assert!(
+        s.lookup
+            .telemetry
+            .render()
+            .contains(r#"sluice_processor_records_published_total{processor="lookup"} 2"#)
+    );
+    assert_metrics(
+        &s.metrics(),
+        &[
+            r#"sluice_agent_tool_calls_total{kind="service",outcome="success",tool="lookup"} 1"#,
+            r#"sluice_agent_tool_duration_seconds_count{kind="service"} 1"#,
+        ],
+    );
+    s.stop().await;
+}
+
+/// The next item of a dialog that must go on.
+async fn next(
+    stream: &mut ResponseStream<AgentResponse>,
+) -> Option<Result<Received<AgentResponse>, ClientError>> {
+    tokio::time::timeout(Duration::from_secs(60), stream.next())
+        .await
+        .expect("the dialog goes on")
+}
+
+/// The agent processor dies while the second iteration's model call is in flight (the fake
+/// holds the answer behind its gate). Another replica on the same subscription gets the
+/// request again from the broker: the client sees the restart, only that iteration runs
+/// again, and the first one (with its tool call) is not redone.
+#[tokio::test]
+async fn a_killed_agent_costs_at_most_the_iteration_in_flight() {
+    let mut s = Setup::new("react-gated", 5).await;
+    let mut stream = s.client.request(&Setup::request(true)).await.unwrap();
+    let mut items: Vec<Received<AgentResponse>> = Vec::new();
+    // Up to the second iteration's first thought piece, sent before the gate.
+    loop {
+        let item = next(&mut stream).await.unwrap().unwrap();
+        let observed = items.iter().any(
+            |i| matches!(i, Received::Record(o) if o.message_type == AgentMessageType::Observation),
+        );
+        let second_thought = observed
+            && matches!(&item, Received::Record(r) if r.message_type == AgentMessageType::Thought);
+        items.push(item);
+        if second_thought {
+            break;
+        }
+    }
+    let survivor = s.start_agent().await;
+    let doomed = std::mem::replace(&mut s.agent, survivor);
+    let doomed = doomed.kill().await;
+    // The survivor repeats the second iteration up to the gate: the restart, then thought.
+    loop {
+        let item = next(&mut stream).await.unwrap().unwrap();
+        let thought =
+            matches!(&item, Received::Record(r) if r.message_type == AgentMessageType::Thought);
+        let restarted = items.iter().any(|i| matches!(i, Received::Restarted));
+        items.push(item);
+        if restarted && thought {
+            break;
+        }
+    }
+    // Both model calls of the second iteration (the abandoned one and the repeat) go on.
+    s.fake.open_gate();
+    s.fake.open_gate();
+    while let Some(item) = next(&mut stream).await {
+        items.push(item.unwrap());
+    }
+    assert_eq!(
+        shape_of(&items),
+        [
+            "thought",
+            "thought.",
+            "action.",
+            "observation.",
+            "thought",
+            "<restarted>",
+            "thought",
+            "thought.",
+            "answer",
+            "answer.!"
+        ],
+        "{items:#?}"
+    );
+    let after: Vec<AgentResponse> = items
+        .iter()
+        .skip_while(|i| !matches!(i, Received::Restarted))
+        .filter_map(|i| match i {
+            Received::Record(r) => Some(r.clone()),
+            Received::Restarted => None,
+        })
+        .collect();
+    assert_eq!(text(&after, AgentMessageType::Answer), "The sum is 5.");
+    // The first iteration ran once: one tool call; the second twice: three model calls.
+    assert_eq!(s.mcp.calls(), 1);
+    assert_eq!(s.fake.calls("react-gated"), 3);
+    assert_metrics(
+        &doomed.render(),
+        &[
+            r#"sluice_agent_iterations_total{outcome="action"} 1"#,
+            r#"sluice_agent_tool_calls_total{kind="mcp",outcome="success",tool="add"} 1"#,
+        ],
+    );
+    let survived = s.metrics();
+    assert_metrics(
+        &survived,
+        &[
+            r#"sluice_agent_iterations_total{outcome="answer"} 1"#,
+            r#"sluice_agent_dialogs_total{outcome="answer"} 1"#,
+        ],
+    );
+    assert!(
+        !survived.contains("sluice_agent_tool_calls_total"),
+        "the survivor called no tool"
+    );
+    s.stop().await;
+}
+
+/// The dialog's deadline, carried in the request, ends it with `timeout` while the model of
+/// its second iteration is still answering.
+#[tokio::test]
+async fn the_dialog_deadline_ends_the_dialog_with_a_timeout() {
+    let s = Setup::new("react-gated", 5).await;
+    let mut request = Setup::request(true);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    request.deadline_ms = Some(u64::try_from(now.as_millis()).unwrap() + 3000);
+    let records = s.client.call(&request).await.unwrap();
+    let last = records.last().unwrap();
+    assert!(last.end_of_dialog);
+    assert_eq!(last.message_type, AgentMessageType::Error);
+    let e = last.error.as_ref().unwrap();
+    assert_eq!(e.kind, "timeout", "{e:?}");
+    assert!(e.message.contains("did not finish"), "{}", e.message);
+    assert_metrics(
+        &s.metrics(),
+        &[r#"sluice_agent_dialogs_total{outcome="deadline"} 1"#],
+    );
+    // Let the held-back model call finish, so the text-completion processor drains at once.
+    s.fake.open_gate();
     s.stop().await;
 }

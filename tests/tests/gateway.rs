@@ -591,3 +591,152 @@ async fn the_socket_multiplexes_concurrent_requests_and_survives_bad_frames() {
     );
     s.stop().await;
 }
+
+/// The agent route: HTTP -> gateway -> agent processor -> text-completion processor -> the
+/// scripted ReAct model, with an MCP tool. Tokens carry their `message_type`, the status
+/// follows the phases, and `done` carries the dialog's usage over both model calls.
+#[tokio::test]
+async fn the_agent_route_streams_typed_tokens_and_the_dialogs_usage() {
+    use sluice_agent::{
+        handler::{AgentLimits, AgentService, DEFAULT_REACT_TEMPLATE},
+        mcp::{McpClient, McpTimeouts},
+        metrics::AgentMetrics,
+        tools::{self, Backend, Tool},
+    };
+    use sluice_runtime::client::{ClientConfig, RequestClient};
+
+    let agent_topics = ServiceTopics {
+        request: unique_topic("gw-agent-req"),
+        response: unique_topic("gw-agent-resp"),
+        cancel: Some(unique_topic("gw-agent-cancel")),
+    };
+    let mut llm_topics = None;
+    let s = Stack::start("react-tool", |gc| {
+        llm_topics = gc.services.get(&ServiceKind::TextCompletion).cloned();
+        gc.services.insert(ServiceKind::Agent, agent_topics.clone());
+    })
+    .await;
+    let llm_topics = llm_topics.unwrap();
+    let broker = Broker::from_env().await;
+    let llm = Arc::new(
+        RequestClient::start(
+            broker.bus().await,
+            ClientConfig::new("text-completion", &llm_topics.request, &llm_topics.response),
+            None,
+        )
+        .await
+        .unwrap(),
+    );
+    let mcp = sluice_tests::mcp_server::start(None).await;
+    let tools: Vec<Arc<Tool>> = tools::parse(&format!(
+        r#"{{"tools": [{{"name": "add", "description": "Adds two numbers", "type": "mcp", "url": "{}"}}]}}"#,
+        mcp.url()
+    ))
+    .unwrap()
+    .into_iter()
+    .map(|config| {
+        let client = McpClient::new(&mcp.url(), None, McpTimeouts::default()).unwrap();
+        Arc::new(Tool {
+            config,
+            backend: Backend::Mcp(client),
+        })
+    })
+    .collect();
+    let bus = broker.bus().await;
+    let telemetry = Telemetry::new().unwrap();
+    let handler = AgentService::new(
+        llm,
+        tools,
+        bus.publisher(&agent_topics.request).await.unwrap(),
+        DEFAULT_REACT_TEMPLATE,
+        AgentLimits::default(),
+        AgentMetrics::register(&telemetry.registry).unwrap(),
+    )
+    .unwrap();
+    let mut config = ProcessorConfig::new("agent", &agent_topics.request, &agent_topics.response);
+    config.cancel_topic.clone_from(&agent_topics.cancel);
+    config.drain_grace = Duration::from_secs(5);
+    let agent = RunningProcessor::start_with(bus, config, handler, telemetry).await;
+
+    let resp = http()
+        .post(s.url("/api/v1/agent"))
+        .header("accept", "application/x-ndjson")
+        .json(&json!({"question": "What is 2 + 3?", "session_id": "dialog-9"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "application/x-ndjson");
+    let events = ndjson_lines(&resp.bytes().await.unwrap());
+
+    // The phases as the client sees them: statuses, and each token's type and end flag.
+    let mut phases: Vec<String> = Vec::new();
+    for e in &events {
+        let p = match e["type"].as_str().unwrap() {
+            "status" => format!("status:{}", e["status"].as_str().unwrap()),
+            "token" => {
+                let mut t = format!("token:{}", e["message_type"].as_str().unwrap());
+                if e["end_of_message"] == true {
+                    t.push('.');
+                }
+                t
+            }
+            other => other.to_owned(),
+        };
+        if phases.last() != Some(&p) {
+            phases.push(p);
+        }
+    }
+    assert_eq!(
+        phases,
+        [
+            "status:thinking",
+            "token:thought",
+            "token:thought.",
+            "status:using_tool",
+            "token:action.",
+            "token:observation.",
+            "status:thinking",
+            "token:thought",
+            "token:thought.",
+            "status:writing",
+            "token:answer",
+            "token:answer.",
+            "done"
+        ],
+        "{events:#?}"
+    );
+    let tokens = |t: &str| -> String {
+        events
+            .iter()
+            .filter(|e| e["type"] == "token" && e["message_type"] == t)
+            .map(|e| e["content"].as_str().unwrap())
+            .collect()
+    };
+    assert_eq!(tokens("observation"), "5", "the MCP tool's answer");
+    assert_eq!(tokens("answer"), "The sum is 5.");
+    let action: Value = serde_json::from_str(&tokens("action")).unwrap();
+    assert_eq!(action["name"], "add");
+    let done = events.last().unwrap();
+    assert_eq!(done["reason"], "success");
+    // Two model calls of 9 input tokens; one output token per word of the two answers.
+    assert_eq!(done["usage"], json!({"in_token": 18, "out_token": 27}));
+    assert_eq!(done["model"], "react-tool");
+    for e in &events {
+        assert_eq!(e["session_id"], "dialog-9", "the agent's session id");
+    }
+    assert_eq!(mcp.calls(), 1);
+    assert!(
+        agent
+            .telemetry
+            .render()
+            .contains(r#"sluice_agent_dialogs_total{outcome="answer"} 1"#)
+    );
+    assert!(
+        s.telemetry
+            .render()
+            .contains(r#"sluice_gateway_streams_total{outcome="success",route="agent"} 1"#)
+    );
+    agent.stop().await;
+    s.stop().await;
+}

@@ -16,7 +16,7 @@
 use std::{
     collections::BTreeMap,
     sync::Arc,
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use async_trait::async_trait;
@@ -34,8 +34,9 @@ use sluice_schema::{
 use tracing::{debug, info, warn};
 
 use crate::{
+    metrics::{AgentMetrics, DialogOutcome, IterationOutcome, ToolOutcome, kind_label},
     react::{Event, Outcome, ReactParser},
-    tools::{self, Tool},
+    tools::{self, Tool, ToolError},
 };
 
 /// The default ReAct prompt (minijinja; variables `question`, `tools`, `tool_names`,
@@ -70,6 +71,7 @@ pub struct AgentService {
     next_step: Arc<dyn Publisher>,
     env: Environment<'static>,
     limits: AgentLimits,
+    metrics: AgentMetrics,
 }
 
 /// Why the agent could not be set up.
@@ -79,13 +81,15 @@ pub struct TemplateError(String);
 
 impl AgentService {
     /// An agent completing through `llm`, with `tools`, handing each next step to
-    /// `next_step` (a publisher on its own request topic), prompting with `template`.
+    /// `next_step` (a publisher on its own request topic), prompting with `template`,
+    /// counting in `metrics`.
     pub fn new(
         llm: Arc<RequestClient<TextCompletionRequest, TextCompletionResponse>>,
         tools: Vec<Arc<Tool>>,
         next_step: Arc<dyn Publisher>,
         template: &str,
         limits: AgentLimits,
+        metrics: AgentMetrics,
     ) -> Result<Self, TemplateError> {
         let mut env = Environment::new();
         env.set_undefined_behavior(UndefinedBehavior::Strict);
@@ -98,7 +102,19 @@ impl AgentService {
             next_step,
             env,
             limits,
+            metrics,
         })
+    }
+
+    /// The error that ends a dialog whose total time ran out.
+    fn deadline_error(&self) -> Error {
+        Error::new(
+            ErrorKind::Timeout,
+            format!(
+                "the dialog did not finish within {} s",
+                self.limits.dialog_timeout.as_secs()
+            ),
+        )
     }
 
     fn render(&self, request: &AgentRequest, tools: &[&Arc<Tool>]) -> Result<String, Error> {
@@ -204,6 +220,8 @@ enum Step {
     Decided(Outcome),
     Unparsable(String, String),
     Failed(Error),
+    /// The dialog's total time ran out while the model was answering.
+    Deadline,
 }
 
 impl AgentService {
@@ -229,6 +247,11 @@ impl AgentService {
             Ok(s) => s,
             Err(e) => return Ok(Step::Failed(llm_error(&e))),
         };
+        // The call's total time limit is what is left of the dialog's.
+        let failed = |e: &ClientError| match e {
+            ClientError::TotalTimeout(_) => Step::Deadline,
+            other => Step::Failed(llm_error(other)),
+        };
         let mut parser = ReactParser::new();
         let mut text = String::new();
         while let Some(item) = stream.next().await {
@@ -240,7 +263,7 @@ impl AgentService {
                         "text-completion restarted its answer midway; ask again",
                     )));
                 }
-                Err(e) => return Ok(Step::Failed(llm_error(&e))),
+                Err(e) => return Ok(failed(&e)),
             };
             dialog.usage.add(&r);
             if let Some(e) = r.error {
@@ -309,17 +332,11 @@ impl Handler for AgentService {
             streaming: request.streaming,
         };
         if remaining.is_zero() {
-            return dialog
-                .fail(Error::new(
-                    ErrorKind::Timeout,
-                    format!(
-                        "the dialog did not finish within {} s",
-                        self.limits.dialog_timeout.as_secs()
-                    ),
-                ))
-                .await;
+            self.metrics.dialog(DialogOutcome::Deadline);
+            return dialog.fail(self.deadline_error()).await;
         }
         if request.history.len() >= self.limits.max_iterations {
+            self.metrics.dialog(DialogOutcome::MaxIterations);
             return dialog
                 .fail(Error::new(
                     ErrorKind::Agent,
@@ -335,7 +352,14 @@ impl Handler for AgentService {
             request.group.as_deref(),
             request.state.as_deref(),
         );
-        let prompt = self.render(&request, &available)?;
+        let prompt = match self.render(&request, &available) {
+            Ok(p) => p,
+            Err(e) => {
+                self.metrics.iteration(IterationOutcome::Error);
+                self.metrics.dialog(DialogOutcome::Error);
+                return dialog.fail(e).await;
+            }
+        };
         debug!(
             iteration = request.history.len(),
             tools = available.len(),
@@ -346,6 +370,7 @@ impl Handler for AgentService {
                 Step::Unparsable(why, text) => {
                     // One corrective retry, telling the model what was wrong.
                     warn!(reason = %why, "model output not in the ReAct format; retrying once");
+                    self.metrics.iteration(IterationOutcome::Retry);
                     let mut shown: String = text.chars().take(2000).collect();
                     if shown.len() < text.len() {
                         shown.push('…');
@@ -361,18 +386,23 @@ impl Handler for AgentService {
         .await;
         let step = match step {
             Ok(step) => step?,
-            Err(_) => Step::Failed(Error::new(
-                ErrorKind::Timeout,
-                format!(
-                    "the dialog did not finish within {} s",
-                    self.limits.dialog_timeout.as_secs()
-                ),
-            )),
+            Err(_) => Step::Deadline,
         };
         let outcome = match step {
             Step::Decided(o) => o,
-            Step::Failed(e) => return dialog.fail(e).await,
+            Step::Failed(e) => {
+                self.metrics.iteration(IterationOutcome::Error);
+                self.metrics.dialog(DialogOutcome::Error);
+                return dialog.fail(e).await;
+            }
+            Step::Deadline => {
+                self.metrics.iteration(IterationOutcome::Error);
+                self.metrics.dialog(DialogOutcome::Deadline);
+                return dialog.fail(self.deadline_error()).await;
+            }
             Step::Unparsable(why, _) => {
+                self.metrics.iteration(IterationOutcome::Error);
+                self.metrics.dialog(DialogOutcome::Error);
                 return dialog
                     .fail(Error::new(
                         ErrorKind::Agent,
@@ -383,6 +413,8 @@ impl Handler for AgentService {
         };
         match outcome {
             Outcome::Answer { thought, answer } => {
+                self.metrics.iteration(IterationOutcome::Answer);
+                self.metrics.dialog(DialogOutcome::Answer);
                 if !dialog.streaming {
                     if !thought.is_empty() {
                         dialog
@@ -403,6 +435,7 @@ impl Handler for AgentService {
                 name,
                 arguments,
             } => {
+                self.metrics.iteration(IterationOutcome::Action);
                 if !dialog.streaming && !thought.is_empty() {
                     dialog
                         .send(AgentMessageType::Thought, thought.clone(), true, false)
@@ -415,6 +448,9 @@ impl Handler for AgentService {
                 let tool = available.iter().find(|t| t.config.name == name);
                 let (observation, next_state) = match tool {
                     None => {
+                        // The model's made-up name is never a label.
+                        self.metrics
+                            .tool_call("", "", ToolOutcome::Unknown, Duration::ZERO);
                         let names: Vec<&str> =
                             available.iter().map(|t| t.config.name.as_str()).collect();
                         (
@@ -431,7 +467,19 @@ impl Handler for AgentService {
                     }
                     Some(t) => {
                         let timeout = self.limits.tool_timeout.min(remaining);
+                        let started = Instant::now();
                         let result = t.invoke(&arguments, ctx.traceparent.clone(), timeout).await;
+                        let outcome = match &result {
+                            Ok(_) => ToolOutcome::Success,
+                            Err(ToolError::Failed(_)) => ToolOutcome::Error,
+                            Err(ToolError::TimedOut(_)) => ToolOutcome::Timeout,
+                        };
+                        self.metrics.tool_call(
+                            &t.config.name,
+                            kind_label(&t.config.kind),
+                            outcome,
+                            started.elapsed(),
+                        );
                         let observation = match result {
                             Ok(o) => o,
                             Err(e) => {

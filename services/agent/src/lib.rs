@@ -4,9 +4,11 @@
 //! - [`react`]: the streaming parser of the model's ReAct output (thought, action with
 //!   arguments, final answer), markers split across tokens;
 //! - [`tools`]: tool configuration, group and state filters, invocation;
-//! - [`mcp`]: a client for tools on MCP servers (streamable HTTP, JSON-RPC).
+//! - [`mcp`]: a client for tools on MCP servers (streamable HTTP, JSON-RPC);
+//! - [`metrics`]: the agent's metrics (`sluice_agent_*`).
 
 pub mod handler;
 pub mod mcp;
+pub mod metrics;
 pub mod react;
 pub mod tools;

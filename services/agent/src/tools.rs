@@ -24,7 +24,7 @@ use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
 use serde::Deserialize;
 use serde_json::Value;
 use sluice_runtime::{
-    client::{Received, RequestClient, RequestOptions},
+    client::{ClientError, Received, RequestClient, RequestOptions},
     secret::Secret,
 };
 use sluice_schema::{
@@ -32,7 +32,7 @@ use sluice_schema::{
     TextCompletionResponse,
 };
 
-use crate::mcp::McpClient;
+use crate::mcp::{McpClient, McpError};
 
 /// One argument of a tool, as the model is told about it.
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
@@ -256,7 +256,7 @@ impl Tool {
         arguments: &BTreeMap<String, String>,
         traceparent: Option<String>,
         timeout: Duration,
-    ) -> Result<String, String> {
+    ) -> Result<String, ToolError> {
         let options = RequestOptions {
             traceparent,
             total_timeout: Some(timeout),
@@ -266,7 +266,7 @@ impl Tool {
             match &self.backend {
                 Backend::Prompt(client) => {
                     let ToolKind::Prompt { template } = &self.config.kind else {
-                        return Err("misconfigured prompt tool".to_owned());
+                        return Err(ToolError::Failed("misconfigured prompt tool".to_owned()));
                     };
                     let terms = arguments
                         .iter()
@@ -280,9 +280,9 @@ impl Tool {
                     let records = collect(client.request_with(&request, options).await).await?;
                     let last = records
                         .last()
-                        .ok_or("the prompt service answered nothing")?;
+                        .ok_or_else(|| failed("the prompt service answered nothing"))?;
                     if let Some(e) = &last.error {
-                        return Err(format!("{}: {}", e.kind, e.message));
+                        return Err(failed(format!("{}: {}", e.kind, e.message)));
                     }
                     Ok(last
                         .text
@@ -306,9 +306,11 @@ impl Tool {
                         ..TextCompletionRequest::default()
                     };
                     let records = collect(client.request_with(&request, options).await).await?;
-                    let last = records.last().ok_or("text-completion answered nothing")?;
+                    let last = records
+                        .last()
+                        .ok_or_else(|| failed("text-completion answered nothing"))?;
                     if let Some(e) = &last.error {
-                        return Err(format!("{}: {}", e.kind, e.message));
+                        return Err(failed(format!("{}: {}", e.kind, e.message)));
                     }
                     Ok(records.iter().map(|r| r.response.as_str()).collect())
                 }
@@ -331,19 +333,25 @@ impl Tool {
                     let result = client
                         .call(&remote, Value::Object(args))
                         .await
-                        .map_err(|e| e.to_string())?;
+                        .map_err(|e| match e {
+                            McpError::Timeout { .. } => ToolError::TimedOut(e.to_string()),
+                            other => failed(other.to_string()),
+                        })?;
                     if result.is_error {
-                        Err(result.text)
+                        Err(ToolError::Failed(result.text))
                     } else {
                         Ok(result.text)
                     }
                 }
                 Backend::Service(client) => {
-                    let request = serde_json::to_value(arguments).map_err(|e| e.to_string())?;
+                    let request =
+                        serde_json::to_value(arguments).map_err(|e| failed(e.to_string()))?;
                     let records = collect(client.request_with(&request, options).await).await?;
-                    let last = records.last().ok_or("the service answered nothing")?;
+                    let last = records
+                        .last()
+                        .ok_or_else(|| failed("the service answered nothing"))?;
                     if let Some(e) = &last.error {
-                        return Err(format!("{}: {}", e.kind, e.message));
+                        return Err(failed(format!("{}: {}", e.kind, e.message)));
                     }
                     Ok(last.value.to_string())
                 }
@@ -352,21 +360,46 @@ impl Tool {
         tokio::time::timeout(timeout, work)
             .await
             .unwrap_or_else(|_| {
-                Err(format!(
+                Err(ToolError::TimedOut(format!(
                     "the tool did not answer within {} s",
                     timeout.as_secs()
-                ))
+                )))
             })
     }
 }
 
+/// Why a tool call gave no result. Either way its text becomes the observation; the kind is
+/// for metrics.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ToolError {
+    /// The tool failed (an error answer, a refusal, an unreachable backend).
+    #[error("{0}")]
+    Failed(String),
+    /// The tool did not answer within its time limit.
+    #[error("{0}")]
+    TimedOut(String),
+}
+
+fn failed(message: impl Into<String>) -> ToolError {
+    ToolError::Failed(message.into())
+}
+
+fn client_error(e: ClientError) -> ToolError {
+    match e {
+        ClientError::InactivityTimeout(_) | ClientError::TotalTimeout(_) => {
+            ToolError::TimedOut(e.to_string())
+        }
+        other => failed(other.to_string()),
+    }
+}
+
 async fn collect<R: ResponseRecord>(
-    stream: Result<sluice_runtime::client::ResponseStream<R>, sluice_runtime::client::ClientError>,
-) -> Result<Vec<R>, String> {
-    let mut stream = stream.map_err(|e| e.to_string())?;
+    stream: Result<sluice_runtime::client::ResponseStream<R>, ClientError>,
+) -> Result<Vec<R>, ToolError> {
+    let mut stream = stream.map_err(client_error)?;
     let mut records = Vec::new();
     while let Some(item) = stream.next().await {
-        match item.map_err(|e| e.to_string())? {
+        match item.map_err(client_error)? {
             Received::Record(r) => records.push(r),
             Received::Restarted => records.clear(),
         }

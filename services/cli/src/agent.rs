@@ -9,6 +9,7 @@ use serde_json::Value;
 use sluice_agent::{
     handler::{AgentLimits, AgentService, DEFAULT_REACT_TEMPLATE},
     mcp::{McpClient, McpTimeouts},
+    metrics::AgentMetrics,
     tools::{self, AnyResponse, Backend, Tool, ToolKind},
 };
 use sluice_prompt::handler::LlmClient;
@@ -21,7 +22,7 @@ use sluice_runtime::{
 use sluice_schema::{PromptRequest, PromptResponse, TopicMapping, TopicName};
 
 use crate::{
-    common::{BusArgs, ProcessorArgs, cancel_topic, connect, processor_config},
+    common::{BusArgs, ConfigFileArgs, ProcessorArgs, cancel_topic, connect, processor_config},
     prompt::LlmServiceArgs,
 };
 
@@ -54,13 +55,16 @@ pub struct AgentArgs {
 }
 
 /// The agent handler `args` describe, on `bus`; `request_topic` is its own (for hand-offs).
+/// Its metrics are registered on `telemetry`'s registry.
 pub async fn agent_service(
     args: &AgentArgs,
     llm: Arc<LlmClient>,
     bus: Arc<dyn Bus>,
     mapping: TopicMapping,
     request_topic: &str,
+    telemetry: &Telemetry,
 ) -> Result<AgentService, String> {
+    let metrics = AgentMetrics::register(&telemetry.registry).map_err(|e| e.to_string())?;
     let configs = match &args.tools {
         Some(path) => tools::load(path).map_err(|e| e.to_string())?,
         None => Vec::new(),
@@ -138,7 +142,7 @@ pub async fn agent_service(
         dialog_timeout: Duration::from_secs(args.dialog_timeout_secs),
         tool_timeout: Duration::from_secs(args.tool_timeout_secs),
     };
-    AgentService::new(llm, tools, next_step, &template, limits).map_err(|e| e.to_string())
+    AgentService::new(llm, tools, next_step, &template, limits, metrics).map_err(|e| e.to_string())
 }
 
 fn mcp_client(
@@ -156,6 +160,8 @@ fn mcp_client(
 /// `sluice agent` options.
 #[derive(Args, Debug)]
 pub struct AgentCommand {
+    #[command(flatten)]
+    pub config: ConfigFileArgs,
     #[command(flatten)]
     bus: BusArgs,
     #[command(flatten)]
@@ -183,6 +189,7 @@ pub async fn run(args: AgentCommand) -> Result<(), String> {
             bus.clone(),
             args.bus.topic_mapping,
             &config.request_topic,
+            &telemetry,
         )
         .await?,
     );

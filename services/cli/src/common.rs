@@ -1,6 +1,6 @@
 //! Options every processor subcommand shares: the bus, the topics, concurrency, telemetry.
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use clap::Args;
 use sluice_runtime::{
@@ -14,6 +14,16 @@ use sluice_runtime::{
     secret::Secret,
 };
 use sluice_schema::{TopicMapping, TopicName};
+
+/// The `--config` file of a processor subcommand. `config::expand` reads it before clap
+/// parses; the field is here for `--help` and for clap to accept the option.
+#[derive(Args, Debug, Clone)]
+pub struct ConfigFileArgs {
+    /// A TOML file of option values, one key per long option of this command (`model =
+    /// "..."`, `concurrency = 64`). Flags and environment variables take precedence over it.
+    #[arg(long, env = "SLUICE_CONFIG")]
+    pub config: Option<PathBuf>,
+}
 
 /// Where the bus is.
 #[derive(Args, Debug, Clone)]

@@ -1,5 +1,7 @@
-//! `--config FILE` for `sluice serve`: a TOML file whose keys are the command's long option
-//! names (`model = "smollm2"`, `base-url = "http://..."`, `no-stream-usage = true`).
+//! `--config FILE` for `sluice serve` and the processor subcommands (`text-completion`,
+//! `prompt`, `agent`, `gateway`): a TOML file whose keys are that command's long option
+//! names (`model = "smollm2"`, `base-url = "http://..."`, `no-stream-usage = true`). A
+//! container mounts one such file per processor (a Kubernetes ConfigMap, a compose volume).
 //!
 //! The file is turned into option arguments placed before the ones on the command line, so
 //! clap parses everything once, with one set of validations and error messages. Precedence:
@@ -76,13 +78,17 @@ pub fn file_args(command: &Command, path: &Path) -> Result<Vec<OsString>, String
     Ok(out)
 }
 
-/// `args` with the config file of a `serve` command line (from `--config` or SLUICE_CONFIG)
-/// spliced in after the subcommand name.
+/// `args` with the config file of a command line whose subcommand takes `--config` (from
+/// `--config` or SLUICE_CONFIG) spliced in after the subcommand name.
 pub fn expand(args: Vec<OsString>, root: &Command) -> Result<Vec<OsString>, String> {
-    let Some(pos) = args.iter().position(|a| a == "serve") else {
+    let Some(pos) = subcommand_position(&args, root) else {
         return Ok(args);
     };
-    let Some(serve) = root.find_subcommand("serve") else {
+    let Some(sub) = args[pos]
+        .to_str()
+        .and_then(|name| root.find_subcommand(name))
+        .filter(|sub| sub.get_arguments().any(|a| a.get_long() == Some("config")))
+    else {
         return Ok(args);
     };
     let mut path = std::env::var_os("SLUICE_CONFIG").map(std::path::PathBuf::from);
@@ -98,11 +104,32 @@ pub fn expand(args: Vec<OsString>, root: &Command) -> Result<Vec<OsString>, Stri
     let Some(path) = path else {
         return Ok(args);
     };
-    let extra = file_args(serve, &path)?;
+    let extra = file_args(sub, &path)?;
     let mut out = args[..=pos].to_vec();
     out.extend(extra);
     out.extend_from_slice(&args[pos + 1..]);
     Ok(out)
+}
+
+/// Where the subcommand name is: the first argument after the program name that is not a
+/// global option or its value (`sluice --log-format json prompt ...`).
+fn subcommand_position(args: &[OsString], root: &Command) -> Option<usize> {
+    let mut i = 1;
+    while i < args.len() {
+        let a = args[i].to_string_lossy();
+        if let Some(long) = a.strip_prefix("--") {
+            let takes_value = root
+                .get_arguments()
+                .find(|arg| arg.get_long() == Some(long))
+                .is_some_and(|arg| arg.get_action().takes_values());
+            i += if takes_value { 2 } else { 1 };
+        } else if a.starts_with('-') {
+            i += 1;
+        } else {
+            return Some(i);
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -115,6 +142,7 @@ mod tests {
         Command::new("sluice").subcommand(
             Command::new("serve")
                 .args_override_self(true)
+                .arg(Arg::new("config").long("config"))
                 .arg(Arg::new("model").long("model"))
                 .arg(Arg::new("temperature").long("temperature"))
                 .arg(
@@ -153,8 +181,6 @@ mod tests {
         .collect();
         let root = command().arg(Arg::new("x").long("x"));
         let expanded = expand(args, &root).unwrap();
-        let serve = root.find_subcommand("serve").unwrap().clone();
-        let root = Command::new("sluice").subcommand(serve.arg(Arg::new("config").long("config")));
         let m = root.try_get_matches_from(expanded).unwrap();
         let m = m.subcommand_matches("serve").unwrap();
         assert_eq!(m.get_one::<String>("model").unwrap(), "from-argv");
@@ -168,5 +194,38 @@ mod tests {
         assert!(!err.contains("nope"), "values are not echoed: {err}");
         std::fs::write(&file, "model = [").unwrap();
         assert!(file_args(command().find_subcommand("serve").unwrap(), &file).is_err());
+    }
+
+    #[test]
+    fn only_a_subcommand_with_a_config_option_reads_the_file() {
+        let dir = std::env::temp_dir().join(format!("sluice-config-sub-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("prompt.toml");
+        std::fs::write(&file, "model = \"from-file\"\n").unwrap();
+        let path = file.to_str().unwrap();
+        let with_config = |name: &'static str| {
+            Command::new(name)
+                .arg(Arg::new("config").long("config"))
+                .arg(Arg::new("model").long("model"))
+        };
+        let root = Command::new("sluice")
+            .arg(Arg::new("log-format").long("log-format").global(true))
+            .subcommand(with_config("prompt"))
+            .subcommand(
+                Command::new("invoke")
+                    .subcommand(Command::new("prompt").arg(Arg::new("rest").num_args(0..))),
+            );
+        let argv = |a: &[&str]| a.iter().map(OsString::from).collect::<Vec<_>>();
+
+        // The subcommand is found after a global option and its value.
+        let args = argv(&["sluice", "--log-format", "json", "prompt", "--config", path]);
+        let expanded = expand(args, &root).unwrap();
+        assert_eq!(
+            expanded[4..],
+            argv(&["--model=from-file", "--config", path])[..]
+        );
+        // `invoke prompt` names a template, not the prompt processor: nothing is spliced.
+        let args = argv(&["sluice", "invoke", "prompt", "--config", path]);
+        assert_eq!(expand(args.clone(), &root).unwrap(), args);
     }
 }

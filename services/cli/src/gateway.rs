@@ -13,7 +13,7 @@ use sluice_schema::{TopicMapping, TopicName};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::common::{BusArgs, cancel_topic, connect};
+use crate::common::{BusArgs, ConfigFileArgs, cancel_topic, connect};
 
 /// How the gateway serves HTTP (shared by `gateway` and `serve`). The bearer token comes
 /// from SLUICE_GATEWAY_TOKEN or the file named by SLUICE_GATEWAY_TOKEN_FILE; without one,
@@ -83,6 +83,8 @@ fn parse_service(s: &str) -> Result<ServiceKind, String> {
 /// `sluice gateway` options.
 #[derive(Args, Debug)]
 pub struct GatewayCommand {
+    #[command(flatten)]
+    pub config: ConfigFileArgs,
     #[command(flatten)]
     bus: BusArgs,
     #[command(flatten)]

@@ -31,6 +31,7 @@ use sluice_runtime::{
     bus::admin::{NamespacePolicy, PulsarAdmin},
     secret::Secret,
     telemetry::{LogFormat, init_tracing},
+    trace::{OtlpConfig, init_otlp},
 };
 use sluice_schema::{TopicMapping, TopicName};
 
@@ -44,6 +45,14 @@ struct Cli {
     /// Log format: text or json.
     #[arg(long, global = true, default_value = "text", env = "SLUICE_LOG_FORMAT", value_parser = parse_log_format)]
     log_format: LogFormat,
+    /// Export spans over OTLP/HTTP (protobuf) to this collector base URL, e.g.
+    /// http://otel-collector:4318 (spans go to /v1/traces). Off when unset. Collector
+    /// headers, such as an API key, come from OTEL_EXPORTER_OTLP_HEADERS.
+    #[arg(long, global = true, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
+    /// The service.name exported spans carry [default: sluice-<command>].
+    #[arg(long, global = true, env = "OTEL_SERVICE_NAME")]
+    otlp_service_name: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -166,11 +175,55 @@ async fn main() -> ExitCode {
         };
     }
     init_tracing(cli.log_format);
-    match run(cli.command).await {
+    let otlp = match &cli.otlp_endpoint {
+        Some(endpoint) if !endpoint.is_empty() => {
+            let config = OtlpConfig {
+                endpoint: endpoint.clone(),
+                service_name: cli
+                    .otlp_service_name
+                    .clone()
+                    .unwrap_or_else(|| format!("sluice-{}", cli.command.name())),
+                timeout: std::time::Duration::from_secs(10),
+            };
+            match init_otlp(&config) {
+                Ok(guard) => {
+                    tracing::info!(service = %config.service_name, "exporting spans over OTLP");
+                    Some(guard)
+                }
+                Err(e) => {
+                    eprintln!("sluice: {e}");
+                    return ExitCode::from(2);
+                }
+            }
+        }
+        _ => None,
+    };
+    let result = run(cli.command).await;
+    if let Some(guard) = otlp {
+        // The last requests' spans: sent before exit, for at most a few seconds.
+        guard.shutdown().await;
+    }
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("sluice: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+impl Command {
+    /// The subcommand's name, for the default `service.name`.
+    fn name(&self) -> &'static str {
+        match self {
+            Command::Serve(_) => "serve",
+            Command::TextCompletion(_) => "text-completion",
+            Command::Agent(_) => "agent",
+            Command::Prompt(_) => "prompt",
+            Command::Gateway(_) => "gateway",
+            Command::Invoke(_) => "invoke",
+            Command::Topics { .. } => "topics",
+            Command::Pulsar { .. } => "pulsar",
         }
     }
 }

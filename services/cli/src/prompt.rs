@@ -18,7 +18,9 @@ use sluice_runtime::{
 use sluice_schema::{TopicMapping, TopicName};
 use tokio_util::sync::CancellationToken;
 
-use crate::common::{BusArgs, ProcessorArgs, cancel_topic, connect, processor_config};
+use crate::common::{
+    BusArgs, ConfigFileArgs, ProcessorArgs, cancel_topic, connect, processor_config,
+};
 
 /// Where templates come from (shared by `prompt` and `serve`).
 #[derive(Args, Debug, Clone)]
@@ -118,6 +120,8 @@ pub fn template_store(
 /// `sluice prompt` options.
 #[derive(Args, Debug)]
 pub struct PromptCommand {
+    #[command(flatten)]
+    pub config: ConfigFileArgs,
     #[command(flatten)]
     bus: BusArgs,
     #[command(flatten)]

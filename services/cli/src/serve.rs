@@ -128,6 +128,7 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
             bus.clone(),
             mapping,
             &agent_config.request_topic,
+            &telemetry,
         )
         .await?,
     );

@@ -19,7 +19,7 @@ use sluice_text_completion::{
     retry::RetryPolicy,
 };
 
-use crate::common::{BusArgs, ProcessorArgs, connect, processor_config};
+use crate::common::{BusArgs, ConfigFileArgs, ProcessorArgs, connect, processor_config};
 
 /// Which provider serves the completions.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -54,6 +54,8 @@ pub enum ProviderKind {
 /// `sluice text-completion` options.
 #[derive(Args, Debug)]
 pub struct TextCompletionArgs {
+    #[command(flatten)]
+    pub config: ConfigFileArgs,
     #[command(flatten)]
     bus: BusArgs,
     #[command(flatten)]

@@ -21,7 +21,7 @@ use crate::{
     Clients, Inner, client_error,
     events::{Event, Reason, Status},
     kinds::{Agent, Kind, Prompt, ServiceKind, StreamState, TextCompletion},
-    traceparent,
+    server_span,
 };
 
 /// A service kind the gateway holds a client for.
@@ -229,7 +229,9 @@ async fn handle<K: Routed>(
     };
     K::set_streaming(&mut request, mode != Mode::Json);
     let incoming = headers.get("traceparent").and_then(|v| v.to_str().ok());
-    let (tp, trace_id) = traceparent(incoming);
+    let span = server_span(route, incoming);
+    let tp = span.traceparent();
+    let trace_id = span.context().trace_id();
     let session_id = headers
         .get("x-session-id")
         .and_then(|v| v.to_str().ok())
@@ -253,7 +255,12 @@ async fn handle<K: Routed>(
     };
     match mode {
         Mode::Json => {
+            let mut span = span;
             let resp = whole::<K>(stream).await;
+            if !resp.status().is_success() {
+                span.fail(resp.status().as_str().to_owned());
+            }
+            span.end();
             counted(&inner, route, resp)
         }
         Mode::Ndjson | Mode::Sse => {
@@ -268,6 +275,7 @@ async fn handle<K: Routed>(
                 first_sent: false,
                 outcome: None,
                 inner: inner.clone(),
+                span,
             };
             inner.metrics.open_streams(route, 1);
             let events = futures::stream::unfold(events, |mut s| async move {
@@ -361,6 +369,8 @@ struct EventStream<K: Kind> {
     first_sent: bool,
     outcome: Option<&'static str>,
     inner: Arc<Inner>,
+    /// Ends when the stream is dropped: at its end, or when the caller goes away.
+    span: sluice_runtime::trace::Span,
 }
 
 impl<K: Kind> EventStream<K> {
@@ -440,6 +450,10 @@ impl<K: Kind> Drop for EventStream<K> {
             _ => "cancelled",
         };
         self.inner.metrics.stream_ended(route, outcome);
+        self.span.set("sluice.outcome", outcome);
+        if outcome != "success" {
+            self.span.fail(outcome);
+        }
     }
 }
 

@@ -32,6 +32,7 @@ use sluice_runtime::{
     bus::Bus,
     client::{ClientConfig, ClientError, RequestClient},
     telemetry::Telemetry,
+    trace,
 };
 use sluice_schema::{
     AgentRequest, AgentResponse, Error, ErrorKind, PromptRequest, PromptResponse,
@@ -278,20 +279,17 @@ pub(crate) fn client_error(e: &ClientError) -> Error {
     }
 }
 
-/// A fresh W3C `traceparent`, or one continuing the caller's trace.
-pub(crate) fn traceparent(incoming: Option<&str>) -> (String, String) {
-    let span = &uuid::Uuid::new_v4().simple().to_string()[..16];
-    let trace = incoming
-        .and_then(|tp| {
-            let mut parts = tp.trim().split('-');
-            let (_version, trace) = (parts.next()?, parts.next()?);
-            (trace.len() == 32
-                && trace.bytes().all(|b| b.is_ascii_hexdigit())
-                && trace != "00000000000000000000000000000000")
-                .then(|| trace.to_ascii_lowercase())
-        })
-        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
-    (format!("00-{trace}-{span}-01"), trace)
+/// The gateway's server span for one request: a child of the caller's `traceparent` header
+/// when it is valid, else the start of a new trace. Its context goes on the bus.
+pub(crate) fn server_span(route: &str, incoming: Option<&str>) -> trace::Span {
+    let mut span = trace::Span::start(
+        trace::Kind::Server,
+        format!("POST /api/v1/{route}"),
+        incoming,
+    );
+    span.set("http.request.method", "POST");
+    span.set("http.route", format!("/api/v1/{route}"));
+    span
 }
 
 #[cfg(test)]
@@ -299,21 +297,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn traceparent_continues_a_valid_trace_and_starts_one_otherwise() {
-        let (tp, trace) = traceparent(Some(
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-        ));
-        assert_eq!(trace, "4bf92f3577b34da6a3ce929d0e0e4736");
+    fn the_server_span_continues_a_valid_trace_and_starts_one_otherwise() {
+        let span = server_span(
+            "text-completion",
+            Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+        );
+        let tp = span.traceparent();
         assert!(tp.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"));
+        assert!(!tp.contains("00f067aa0ba902b7"));
         assert_eq!(tp.len(), 55);
         for bad in [
             None,
             Some("garbage"),
             Some("00-00000000000000000000000000000000-00f067aa0ba902b7-01"),
         ] {
-            let (tp, trace) = traceparent(bad);
-            assert_eq!(trace.len(), 32);
+            let tp = server_span("prompt", bad).traceparent();
             assert_eq!(tp.len(), 55);
+            assert!(!tp.contains("00000000000000000000000000000000"));
         }
     }
 }

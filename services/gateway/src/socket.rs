@@ -21,7 +21,7 @@ use crate::{
     Inner, client_error,
     http::Routed,
     kinds::{Agent, Prompt, ServiceKind, TextCompletion},
-    traceparent,
+    server_span,
 };
 
 /// Frames waiting for the socket; a slow reader slows its requests down rather than
@@ -238,9 +238,9 @@ async fn serve<K: Routed>(
         send(error_frame(Some(&id), &err)).await;
         return id;
     };
-    let (tp, _) = traceparent(None);
+    let mut span = server_span(K::KIND.as_str(), None);
     let options = RequestOptions {
-        traceparent: Some(tp),
+        traceparent: Some(span.traceparent()),
         ..RequestOptions::default()
     };
     let mut stream = match client.request_with(&request, options).await {
@@ -303,5 +303,10 @@ async fn serve<K: Routed>(
     }
     inner.metrics.open_streams(ROUTE, -1);
     inner.metrics.stream_ended(ROUTE, outcome);
+    span.set("sluice.outcome", outcome);
+    if outcome != "success" {
+        span.fail(outcome);
+    }
+    span.end();
     id
 }

@@ -17,6 +17,7 @@ pub mod ndjson;
 pub mod processor;
 pub mod secret;
 pub mod telemetry;
+pub mod trace;
 
 /// Locks a std mutex, recovering the data if a panicking thread poisoned it. Every
 /// critical section in this crate is a few map or vector operations that leave the data

@@ -36,6 +36,7 @@ use crate::{
     bus::{Bus, BusError, Delivery, Message, Publisher, Receipt, SubscribeOptions},
     cancel::{self, CancelRegistry},
     telemetry::{Outcome, Telemetry},
+    trace,
 };
 
 /// Default number of requests handled at once: LLM calls spend their time waiting on
@@ -260,6 +261,11 @@ impl<R: ResponseRecord> ResponseSink<R> {
         self.ended = true;
         self.handed_off = true;
         Ok(())
+    }
+
+    /// Whether the terminal record sent was an error.
+    pub fn ended_with_error(&self) -> bool {
+        self.ended_with_error
     }
 
     /// True once the terminal record is sent (or the request was handed off).
@@ -495,9 +501,18 @@ async fn handle_delivery<H: Handler>(
         return;
     };
     let attempt = uuid::Uuid::new_v4().simple().to_string();
-    let traceparent = delivery
-        .property(properties::TRACEPARENT)
-        .map(str::to_owned);
+    // This request's span: a child of the caller's context, whose own context goes to
+    // whatever the handler calls (see crate::trace).
+    let mut trace_span = trace::Span::start(
+        trace::Kind::Consumer,
+        format!("{processor} process"),
+        delivery.property(properties::TRACEPARENT),
+    );
+    trace_span.set("messaging.system", "pulsar");
+    trace_span.set("sluice.processor", processor.to_owned());
+    trace_span.set("sluice.request_id", id.clone());
+    trace_span.set("sluice.attempt", attempt.clone());
+    let traceparent = Some(trace_span.traceparent());
     let mut props = BTreeMap::from([
         (properties::ID.to_owned(), id.clone()),
         (properties::ATTEMPT.to_owned(), attempt.clone()),
@@ -591,6 +606,11 @@ async fn handle_delivery<H: Handler>(
     .instrument(span.clone())
     .await;
     let flushed = sink.flush().await;
+    trace_span.set("sluice.outcome", outcome.as_str());
+    if matches!(outcome, Outcome::Error | Outcome::Malformed) || flushed.is_err() {
+        trace_span.fail(outcome.as_str());
+    }
+    trace_span.end();
     metrics.records_published(processor, sink.records_sent());
     metrics.in_flight(processor, -1);
     let _enter = span.enter();

@@ -48,7 +48,8 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    fn as_str(self) -> &'static str {
+    /// The `outcome` label value.
+    pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Success => "success",
             Outcome::Error => "error",

@@ -16,7 +16,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures::StreamExt;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
-use sluice_runtime::processor::{Handler, RequestContext, ResponseSink, SinkError};
+use sluice_runtime::{
+    processor::{Handler, RequestContext, ResponseSink, SinkError},
+    trace,
+};
 use sluice_schema::{Error, ErrorKind, TextCompletionRequest, TextCompletionResponse};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -424,11 +427,30 @@ impl Handler for TextCompletionService {
               attempt = %ctx.attempt);
         let gauge = self.metrics.in_flight.with_label_values(&[provider, model]);
         gauge.inc();
-        let result = if streaming {
-            self.stream(&request, &ctx, sink, started).await
-        } else {
-            self.whole(&request, &ctx, sink, started).await
-        };
+        // The provider call's client span; its context goes out as the HTTP `traceparent`
+        // header (providers::send reads it from the task), so a provider that traces sees
+        // itself inside this request's trace.
+        let mut call = trace::Span::start(
+            trace::Kind::Client,
+            format!("chat {model}"),
+            ctx.traceparent.as_deref(),
+        );
+        call.set("gen_ai.system", provider.to_owned());
+        call.set("gen_ai.request.model", model.to_owned());
+        call.set("sluice.streaming", streaming);
+        let result = trace::OUTBOUND
+            .scope(call.traceparent(), async {
+                if streaming {
+                    self.stream(&request, &ctx, sink, started).await
+                } else {
+                    self.whole(&request, &ctx, sink, started).await
+                }
+            })
+            .await;
+        if result.is_err() || sink.ended_with_error() {
+            call.fail("error");
+        }
+        call.end();
         gauge.dec();
         match result {
             Ok(()) | Err(SinkError::Ended) => Ok(()),

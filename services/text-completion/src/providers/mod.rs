@@ -62,6 +62,11 @@ pub async fn send_with_headers(
     request: reqwest::RequestBuilder,
     describe: impl FnOnce(StatusCode, &reqwest::header::HeaderMap, &str) -> ProviderError,
 ) -> Result<reqwest::Response, ProviderError> {
+    // Inside a provider call's span (see the handler), carry its W3C trace context.
+    let request = match sluice_runtime::trace::outbound_traceparent() {
+        Some(tp) => request.header("traceparent", tp),
+        None => request,
+    };
     let resp = request.send().await.map_err(|e| transport_error(&e))?;
     let status = resp.status();
     if status.is_success() {
