@@ -54,6 +54,7 @@ impl SeenSpan {
 pub struct CollectorSeen {
     spans: Vec<SeenSpan>,
     content_types: Vec<String>,
+    authorizations: Vec<String>,
 }
 
 impl Fake<CollectorSeen> {
@@ -75,6 +76,11 @@ impl Fake<CollectorSeen> {
     /// Content types of the exports received.
     pub fn content_types(&self) -> Vec<String> {
         self.seen().content_types.clone()
+    }
+
+    /// The `authorization` header of every export received ("" when absent).
+    pub fn authorizations(&self) -> Vec<String> {
+        self.seen().authorizations.clone()
     }
 
     /// Waits (up to 30 s) until `done` holds for the spans received, and returns them.
@@ -107,8 +113,14 @@ async fn traces(
     let Ok(request) = ExportTraceServiceRequest::decode(body) else {
         return (StatusCode::BAD_REQUEST, Vec::new());
     };
+    let authorization = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
     let mut s = seen.lock().unwrap();
     s.content_types.push(content_type);
+    s.authorizations.push(authorization);
     for rs in request.resource_spans {
         let service = rs
             .resource

@@ -23,13 +23,15 @@ use promql_parser::{
     parser::{Expr, VectorSelector},
 };
 use serde_json::{Value, json};
-use sluice_tests::{Broker, fake_openai::FakeOpenAi, mcp_server};
+use sluice_tests::{Broker, fake_openai::FakeOpenAi, fake_otlp::FakeCollector, mcp_server};
 use tokio_tungstenite::tungstenite::Message;
 
 const KEY: &str = "sk-obs-provider-key-8841";
 const TOKEN: &str = "gateway-token-obs-2209";
 const MCP_TOKEN: &str = "mcp-token-obs-7310";
-const SECRETS: [&str; 3] = [KEY, TOKEN, MCP_TOKEN];
+/// The OTLP collector's API key, given as OpenTelemetry specifies (OTEL_EXPORTER_OTLP_HEADERS).
+const OTLP_KEY: &str = "otlp-collector-key-5150";
+const SECRETS: [&str; 4] = [KEY, TOKEN, MCP_TOKEN, OTLP_KEY];
 
 fn repo_file(path: &str) -> String {
     std::fs::read_to_string(format!("{}/../../{path}", env!("CARGO_MANIFEST_DIR")))
@@ -543,6 +545,10 @@ async fn every_service_exports_its_documented_metrics_and_no_secret() {
     let broker = Broker::from_env().await;
     let fake = FakeOpenAi::start().await;
     let mcp = mcp_server::start(Some(MCP_TOKEN)).await;
+    // Every process exports its spans here, so the traces can be followed across processes.
+    let collector = FakeCollector::start().await;
+    let otlp_endpoint = collector.base_url();
+    let otlp_headers = format!("authorization=Bearer {OTLP_KEY}");
     // One topicspace (a Pulsar tenant) per run: the gateway's topics are
     // `request:<topicspace>:<service>`, so parallel runs never share a subscription.
     let nanos = std::time::SystemTime::now()
@@ -593,10 +599,16 @@ async fn every_service_exports_its_documented_metrics_and_no_secret() {
         "SLUICE_TOOLS",
         "SLUICE_METRICS_ADDR",
         "SLUICE_LOG_FORMAT",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_SERVICE_NAME",
     ];
     let start = |argv: Vec<String>, env: &[(&str, &str)]| {
-        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-        let mut vars = vec![("RUST_LOG", "debug")];
+        let mut argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        argv.splice(0..0, ["--otlp-endpoint", otlp_endpoint.as_str()]);
+        let mut vars = vec![
+            ("RUST_LOG", "debug"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", otlp_headers.as_str()),
+        ];
         vars.extend_from_slice(env);
         Sluice::spawn(&argv, &vars, &clean)
     };
@@ -935,6 +947,7 @@ async fn every_service_exports_its_documented_metrics_and_no_secret() {
     }
     remove_tenant(&broker.admin_url, &ts).await;
     let _ = std::fs::remove_dir_all(&dir);
+    check_traces(&collector);
     for (name, out) in &outputs {
         assert!(
             out.status.success(),
@@ -978,5 +991,68 @@ async fn every_service_exports_its_documented_metrics_and_no_secret() {
             "{}",
             scraped[agent_m]
         );
+    }
+}
+
+/// The spans the four processes exported (each flushes its queue on SIGTERM): a prompt
+/// request is one trace across three processes, gateway -> prompt -> text-completion ->
+/// provider call, each span the parent of the next; every export carried the collector key
+/// from OTEL_EXPORTER_OTLP_HEADERS; no attribute holds a secret.
+fn check_traces(collector: &FakeCollector) {
+    let spans = collector.spans();
+    let services: BTreeSet<&str> = spans.iter().map(|s| s.service.as_str()).collect();
+    for service in [
+        "sluice-gateway",
+        "sluice-prompt",
+        "sluice-agent",
+        "sluice-text-completion",
+    ] {
+        assert!(
+            services.contains(service),
+            "no spans from {service}: {services:?}"
+        );
+    }
+    let by_id = |id: &str| spans.iter().find(|s| s.span_id == id);
+    let chained = spans
+        .iter()
+        .filter(|s| s.service == "sluice-text-completion" && s.name.starts_with("chat "))
+        .any(|call| {
+            let Some(tc) = by_id(&call.parent_span_id) else {
+                return false;
+            };
+            let Some(prompt) = by_id(&tc.parent_span_id) else {
+                return false;
+            };
+            let Some(gw) = by_id(&prompt.parent_span_id) else {
+                return false;
+            };
+            tc.service == "sluice-text-completion"
+                && tc.name == "text-completion process"
+                && prompt.service == "sluice-prompt"
+                && prompt.name == "prompt process"
+                && gw.service == "sluice-gateway"
+                && gw.name == "POST /api/v1/prompt"
+                && [tc, prompt, gw].iter().all(|s| s.trace_id == call.trace_id)
+        });
+    assert!(
+        chained,
+        "no gateway -> prompt -> text-completion -> provider chain in {spans:#?}"
+    );
+    let auth = collector.authorizations();
+    assert!(!auth.is_empty());
+    assert!(
+        auth.iter().all(|a| *a == format!("Bearer {OTLP_KEY}")),
+        "{auth:?}"
+    );
+    for span in &spans {
+        for (k, v) in &span.attributes {
+            for s in SECRETS {
+                assert!(
+                    !v.contains(s),
+                    "a secret in span attribute {k} of {}",
+                    span.name
+                );
+            }
+        }
     }
 }
