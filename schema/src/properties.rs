@@ -22,3 +22,10 @@ pub const ATTEMPT: &str = "sluice-attempt";
 /// the records of the attempt that handles it: the attempt id it continues. A client seeing a
 /// new attempt that continues its current one reads on instead of restarting the stream.
 pub const CONTINUES: &str = "sluice-continues";
+
+/// On a request: the client instance waiting for its answer (the name of that instance's
+/// response subscription). A service copies it onto every response record, so clients that
+/// share a response topic (gateway replicas, prompt and agent processors) skip each other's
+/// answers without counting them, and only their own late records count as unroutable.
+/// Records without it (from a TrustGraph service) are routed by [`ID`] alone, as before.
+pub const REPLY_TO: &str = "sluice-reply-to";

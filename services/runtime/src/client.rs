@@ -190,6 +190,7 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
             stop.clone(),
             metrics.clone(),
             config.service.clone(),
+            config.subscription.clone(),
         ));
         Ok(Self {
             config,
@@ -228,7 +229,13 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
         let id = options
             .id
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-        let mut properties = BTreeMap::from([(properties::ID.to_owned(), id.clone())]);
+        let mut properties = BTreeMap::from([
+            (properties::ID.to_owned(), id.clone()),
+            (
+                properties::REPLY_TO.to_owned(),
+                self.config.subscription.clone(),
+            ),
+        ]);
         if let Some(tp) = options.traceparent {
             properties.insert(properties::TRACEPARENT.to_owned(), tp);
         }
@@ -325,6 +332,7 @@ async fn route<R: ResponseRecord>(
     stop: CancellationToken,
     metrics: Option<RuntimeMetrics>,
     service: String,
+    me: String,
 ) {
     loop {
         let delivery = tokio::select! {
@@ -333,7 +341,7 @@ async fn route<R: ResponseRecord>(
             d = subscription.next() => d,
         };
         match delivery {
-            Some(Ok(d)) => dispatch(d, &routes, metrics.as_ref(), &service),
+            Some(Ok(d)) => dispatch(d, &routes, metrics.as_ref(), &service, &me),
             Some(Err(e)) => warn!(service, error = %e, "receiving responses failed"),
             None => break,
         }
@@ -348,7 +356,16 @@ fn dispatch<R: ResponseRecord>(
     routes: &Routes<R>,
     metrics: Option<&RuntimeMetrics>,
     service: &str,
+    me: &str,
 ) {
+    if delivery
+        .property(properties::REPLY_TO)
+        .is_some_and(|to| to != me)
+    {
+        // Another client's answer on the shared response topic: not ours, not a problem.
+        delivery.ack();
+        return;
+    }
     let unroutable = || {
         if let Some(m) = metrics {
             m.client_unroutable(service);
@@ -572,6 +589,88 @@ mod tests {
         assert!(b.next().await.is_none());
         ra.ack();
         rb.ack();
+    }
+
+    #[tokio::test]
+    async fn clients_sharing_a_response_topic_skip_each_others_answers_without_counting_them() {
+        let bus = MemoryBus::default();
+        let mut requests = bus
+            .subscribe("req", "svc", SubscribeOptions::shared(10))
+            .await
+            .unwrap();
+        let telemetry = crate::telemetry::Telemetry::new().unwrap();
+        let start = |service: &str| {
+            Client::start(
+                Arc::new(bus.clone()),
+                ClientConfig::new(service, "req", "resp"),
+                Some(telemetry.metrics.clone()),
+            )
+        };
+        let (a, b) = (start("a").await.unwrap(), start("b").await.unwrap());
+        let mut stream = a.request(&TextCompletionRequest::default()).await.unwrap();
+        let req = requests.next().await.unwrap().unwrap();
+        let reply_to = req.property(properties::REPLY_TO).unwrap().to_owned();
+        assert_eq!(reply_to, a.config.subscription);
+        let id = req.property(properties::ID).unwrap().to_owned();
+        req.ack();
+        // What a processor does: copy the id and the reply-to onto every record.
+        let answer = |text: &str| {
+            let r = TextCompletionResponse {
+                response: text.to_owned(),
+                end_of_stream: true,
+                ..Default::default()
+            };
+            Message::new(serde_json::to_vec(&r).unwrap())
+                .with_property(properties::ID, id.as_str())
+                .with_property(properties::REPLY_TO, reply_to.as_str())
+        };
+        let publisher = bus.publisher("resp").await.unwrap();
+        publisher.send(answer("hi")).await.unwrap().await.unwrap();
+        assert_eq!(text(stream.next().await), "hi");
+        // A late duplicate is a's own unroutable record; b never counts a's answers.
+        publisher
+            .send(answer("again"))
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        let unroutable = |service: &str| {
+            let series =
+                format!("sluice_client_unroutable_records_total{{service=\"{service}\"}} ");
+            telemetry
+                .render()
+                .lines()
+                .find_map(|l| l.strip_prefix(series.as_str()).map(str::to_owned))
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        for _ in 0..100 {
+            if unroutable("a") == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(unroutable("a"), 1);
+        // A record without the property (a TrustGraph service's) still counts everywhere.
+        let legacy = TextCompletionResponse::default();
+        publisher
+            .send(
+                Message::new(serde_json::to_vec(&legacy).unwrap())
+                    .with_property(properties::ID, "nobody"),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        for _ in 0..100 {
+            if unroutable("b") == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(unroutable("b"), 1, "only the record without a reply-to");
+        assert_eq!(unroutable("a"), 2);
+        drop(b);
     }
 
     #[tokio::test]

@@ -243,6 +243,7 @@ impl<R: ResponseRecord> ResponseSink<R> {
             properties::ID,
             properties::TRACEPARENT,
             properties::TRACESTATE,
+            properties::REPLY_TO,
         ] {
             if let Some(v) = self.properties.get(key) {
                 props.insert(key.to_owned(), v.clone());
@@ -521,6 +522,7 @@ async fn handle_delivery<H: Handler>(
         properties::TRACEPARENT,
         properties::TRACESTATE,
         properties::CONTINUES,
+        properties::REPLY_TO,
     ] {
         if let Some(v) = delivery.property(key) {
             props.insert(key.to_owned(), v.to_owned());
