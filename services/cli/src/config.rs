@@ -13,8 +13,9 @@ use std::{ffi::OsString, path::Path};
 
 use clap::Command;
 
-/// The option arguments the file at `path` stands for, for subcommand `command`.
-pub fn file_args(command: &Command, path: &Path) -> Result<Vec<OsString>, String> {
+/// The option arguments the file at `path` stands for, for subcommand `command` of `root`.
+/// Keys may also be `root`'s global options (`log-format`, `otlp-endpoint`).
+pub fn file_args(command: &Command, root: &Command, path: &Path) -> Result<Vec<OsString>, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read the config file {}: {e}", path.display()))?;
     // The parser's message and position only: its full display quotes the offending line.
@@ -33,6 +34,7 @@ pub fn file_args(command: &Command, path: &Path) -> Result<Vec<OsString>, String
     for (key, value) in table {
         let arg = command
             .get_arguments()
+            .chain(root.get_arguments().filter(|a| a.is_global_set()))
             .find(|a| a.get_long() == Some(key.as_str()) && key != "config")
             .ok_or_else(|| {
                 format!(
@@ -104,7 +106,7 @@ pub fn expand(args: Vec<OsString>, root: &Command) -> Result<Vec<OsString>, Stri
     let Some(path) = path else {
         return Ok(args);
     };
-    let extra = file_args(sub, &path)?;
+    let extra = file_args(sub, root, &path)?;
     let mut out = args[..=pos].to_vec();
     out.extend(extra);
     out.extend_from_slice(&args[pos + 1..]);
@@ -179,7 +181,14 @@ mod tests {
         .into_iter()
         .map(OsString::from)
         .collect();
-        let root = command().arg(Arg::new("x").long("x"));
+        let root = command()
+            .arg(Arg::new("x").long("x"))
+            .arg(Arg::new("log-format").long("log-format").global(true));
+        std::fs::write(
+            &file,
+            "model = \"from-file\"\ntemperature = 0.5\nno-stream-usage = true\nflow = \"f\"\nlog-format = \"json\"\n",
+        )
+        .unwrap();
         let expanded = expand(args, &root).unwrap();
         let m = root.try_get_matches_from(expanded).unwrap();
         let m = m.subcommand_matches("serve").unwrap();
@@ -187,13 +196,17 @@ mod tests {
         assert_eq!(m.get_one::<String>("temperature").unwrap(), "0.5");
         assert!(m.get_flag("flag"));
         assert_eq!(m.get_one::<String>("flow").unwrap(), "f");
+        // A global option in the file applies too.
+        assert_eq!(m.get_one::<String>("log-format").unwrap(), "json");
 
         std::fs::write(&file, "api-key = \"nope\"\n").unwrap();
-        let err = file_args(command().find_subcommand("serve").unwrap(), &file).unwrap_err();
+        let root = command();
+        let serve = root.find_subcommand("serve").unwrap();
+        let err = file_args(serve, &root, &file).unwrap_err();
         assert!(err.contains("unknown key \"api-key\""), "{err}");
         assert!(!err.contains("nope"), "values are not echoed: {err}");
         std::fs::write(&file, "model = [").unwrap();
-        assert!(file_args(command().find_subcommand("serve").unwrap(), &file).is_err());
+        assert!(file_args(serve, &root, &file).is_err());
     }
 
     #[test]
