@@ -350,6 +350,57 @@ impl Handler for EchoHandler {
     }
 }
 
+/// A text-completion handler for `config` (an OpenAI-dialect provider, usually pointed at a
+/// fake), with the default retry policy and its metrics on a registry of its own.
+pub fn openai_service(
+    config: sluice_text_completion::providers::openai::OpenAiConfig,
+) -> sluice_text_completion::handler::TextCompletionService {
+    use sluice_text_completion::{
+        handler::{LlmMetrics, TextCompletionService},
+        providers::openai::OpenAiProvider,
+        retry::RetryPolicy,
+    };
+    let telemetry = Telemetry::new().unwrap();
+    TextCompletionService::new(
+        Arc::new(OpenAiProvider::new(config).unwrap()),
+        RetryPolicy::default(),
+        LlmMetrics::register(&telemetry.registry).unwrap(),
+    )
+}
+
+/// A gateway on the bus, serving on a free loopback port.
+pub struct ServedGateway {
+    /// The gateway (close it to end its bus clients).
+    pub gateway: sluice_gateway::Gateway,
+    /// Where it listens.
+    pub addr: std::net::SocketAddr,
+    /// Cancel to stop accepting connections.
+    pub stop: CancellationToken,
+    /// Its metrics.
+    pub telemetry: Telemetry,
+}
+
+impl ServedGateway {
+    /// Starts a gateway for `config` and serves it.
+    pub async fn start(bus: Arc<dyn Bus>, config: sluice_gateway::GatewayConfig) -> Self {
+        let telemetry = Telemetry::new().unwrap();
+        let gateway = sluice_gateway::Gateway::start(bus, config, &telemetry)
+            .await
+            .unwrap();
+        let stop = CancellationToken::new();
+        let (addr, _task) = gateway
+            .serve("127.0.0.1:0".parse().unwrap(), stop.clone())
+            .await
+            .unwrap();
+        Self {
+            gateway,
+            addr,
+            stop,
+            telemetry,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

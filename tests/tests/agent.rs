@@ -32,13 +32,9 @@ use sluice_runtime::{
 use sluice_schema::{AgentMessageType, AgentRequest, AgentResponse, Error, ResponseRecord};
 use sluice_tests::{
     Broker, RunningProcessor, echo_config, fake_openai::FakeOpenAi, init_logging, mcp_server,
-    unique_topic,
+    openai_service, unique_topic,
 };
-use sluice_text_completion::{
-    handler::{LlmMetrics, TextCompletionService},
-    providers::openai::{Dialect, OpenAiConfig, OpenAiProvider},
-    retry::RetryPolicy,
-};
+use sluice_text_completion::providers::openai::{Dialect, OpenAiConfig};
 
 type AgentClient = RequestClient<AgentRequest, AgentResponse>;
 
@@ -161,12 +157,7 @@ impl Setup {
             prompt: pair("ag-prompt"),
             lookup: pair("ag-lookup"),
         };
-        let llm_telemetry = Telemetry::new().unwrap();
-        let service = TextCompletionService::new(
-            Arc::new(OpenAiProvider::new(config).unwrap()),
-            RetryPolicy::default(),
-            LlmMetrics::register(&llm_telemetry.registry).unwrap(),
-        );
+        let service = openai_service(config);
         let llm = RunningProcessor::start(
             broker.bus().await,
             echo_config(&topics.llm.0, &topics.llm.1, 64),

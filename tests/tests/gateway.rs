@@ -10,12 +10,11 @@ use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use sluice_gateway::{Auth, Gateway, GatewayConfig, ServiceKind, ServiceTopics};
 use sluice_runtime::{processor::ProcessorConfig, secret::Secret, telemetry::Telemetry};
-use sluice_tests::{Broker, RunningProcessor, fake_openai::FakeOpenAi, init_logging, unique_topic};
-use sluice_text_completion::{
-    handler::{LlmMetrics, TextCompletionService},
-    providers::openai::{Dialect, OpenAiConfig, OpenAiProvider},
-    retry::RetryPolicy,
+use sluice_tests::{
+    Broker, RunningProcessor, ServedGateway, fake_openai::FakeOpenAi, init_logging, openai_service,
+    unique_topic,
 };
+use sluice_text_completion::providers::openai::{Dialect, OpenAiConfig};
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_util::sync::CancellationToken;
 
@@ -38,10 +37,7 @@ impl Stack {
         let mut config = OpenAiConfig::new(Dialect::OpenAi, fake.base_url(), model);
         config.api_key = Some(Secret::new("sk-provider-key"));
         config.api_key_source = "OPENAI_API_KEY".into();
-        let provider = Arc::new(OpenAiProvider::new(config).unwrap());
-        let llm_telemetry = Telemetry::new().unwrap();
-        let metrics = LlmMetrics::register(&llm_telemetry.registry).unwrap();
-        let service = TextCompletionService::new(provider, RetryPolicy::default(), metrics);
+        let service = openai_service(config);
         let topics = ServiceTopics {
             request: unique_topic("gw-req"),
             response: unique_topic("gw-resp"),
@@ -54,15 +50,12 @@ impl Stack {
         let mut gc = GatewayConfig::new();
         gc.services.insert(ServiceKind::TextCompletion, topics);
         configure(&mut gc);
-        let telemetry = Telemetry::new().unwrap();
-        let gateway = Gateway::start(broker.bus().await, gc, &telemetry)
-            .await
-            .unwrap();
-        let stop = CancellationToken::new();
-        let (addr, _task) = gateway
-            .serve("127.0.0.1:0".parse().unwrap(), stop.clone())
-            .await
-            .unwrap();
+        let ServedGateway {
+            gateway,
+            addr,
+            stop,
+            telemetry,
+        } = ServedGateway::start(broker.bus().await, gc).await;
         Self {
             fake,
             processor,

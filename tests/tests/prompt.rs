@@ -19,13 +19,10 @@ use sluice_runtime::{
 };
 use sluice_schema::{PromptRequest, PromptResponse};
 use sluice_tests::{
-    Broker, RunningProcessor, echo_config, fake_openai::FakeOpenAi, init_logging, unique_topic,
+    Broker, RunningProcessor, echo_config, fake_openai::FakeOpenAi, init_logging, openai_service,
+    unique_topic,
 };
-use sluice_text_completion::{
-    handler::{LlmMetrics, TextCompletionService},
-    providers::openai::{Dialect, OpenAiConfig, OpenAiProvider},
-    retry::RetryPolicy,
-};
+use sluice_text_completion::providers::openai::{Dialect, OpenAiConfig};
 use tokio_util::sync::CancellationToken;
 
 type PromptClient = RequestClient<PromptRequest, PromptResponse>;
@@ -66,13 +63,7 @@ impl Setup {
         let fake = FakeOpenAi::start().await;
         let mut config = OpenAiConfig::new(Dialect::OpenAi, fake.base_url(), model);
         config.api_key = Some(Secret::new("sk-test"));
-        let provider = Arc::new(OpenAiProvider::new(config).unwrap());
-        let llm_telemetry = Telemetry::new().unwrap();
-        let service = TextCompletionService::new(
-            provider,
-            RetryPolicy::default(),
-            LlmMetrics::register(&llm_telemetry.registry).unwrap(),
-        );
+        let service = openai_service(config);
         let (tc_req, tc_resp, tc_cancel) = (
             unique_topic("tc-req"),
             unique_topic("tc-resp"),

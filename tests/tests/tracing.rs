@@ -9,7 +9,7 @@
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
-use sluice_gateway::{Gateway, GatewayConfig, ServiceKind, ServiceTopics};
+use sluice_gateway::{GatewayConfig, ServiceKind, ServiceTopics};
 use sluice_prompt::{
     handler::{LlmClient, PromptService},
     metrics::PromptMetrics,
@@ -23,17 +23,12 @@ use sluice_runtime::{
     trace::{OtlpConfig, init_otlp},
 };
 use sluice_tests::{
-    Broker, RunningProcessor,
+    Broker, RunningProcessor, ServedGateway,
     fake_openai::FakeOpenAi,
     fake_otlp::{FakeCollector, SeenSpan},
-    init_logging, unique_topic,
+    init_logging, openai_service, unique_topic,
 };
-use sluice_text_completion::{
-    handler::{LlmMetrics, TextCompletionService},
-    providers::openai::{Dialect, OpenAiConfig, OpenAiProvider},
-    retry::RetryPolicy,
-};
-use tokio_util::sync::CancellationToken;
+use sluice_text_completion::providers::openai::{Dialect, OpenAiConfig};
 
 const TEMPLATES: &str = r#"{"templates": {"say": {"prompt": "{{ out }}"}}}"#;
 const KEY: &str = "sk-trace-test-key-3141";
@@ -49,8 +44,7 @@ struct Stack {
     addr: SocketAddr,
     _llm: RunningProcessor,
     _prompt: RunningProcessor,
-    _gateway: Gateway,
-    _stop: CancellationToken,
+    _gateway: ServedGateway,
 }
 
 async fn stack() -> Stack {
@@ -58,13 +52,7 @@ async fn stack() -> Stack {
     let fake = FakeOpenAi::start().await;
     let mut config = OpenAiConfig::new(Dialect::OpenAi, fake.base_url(), MODEL);
     config.api_key = Some(Secret::new(KEY));
-    let provider = Arc::new(OpenAiProvider::new(config).unwrap());
-    let llm_telemetry = Telemetry::new().unwrap();
-    let service = TextCompletionService::new(
-        provider,
-        RetryPolicy::default(),
-        LlmMetrics::register(&llm_telemetry.registry).unwrap(),
-    );
+    let service = openai_service(config);
     let (tc_req, tc_resp, tc_cancel) = (
         unique_topic("trace-tc-req"),
         unique_topic("trace-tc-resp"),
@@ -102,22 +90,13 @@ async fn stack() -> Stack {
 
     let mut gc = GatewayConfig::new();
     gc.services.insert(ServiceKind::Prompt, topics);
-    let telemetry = Telemetry::new().unwrap();
-    let gateway = Gateway::start(broker.bus().await, gc, &telemetry)
-        .await
-        .unwrap();
-    let stop = CancellationToken::new();
-    let (addr, _task) = gateway
-        .serve("127.0.0.1:0".parse().unwrap(), stop.clone())
-        .await
-        .unwrap();
+    let gateway = ServedGateway::start(broker.bus().await, gc).await;
     Stack {
         fake,
-        addr,
+        addr: gateway.addr,
         _llm: llm,
         _prompt: prompt,
         _gateway: gateway,
-        _stop: stop,
     }
 }
 
