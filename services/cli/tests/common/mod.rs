@@ -126,6 +126,16 @@ impl Sluice {
         self.stderr.lock().unwrap().clone()
     }
 
+    /// Sends signal `name` (`HUP`, `TERM`, ...) to the process.
+    pub fn signal(&self, name: &str) {
+        let pid = self.child.id().unwrap();
+        let sent = std::process::Command::new("kill")
+            .args([format!("-{name}"), pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    }
+
     /// SIGTERM, then the exit status and everything it wrote.
     pub async fn stop(mut self) -> Stopped {
         let pid = self.child.id().unwrap();
