@@ -10,6 +10,13 @@ cd "$(dirname "$0")/.."
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sluice/target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+# CI builds a fresh clone once: incremental compilation state (many GB per clone path) would
+# only fill the disk, and a full disk turns the broker's bookie read-only.
+if [ "${CI:-}" = "true" ]; then export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"; fi
+free_gb=$(df -Pk "$HOME" | awk 'NR == 2 { print int($4 / 1048576) }')
+if [ "${free_gb:-0}" -lt 15 ]; then
+  echo "warning: ${free_gb} GB free under $HOME; a build of the tests takes ~15 GB, and Pulsar's bookie turns read-only above 95% disk use" >&2
+fi
 
 . scripts/prereqs.sh
 # protoc: pulsar-rs generates its protocol code at build time; maven fetches Pulsar;

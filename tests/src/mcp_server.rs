@@ -54,6 +54,8 @@ struct Counters {
     calls: AtomicUsize,
     cancelled: AtomicUsize,
     sessions: AtomicUsize,
+    /// The `traceparent` header of every HTTP request that carried one.
+    traceparents: std::sync::Mutex<Vec<String>>,
 }
 
 /// The tools, one instance per session (rmcp builds one per `initialize`).
@@ -196,10 +198,22 @@ impl ServerHandler for Tools {
 struct Endpoint {
     service: StreamableHttpService<Tools, LocalSessionManager>,
     token: Option<String>,
+    counters: Arc<Counters>,
 }
 
 impl Endpoint {
     async fn serve(&self, request: Request) -> Response {
+        if let Some(tp) = request
+            .headers()
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+        {
+            self.counters
+                .traceparents
+                .lock()
+                .unwrap()
+                .push(tp.to_owned());
+        }
         if let Some(token) = &self.token {
             let expected = format!("Bearer {token}");
             let given = request
@@ -255,6 +269,7 @@ pub async fn start(token: Option<&str>) -> McpServer {
             config.clone(),
         ),
         token: token.map(str::to_owned),
+        counters: counters.clone(),
     });
     let stateless = Arc::new(Endpoint {
         service: StreamableHttpService::new(
@@ -263,6 +278,7 @@ pub async fn start(token: Option<&str>) -> McpServer {
             config.with_stateful_mode(false).with_json_response(true),
         ),
         token: token.map(str::to_owned),
+        counters: counters.clone(),
     });
     let app = Router::new()
         .route(
@@ -304,6 +320,11 @@ impl McpServer {
     /// `tools/call` requests that reached the tools (both endpoints).
     pub fn calls(&self) -> usize {
         self.counters.calls.load(Ordering::SeqCst)
+    }
+
+    /// The `traceparent` headers received, in order.
+    pub fn traceparents(&self) -> Vec<String> {
+        self.counters.traceparents.lock().unwrap().clone()
     }
 
     /// `slow` calls cancelled by the client before they finished.

@@ -26,6 +26,7 @@ use sluice_runtime::{
     bus::Publisher,
     client::{ClientError, Received, RequestClient, RequestOptions},
     processor::{Handler, RequestContext, ResponseSink},
+    trace,
 };
 use sluice_schema::{
     AgentMessageType, AgentRequest, AgentResponse, AgentStep, Error, ErrorKind, PendingUsage,
@@ -468,7 +469,21 @@ impl Handler for AgentService {
                     Some(t) => {
                         let timeout = self.limits.tool_timeout.min(remaining);
                         let started = Instant::now();
-                        let result = t.invoke(&arguments, ctx.traceparent.clone(), timeout).await;
+                        // The tool call's client span: its context goes to the service the
+                        // tool calls (as the request's property, or the MCP server's HTTP
+                        // `traceparent` header).
+                        let mut span = trace::Span::start(
+                            trace::Kind::Client,
+                            format!("tool {}", t.config.name),
+                            ctx.traceparent.as_deref(),
+                        );
+                        span.set("sluice.tool.kind", kind_label(&t.config.kind));
+                        let result = trace::OUTBOUND
+                            .scope(
+                                span.traceparent(),
+                                t.invoke(&arguments, Some(span.traceparent()), timeout),
+                            )
+                            .await;
                         let outcome = match &result {
                             Ok(_) => ToolOutcome::Success,
                             Err(ToolError::Failed(_)) => ToolOutcome::Error,
@@ -480,6 +495,10 @@ impl Handler for AgentService {
                             outcome,
                             started.elapsed(),
                         );
+                        if outcome != ToolOutcome::Success {
+                            span.fail(outcome.as_str());
+                        }
+                        span.end();
                         let observation = match result {
                             Ok(o) => o,
                             Err(e) => {

@@ -466,10 +466,15 @@ impl McpClient {
         body: &Value,
         method: &str,
     ) -> Result<reqwest::Response, Failure> {
-        let response = self
+        let mut request = self
             .http
             .post(self.endpoint.clone())
-            .headers(self.headers(session))
+            .headers(self.headers(session));
+        // Inside a tool call's span (see the handler), carry its W3C trace context.
+        if let Some(tp) = sluice_runtime::trace::outbound_traceparent() {
+            request = request.header("traceparent", tp);
+        }
+        let response = request
             .json(body)
             .send()
             .await

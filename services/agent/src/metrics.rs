@@ -57,7 +57,8 @@ pub enum ToolOutcome {
 }
 
 impl ToolOutcome {
-    fn as_str(self) -> &'static str {
+    /// The `outcome` label value.
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::Success => "success",
             Self::Error => "error",

@@ -947,7 +947,7 @@ async fn every_service_exports_its_documented_metrics_and_no_secret() {
     }
     remove_tenant(&broker.admin_url, &ts).await;
     let _ = std::fs::remove_dir_all(&dir);
-    check_traces(&collector);
+    check_traces(&collector, &mcp.traceparents());
     for (name, out) in &outputs {
         assert!(
             out.status.success(),
@@ -998,7 +998,7 @@ async fn every_service_exports_its_documented_metrics_and_no_secret() {
 /// request is one trace across three processes, gateway -> prompt -> text-completion ->
 /// provider call, each span the parent of the next; every export carried the collector key
 /// from OTEL_EXPORTER_OTLP_HEADERS; no attribute holds a secret.
-fn check_traces(collector: &FakeCollector) {
+fn check_traces(collector: &FakeCollector, mcp_traceparents: &[String]) {
     let spans = collector.spans();
     let services: BTreeSet<&str> = spans.iter().map(|s| s.service.as_str()).collect();
     for service in [
@@ -1037,6 +1037,23 @@ fn check_traces(collector: &FakeCollector) {
     assert!(
         chained,
         "no gateway -> prompt -> text-completion -> provider chain in {spans:#?}"
+    );
+    // The agent's tool call: a client span, child of an agent step, whose context reached the
+    // MCP server as its HTTP `traceparent` header.
+    let tool = spans
+        .iter()
+        .find(|s| s.service == "sluice-agent" && s.name == "tool add")
+        .unwrap_or_else(|| panic!("no tool span in {spans:#?}"));
+    assert_eq!(tool.kind, 3, "a client span");
+    let step = by_id(&tool.parent_span_id).expect("the tool span's parent was exported");
+    assert_eq!(
+        (step.name.as_str(), step.trace_id.as_str()),
+        ("agent process", tool.trace_id.as_str())
+    );
+    let header = format!("00-{}-{}-01", tool.trace_id, tool.span_id);
+    assert!(
+        mcp_traceparents.contains(&header),
+        "the MCP server never saw {header}: {mcp_traceparents:?}"
     );
     let auth = collector.authorizations();
     assert!(!auth.is_empty());
