@@ -96,6 +96,11 @@ fn ms(h: &Histogram<u64>, q: f64) -> f64 {
     h.value_at_quantile(q) as f64 / 1000.0
 }
 
+/// A table row: `label`, then the p50 and p99 of `h` (microseconds) in milliseconds.
+fn quantile_row(md: &mut String, label: &str, h: &Histogram<u64>) {
+    let _ = writeln!(md, "| {label} | {:.2} | {:.2} |", ms(h, 0.5), ms(h, 0.99));
+}
+
 /// Raw pulsar-rs: publish on A; a responder consumes A and republishes on B; receive on B.
 /// `split` gives consuming and producing their own clients (own TCP connections).
 struct RawPair {
@@ -493,17 +498,11 @@ async fn text_completion_bench(broker: &Broker, requests: u64, levels: &[u64]) -
         md,
         "| time to first token | p50 ms | p99 ms |\n|---|---|---|"
     );
-    let _ = writeln!(
-        md,
-        "| fake provider called directly | {:.2} | {:.2} |",
-        ms(&h_direct, 0.5),
-        ms(&h_direct, 0.99)
-    );
-    let _ = writeln!(
-        md,
-        "| client → broker → `sluice text-completion` → provider → broker → client | {:.2} | {:.2} |",
-        ms(&h_sluice, 0.5),
-        ms(&h_sluice, 0.99)
+    quantile_row(&mut md, "fake provider called directly", &h_direct);
+    quantile_row(
+        &mut md,
+        "client → broker → `sluice text-completion` → provider → broker → client",
+        &h_sluice,
     );
     let _ = writeln!(
         md,
@@ -511,18 +510,12 @@ async fn text_completion_bench(broker: &Broker, requests: u64, levels: &[u64]) -
         ms(&h_sluice, 0.5) - ms(&h_direct, 0.5),
         ms(&h_sluice, 0.99) - ms(&h_direct, 0.99)
     );
-    let _ = writeln!(
-        md,
-        "| of which two broker hops: raw pulsar-rs round trip after 3 ms idle, no sluice code | {:.2} | {:.2} |",
-        ms(&h_floor, 0.5),
-        ms(&h_floor, 0.99)
+    quantile_row(
+        &mut md,
+        "of which two broker hops: raw pulsar-rs round trip after 3 ms idle, no sluice code",
+        &h_floor,
     );
-    let _ = writeln!(
-        md,
-        "| same sluice path on non-persistent topics | {:.2} | {:.2} |",
-        ms(&h_np, 0.5),
-        ms(&h_np, 0.99)
-    );
+    quantile_row(&mut md, "same sluice path on non-persistent topics", &h_np);
     let _ = writeln!(
         md,
         "| overhead on non-persistent topics (difference) | {:.2} | {:.2} |\n",

@@ -182,10 +182,6 @@ async fn llm_once(c: &TextClient, h: &mut Histogram<u64>) -> u64 {
     n
 }
 
-fn us_ms(h: &Histogram<u64>, q: f64) -> f64 {
-    h.value_at_quantile(q) as f64 / 1000.0
-}
-
 /// Runs the scenario and returns the README table.
 pub async fn bench(broker: &Broker, requests: u64, objects: u64) -> (String, serde_json::Value) {
     let fake = FakeOpenAi::start().await;
@@ -255,22 +251,20 @@ pub async fn bench(broker: &Broker, requests: u64, objects: u64) -> (String, ser
         "| a line's last token leaving the provider → its record at a client | p50 ms | p99 ms |"
     );
     let _ = writeln!(md, "|---|---|---|");
-    let _ = writeln!(
-        md,
-        "| text-completion record carrying the token (client → text-completion directly) | {:.2} | {:.2} |",
-        us_ms(&direct, 0.5),
-        us_ms(&direct, 0.99)
+    crate::quantile_row(
+        &mut md,
+        "text-completion record carrying the token (client → text-completion directly)",
+        &direct,
     );
-    let _ = writeln!(
-        md,
-        "| prompt `object` record (client → prompt → text-completion) | {:.2} | {:.2} |",
-        us_ms(&via_prompt, 0.5),
-        us_ms(&via_prompt, 0.99)
+    crate::quantile_row(
+        &mut md,
+        "prompt `object` record (client → prompt → text-completion)",
+        &via_prompt,
     );
     let _ = writeln!(
         md,
         "| what the prompt hop adds (p50 difference) | {:.2} | |",
-        us_ms(&via_prompt, 0.5) - us_ms(&direct, 0.5)
+        crate::ms(&via_prompt, 0.5) - crate::ms(&direct, 0.5)
     );
     let _ = writeln!(
         md,
@@ -287,8 +281,8 @@ pub async fn bench(broker: &Broker, requests: u64, objects: u64) -> (String, ser
     );
     let json = serde_json::json!({
         "line_to_record_ms": {
-            "direct": {"p50": us_ms(&direct, 0.5), "p99": us_ms(&direct, 0.99)},
-            "prompt": {"p50": us_ms(&via_prompt, 0.5), "p99": us_ms(&via_prompt, 0.99)},
+            "direct": {"p50": crate::ms(&direct, 0.5), "p99": crate::ms(&direct, 0.99)},
+            "prompt": {"p50": crate::ms(&via_prompt, 0.5), "p99": crate::ms(&via_prompt, 0.99)},
         },
         "objects_per_s": objects_per_s,
         "text_completion_records_per_s": records_per_s,
