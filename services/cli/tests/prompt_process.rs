@@ -7,35 +7,28 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Sluice, free_port};
+use common::{Sluice, free_port, scrape, value};
 use sluice_tests::{Broker, unique_topic};
 
 const ONE: &str = r#"{"templates": {"first": {"prompt": "{{ x }}"}}}"#;
 const TWO: &str =
     r#"{"templates": {"first": {"prompt": "{{ x }}"}, "second": {"prompt": "{{ y }}"}}}"#;
 
-async fn metric(port: u16, series: &str) -> Option<f64> {
-    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+async fn metric(port: u16, name: &str, labels: &[(&str, &str)]) -> f64 {
+    value(&scrape(port).await, name, labels)
 }
 
-/// Waits (up to 30 s) until `series` reads `want`; panics with the log otherwise.
-async fn until(process: &Sluice, port: u16, series: &str, want: f64) {
+/// Waits (up to 30 s) until `name{labels}` reads `want`; panics with the log otherwise.
+async fn until(process: &Sluice, port: u16, name: &str, labels: &[(&str, &str)], want: f64) {
     for _ in 0..300 {
-        if metric(port, series).await == Some(want) {
+        if metric(port, name, labels).await == want {
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!(
-        "{series} never read {want} (now {:?}):\n{}",
-        metric(port, series).await,
+        "{name}{labels:?} never read {want} (now {}):\n{}",
+        metric(port, name, labels).await,
         process.stderr()
     );
 }
@@ -83,18 +76,19 @@ async fn sighup_reloads_the_template_file_and_a_broken_file_keeps_the_old_set() 
     prompt
         .ready(&format!("http://127.0.0.1:{port}/readyz"))
         .await;
-    until(&prompt, port, "sluice_prompt_templates", 1.0).await;
+    until(&prompt, port, "sluice_prompt_templates", &[], 1.0).await;
 
     // A new file: nothing happens until SIGHUP (the poll is an hour away)...
     std::fs::write(&file, TWO).unwrap();
-    assert_eq!(metric(port, "sluice_prompt_templates").await, Some(1.0));
+    assert_eq!(metric(port, "sluice_prompt_templates", &[]).await, 1.0);
     // ...which loads it.
     prompt.signal("HUP");
-    until(&prompt, port, "sluice_prompt_templates", 2.0).await;
+    until(&prompt, port, "sluice_prompt_templates", &[], 2.0).await;
     until(
         &prompt,
         port,
-        r#"sluice_prompt_template_reloads_total{outcome="success"}"#,
+        "sluice_prompt_template_reloads_total",
+        &[("outcome", "success")],
         1.0,
     )
     .await;
@@ -105,11 +99,12 @@ async fn sighup_reloads_the_template_file_and_a_broken_file_keeps_the_old_set() 
     until(
         &prompt,
         port,
-        r#"sluice_prompt_template_reloads_total{outcome="failure"}"#,
+        "sluice_prompt_template_reloads_total",
+        &[("outcome", "failure")],
         1.0,
     )
     .await;
-    assert_eq!(metric(port, "sluice_prompt_templates").await, Some(2.0));
+    assert_eq!(metric(port, "sluice_prompt_templates", &[]).await, 2.0);
 
     let out = prompt.stop().await;
     assert!(out.status.success(), "{:?}\n{}", out.status, out.stderr);
