@@ -107,6 +107,15 @@ impl Fake<OpenAiSeen> {
     }
 }
 
+/// The `N-D` of model names such as `tokens-N-D`: N pieces (default 10), D ms apart
+/// (default 0).
+fn count_and_gap(spec: &str) -> (u64, Duration) {
+    let mut parts = spec.split('-');
+    let n = parts.next().and_then(|x| x.parse().ok()).unwrap_or(10);
+    let gap = parts.next().and_then(|x| x.parse().ok()).unwrap_or(0);
+    (n, Duration::from_millis(gap))
+}
+
 fn event(v: Value) -> String {
     format!("data: {v}\n\n")
 }
@@ -369,9 +378,7 @@ async fn chat(
         m if m.starts_with("stamped-") => {
             // N JSON lines `{"seq": i, "sent_ns": T}` in two tokens each, the second stamped
             // with the time it is sent, D ms apart (for benchmarks).
-            let mut parts = m.trim_start_matches("stamped-").split('-');
-            let n: u64 = parts.next().and_then(|x| x.parse().ok()).unwrap_or(10);
-            let gap = Duration::from_millis(parts.next().and_then(|x| x.parse().ok()).unwrap_or(0));
+            let (n, gap) = count_and_gap(m.trim_start_matches("stamped-"));
             let mut v = Vec::new();
             for i in 0..n {
                 if !gap.is_zero() {
@@ -410,9 +417,7 @@ async fn chat(
             }
         }
         m if m.starts_with("tokens-") => {
-            let mut parts = m.trim_start_matches("tokens-").split('-');
-            let n: u64 = parts.next().and_then(|x| x.parse().ok()).unwrap_or(10);
-            let gap = Duration::from_millis(parts.next().and_then(|x| x.parse().ok()).unwrap_or(0));
+            let (n, gap) = count_and_gap(m.trim_start_matches("tokens-"));
             let mut v = Vec::new();
             for i in 0..n {
                 if !gap.is_zero() {
