@@ -225,6 +225,12 @@ pub fn unique_topic(name: &str) -> String {
     )
 }
 
+/// A fresh non-persistent topic in the test namespace: TrustGraph's mapping of its `request`
+/// and `response` classes, where the broker drops what a consumer has no permits for.
+pub fn unique_non_persistent_topic(name: &str) -> String {
+    unique_topic(name).replacen("persistent://", "non-persistent://", 1)
+}
+
 /// Logs to the test output when `RUST_LOG` is set.
 pub fn init_logging() {
     let _ = tracing_subscriber::fmt()

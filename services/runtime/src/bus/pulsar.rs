@@ -324,15 +324,16 @@ impl ConsumerSpec {
             StartPosition::Earliest => InitialPosition::Earliest,
             StartPosition::Latest => InitialPosition::Latest,
         };
+        let permits = flow_permits(&self.topic, self.options.prefetch);
         let mut builder = client
             .consumer()
             .with_topic(self.topic.clone())
             .with_subscription(self.subscription.clone())
             .with_subscription_type(sub_type)
-            .with_batch_size(self.options.prefetch)
+            .with_batch_size(permits)
             .with_options(ConsumerOptions {
                 durable: Some(true),
-                receiver_queue_size: Some(self.options.prefetch),
+                receiver_queue_size: Some(permits),
                 initial_position,
                 ..ConsumerOptions::default()
             });
@@ -352,6 +353,32 @@ impl ConsumerSpec {
                 ))
             }
         })
+    }
+}
+
+/// The least number of flow permits a consumer of a non-persistent topic asks for, as
+/// TrustGraph's consumers do (their receiver queue is 1,000).
+pub const NON_PERSISTENT_MIN_PERMITS: u32 = 1000;
+
+/// The flow permits (pulsar-rs's batch size, which is also its receiver queue) for a consumer
+/// that wants `prefetch` messages ahead.
+///
+/// On a persistent topic a message the consumer has no permit for waits in the backlog, so
+/// permits near the consumer's concurrency keep one replica from hoarding a Shared
+/// subscription's backlog. On a non-persistent topic the broker DROPS what arrives for a
+/// consumer with no permits left, and pulsar-rs tops permits up only once fewer than half of
+/// its batch size remain: with permits equal to the concurrency, two earlier requests left 62
+/// permits for a burst of 64, and two requests were lost (issue #13). Twice the prefetch plus
+/// one keeps at least `prefetch + 1` permits at the broker whenever the consumer is caught up,
+/// so a burst up to the consumer's concurrency, after any history, always has permits.
+pub fn flow_permits(topic: &str, prefetch: u32) -> u32 {
+    if topic.starts_with("non-persistent://") {
+        prefetch
+            .saturating_mul(2)
+            .saturating_add(1)
+            .max(NON_PERSISTENT_MIN_PERMITS)
+    } else {
+        prefetch.max(1)
     }
 }
 
@@ -723,6 +750,19 @@ mod tests {
         assert_eq!(t.observe(&id(1, 2)), 0);
         assert_eq!(t.observe(&id(1, 3)), 0, "capacity evicts the oldest");
         assert_eq!(t.seen.len(), 2);
+    }
+
+    #[test]
+    fn non_persistent_consumers_keep_permits_for_a_burst_of_their_concurrency() {
+        assert_eq!(flow_permits("persistent://t/n/x", 64), 64);
+        assert_eq!(flow_permits("persistent://t/n/x", 0), 1);
+        assert_eq!(flow_permits("non-persistent://t/n/x", 64), 1000);
+        assert_eq!(flow_permits("non-persistent://t/n/x", 512), 1025);
+        // pulsar-rs re-flows only below half its batch: what is left must cover a burst.
+        for prefetch in [1, 64, 256, 512, 4096] {
+            let permits = flow_permits("non-persistent://t/n/x", prefetch);
+            assert!(permits.div_ceil(2) > prefetch, "{prefetch}: {permits}");
+        }
     }
 
     #[test]
