@@ -29,3 +29,19 @@ pub const CONTINUES: &str = "sluice-continues";
 /// answers without counting them, and only their own late records count as unroutable.
 /// Records without it (from a TrustGraph service) are routed by [`ID`] alone, as before.
 pub const REPLY_TO: &str = "sluice-reply-to";
+
+/// On a response record: its index within its attempt, from 0 (a decimal string). Records
+/// of one attempt are published in order by one producer, so a client that receives index
+/// `n + 2` after `n` knows record `n + 1` was lost in transit: on a non-persistent topic the
+/// broker drops what arrives for a consumer with no flow permits left. A client ends such a
+/// request at once with a `records-lost` error instead of waiting out a timeout. A new
+/// attempt (a restart or an agent's next step) starts again at 0.
+pub const SEQ: &str = "sluice-seq";
+
+/// On a sync message (value: the processor's name; its `id` property is this key's name too,
+/// which no request uses, so a TrustGraph client finds nobody waiting for it and skips it).
+/// A processor whose response topic is non-persistent publishes one every second while it is
+/// busy and for a while after, through the producer that publishes its records. A client
+/// that sees the producer's sequence jump at the sync learns that records were dropped even
+/// when the dropped one was the last the processor sent. The payload is `{}`.
+pub const SYNC: &str = "sluice-sync";

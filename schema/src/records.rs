@@ -72,11 +72,14 @@ pub enum ErrorKind {
     Internal,
     /// The client went away or asked to stop before the answer was complete (sluice's addition).
     Cancelled,
+    /// Records of the answer were lost in transit: the broker dropped them on a non-persistent
+    /// topic (TrustGraph's mapping). Sending the request again may succeed (sluice's addition).
+    RecordsLost,
 }
 
 impl ErrorKind {
     /// Every kind, for tables and tests.
-    pub const ALL: [ErrorKind; 10] = [
+    pub const ALL: [ErrorKind; 11] = [
         ErrorKind::Llm,
         ErrorKind::Agent,
         ErrorKind::NoConfiguration,
@@ -87,6 +90,7 @@ impl ErrorKind {
         ErrorKind::Timeout,
         ErrorKind::Internal,
         ErrorKind::Cancelled,
+        ErrorKind::RecordsLost,
     ];
 
     /// The string written on the wire.
@@ -102,6 +106,7 @@ impl ErrorKind {
             ErrorKind::Timeout => "timeout",
             ErrorKind::Internal => "internal-error",
             ErrorKind::Cancelled => "cancelled",
+            ErrorKind::RecordsLost => "records-lost",
         }
     }
 

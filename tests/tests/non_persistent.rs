@@ -51,28 +51,39 @@ async fn a_burst_up_to_the_concurrency_after_earlier_requests_is_never_dropped()
     );
     // History: two requests, one after the other.
     for i in 0..2 {
-        let records = client.call(&slow_request(&format!("warm{i}"))).await.unwrap();
+        let records = client
+            .call(&slow_request(&format!("warm{i}")))
+            .await
+            .unwrap();
         assert_eq!(records.len(), 2, "warm-up {i}");
     }
     // The burst: every request published before any is answered.
-    let streams = join_all(
-        (0..CONCURRENCY).map(|i| {
-            let client = client.clone();
-            async move { client.request(&slow_request(&format!("b{i}"))).await.unwrap() }
-        }),
-    )
-    .await;
-    let outcomes = join_all(streams.into_iter().enumerate().map(|(i, mut s)| async move {
-        let mut texts = Vec::new();
-        while let Some(item) = s.next().await {
-            match item {
-                Ok(Received::Record(r)) => texts.push(r.response),
-                Ok(Received::Restarted) => texts.clear(),
-                Err(e) => return Err(format!("request b{i}: {e}")),
-            }
+    let streams = join_all((0..CONCURRENCY).map(|i| {
+        let client = client.clone();
+        async move {
+            client
+                .request(&slow_request(&format!("b{i}")))
+                .await
+                .unwrap()
         }
-        Ok((i, texts))
     }))
+    .await;
+    let outcomes = join_all(
+        streams
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut s)| async move {
+                let mut texts = Vec::new();
+                while let Some(item) = s.next().await {
+                    match item {
+                        Ok(Received::Record(r)) => texts.push(r.response),
+                        Ok(Received::Restarted) => texts.clear(),
+                        Err(e) => return Err(format!("request b{i}: {e}")),
+                    }
+                }
+                Ok((i, texts))
+            }),
+    )
     .await;
     let failed: Vec<_> = outcomes.iter().filter_map(|o| o.as_ref().err()).collect();
     assert!(
@@ -86,4 +97,263 @@ async fn a_burst_up_to_the_concurrency_after_earlier_requests_is_never_dropped()
     }
     client.close().await;
     processor.stop().await;
+}
+
+/// How a stream ended: records received (the terminal one included), the error it ended
+/// with, and whether that error is a loss.
+type Ending = (usize, Option<String>, bool);
+
+/// How each stream of [`stalled_client_run`] ended, and the client's metrics.
+#[derive(Debug)]
+struct StalledRun {
+    flood: Ending,
+    tail: Ending,
+    metrics: String,
+}
+
+/// A client whose whole process stalls (its runtime blocked, its broker connection unread)
+/// while a processor publishes far more records than the client has flow permits for: one
+/// stream floods (5,000 records), another sends its last records during the stall. On a
+/// non-persistent response topic the broker drops what it cannot deliver.
+fn stalled_client_run(broker: Broker, req: String, resp: String) -> StalledRun {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let telemetry = sluice_runtime::telemetry::Telemetry::new().unwrap();
+        let mut config = ClientConfig::new("echo", &req, &resp);
+        config.inactivity_timeout = Duration::from_secs(60);
+        config.loss_grace = Duration::from_secs(1);
+        let client = TextClient::start(broker.bus().await, config, Some(telemetry.metrics.clone()))
+            .await
+            .unwrap();
+        let request = |prompt: &str, system: &str| TextCompletionRequest {
+            system: system.into(),
+            prompt: prompt.into(),
+            streaming: true,
+            ..Default::default()
+        };
+        // The tail stream's first record now, its second and its terminal record 2 s later,
+        // inside the stall.
+        let mut tail = client
+            .request(&request("tail", "records=2 delay_ms=2000"))
+            .await
+            .unwrap();
+        let first = tail.next().await.unwrap().unwrap();
+        assert!(matches!(first, Received::Record(_)));
+        let mut flood = client
+            .request(&request("flood", "records=5000"))
+            .await
+            .unwrap();
+        let first = flood.next().await.unwrap().unwrap();
+        assert!(matches!(first, Received::Record(_)));
+        // The stall: nothing of this runtime runs, its socket is not read, no flow permits
+        // are sent.
+        std::thread::sleep(Duration::from_secs(6));
+        let drain = async |s: &mut sluice_runtime::client::ResponseStream<_>| {
+            let mut records = 1;
+            loop {
+                match s.next().await {
+                    None => return (records, None, false),
+                    Some(Ok(Received::Record(_))) => records += 1,
+                    Some(Ok(Received::Restarted)) => records = 0,
+                    Some(Err(e)) => return (records, Some(e.to_string()), e.is_loss()),
+                }
+            }
+        };
+        let flood_end = drain(&mut flood).await;
+        let tail_end = drain(&mut tail).await;
+        client.close().await;
+        StalledRun {
+            flood: flood_end,
+            tail: tail_end,
+            metrics: telemetry.render(),
+        }
+    })
+}
+
+async fn stalled_client(broker: &Broker, req: &str, resp: &str) -> StalledRun {
+    let (broker, req, resp) = (broker.clone(), req.to_owned(), resp.to_owned());
+    tokio::task::spawn_blocking(move || stalled_client_run(broker, req, resp))
+        .await
+        .unwrap()
+}
+
+fn metric(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Issue #13.2: on TrustGraph's mapping a stalled client loses records. It must see that at
+/// once, the stream whose terminal record was dropped too, instead of waiting out its 60 s
+/// inactivity timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_lost_records_on_a_non_persistent_topic_ends_those_streams_as_lost() {
+    init_logging();
+    let broker = Broker::from_env().await;
+    let req = unique_non_persistent_topic("stall-req");
+    let resp = unique_non_persistent_topic("stall-resp");
+    let processor =
+        RunningProcessor::start(broker.bus().await, echo_config(&req, &resp, 8), EchoHandler).await;
+    let run = stalled_client(&broker, &req, &resp).await;
+    processor.stop().await;
+    let (flood_records, _, flood_lost) = &run.flood;
+    assert!(
+        *flood_lost && *flood_records < 5001,
+        "the flooded stream must end as lost: {:?}",
+        run.flood
+    );
+    let (_, _, tail_lost) = &run.tail;
+    assert!(
+        *tail_lost,
+        "the stream whose terminal record was dropped must end as lost, not time out: {:?}",
+        run.tail
+    );
+    assert!(
+        metric(
+            &run.metrics,
+            "sluice_client_dropped_records_total{service=\"echo\"}"
+        ) > 0,
+        "{}",
+        run.metrics
+    );
+    assert_eq!(
+        metric(
+            &run.metrics,
+            "sluice_client_requests_total{outcome=\"lost\",service=\"echo\"}"
+        ),
+        2
+    );
+}
+
+/// The same stall on sluice's default (persistent) topics loses nothing: every record of both
+/// streams arrives, in order, once the client reads again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_stall_on_durable_topics_loses_nothing() {
+    init_logging();
+    let broker = Broker::from_env().await;
+    let req = sluice_tests::unique_topic("stall-req");
+    let resp = sluice_tests::unique_topic("stall-resp");
+    let processor =
+        RunningProcessor::start(broker.bus().await, echo_config(&req, &resp, 8), EchoHandler).await;
+    let run = stalled_client(&broker, &req, &resp).await;
+    processor.stop().await;
+    // Every record plus the terminal one.
+    assert_eq!(run.flood, (5001, None, false));
+    assert_eq!(run.tail, (3, None, false));
+    assert_eq!(
+        metric(
+            &run.metrics,
+            "sluice_client_dropped_records_total{service=\"echo\"}"
+        ),
+        0
+    );
+    assert_eq!(
+        metric(
+            &run.metrics,
+            "sluice_client_requests_total{outcome=\"success\",service=\"echo\"}"
+        ),
+        2
+    );
+}
+
+/// A service that answers every request with numbered records whose index `2` is missing, as
+/// a client reading a non-persistent topic sees them when the broker dropped one.
+async fn serve_with_a_hole(bus: Arc<dyn sluice_runtime::bus::Bus>, req: String, resp: String) {
+    use sluice_runtime::bus::{Message, SubscribeOptions};
+    use sluice_schema::{TextCompletionResponse, properties};
+    let mut requests = bus
+        .subscribe(&req, "holes", SubscribeOptions::shared(16))
+        .await
+        .unwrap();
+    let publisher = bus.publisher(&resp).await.unwrap();
+    tokio::spawn(async move {
+        while let Some(Ok(d)) = requests.next().await {
+            for (seq, text, end) in [(0, "a", false), (1, "b", false), (3, "", true)] {
+                let record = TextCompletionResponse {
+                    response: text.into(),
+                    end_of_stream: end,
+                    ..Default::default()
+                };
+                let mut m = Message::new(serde_json::to_vec(&record).unwrap())
+                    .with_property(properties::ATTEMPT, "1")
+                    .with_property(properties::SEQ, seq.to_string());
+                for key in [properties::ID, properties::REPLY_TO] {
+                    if let Some(v) = d.property(key) {
+                        m = m.with_property(key, v);
+                    }
+                }
+                publisher.send(m).await.unwrap().await.unwrap();
+            }
+            d.ack();
+        }
+    });
+}
+
+/// The gateway tells its caller about a lost record with an `error` event of type
+/// `records-lost` at once, never a silent hang.
+#[tokio::test]
+async fn the_gateway_reports_lost_records_as_an_error_event() {
+    init_logging();
+    let broker = Broker::from_env().await;
+    let req = unique_non_persistent_topic("hole-req");
+    let resp = unique_non_persistent_topic("hole-resp");
+    serve_with_a_hole(broker.bus().await, req.clone(), resp.clone()).await;
+    let mut config = sluice_gateway::GatewayConfig::new();
+    config.inactivity_timeout = Duration::from_secs(60);
+    config.services.insert(
+        sluice_gateway::ServiceKind::TextCompletion,
+        sluice_gateway::ServiceTopics {
+            request: req,
+            response: resp,
+            cancel: None,
+        },
+    );
+    let gw = sluice_tests::ServedGateway::start(broker.bus().await, config).await;
+    sluice_runtime::install_crypto_provider();
+    let body = reqwest::Client::new()
+        .post(format!("http://{}/api/v1/text-completion", gw.addr))
+        .header("accept", "application/x-ndjson")
+        .json(&serde_json::json!({"system": "", "prompt": "hi"}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let events: Vec<serde_json::Value> = body
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    let tokens: Vec<&str> = events
+        .iter()
+        .filter(|e| e["type"] == "token")
+        .map(|e| e["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(tokens, ["a", "b"], "{body}");
+    let error = events.iter().find(|e| e["type"] == "error").unwrap();
+    assert_eq!(error["error_type"], "records-lost", "{body}");
+    assert!(
+        error["content"]
+            .as_str()
+            .unwrap()
+            .contains("record 2 of the stream never arrived"),
+        "{body}"
+    );
+    assert_eq!(kinds.last(), Some(&"done"));
+    assert_eq!(events.last().unwrap()["reason"], "error");
+    let metrics = gw.telemetry.render();
+    assert_eq!(
+        metric(
+            &metrics,
+            "sluice_client_requests_total{outcome=\"lost\",service=\"gateway-text-completion\"}"
+        ),
+        1,
+        "{metrics}"
+    );
+    gw.stop.cancel();
+    gw.gateway.close().await;
 }

@@ -206,6 +206,10 @@ fn llm_error(e: &ClientError) -> Error {
             ErrorKind::Timeout,
             format!("text-completion did not answer in time: {e}"),
         ),
+        lost if lost.is_loss() => Error::new(
+            ErrorKind::RecordsLost,
+            format!("text-completion's answer was lost in transit: {lost}"),
+        ),
         other => Error::new(ErrorKind::Agent, format!("text-completion failed: {other}")),
     }
 }

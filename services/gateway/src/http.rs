@@ -78,9 +78,8 @@ pub(crate) fn status_for(kind: &str) -> StatusCode {
         Some(ErrorKind::Timeout) => StatusCode::GATEWAY_TIMEOUT,
         Some(ErrorKind::NoConfiguration | ErrorKind::Internal) => StatusCode::INTERNAL_SERVER_ERROR,
         Some(ErrorKind::Cancelled) => StatusCode::SERVICE_UNAVAILABLE,
-        Some(ErrorKind::Llm | ErrorKind::Agent | ErrorKind::Gateway) | None => {
-            StatusCode::BAD_GATEWAY
-        }
+        Some(ErrorKind::Llm | ErrorKind::Agent | ErrorKind::Gateway | ErrorKind::RecordsLost)
+        | None => StatusCode::BAD_GATEWAY,
     }
 }
 

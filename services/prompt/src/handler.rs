@@ -80,6 +80,10 @@ fn client_error(e: &ClientError) -> Error {
             ErrorKind::Timeout,
             format!("text-completion did not answer in time: {e}"),
         ),
+        lost if lost.is_loss() => Error::new(
+            ErrorKind::RecordsLost,
+            format!("text-completion's answer was lost in transit: {lost}"),
+        ),
         other => Error::new(
             ErrorKind::Llm,
             format!("text-completion could not be reached: {other}"),

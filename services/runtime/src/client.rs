@@ -7,12 +7,23 @@
 //! first terminal record (later duplicates, e.g. from a redelivered request, are counted and
 //! dropped). A stream ends with an error after an inactivity timeout or a total timeout.
 //! When a record arrives under a new attempt id the stream yields [`Received::Restarted`]
-//! first, so the caller can discard what the abandoned attempt sent.
+//! first, so the caller can discard what the abandoned attempt sent; records of an abandoned
+//! attempt that still arrive are skipped.
+//!
+//! Loss is seen, not waited out. On a non-persistent response topic (TrustGraph's mapping)
+//! the broker drops records this client has no flow permits for. Two signals end such a
+//! request at once with a [`ClientError::RecordsLost`] or [`ClientError::StreamLost`]:
+//! - every record carries its index within its attempt ([`properties::SEQ`]); an index that
+//!   skips means a record in between was lost;
+//! - every Pulsar message carries its producer's name and sequence id; a jump in a producer's
+//!   sequence means the broker dropped something of that producer's. Streams whose last record
+//!   came from that producer may have lost their next one, the terminal record included, so
+//!   such a stream that then stays quiet for `loss_grace` is ended as lost.
 //!
 //! It never logs payloads: they carry prompts and answers.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, VecDeque},
     marker::PhantomData,
     sync::{Arc, Mutex},
     time::Duration,
@@ -22,10 +33,10 @@ use serde::Serialize;
 use sluice_schema::{ResponseRecord, properties};
 use tokio::{sync::mpsc, task::JoinHandle, time::Instant};
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::{
-    bus::{Bus, BusError, Delivery, Link, Message, Publisher, SubscribeOptions},
+    bus::{Bus, BusError, Delivery, Link, Message, Origin, Publisher, SubscribeOptions},
     lock,
     telemetry::RuntimeMetrics,
 };
@@ -48,6 +59,9 @@ pub struct ClientConfig {
     /// The service's cancel topic: a stream dropped before its end publishes a cancel there
     /// (see [`crate::cancel`]). `None`: dropped streams are not cancelled.
     pub cancel_topic: Option<String>,
+    /// How long a stream that may have lost records (the broker dropped records of the
+    /// producer its last record came from) may stay quiet before it ends as lost.
+    pub loss_grace: Duration,
 }
 
 impl ClientConfig {
@@ -66,9 +80,14 @@ impl ClientConfig {
             inactivity_timeout: Duration::from_secs(120),
             total_timeout: Duration::from_secs(600),
             cancel_topic: None,
+            loss_grace: DEFAULT_LOSS_GRACE,
         }
     }
 }
+
+/// Default [`ClientConfig::loss_grace`]: longer than the pauses of a streaming answer, far
+/// shorter than the inactivity timeout a lost terminal record used to cost.
+pub const DEFAULT_LOSS_GRACE: Duration = Duration::from_secs(5);
 
 /// Why a request failed on the client side.
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +113,33 @@ pub enum ClientError {
     /// Another request with the same id is in flight on this client.
     #[error("a request with id {0:?} is already in flight")]
     DuplicateId(String),
+    /// A record of the stream never arrived: the next one carried a later index.
+    #[error(
+        "response records were lost in transit: record {expected} of the stream never arrived, record {received} did (the broker drops records on a non-persistent topic when a consumer has no flow permits left)"
+    )]
+    RecordsLost {
+        /// The index that was due.
+        expected: u64,
+        /// The index that arrived.
+        received: u64,
+    },
+    /// The broker dropped records of the producer this stream was reading from, and the stream
+    /// then stayed quiet: its next records, the terminal one included, were lost.
+    #[error(
+        "the response stopped after the broker dropped records on its topic and nothing more arrived for {0:?}: the rest of the stream was lost in transit (non-persistent topic)"
+    )]
+    StreamLost(Duration),
+}
+
+impl ClientError {
+    /// True for the losses a non-persistent topic causes ([`ClientError::RecordsLost`],
+    /// [`ClientError::StreamLost`]).
+    pub fn is_loss(&self) -> bool {
+        matches!(
+            self,
+            ClientError::RecordsLost { .. } | ClientError::StreamLost(_)
+        )
+    }
 }
 
 /// An item of a response stream.
@@ -123,11 +169,76 @@ enum Routed<R> {
     Record(R),
     Restarted,
     Undecodable(String),
+    /// Record `expected` was skipped: `received` came instead.
+    Lost {
+        expected: u64,
+        received: u64,
+    },
+    /// The broker dropped records of the producer this stream's last record came from.
+    Suspect,
 }
+
+/// Attempts a stream has moved on from, whose late records are skipped. A few suffice: a
+/// request is rarely attempted more than twice.
+const ABANDONED_ATTEMPTS: usize = 8;
 
 struct Route<R> {
     tx: mpsc::UnboundedSender<Routed<R>>,
     attempt: Option<String>,
+    abandoned: VecDeque<String>,
+    /// The [`properties::SEQ`] due next in the current attempt.
+    next_seq: u64,
+    /// The producer of the last record routed here.
+    producer: Option<Arc<str>>,
+}
+
+impl<R> Route<R> {
+    fn new(tx: mpsc::UnboundedSender<Routed<R>>) -> Self {
+        Self {
+            tx,
+            attempt: None,
+            abandoned: VecDeque::new(),
+            next_seq: 0,
+            producer: None,
+        }
+    }
+
+    /// Moves on to `attempt`; the current one is abandoned.
+    fn switch_to(&mut self, attempt: &str) {
+        if let Some(old) = self.attempt.replace(attempt.to_owned()) {
+            if self.abandoned.len() == ABANDONED_ATTEMPTS {
+                self.abandoned.pop_front();
+            }
+            self.abandoned.push_back(old);
+        }
+        self.next_seq = 0;
+    }
+}
+
+/// The last sequence id seen of each producer on a response subscription, to see the broker
+/// drop records (a jump in a producer's sequence). Bounded: producers come and go with
+/// processor replicas.
+#[derive(Default)]
+struct ProducerSequences(HashMap<Arc<str>, u64>);
+
+impl ProducerSequences {
+    const CAPACITY: usize = 4096;
+
+    /// Records `origin`; returns how many of its producer's records were skipped since the
+    /// last one seen (0 for the first one seen, or a resent one).
+    fn observe(&mut self, origin: &Origin) -> u64 {
+        if let Some(last) = self.0.get_mut(&origin.producer) {
+            let skipped = origin.sequence.saturating_sub(*last).saturating_sub(1);
+            *last = (*last).max(origin.sequence);
+            return skipped;
+        }
+        if self.0.len() >= Self::CAPACITY {
+            // Forgetting a producer only costs detecting a gap in its next record.
+            self.0.clear();
+        }
+        self.0.insert(origin.producer.clone(), origin.sequence);
+        0
+    }
 }
 
 type Routes<R> = Arc<Mutex<HashMap<String, Route<R>>>>;
@@ -246,7 +357,7 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
             if routes.contains_key(&id) {
                 return Err(ClientError::DuplicateId(id));
             }
-            routes.insert(id.clone(), Route { tx, attempt: None });
+            routes.insert(id.clone(), Route::new(tx));
         }
         let started = Instant::now();
         let stream = ResponseStream {
@@ -260,8 +371,10 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
                 .inactivity_timeout
                 .unwrap_or(self.config.inactivity_timeout),
             total: options.total_timeout.unwrap_or(self.config.total_timeout),
+            loss_grace: self.config.loss_grace,
             started,
             last: started,
+            suspect_since: None,
             done: false,
         };
         // The receipt is not awaited: the first response proves the request was stored, and
@@ -334,6 +447,7 @@ async fn route<R: ResponseRecord>(
     service: String,
     me: String,
 ) {
+    let mut producers = ProducerSequences::default();
     loop {
         let delivery = tokio::select! {
             biased;
@@ -341,7 +455,7 @@ async fn route<R: ResponseRecord>(
             d = subscription.next() => d,
         };
         match delivery {
-            Some(Ok(d)) => dispatch(d, &routes, metrics.as_ref(), &service, &me),
+            Some(Ok(d)) => dispatch(d, &routes, &mut producers, metrics.as_ref(), &service, &me),
             Some(Err(e)) => warn!(service, error = %e, "receiving responses failed"),
             None => break,
         }
@@ -354,10 +468,32 @@ async fn route<R: ResponseRecord>(
 fn dispatch<R: ResponseRecord>(
     delivery: Delivery,
     routes: &Routes<R>,
+    producers: &mut ProducerSequences,
     metrics: Option<&RuntimeMetrics>,
     service: &str,
     me: &str,
 ) {
+    // Every record on the subscription counts here, other clients' too: a drop is a drop
+    // whoever's record it was, and this record's own producer may be a stream of ours.
+    if let Some(origin) = delivery.origin() {
+        let skipped = producers.observe(origin);
+        if skipped > 0 {
+            debug!(service, producer = %origin.producer, skipped, "the broker dropped response records");
+            if let Some(m) = metrics {
+                m.client_dropped(service, skipped);
+            }
+            for route in lock(routes).values() {
+                if route.producer.as_ref() == Some(&origin.producer) {
+                    let _ = route.tx.send(Routed::Suspect);
+                }
+            }
+        }
+    }
+    if delivery.property(properties::SYNC).is_some() {
+        // A processor's sync: it has done its work above.
+        delivery.ack();
+        return;
+    }
     if delivery
         .property(properties::REPLY_TO)
         .is_some_and(|to| to != me)
@@ -384,26 +520,59 @@ fn dispatch<R: ResponseRecord>(
         delivery.ack();
         return;
     };
+    if let Some(attempt) = attempt
+        && route.abandoned.iter().any(|a| a == attempt)
+    {
+        // A late record of an attempt the stream moved on from (it was still running when the
+        // request was redelivered): not part of the answer.
+        drop(routes);
+        delivery.ack();
+        return;
+    }
     let decoded = serde_json::from_slice::<R>(delivery.payload());
     let (terminal, items) = match decoded {
         Ok(record) => {
             let mut items = Vec::with_capacity(2);
             if let Some(attempt) = attempt {
-                match &route.attempt {
+                match route.attempt.as_deref() {
+                    None => route.attempt = Some(attempt.to_owned()),
+                    Some(current) if current == attempt => {}
                     // A new attempt that continues the current one (an agent's next step)
                     // reads on; any other new attempt starts the stream over.
-                    Some(current)
-                        if current != attempt
-                            && delivery.property(properties::CONTINUES) != Some(current) =>
-                    {
-                        items.push(Routed::Restarted);
+                    Some(current) => {
+                        if delivery.property(properties::CONTINUES) != Some(current) {
+                            items.push(Routed::Restarted);
+                        }
+                        route.switch_to(attempt);
                     }
-                    _ => {}
                 }
-                route.attempt = Some(attempt.to_owned());
             }
-            let terminal = record.is_terminal();
-            items.push(Routed::Record(record));
+            route.producer = delivery.origin().map(|o| o.producer.clone());
+            match delivery
+                .property(properties::SEQ)
+                .and_then(|s| s.parse::<u64>().ok())
+            {
+                // Records from a service that does not number them (TrustGraph's) pass.
+                None => {}
+                Some(seq) if seq == route.next_seq => route.next_seq += 1,
+                Some(seq) if seq < route.next_seq => {
+                    // Stored twice (a send retried after the broker had taken it).
+                    drop(routes);
+                    delivery.ack();
+                    return;
+                }
+                Some(seq) => {
+                    items.push(Routed::Lost {
+                        expected: route.next_seq,
+                        received: seq,
+                    });
+                }
+            }
+            let terminal =
+                record.is_terminal() || items.iter().any(|i| matches!(i, Routed::Lost { .. }));
+            if !items.iter().any(|i| matches!(i, Routed::Lost { .. })) {
+                items.push(Routed::Record(record));
+            }
             (terminal, items)
         }
         Err(e) => (true, vec![Routed::Undecodable(e.to_string())]),
@@ -430,8 +599,11 @@ pub struct ResponseStream<R> {
     service: String,
     inactivity: Duration,
     total: Duration,
+    loss_grace: Duration,
     started: Instant,
     last: Instant,
+    /// Since when the stream may have lost its next record (see [`Routed::Suspect`]).
+    suspect_since: Option<Instant>,
     done: bool,
 }
 
@@ -443,41 +615,62 @@ impl<R: ResponseRecord> ResponseStream<R> {
 
     /// The next item; `None` after the terminal record or an error.
     pub async fn next(&mut self) -> Option<Result<Received<R>, ClientError>> {
-        if self.done {
-            return None;
-        }
-        let inactivity_deadline = self.last + self.inactivity;
-        let total_deadline = self.started + self.total;
-        let deadline = inactivity_deadline.min(total_deadline);
-        let item = match tokio::time::timeout_at(deadline, self.rx.recv()).await {
-            Ok(Some(item)) => item,
-            Ok(None) => return self.finish("failed", Err(ClientError::Closed)),
-            Err(_) => {
-                // The caller stops waiting: the service should stop working on it too.
-                if let Some(publisher) = self.cancel.take().and_then(|c| c.get().cloned()) {
-                    crate::cancel::send_cancel(publisher, self.id.clone());
+        loop {
+            if self.done {
+                return None;
+            }
+            let inactivity_deadline = self.last + self.inactivity;
+            let total_deadline = self.started + self.total;
+            let loss_deadline = self.suspect_since.map(|since| since + self.loss_grace);
+            let deadline = inactivity_deadline
+                .min(total_deadline)
+                .min(loss_deadline.unwrap_or(total_deadline));
+            let item = match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                Ok(Some(item)) => item,
+                Ok(None) => return self.finish("failed", Err(ClientError::Closed)),
+                Err(_) => {
+                    // The caller stops waiting: the service should stop working on it too.
+                    if let Some(publisher) = self.cancel.take().and_then(|c| c.get().cloned()) {
+                        crate::cancel::send_cancel(publisher, self.id.clone());
+                    }
+                    let (outcome, error) = if Some(deadline) == loss_deadline {
+                        ("lost", ClientError::StreamLost(self.loss_grace))
+                    } else if deadline == total_deadline {
+                        ("timeout", ClientError::TotalTimeout(self.total))
+                    } else {
+                        ("timeout", ClientError::InactivityTimeout(self.inactivity))
+                    };
+                    return self.finish(outcome, Err(error));
                 }
-                let error = if deadline == total_deadline {
-                    ClientError::TotalTimeout(self.total)
-                } else {
-                    ClientError::InactivityTimeout(self.inactivity)
-                };
-                return self.finish("timeout", Err(error));
+            };
+            if !matches!(item, Routed::Suspect) {
+                self.suspect_since = None;
+                self.last = Instant::now();
             }
-        };
-        self.last = Instant::now();
-        match item {
-            Routed::Restarted => Some(Ok(Received::Restarted)),
-            Routed::Undecodable(e) => self.finish("failed", Err(ClientError::Decode(e))),
-            Routed::Record(r) if r.is_terminal() => {
-                let outcome = if r.error().is_some() {
-                    "error"
-                } else {
-                    "success"
-                };
-                self.finish(outcome, Ok(Received::Record(r)))
-            }
-            Routed::Record(r) => Some(Ok(Received::Record(r))),
+            return match item {
+                Routed::Suspect => {
+                    // Only the first mark counts: the grace runs from the first drop noticed.
+                    self.suspect_since.get_or_insert_with(Instant::now);
+                    continue;
+                }
+                Routed::Lost { expected, received } => {
+                    if let Some(publisher) = self.cancel.take().and_then(|c| c.get().cloned()) {
+                        crate::cancel::send_cancel(publisher, self.id.clone());
+                    }
+                    self.finish("lost", Err(ClientError::RecordsLost { expected, received }))
+                }
+                Routed::Restarted => Some(Ok(Received::Restarted)),
+                Routed::Undecodable(e) => self.finish("failed", Err(ClientError::Decode(e))),
+                Routed::Record(r) if r.is_terminal() => {
+                    let outcome = if r.error().is_some() {
+                        "error"
+                    } else {
+                        "success"
+                    };
+                    self.finish(outcome, Ok(Received::Record(r)))
+                }
+                Routed::Record(r) => Some(Ok(Received::Record(r))),
+            };
         }
     }
 
@@ -759,6 +952,197 @@ mod tests {
             s.next().await.unwrap().unwrap_err(),
             ClientError::Decode(_)
         ));
+    }
+
+    async fn numbered(bus: &MemoryBus, id: &str, attempt: &str, seq: u64, text: &str, end: bool) {
+        let r = TextCompletionResponse {
+            response: text.to_owned(),
+            end_of_stream: end,
+            ..Default::default()
+        };
+        bus.publisher("resp")
+            .await
+            .unwrap()
+            .send(
+                Message::new(serde_json::to_vec(&r).unwrap())
+                    .with_property(properties::ID, id)
+                    .with_property(properties::ATTEMPT, attempt)
+                    .with_property(properties::SEQ, seq.to_string()),
+            )
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_skipped_record_index_ends_the_stream_as_lost_at_once() {
+        let (bus, _requests, client) = setup().await;
+        let mut s = client
+            .request(&TextCompletionRequest::default())
+            .await
+            .unwrap();
+        numbered(&bus, s.id(), "a", 0, "zero", false).await;
+        numbered(&bus, s.id(), "a", 2, "two", false).await;
+        assert_eq!(text(s.next().await), "zero");
+        match s.next().await.unwrap() {
+            Err(ClientError::RecordsLost { expected, received }) => {
+                assert_eq!((expected, received), (1, 2));
+            }
+            other => panic!("expected RecordsLost, got {other:?}"),
+        }
+        assert!(s.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_record_stored_twice_is_passed_on_once() {
+        let (bus, _requests, client) = setup().await;
+        let mut s = client
+            .request(&TextCompletionRequest::default())
+            .await
+            .unwrap();
+        numbered(&bus, s.id(), "a", 0, "zero", false).await;
+        numbered(&bus, s.id(), "a", 0, "zero", false).await;
+        numbered(&bus, s.id(), "a", 1, "end", true).await;
+        assert_eq!(text(s.next().await), "zero");
+        assert_eq!(text(s.next().await), "end");
+        assert!(s.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_new_attempt_numbers_from_zero_and_the_abandoned_attempts_records_are_skipped() {
+        let (bus, _requests, client) = setup().await;
+        let mut s = client
+            .request(&TextCompletionRequest::default())
+            .await
+            .unwrap();
+        numbered(&bus, s.id(), "a", 0, "a0", false).await;
+        numbered(&bus, s.id(), "a", 1, "a1", false).await;
+        numbered(&bus, s.id(), "b", 0, "b0", false).await;
+        // Attempt a was still running when the request was redelivered.
+        numbered(&bus, s.id(), "a", 2, "a2", false).await;
+        numbered(&bus, s.id(), "b", 1, "b1", true).await;
+        let mut seen = Vec::new();
+        while let Some(item) = s.next().await {
+            seen.push(match item.unwrap() {
+                Received::Record(r) => r.response,
+                Received::Restarted => "<restarted>".to_owned(),
+            });
+        }
+        assert_eq!(seen, ["a0", "a1", "<restarted>", "b0", "b1"]);
+    }
+
+    struct Noop;
+
+    impl crate::bus::Settle for Noop {
+        fn settle(self: Box<Self>, _: crate::bus::Settlement) {}
+    }
+
+    /// A delivery as the Pulsar bus makes it: numbered by the service, stamped by the broker
+    /// with its producer and that producer's sequence id.
+    fn from_producer(
+        id: &str,
+        seq: u64,
+        producer: &Arc<str>,
+        sequence: u64,
+        end: bool,
+    ) -> Delivery {
+        let r = TextCompletionResponse {
+            response: format!("{id}#{seq}"),
+            end_of_stream: end,
+            ..Default::default()
+        };
+        let properties = BTreeMap::from([
+            (properties::ID.to_owned(), id.to_owned()),
+            (properties::ATTEMPT.to_owned(), "a".to_owned()),
+            (properties::SEQ.to_owned(), seq.to_string()),
+        ]);
+        Delivery::new(
+            serde_json::to_vec(&r).unwrap().into(),
+            properties,
+            0,
+            Box::new(Noop),
+        )
+        .with_origin(Origin {
+            producer: producer.clone(),
+            sequence,
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_that_goes_quiet_after_its_producer_dropped_records_ends_as_lost() {
+        let (_bus, _requests, client) = setup().await;
+        let telemetry = crate::telemetry::Telemetry::new().unwrap();
+        let metrics = Some(&telemetry.metrics);
+        let (p, q): (Arc<str>, Arc<str>) = (Arc::from("p-1"), Arc::from("q-1"));
+        let request = TextCompletionRequest::default();
+        let new_stream = || {
+            client.request_with(
+                &request,
+                RequestOptions {
+                    inactivity_timeout: Some(Duration::from_secs(60)),
+                    ..RequestOptions::default()
+                },
+            )
+        };
+        let (mut quiet, mut busy, mut elsewhere) = (
+            new_stream().await.unwrap(),
+            new_stream().await.unwrap(),
+            new_stream().await.unwrap(),
+        );
+        let mut producers = ProducerSequences::default();
+        let me = client.config.subscription.clone();
+        let mut route = |d: Delivery| {
+            dispatch(d, &client.routes, &mut producers, metrics, "test", &me);
+        };
+        route(from_producer(quiet.id(), 0, &p, 10, false));
+        route(from_producer(busy.id(), 0, &p, 11, false));
+        route(from_producer(elsewhere.id(), 0, &q, 3, false));
+        // Producer p's 12 and 13 never arrive: one of them was quiet's terminal record.
+        route(from_producer(busy.id(), 1, &p, 14, false));
+        route(from_producer(busy.id(), 2, &p, 15, true));
+        assert_eq!(text(quiet.next().await), format!("{}#0", quiet.id()));
+        let started = Instant::now();
+        match quiet.next().await.unwrap() {
+            Err(ClientError::StreamLost(grace)) => assert_eq!(grace, DEFAULT_LOSS_GRACE),
+            other => panic!("expected StreamLost, got {other:?}"),
+        }
+        assert_eq!(started.elapsed(), DEFAULT_LOSS_GRACE);
+        // busy's next record arrived after the drop: it reads on to its end.
+        for seq in 0..3 {
+            assert_eq!(text(busy.next().await), format!("{}#{seq}", busy.id()));
+        }
+        assert!(busy.next().await.is_none());
+        // elsewhere's producer dropped nothing: only its inactivity timeout applies.
+        assert_eq!(
+            text(elsewhere.next().await),
+            format!("{}#0", elsewhere.id())
+        );
+        assert!(matches!(
+            elsewhere.next().await.unwrap().unwrap_err(),
+            ClientError::InactivityTimeout(_)
+        ));
+        assert!(
+            telemetry
+                .render()
+                .contains("sluice_client_dropped_records_total{service=\"test\"} 2")
+        );
+    }
+
+    #[test]
+    fn producer_sequences_count_what_was_skipped() {
+        let mut seqs = ProducerSequences::default();
+        let at = |sequence| Origin {
+            producer: Arc::from("p"),
+            sequence,
+        };
+        assert_eq!(
+            seqs.observe(&at(5)),
+            0,
+            "the first one seen sets the baseline"
+        );
+        assert_eq!(seqs.observe(&at(6)), 0);
+        assert_eq!(seqs.observe(&at(9)), 2);
+        assert_eq!(seqs.observe(&at(8)), 0, "a resent message skips nothing");
+        assert_eq!(seqs.observe(&at(10)), 0);
     }
 
     #[tokio::test]

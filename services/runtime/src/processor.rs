@@ -195,9 +195,14 @@ impl<R: ResponseRecord> ResponseSink<R> {
     async fn publish(&mut self, record: &R) -> Result<(), BusError> {
         let payload = serde_json::to_vec(record)
             .map_err(|e| BusError::Config(format!("encoding a response record: {e}")))?;
+        let mut numbered = self.properties.clone();
+        // Numbered per attempt so that a client sees a record lost in transit (see
+        // `properties::SEQ`). A record refused as too large is not published and its number
+        // goes to the error record that replaces it.
+        numbered.insert(properties::SEQ.to_owned(), self.published.to_string());
         let message = Message {
             payload: payload.into(),
-            properties: self.properties.clone(),
+            properties: numbered,
         };
         match self.publisher.send(message).await {
             Ok(receipt) => {
@@ -341,6 +346,21 @@ pub async fn run<H: Handler>(
 
     let config = Arc::new(config);
     let semaphore = Arc::new(Semaphore::new(concurrency));
+    let last_finished = Arc::new(std::sync::Mutex::new(Instant::now()));
+    let stop_syncs = CancellationToken::new();
+    let syncs = config
+        .response_topic
+        .starts_with("non-persistent://")
+        .then(|| {
+            tokio::spawn(send_syncs(
+                publisher.clone(),
+                config.name.clone(),
+                semaphore.clone(),
+                concurrency,
+                last_finished.clone(),
+                stop_syncs.clone(),
+            ))
+        });
     // Cancelled if the drain grace runs out, so handlers can stop provider calls.
     let abandon = CancellationToken::new();
     let mut tasks = JoinSet::new();
@@ -376,6 +396,7 @@ pub async fn run<H: Handler>(
             abandon.child_token(),
             cancels.clone(),
         );
+        let task_finished = last_finished.clone();
         tasks.spawn(async move {
             handle_delivery(
                 &*task_handler,
@@ -387,6 +408,7 @@ pub async fn run<H: Handler>(
                 &task_cancels,
             )
             .await;
+            *crate::lock(&task_finished) = Instant::now();
             drop(permit);
         });
         while let Some(done) = tasks.try_join_next() {
@@ -413,6 +435,10 @@ pub async fn run<H: Handler>(
     }
     subscription.close().await;
     stop_cancels.cancel();
+    stop_syncs.cancel();
+    if let Some(syncs) = syncs {
+        let _ = syncs.await;
+    }
     if let Some(listener) = cancel_listener {
         let _ = listener.await;
     }
@@ -452,6 +478,50 @@ pub enum RunError {
     /// The bus failed at start-up.
     #[error(transparent)]
     Bus(#[from] BusError),
+}
+
+/// How often a processor publishing to a non-persistent response topic sends a sync (see
+/// [`properties::SYNC`]) while it is busy or was busy lately.
+pub const SYNC_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long after its last request a processor keeps sending syncs: long enough for a client
+/// that was stalled while the broker dropped its records to see the drop.
+pub const SYNC_TAIL: Duration = Duration::from_secs(30);
+
+/// Sends a sync through the response publisher every [`SYNC_INTERVAL`] while requests are in
+/// flight or finished within [`SYNC_TAIL`].
+///
+/// Why: a client can see that the broker dropped records only when a later message of the
+/// same producer arrives. When the dropped record was the last one a processor published (a
+/// stream's terminal record), nothing later would ever arrive; the sync is that later message.
+/// It goes through the same publisher, hence the same producer, as the records.
+async fn send_syncs(
+    publisher: Arc<dyn Publisher>,
+    processor: String,
+    slots: Arc<Semaphore>,
+    concurrency: usize,
+    last_finished: Arc<std::sync::Mutex<Instant>>,
+    stop: CancellationToken,
+) {
+    let mut ticks = tokio::time::interval(SYNC_INTERVAL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        let busy = slots.available_permits() < concurrency;
+        let recent = crate::lock(&last_finished).elapsed() < SYNC_TAIL;
+        if !(busy || recent) {
+            continue;
+        }
+        let sync = Message::new(&b"{}"[..])
+            .with_property(properties::ID, properties::SYNC)
+            .with_property(properties::SYNC, processor.as_str());
+        if let Err(e) = publisher.send(sync).await {
+            debug!(processor, error = %e, "a sync could not be published");
+        }
+    }
 }
 
 fn client_cancelled() -> Error {

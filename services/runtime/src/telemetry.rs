@@ -72,7 +72,7 @@ const OUTCOMES: [Outcome; 6] = [
 ];
 
 /// How a client request can end, as counted in `sluice_client_requests_total`.
-const CLIENT_OUTCOMES: [&str; 5] = ["success", "error", "timeout", "failed", "cancelled"];
+const CLIENT_OUTCOMES: [&str; 6] = ["success", "error", "timeout", "failed", "cancelled", "lost"];
 
 /// The metrics of the processor runtime and the request/response client.
 #[derive(Clone)]
@@ -84,6 +84,7 @@ pub struct RuntimeMetrics {
     redelivered: IntCounterVec,
     client_requests: IntCounterVec,
     client_unroutable: IntCounterVec,
+    client_dropped: IntCounterVec,
 }
 
 impl RuntimeMetrics {
@@ -138,12 +139,20 @@ impl RuntimeMetrics {
             ),
             &["service"],
         )?;
+        let client_dropped = IntCounterVec::new(
+            Opts::new(
+                "sluice_client_dropped_records_total",
+                "Records the broker dropped on a client's response subscription, seen as jumps in a producer's sequence (non-persistent topics); they may be any client's.",
+            ),
+            &["service"],
+        )?;
         for c in [
             &requests,
             &records,
             &redelivered,
             &client_requests,
             &client_unroutable,
+            &client_dropped,
         ] {
             registry.register(Box::new(c.clone()))?;
         }
@@ -157,6 +166,7 @@ impl RuntimeMetrics {
             redelivered,
             client_requests,
             client_unroutable,
+            client_dropped,
         })
     }
 
@@ -181,6 +191,7 @@ impl RuntimeMetrics {
             self.client_requests.with_label_values(&[service, outcome]);
         }
         self.client_unroutable.with_label_values(&[service]);
+        self.client_dropped.with_label_values(&[service]);
     }
 
     /// A request finished.
@@ -215,6 +226,11 @@ impl RuntimeMetrics {
         self.client_requests
             .with_label_values(&[service, outcome])
             .inc();
+    }
+
+    /// The broker dropped `n` records on a client's response subscription.
+    pub fn client_dropped(&self, service: &str, n: u64) {
+        self.client_dropped.with_label_values(&[service]).inc_by(n);
     }
 
     /// A response record arrived that no caller was waiting for.
@@ -440,7 +456,7 @@ mod tests {
             );
             assert!(text.contains(&line), "{line} missing:\n{text}");
         }
-        for outcome in ["success", "error", "timeout", "failed", "cancelled"] {
+        for outcome in ["success", "error", "timeout", "failed", "cancelled", "lost"] {
             let line = format!(
                 "sluice_client_requests_total{{outcome=\"{outcome}\",service=\"text-completion\"}} 0"
             );
@@ -452,6 +468,7 @@ mod tests {
             "sluice_processor_redelivered_requests_total{processor=\"echo\"} 0",
             "sluice_processor_request_duration_seconds_count{processor=\"echo\"} 0",
             "sluice_client_unroutable_records_total{service=\"text-completion\"} 0",
+            "sluice_client_dropped_records_total{service=\"text-completion\"} 0",
         ] {
             assert!(text.contains(line), "{line} missing:\n{text}");
         }

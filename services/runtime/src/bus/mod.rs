@@ -256,11 +256,27 @@ pub trait Settle: Send + Sync {
     fn settle(self: Box<Self>, settlement: Settlement);
 }
 
+/// Which producer published a delivery, and its place in that producer's sequence.
+///
+/// Pulsar stamps every message with its producer's name and a sequence id that grows by one
+/// per message, and a subscription receives one producer's messages in that order. A
+/// consumer that sees a producer's sequence jump knows the broker dropped what lies between
+/// (non-persistent topics drop what a consumer has no permits for), even when it cannot read
+/// what was dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    /// The producer's name, unique per producer on the broker.
+    pub producer: Arc<str>,
+    /// The message's sequence id within that producer.
+    pub sequence: u64,
+}
+
 /// A message received from a subscription, to be acked or nacked exactly once.
 pub struct Delivery {
     payload: Bytes,
     properties: BTreeMap<String, String>,
     redelivery_count: u32,
+    origin: Option<Origin>,
     settle: Option<Box<dyn Settle>>,
 }
 
@@ -276,8 +292,21 @@ impl Delivery {
             payload,
             properties,
             redelivery_count,
+            origin: None,
             settle: Some(settle),
         }
+    }
+
+    /// Records which producer published this message (for bus implementations that know).
+    pub fn with_origin(mut self, origin: Origin) -> Self {
+        self.origin = Some(origin);
+        self
+    }
+
+    /// The producer and sequence id, where the bus knows them (Pulsar does; the in-process
+    /// bus never drops a message and does not say).
+    pub fn origin(&self) -> Option<&Origin> {
+        self.origin.as_ref()
     }
 
     /// The payload bytes.

@@ -41,8 +41,8 @@ use tokio::{
 use tracing::{debug, info, warn};
 
 use super::{
-    Bus, BusError, Delivery, Link, Message, Publisher, Receipt, Settle, Settlement, StartPosition,
-    SubscribeOptions, Subscription, SubscriptionKind, check_size,
+    Bus, BusError, Delivery, Link, Message, Origin, Publisher, Receipt, Settle, Settlement,
+    StartPosition, SubscribeOptions, Subscription, SubscriptionKind, check_size,
 };
 use crate::{lock, secret::Secret};
 
@@ -203,6 +203,7 @@ impl Bus for PulsarBus {
             control: control_rx,
             connected: connected.clone(),
             redeliveries: RedeliveryTracker::new(100_000),
+            producers: ProducerNames::default(),
             max_backoff: self.config.resubscribe_max_backoff,
         };
         tokio::spawn(supervisor.run(consumer));
@@ -514,7 +515,31 @@ struct Supervisor {
     control: mpsc::UnboundedReceiver<Control>,
     connected: Link,
     redeliveries: RedeliveryTracker,
+    producers: ProducerNames,
     max_backoff: Duration,
+}
+
+/// Producer names seen on a subscription, shared so that each delivery's [`Origin`] costs a
+/// reference count instead of a string copy. Bounded: a long-lived subscription sees every
+/// producer its topic ever had.
+#[derive(Default)]
+struct ProducerNames(HashMap<String, Arc<str>>);
+
+impl ProducerNames {
+    const CAPACITY: usize = 4096;
+
+    fn intern(&mut self, name: &str) -> Arc<str> {
+        if let Some(known) = self.0.get(name) {
+            return known.clone();
+        }
+        if self.0.len() >= Self::CAPACITY {
+            // Forgetting costs only an allocation per name until it is seen again.
+            self.0.clear();
+        }
+        let shared: Arc<str> = Arc::from(name);
+        self.0.insert(name.to_owned(), shared.clone());
+        shared
+    }
 }
 
 enum Exit {
@@ -677,9 +702,15 @@ impl Supervisor {
                             .iter()
                             .map(|kv| (kv.key.clone(), kv.value.clone()))
                             .collect();
+                        let origin = Origin {
+                            producer: self.producers.intern(&m.payload.metadata.producer_name),
+                            sequence: m.payload.metadata.sequence_id,
+                        };
                         let payload = Bytes::from(m.payload.data);
                         let settle = Box::new(PulsarSettle { control: self.control_tx.clone(), id });
-                        ready.push_back(Delivery::new(payload, properties, count, settle));
+                        ready.push_back(
+                            Delivery::new(payload, properties, count, settle).with_origin(origin),
+                        );
                     }
                     Some(Err(e)) => {
                         // A message pulsar-rs could not decode (e.g. compressed with a codec
