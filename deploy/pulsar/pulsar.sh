@@ -16,7 +16,7 @@
 # Settings (environment): SLUICE_PULSAR_VERSION (4.0.8), PULSAR_PORT (6650),
 # PULSAR_HTTP_PORT (8080), PULSAR_BK_PORT (3181), PULSAR_HEAP (512m),
 # PULSAR_STATE_DIR (default $SLUICE_CACHE/pulsar-state/$PULSAR_PORT),
-# PULSAR_READY_TIMEOUT (seconds, 240).
+# PULSAR_READY_TIMEOUT (seconds, 240), PULSAR_EXTRA_CONF (lines appended to standalone.conf).
 set -euo pipefail
 
 VERSION="${SLUICE_PULSAR_VERSION:-4.0.8}"
@@ -84,6 +84,16 @@ write_conf() {
   # The standalone's bookie reads this file too. Flush the journal as soon as its queue is
   # empty instead of waiting out the group-commit window: lower latency at low load.
   printf "\njournalFlushWhenQueueEmpty=true\n" >> "$STATE/standalone.conf"
+  # Extra settings, one `key=value` per line, e.g. a bookie's disk thresholds for the
+  # full-disk test. Each replaces the key's line: the broker's config reader takes a key
+  # given twice as a list and uses its FIRST value.
+  local line key
+  while IFS= read -r line; do
+    [ -n "$line" ] || continue
+    key="${line%%=*}"
+    sed -i "/^${key}=/d" "$STATE/standalone.conf"
+    printf "%s\n" "$line" >> "$STATE/standalone.conf"
+  done <<< "${PULSAR_EXTRA_CONF:-}"
 }
 
 start() {

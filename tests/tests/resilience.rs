@@ -295,7 +295,7 @@ async fn processors_and_clients_recover_by_themselves_when_the_broker_restarts()
                         match item {
                             Ok(Received::Restarted) => got.clear(),
                             Ok(Received::Record(r)) => got.push(r),
-                            Err(ClientError::Decode(e)) if e.contains("not stored") => {
+                            Err(ClientError::NotStored(e)) => {
                                 return Err(format!("not stored: {e}"));
                             }
                             Err(e) => panic!("{prompt}: lost after acceptance: {e}"),

@@ -267,6 +267,10 @@ pub(crate) fn client_error(e: &ClientError) -> Error {
             ErrorKind::Gateway,
             format!("the message bus is unavailable: {e}"),
         ),
+        ClientError::NotStored(e) => Error::new(
+            ErrorKind::Gateway,
+            format!("the message bus did not store the request; send it again later: {e}"),
+        ),
         ClientError::Decode(e) => Error::new(
             ErrorKind::Gateway,
             format!("a response could not be decoded: {e}"),

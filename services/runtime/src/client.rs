@@ -110,6 +110,10 @@ pub enum ClientError {
     /// The client was closed.
     #[error("the client is closed")]
     Closed,
+    /// The broker did not store the request (it cannot write, or refused it): it will not be
+    /// answered, and sending it again later may succeed.
+    #[error("the broker did not store the request: {0}")]
+    NotStored(String),
     /// Another request with the same id is in flight on this client.
     #[error("a request with id {0:?} is already in flight")]
     DuplicateId(String),
@@ -169,6 +173,8 @@ enum Routed<R> {
     Record(R),
     Restarted,
     Undecodable(String),
+    /// The broker did not store the request.
+    NotStored(String),
     /// Record `expected` was skipped: `received` came instead.
     Lost {
         expected: u64,
@@ -395,9 +401,7 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
                         warn!(error = %e, "a request was not stored by the broker");
                         // End the caller's wait now rather than at its timeout.
                         if let Some(route) = lock(&routes).remove(&id) {
-                            let _ = route.tx.send(Routed::Undecodable(format!(
-                                "the request was not stored: {e}"
-                            )));
+                            let _ = route.tx.send(Routed::NotStored(e.to_string()));
                         }
                     }
                 });
@@ -661,6 +665,7 @@ impl<R: ResponseRecord> ResponseStream<R> {
                 }
                 Routed::Restarted => Some(Ok(Received::Restarted)),
                 Routed::Undecodable(e) => self.finish("failed", Err(ClientError::Decode(e))),
+                Routed::NotStored(e) => self.finish("failed", Err(ClientError::NotStored(e))),
                 Routed::Record(r) if r.is_terminal() => {
                     let outcome = if r.error().is_some() {
                         "error"

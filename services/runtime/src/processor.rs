@@ -10,7 +10,9 @@
 //!   an error, panics, or forgets to finish gets an error record written for it;
 //! - a record too large for the bus ends the stream with a `message-too-large` error;
 //! - when publishing fails, the request is handed back to the broker (nack) for another
-//!   attempt, which starts its stream again under a new attempt id;
+//!   attempt, which starts its stream again under a new attempt id; and the processor takes
+//!   no new request (`/readyz` says why) until the broker stores a probe again, so a broker
+//!   that cannot write (a bookie turned read-only by a full disk) costs no provider calls;
 //! - a request its client cancels (see [`crate::cancel`]) stops at once: the handler, and
 //!   with it the provider call, is dropped, and a `cancelled` error ends the stream;
 //! - on SIGTERM/SIGINT it stops taking requests, lets in-flight ones finish within the grace
@@ -345,6 +347,14 @@ pub async fn run<H: Handler>(
     info!(processor = %config.name, topic = %config.request_topic, concurrency, "processor started");
 
     let config = Arc::new(config);
+    let store = StoreGuard::new(config.name.clone(), telemetry.clone());
+    let shared = Arc::new(Shared {
+        publisher: publisher.clone(),
+        telemetry: telemetry.clone(),
+        config: config.clone(),
+        cancels: cancels.clone(),
+        store: store.clone(),
+    });
     let semaphore = Arc::new(Semaphore::new(concurrency));
     let last_finished = Arc::new(std::sync::Mutex::new(Instant::now()));
     let stop_syncs = CancellationToken::new();
@@ -365,6 +375,9 @@ pub async fn run<H: Handler>(
     let abandon = CancellationToken::new();
     let mut tasks = JoinSet::new();
     loop {
+        if store.is_blocked() && !store.wait_until_stored(&*publisher, &shutdown).await {
+            break;
+        }
         // Take a slot before taking a request, so a busy processor leaves requests with the
         // broker for other replicas.
         let permit = tokio::select! {
@@ -388,26 +401,20 @@ pub async fn run<H: Handler>(
             }
             None => break,
         };
-        let (task_handler, task_publisher, task_telemetry, task_config, cancel, task_cancels) = (
+        // Taken while another request found the broker unable to store: it waits here, with
+        // no provider call, until the broker stores again (dropped, it goes back on shutdown).
+        if store.is_blocked() && !store.wait_until_stored(&*publisher, &shutdown).await {
+            drop(delivery);
+            break;
+        }
+        let (task_handler, task_shared, cancel, task_finished) = (
             handler.clone(),
-            publisher.clone(),
-            telemetry.clone(),
-            config.clone(),
+            shared.clone(),
             abandon.child_token(),
-            cancels.clone(),
+            last_finished.clone(),
         );
-        let task_finished = last_finished.clone();
         tasks.spawn(async move {
-            handle_delivery(
-                &*task_handler,
-                delivery,
-                task_publisher,
-                &task_telemetry,
-                &task_config,
-                cancel,
-                &task_cancels,
-            )
-            .await;
+            handle_delivery(&*task_handler, delivery, &task_shared, cancel).await;
             *crate::lock(&task_finished) = Instant::now();
             drop(permit);
         });
@@ -548,15 +555,28 @@ fn describe_decode_error(e: &serde_json::Error) -> String {
     )
 }
 
+/// What every request task of one processor shares.
+struct Shared {
+    publisher: Arc<dyn Publisher>,
+    telemetry: Telemetry,
+    config: Arc<ProcessorConfig>,
+    cancels: CancelRegistry,
+    store: StoreGuard,
+}
+
 async fn handle_delivery<H: Handler>(
     handler: &H,
     delivery: Delivery,
-    publisher: Arc<dyn Publisher>,
-    telemetry: &Telemetry,
-    config: &ProcessorConfig,
+    shared: &Shared,
     cancel: CancellationToken,
-    cancels: &CancelRegistry,
 ) {
+    let Shared {
+        publisher,
+        telemetry,
+        config,
+        cancels,
+        store,
+    } = shared;
     let started = Instant::now();
     let metrics = &telemetry.metrics;
     let processor = config.name.as_str();
@@ -603,7 +623,7 @@ async fn handle_delivery<H: Handler>(
     }
     let span = info_span!("request", processor, request_id = %id, attempt = %attempt);
     metrics.in_flight(processor, 1);
-    let mut sink = ResponseSink::<H::Response>::new(publisher, props);
+    let mut sink = ResponseSink::<H::Response>::new(publisher.clone(), props);
     let in_flight = cancels.begin(&id);
     let outcome = async {
         let Some(in_flight) = in_flight else {
@@ -699,8 +719,109 @@ async fn handle_delivery<H: Handler>(
         }
         Err(e) => {
             warn!(error = %e, "publishing failed; handing the request back for another attempt");
+            // Blocked before the nack: the redelivered request must find the consume loop
+            // already waiting for the broker, not calling the provider again.
+            store.block(&e);
             delivery.nack();
             metrics.request_finished(processor, Outcome::Retried, 0.0);
+        }
+    }
+}
+
+/// Whether the broker stores what this processor publishes.
+///
+/// After a publish fails (a bookie turned read-only by a full disk, a quota, a topic that
+/// refuses writes), every request taken would be answered by the provider and then handed
+/// back unanswered, again and again: provider calls paid for nothing. So the processor takes
+/// no new request, says why on `/readyz` and in `sluice_processor_store_blocked`, and probes
+/// the broker with backoff until it stores again. Requests stay unacked on the broker
+/// meanwhile; nothing is lost.
+#[derive(Clone)]
+struct StoreGuard {
+    processor: String,
+    telemetry: Telemetry,
+    blocked: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The [`crate::telemetry::Health`] condition a blocked store sets.
+const STORE_CONDITION: &str = "store";
+
+/// Longest wait between probes of a broker that cannot store.
+const STORE_PROBE_MAX_BACKOFF: Duration = Duration::from_secs(15);
+
+/// How long a probe waits for the broker's receipt.
+const STORE_PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl StoreGuard {
+    fn new(processor: String, telemetry: Telemetry) -> Self {
+        Self {
+            processor,
+            telemetry,
+            blocked: Arc::default(),
+        }
+    }
+
+    fn is_blocked(&self) -> bool {
+        self.blocked.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn block(&self, error: &BusError) {
+        self.telemetry.health.fail(
+            STORE_CONDITION,
+            format!("the broker cannot store this processor's records: {error}"),
+        );
+        self.telemetry.metrics.store_blocked(&self.processor, true);
+        if !self.blocked.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            warn!(processor = %self.processor, error = %error,
+                  "the broker cannot store records: taking no new request until it can");
+        }
+    }
+
+    fn unblock(&self) {
+        self.telemetry.health.clear(STORE_CONDITION);
+        self.telemetry.metrics.store_blocked(&self.processor, false);
+        if self
+            .blocked
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            info!(processor = %self.processor, "the broker stores records again: taking requests");
+        }
+    }
+
+    /// Probes until the broker stores a sync message on the response topic (which every
+    /// client skips). Returns false when `shutdown` comes first.
+    async fn wait_until_stored(
+        &self,
+        publisher: &dyn Publisher,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        let mut backoff = crate::bus::pulsar::Backoff::new(STORE_PROBE_MAX_BACKOFF);
+        loop {
+            let probe = Message::new(&b"{}"[..])
+                .with_property(properties::ID, properties::SYNC)
+                .with_property(properties::SYNC, self.processor.as_str());
+            let stored = tokio::select! {
+                () = shutdown.cancelled() => return false,
+                r = tokio::time::timeout(STORE_PROBE_TIMEOUT, async {
+                    publisher.send(probe).await?.await
+                }) => r.unwrap_or_else(|_| Err(BusError::Unavailable(format!(
+                    "no receipt within {STORE_PROBE_TIMEOUT:?}"
+                )))),
+            };
+            match stored {
+                Ok(()) => {
+                    self.unblock();
+                    return true;
+                }
+                Err(e) => {
+                    self.block(&e);
+                    debug!(processor = %self.processor, error = %e, "store probe failed");
+                }
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return false,
+                () = tokio::time::sleep(backoff.next_delay()) => {}
+            }
         }
     }
 }

@@ -85,6 +85,7 @@ pub struct RuntimeMetrics {
     client_requests: IntCounterVec,
     client_unroutable: IntCounterVec,
     client_dropped: IntCounterVec,
+    store_blocked: IntGaugeVec,
 }
 
 impl RuntimeMetrics {
@@ -139,6 +140,13 @@ impl RuntimeMetrics {
             ),
             &["service"],
         )?;
+        let store_blocked = IntGaugeVec::new(
+            Opts::new(
+                "sluice_processor_store_blocked",
+                "1 while the broker refuses to store a processor's records and it takes no new request.",
+            ),
+            &["processor"],
+        )?;
         let client_dropped = IntCounterVec::new(
             Opts::new(
                 "sluice_client_dropped_records_total",
@@ -158,6 +166,7 @@ impl RuntimeMetrics {
         }
         registry.register(Box::new(duration.clone()))?;
         registry.register(Box::new(in_flight.clone()))?;
+        registry.register(Box::new(store_blocked.clone()))?;
         Ok(Self {
             requests,
             duration,
@@ -167,6 +176,7 @@ impl RuntimeMetrics {
             client_requests,
             client_unroutable,
             client_dropped,
+            store_blocked,
         })
     }
 
@@ -182,6 +192,14 @@ impl RuntimeMetrics {
         self.in_flight.with_label_values(&[processor]);
         self.records.with_label_values(&[processor]);
         self.redelivered.with_label_values(&[processor]);
+        self.store_blocked.with_label_values(&[processor]);
+    }
+
+    /// Whether `processor` is paused because the broker cannot store its records.
+    pub fn store_blocked(&self, processor: &str, blocked: bool) {
+        self.store_blocked
+            .with_label_values(&[processor])
+            .set(i64::from(blocked));
     }
 
     /// Exports a request/response client's series for `service` at 0 (see
@@ -239,10 +257,12 @@ impl RuntimeMetrics {
     }
 }
 
-/// Liveness and readiness: ready while every registered link is up and not draining.
+/// Liveness and readiness: ready while every registered link is up, no condition is failing
+/// and the process is not draining.
 #[derive(Clone, Default)]
 pub struct Health {
     links: Arc<Mutex<Vec<(String, Link)>>>,
+    conditions: Arc<Mutex<std::collections::BTreeMap<String, String>>>,
     draining: Arc<AtomicBool>,
 }
 
@@ -262,10 +282,28 @@ impl Health {
         self.draining.store(true, Ordering::Relaxed);
     }
 
+    /// Marks the condition `name` as failing for `reason`: `/readyz` answers 503 with the
+    /// reason until [`Health::clear`] is called for it.
+    pub fn fail(&self, name: impl Into<String>, reason: impl Into<String>) {
+        lock(&self.conditions).insert(name.into(), reason.into());
+    }
+
+    /// The condition `name` holds again.
+    pub fn clear(&self, name: &str) {
+        lock(&self.conditions).remove(name);
+    }
+
     /// `Ok` when ready, else what is not.
     pub fn readiness(&self) -> Result<(), String> {
         if self.draining.load(Ordering::Relaxed) {
             return Err("draining".to_owned());
+        }
+        {
+            let conditions = lock(&self.conditions);
+            if !conditions.is_empty() {
+                let failing: Vec<&str> = conditions.values().map(String::as_str).collect();
+                return Err(failing.join("; "));
+            }
         }
         let links = lock(&self.links);
         let down: Vec<&str> = links
@@ -417,6 +455,13 @@ mod tests {
         assert_eq!(h.readiness().unwrap_err(), "not connected: requests");
         link.set(true);
         assert!(h.readiness().is_ok());
+        h.fail("store", "the broker cannot store records: disk full");
+        assert_eq!(
+            h.readiness().unwrap_err(),
+            "the broker cannot store records: disk full"
+        );
+        h.clear("store");
+        assert!(h.readiness().is_ok());
         h.set_draining();
         assert_eq!(h.readiness().unwrap_err(), "draining");
     }
@@ -466,6 +511,7 @@ mod tests {
             "sluice_processor_in_flight_requests{processor=\"echo\"} 0",
             "sluice_processor_records_published_total{processor=\"echo\"} 0",
             "sluice_processor_redelivered_requests_total{processor=\"echo\"} 0",
+            "sluice_processor_store_blocked{processor=\"echo\"} 0",
             "sluice_processor_request_duration_seconds_count{processor=\"echo\"} 0",
             "sluice_client_unroutable_records_total{service=\"text-completion\"} 0",
             "sluice_client_dropped_records_total{service=\"text-completion\"} 0",
