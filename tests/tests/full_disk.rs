@@ -347,9 +347,11 @@ async fn a_broker_that_cannot_write_blocks_the_processor_and_loses_nothing() {
         Some(0)
     );
     // Every request acked once answered (the broker's stats follow the acks shortly).
-    eventually("nothing left on the broker", Duration::from_secs(30), async || {
-        broker.subscription_stats(&req, "echo").await == (0, 0)
-    })
+    eventually(
+        "nothing left on the broker",
+        Duration::from_secs(30),
+        async || broker.subscription_stats(&req, "echo").await == (0, 0),
+    )
     .await;
     assert_eq!(client.call(&request("after")).await.unwrap().len(), 2);
 
