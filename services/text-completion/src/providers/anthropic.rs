@@ -196,7 +196,10 @@ impl Provider for AnthropicProvider {
         if let Some(key) = &self.config.api_key {
             req = req.header("x-api-key", key.expose());
         }
-        let resp = send(req, |status, body| self.http_error(status, body)).await?;
+        let resp = send(req, self.config.timeouts.first_token, |status, body| {
+            self.http_error(status, body)
+        })
+        .await?;
         // message_delta's output-only totals read input 0; the handler's usage merge keeps
         // message_start's input count.
         Ok(sse_chunks(

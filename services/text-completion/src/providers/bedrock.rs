@@ -247,9 +247,11 @@ impl BedrockProvider {
                 }
             }
         }
-        send_with_headers(req.body(body), |status, headers, body| {
-            self.http_error(status, headers, body)
-        })
+        send_with_headers(
+            req.body(body),
+            self.config.timeouts.first_token,
+            |status, headers, body| self.http_error(status, headers, body),
+        )
         .await
     }
 

@@ -178,7 +178,10 @@ impl Provider for CohereProvider {
         if let Some(key) = &self.config.api_key {
             req = req.bearer_auth(key.expose());
         }
-        let resp = send(req, |status, body| self.http_error(status, body)).await?;
+        let resp = send(req, self.config.timeouts.first_token, |status, body| {
+            self.http_error(status, body)
+        })
+        .await?;
         Ok(sse_chunks(
             resp,
             self.config.timeouts,

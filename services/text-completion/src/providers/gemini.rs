@@ -249,7 +249,10 @@ impl Provider for GeminiProvider {
                 GeminiEndpoint::Vertex { .. } => req.bearer_auth(c.expose()),
             };
         }
-        let resp = send(req, |status, body| self.http_error(status, body)).await?;
+        let resp = send(req, self.config.timeouts.first_token, |status, body| {
+            self.http_error(status, body)
+        })
+        .await?;
         // No end event: the connection closing ends the answer, after a finishReason.
         Ok(sse_chunks(
             resp,

@@ -20,7 +20,8 @@ use crate::provider::{Chunk, ChunkStream, FailureKind, ProviderError};
 pub struct HttpTimeouts {
     /// Establishing the connection.
     pub connect: Duration,
-    /// From the response headers to the first chunk (or the whole answer, non-streaming).
+    /// From sending the request to the response headers, and again from those to the first
+    /// chunk (or the whole answer, non-streaming).
     pub first_token: Duration,
     /// Between two chunks. Seeds 000/001 use 60 s, enough for local models on CPU.
     pub between_chunks: Duration,
@@ -48,18 +49,23 @@ pub fn http_client(timeouts: &HttpTimeouts) -> Result<reqwest::Client, ProviderE
 
 /// Sends a request. A non-2xx answer becomes the provider's error, built by `describe` from
 /// the status and body, with the server's `retry-after(-ms)` hint and `x-should-retry`
-/// verdict attached when it sent them.
+/// verdict attached when it sent them. A server that sends no response headers (or no error
+/// body) within `limit` (the first-token limit) fails the call with a retryable timeout:
+/// reqwest's client has no such limit of its own, because a whole-request timeout would cut
+/// long streams.
 pub async fn send(
     request: reqwest::RequestBuilder,
+    limit: Duration,
     describe: impl FnOnce(StatusCode, &str) -> ProviderError,
 ) -> Result<reqwest::Response, ProviderError> {
-    send_with_headers(request, |status, _, body| describe(status, body)).await
+    send_with_headers(request, limit, |status, _, body| describe(status, body)).await
 }
 
 /// [`send`] for providers whose errors are described by a header too (Bedrock's
 /// `x-amzn-ErrorType`).
 pub async fn send_with_headers(
     request: reqwest::RequestBuilder,
+    limit: Duration,
     describe: impl FnOnce(StatusCode, &reqwest::header::HeaderMap, &str) -> ProviderError,
 ) -> Result<reqwest::Response, ProviderError> {
     // Inside a provider call's span (see the handler), carry its W3C trace context.
@@ -67,14 +73,28 @@ pub async fn send_with_headers(
         Some(tp) => request.header("traceparent", tp),
         None => request,
     };
-    let resp = request.send().await.map_err(|e| transport_error(&e))?;
+    let no_response = || {
+        ProviderError::new(
+            FailureKind::Timeout,
+            format!("no response from the provider within {limit:?}"),
+        )
+    };
+    let resp = tokio::time::timeout(limit, request.send())
+        .await
+        .map_err(|_| no_response())?
+        .map_err(|e| transport_error(&e))?;
     let status = resp.status();
     if status.is_success() {
         return Ok(resp);
     }
     let headers = resp.headers().clone();
     let hint = crate::retry::retry_after(&headers);
-    let body = resp.text().await.unwrap_or_default();
+    // An error body that does not come is no reason to lose the status.
+    let body = tokio::time::timeout(limit, resp.text())
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
     let error = describe(status, &headers, &body);
     // A header hint wins; otherwise keep one `describe` found in the body (Gemini's RetryInfo).
     let error = match hint {
@@ -266,5 +286,36 @@ mod tests {
         assert_eq!(e.kind, FailureKind::Timeout);
         assert!(e.message.contains("next chunk"));
         assert!(s.next().await.is_none());
+    }
+
+    /// A server that takes the request and never sends response headers (the soak found a
+    /// non-streaming call that waited forever on one): the call ends with a timeout.
+    #[tokio::test]
+    async fn a_server_that_never_answers_the_headers_times_out() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/", listener.local_addr().unwrap());
+        let hold = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                held.push(socket);
+            }
+        });
+        let client = http_client(&HttpTimeouts::default()).unwrap();
+        let started = std::time::Instant::now();
+        let e = tokio::time::timeout(
+            Duration::from_secs(30),
+            send(
+                client.post(&url).body("{}"),
+                Duration::from_millis(300),
+                |_, _| unreachable!("no status"),
+            ),
+        )
+        .await
+        .expect("send waited for headers without a limit")
+        .unwrap_err();
+        assert_eq!(e.kind, FailureKind::Timeout);
+        assert!(e.message.contains("no response"), "{}", e.message);
+        assert!(started.elapsed() < Duration::from_secs(30));
+        hold.abort();
     }
 }

@@ -109,7 +109,7 @@ impl OllamaProvider {
         if let Some(key) = &self.config.api_key {
             req = req.bearer_auth(key.expose());
         }
-        send(req, |status, body| {
+        send(req, self.config.timeouts.first_token, |status, body| {
             let detail: String = serde_json::from_str::<Value>(body)
                 .ok()
                 .and_then(|v| v["error"].as_str().map(str::to_owned))

@@ -138,7 +138,10 @@ impl OpenAiProvider {
                 _ => req.bearer_auth(key.expose()),
             };
         }
-        send(req, |status, body| self.http_error(status, body)).await
+        send(req, self.config.timeouts.first_token, |status, body| {
+            self.http_error(status, body)
+        })
+        .await
     }
 
     fn http_error(&self, status: StatusCode, body: &str) -> ProviderError {
