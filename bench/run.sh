@@ -5,12 +5,22 @@
 #   bash bench/run.sh foundation --round-trips 500 --requests 5000
 #   bash bench/run.sh text-completion    # TTFT overhead, concurrent streams, tokens/s
 #   bash bench/run.sh gateway            # TTFT over HTTP through the gateway, requests/s
+#   bash bench/run.sh loss               # what TrustGraph's non-persistent mapping loses, and when it is seen
+#   bash bench/run.sh soak --minutes 30  # the soak under chaos (its own broker on 6657)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sluice/target}"
 deploy/pulsar/pulsar.sh start
 export PULSAR_URL=pulsar://127.0.0.1:6650 PULSAR_ADMIN_URL=http://127.0.0.1:8080
-cargo build --release --locked -p sluice-bench -p sluice-cli
+# BENCH_PROFILE=debug runs the debug build (for the soak and loss scenarios, whose figures are
+# about loss and memory, not speed, and where a release build would take too long).
+if [ "${BENCH_PROFILE:-release}" = "debug" ]; then
+  cargo build --locked -p sluice-bench -p sluice-cli
+  bin="$CARGO_TARGET_DIR/debug"
+else
+  cargo build --release --locked -p sluice-bench -p sluice-cli
+  bin="$CARGO_TARGET_DIR/release"
+fi
 scenario="${1:-foundation}"
 [ $# -gt 0 ] && shift
-"$CARGO_TARGET_DIR/release/sluice-bench" --out bench/results --readme README.md "$scenario" "$@"
+"$bin/sluice-bench" --out bench/results --readme README.md "$scenario" "$@"

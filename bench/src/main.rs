@@ -5,6 +5,7 @@
 //! machines are noisy: absolute numbers move from run to run, ratios much less.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod loss;
 mod prompt;
 
 use std::{
@@ -76,6 +77,32 @@ enum Scenario {
         /// Requests per throughput level (a tenth of it at concurrency 1).
         #[arg(long, default_value_t = 5000)]
         throughput_requests: u64,
+    },
+    /// The loss model of TrustGraph's topic mapping: 51-record streams from a `sluice
+    /// text-completion` process at several loads and with a stalled client, on non-persistent
+    /// and on durable topics; what is lost, and how soon the client ends a request that lost
+    /// records.
+    Loss {
+        /// Concurrent callers (and the processor's concurrency) per level.
+        #[arg(long, value_delimiter = ',', default_value = "64,256,512")]
+        concurrency: Vec<u64>,
+        /// Requests per caller at each level.
+        #[arg(long, default_value_t = 4)]
+        per_caller: u64,
+        /// How long the stalled client's process stops (seconds).
+        #[arg(long, default_value_t = 3)]
+        stall_secs: u64,
+    },
+    /// The soak under chaos (issue #13.4): every processor kind as `sluice` processes on a
+    /// broker of its own, mixed traffic, a replica killed every ~20 s, the broker restarted every
+    /// 5 minutes, provider faults. Needs `target/release/sluice` next to this binary.
+    Soak {
+        /// How long traffic runs (minutes).
+        #[arg(long, default_value_t = 30)]
+        minutes: u64,
+        /// Concurrent callers.
+        #[arg(long, default_value_t = 12)]
+        callers: usize,
     },
     /// The foundation: raw pulsar-rs round trip vs sluice runtime + client, throughput.
     Foundation {
@@ -319,7 +346,8 @@ enum Durability {
     NonPersistent,
 }
 
-/// A `sluice text-completion` process against the fake provider, with `concurrency`.
+/// A `sluice text-completion` process against the fake provider, with `concurrency`, and a
+/// client of it.
 async fn spawn_text_completion(
     broker: &Broker,
     fake: &sluice_tests::fake_openai::FakeOpenAi,
@@ -327,6 +355,20 @@ async fn spawn_text_completion(
     concurrency: u64,
     durability: Durability,
 ) -> (tokio::process::Child, TextClient) {
+    let (child, req, resp) =
+        spawn_text_completion_process(broker, fake, model, concurrency, durability).await;
+    (child, text_client(broker.bus().await, &req, &resp).await)
+}
+
+/// A `sluice text-completion` process against the fake provider, with `concurrency`, on fresh
+/// topics; returns it with its request and response topics.
+async fn spawn_text_completion_process(
+    broker: &Broker,
+    fake: &sluice_tests::fake_openai::FakeOpenAi,
+    model: &str,
+    concurrency: u64,
+    durability: Durability,
+) -> (tokio::process::Child, String, String) {
     let topic = |name: &str| match durability {
         Durability::Persistent => unique_topic(name),
         Durability::NonPersistent => {
@@ -368,7 +410,7 @@ async fn spawn_text_completion(
         .spawn()
         .expect("build the sluice binary first: cargo build --release -p sluice-cli");
     wait_ready(&mut child, port).await;
-    (child, text_client(broker.bus().await, &req, &resp).await)
+    (child, req, resp)
 }
 
 /// Waits until a `sluice` process answers `/readyz` on `port`; fails if it exits first
@@ -937,6 +979,49 @@ async fn main() {
             .unwrap();
             splice(&cli.readme, "gateway", &md);
             println!("{md}");
+        }
+        Scenario::Loss {
+            concurrency,
+            per_caller,
+            stall_secs,
+        } => {
+            let (md, json) = loss::bench(&broker, &concurrency, per_caller, stall_secs).await;
+            std::fs::write(cli.out.join("loss.md"), &md).unwrap();
+            std::fs::write(
+                cli.out.join("loss.json"),
+                serde_json::to_string_pretty(&json).unwrap(),
+            )
+            .unwrap();
+            splice(&cli.readme, "loss", &md);
+            println!("{md}");
+        }
+        Scenario::Soak { minutes, callers } => {
+            let exe = std::env::current_exe().unwrap();
+            let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+            let mut config = sluice_tests::soak::SoakConfig::new(
+                exe.with_file_name("sluice"),
+                root.join("deploy/pulsar/pulsar.sh"),
+                Duration::from_secs(minutes * 60),
+            );
+            config.callers = callers;
+            // Not the test command's soak ports (6656), so both can run at once.
+            config.broker_ports = (6657, 8087, 3188);
+            let started = Instant::now();
+            let report = sluice_tests::soak::run(config).await.unwrap();
+            let md = format!(
+                "Run: `{}bash bench/run.sh soak --minutes {minutes} --callers {callers}` ({:.0} min with set-up and drain).\n\n{}",
+                if exe.to_string_lossy().contains("/release/") {
+                    ""
+                } else {
+                    "BENCH_PROFILE=debug "
+                },
+                started.elapsed().as_secs_f64() / 60.0,
+                report.markdown()
+            );
+            std::fs::write(cli.out.join("soak.md"), &md).unwrap();
+            splice(&cli.readme, "soak", &md);
+            println!("{md}");
+            assert!(report.clean(), "the soak found problems");
         }
         Scenario::Foundation {
             round_trips,

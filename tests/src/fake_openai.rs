@@ -27,6 +27,7 @@
 //! | `gated` | `Hel`, then waits for [`FakeOpenAi::open_gate`], then ` lo`, finish, usage, `[DONE]` |
 //! | `tokens-N-D` | N one-word tokens, D ms apart, then finish, usage, `[DONE]` (for benchmarks) |
 //! | `routed` | as the model named by `[model:NAME]` in the last user message, else `normal`: one configured model, every behaviour (call counts are per routed name) |
+//! | `chaos-ok`, `chaos-429`, `chaos-500`, `chaos-malformed`, `chaos-drop`, `chaos-stall` | for soak traffic, counted per distinct last user message (each request its own): the message streamed back in 5-byte pieces (whole when not streaming), after `chaos-429`'s first call answers 429 with only `retry-after: 1` and `chaos-500`'s first call 500; `chaos-malformed` slips an unparseable event after the first piece; `chaos-drop` breaks the connection after the first piece and `chaos-stall` stops there, every call (not streaming: 500 `x-should-retry: false`, and no answer at all) |
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::{
@@ -57,6 +58,7 @@ pub struct OpenAiSeen {
     traceparents: Vec<Option<String>>,
     abandoned: Arc<std::sync::atomic::AtomicUsize>,
     gate: Arc<tokio::sync::Notify>,
+    per_message: Calls,
 }
 
 impl Fake<OpenAiSeen> {
@@ -259,6 +261,10 @@ async fn chat(
         .unwrap_or("")
         .to_owned();
     let tool_answer = react_tool_answer(&model, &user_message);
+    if let Some(fault) = model.strip_prefix("chaos-") {
+        let call = seen.lock().unwrap().per_message.count(&user_message);
+        return chaos(fault, call, stream, &user_message, abandoned).await;
+    }
     if !stream {
         let (content, input, output) = if model.starts_with("replay-") {
             let words = user_message.split_whitespace().count();
@@ -448,6 +454,83 @@ fn react_tool_answer(model: &str, user_message: &str) -> Option<String> {
 
 /// `text` as an answer streamed in tokens of about `n` bytes, then a finish chunk, usage
 /// (9 in, one out per word) and `[DONE]`.
+/// The `chaos-*` models (see the module doc); `call` counts this message's calls from 1.
+async fn chaos(
+    fault: &str,
+    call: usize,
+    stream: bool,
+    message: &str,
+    abandoned: Arc<std::sync::atomic::AtomicUsize>,
+) -> Response {
+    match (fault, call) {
+        ("429", 1) => {
+            let mut resp = error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "Rate limit reached",
+                "requests",
+                "rate_limit_exceeded",
+            );
+            resp.headers_mut().remove("retry-after-ms");
+            return resp;
+        }
+        ("500", 1) => {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "The server had an error",
+                "server_error",
+                "server_error",
+            );
+        }
+        _ => {}
+    }
+    if !stream {
+        return match fault {
+            "drop" => {
+                let mut resp = error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "The request cannot succeed",
+                    "server_error",
+                    "server_error",
+                );
+                resp.headers_mut()
+                    .insert("x-should-retry", "false".parse().unwrap());
+                resp
+            }
+            "stall" => {
+                std::future::pending::<()>().await;
+                StatusCode::GATEWAY_TIMEOUT.into_response()
+            }
+            _ => {
+                let words = message.split_whitespace().count();
+                Json(json!({
+                    "id": "c1", "object": "chat.completion", "model": format!("chaos-{fault}"),
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": message},
+                                 "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 9, "completion_tokens": words, "total_tokens": 9 + words}
+                }))
+                .into_response()
+            }
+        };
+    }
+    let mut steps = streamed(message, 5);
+    match fault {
+        "malformed" => steps.insert(
+            1.min(steps.len()),
+            Step::Send("data: {\"choices\": [{\"delta\": {\"content\": \n\n".into()),
+        ),
+        "drop" => {
+            steps.truncate(1);
+            steps.extend([Step::Wait(Duration::from_millis(20)), Step::Break]);
+        }
+        "stall" => {
+            steps.truncate(1);
+            steps.push(Step::Hang);
+        }
+        _ => {}
+    }
+    sse(steps, abandoned)
+}
+
 fn streamed(text: &str, n: usize) -> Vec<Step> {
     let mut v: Vec<Step> = crate::seed_streams::tokens(text, n)
         .into_iter()

@@ -6,7 +6,8 @@
 //! - [`EchoHandler`]: a scriptable processor handler (records per request, delay, size),
 //!   also run as a separate process by the `echo-processor` binary for crash and drain tests;
 //! - [`mcp_server`]: a real MCP server (the official SDK) with scripted tools, for the agent;
-//! - [`seed_streams`]: the seeds' model outputs for the prompt processor's built-in templates.
+//! - [`seed_streams`]: the seeds' model outputs for the prompt processor's built-in templates;
+//! - [`soak`]: the soak under chaos, every processor as a real process.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod fake;
@@ -19,6 +20,7 @@ pub mod fake_openai;
 pub mod fake_otlp;
 pub mod mcp_server;
 pub mod seed_streams;
+pub mod soak;
 
 use std::{sync::Arc, time::Duration};
 

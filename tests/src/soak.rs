@@ -1,0 +1,1236 @@
+//! A soak under chaos (issue #13.4): every processor kind as real `sluice` processes on a
+//! broker of the soak's own, mixed traffic through the gateway and directly on the bus, a
+//! replica killed with SIGKILL every ~20 s (a replacement started), the broker restarted
+//! every ~5 minutes, and provider faults (429 with `retry-after`, 500, a connection dropped
+//! mid-stream, a stall, a malformed event) from the fake OpenAI server.
+//!
+//! What it checks, per request, on sluice's durable mapping:
+//! - the caller sees exactly one end: an answer, or a clear error (a terminal error record of
+//!   a known type, or a request the broker did not store); over HTTP, exactly one `done`
+//!   event, last, with at most one `error` event right before it;
+//! - nothing is lost (no timeout, no stream that just stops) and nothing duplicated: every
+//!   answer is exactly the one expected, its records once each, in order;
+//! - after the traffic, every processor's in-flight gauge returns to 0;
+//! - the resident memory of the replicas that are never killed (one per kind, and the
+//!   gateway) after warm-up, sampled every 5 s.
+//!
+//! A wire auditor also reads every response topic and counts what the callers never see:
+//! terminal records stored twice for one request (a replica killed after storing its answer,
+//! before acking the request; clients keep the first) and records stored twice by a retried
+//! send.
+//!
+//! Used by `services/cli/tests/soak.rs` (3 minutes, in the test command) and
+//! `bash bench/run.sh soak` (30 minutes, figures for the README).
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    fmt::Write as _,
+    path::PathBuf,
+    process::Stdio,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use futures::StreamExt;
+use rand::Rng;
+use serde_json::{Value, json};
+use sluice_runtime::{
+    bus::{Bus, SubscribeOptions, pulsar::PulsarConfig},
+    client::{ClientConfig, ClientError, Received, RequestClient},
+};
+use sluice_schema::{
+    AgentMessageType, AgentRequest, AgentResponse, PromptRequest, PromptResponse, ResponseRecord,
+    TextCompletionRequest, TextCompletionResponse, properties,
+};
+use tokio::process::{Child, Command};
+
+use crate::{Broker, fake_openai::FakeOpenAi, seed_streams};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct SoakConfig {
+    /// The `sluice` binary.
+    pub sluice: PathBuf,
+    /// `deploy/pulsar/pulsar.sh`.
+    pub pulsar_script: PathBuf,
+    /// How long traffic runs.
+    pub duration: Duration,
+    /// Traffic before this is warm-up: memory is compared from here on.
+    pub warm_up: Duration,
+    /// About how often a replica is killed (±20%).
+    pub kill_every: Duration,
+    /// How often the broker restarts.
+    pub broker_restart_every: Duration,
+    /// Concurrent callers.
+    pub callers: usize,
+    /// Where the processes' logs and the broker's state go (wiped first).
+    pub work_dir: PathBuf,
+    /// The soak broker's ports: binary protocol, HTTP admin, bookie.
+    pub broker_ports: (u16, u16, u16),
+}
+
+impl SoakConfig {
+    /// Defaults for `duration`: callers 12, a kill every 20 s, a broker restart every 5
+    /// minutes, a sixth of the run (at most 3 minutes) as warm-up.
+    pub fn new(sluice: PathBuf, pulsar_script: PathBuf, duration: Duration) -> Self {
+        Self {
+            sluice,
+            pulsar_script,
+            duration,
+            warm_up: (duration / 6).min(Duration::from_secs(180)),
+            kill_every: Duration::from_secs(20),
+            broker_restart_every: Duration::from_secs(300),
+            callers: 12,
+            work_dir: std::env::temp_dir().join(format!("sluice-soak-{}", std::process::id())),
+            broker_ports: (6656, 8086, 3187),
+        }
+    }
+}
+
+/// The kinds of request the callers make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Kind {
+    BusLlmStream,
+    BusLlmWhole,
+    HttpLlmStream,
+    HttpLlmWhole,
+    BusPrompt,
+    HttpPrompt,
+    BusAgent,
+    HttpAgent,
+}
+
+impl Kind {
+    fn pick(rng: &mut impl Rng) -> Self {
+        match rng.random_range(0..100) {
+            0..20 => Kind::BusLlmStream,
+            20..30 => Kind::BusLlmWhole,
+            30..50 => Kind::HttpLlmStream,
+            50..58 => Kind::HttpLlmWhole,
+            58..70 => Kind::BusPrompt,
+            70..80 => Kind::HttpPrompt,
+            80..90 => Kind::BusAgent,
+            _ => Kind::HttpAgent,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::BusLlmStream => "bus text-completion, streaming",
+            Kind::BusLlmWhole => "bus text-completion, not streaming",
+            Kind::HttpLlmStream => "HTTP text-completion, NDJSON",
+            Kind::HttpLlmWhole => "HTTP text-completion, JSON",
+            Kind::BusPrompt => "bus prompt jsonl",
+            Kind::HttpPrompt => "HTTP prompt jsonl, NDJSON",
+            Kind::BusAgent => "bus agent, one tool call",
+            Kind::HttpAgent => "HTTP agent, one tool call, NDJSON",
+        }
+    }
+}
+
+/// The provider fault a text-completion request asks the fake for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    None,
+    RateLimited,
+    ServerError,
+    Malformed,
+    Dropped,
+    Stalled,
+}
+
+impl Fault {
+    fn pick(rng: &mut impl Rng) -> Self {
+        match rng.random_range(0..100) {
+            0..55 => Fault::None,
+            55..67 => Fault::RateLimited,
+            67..77 => Fault::ServerError,
+            77..87 => Fault::Malformed,
+            87..95 => Fault::Dropped,
+            _ => Fault::Stalled,
+        }
+    }
+
+    fn model(self) -> &'static str {
+        match self {
+            Fault::None => "chaos-ok",
+            Fault::RateLimited => "chaos-429",
+            Fault::ServerError => "chaos-500",
+            Fault::Malformed => "chaos-malformed",
+            Fault::Dropped => "chaos-drop",
+            Fault::Stalled => "chaos-stall",
+        }
+    }
+
+    /// Whether the request should still get its whole answer: the 429 and 500 come before
+    /// the first record, so the processor retries them; a malformed event, a dropped
+    /// connection or a stall come after it, where a retry would repeat what was published.
+    fn answerable(self) -> bool {
+        matches!(self, Fault::None | Fault::RateLimited | Fault::ServerError)
+    }
+}
+
+/// How one request ended, as its caller saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Verdict {
+    /// The whole answer, exactly as expected.
+    Answered,
+    /// A terminal error record of this type, or `not-stored` when the broker did not take the
+    /// request.
+    ClearError(String),
+    /// An answer that differs from the one expected (a record lost, duplicated or reordered).
+    Wrong(String),
+    /// No end: a timeout, or a stream that stopped.
+    Lost(String),
+    /// The protocol was broken (events after `done`, two terminal records...).
+    Broken(String),
+}
+
+/// The processes of the soak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Role {
+    TextCompletion,
+    Prompt,
+    Agent,
+    Gateway,
+}
+
+impl Role {
+    fn name(self) -> &'static str {
+        match self {
+            Role::TextCompletion => "text-completion",
+            Role::Prompt => "prompt",
+            Role::Agent => "agent",
+            Role::Gateway => "gateway",
+        }
+    }
+}
+
+struct Member {
+    role: Role,
+    name: String,
+    child: Child,
+    metrics_port: u16,
+    sentinel: bool,
+}
+
+impl Member {
+    fn pid(&self) -> u32 {
+        self.child.id().unwrap_or(0)
+    }
+}
+
+/// Figures of one soak run.
+#[derive(Debug, Default, Clone)]
+pub struct SoakReport {
+    /// Traffic time.
+    pub duration: Duration,
+    /// Requests by kind and verdict.
+    outcomes: BTreeMap<(Kind, String), u64>,
+    /// Requests whose fault asked for an answer and got a clear error instead, by error type.
+    unanswered_clean: BTreeMap<String, u64>,
+    /// Everything that must not happen, with an example each.
+    pub violations: Vec<String>,
+    /// Replicas killed with SIGKILL.
+    pub kills: u64,
+    /// Broker restarts, with how long each took until the broker served again.
+    pub broker_restarts: Vec<Duration>,
+    /// Requests made.
+    pub requests: u64,
+    /// Answered in full.
+    pub answered: u64,
+    /// Ended with a clear error.
+    pub clear_errors: u64,
+    /// Sentinel memory: name, RSS MiB at the end of warm-up, at the end, the highest after
+    /// warm-up.
+    pub rss: Vec<(String, f64, f64, f64)>,
+    /// Processors whose in-flight gauge did not return to 0 after the traffic.
+    pub stuck_in_flight: Vec<String>,
+    /// How long the in-flight gauges took to return to 0.
+    pub drain_time: Duration,
+    /// Wire audit: response records read, terminal records, requests with more than one
+    /// terminal record stored, records stored twice.
+    pub audit: (u64, u64, u64, u64),
+}
+
+impl SoakReport {
+    /// True when nothing was lost, wrong or broken, and every in-flight gauge returned to 0.
+    pub fn clean(&self) -> bool {
+        self.violations.is_empty() && self.stuck_in_flight.is_empty()
+    }
+
+    /// The report as Markdown (for bench/results and the README).
+    pub fn markdown(&self) -> String {
+        let mut md = String::new();
+        let _ = writeln!(
+            md,
+            "| soak | figure |\n|---|---|\n| traffic | {:.1} min, {} requests |\n| answered in full | {} |\n| ended with a clear error | {} |\n| lost, wrong or broken | {} |\n| replicas killed (SIGKILL) | {} |\n| broker restarts | {} ({}) |\n| in-flight gauges back to 0 after traffic | {} |\n| wire: response records / terminal / requests with a 2nd terminal stored / records stored twice | {} / {} / {} / {} |",
+            self.duration.as_secs_f64() / 60.0,
+            self.requests,
+            self.answered,
+            self.clear_errors,
+            self.violations.len(),
+            self.kills,
+            self.broker_restarts.len(),
+            self.broker_restarts
+                .iter()
+                .map(|d| format!("{:.0} s", d.as_secs_f64()))
+                .collect::<Vec<_>>()
+                .join(", "),
+            if self.stuck_in_flight.is_empty() {
+                format!("yes, within {:.1} s", self.drain_time.as_secs_f64())
+            } else {
+                format!("NO: {}", self.stuck_in_flight.join(", "))
+            },
+            self.audit.0,
+            self.audit.1,
+            self.audit.2,
+            self.audit.3,
+        );
+        let _ = writeln!(md, "\n| request kind | outcome | count |\n|---|---|---|");
+        for ((kind, verdict), n) in &self.outcomes {
+            let _ = writeln!(md, "| {} | {verdict} | {n} |", kind.name());
+        }
+        if !self.unanswered_clean.is_empty() {
+            let _ = writeln!(
+                md,
+                "\n| fault-free or retryable requests that ended with a clear error, by type | count |\n|---|---|"
+            );
+            for (t, n) in &self.unanswered_clean {
+                let _ = writeln!(md, "| `{t}` | {n} |");
+            }
+        }
+        let _ = writeln!(
+            md,
+            "\n| replica never killed | RSS after warm-up MiB | at the end MiB | highest after warm-up MiB |\n|---|---|---|---|"
+        );
+        for (name, warm, end, max) in &self.rss {
+            let _ = writeln!(md, "| {name} | {warm:.1} | {end:.1} | {max:.1} |");
+        }
+        if !self.violations.is_empty() {
+            let _ = writeln!(md, "\nViolations (first 20):\n");
+            for v in self.violations.iter().take(20) {
+                let _ = writeln!(md, "- {v}");
+            }
+        }
+        md
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// The soak's broker, on its own ports. Its state is pulsar.sh's default for those ports
+/// (under ~/.cache/sluice/pulsar-state/), so that a broker left behind by an interrupted run
+/// is found and stopped by the next one; each run starts from a wiped state.
+struct SoakBroker {
+    script: PathBuf,
+    ports: (u16, u16, u16),
+}
+
+impl SoakBroker {
+    fn command(&self, command: &str) -> std::process::Command {
+        let mut c = std::process::Command::new("bash");
+        c.arg(&self.script)
+            .arg(command)
+            .env("PULSAR_PORT", self.ports.0.to_string())
+            .env("PULSAR_HTTP_PORT", self.ports.1.to_string())
+            .env("PULSAR_BK_PORT", self.ports.2.to_string())
+            .env("PULSAR_HEAP", "384m")
+            .stdout(Stdio::null());
+        c
+    }
+
+    async fn run(&self, command: &str) -> bool {
+        Command::from(self.command(command))
+            .status()
+            .await
+            .is_ok_and(|s| s.success())
+    }
+
+    /// Stops the broker, checks that it no longer serves, and starts it again.
+    async fn restart(&self) -> Result<(), String> {
+        self.run("stop").await;
+        if self.run("status").await {
+            return Err("the broker still served after it was stopped".into());
+        }
+        if self.run("start").await {
+            Ok(())
+        } else {
+            Err("the broker did not come back after a restart".into())
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("pulsar://127.0.0.1:{}", self.ports.0)
+    }
+
+    fn admin_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.ports.1)
+    }
+}
+
+impl Drop for SoakBroker {
+    // A soak that panics must not leave its broker behind (the next run would reuse it).
+    fn drop(&mut self) {
+        let _ = self.command("stop").status();
+    }
+}
+
+struct Fleet {
+    config: SoakConfig,
+    broker_url: String,
+    admin_url: String,
+    fake_url: String,
+    gateway_port: u16,
+    tools: PathBuf,
+    members: Vec<Member>,
+    counter: u64,
+}
+
+impl Fleet {
+    async fn spawn(&mut self, role: Role, sentinel: bool) -> Result<(), String> {
+        self.counter += 1;
+        let name = format!("{}-{}", role.name(), self.counter);
+        let metrics_port = free_port();
+        let metrics = format!("127.0.0.1:{metrics_port}");
+        let mut args: Vec<String> = vec![role.name().into()];
+        let common = [
+            "--pulsar-url",
+            &self.broker_url,
+            "--pulsar-admin-url",
+            &self.admin_url,
+            "--metrics-addr",
+            &metrics,
+            "--drain-grace-secs",
+            "5",
+        ];
+        args.extend(common.iter().map(|s| (*s).to_owned()));
+        match role {
+            Role::TextCompletion => args.extend(
+                [
+                    "--provider",
+                    "openai-compatible",
+                    "--base-url",
+                    &self.fake_url,
+                    "--model",
+                    "routed",
+                    "--max-retries",
+                    "3",
+                    "--chunk-timeout-secs",
+                    "3",
+                    "--first-token-timeout-secs",
+                    "10",
+                    "--concurrency",
+                    "64",
+                ]
+                .iter()
+                .map(|s| (*s).to_owned()),
+            ),
+            Role::Prompt => args.extend(["--concurrency", "32"].iter().map(|s| (*s).to_owned())),
+            Role::Agent => args.extend(
+                [
+                    "--tools",
+                    &self.tools.to_string_lossy(),
+                    "--concurrency",
+                    "32",
+                ]
+                .iter()
+                .map(|s| (*s).to_owned()),
+            ),
+            Role::Gateway => {
+                args.extend([
+                    "--listen".to_owned(),
+                    format!("127.0.0.1:{}", self.gateway_port),
+                ]);
+            }
+        }
+        let log = std::fs::File::create(self.config.work_dir.join(format!("{name}.log")))
+            .map_err(|e| e.to_string())?;
+        let err = log.try_clone().map_err(|e| e.to_string())?;
+        let mut child = Command::new(&self.config.sluice)
+            .args(&args)
+            .env("RUST_LOG", "warn")
+            .stdout(log)
+            .stderr(err)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("starting {name}: {e}"))?;
+        let ready = format!("http://127.0.0.1:{metrics_port}/readyz");
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!(
+                    "{name} exited before it was ready ({status}); see its log"
+                ));
+            }
+            if http
+                .get(&ready)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+            {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{name} not ready within 120 s"));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        self.members.push(Member {
+            role,
+            name,
+            child,
+            metrics_port,
+            sentinel,
+        });
+        Ok(())
+    }
+
+    /// Kills a random replica that is not a sentinel with SIGKILL and starts another of its
+    /// kind.
+    async fn kill_one(&mut self) -> Result<String, String> {
+        let victims: Vec<usize> = self
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| !m.sentinel && m.role != Role::Gateway)
+            .map(|(i, _)| i)
+            .collect();
+        if victims.is_empty() {
+            return Err("no replica to kill".into());
+        }
+        let i = victims[rand::random_range(0..victims.len())];
+        let mut victim = self.members.swap_remove(i);
+        let _ = victim.child.start_kill();
+        let _ = victim.child.wait().await;
+        self.spawn(victim.role, false).await?;
+        Ok(victim.name)
+    }
+}
+
+/// What the wire auditor counted.
+#[derive(Default)]
+struct Audit {
+    records: u64,
+    terminals: u64,
+    /// Terminal records per request id.
+    terminal_ids: HashMap<String, u32>,
+    /// (id, attempt, seq) seen.
+    seen: HashSet<(String, String, String)>,
+    twice: u64,
+}
+
+async fn audit<R: ResponseRecord>(
+    bus: Arc<dyn Bus>,
+    topic: String,
+    audit: Arc<Mutex<Audit>>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut options = SubscribeOptions::exclusive(1000);
+    options.consumer_name = Some(format!("soak-audit-{}", uuid::Uuid::new_v4().simple()));
+    let Ok(mut sub) = bus.subscribe(&topic, "soak-audit", options).await else {
+        return;
+    };
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(Some(Ok(d))) = tokio::time::timeout(Duration::from_millis(500), sub.next()).await
+        else {
+            continue;
+        };
+        if d.property(properties::SYNC).is_some() {
+            d.ack();
+            continue;
+        }
+        let id = d.property(properties::ID).unwrap_or_default().to_owned();
+        let attempt = d
+            .property(properties::ATTEMPT)
+            .unwrap_or_default()
+            .to_owned();
+        let seq = d.property(properties::SEQ).unwrap_or_default().to_owned();
+        let terminal = serde_json::from_slice::<R>(d.payload()).is_ok_and(|r| r.is_terminal());
+        {
+            let mut a = audit
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            a.records += 1;
+            if !a.seen.insert((id.clone(), attempt, seq)) {
+                a.twice += 1;
+            }
+            if terminal {
+                a.terminals += 1;
+                *a.terminal_ids.entry(id).or_default() += 1;
+            }
+        }
+        d.ack();
+    }
+    sub.close().await;
+}
+
+struct Clients {
+    llm: RequestClient<TextCompletionRequest, TextCompletionResponse>,
+    prompt: RequestClient<PromptRequest, PromptResponse>,
+    agent: RequestClient<AgentRequest, AgentResponse>,
+    http: reqwest::Client,
+    gateway: String,
+}
+
+fn seed_prompt(n: u64) -> (PromptRequest, usize) {
+    let blocks =
+        json!([{"block_id": "b1", "content": format!("[model:seed-classification] soak {n}")}]);
+    let mut terms = BTreeMap::new();
+    terms.insert("blocks".to_owned(), blocks.to_string());
+    let request = PromptRequest {
+        id: "knowledge-classification".into(),
+        terms: terms.into_iter().collect(),
+        streaming: true,
+        ..Default::default()
+    };
+    let objects = seed_streams::expected("classification").map_or(0, |e| e.objects);
+    (request, objects)
+}
+
+const AGENT_ANSWER: &str = "The tool said: Hello world!";
+
+/// Judges a terminal error: a known, non-empty type is a clear error.
+fn clear(kind: &str) -> Verdict {
+    if kind.is_empty() {
+        Verdict::Broken("an error record without a type".into())
+    } else {
+        Verdict::ClearError(kind.to_owned())
+    }
+}
+
+fn client_failure(e: &ClientError) -> Verdict {
+    match e {
+        ClientError::NotStored(_) | ClientError::Bus(_) => Verdict::ClearError("not-stored".into()),
+        // The caller's own deadline (the gateway reports it as `timeout`): clear to the
+        // caller, but a loss looks the same, so `one_request` accepts it only from a stalled
+        // provider.
+        ClientError::InactivityTimeout(_) | ClientError::TotalTimeout(_) => {
+            Verdict::ClearError("timeout".into())
+        }
+        other => Verdict::Lost(other.to_string()),
+    }
+}
+
+async fn bus_llm(clients: &Clients, text: &str, streaming: bool) -> Verdict {
+    let request = TextCompletionRequest {
+        system: "soak".into(),
+        prompt: text.into(),
+        streaming,
+        ..Default::default()
+    };
+    let mut stream = match clients.llm.request(&request).await {
+        Ok(s) => s,
+        Err(e) => return client_failure(&e),
+    };
+    let mut answer = String::new();
+    let mut terminals = 0;
+    loop {
+        match stream.next().await {
+            None => break,
+            Some(Ok(Received::Restarted)) => answer.clear(),
+            Some(Ok(Received::Record(r))) => {
+                if let Some(e) = &r.error {
+                    return clear(&e.kind);
+                }
+                answer.push_str(&r.response);
+                if r.end_of_stream {
+                    terminals += 1;
+                }
+            }
+            Some(Err(e)) => return client_failure(&e),
+        }
+    }
+    if terminals != 1 {
+        return Verdict::Broken(format!("{terminals} terminal records"));
+    }
+    if answer == text {
+        Verdict::Answered
+    } else {
+        Verdict::Wrong(format!("answer {answer:?} for {text:?}"))
+    }
+}
+
+async fn bus_prompt(clients: &Clients, n: u64) -> Verdict {
+    let (request, expected) = seed_prompt(n);
+    let mut stream = match clients.prompt.request(&request).await {
+        Ok(s) => s,
+        Err(e) => return client_failure(&e),
+    };
+    let mut objects = 0;
+    loop {
+        match stream.next().await {
+            None => return Verdict::Lost("the stream ended without a terminal record".into()),
+            Some(Ok(Received::Restarted)) => objects = 0,
+            Some(Ok(Received::Record(r))) => {
+                if let Some(e) = &r.error {
+                    return clear(&e.kind);
+                }
+                if r.object.as_ref().is_some_and(|o| !o.is_empty()) {
+                    objects += 1;
+                }
+                if r.end_of_stream {
+                    return if objects == expected && r.objects_emitted == Some(expected as u64) {
+                        Verdict::Answered
+                    } else {
+                        Verdict::Wrong(format!(
+                            "{objects} objects, objects_emitted {:?}, expected {expected}",
+                            r.objects_emitted
+                        ))
+                    };
+                }
+            }
+            Some(Err(e)) => return client_failure(&e),
+        }
+    }
+}
+
+async fn bus_agent(clients: &Clients, n: u64) -> Verdict {
+    let request = AgentRequest {
+        question: format!("[model:react-ask] soak {n}"),
+        streaming: true,
+        ..Default::default()
+    };
+    let mut stream = match clients.agent.request(&request).await {
+        Ok(s) => s,
+        Err(e) => return client_failure(&e),
+    };
+    let mut answer = String::new();
+    loop {
+        match stream.next().await {
+            None => return Verdict::Lost("the dialog ended without end_of_dialog".into()),
+            Some(Ok(Received::Restarted)) => answer.clear(),
+            Some(Ok(Received::Record(r))) => {
+                if let Some(e) = &r.error {
+                    return clear(&e.kind);
+                }
+                if r.message_type == AgentMessageType::Answer {
+                    answer.push_str(&r.content);
+                }
+                if r.end_of_dialog {
+                    return if answer == AGENT_ANSWER {
+                        Verdict::Answered
+                    } else {
+                        Verdict::Wrong(format!("answer {answer:?}"))
+                    };
+                }
+            }
+            Some(Err(e)) => return client_failure(&e),
+        }
+    }
+}
+
+/// What an NDJSON answer held: the tokens after the last `restarted` (agent: answer tokens
+/// only), the error type if any, the done events, and protocol problems.
+struct Events {
+    text: String,
+    objects: usize,
+    error: Option<String>,
+    done: u32,
+    broken: Option<String>,
+}
+
+async fn http_events(
+    clients: &Clients,
+    service: &str,
+    body: Value,
+    only_answers: bool,
+) -> Result<Events, Verdict> {
+    let response = clients
+        .http
+        .post(format!("{}/api/v1/{service}", clients.gateway))
+        .header("accept", "application/x-ndjson")
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| Verdict::Lost(format!("HTTP: {e}")))?;
+    let status = response.status();
+    if !status.is_success() {
+        let v: Value = response.json().await.unwrap_or_default();
+        let kind = v["error"]["type"].as_str().unwrap_or_default().to_owned();
+        return Err(if kind.is_empty() {
+            Verdict::Broken(format!("HTTP {status} without an error type"))
+        } else {
+            clear(&kind)
+        });
+    }
+    let mut events = Events {
+        text: String::new(),
+        objects: 0,
+        error: None,
+        done: 0,
+        broken: None,
+    };
+    let mut body = response.bytes_stream();
+    let mut buf = Vec::new();
+    loop {
+        let chunk = match tokio::time::timeout(Duration::from_secs(180), body.next()).await {
+            Err(_) => return Err(Verdict::Lost("no event for 180 s".into())),
+            Ok(None) => break,
+            Ok(Some(Err(e))) => return Err(Verdict::Lost(format!("body: {e}"))),
+            Ok(Some(Ok(c))) => c,
+        };
+        buf.extend_from_slice(&chunk);
+        while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=nl).collect();
+            let Ok(event) = serde_json::from_slice::<Value>(&line) else {
+                events.broken = Some("a line that is not JSON".into());
+                continue;
+            };
+            if events.done > 0 {
+                events.broken = Some(format!("an event after done: {event}"));
+            }
+            match event["type"].as_str() {
+                Some("status") if event["status"] == "restarted" => {
+                    events.text.clear();
+                    events.objects = 0;
+                }
+                Some("token") => {
+                    if event.get("object").is_some_and(|o| !o.is_null()) {
+                        events.objects += 1;
+                    }
+                    if !only_answers || event["message_type"] == "answer" {
+                        events
+                            .text
+                            .push_str(event["content"].as_str().unwrap_or_default());
+                    }
+                }
+                Some("error") => {
+                    if events.error.is_some() {
+                        events.broken = Some("two error events".into());
+                    }
+                    events.error =
+                        Some(event["error_type"].as_str().unwrap_or_default().to_owned());
+                }
+                Some("done") => events.done += 1,
+                _ => {}
+            }
+        }
+    }
+    if !buf.is_empty() {
+        events.broken = Some("a partial last line".into());
+    }
+    Ok(events)
+}
+
+fn judge_events(events: Events, expected: impl FnOnce(&Events) -> Option<String>) -> Verdict {
+    if let Some(b) = events.broken {
+        return Verdict::Broken(b);
+    }
+    if events.done != 1 {
+        return if events.done == 0 {
+            Verdict::Lost("the body ended without a done event".into())
+        } else {
+            Verdict::Broken(format!("{} done events", events.done))
+        };
+    }
+    if let Some(kind) = &events.error {
+        return clear(kind);
+    }
+    match expected(&events) {
+        None => Verdict::Answered,
+        Some(wrong) => Verdict::Wrong(wrong),
+    }
+}
+
+async fn http_llm(clients: &Clients, text: &str, streaming: bool) -> Verdict {
+    let body = json!({"system": "soak", "prompt": text});
+    if !streaming {
+        let response = match clients
+            .http
+            .post(format!("{}/api/v1/text-completion", clients.gateway))
+            .json(&body)
+            .send()
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => return Verdict::Lost(format!("HTTP: {e}")),
+        };
+        let status = response.status();
+        let v: Value = match response.json().await {
+            Ok(v) => v,
+            Err(e) => return Verdict::Lost(format!("HTTP body: {e}")),
+        };
+        if let Some(kind) = v["error"]["type"].as_str() {
+            return clear(kind);
+        }
+        if !status.is_success() {
+            return Verdict::Broken(format!("HTTP {status} without an error"));
+        }
+        return if v["response"] == text {
+            Verdict::Answered
+        } else {
+            Verdict::Wrong(format!("answer {} for {text:?}", v["response"]))
+        };
+    }
+    match http_events(clients, "text-completion", body, false).await {
+        Err(v) => v,
+        Ok(events) => judge_events(events, |e| {
+            (e.text != text).then(|| format!("answer {:?} for {text:?}", e.text))
+        }),
+    }
+}
+
+async fn http_prompt(clients: &Clients, n: u64) -> Verdict {
+    let (request, expected) = seed_prompt(n);
+    let body = serde_json::to_value(&request).unwrap_or_default();
+    match http_events(clients, "prompt", body, false).await {
+        Err(v) => v,
+        Ok(events) => judge_events(events, |e| {
+            (e.objects != expected).then(|| format!("{} objects, expected {expected}", e.objects))
+        }),
+    }
+}
+
+async fn http_agent(clients: &Clients, n: u64) -> Verdict {
+    let body = json!({"question": format!("[model:react-ask] soak {n}")});
+    match http_events(clients, "agent", body, true).await {
+        Err(v) => v,
+        Ok(events) => judge_events(events, |e| {
+            (e.text != AGENT_ANSWER).then(|| format!("answer {:?}", e.text))
+        }),
+    }
+}
+
+async fn one_request(clients: &Clients, n: u64, kind: Kind, fault: Fault) -> Verdict {
+    let text = format!(
+        "[model:{}] soak {n} {}",
+        fault.model(),
+        uuid::Uuid::new_v4().simple()
+    );
+    let verdict = match kind {
+        Kind::BusLlmStream => bus_llm(clients, &text, true).await,
+        Kind::BusLlmWhole => bus_llm(clients, &text, false).await,
+        Kind::HttpLlmStream => http_llm(clients, &text, true).await,
+        Kind::HttpLlmWhole => http_llm(clients, &text, false).await,
+        Kind::BusPrompt => bus_prompt(clients, n).await,
+        Kind::HttpPrompt => http_prompt(clients, n).await,
+        Kind::BusAgent => bus_agent(clients, n).await,
+        Kind::HttpAgent => http_agent(clients, n).await,
+    };
+    // A stalled provider is retried (10 s first-token limit, 4 attempts) and its request
+    // redelivered when a replica is killed, so it may outlast the caller's deadline. Any
+    // other request that runs into the deadline was lost.
+    match verdict {
+        Verdict::ClearError(t) if t == "timeout" && fault != Fault::Stalled => {
+            Verdict::Lost("the caller's deadline passed without a terminal record".into())
+        }
+        other => other,
+    }
+}
+
+async fn scrape_in_flight(http: &reqwest::Client, port: u16) -> Option<i64> {
+    let text = http
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    Some(
+        text.lines()
+            .filter(|l| l.starts_with("sluice_processor_in_flight_requests{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<i64>().ok())
+            .sum(),
+    )
+}
+
+/// Runs the soak. Returns an error only when it cannot set up (the broker or a process does
+/// not start); everything that goes wrong during the run is in the report.
+pub async fn run(config: SoakConfig) -> Result<SoakReport, String> {
+    // reqwest is built without a default rustls provider (sluice installs one at start-up).
+    sluice_runtime::install_crypto_provider();
+    let _ = std::fs::remove_dir_all(&config.work_dir);
+    std::fs::create_dir_all(&config.work_dir).map_err(|e| e.to_string())?;
+    let broker = SoakBroker {
+        script: config.pulsar_script.clone(),
+        ports: config.broker_ports,
+    };
+    broker.run("wipe").await;
+    if !broker.run("start").await {
+        return Err("the soak's broker did not start".into());
+    }
+    let result = soak(&config, &broker).await;
+    broker.run("stop").await;
+    result
+}
+
+async fn soak(config: &SoakConfig, broker: &SoakBroker) -> Result<SoakReport, String> {
+    let fake = FakeOpenAi::start().await;
+    let tools = config.work_dir.join("tools.json");
+    std::fs::write(
+        &tools,
+        r#"{"tools": [{"name": "ask", "description": "Ask a language model", "type": "text-completion"}]}"#,
+    )
+    .map_err(|e| e.to_string())?;
+    let mut fleet = Fleet {
+        config: config.clone(),
+        broker_url: broker.url(),
+        admin_url: broker.admin_url(),
+        fake_url: fake.base_url(),
+        gateway_port: free_port(),
+        tools,
+        members: Vec::new(),
+        counter: 0,
+    };
+    // One sentinel per kind (never killed: its memory is the leak check) and chaos replicas.
+    for (role, sentinel) in [
+        (Role::TextCompletion, true),
+        (Role::TextCompletion, false),
+        (Role::TextCompletion, false),
+        (Role::Prompt, true),
+        (Role::Prompt, false),
+        (Role::Agent, true),
+        (Role::Agent, false),
+        (Role::Gateway, true),
+    ] {
+        fleet.spawn(role, sentinel).await?;
+    }
+    let test_broker = Broker {
+        url: broker.url(),
+        admin_url: broker.admin_url(),
+    };
+    let mut bus_config = PulsarConfig::new(broker.url());
+    bus_config.publish_retry_budget = Duration::from_secs(60);
+    let bus: Arc<dyn Bus> = Arc::new(test_broker.pulsar_bus(bus_config).await);
+    let client_config = |service: &str| {
+        let mut c = ClientConfig::new(
+            format!("soak-{service}"),
+            format!("persistent://tg/request/{service}"),
+            format!("persistent://tg/response/{service}"),
+        );
+        c.cancel_topic = Some(format!("persistent://tg/notify/{service}-cancel"));
+        c
+    };
+    let clients = Arc::new(Clients {
+        llm: RequestClient::start(bus.clone(), client_config("text-completion"), None)
+            .await
+            .map_err(|e| e.to_string())?,
+        prompt: RequestClient::start(bus.clone(), client_config("prompt"), None)
+            .await
+            .map_err(|e| e.to_string())?,
+        agent: RequestClient::start(bus.clone(), client_config("agent"), None)
+            .await
+            .map_err(|e| e.to_string())?,
+        http: reqwest::Client::new(),
+        gateway: format!("http://127.0.0.1:{}", fleet.gateway_port),
+    });
+
+    let stop_audit = Arc::new(AtomicBool::new(false));
+    let audit_state = Arc::new(Mutex::new(Audit::default()));
+    let audits = vec![
+        tokio::spawn(audit::<TextCompletionResponse>(
+            bus.clone(),
+            "persistent://tg/response/text-completion".into(),
+            audit_state.clone(),
+            stop_audit.clone(),
+        )),
+        tokio::spawn(audit::<PromptResponse>(
+            bus.clone(),
+            "persistent://tg/response/prompt".into(),
+            audit_state.clone(),
+            stop_audit.clone(),
+        )),
+        tokio::spawn(audit::<AgentResponse>(
+            bus.clone(),
+            "persistent://tg/response/agent".into(),
+            audit_state.clone(),
+            stop_audit.clone(),
+        )),
+    ];
+
+    // Traffic.
+    let started = Instant::now();
+    let traffic_ends = started + config.duration;
+    let counter = Arc::new(AtomicU64::new(0));
+    let results: Arc<Mutex<Vec<(Kind, Fault, Verdict)>>> = Arc::default();
+    let callers: Vec<_> = (0..config.callers)
+        .map(|_| {
+            let (clients, counter, results) = (clients.clone(), counter.clone(), results.clone());
+            tokio::spawn(async move {
+                while Instant::now() < traffic_ends {
+                    let n = counter.fetch_add(1, Ordering::Relaxed);
+                    let (kind, fault) = {
+                        let mut rng = rand::rng();
+                        let kind = Kind::pick(&mut rng);
+                        let fault = match kind {
+                            Kind::BusLlmStream
+                            | Kind::BusLlmWhole
+                            | Kind::HttpLlmStream
+                            | Kind::HttpLlmWhole => Fault::pick(&mut rng),
+                            _ => Fault::None,
+                        };
+                        (kind, fault)
+                    };
+                    let verdict = one_request(&clients, n, kind, fault).await;
+                    results
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .push((kind, fault, verdict));
+                }
+            })
+        })
+        .collect();
+
+    // Chaos, memory samples.
+    let mut report = SoakReport::default();
+    let http = reqwest::Client::new();
+    let mut next_kill = started + jitter(config.kill_every);
+    let mut next_restart = started + config.broker_restart_every;
+    let mut rss: HashMap<String, Vec<(Duration, f64)>> = HashMap::new();
+    let mut next_sample = started;
+    while Instant::now() < traffic_ends {
+        let now = Instant::now();
+        if now >= next_sample {
+            for m in fleet.members.iter().filter(|m| m.sentinel) {
+                rss.entry(m.name.clone())
+                    .or_default()
+                    .push((now - started, rss_mib(m.pid())));
+            }
+            next_sample = now + Duration::from_secs(5);
+        }
+        if now >= next_restart {
+            let t0 = Instant::now();
+            match broker.restart().await {
+                Ok(()) => report.broker_restarts.push(t0.elapsed()),
+                Err(e) => report.violations.push(e),
+            }
+            next_restart = Instant::now() + config.broker_restart_every;
+        }
+        if now >= next_kill {
+            match fleet.kill_one().await {
+                Ok(_) => report.kills += 1,
+                Err(e) => report.violations.push(format!("chaos: {e}")),
+            }
+            next_kill = Instant::now() + jitter(config.kill_every);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    for c in callers {
+        let _ = c.await;
+    }
+    report.duration = started.elapsed();
+
+    // Every in-flight gauge back to 0.
+    let drain_started = Instant::now();
+    loop {
+        let mut stuck = Vec::new();
+        for m in fleet.members.iter().filter(|m| m.role != Role::Gateway) {
+            match scrape_in_flight(&http, m.metrics_port).await {
+                Some(0) => {}
+                Some(n) => stuck.push(format!("{} ({n} in flight)", m.name)),
+                None => stuck.push(format!("{} (no metrics)", m.name)),
+            }
+        }
+        if stuck.is_empty() || drain_started.elapsed() > Duration::from_secs(120) {
+            report.stuck_in_flight = stuck;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    report.drain_time = drain_started.elapsed();
+    for m in fleet.members.iter().filter(|m| m.sentinel) {
+        let series = rss.entry(m.name.clone()).or_default();
+        series.push((report.duration, rss_mib(m.pid())));
+        let after: Vec<f64> = series
+            .iter()
+            .filter(|(t, _)| *t >= config.warm_up)
+            .map(|(_, r)| *r)
+            .collect();
+        if let (Some(first), Some(last)) = (after.first(), after.last()) {
+            let max = after.iter().copied().fold(0.0, f64::max);
+            report.rss.push((m.name.clone(), *first, *last, max));
+        }
+    }
+
+    stop_audit.store(true, Ordering::Relaxed);
+    for a in audits {
+        let _ = a.await;
+    }
+    {
+        let a = audit_state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let second_terminals = a.terminal_ids.values().filter(|n| **n > 1).count() as u64;
+        report.audit = (a.records, a.terminals, second_terminals, a.twice);
+    }
+
+    let results = std::mem::take(
+        &mut *results
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    report.requests = results.len() as u64;
+    for (kind, fault, verdict) in results {
+        let label = match &verdict {
+            Verdict::Answered => {
+                report.answered += 1;
+                "answered".to_owned()
+            }
+            Verdict::ClearError(t) => {
+                report.clear_errors += 1;
+                if fault.answerable() {
+                    *report.unanswered_clean.entry(t.clone()).or_default() += 1;
+                }
+                format!("error `{t}`")
+            }
+            Verdict::Wrong(why) => {
+                report
+                    .violations
+                    .push(format!("{} ({fault:?}): wrong answer: {why}", kind.name()));
+                "WRONG".to_owned()
+            }
+            Verdict::Lost(why) => {
+                report
+                    .violations
+                    .push(format!("{} ({fault:?}): lost: {why}", kind.name()));
+                "LOST".to_owned()
+            }
+            Verdict::Broken(why) => {
+                report
+                    .violations
+                    .push(format!("{} ({fault:?}): broken: {why}", kind.name()));
+                "BROKEN".to_owned()
+            }
+        };
+        *report.outcomes.entry((kind, label)).or_default() += 1;
+    }
+    if report.answered == 0 {
+        report.violations.push("nothing was answered".into());
+    }
+
+    clients.llm.close().await;
+    clients.prompt.close().await;
+    clients.agent.close().await;
+    for m in &mut fleet.members {
+        let _ = m.child.start_kill();
+        let _ = m.child.wait().await;
+    }
+    Ok(report)
+}
+
+fn jitter(every: Duration) -> Duration {
+    every.mul_f64(rand::random_range(0.8..1.2))
+}
