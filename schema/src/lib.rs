@@ -6,10 +6,12 @@
 //! working as records grow.
 
 mod de;
+pub mod decode;
 pub mod properties;
 pub mod records;
 pub mod topics;
 
+pub use decode::{DecodeError, decode, decode_value};
 pub use records::{
     AgentMessageType, AgentRequest, AgentResponse, AgentStep, Error, ErrorKind, PromptRequest,
     PromptResponse, ResponseRecord, TextCompletionRequest, TextCompletionResponse,

@@ -273,6 +273,19 @@ async fn json_answers_whole_and_errors_map_to_statuses() {
     assert_eq!(e["error"]["type"], "invalid-request");
     assert!(!e.to_string().contains("do-not-echo"));
     let resp = c
+        .post(s.url("/api/v1/text-completion"))
+        .header("content-type", "application/json")
+        .body(r#"{"prompt": "hi", "streaming": "sk-do-not-echo"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let e: Value = resp.json().await.unwrap();
+    assert_eq!(
+        e["error"]["message"],
+        "invalid request: field `streaming`: expected a boolean"
+    );
+    let resp = c
         .post(s.url("/api/v1/nonsense"))
         .json(&request())
         .send()
@@ -577,6 +590,11 @@ async fn the_socket_multiplexes_concurrent_requests_and_survives_bad_frames() {
     for id in ["bad-svc", "req-0", "bad-rec"] {
         assert!(ids.contains(&Some(id)), "{id}: {errors:#?}");
     }
+    let bad = errors.iter().find(|e| e["id"] == "bad-rec").unwrap();
+    assert_eq!(
+        bad["error"]["message"],
+        "invalid request: field `prompt`: expected a string"
+    );
     assert!(
         errors
             .iter()

@@ -201,20 +201,14 @@ async fn handle<K: Routed>(
             return counted(&inner, route, error_response(status, kind, &message));
         }
     };
-    let mut request: K::Request = match serde_json::from_slice(&body) {
+    // The field and the expected type, never a value: the body may hold a prompt.
+    let mut request: K::Request = match sluice_schema::decode(&body) {
         Ok(r) => r,
         Err(e) => {
-            // Position and category only: the body may hold a prompt.
-            let message = format!(
-                "the body is not a valid {route} request record (line {}, column {}: {:?})",
-                e.line(),
-                e.column(),
-                e.classify()
-            );
             return counted(
                 &inner,
                 route,
-                error_response(StatusCode::BAD_REQUEST, "invalid-request", &message),
+                error_response(StatusCode::BAD_REQUEST, "invalid-request", &e.to_string()),
             );
         }
     };

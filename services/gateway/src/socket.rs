@@ -212,17 +212,10 @@ async fn serve<K: Routed>(
         let out = out.clone();
         async move { out.send(frame).await.is_ok() }
     };
-    let request: K::Request = match serde_json::from_value(request) {
+    let request: K::Request = match sluice_schema::decode_value(request) {
         Ok(r) => r,
         Err(e) => {
-            let err = Error::new(
-                ErrorKind::InvalidRequest,
-                format!(
-                    "the request is not a valid {} record: {:?}",
-                    K::KIND.as_str(),
-                    e.classify()
-                ),
-            );
+            let err = Error::new(ErrorKind::InvalidRequest, e.to_string());
             send(error_frame(Some(&id), &err)).await;
             return id;
         }
