@@ -383,6 +383,7 @@ impl<K: Kind> EventStream<K> {
             let stream = self.stream.as_mut()?;
             match stream.next().await {
                 Some(Ok(Received::Record(r))) => {
+                    K::note(&r, &mut self.state);
                     if let Some(err) = r.error() {
                         self.fail(err.clone());
                     } else {
@@ -425,8 +426,12 @@ impl<K: Kind> EventStream<K> {
 
     fn end(&mut self, reason: Reason, outcome: &'static str) {
         let state = std::mem::take(&mut self.state);
-        self.pending
-            .push_back(Event::done(reason, state.usage, state.model));
+        let mut done = Event::done(reason, state.usage, state.model);
+        if let Some((objects, skipped)) = state.counts {
+            done.objects_emitted = Some(objects);
+            done.lines_skipped = Some(skipped);
+        }
+        self.pending.push_back(done);
         self.outcome = Some(outcome);
         self.stream = None;
     }
