@@ -133,6 +133,13 @@ pub(crate) async fn flow_service(
     dispatch(inner, &service, headers, body, Mode::Json).await
 }
 
+/// `GET /api/v1/models`: the models the text-completion processor serves, as the final
+/// record of a `list-models` request (`{"models": [{"id": ...}], ...}`).
+pub(crate) async fn models(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response {
+    let body = Bytes::from_static(br#"{"operation":"list-models"}"#);
+    dispatch(inner, "text-completion", headers, Ok(body), Mode::Json).await
+}
+
 /// Unknown paths get a JSON 404 like every other error.
 pub(crate) async fn not_found() -> Response {
     error_response(

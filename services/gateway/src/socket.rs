@@ -156,9 +156,6 @@ fn frame(
     let Some(request) = frame.get("request").cloned() else {
         return reject("a request frame needs a `request` object".into());
     };
-    if request.get("operation").and_then(Value::as_str) == Some("list-models") {
-        return reject("list-models is not supported: sluice serves one configured model per text-completion processor".into());
-    }
     if active.contains_key(&id) {
         return reject(format!(
             "request id {id:?} is already in flight on this socket"
