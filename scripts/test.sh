@@ -48,5 +48,13 @@ stop_brokers() {
 }
 trap stop_brokers EXIT
 
+# TrustGraph's own CLI (PyPI trustgraph-cli, in a venv): the gateway test runs the real
+# tg-list-models against sluice's gateway when it is there.
+if tg_list_models=$(bash scripts/tg-cli-venv.sh); then
+  export TG_LIST_MODELS="$tg_list_models"
+else
+  echo "trustgraph-cli could not be installed; the gateway test skips the real tg-list-models" >&2
+fi
+
 echo "== tests"
 cargo test --workspace --locked --no-fail-fast

@@ -6,13 +6,16 @@
 //! working as records grow.
 
 mod de;
+pub mod decode;
 pub mod properties;
 pub mod records;
 pub mod topics;
 
+pub use decode::{DecodeError, decode, decode_value};
 pub use records::{
-    AgentMessageType, AgentRequest, AgentResponse, AgentStep, Error, ErrorKind, PromptRequest,
-    PromptResponse, ResponseRecord, TextCompletionRequest, TextCompletionResponse,
+    AgentMessageType, AgentRequest, AgentResponse, AgentStep, Error, ErrorKind, LIST_MODELS,
+    ModelInfo, PromptRequest, PromptResponse, ResponseRecord, TextCompletionRequest,
+    TextCompletionResponse,
 };
 pub use topics::{Persistence, TopicError, TopicMapping, TopicName};
 

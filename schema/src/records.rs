@@ -130,9 +130,17 @@ pub trait ResponseRecord: Serialize + DeserializeOwned + Send + Sync + 'static {
     fn error(&self) -> Option<&Error>;
 }
 
+/// The `operation` of a [`TextCompletionRequest`] that asks for the models a processor serves
+/// (TrustGraph 2.11): answered by one terminal record carrying `models`.
+pub const LIST_MODELS: &str = "list-models";
+
 /// A request to complete text (seed 003 `TextCompletionRequest`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TextCompletionRequest {
+    /// TrustGraph 2.11's operation: `completion` (also when absent or `null`) or
+    /// [`LIST_MODELS`].
+    #[serde(default)]
+    pub operation: Option<String>,
     /// The system prompt.
     #[serde(default, deserialize_with = "null_default")]
     pub system: String,
@@ -171,6 +179,39 @@ pub struct TextCompletionResponse {
     /// True on the last record of the request.
     #[serde(default, deserialize_with = "null_default")]
     pub end_of_stream: bool,
+    /// The answer to a `list-models` request: the models the processor serves. Written only
+    /// when there are some (as TrustGraph's gateway does), so token records stay as they were;
+    /// readers take a missing field as empty.
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub models: Vec<ModelInfo>,
+}
+
+/// One model a text-completion processor serves (TrustGraph 2.11 `ModelInfo`). Fields other
+/// than `id` are written only when known, as TrustGraph's gateway writes them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelInfo {
+    /// The model's id, as requests name it.
+    #[serde(default, deserialize_with = "null_default")]
+    pub id: String,
+    /// A display name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Who provides the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owned_by: Option<String>,
+    /// The context window, in tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_length: Option<u64>,
+    /// The most output tokens per answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_length: Option<u64>,
+    /// The model family.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub family: Option<String>,
 }
 
 impl ResponseRecord for TextCompletionResponse {
@@ -435,6 +476,31 @@ mod tests {
             !r.streaming,
             "streaming defaults to false for older callers"
         );
+    }
+
+    #[test]
+    fn list_models_reads_and_models_are_written_only_when_there_are_some() {
+        let r: TextCompletionRequest =
+            serde_json::from_value(json!({"operation": "list-models"})).unwrap();
+        assert_eq!(r.operation.as_deref(), Some(LIST_MODELS));
+        let answer = TextCompletionResponse {
+            models: vec![ModelInfo {
+                id: "m".into(),
+                ..ModelInfo::default()
+            }],
+            end_of_stream: true,
+            ..TextCompletionResponse::default()
+        };
+        let v = serde_json::to_value(&answer).unwrap();
+        assert_eq!(v["models"], json!([{"id": "m"}]));
+        let v = serde_json::to_value(TextCompletionResponse::default()).unwrap();
+        assert!(v.get("models").is_none());
+        // TrustGraph writes every ModelInfo field, nulls and empty lists included.
+        let r: TextCompletionResponse = serde_json::from_value(json!({
+            "models": [{"id": "m", "name": null, "input_modalities": [], "created": null}],
+            "end_of_stream": true}))
+        .unwrap();
+        assert_eq!(r.models[0].id, "m");
     }
 
     #[test]

@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sluice_agent::{
-    handler::{AgentLimits, AgentService, DEFAULT_REACT_TEMPLATE},
+    handler::{AgentLimits, AgentService, DEFAULT_REACT_TEMPLATE, PlainAnswer},
     mcp::{McpClient, McpTimeouts},
     metrics::AgentMetrics,
     tools::{self, AnyResponse, Backend, Tool, ToolKind},
@@ -136,19 +136,36 @@ struct Setup {
     fake: FakeOpenAi,
     broker: Broker,
     topics: Topics,
-    max_iterations: usize,
+    limits: AgentLimits,
     templates: PathBuf,
 }
 
 impl Setup {
     async fn new(model: &str, max_iterations: usize) -> Self {
+        Self::plain(model, max_iterations, PlainAnswer::default()).await
+    }
+
+    async fn plain(model: &str, max_iterations: usize, plain_answer: PlainAnswer) -> Self {
         let fake = FakeOpenAi::start().await;
         let mut config = OpenAiConfig::new(Dialect::OpenAi, fake.base_url(), model);
         config.api_key = Some(Secret::new("sk-test"));
-        Self::with(config, fake, max_iterations).await
+        let limits = AgentLimits {
+            max_iterations,
+            plain_answer,
+            ..AgentLimits::default()
+        };
+        Self::with_limits(config, fake, limits).await
     }
 
     async fn with(config: OpenAiConfig, fake: FakeOpenAi, max_iterations: usize) -> Self {
+        let limits = AgentLimits {
+            max_iterations,
+            ..AgentLimits::default()
+        };
+        Self::with_limits(config, fake, limits).await
+    }
+
+    async fn with_limits(config: OpenAiConfig, fake: FakeOpenAi, limits: AgentLimits) -> Self {
         init_logging();
         let broker = Broker::from_env().await;
         let topics = Topics {
@@ -199,7 +216,7 @@ impl Setup {
         let lookup = RunningProcessor::start(broker.bus().await, l_config, LookupService).await;
 
         let mcp = mcp_server::start(None).await;
-        let agent = start_agent(&broker, &topics, &mcp.url(), max_iterations).await;
+        let agent = start_agent(&broker, &topics, &mcp.url(), limits.clone()).await;
         let client = AgentClient::start(
             broker.bus().await,
             ClientConfig::new("agent", &topics.agent.0, &topics.agent.1),
@@ -217,7 +234,7 @@ impl Setup {
             fake,
             broker,
             topics,
-            max_iterations,
+            limits,
             templates,
         }
     }
@@ -228,7 +245,7 @@ impl Setup {
             &self.broker,
             &self.topics,
             &self.mcp.url(),
-            self.max_iterations,
+            self.limits.clone(),
         )
         .await
     }
@@ -262,7 +279,7 @@ async fn start_agent(
     broker: &Broker,
     t: &Topics,
     mcp_url: &str,
-    max_iterations: usize,
+    limits: AgentLimits,
 ) -> RunningProcessor {
     let bus = broker.bus().await;
     let llm: Arc<LlmClient> = Arc::new(
@@ -307,10 +324,6 @@ async fn start_agent(
         tools.push(Arc::new(Tool { config, backend }));
     }
     let next_step = bus.publisher(&t.agent.0).await.unwrap();
-    let limits = AgentLimits {
-        max_iterations,
-        ..AgentLimits::default()
-    };
     let telemetry = Telemetry::new().unwrap();
     let metrics = AgentMetrics::register(&telemetry.registry).unwrap();
     let handler = AgentService::new(
@@ -547,7 +560,8 @@ async fn unreadable_output_gets_one_corrective_retry_then_an_error() {
     );
     s.stop().await;
 
-    let s = Setup::new("react-garbage", 5).await;
+    // Strict ReAct: prose twice is an error.
+    let s = Setup::plain("react-garbage", 5, PlainAnswer::Error).await;
     let out = s.ask(true).await;
     let last = out.last().unwrap();
     assert_eq!(last.message_type, AgentMessageType::Error);
@@ -567,6 +581,43 @@ async fn unreadable_output_gets_one_corrective_retry_then_an_error() {
             r#"sluice_agent_dialogs_total{outcome="error"} 1"#,
         ],
     );
+    s.stop().await;
+}
+
+/// A model that only ever answers in plain prose (no markers): by default the prose is the
+/// answer after one corrective retry; with `final` at once, without the retry.
+#[tokio::test]
+async fn plain_prose_is_taken_as_the_final_answer() {
+    for streaming in [true, false] {
+        let s = Setup::new("react-garbage", 5).await;
+        let out = s.ask(streaming).await;
+        let last = out.last().unwrap();
+        assert!(last.error.is_none(), "streaming {streaming}: {out:#?}");
+        assert!(last.end_of_dialog);
+        assert_eq!(
+            text(&out, AgentMessageType::Answer),
+            "I refuse to follow formats."
+        );
+        assert_eq!(s.fake.calls("react-garbage"), 2, "one corrective retry");
+        assert_metrics(
+            &s.metrics(),
+            &[
+                r#"sluice_agent_iterations_total{outcome="retry"} 1"#,
+                r#"sluice_agent_iterations_total{outcome="answer"} 1"#,
+                r#"sluice_agent_dialogs_total{outcome="answer"} 1"#,
+            ],
+        );
+        s.stop().await;
+    }
+
+    let s = Setup::plain("react-garbage", 5, PlainAnswer::Final).await;
+    let out = s.ask(true).await;
+    assert!(out.last().unwrap().error.is_none(), "{out:#?}");
+    assert_eq!(
+        text(&out, AgentMessageType::Answer),
+        "I refuse to follow formats."
+    );
+    assert_eq!(s.fake.calls("react-garbage"), 1, "no retry");
     s.stop().await;
 }
 

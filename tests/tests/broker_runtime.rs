@@ -290,6 +290,21 @@ async fn malformed_records_get_an_error_when_they_can_and_are_never_redelivered(
         assert!(r.end_of_stream);
         assert_eq!(r.error.as_ref().unwrap().kind, "invalid-request", "{id}");
     }
+    // The caller learns which field is wrong and what it should be, never the value.
+    assert_eq!(
+        answers["bad-types"].error.as_ref().unwrap().message,
+        "invalid request: field `prompt`: expected a string"
+    );
+    assert!(
+        answers["bad-json"]
+            .error
+            .as_ref()
+            .unwrap()
+            .message
+            .starts_with("invalid request: not valid JSON (line 1, column 2)"),
+        "{:?}",
+        answers["bad-json"].error
+    );
     assert_eq!(answers["good"].response, "fine#0");
     let text = p.telemetry.render();
     assert!(

@@ -273,6 +273,19 @@ async fn json_answers_whole_and_errors_map_to_statuses() {
     assert_eq!(e["error"]["type"], "invalid-request");
     assert!(!e.to_string().contains("do-not-echo"));
     let resp = c
+        .post(s.url("/api/v1/text-completion"))
+        .header("content-type", "application/json")
+        .body(r#"{"prompt": "hi", "streaming": "sk-do-not-echo"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let e: Value = resp.json().await.unwrap();
+    assert_eq!(
+        e["error"]["message"],
+        "invalid request: field `streaming`: expected a boolean"
+    );
+    let resp = c
         .post(s.url("/api/v1/nonsense"))
         .json(&request())
         .send()
@@ -577,6 +590,11 @@ async fn the_socket_multiplexes_concurrent_requests_and_survives_bad_frames() {
     for id in ["bad-svc", "req-0", "bad-rec"] {
         assert!(ids.contains(&Some(id)), "{id}: {errors:#?}");
     }
+    let bad = errors.iter().find(|e| e["id"] == "bad-rec").unwrap();
+    assert_eq!(
+        bad["error"]["message"],
+        "invalid request: field `prompt`: expected a string"
+    );
     assert!(
         errors
             .iter()
@@ -731,5 +749,73 @@ async fn the_agent_route_streams_typed_tokens_and_the_dialogs_usage() {
             .contains(r#"sluice_gateway_streams_total{outcome="success",route="agent"} 1"#)
     );
     agent.stop().await;
+    s.stop().await;
+}
+
+/// TrustGraph 2.11's `list-models`: the text-completion processor answers with the model it
+/// serves, on the WebSocket (as `tg-list-models` asks), over TrustGraph's REST route and on
+/// `GET /api/v1/models`. When `TG_LIST_MODELS` names trustgraph-cli's `tg-list-models`
+/// (scripts/tg-cli-venv.sh makes one), the real client is run against the gateway too.
+#[tokio::test]
+async fn list_models_answers_on_the_socket_rest_and_get() {
+    let s = Stack::start("smollm2-test", |_| {}).await;
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{}/api/v1/socket", s.addr))
+        .await
+        .unwrap();
+    let frame = json!({"id": "req-1", "service": "text-completion", "flow": "default",
+                       "workspace": "default", "request": {"operation": "list-models"}});
+    ws.send(WsMessage::text(frame.to_string())).await.unwrap();
+    let f = next_json(&mut ws).await;
+    assert_eq!(f["id"], "req-1", "{f}");
+    assert_eq!(f["complete"], true, "{f}");
+    assert_eq!(
+        f["response"]["models"],
+        json!([{"id": "smollm2-test"}]),
+        "{f}"
+    );
+
+    let c = http();
+    let r: Value = c
+        .post(s.url("/api/v1/flow/default/service/text-completion"))
+        .json(&json!({"operation": "list-models"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["models"], json!([{"id": "smollm2-test"}]), "{r}");
+    let resp = c.get(s.url("/api/v1/models")).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let r: Value = resp.json().await.unwrap();
+    assert_eq!(r["models"][0]["id"], "smollm2-test", "{r}");
+    // An operation sluice does not know is refused by name.
+    let resp = c
+        .post(s.url("/api/v1/text-completion"))
+        .json(&json!({"operation": "embed"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    assert_eq!(s.fake.calls("smollm2-test"), 0, "no provider call");
+
+    if let Ok(tg) = std::env::var("TG_LIST_MODELS") {
+        let url = format!("http://{}/", s.addr);
+        let out = tokio::process::Command::new(&tg)
+            .args(["-u", &url])
+            .output()
+            .await
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{stdout}");
+        assert_eq!(stdout.trim(), "smollm2-test", "{stdout}");
+        let out = tokio::process::Command::new(&tg)
+            .args(["-u", &url, "--json"])
+            .output()
+            .await
+            .unwrap();
+        let models: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(models, json!([{"id": "smollm2-test"}]));
+    }
     s.stop().await;
 }

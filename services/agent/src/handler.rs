@@ -11,7 +11,9 @@
 //!
 //! Limits: a maximum number of iterations and a total dialog time (a terminal `agent-error`);
 //! a tool error or an unknown tool becomes the observation; output that cannot be parsed gets
-//! one corrective retry, then a terminal `agent-error`.
+//! one corrective retry, then a terminal `agent-error`. Output in plain prose (no marker at
+//! all) is handled as [`PlainAnswer`] says: by default, prose after the corrective retry is
+//! taken as the final answer.
 
 use std::{
     collections::BTreeMap,
@@ -44,6 +46,52 @@ use crate::{
 /// `history`).
 pub const DEFAULT_REACT_TEMPLATE: &str = include_str!("react_prompt.txt");
 
+/// What the agent does with a model response in plain prose: no `Thought:`, `Action:` or
+/// `Final Answer:` marker at all. Small local models answer this way all the time, and
+/// their prose is usually the answer a user wants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PlainAnswer {
+    /// The prose is the final answer at once (no second model call).
+    Final,
+    /// One corrective retry first; if the model answers in prose again, the first prose is
+    /// the final answer (it answers the question; the second answers the correction). A
+    /// model that can follow the format gets its chance to use tools.
+    #[default]
+    RetryFinal,
+    /// One corrective retry, then an `agent-error` (strict ReAct).
+    Error,
+}
+
+impl PlainAnswer {
+    /// Every value's name, for options and messages.
+    pub const NAMES: [&'static str; 3] = ["final", "retry-final", "error"];
+
+    /// The option value this is.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PlainAnswer::Final => "final",
+            PlainAnswer::RetryFinal => "retry-final",
+            PlainAnswer::Error => "error",
+        }
+    }
+}
+
+impl std::str::FromStr for PlainAnswer {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "final" => Ok(PlainAnswer::Final),
+            "retry-final" => Ok(PlainAnswer::RetryFinal),
+            "error" => Ok(PlainAnswer::Error),
+            other => Err(format!(
+                "unknown plain-answer {other:?}; expected one of {}",
+                Self::NAMES.join(", ")
+            )),
+        }
+    }
+}
+
 /// The agent's limits.
 #[derive(Debug, Clone)]
 pub struct AgentLimits {
@@ -53,6 +101,8 @@ pub struct AgentLimits {
     pub dialog_timeout: Duration,
     /// One tool call.
     pub tool_timeout: Duration,
+    /// What to do with an answer in plain prose.
+    pub plain_answer: PlainAnswer,
 }
 
 impl Default for AgentLimits {
@@ -61,6 +111,7 @@ impl Default for AgentLimits {
             max_iterations: 10,
             dialog_timeout: Duration::from_secs(600),
             tool_timeout: Duration::from_secs(120),
+            plain_answer: PlainAnswer::default(),
         }
     }
 }
@@ -223,7 +274,11 @@ fn now_ms() -> u64 {
 /// What one model call produced.
 enum Step {
     Decided(Outcome),
-    Unparsable(String, String),
+    /// Not in the ReAct format: why (a hint for the model), the text, and whether it is
+    /// plain prose.
+    Unparsable(String, String, bool),
+    /// Plain prose taken as the final answer (nothing of it was streamed yet).
+    Prose(String),
     Failed(Error),
     /// The dialog's total time ran out while the model was answering.
     Deadline,
@@ -309,7 +364,7 @@ impl AgentService {
         }
         Ok(match parser.finish() {
             Ok(outcome) => Step::Decided(outcome),
-            Err(e) => Step::Unparsable(e.to_string(), text),
+            Err(e) => Step::Unparsable(e.to_string(), text, e.is_plain_prose()),
         })
     }
 }
@@ -371,8 +426,12 @@ impl Handler for AgentService {
             "thinking"
         );
         let step = tokio::time::timeout(remaining, async {
+            let plain = self.limits.plain_answer;
             match self.think(prompt.clone(), &mut dialog, &ctx, remaining).await? {
-                Step::Unparsable(why, text) => {
+                Step::Unparsable(_, text, true) if plain == PlainAnswer::Final => {
+                    Ok(Step::Prose(text))
+                }
+                Step::Unparsable(why, text, prose) => {
                     // One corrective retry, telling the model what was wrong.
                     warn!(reason = %why, "model output not in the ReAct format; retrying once");
                     self.metrics.iteration(IterationOutcome::Retry);
@@ -383,7 +442,12 @@ impl Handler for AgentService {
                     let corrective = format!(
                         "{prompt}\n{shown}\n\nThat answer could not be read: {why}\nAnswer again, exactly in the format above.\n"
                     );
-                    self.think(corrective, &mut dialog, &ctx, remaining).await
+                    match self.think(corrective, &mut dialog, &ctx, remaining).await? {
+                        Step::Unparsable(_, again, true) if plain == PlainAnswer::RetryFinal => {
+                            Ok(Step::Prose(if prose { text } else { again }))
+                        }
+                        other => Ok(other),
+                    }
                 }
                 other => Ok(other),
             }
@@ -405,7 +469,18 @@ impl Handler for AgentService {
                 self.metrics.dialog(DialogOutcome::Deadline);
                 return dialog.fail(self.deadline_error()).await;
             }
-            Step::Unparsable(why, _) => {
+            Step::Prose(text) => {
+                self.metrics.iteration(IterationOutcome::Answer);
+                self.metrics.dialog(DialogOutcome::Answer);
+                info!(
+                    iterations = request.history.len() + 1,
+                    "dialog answered in plain prose, taken as the final answer"
+                );
+                return dialog
+                    .send(AgentMessageType::Answer, text.trim().to_owned(), true, true)
+                    .await;
+            }
+            Step::Unparsable(why, _, _) => {
                 self.metrics.iteration(IterationOutcome::Error);
                 self.metrics.dialog(DialogOutcome::Error);
                 return dialog

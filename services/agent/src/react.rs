@@ -151,6 +151,15 @@ fn quoted(text: &str) -> String {
     }
 }
 
+impl ParseError {
+    /// True when the response has no marker at all: plain prose, as small models write
+    /// when they ignore the format. The agent may take it as the final answer (see
+    /// `PlainAnswer` in the handler).
+    pub fn is_plain_prose(&self) -> bool {
+        matches!(self.problem, Problem::NoMarkers { .. })
+    }
+}
+
 impl fmt::Display for ParseError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.problem {

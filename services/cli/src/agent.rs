@@ -7,7 +7,7 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 use clap::Args;
 use serde_json::Value;
 use sluice_agent::{
-    handler::{AgentLimits, AgentService, DEFAULT_REACT_TEMPLATE},
+    handler::{AgentLimits, AgentService, DEFAULT_REACT_TEMPLATE, PlainAnswer},
     mcp::{McpClient, McpTimeouts},
     metrics::AgentMetrics,
     tools::{self, AnyResponse, Backend, Tool, ToolKind},
@@ -46,6 +46,13 @@ pub struct AgentArgs {
     /// Seconds one tool call may take.
     #[arg(long, env = "SLUICE_TOOL_TIMEOUT_SECS", default_value_t = 120)]
     pub tool_timeout_secs: u64,
+    /// What to do when the model answers in plain prose, without `Thought:`/`Final Answer:`
+    /// markers: `final` takes the prose as the final answer at once; `retry-final` asks
+    /// once more in the format and, if the answer is prose again, takes the first prose;
+    /// `error` asks once more, then ends the dialog with an agent-error.
+    #[arg(long, env = "SLUICE_PLAIN_ANSWER", default_value = "retry-final",
+          value_parser = clap::builder::PossibleValuesParser::new(PlainAnswer::NAMES))]
+    pub plain_answer: String,
     /// The prompt service's request topic (for prompt tools).
     #[arg(long, default_value = "request:tg:prompt")]
     pub prompt_request_topic: String,
@@ -141,6 +148,7 @@ pub async fn agent_service(
         max_iterations: args.max_iterations.max(1),
         dialog_timeout: Duration::from_secs(args.dialog_timeout_secs),
         tool_timeout: Duration::from_secs(args.tool_timeout_secs),
+        plain_answer: args.plain_answer.parse()?,
     };
     AgentService::new(llm, tools, next_step, &template, limits, metrics).map_err(|e| e.to_string())
 }

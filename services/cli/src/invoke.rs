@@ -3,7 +3,8 @@
 //!
 //! Answers go to stdout; agent thoughts, actions and observations, usage and errors go to
 //! stderr, so `sluice invoke ... > answer.txt` captures only the answer. An error event or
-//! error response exits 1 with a readable message.
+//! error response exits 1 with a readable message, and so does a `jsonl` prompt whose every
+//! line was skipped.
 
 use std::{
     collections::BTreeMap,
@@ -215,7 +216,7 @@ impl Printer {
                     println!();
                 }
                 self.usage(e.get("usage"));
-                Some(Ok(()))
+                Some(counts(e))
             }
             _ => None,
         }
@@ -360,6 +361,28 @@ fn whole(printer: &mut Printer, record: &Value) -> Result<(), InvokeError> {
         println!();
     }
     printer.usage(Some(record));
+    counts(record)
+}
+
+/// A `jsonl` prompt's counts, from a `done` event or a whole answer: skipped lines are
+/// reported on stderr, and an answer whose every line was skipped is an error (exit 1), so
+/// a script does not take "nothing printed" for "nothing found".
+fn counts(v: &Value) -> Result<(), InvokeError> {
+    let n = |k: &str| v.get(k).and_then(Value::as_u64);
+    let (Some(objects), Some(skipped)) = (n("objects_emitted"), n("lines_skipped")) else {
+        return Ok(());
+    };
+    let lines = if skipped == 1 { "line" } else { "lines" };
+    if objects == 0 && skipped > 0 {
+        return Err(InvokeError::Other(format!(
+            "no objects: every line of the model's answer was skipped ({skipped} {lines}: malformed JSON or not matching the template's schema; the prompt processor's log says why, line by line)"
+        )));
+    }
+    if skipped > 0 {
+        eprintln!(
+            "sluice: warning: {skipped} {lines} of the model's answer skipped ({objects} objects printed)"
+        );
+    }
     Ok(())
 }
 

@@ -3,7 +3,7 @@
 //!
 //! What sluice adds, as optional fields a seed 004 client ignores: `message_type` and
 //! `end_of_message` on agent tokens, `object` (the parsed JSON) on prompt objects, `usage`
-//! and `model` on `done`, and a `restarted` status when the processor handling the request
+//! and `model` on `done` (and a `jsonl` prompt's `objects_emitted` and `lines_skipped`), and a `restarted` status when the processor handling the request
 //! went away and another one started the answer again (discard the tokens received so far).
 
 use std::sync::Arc;
@@ -86,6 +86,12 @@ pub struct Event {
     /// `done` events: the model that answered.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// `done` events of `jsonl` prompts: the objects the answer produced.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub objects_emitted: Option<u64>,
+    /// `done` events of `jsonl` prompts: the answer's lines skipped as malformed or invalid.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lines_skipped: Option<u64>,
     /// The request's W3C trace id.
     pub trace_id: Arc<str>,
     /// The caller's session.
@@ -105,6 +111,8 @@ impl Event {
             object: None,
             usage: None,
             model: None,
+            objects_emitted: None,
+            lines_skipped: None,
             trace_id: Arc::from(""),
             session_id: Arc::from(""),
         }

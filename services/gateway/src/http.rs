@@ -133,6 +133,13 @@ pub(crate) async fn flow_service(
     dispatch(inner, &service, headers, body, Mode::Json).await
 }
 
+/// `GET /api/v1/models`: the models the text-completion processor serves, as the final
+/// record of a `list-models` request (`{"models": [{"id": ...}], ...}`).
+pub(crate) async fn models(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response {
+    let body = Bytes::from_static(br#"{"operation":"list-models"}"#);
+    dispatch(inner, "text-completion", headers, Ok(body), Mode::Json).await
+}
+
 /// Unknown paths get a JSON 404 like every other error.
 pub(crate) async fn not_found() -> Response {
     error_response(
@@ -201,20 +208,14 @@ async fn handle<K: Routed>(
             return counted(&inner, route, error_response(status, kind, &message));
         }
     };
-    let mut request: K::Request = match serde_json::from_slice(&body) {
+    // The field and the expected type, never a value: the body may hold a prompt.
+    let mut request: K::Request = match sluice_schema::decode(&body) {
         Ok(r) => r,
         Err(e) => {
-            // Position and category only: the body may hold a prompt.
-            let message = format!(
-                "the body is not a valid {route} request record (line {}, column {}: {:?})",
-                e.line(),
-                e.column(),
-                e.classify()
-            );
             return counted(
                 &inner,
                 route,
-                error_response(StatusCode::BAD_REQUEST, "invalid-request", &message),
+                error_response(StatusCode::BAD_REQUEST, "invalid-request", &e.to_string()),
             );
         }
     };
@@ -389,6 +390,7 @@ impl<K: Kind> EventStream<K> {
             let stream = self.stream.as_mut()?;
             match stream.next().await {
                 Some(Ok(Received::Record(r))) => {
+                    K::note(&r, &mut self.state);
                     if let Some(err) = r.error() {
                         self.fail(err.clone());
                     } else {
@@ -431,8 +433,12 @@ impl<K: Kind> EventStream<K> {
 
     fn end(&mut self, reason: Reason, outcome: &'static str) {
         let state = std::mem::take(&mut self.state);
-        self.pending
-            .push_back(Event::done(reason, state.usage, state.model));
+        let mut done = Event::done(reason, state.usage, state.model);
+        if let Some((objects, skipped)) = state.counts {
+            done.objects_emitted = Some(objects);
+            done.lines_skipped = Some(skipped);
+        }
+        self.pending.push_back(done);
         self.outcome = Some(outcome);
         self.stream = None;
     }

@@ -68,6 +68,8 @@ pub struct StreamState {
     pub model: Option<String>,
     /// The last status event sent.
     pub status: Option<Status>,
+    /// `jsonl` prompts: the objects and skipped lines the terminal record counts.
+    pub counts: Option<(u64, u64)>,
 }
 
 /// A service's records, as the gateway needs them.
@@ -86,6 +88,10 @@ pub trait Kind: Send + Sync + 'static {
     fn session_id(_request: &Self::Request) -> Option<String> {
         None
     }
+
+    /// Notes what any record, error records included, tells the `done` event (a `jsonl`
+    /// prompt's counts).
+    fn note(_record: &Self::Response, _state: &mut StreamState) {}
 
     /// The events a non-error record stands for, pushed onto `out`; updates `state`.
     fn events(record: &Self::Response, state: &mut StreamState, out: &mut Vec<Event>);
@@ -121,6 +127,12 @@ impl Kind for Prompt {
     type Request = PromptRequest;
     type Response = PromptResponse;
     const KIND: ServiceKind = ServiceKind::Prompt;
+
+    fn note(record: &Self::Response, state: &mut StreamState) {
+        if let (Some(objects), Some(skipped)) = (record.objects_emitted, record.lines_skipped) {
+            state.counts = Some((objects, skipped));
+        }
+    }
 
     fn set_streaming(request: &mut Self::Request, streaming: bool) {
         request.streaming = streaming;

@@ -173,6 +173,7 @@ impl Gateway {
     pub fn router(&self) -> Router {
         Router::new()
             .route("/api/v1/socket", get(socket::upgrade))
+            .route("/api/v1/models", get(http::models))
             .route("/api/v1/{service}", post(http::service))
             .route(
                 "/api/v1/flow/{flow}/service/{service}",

@@ -156,9 +156,6 @@ fn frame(
     let Some(request) = frame.get("request").cloned() else {
         return reject("a request frame needs a `request` object".into());
     };
-    if request.get("operation").and_then(Value::as_str) == Some("list-models") {
-        return reject("list-models is not supported: sluice serves one configured model per text-completion processor".into());
-    }
     if active.contains_key(&id) {
         return reject(format!(
             "request id {id:?} is already in flight on this socket"
@@ -212,17 +209,10 @@ async fn serve<K: Routed>(
         let out = out.clone();
         async move { out.send(frame).await.is_ok() }
     };
-    let request: K::Request = match serde_json::from_value(request) {
+    let request: K::Request = match sluice_schema::decode_value(request) {
         Ok(r) => r,
         Err(e) => {
-            let err = Error::new(
-                ErrorKind::InvalidRequest,
-                format!(
-                    "the request is not a valid {} record: {:?}",
-                    K::KIND.as_str(),
-                    e.classify()
-                ),
-            );
+            let err = Error::new(ErrorKind::InvalidRequest, e.to_string());
             send(error_frame(Some(&id), &err)).await;
             return id;
         }

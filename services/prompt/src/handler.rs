@@ -192,6 +192,7 @@ impl Handler for PromptService {
         drop(set);
         let mode = rendered.template.response_type;
         let completion = TextCompletionRequest {
+            operation: None,
             system: rendered.system,
             prompt: rendered.prompt,
             // jsonl is always streamed, so objects go out as their lines complete.

@@ -539,22 +539,6 @@ fn short_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..8].to_owned()
 }
 
-/// Describes a decoding failure without quoting the payload, which may contain a prompt.
-fn describe_decode_error(e: &serde_json::Error) -> String {
-    use serde_json::error::Category;
-    let what = match e.classify() {
-        Category::Io => "could not be read",
-        Category::Syntax => "is not valid JSON",
-        Category::Data => "does not match the record's fields or types",
-        Category::Eof => "ends before the JSON does",
-    };
-    format!(
-        "the request record {what} (line {}, column {})",
-        e.line(),
-        e.column()
-    )
-}
-
 /// What every request task of one processor shares.
 struct Shared {
     publisher: Arc<dyn Publisher>,
@@ -631,9 +615,11 @@ async fn handle_delivery<H: Handler>(
             let _ = sink.send(H::Response::from_error(client_cancelled())).await;
             return Outcome::Cancelled;
         };
-        match serde_json::from_slice::<H::Request>(delivery.payload()) {
+        // The message names the field and the type expected, never a value (see
+        // sluice_schema::decode): the payload may carry a prompt or a secret.
+        match sluice_schema::decode::<H::Request>(delivery.payload()) {
             Err(e) => {
-                let message = describe_decode_error(&e);
+                let message = e.to_string();
                 warn!(error = %message, "malformed request");
                 let _ = sink
                     .send(H::Response::from_error(Error::new(

@@ -420,6 +420,32 @@ impl Handler for TextCompletionService {
         ctx: RequestContext,
         sink: &mut ResponseSink<TextCompletionResponse>,
     ) -> Result<(), Error> {
+        match request.operation.as_deref() {
+            None | Some("" | "completion") => {}
+            Some(sluice_schema::LIST_MODELS) => {
+                // The model this processor serves; no provider call, so no usage and no
+                // provider metrics.
+                let model = self.provider.model().to_owned();
+                return sink
+                    .send(TextCompletionResponse {
+                        model: Some(model.clone()),
+                        models: vec![sluice_schema::ModelInfo {
+                            id: model,
+                            ..sluice_schema::ModelInfo::default()
+                        }],
+                        end_of_stream: true,
+                        ..TextCompletionResponse::default()
+                    })
+                    .await
+                    .map_err(|e| Error::new(ErrorKind::Internal, e.to_string()));
+            }
+            Some(_) => {
+                return Err(Error::new(
+                    ErrorKind::InvalidRequest,
+                    "invalid request: field `operation`: expected `completion` or `list-models`",
+                ));
+            }
+        }
         let started = Instant::now();
         let [provider, model] = self.labels();
         let streaming = request.streaming && self.provider.supports_streaming();
