@@ -759,6 +759,36 @@ where
     }
 }
 
+/// Reads a reply body as the client does: the answer to request `id` from a JSON
+/// (`event_stream` false) or SSE body, then that answer read as a `tools/list` page and as a
+/// `tools/call` result; all of it described as text. Public for the fuzz targets (`fuzz/`),
+/// which feed it bytes in arbitrary chunks.
+#[doc(hidden)]
+pub async fn describe_reply<S, B, E>(event_stream: bool, body: S, id: u64) -> String
+where
+    S: Stream<Item = Result<B, E>> + Unpin,
+    B: AsRef<[u8]>,
+    E: fmt::Display,
+{
+    let kind = if event_stream {
+        BodyKind::EventStream
+    } else {
+        BodyKind::Json
+    };
+    let reply = read_reply(kind, body, id).await;
+    let mut out = format!("{reply:?}");
+    if let Ok(Ok(result)) = reply {
+        if let Ok(page) = serde_json::from_value::<ToolsPage>(result.clone()) {
+            out.push_str(&format!("\n{page:?}"));
+        }
+        if let Ok(call) = serde_json::from_value::<CallResult>(result) {
+            out.push('\n');
+            out.push_str(&call.into_tool_result().text);
+        }
+    }
+    out
+}
+
 async fn read_json<S, B>(mut body: S, id: u64) -> Result<Result<Value, RpcError>, ReadError>
 where
     S: Stream<Item = Result<B, ReadError>> + Unpin,

@@ -8,13 +8,14 @@
 //! `event: error` is a mid-stream failure. A stream without `message_stop` is truncated.
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use serde_json::{Value, json};
 use sluice_runtime::secret::Secret;
 use sluice_schema::TextCompletionRequest;
 
 use crate::{
     provider::{Chunk, ChunkStream, FailureKind, Provider, ProviderError, Usage},
-    providers::{HttpTimeouts, SseStep, classify_status, http_client, send, sse_chunks},
+    providers::{Body, HttpTimeouts, SseStep, classify_status, http_client, send, sse_body_chunks},
 };
 
 /// Configuration for the Anthropic provider.
@@ -170,6 +171,25 @@ fn decode_event(name: &str, data: &str) -> Result<Event, ProviderError> {
     })
 }
 
+/// Decodes a streamed Messages response body into chunks. Public for the fuzz targets
+/// (`fuzz/`); the provider calls it on the HTTP body.
+#[doc(hidden)]
+pub fn decode_stream(body: Body, timeouts: HttpTimeouts) -> ChunkStream {
+    sse_body_chunks(
+        body,
+        timeouts,
+        false,
+        "the stream ended without message_stop: the answer is incomplete",
+        |event| {
+            Ok(match decode_event(&event.event, &event.data)? {
+                Event::Stop => SseStep::End(None),
+                Event::Ignore => SseStep::Skip,
+                Event::Chunk(chunk) => SseStep::Chunk(chunk),
+            })
+        },
+    )
+}
+
 #[async_trait]
 impl Provider for AnthropicProvider {
     fn name(&self) -> &'static str {
@@ -202,18 +222,9 @@ impl Provider for AnthropicProvider {
         .await?;
         // message_delta's output-only totals read input 0; the handler's usage merge keeps
         // message_start's input count.
-        Ok(sse_chunks(
-            resp,
+        Ok(decode_stream(
+            resp.bytes_stream().boxed(),
             self.config.timeouts,
-            false,
-            "the stream ended without message_stop: the answer is incomplete",
-            |event| {
-                Ok(match decode_event(&event.event, &event.data)? {
-                    Event::Stop => SseStep::End(None),
-                    Event::Ignore => SseStep::Skip,
-                    Event::Chunk(chunk) => SseStep::Chunk(chunk),
-                })
-            },
         ))
     }
 }

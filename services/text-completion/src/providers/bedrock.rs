@@ -36,7 +36,7 @@ use sluice_schema::TextCompletionRequest;
 use crate::{
     provider::{Chunk, ChunkStream, Completion, FailureKind, Provider, ProviderError, Usage},
     providers::{
-        HttpTimeouts, classify_status, decode_timeouts, http_client, send_with_headers,
+        Body, HttpTimeouts, classify_status, decode_timeouts, http_client, send_with_headers,
         transport_error,
     },
 };
@@ -646,6 +646,13 @@ fn event_stream_chunks(
     })
 }
 
+/// Decodes a ConverseStream event-stream body into chunks. Public for the fuzz targets
+/// (`fuzz/`); the provider calls it on the HTTP body.
+#[doc(hidden)]
+pub fn decode_stream(body: Body, timeouts: HttpTimeouts) -> ChunkStream {
+    decode_timeouts(event_stream_chunks(body), timeouts)
+}
+
 #[async_trait]
 impl Provider for BedrockProvider {
     fn name(&self) -> &'static str {
@@ -665,8 +672,8 @@ impl Provider for BedrockProvider {
         request: &TextCompletionRequest,
     ) -> Result<ChunkStream, ProviderError> {
         let resp = self.post(&self.stream_url, self.body(request)).await?;
-        Ok(decode_timeouts(
-            event_stream_chunks(Box::pin(resp.bytes_stream())),
+        Ok(decode_stream(
+            resp.bytes_stream().boxed(),
             self.config.timeouts,
         ))
     }

@@ -8,6 +8,7 @@
 //! `{"message": "..."}`.
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sluice_runtime::secret::Secret;
@@ -15,7 +16,7 @@ use sluice_schema::TextCompletionRequest;
 
 use crate::{
     provider::{Chunk, ChunkStream, FailureKind, Provider, ProviderError, Usage},
-    providers::{HttpTimeouts, SseStep, classify_status, http_client, send, sse_chunks},
+    providers::{Body, HttpTimeouts, SseStep, classify_status, http_client, send, sse_body_chunks},
 };
 
 /// Configuration for Cohere.
@@ -144,6 +145,26 @@ fn decode_event(name: &str, data: &str) -> Result<Event, ProviderError> {
     })
 }
 
+/// Decodes a streamed v2 chat response body into chunks. Public for the fuzz targets
+/// (`fuzz/`); the provider calls it on the HTTP body.
+#[doc(hidden)]
+pub fn decode_stream(body: Body, timeouts: HttpTimeouts) -> ChunkStream {
+    sse_body_chunks(
+        body,
+        timeouts,
+        false,
+        "the stream ended without message-end: the answer is incomplete",
+        |event| {
+            Ok(match decode_event(&event.event, &event.data)? {
+                Event::Ignore => SseStep::Skip,
+                Event::Chunk(chunk) => SseStep::Chunk(chunk),
+                // message-end: its usage, then nothing (a trailing [DONE] is not read).
+                Event::End(chunk) => SseStep::End(Some(chunk)),
+            })
+        },
+    )
+}
+
 #[async_trait]
 impl Provider for CohereProvider {
     fn name(&self) -> &'static str {
@@ -182,19 +203,9 @@ impl Provider for CohereProvider {
             self.http_error(status, body)
         })
         .await?;
-        Ok(sse_chunks(
-            resp,
+        Ok(decode_stream(
+            resp.bytes_stream().boxed(),
             self.config.timeouts,
-            false,
-            "the stream ended without message-end: the answer is incomplete",
-            |event| {
-                Ok(match decode_event(&event.event, &event.data)? {
-                    Event::Ignore => SseStep::Skip,
-                    Event::Chunk(chunk) => SseStep::Chunk(chunk),
-                    // message-end: its usage, then nothing (a trailing [DONE] is not read).
-                    Event::End(chunk) => SseStep::End(Some(chunk)),
-                })
-            },
         ))
     }
 }

@@ -15,6 +15,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sluice_runtime::secret::Secret;
@@ -22,7 +23,7 @@ use sluice_schema::TextCompletionRequest;
 
 use crate::{
     provider::{Chunk, ChunkStream, FailureKind, Provider, ProviderError, Usage},
-    providers::{HttpTimeouts, SseStep, classify_status, http_client, send, sse_chunks},
+    providers::{Body, HttpTimeouts, SseStep, classify_status, http_client, send, sse_body_chunks},
 };
 
 /// Where the model is served.
@@ -221,6 +222,24 @@ fn decode_event(data: &str) -> Result<Chunk, ProviderError> {
     })
 }
 
+/// Decodes a streamed `streamGenerateContent?alt=sse` body into chunks. Public for the fuzz
+/// targets (`fuzz/`); the provider calls it on the HTTP body.
+#[doc(hidden)]
+pub fn decode_stream(body: Body, timeouts: HttpTimeouts) -> ChunkStream {
+    sse_body_chunks(
+        body,
+        timeouts,
+        true,
+        "the stream ended without a finishReason: the answer is incomplete",
+        |event| {
+            if event.data.trim().is_empty() {
+                return Ok(SseStep::Skip);
+            }
+            Ok(SseStep::Chunk(decode_event(&event.data)?))
+        },
+    )
+}
+
 #[async_trait]
 impl Provider for GeminiProvider {
     fn name(&self) -> &'static str {
@@ -254,17 +273,9 @@ impl Provider for GeminiProvider {
         })
         .await?;
         // No end event: the connection closing ends the answer, after a finishReason.
-        Ok(sse_chunks(
-            resp,
+        Ok(decode_stream(
+            resp.bytes_stream().boxed(),
             self.config.timeouts,
-            true,
-            "the stream ended without a finishReason: the answer is incomplete",
-            |event| {
-                if event.data.trim().is_empty() {
-                    return Ok(SseStep::Skip);
-                }
-                Ok(SseStep::Chunk(decode_event(&event.data)?))
-            },
         ))
     }
 }

@@ -135,6 +135,9 @@ pub fn transport_error(e: &reqwest::Error) -> ProviderError {
     ProviderError::new(kind, format!("provider unreachable: {e}"))
 }
 
+/// A provider response body as reqwest hands it over, for the providers' `decode_stream`.
+pub type Body = futures::stream::BoxStream<'static, Result<bytes::Bytes, reqwest::Error>>;
+
 /// What one SSE event means to a provider's decoder.
 pub enum SseStep {
     /// Nothing to hand on (pings, role announcements, unknown event types).
@@ -160,13 +163,26 @@ pub fn sse_chunks(
     truncated: &'static str,
     decode: impl FnMut(&eventsource_stream::Event) -> Result<SseStep, ProviderError> + Send + 'static,
 ) -> ChunkStream {
-    use eventsource_stream::Eventsource;
-    let state = (
-        Box::pin(response.bytes_stream().eventsource()),
+    sse_body_chunks(
+        response.bytes_stream(),
+        timeouts,
+        complete_on_close,
+        truncated,
         decode,
-        false,
-        false,
-    );
+    )
+}
+
+/// [`sse_chunks`] over any response body: what the providers' `decode_stream` functions (and
+/// the fuzz targets, through them) run on.
+pub fn sse_body_chunks(
+    body: impl futures::Stream<Item = Result<bytes::Bytes, reqwest::Error>> + Send + 'static,
+    timeouts: HttpTimeouts,
+    complete_on_close: bool,
+    truncated: &'static str,
+    decode: impl FnMut(&eventsource_stream::Event) -> Result<SseStep, ProviderError> + Send + 'static,
+) -> ChunkStream {
+    use eventsource_stream::Eventsource;
+    let state = (Box::pin(body.eventsource()), decode, false, false);
     let stream = futures::stream::unfold(
         state,
         move |(mut events, mut decode, finished, over)| async move {

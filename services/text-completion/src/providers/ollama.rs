@@ -19,7 +19,7 @@ use tracing::warn;
 use crate::{
     provider::{Chunk, ChunkStream, Completion, FailureKind, Provider, ProviderError, Usage},
     providers::{
-        HttpTimeouts, classify_status, decode_timeouts, http_client, send, transport_error,
+        Body, HttpTimeouts, classify_status, decode_timeouts, http_client, send, transport_error,
     },
 };
 
@@ -180,6 +180,74 @@ fn decode_line(line: &str) -> Result<(Chunk, bool), ProviderError> {
     Ok((chunk, done))
 }
 
+/// Decodes a streamed `/api/chat` NDJSON body into chunks. Public for the fuzz targets
+/// (`fuzz/`); the provider calls it on the HTTP body.
+#[doc(hidden)]
+pub fn decode_stream(body: Body, timeouts: HttpTimeouts) -> ChunkStream {
+    struct State<S> {
+        bytes: S,
+        lines: LineSplitter,
+        ready: Ready,
+        over: bool,
+    }
+    let state = State {
+        bytes: body,
+        lines: LineSplitter::new(MAX_LINE),
+        ready: Default::default(),
+        over: false,
+    };
+    let stream = futures::stream::unfold(state, move |mut st| async move {
+        loop {
+            if let Some(item) = st.ready.pop_front() {
+                return match item {
+                    Ok((chunk, done)) => {
+                        if done {
+                            st.over = true;
+                            st.ready.clear();
+                        }
+                        Some((Ok(chunk), st))
+                    }
+                    Err(e) => {
+                        st.over = true;
+                        st.ready.clear();
+                        Some((Err(e), st))
+                    }
+                };
+            }
+            if st.over {
+                return None;
+            }
+            match st.bytes.next().await {
+                Some(Ok(bytes)) => {
+                    let lines = st.lines.push(&bytes);
+                    queue_lines(lines, &mut st.ready);
+                }
+                Some(Err(e)) => {
+                    st.over = true;
+                    let e = ProviderError::new(
+                        FailureKind::Truncated,
+                        format!("the connection broke mid-stream: {e}"),
+                    );
+                    return Some((Err(e), st));
+                }
+                None => {
+                    let last: Vec<_> = st.lines.finish().into_iter().collect();
+                    queue_lines(last, &mut st.ready);
+                    if st.ready.is_empty() {
+                        st.over = true;
+                        let e = ProviderError::new(
+                            FailureKind::Truncated,
+                            "the stream ended without its done:true line: the answer is incomplete",
+                        );
+                        return Some((Err(e), st));
+                    }
+                }
+            }
+        }
+    });
+    decode_timeouts(stream, timeouts)
+}
+
 #[async_trait]
 impl Provider for OllamaProvider {
     fn name(&self) -> &'static str {
@@ -199,68 +267,10 @@ impl Provider for OllamaProvider {
         request: &TextCompletionRequest,
     ) -> Result<ChunkStream, ProviderError> {
         let resp = self.post(&self.body(request, true)).await?;
-        struct State<S> {
-            bytes: S,
-            lines: LineSplitter,
-            ready: Ready,
-            over: bool,
-        }
-        let state = State {
-            bytes: Box::pin(resp.bytes_stream()),
-            lines: LineSplitter::new(MAX_LINE),
-            ready: Default::default(),
-            over: false,
-        };
-        let stream = futures::stream::unfold(state, move |mut st| async move {
-            loop {
-                if let Some(item) = st.ready.pop_front() {
-                    return match item {
-                        Ok((chunk, done)) => {
-                            if done {
-                                st.over = true;
-                                st.ready.clear();
-                            }
-                            Some((Ok(chunk), st))
-                        }
-                        Err(e) => {
-                            st.over = true;
-                            st.ready.clear();
-                            Some((Err(e), st))
-                        }
-                    };
-                }
-                if st.over {
-                    return None;
-                }
-                match st.bytes.next().await {
-                    Some(Ok(bytes)) => {
-                        let lines = st.lines.push(&bytes);
-                        queue_lines(lines, &mut st.ready);
-                    }
-                    Some(Err(e)) => {
-                        st.over = true;
-                        let e = ProviderError::new(
-                            FailureKind::Truncated,
-                            format!("the connection broke mid-stream: {e}"),
-                        );
-                        return Some((Err(e), st));
-                    }
-                    None => {
-                        let last: Vec<_> = st.lines.finish().into_iter().collect();
-                        queue_lines(last, &mut st.ready);
-                        if st.ready.is_empty() {
-                            st.over = true;
-                            let e = ProviderError::new(
-                                FailureKind::Truncated,
-                                "the stream ended without its done:true line: the answer is incomplete",
-                            );
-                            return Some((Err(e), st));
-                        }
-                    }
-                }
-            }
-        });
-        Ok(decode_timeouts(stream, self.config.timeouts))
+        Ok(decode_stream(
+            resp.bytes_stream().boxed(),
+            self.config.timeouts,
+        ))
     }
 
     async fn generate(&self, request: &TextCompletionRequest) -> Result<Completion, ProviderError> {

@@ -10,6 +10,7 @@
 //! `finish_reason` is truncated, not complete.
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sluice_runtime::secret::Secret;
@@ -18,7 +19,8 @@ use sluice_schema::TextCompletionRequest;
 use crate::{
     provider::{ChunkStream, Completion, FailureKind, Provider, ProviderError, Usage},
     providers::{
-        HttpTimeouts, SseStep, classify_status, http_client, send, sse_chunks, transport_error,
+        Body, HttpTimeouts, SseStep, classify_status, http_client, send, sse_body_chunks,
+        transport_error,
     },
 };
 
@@ -226,6 +228,28 @@ fn decode_event(data: &str) -> Result<Option<crate::provider::Chunk>, ProviderEr
     }))
 }
 
+/// Decodes a streamed response body of the dialect into chunks. Public for the fuzz targets
+/// (`fuzz/`); the provider calls it on the HTTP body.
+#[doc(hidden)]
+pub fn decode_stream(body: Body, timeouts: HttpTimeouts) -> ChunkStream {
+    sse_body_chunks(
+        body,
+        timeouts,
+        true,
+        "the stream ended without [DONE] or a finish_reason: the answer is incomplete",
+        |event| {
+            let data = event.data.trim();
+            if data == "[DONE]" {
+                return Ok(SseStep::End(None));
+            }
+            if data.is_empty() {
+                return Ok(SseStep::Skip);
+            }
+            Ok(decode_event(data)?.map_or(SseStep::Skip, SseStep::Chunk))
+        },
+    )
+}
+
 #[async_trait]
 impl Provider for OpenAiProvider {
     fn name(&self) -> &'static str {
@@ -250,21 +274,9 @@ impl Provider for OpenAiProvider {
         request: &TextCompletionRequest,
     ) -> Result<ChunkStream, ProviderError> {
         let resp = self.post(&self.body(request, true)).await?;
-        Ok(sse_chunks(
-            resp,
+        Ok(decode_stream(
+            resp.bytes_stream().boxed(),
             self.config.timeouts,
-            true,
-            "the stream ended without [DONE] or a finish_reason: the answer is incomplete",
-            |event| {
-                let data = event.data.trim();
-                if data == "[DONE]" {
-                    return Ok(SseStep::End(None));
-                }
-                if data.is_empty() {
-                    return Ok(SseStep::Skip);
-                }
-                Ok(decode_event(data)?.map_or(SseStep::Skip, SseStep::Chunk))
-            },
         ))
     }
 

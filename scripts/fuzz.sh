@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Coverage-guided fuzzing of every decoder of outside bytes (fuzz/, its own workspace), with
+# AFL++ through cargo-afl on the stable toolchain. Builds the targets instrumented (cached
+# under ~/.cache/sluice, never in the clone), runs each for FUZZ_SECONDS (default 20) from
+# its seed corpus in fuzz/corpus/<target>/, one at a time, and fails if any target found a
+# crash or a hang (printing the input and how to reproduce it).
+#   FUZZ_SECONDS=60 scripts/fuzz.sh            all targets, a minute each
+#   scripts/fuzz.sh sse bedrock                 some targets
+# Installs what is missing: make and a C compiler (AFL++ is built from the sources cargo-afl
+# ships), cargo-afl (cargo install, into ~/.cache/sluice/cargo-bin).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CACHE="$HOME/.cache/sluice"
+SECONDS_EACH="${FUZZ_SECONDS:-20}"
+TARGETS=(records sse ollama bedrock jsonl react mcp gateway config)
+if [ $# -gt 0 ]; then TARGETS=("$@"); fi
+CARGO_AFL_VERSION=0.18.2
+
+. scripts/prereqs.sh
+prereqs make:make cc:gcc
+
+export PATH="$CACHE/cargo-bin/bin:$PATH"
+# AFL++ as cargo-afl builds it lives under XDG_DATA_HOME; keep it in the cache too.
+export XDG_DATA_HOME="$CACHE/afl-data"
+if ! cargo afl --version 2>/dev/null | grep -q "$CARGO_AFL_VERSION"; then
+  echo "== installing cargo-afl $CARGO_AFL_VERSION"
+  CARGO_TARGET_DIR="$CACHE/cargo-install-target" cargo install cargo-afl --locked \
+    --version "$CARGO_AFL_VERSION" --root "$CACHE/cargo-bin"
+fi
+if ! compgen -G "$XDG_DATA_HOME/afl.rs/*/afl.rs-$CARGO_AFL_VERSION/afl/bin/afl-fuzz" >/dev/null; then
+  echo "== building AFL++ (cargo afl config --build)"
+  cargo afl config --build
+fi
+
+echo "== building the fuzz targets"
+export CARGO_TARGET_DIR="$CACHE/target-fuzz-afl"
+export CARGO_INCREMENTAL=0
+(cd fuzz && cargo afl build --release --locked --bins)
+BIN="$CARGO_TARGET_DIR/release"
+
+# Containers: no CPU frequency governor, a core-pattern AFL cannot check, no terminal, and
+# cores shared with other work (no pinning).
+export AFL_SKIP_CPUFREQ=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 AFL_NO_UI=1 AFL_NO_AFFINITY=1
+export AFL_SKIP_CRASHES=0 AFL_QUIET=1
+
+OUT="$CACHE/fuzz-out"
+mkdir -p "$OUT"
+failed=0
+printf '%-9s %10s %6s %8s %8s %8s %6s\n' target execs secs execs/s corpus coverage found
+for t in "${TARGETS[@]}"; do
+  rm -rf "${OUT:?}/$t"
+  log="$OUT/$t.log"
+  # -t: an input taking longer than 1 s is a hang (quadratic blow-up); -m: 2 GiB of address
+  # space, so an allocation sized by a length field is a crash, not a slow swap.
+  if ! cargo afl fuzz -V "$SECONDS_EACH" -t 1000 -m 2048 -i "fuzz/corpus/$t" -o "$OUT/$t" \
+      -- "$BIN/$t" >"$log" 2>&1; then
+    echo "afl-fuzz failed for $t; its log: $log" >&2
+    tail -20 "$log" >&2
+    failed=1
+    continue
+  fi
+  stats="$OUT/$t/default/fuzzer_stats"
+  get() { awk -F' *: *' -v k="$1" '$1 == k { print $2 }' "$stats"; }
+  crashes=$(find "$OUT/$t/default/crashes" -name 'id:*' 2>/dev/null | wc -l)
+  hangs=$(find "$OUT/$t/default/hangs" -name 'id:*' 2>/dev/null | wc -l)
+  printf '%-9s %10s %6s %8s %8s %8s %6s\n' "$t" "$(get execs_done)" "$(get run_time)" \
+    "$(get execs_per_sec)" "$(get corpus_count)" "$(get bitmap_cvg)" "$((crashes + hangs))"
+  for f in "$OUT/$t"/default/crashes/id:* "$OUT/$t"/default/hangs/id:*; do
+    [ -e "$f" ] || continue
+    failed=1
+    echo "FOUND ($t): $f" >&2
+    echo "  reproduce: $BIN/$t < '$f'" >&2
+  done
+done
+if [ "$failed" -ne 0 ]; then
+  echo "fuzzing found problems (see above); outputs in $OUT" >&2
+  exit 1
+fi
+echo "fuzzing: no crash or hang in ${#TARGETS[@]} targets, ${SECONDS_EACH}s each"
