@@ -603,7 +603,6 @@ fn seed_prompt(n: u64) -> (PromptRequest, usize) {
         id: "knowledge-classification".into(),
         terms: terms.into_iter().collect(),
         streaming: true,
-        ..Default::default()
     };
     let objects = seed_streams::expected("classification").map_or(0, |e| e.objects);
     (request, objects)
