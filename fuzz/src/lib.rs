@@ -120,3 +120,22 @@ pub fn decode_chunks(decode: fn(Body, HttpTimeouts) -> ChunkStream, pieces: &[&[
             .collect(),
     )
 }
+
+/// The properties every provider stream decoder keeps: `body` decoded whole and read as
+/// `pieces` gives the same chunks and error, and the chunks' text is never longer than the
+/// body. Panics (a finding) when one does not hold.
+pub fn check_stream_decoder(
+    decode: fn(Body, HttpTimeouts) -> ChunkStream,
+    body: &[u8],
+    pieces: &[&[u8]],
+) {
+    let whole = decode_chunks(decode, &[body]);
+    let split = decode_chunks(decode, pieces);
+    assert_eq!(whole, split, "the split changed what was decoded");
+    let text: usize = whole
+        .iter()
+        .filter_map(|c| c.as_ref().ok())
+        .map(|c| c.text.len())
+        .sum();
+    assert!(text <= body.len(), "more text than body");
+}

@@ -230,17 +230,7 @@ async fn chat(
                 "server_error",
             );
         }
-        ("server_error_final", _) => {
-            let mut resp = error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "The request cannot succeed",
-                "server_error",
-                "server_error",
-            );
-            resp.headers_mut()
-                .insert("x-should-retry", "false".parse().unwrap());
-            return resp;
-        }
+        ("server_error_final", _) => return final_server_error(),
         ("bad_request_retry_once", 1) => {
             let mut resp = error(
                 StatusCode::BAD_REQUEST,
@@ -454,6 +444,19 @@ fn react_tool_answer(model: &str, user_message: &str) -> Option<String> {
 
 /// `text` as an answer streamed in tokens of about `n` bytes, then a finish chunk, usage
 /// (9 in, one out per word) and `[DONE]`.
+/// A 500 with `x-should-retry: false`: the server says this request cannot succeed.
+fn final_server_error() -> Response {
+    let mut resp = error(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "The request cannot succeed",
+        "server_error",
+        "server_error",
+    );
+    resp.headers_mut()
+        .insert("x-should-retry", "false".parse().unwrap());
+    resp
+}
+
 /// The `chaos-*` models (see the module doc); `call` counts this message's calls from 1.
 async fn chaos(
     fault: &str,
@@ -485,17 +488,7 @@ async fn chaos(
     }
     if !stream {
         return match fault {
-            "drop" => {
-                let mut resp = error(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "The request cannot succeed",
-                    "server_error",
-                    "server_error",
-                );
-                resp.headers_mut()
-                    .insert("x-should-retry", "false".parse().unwrap());
-                resp
-            }
+            "drop" => final_server_error(),
             "stall" => {
                 std::future::pending::<()>().await;
                 StatusCode::GATEWAY_TIMEOUT.into_response()
