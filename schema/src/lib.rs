@@ -13,9 +13,9 @@ pub mod topics;
 
 pub use decode::{DecodeError, decode, decode_value};
 pub use records::{
-    AgentMessageType, AgentRequest, AgentResponse, AgentStep, Error, ErrorKind, LIST_MODELS,
-    ModelInfo, PromptRequest, PromptResponse, ResponseRecord, TextCompletionRequest,
-    TextCompletionResponse,
+    AgentMessageType, AgentRequest, AgentResponse, AgentStep, ChatMessage, ChatRole, Error,
+    ErrorKind, LIST_MODELS, ModelInfo, PromptRequest, PromptResponse, ResponseRecord,
+    TextCompletionRequest, TextCompletionResponse,
 };
 pub use topics::{Persistence, TopicError, TopicMapping, TopicName};
 

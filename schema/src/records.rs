@@ -156,6 +156,91 @@ pub struct TextCompletionRequest {
     /// A JSON Schema the output should follow, where the provider supports that.
     #[serde(default)]
     pub schema: Option<serde_json::Value>,
+
+    // sluice's extension (optional; TrustGraph's processors ignore fields they do not know,
+    // so a request that sets them still gets a sensible answer from one of theirs). Written
+    // only when set, so a plain TrustGraph request stays byte-for-byte what it was.
+    /// A conversation, oldest turn first, for multi-turn calls. When set, providers send these
+    /// turns (after `system`) instead of `prompt`; a writer also puts the same conversation,
+    /// flattened into text, in `prompt`, for processors that do not read this field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<Vec<ChatMessage>>,
+    /// Sampling temperature for this call (0 to 2), overriding the processor's setting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    /// The most output tokens for this call, overriding the processor's setting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// Sequences that end the answer where they would appear (not included in it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Vec<String>>,
+    /// The model to use, one of those the processor serves (`list-models`); absent means the
+    /// processor's own model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+/// Who said a turn of a [`TextCompletionRequest::messages`] conversation. The system prompt is
+/// not a turn: it is the request's `system`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChatRole {
+    /// The caller.
+    User,
+    /// The model, in an earlier answer.
+    Assistant,
+}
+
+impl ChatRole {
+    /// The role's wire name (`user`, `assistant`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChatRole::User => "user",
+            ChatRole::Assistant => "assistant",
+        }
+    }
+}
+
+/// One turn of a conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// Who said it.
+    pub role: ChatRole,
+    /// What was said.
+    #[serde(default, deserialize_with = "null_default")]
+    pub content: String,
+}
+
+impl TextCompletionRequest {
+    /// The conversation a provider sends after the system prompt: `messages` when set, else
+    /// one user turn holding `prompt`.
+    pub fn turns(&self) -> Vec<ChatMessage> {
+        match &self.messages {
+            Some(m) => m.clone(),
+            None => vec![ChatMessage {
+                role: ChatRole::User,
+                content: self.prompt.clone(),
+            }],
+        }
+    }
+
+    /// The text of a conversation for a reader that knows only `prompt`: each turn after its
+    /// speaker's name, ending with `Assistant:` so the model answers as the next turn.
+    pub fn flatten(messages: &[ChatMessage]) -> String {
+        let mut out = String::new();
+        for m in messages {
+            let who = match m.role {
+                ChatRole::User => "User",
+                ChatRole::Assistant => "Assistant",
+            };
+            out.push_str(who);
+            out.push_str(": ");
+            out.push_str(&m.content);
+            out.push_str("\n\n");
+        }
+        out.push_str("Assistant:");
+        out
+    }
 }
 
 /// One record of a text completion answer (seed 003 `TextCompletionResponse`).
@@ -188,6 +273,11 @@ pub struct TextCompletionResponse {
         skip_serializing_if = "Vec::is_empty"
     )]
     pub models: Vec<ModelInfo>,
+    /// Why the answer ended, on the terminal record of a completed answer: `stop` (the model
+    /// finished, or a stop sequence), `length` (the token limit), `content_filter`, or the
+    /// provider's own word for anything else. sluice's extension; written only when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<String>,
 }
 
 /// One model a text-completion processor serves (TrustGraph 2.11 `ModelInfo`). Fields other

@@ -73,6 +73,10 @@ pub struct LlmArgs {
     /// The model (Azure: the deployment name).
     #[arg(long, env = "SLUICE_MODEL", default_value = "gpt-4o-mini")]
     model: String,
+    /// Other models of the same provider a request may ask for by name (comma-separated);
+    /// `list-models` and `GET /v1/models` list them after --model.
+    #[arg(long, env = "SLUICE_EXTRA_MODELS", value_delimiter = ',')]
+    extra_models: Vec<String>,
     /// The provider's base URL (default: the provider's public endpoint).
     #[arg(long, env = "SLUICE_BASE_URL")]
     base_url: Option<String>,
@@ -285,7 +289,14 @@ pub fn service(args: &LlmArgs, telemetry: &Telemetry) -> Result<TextCompletionSe
         max_retries: args.max_retries,
         ..RetryPolicy::default()
     };
-    Ok(TextCompletionService::new(provider, retry, metrics))
+    Ok(
+        TextCompletionService::new(provider, retry, metrics).with_models(
+            args.extra_models
+                .iter()
+                .map(|m| m.trim().to_owned())
+                .filter(|m| !m.is_empty()),
+        ),
+    )
 }
 
 /// Runs the processor until SIGTERM/SIGINT, then drains.

@@ -145,7 +145,7 @@ pub(crate) async fn not_found() -> Response {
     error_response(
         StatusCode::NOT_FOUND,
         "invalid-request",
-        "no such route; see POST /api/v1/{text-completion|prompt|agent} and GET /api/v1/socket",
+        "no such route; see POST /api/v1/{text-completion|prompt|agent}, GET /api/v1/socket, POST /v1/chat/completions and GET /v1/models",
     )
 }
 

@@ -6,6 +6,8 @@
 //!   anything else gets the final record as JSON (a non-streaming call).
 //! - `POST /api/v1/flow/{flow}/service/{service}`: TrustGraph's REST form; never streams.
 //! - `GET /api/v1/socket`: TrustGraph's multiplexed WebSocket protocol.
+//! - `POST /v1/chat/completions`, `GET /v1/models`: OpenAI's dialect, for OpenAI SDKs and
+//!   tools given this gateway as their base URL (see `openai`).
 //!
 //! Every request goes over the bus with a fresh correlation id and a W3C `traceparent`; a
 //! caller that goes away (HTTP disconnect, socket closed) drops its response stream, which
@@ -18,6 +20,7 @@ pub mod events;
 mod http;
 pub mod kinds;
 pub mod metrics;
+mod openai;
 mod socket;
 
 use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
@@ -104,6 +107,9 @@ pub(crate) struct Inner {
     pub(crate) config: GatewayConfig,
     pub(crate) clients: Clients,
     pub(crate) metrics: GatewayMetrics,
+    /// The model ids text-completion last said it serves, and when: the OpenAI route checks a
+    /// request's `model` against them.
+    pub(crate) models: tokio::sync::Mutex<Option<(std::time::Instant, Vec<String>)>>,
 }
 
 /// A running gateway's state; build its router with [`Gateway::router`].
@@ -154,6 +160,8 @@ impl Gateway {
             };
             match kind {
                 ServiceKind::TextCompletion => {
+                    metrics.route_served(openai::CHAT_ROUTE);
+                    metrics.route_served(openai::MODELS_ROUTE);
                     clients.text_completion = Some(new_client.client().await?)
                 }
                 ServiceKind::Prompt => clients.prompt = Some(new_client.client().await?),
@@ -165,6 +173,7 @@ impl Gateway {
                 config,
                 clients,
                 metrics,
+                models: tokio::sync::Mutex::new(None),
             }),
         })
     }
@@ -174,6 +183,9 @@ impl Gateway {
         Router::new()
             .route("/api/v1/socket", get(socket::upgrade))
             .route("/api/v1/models", get(http::models))
+            .route("/v1/chat/completions", post(openai::chat))
+            .route("/v1/models", get(openai::models))
+            .route("/v1/models/{model}", get(openai::model))
             .route("/api/v1/{service}", post(http::service))
             .route(
                 "/api/v1/flow/{flow}/service/{service}",
@@ -290,13 +302,14 @@ pub(crate) fn client_error(e: &ClientError) -> Error {
 /// The gateway's server span for one request: a child of the caller's `traceparent` header
 /// when it is valid, else the start of a new trace. Its context goes on the bus.
 pub(crate) fn server_span(route: &str, incoming: Option<&str>) -> trace::Span {
-    let mut span = trace::Span::start(
-        trace::Kind::Server,
-        format!("POST /api/v1/{route}"),
-        incoming,
-    );
-    span.set("http.request.method", "POST");
-    span.set("http.route", format!("/api/v1/{route}"));
+    http_span("POST", &format!("/api/v1/{route}"), incoming)
+}
+
+/// The server span of a request to `path`, continuing the caller's trace when it sent one.
+pub(crate) fn http_span(method: &str, path: &str, incoming: Option<&str>) -> trace::Span {
+    let mut span = trace::Span::start(trace::Kind::Server, format!("{method} {path}"), incoming);
+    span.set("http.request.method", method.to_owned());
+    span.set("http.route", path.to_owned());
     span
 }
 

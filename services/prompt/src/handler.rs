@@ -203,6 +203,7 @@ impl Handler for PromptService {
             },
             response_format: None,
             schema: None,
+            ..TextCompletionRequest::default()
         };
         let options = RequestOptions {
             traceparent: ctx.traceparent.clone(),

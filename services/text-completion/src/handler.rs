@@ -177,24 +177,93 @@ pub struct TextCompletionService {
     provider: Arc<dyn Provider>,
     retry: RetryPolicy,
     metrics: LlmMetrics,
+    /// The models a request may name: the provider's own first, then any others allowed.
+    served: Vec<String>,
 }
 
 impl TextCompletionService {
     /// A service calling `provider`.
     pub fn new(provider: Arc<dyn Provider>, retry: RetryPolicy, metrics: LlmMetrics) -> Self {
         metrics.provider_configured(provider.name(), provider.model());
+        let served = vec![provider.model().to_owned()];
         Self {
             provider,
             retry,
             metrics,
+            served,
         }
     }
 
-    fn labels(&self) -> [&str; 2] {
-        [self.provider.name(), self.provider.model()]
+    /// Also serves `models` (the same provider, another model): a request may name one in its
+    /// `model` field, and `list-models` lists them after the configured model.
+    pub fn with_models(mut self, models: impl IntoIterator<Item = String>) -> Self {
+        for m in models {
+            if !m.is_empty() && !self.served.contains(&m) {
+                self.metrics.provider_configured(self.provider.name(), &m);
+                self.served.push(m);
+            }
+        }
+        self
     }
 
-    fn error_record(&self, e: &ProviderError, usage: &mut UsageDeltas) -> TextCompletionResponse {
+    /// The models this service answers for, its configured model first.
+    pub fn models(&self) -> &[String] {
+        &self.served
+    }
+
+    /// Provider and model labels of a (checked) request: the model it names, else the
+    /// provider's own.
+    fn labels<'a>(&'a self, request: &'a TextCompletionRequest) -> [&'a str; 2] {
+        [
+            self.provider.name(),
+            crate::providers::model_for(request, self.provider.model()),
+        ]
+    }
+
+    /// Refuses a completion request whose sluice extension fields cannot be honoured,
+    /// naming the field and what it takes (never echoing a prompt).
+    fn check(&self, request: &TextCompletionRequest) -> Result<(), Error> {
+        let invalid = |m: String| Err(Error::new(ErrorKind::InvalidRequest, m));
+        if let Some(m) = request.model.as_deref().filter(|m| !m.is_empty())
+            && !self.served.iter().any(|s| s == m)
+        {
+            let shown: String = m.chars().take(100).collect();
+            return invalid(format!(
+                "invalid request: field `model`: {shown:?} is not served here; this processor serves {}",
+                self.served.join(", ")
+            ));
+        }
+        if let Some(t) = request.temperature
+            && !(t.is_finite() && (0.0..=2.0).contains(&t))
+        {
+            return invalid(
+                "invalid request: field `temperature`: expected a number from 0 to 2".into(),
+            );
+        }
+        if request.max_tokens == Some(0) {
+            return invalid(
+                "invalid request: field `max_tokens`: expected a whole number of at least 1".into(),
+            );
+        }
+        if request.messages.as_ref().is_some_and(Vec::is_empty) {
+            return invalid("invalid request: field `messages`: expected at least one turn".into());
+        }
+        if let Some(stop) = &request.stop
+            && (stop.len() > 16 || stop.iter().any(String::is_empty))
+        {
+            return invalid(
+                "invalid request: field `stop`: expected at most 16 non-empty strings".into(),
+            );
+        }
+        Ok(())
+    }
+
+    fn error_record(
+        &self,
+        request: &TextCompletionRequest,
+        e: &ProviderError,
+        usage: &mut UsageDeltas,
+    ) -> TextCompletionResponse {
         let kind = match e.kind {
             FailureKind::RateLimited => ErrorKind::TooManyRequests,
             _ => ErrorKind::Llm,
@@ -204,18 +273,24 @@ impl TextCompletionService {
             error: Some(Error::new(kind, e.message.clone())),
             in_token,
             out_token,
-            model: Some(self.provider.model().to_owned()),
+            model: Some(self.labels(request)[1].to_owned()),
             end_of_stream: true,
             ..Default::default()
         }
     }
 
     /// Waits before the next attempt if the policy allows one; counts it.
-    async fn backoff(&self, ctx: &RequestContext, retry: u32, e: &ProviderError) -> bool {
+    async fn backoff(
+        &self,
+        request: &TextCompletionRequest,
+        ctx: &RequestContext,
+        retry: u32,
+        e: &ProviderError,
+    ) -> bool {
         let Some(delay) = self.retry.delay(retry, e) else {
             return false;
         };
-        let [provider, model] = self.labels();
+        let [provider, model] = self.labels(request);
         self.metrics
             .retries
             .with_label_values(&[provider, model, e.kind.as_str()])
@@ -228,8 +303,14 @@ impl TextCompletionService {
         }
     }
 
-    fn finish(&self, started: Instant, outcome: &str, usage: &UsageDeltas) {
-        let [provider, model] = self.labels();
+    fn finish(
+        &self,
+        request: &TextCompletionRequest,
+        started: Instant,
+        outcome: &str,
+        usage: &UsageDeltas,
+    ) {
+        let [provider, model] = self.labels(request);
         self.metrics
             .requests
             .with_label_values(&[provider, model, outcome])
@@ -248,9 +329,9 @@ impl TextCompletionService {
             .inc_by(usage.last.output);
     }
 
-    fn note_failure(&self, e: &ProviderError) {
+    fn note_failure(&self, request: &TextCompletionRequest, e: &ProviderError) {
         if e.kind == FailureKind::RateLimited {
-            let [provider, model] = self.labels();
+            let [provider, model] = self.labels(request);
             self.metrics
                 .rate_limited
                 .with_label_values(&[provider, model])
@@ -265,12 +346,13 @@ impl TextCompletionService {
         sink: &mut ResponseSink<TextCompletionResponse>,
         started: Instant,
     ) -> Result<(), SinkError> {
-        let [provider, model] = self.labels();
+        let [provider, model] = self.labels(request);
         let model_name = Some(model.to_owned());
         let mut retry = 0;
         loop {
             let mut usage = UsageDeltas::default();
             let mut published = 0u64;
+            let mut finish_reason = None;
             let outcome: Result<(), ProviderError> = async {
                 let mut chunks = tokio::select! {
                     s = self.provider.generate_stream(request) => s?,
@@ -285,6 +367,9 @@ impl TextCompletionService {
                     let chunk = chunk?;
                     if let Some(u) = chunk.usage {
                         usage.observe(u);
+                    }
+                    if let Some(r) = &chunk.finish_reason {
+                        finish_reason = Some(finish_reason_word(r));
                     }
                     if chunk.text.is_empty() {
                         continue;
@@ -312,7 +397,7 @@ impl TextCompletionService {
             .await;
             if sink.is_ended() {
                 // The sink ended the stream itself (a record too large for the bus).
-                self.finish(started, "error", &usage);
+                self.finish(request, started, "error", &usage);
                 return Ok(());
             }
             match outcome {
@@ -323,25 +408,26 @@ impl TextCompletionService {
                         out_token,
                         model: model_name.clone(),
                         end_of_stream: true,
+                        finish_reason: finish_reason.take(),
                         ..Default::default()
                     })
                     .await?;
-                    self.finish(started, "success", &usage);
+                    self.finish(request, started, "success", &usage);
                     info!(event = "llm_request_completed", request_id = %ctx.id, provider, model,
                           duration_ms = started.elapsed().as_millis() as u64, total_chunks = published,
                           in_tokens = usage.last.input, out_tokens = usage.last.output);
                     return Ok(());
                 }
                 Err(e) => {
-                    self.note_failure(&e);
-                    if published == 0 && self.backoff(ctx, retry, &e).await {
+                    self.note_failure(request, &e);
+                    if published == 0 && self.backoff(request, ctx, retry, &e).await {
                         retry += 1;
                         continue;
                     }
                     warn!(event = "llm_request_failed", request_id = %ctx.id, provider, model,
                           error_type = e.kind.as_str(), error_message = %e.message, chunks_received = published);
-                    self.finish(started, "error", &usage);
-                    return sink.send(self.error_record(&e, &mut usage)).await;
+                    self.finish(request, started, "error", &usage);
+                    return sink.send(self.error_record(request, &e, &mut usage)).await;
                 }
             }
         }
@@ -354,7 +440,7 @@ impl TextCompletionService {
         sink: &mut ResponseSink<TextCompletionResponse>,
         started: Instant,
     ) -> Result<(), SinkError> {
-        let [provider, model] = self.labels();
+        let [provider, model] = self.labels(request);
         let mut retry = 0;
         loop {
             let result = tokio::select! {
@@ -378,28 +464,54 @@ impl TextCompletionService {
                         out_token,
                         model: Some(model.to_owned()),
                         end_of_stream: true,
+                        finish_reason: done.finish_reason.as_deref().map(finish_reason_word),
                         ..Default::default()
                     })
                     .await?;
-                    self.finish(started, "success", &usage);
+                    self.finish(request, started, "success", &usage);
                     info!(event = "llm_request_completed", request_id = %ctx.id, provider, model,
                           duration_ms = started.elapsed().as_millis() as u64, total_chunks = 1);
                     return Ok(());
                 }
                 Err(e) => {
-                    self.note_failure(&e);
-                    if self.backoff(ctx, retry, &e).await {
+                    self.note_failure(request, &e);
+                    if self.backoff(request, ctx, retry, &e).await {
                         retry += 1;
                         continue;
                     }
                     warn!(event = "llm_request_failed", request_id = %ctx.id, provider, model,
                           error_type = e.kind.as_str(), error_message = %e.message, chunks_received = 0);
-                    self.finish(started, "error", &usage);
-                    return sink.send(self.error_record(&e, &mut usage)).await;
+                    self.finish(request, started, "error", &usage);
+                    return sink.send(self.error_record(request, &e, &mut usage)).await;
                 }
             }
         }
     }
+}
+
+/// A provider's word for why an answer ended, in the vocabulary the records use (OpenAI's,
+/// which most callers know): `stop`, `length`, `content_filter`, `tool_calls`; any other word
+/// passes through in lower case.
+pub fn finish_reason_word(raw: &str) -> String {
+    let lower = raw.to_ascii_lowercase();
+    let word = match lower.as_str() {
+        // OpenAI, Ollama; Anthropic and Bedrock end_turn / stop_sequence; Gemini STOP;
+        // Cohere COMPLETE / STOP_SEQUENCE.
+        "stop" | "end_turn" | "stop_sequence" | "complete" => "stop",
+        // Anthropic and Bedrock max_tokens; Gemini and Cohere MAX_TOKENS; OpenAI length.
+        "length" | "max_tokens" | "model_length" => "length",
+        "content_filter"
+        | "content_filtered"
+        | "safety"
+        | "recitation"
+        | "blocklist"
+        | "prohibited_content"
+        | "spii"
+        | "guardrail_intervened" => "content_filter",
+        "tool_calls" | "tool_use" | "tool_call" => "tool_calls",
+        _ => return lower,
+    };
+    word.to_owned()
 }
 
 fn cancelled() -> ProviderError {
@@ -426,13 +538,18 @@ impl Handler for TextCompletionService {
                 // The model this processor serves; no provider call, so no usage and no
                 // provider metrics.
                 let model = self.provider.model().to_owned();
+                let models = self
+                    .served
+                    .iter()
+                    .map(|id| sluice_schema::ModelInfo {
+                        id: id.clone(),
+                        ..sluice_schema::ModelInfo::default()
+                    })
+                    .collect();
                 return sink
                     .send(TextCompletionResponse {
-                        model: Some(model.clone()),
-                        models: vec![sluice_schema::ModelInfo {
-                            id: model,
-                            ..sluice_schema::ModelInfo::default()
-                        }],
+                        model: Some(model),
+                        models,
                         end_of_stream: true,
                         ..TextCompletionResponse::default()
                     })
@@ -446,8 +563,9 @@ impl Handler for TextCompletionService {
                 ));
             }
         }
+        self.check(&request)?;
         let started = Instant::now();
-        let [provider, model] = self.labels();
+        let [provider, model] = self.labels(&request);
         let streaming = request.streaming && self.provider.supports_streaming();
         info!(event = "llm_request_started", request_id = %ctx.id, provider, model, streaming,
               attempt = %ctx.attempt);

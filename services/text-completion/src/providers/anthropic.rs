@@ -68,17 +68,28 @@ impl AnthropicProvider {
     }
 
     fn body(&self, request: &TextCompletionRequest) -> Value {
+        let messages: Vec<Value> = request
+            .turns()
+            .into_iter()
+            .map(|t| json!({"role": t.role.as_str(), "content": t.content}))
+            .collect();
         let mut body = json!({
-            "model": self.config.model,
-            "max_tokens": self.config.max_tokens,
-            "messages": [{"role": "user", "content": request.prompt}],
+            "model": crate::providers::model_for(request, &self.config.model),
+            "max_tokens": request.max_tokens.unwrap_or(self.config.max_tokens),
+            "messages": messages,
             "stream": true,
         });
         if !request.system.is_empty() {
             body["system"] = json!(request.system);
         }
-        if let Some(t) = self.config.temperature {
+        if let Some(t) = request
+            .temperature
+            .or(self.config.temperature.map(f64::from))
+        {
             body["temperature"] = json!(t);
+        }
+        if let Some(stop) = request.stop.as_ref().filter(|s| !s.is_empty()) {
+            body["stop_sequences"] = json!(stop);
         }
         body
     }

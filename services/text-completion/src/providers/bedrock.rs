@@ -192,23 +192,43 @@ impl BedrockProvider {
     }
 
     fn body(&self, request: &TextCompletionRequest) -> Vec<u8> {
-        let mut body = json!({
-            "messages": [{"role": "user", "content": [{"text": request.prompt}]}],
-        });
+        let messages: Vec<Value> = request
+            .turns()
+            .into_iter()
+            .map(|t| json!({"role": t.role.as_str(), "content": [{"text": t.content}]}))
+            .collect();
+        let mut body = json!({ "messages": messages });
         if !request.system.is_empty() {
             body["system"] = json!([{"text": request.system}]);
         }
         let mut inference = serde_json::Map::new();
-        if let Some(m) = self.config.max_tokens {
+        if let Some(m) = request.max_tokens.or(self.config.max_tokens) {
             inference.insert("maxTokens".into(), json!(m));
         }
-        if let Some(t) = self.config.temperature {
+        if let Some(t) = request
+            .temperature
+            .or(self.config.temperature.map(f64::from))
+        {
             inference.insert("temperature".into(), json!(t));
+        }
+        if let Some(stop) = request.stop.as_ref().filter(|s| !s.is_empty()) {
+            inference.insert("stopSequences".into(), json!(stop));
         }
         if !inference.is_empty() {
             body["inferenceConfig"] = Value::Object(inference);
         }
         body.to_string().into_bytes()
+    }
+
+    /// The URL for a request: `configured` (for the configured model), or the same route for
+    /// the other model the request names (Bedrock names the model in the path).
+    fn url_for(&self, request: &TextCompletionRequest, configured: &str, route: &str) -> String {
+        let model = crate::providers::model_for(request, &self.config.model);
+        if model == self.config.model {
+            return configured.to_owned();
+        }
+        let base = self.config.base_url.trim_end_matches('/');
+        format!("{base}/model/{}/{route}", encode_path_segment(model))
     }
 
     /// Posts `body` to `url` with the configured credentials.
@@ -671,7 +691,12 @@ impl Provider for BedrockProvider {
         &self,
         request: &TextCompletionRequest,
     ) -> Result<ChunkStream, ProviderError> {
-        let resp = self.post(&self.stream_url, self.body(request)).await?;
+        let resp = self
+            .post(
+                &self.url_for(request, &self.stream_url, "converse-stream"),
+                self.body(request),
+            )
+            .await?;
         Ok(decode_stream(
             resp.bytes_stream().boxed(),
             self.config.timeouts,
@@ -679,7 +704,12 @@ impl Provider for BedrockProvider {
     }
 
     async fn generate(&self, request: &TextCompletionRequest) -> Result<Completion, ProviderError> {
-        let resp = self.post(&self.whole_url, self.body(request)).await?;
+        let resp = self
+            .post(
+                &self.url_for(request, &self.whole_url, "converse"),
+                self.body(request),
+            )
+            .await?;
         let v: Value = tokio::time::timeout(self.config.timeouts.first_token, resp.json())
             .await
             .map_err(|_| {

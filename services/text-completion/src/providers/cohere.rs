@@ -187,13 +187,22 @@ impl Provider for CohereProvider {
         if !request.system.is_empty() {
             messages.push(json!({"role": "system", "content": request.system}));
         }
-        messages.push(json!({"role": "user", "content": request.prompt}));
-        let mut body = json!({"model": self.config.model, "messages": messages, "stream": true});
-        if let Some(m) = self.config.max_tokens {
+        for turn in request.turns() {
+            messages.push(json!({"role": turn.role.as_str(), "content": turn.content}));
+        }
+        let model = crate::providers::model_for(request, &self.config.model);
+        let mut body = json!({"model": model, "messages": messages, "stream": true});
+        if let Some(m) = request.max_tokens.or(self.config.max_tokens) {
             body["max_tokens"] = json!(m);
         }
-        if let Some(t) = self.config.temperature {
+        if let Some(t) = request
+            .temperature
+            .or(self.config.temperature.map(f64::from))
+        {
             body["temperature"] = json!(t);
+        }
+        if let Some(stop) = request.stop.as_ref().filter(|s| !s.is_empty()) {
+            body["stop_sequences"] = json!(stop);
         }
         let mut req = self.http.post(&self.url).json(&body);
         if let Some(key) = &self.config.api_key {

@@ -93,30 +93,52 @@ impl GeminiProvider {
     /// Builds the provider.
     pub fn new(config: GeminiConfig) -> Result<Self, ProviderError> {
         let http = http_client(&config.timeouts)?;
+        let url = Self::url_for(&config, &config.model);
+        Ok(Self { config, http, url })
+    }
+
+    /// The streaming URL for `model`: Gemini names the model in the path.
+    fn url_for(config: &GeminiConfig, model: &str) -> String {
         let base = config.base_url.trim_end_matches('/');
-        let model = &config.model;
-        let url = match &config.endpoint {
+        match &config.endpoint {
             GeminiEndpoint::AiStudio => {
                 format!("{base}/v1beta/models/{model}:streamGenerateContent?alt=sse")
             }
             GeminiEndpoint::Vertex { project, location } => format!(
                 "{base}/v1/projects/{project}/locations/{location}/publishers/google/models/{model}:streamGenerateContent?alt=sse"
             ),
-        };
-        Ok(Self { config, http, url })
+        }
     }
 
     fn body(&self, request: &TextCompletionRequest) -> Value {
-        let mut body = json!({"contents": [{"role": "user", "parts": [{"text": request.prompt}]}]});
+        // Gemini calls the assistant `model`.
+        let contents: Vec<Value> = request
+            .turns()
+            .into_iter()
+            .map(|t| {
+                let role = match t.role {
+                    sluice_schema::ChatRole::User => "user",
+                    sluice_schema::ChatRole::Assistant => "model",
+                };
+                json!({"role": role, "parts": [{"text": t.content}]})
+            })
+            .collect();
+        let mut body = json!({ "contents": contents });
         if !request.system.is_empty() {
             body["systemInstruction"] = json!({"parts": [{"text": request.system}]});
         }
         let mut generation = serde_json::Map::new();
-        if let Some(m) = self.config.max_output_tokens {
+        if let Some(m) = request.max_tokens.or(self.config.max_output_tokens) {
             generation.insert("maxOutputTokens".into(), json!(m));
         }
-        if let Some(t) = self.config.temperature {
+        if let Some(t) = request
+            .temperature
+            .or(self.config.temperature.map(f64::from))
+        {
             generation.insert("temperature".into(), json!(t));
+        }
+        if let Some(stop) = request.stop.as_ref().filter(|s| !s.is_empty()) {
+            generation.insert("stopSequences".into(), json!(stop));
         }
         if request.response_format.as_deref() == Some("json") {
             generation.insert("responseMimeType".into(), json!("application/json"));
@@ -261,7 +283,13 @@ impl Provider for GeminiProvider {
         &self,
         request: &TextCompletionRequest,
     ) -> Result<ChunkStream, ProviderError> {
-        let mut req = self.http.post(&self.url).json(&self.body(request));
+        let model = crate::providers::model_for(request, &self.config.model);
+        let url = if model == self.config.model {
+            std::borrow::Cow::Borrowed(self.url.as_str())
+        } else {
+            std::borrow::Cow::Owned(Self::url_for(&self.config, model))
+        };
+        let mut req = self.http.post(url.as_ref()).json(&self.body(request));
         if let Some(c) = &self.config.credential {
             req = match self.config.endpoint {
                 GeminiEndpoint::AiStudio => req.header("x-goog-api-key", c.expose()),

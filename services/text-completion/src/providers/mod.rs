@@ -15,6 +15,19 @@ use reqwest::StatusCode;
 
 use crate::provider::{Chunk, ChunkStream, FailureKind, ProviderError};
 
+/// The model a request is for: its own `model` when it names one (the handler has checked that
+/// the processor serves it), else the provider's configured model.
+pub fn model_for<'a>(
+    request: &'a sluice_schema::TextCompletionRequest,
+    configured: &'a str,
+) -> &'a str {
+    request
+        .model
+        .as_deref()
+        .filter(|m| !m.is_empty())
+        .unwrap_or(configured)
+}
+
 /// Time limits of a provider call.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HttpTimeouts {

@@ -83,18 +83,27 @@ impl OllamaProvider {
         if !request.system.is_empty() {
             messages.push(json!({"role": "system", "content": request.system}));
         }
-        messages.push(json!({"role": "user", "content": request.prompt}));
+        for turn in request.turns() {
+            messages.push(json!({"role": turn.role.as_str(), "content": turn.content}));
+        }
         let mut options = serde_json::Map::new();
-        if let Some(t) = self.config.temperature {
+        if let Some(t) = request
+            .temperature
+            .or(self.config.temperature.map(f64::from))
+        {
             options.insert("temperature".into(), json!(t));
         }
         if let Some(n) = self.config.num_ctx {
             options.insert("num_ctx".into(), json!(n));
         }
-        if let Some(n) = self.config.num_predict {
+        if let Some(n) = request.max_tokens.or(self.config.num_predict) {
             options.insert("num_predict".into(), json!(n));
         }
-        let mut body = json!({"model": self.config.model, "messages": messages, "stream": stream});
+        if let Some(stop) = request.stop.as_ref().filter(|s| !s.is_empty()) {
+            options.insert("stop".into(), json!(stop));
+        }
+        let model = crate::providers::model_for(request, &self.config.model);
+        let mut body = json!({"model": model, "messages": messages, "stream": stream});
         if !options.is_empty() {
             body["options"] = Value::Object(options);
         }

@@ -19,8 +19,8 @@ use sluice_schema::TextCompletionRequest;
 use crate::{
     provider::{ChunkStream, Completion, FailureKind, Provider, ProviderError, Usage},
     providers::{
-        Body, HttpTimeouts, SseStep, classify_status, http_client, send, sse_body_chunks,
-        transport_error,
+        Body, HttpTimeouts, SseStep, classify_status, http_client, model_for, send,
+        sse_body_chunks, transport_error,
     },
 };
 
@@ -92,6 +92,8 @@ impl OpenAiProvider {
     pub fn new(config: OpenAiConfig) -> Result<Self, ProviderError> {
         let http = http_client(&config.timeouts)?;
         let base = config.base_url.trim_end_matches('/');
+        // Azure names the model (its deployment) in the path; a request for another of the
+        // processor's models gets its own URL (see `url_for`).
         let url = match config.dialect {
             Dialect::Azure => format!(
                 "{base}/openai/deployments/{}/chat/completions?api-version={}",
@@ -108,19 +110,27 @@ impl OpenAiProvider {
         if !request.system.is_empty() {
             messages.push(json!({"role": "system", "content": request.system}));
         }
-        messages.push(json!({"role": "user", "content": request.prompt}));
+        for turn in request.turns() {
+            messages.push(json!({"role": turn.role.as_str(), "content": turn.content}));
+        }
         let mut body = json!({"messages": messages, "stream": stream});
         if self.config.dialect != Dialect::Azure {
-            body["model"] = json!(self.config.model);
+            body["model"] = json!(model_for(request, &self.config.model));
         }
         if stream && self.config.include_usage && self.config.dialect != Dialect::Mistral {
             body["stream_options"] = json!({"include_usage": true});
         }
-        if let Some(t) = self.config.temperature {
+        if let Some(t) = request
+            .temperature
+            .or(self.config.temperature.map(f64::from))
+        {
             body["temperature"] = json!(t);
         }
-        if let Some(m) = self.config.max_tokens {
+        if let Some(m) = request.max_tokens.or(self.config.max_tokens) {
             body["max_tokens"] = json!(m);
+        }
+        if let Some(stop) = request.stop.as_ref().filter(|s| !s.is_empty()) {
+            body["stop"] = json!(stop);
         }
         if request.response_format.as_deref() == Some("json") {
             body["response_format"] = match &request.schema {
@@ -132,8 +142,22 @@ impl OpenAiProvider {
         body
     }
 
-    async fn post(&self, body: &Value) -> Result<reqwest::Response, ProviderError> {
-        let mut req = self.http.post(&self.url).json(body);
+    async fn post(
+        &self,
+        request: &TextCompletionRequest,
+        body: &Value,
+    ) -> Result<reqwest::Response, ProviderError> {
+        let model = model_for(request, &self.config.model);
+        let url = if self.config.dialect == Dialect::Azure && model != self.config.model {
+            let base = self.config.base_url.trim_end_matches('/');
+            std::borrow::Cow::Owned(format!(
+                "{base}/openai/deployments/{model}/chat/completions?api-version={}",
+                self.config.azure_api_version
+            ))
+        } else {
+            std::borrow::Cow::Borrowed(self.url.as_str())
+        };
+        let mut req = self.http.post(url.as_ref()).json(body);
         if let Some(key) = &self.config.api_key {
             req = match self.config.dialect {
                 Dialect::Azure => req.header("api-key", key.expose()),
@@ -273,7 +297,7 @@ impl Provider for OpenAiProvider {
         &self,
         request: &TextCompletionRequest,
     ) -> Result<ChunkStream, ProviderError> {
-        let resp = self.post(&self.body(request, true)).await?;
+        let resp = self.post(request, &self.body(request, true)).await?;
         Ok(decode_stream(
             resp.bytes_stream().boxed(),
             self.config.timeouts,
@@ -281,7 +305,7 @@ impl Provider for OpenAiProvider {
     }
 
     async fn generate(&self, request: &TextCompletionRequest) -> Result<Completion, ProviderError> {
-        let resp = self.post(&self.body(request, false)).await?;
+        let resp = self.post(request, &self.body(request, false)).await?;
         let v: Value = tokio::time::timeout(self.config.timeouts.first_token, resp.json())
             .await
             .map_err(|_| {

@@ -1,0 +1,1288 @@
+//! OpenAI's Chat Completions dialect, so an OpenAI SDK or tool pointed at the gateway's base
+//! URL (`http://host:port/v1`) reaches the text-completion processors over the bus.
+//!
+//! - `POST /v1/chat/completions`: a `chat.completion` object, or with `stream: true` SSE
+//!   `chat.completion.chunk` events ending `data: [DONE]`; `stream_options.include_usage`
+//!   adds the usage chunk.
+//! - `GET /v1/models` and `GET /v1/models/{model}`: what the processors serve (their
+//!   `list-models` answer).
+//!
+//! A conversation becomes sluice's request extension (`messages`, `temperature`,
+//! `max_tokens`, `stop`, `model`; see `sluice_schema::TextCompletionRequest`), with the same
+//! conversation flattened into `prompt` so a TrustGraph processor on the same topic still
+//! answers sensibly. What sluice cannot honour (tools, `n > 1`, images, `top_p`, ...) is
+//! refused with OpenAI's error shape and status, never silently ignored. Unknown parameters
+//! are refused as OpenAI refuses them.
+//!
+//! A streamed call answers its HTTP status only once the first record arrives, so an error
+//! before the first token (429, a bad model, a provider refusal) is an HTTP error, as
+//! OpenAI's own API does it; an error after that is an SSE `data: {"error": ...}` event and
+//! the stream ends without `[DONE]`, which the OpenAI SDKs raise as an exception.
+
+use std::{
+    collections::VecDeque,
+    convert::Infallible,
+    sync::Arc,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use axum::{
+    Json,
+    body::{Body, Bytes},
+    extract::{Path, State, rejection::BytesRejection},
+    http::{HeaderMap, HeaderValue, StatusCode, header},
+    response::{IntoResponse, Response},
+};
+use serde_json::{Map, Value, json};
+use sluice_runtime::client::{Received, RequestOptions, ResponseStream};
+use sluice_schema::{
+    ChatMessage, ChatRole, Error, ErrorKind, LIST_MODELS, ModelInfo, ResponseRecord,
+    TextCompletionRequest, TextCompletionResponse,
+};
+
+use crate::{Inner, client_error, http_span};
+
+/// The metrics label of `POST /v1/chat/completions`.
+pub(crate) const CHAT_ROUTE: &str = "openai-chat";
+/// The metrics label of `GET /v1/models`.
+pub(crate) const MODELS_ROUTE: &str = "openai-models";
+
+/// How long a `list-models` answer is trusted when checking a request's `model`.
+const MODELS_TTL: Duration = Duration::from_secs(10);
+/// Silence on a stream longer than this gets an SSE comment, so proxies keep the connection.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+/// OpenAI allows at most 4 stop sequences.
+const MAX_STOP: usize = 4;
+
+/// Parameters OpenAI defines that sluice accepts and ignores because they do not change the
+/// answer: caller ids, storage and routing hints.
+const IGNORED: &[&str] = &[
+    "user",
+    "store",
+    "metadata",
+    "service_tier",
+    "parallel_tool_calls",
+    "safety_identifier",
+    "prompt_cache_key",
+];
+
+/// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    message: String,
+    kind: &'static str,
+    param: Option<String>,
+    code: Option<String>,
+}
+
+impl ApiError {
+    fn invalid(message: impl Into<String>, param: Option<&str>, code: Option<&str>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: param.map(str::to_owned),
+            code: code.map(str::to_owned),
+        }
+    }
+
+    fn unsupported(param: &str, why: &str) -> Self {
+        Self::invalid(
+            format!("'{param}' is not supported by this server: {why}"),
+            Some(param),
+            Some("unsupported_parameter"),
+        )
+    }
+
+    fn model_not_found(model: &str, served: &[String]) -> Self {
+        let shown: String = model.chars().take(100).collect();
+        Self {
+            status: StatusCode::NOT_FOUND,
+            message: format!(
+                "The model `{shown}` does not exist or you do not have access to it. This server serves: {}",
+                served.join(", ")
+            ),
+            kind: "invalid_request_error",
+            param: Some("model".into()),
+            code: Some("model_not_found".into()),
+        }
+    }
+
+    /// The OpenAI error a sluice error record stands for. The code carries sluice's error
+    /// type where OpenAI has no word of its own, so a caller can still tell them apart.
+    fn from_error(e: &Error) -> Self {
+        let (status, kind, code) = match e.known_kind() {
+            Some(ErrorKind::InvalidRequest) => {
+                (StatusCode::BAD_REQUEST, "invalid_request_error", None)
+            }
+            Some(ErrorKind::MessageTooLarge) => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                Some("request_too_large"),
+            ),
+            Some(ErrorKind::TooManyRequests) => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "requests",
+                Some("rate_limit_exceeded"),
+            ),
+            Some(ErrorKind::Timeout) => (StatusCode::GATEWAY_TIMEOUT, "timeout", Some("timeout")),
+            Some(ErrorKind::Cancelled) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                Some("cancelled"),
+            ),
+            Some(ErrorKind::NoConfiguration | ErrorKind::Internal) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                Some(e.kind.as_str()),
+            ),
+            _ => (
+                StatusCode::BAD_GATEWAY,
+                "server_error",
+                Some(e.kind.as_str()),
+            ),
+        };
+        Self {
+            status,
+            message: e.message.clone(),
+            kind,
+            param: None,
+            code: code.map(str::to_owned),
+        }
+    }
+
+    fn body(&self) -> Value {
+        json!({"error": {"message": self.message, "type": self.kind,
+                         "param": self.param, "code": self.code}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status;
+        let mut resp = (status, Json(self.body())).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        resp
+    }
+}
+
+/// A chat request, checked and translated.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ChatCall {
+    /// The record for the text-completion processor.
+    pub request: TextCompletionRequest,
+    /// The model asked for.
+    pub model: String,
+    /// `stream: true`.
+    pub stream: bool,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+}
+
+/// The text of a message's `content`: a string, or an array of `text` parts (joined). Any
+/// other part (an image, audio, a file) is refused: the processors take text only.
+fn content_text(content: &Value, at: &str) -> Result<String, ApiError> {
+    match content {
+        Value::String(s) => Ok(s.clone()),
+        Value::Null => Ok(String::new()),
+        Value::Array(parts) => {
+            let mut text = String::new();
+            for (j, part) in parts.iter().enumerate() {
+                match part["type"].as_str() {
+                    Some("text") => match part["text"].as_str() {
+                        Some(t) => text.push_str(t),
+                        None => {
+                            return Err(ApiError::invalid(
+                                format!("Invalid '{at}[{j}].text': expected a string."),
+                                Some(&format!("{at}[{j}].text")),
+                                Some("invalid_type"),
+                            ));
+                        }
+                    },
+                    Some(other) => {
+                        let shown: String = other.chars().take(40).collect();
+                        return Err(ApiError::invalid(
+                            format!(
+                                "content parts of type '{shown}' are not supported by this server; send text"
+                            ),
+                            Some(&format!("{at}[{j}].type")),
+                            Some("unsupported_value"),
+                        ));
+                    }
+                    None => {
+                        return Err(ApiError::invalid(
+                            format!("Missing required parameter: '{at}[{j}].type'."),
+                            Some(&format!("{at}[{j}].type")),
+                            Some("missing_required_parameter"),
+                        ));
+                    }
+                }
+            }
+            Ok(text)
+        }
+        _ => Err(ApiError::invalid(
+            format!("Invalid type for '{at}': expected a string or an array of text parts."),
+            Some(at),
+            Some("invalid_type"),
+        )),
+    }
+}
+
+fn number(body: &Map<String, Value>, name: &str) -> Result<Option<f64>, ApiError> {
+    match body.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_f64().map(Some).ok_or_else(|| {
+            ApiError::invalid(
+                format!("Invalid type for '{name}': expected a number."),
+                Some(name),
+                Some("invalid_type"),
+            )
+        }),
+    }
+}
+
+fn positive_integer(body: &Map<String, Value>, name: &str) -> Result<Option<u32>, ApiError> {
+    match body.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(n) if n >= 1 => Ok(Some(u32::try_from(n).unwrap_or(u32::MAX))),
+            _ => Err(ApiError::invalid(
+                format!("Invalid '{name}': expected an integer of at least 1."),
+                Some(name),
+                Some("invalid_value"),
+            )),
+        },
+    }
+}
+
+/// Checks a `POST /v1/chat/completions` body and translates it.
+pub(crate) fn parse_chat(body: &[u8]) -> Result<ChatCall, ApiError> {
+    let value: Value = serde_json::from_slice(body).map_err(|_| {
+        ApiError::invalid(
+            "We could not parse the JSON body of your request. The body must be a JSON object \
+             (see https://platform.openai.com/docs/api-reference/chat/create).",
+            None,
+            None,
+        )
+    })?;
+    let Value::Object(body) = value else {
+        return Err(ApiError::invalid(
+            "The request body must be a JSON object.",
+            None,
+            None,
+        ));
+    };
+    const KNOWN: &[&str] = &[
+        "model",
+        "messages",
+        "stream",
+        "stream_options",
+        "temperature",
+        "max_tokens",
+        "max_completion_tokens",
+        "stop",
+        "n",
+        "response_format",
+        "tools",
+        "tool_choice",
+        "functions",
+        "function_call",
+        "top_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "logprobs",
+        "top_logprobs",
+        "seed",
+        "modalities",
+        "audio",
+        "prediction",
+        "reasoning_effort",
+        "web_search_options",
+        "verbosity",
+    ];
+    if let Some(unknown) = body
+        .keys()
+        .find(|k| !KNOWN.contains(&k.as_str()) && !IGNORED.contains(&k.as_str()))
+    {
+        let shown: String = unknown.chars().take(60).collect();
+        return Err(ApiError::invalid(
+            format!("Unrecognized request argument supplied: {shown}"),
+            None,
+            None,
+        ));
+    }
+
+    let model = match body.get("model") {
+        Some(Value::String(m)) if !m.is_empty() => m.clone(),
+        None | Some(Value::Null) => {
+            return Err(ApiError::invalid(
+                "you must provide a model parameter",
+                None,
+                None,
+            ));
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "Invalid 'model': expected a non-empty string.",
+                Some("model"),
+                Some("invalid_type"),
+            ));
+        }
+    };
+
+    // What sluice's processors cannot honour, refused by name. Defaults that change nothing
+    // (`n: 1`, `top_p: 1`, penalties of 0, empty tool lists) pass.
+    let present = |name: &str| body.get(name).is_some_and(|v| !v.is_null());
+    if let Some(n) = body.get("n").filter(|v| !v.is_null())
+        && n.as_u64() != Some(1)
+    {
+        return Err(ApiError::invalid(
+            "'n' must be 1: this server returns one choice per request.",
+            Some("n"),
+            Some("unsupported_value"),
+        ));
+    }
+    for tools in ["tools", "functions"] {
+        if body
+            .get(tools)
+            .is_some_and(|v| v.as_array().is_none_or(|a| !a.is_empty()) && !v.is_null())
+        {
+            return Err(ApiError::unsupported(
+                tools,
+                "sluice's text-completion service has no tool calling (use its agent service)",
+            ));
+        }
+    }
+    for choice in ["tool_choice", "function_call"] {
+        if let Some(v) = body.get(choice).filter(|v| !v.is_null())
+            && v.as_str() != Some("none")
+            && v.as_str() != Some("auto")
+        {
+            return Err(ApiError::unsupported(
+                choice,
+                "there are no tools to choose",
+            ));
+        }
+    }
+    for (name, neutral) in [
+        ("top_p", 1.0),
+        ("presence_penalty", 0.0),
+        ("frequency_penalty", 0.0),
+    ] {
+        if let Some(v) = number(&body, name)?
+            && v != neutral
+        {
+            return Err(ApiError::unsupported(
+                name,
+                "the processors do not pass it to every provider; use temperature",
+            ));
+        }
+    }
+    if body
+        .get("logit_bias")
+        .is_some_and(|v| v.as_object().is_none_or(|m| !m.is_empty()) && !v.is_null())
+    {
+        return Err(ApiError::unsupported(
+            "logit_bias",
+            "token biases are not passed to providers",
+        ));
+    }
+    if body
+        .get("logprobs")
+        .is_some_and(|v| v.as_bool() == Some(true))
+        || present("top_logprobs")
+    {
+        return Err(ApiError::unsupported(
+            "logprobs",
+            "log probabilities are not returned",
+        ));
+    }
+    for name in [
+        "seed",
+        "modalities",
+        "audio",
+        "prediction",
+        "reasoning_effort",
+        "web_search_options",
+        "verbosity",
+    ] {
+        if present(name) {
+            return Err(ApiError::unsupported(
+                name,
+                "the processors do not pass it to providers",
+            ));
+        }
+    }
+
+    let stream = match body.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "Invalid type for 'stream': expected a boolean.",
+                Some("stream"),
+                Some("invalid_type"),
+            ));
+        }
+    };
+    let include_usage = match body.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(_) if !stream => {
+            return Err(ApiError::invalid(
+                "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                Some("stream_options"),
+                Some("invalid_value"),
+            ));
+        }
+        Some(Value::Object(o)) => match o.get("include_usage") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "Invalid type for 'stream_options.include_usage': expected a boolean.",
+                    Some("stream_options.include_usage"),
+                    Some("invalid_type"),
+                ));
+            }
+        },
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "Invalid type for 'stream_options': expected an object.",
+                Some("stream_options"),
+                Some("invalid_type"),
+            ));
+        }
+    };
+
+    let temperature = number(&body, "temperature")?;
+    if let Some(t) = temperature
+        && !(0.0..=2.0).contains(&t)
+    {
+        return Err(ApiError::invalid(
+            format!("Invalid 'temperature': expected a value from 0 to 2, but got {t} instead."),
+            Some("temperature"),
+            Some("invalid_value"),
+        ));
+    }
+    let max_tokens = match positive_integer(&body, "max_completion_tokens")? {
+        Some(n) => Some(n),
+        None => positive_integer(&body, "max_tokens")?,
+    };
+    let stop = match body.get("stop") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if !s.is_empty() => Some(vec![s.clone()]),
+        Some(Value::Array(a))
+            if a.len() <= MAX_STOP
+                && a.iter().all(|s| s.as_str().is_some_and(|s| !s.is_empty())) =>
+        {
+            let stops: Vec<String> = a
+                .iter()
+                .filter_map(|s| s.as_str().map(str::to_owned))
+                .collect();
+            (!stops.is_empty()).then_some(stops)
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                format!("Invalid 'stop': expected a non-empty string or up to {MAX_STOP} of them."),
+                Some("stop"),
+                Some("invalid_value"),
+            ));
+        }
+    };
+    let (response_format, schema) = match body.get("response_format") {
+        None | Some(Value::Null) => (None, None),
+        Some(f) => match f["type"].as_str() {
+            Some("text") => (None, None),
+            Some("json_object") => (Some("json".to_owned()), None),
+            Some("json_schema") => match f["json_schema"]["schema"].clone() {
+                Value::Object(s) => (Some("json".to_owned()), Some(Value::Object(s))),
+                _ => {
+                    return Err(ApiError::invalid(
+                        "Missing required parameter: 'response_format.json_schema.schema'.",
+                        Some("response_format.json_schema.schema"),
+                        Some("missing_required_parameter"),
+                    ));
+                }
+            },
+            _ => {
+                return Err(ApiError::invalid(
+                    "Invalid 'response_format.type': expected 'text', 'json_object' or 'json_schema'.",
+                    Some("response_format.type"),
+                    Some("invalid_value"),
+                ));
+            }
+        },
+    };
+
+    let Some(Value::Array(messages)) = body.get("messages") else {
+        return Err(ApiError::invalid(
+            "Missing required parameter: 'messages'.",
+            Some("messages"),
+            Some("missing_required_parameter"),
+        ));
+    };
+    if messages.is_empty() {
+        return Err(ApiError::invalid(
+            "Invalid 'messages': empty array. Expected an array with minimum length 1.",
+            Some("messages"),
+            Some("empty_array"),
+        ));
+    }
+    let mut system = Vec::new();
+    let mut turns = Vec::new();
+    for (i, m) in messages.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let role = m["role"].as_str().ok_or_else(|| {
+            ApiError::invalid(
+                format!("Missing required parameter: '{at}.role'."),
+                Some(&format!("{at}.role")),
+                Some("missing_required_parameter"),
+            )
+        })?;
+        let content = content_text(&m["content"], &format!("{at}.content"))?;
+        match role {
+            "system" | "developer" => system.push(content),
+            "user" => turns.push(ChatMessage {
+                role: ChatRole::User,
+                content,
+            }),
+            "assistant" => {
+                if m.get("tool_calls").is_some_and(|t| !t.is_null())
+                    || m.get("function_call").is_some_and(|t| !t.is_null())
+                {
+                    return Err(ApiError::unsupported(
+                        &format!("{at}.tool_calls"),
+                        "sluice's text-completion service has no tool calling",
+                    ));
+                }
+                turns.push(ChatMessage {
+                    role: ChatRole::Assistant,
+                    content,
+                });
+            }
+            "tool" | "function" => {
+                return Err(ApiError::unsupported(
+                    &format!("{at}.role"),
+                    "sluice's text-completion service has no tool calling",
+                ));
+            }
+            other => {
+                let shown: String = other.chars().take(40).collect();
+                return Err(ApiError::invalid(
+                    format!(
+                        "Invalid value: '{shown}'. Supported values are: 'system', 'developer', 'user' and 'assistant'."
+                    ),
+                    Some(&format!("{at}.role")),
+                    Some("invalid_value"),
+                ));
+            }
+        }
+    }
+    if turns.is_empty() {
+        return Err(ApiError::invalid(
+            "Invalid 'messages': expected at least one user or assistant message.",
+            Some("messages"),
+            Some("invalid_value"),
+        ));
+    }
+    // One user turn is exactly TrustGraph's request; a longer conversation also rides in
+    // `messages`, and flattened in `prompt` for processors that do not read `messages`.
+    let (prompt, messages) = match turns.as_slice() {
+        [only] if only.role == ChatRole::User => (only.content.clone(), None),
+        _ => (TextCompletionRequest::flatten(&turns), Some(turns)),
+    };
+    Ok(ChatCall {
+        request: TextCompletionRequest {
+            operation: None,
+            system: system.join("\n\n"),
+            prompt,
+            streaming: stream,
+            response_format,
+            schema,
+            messages,
+            temperature,
+            max_tokens,
+            stop,
+            model: Some(model.clone()),
+        },
+        model,
+        stream,
+        include_usage,
+    })
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn counted(inner: &Inner, route: &str, resp: Response) -> Response {
+    inner.metrics.request(route, resp.status().as_u16());
+    resp
+}
+
+fn unauthorized() -> ApiError {
+    ApiError {
+        status: StatusCode::UNAUTHORIZED,
+        message: "Incorrect API key provided. Send the gateway's token as `Authorization: Bearer <token>` (the OpenAI SDKs send their api_key so).".into(),
+        kind: "invalid_request_error",
+        param: None,
+        code: Some("invalid_api_key".into()),
+    }
+}
+
+fn body_rejected(inner: &Inner, rejection: &BytesRejection) -> ApiError {
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message: format!(
+                "The request body is larger than this server's limit of {} bytes.",
+                inner.config.body_limit
+            ),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("request_too_large".into()),
+        }
+    } else {
+        ApiError::invalid(rejection.body_text(), None, None)
+    }
+}
+
+/// The models the text-completion processors serve, from a fresh `list-models` request
+/// (which also refreshes the cache the chat route checks `model` against).
+async fn fetch_models(inner: &Inner) -> Result<Vec<ModelInfo>, ApiError> {
+    let Some(client) = inner.clients.text_completion.as_ref() else {
+        return Err(not_enabled());
+    };
+    let request = TextCompletionRequest {
+        operation: Some(LIST_MODELS.into()),
+        ..TextCompletionRequest::default()
+    };
+    let mut stream = client
+        .request_with(&request, RequestOptions::default())
+        .await
+        .map_err(|e| ApiError::from_error(&client_error(&e)))?;
+    let mut last: Option<TextCompletionResponse> = None;
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(Received::Record(r)) => last = Some(r),
+            Ok(Received::Restarted) => last = None,
+            Err(e) => return Err(ApiError::from_error(&client_error(&e))),
+        }
+    }
+    let record = last.ok_or_else(|| {
+        ApiError::from_error(&Error::new(
+            ErrorKind::Gateway,
+            "the text-completion service ended list-models without a final record",
+        ))
+    })?;
+    if let Some(e) = record.error() {
+        return Err(ApiError::from_error(e));
+    }
+    let ids: Vec<String> = record.models.iter().map(|m| m.id.clone()).collect();
+    *inner.models.lock().await = Some((Instant::now(), ids));
+    Ok(record.models)
+}
+
+/// The served model ids, from the cache when it is younger than [`MODELS_TTL`].
+async fn served_models(inner: &Inner) -> Result<Vec<String>, ApiError> {
+    if let Some((at, ids)) = inner.models.lock().await.as_ref()
+        && at.elapsed() < MODELS_TTL
+    {
+        return Ok(ids.clone());
+    }
+    Ok(fetch_models(inner)
+        .await?
+        .into_iter()
+        .map(|m| m.id)
+        .collect())
+}
+
+fn not_enabled() -> ApiError {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: "the text-completion service is not enabled on this gateway".into(),
+        kind: "invalid_request_error",
+        param: None,
+        code: Some("no-configuration".into()),
+    }
+}
+
+fn model_object(m: &ModelInfo) -> Value {
+    json!({"id": m.id, "object": "model", "created": 0,
+           "owned_by": m.owned_by.as_deref().unwrap_or("sluice")})
+}
+
+/// `GET /v1/models`.
+pub(crate) async fn models(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response {
+    if !inner.config.auth.accepts_headers(&headers) {
+        return counted(&inner, MODELS_ROUTE, unauthorized().into_response());
+    }
+    let resp = match fetch_models(&inner).await {
+        Ok(models) => Json(json!({
+            "object": "list",
+            "data": models.iter().map(model_object).collect::<Vec<_>>(),
+        }))
+        .into_response(),
+        Err(e) => e.into_response(),
+    };
+    counted(&inner, MODELS_ROUTE, resp)
+}
+
+/// `GET /v1/models/{model}`.
+pub(crate) async fn model(
+    State(inner): State<Arc<Inner>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if !inner.config.auth.accepts_headers(&headers) {
+        return counted(&inner, MODELS_ROUTE, unauthorized().into_response());
+    }
+    let resp = match fetch_models(&inner).await {
+        Ok(models) => match models.iter().find(|m| m.id == id) {
+            Some(m) => Json(model_object(m)).into_response(),
+            None => {
+                let ids: Vec<String> = models.into_iter().map(|m| m.id).collect();
+                ApiError::model_not_found(&id, &ids).into_response()
+            }
+        },
+        Err(e) => e.into_response(),
+    };
+    counted(&inner, MODELS_ROUTE, resp)
+}
+
+/// Usage summed over a stream's records (they carry deltas), as OpenAI's `usage` object.
+#[derive(Debug, Default, Clone, Copy)]
+struct Tokens {
+    input: u64,
+    output: u64,
+}
+
+impl Tokens {
+    fn add(&mut self, r: &TextCompletionResponse) {
+        self.input = self.input.saturating_add(r.in_token.unwrap_or(0));
+        self.output = self.output.saturating_add(r.out_token.unwrap_or(0));
+    }
+
+    fn usage(self) -> Value {
+        json!({"prompt_tokens": self.input, "completion_tokens": self.output,
+               "total_tokens": self.input.saturating_add(self.output)})
+    }
+}
+
+/// `POST /v1/chat/completions`.
+pub(crate) async fn chat(
+    State(inner): State<Arc<Inner>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let started = Instant::now();
+    if !inner.config.auth.accepts_headers(&headers) {
+        return counted(&inner, CHAT_ROUTE, unauthorized().into_response());
+    }
+    let body = match body {
+        Ok(b) => b,
+        Err(rejection) => {
+            let e = body_rejected(&inner, &rejection);
+            return counted(&inner, CHAT_ROUTE, e.into_response());
+        }
+    };
+    let call = match parse_chat(&body) {
+        Ok(c) => c,
+        Err(e) => return counted(&inner, CHAT_ROUTE, e.into_response()),
+    };
+    let Some(client) = inner.clients.text_completion.as_ref() else {
+        return counted(&inner, CHAT_ROUTE, not_enabled().into_response());
+    };
+    match served_models(&inner).await {
+        Ok(ids) if ids.contains(&call.model) => {}
+        Ok(ids) => {
+            let e = ApiError::model_not_found(&call.model, &ids);
+            return counted(&inner, CHAT_ROUTE, e.into_response());
+        }
+        Err(e) => return counted(&inner, CHAT_ROUTE, e.into_response()),
+    }
+    let incoming = headers.get("traceparent").and_then(|v| v.to_str().ok());
+    let mut span = http_span("POST", "/v1/chat/completions", incoming);
+    span.set("gen_ai.request.model", call.model.clone());
+    let options = RequestOptions {
+        traceparent: Some(span.traceparent()),
+        ..RequestOptions::default()
+    };
+    let mut stream = match client.request_with(&call.request, options).await {
+        Ok(s) => s,
+        Err(e) => {
+            let mut err = ApiError::from_error(&client_error(&e));
+            err.status = StatusCode::SERVICE_UNAVAILABLE;
+            span.fail("503");
+            return counted(&inner, CHAT_ROUTE, err.into_response());
+        }
+    };
+    let id = format!("chatcmpl-{}", uuid::Uuid::new_v4().simple());
+    let created = now_secs();
+    if !call.stream {
+        let resp = match whole(&mut stream).await {
+            Ok((text, tokens, finish, model)) => Json(json!({
+                "id": id,
+                "object": "chat.completion",
+                "created": created,
+                "model": model.unwrap_or(call.model),
+                "choices": [{
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text, "refusal": null},
+                    "logprobs": null,
+                    "finish_reason": finish.unwrap_or_else(|| "stop".into()),
+                }],
+                "usage": tokens.usage(),
+                "system_fingerprint": null,
+            }))
+            .into_response(),
+            Err(e) => e.into_response(),
+        };
+        if !resp.status().is_success() {
+            span.fail(resp.status().as_str().to_owned());
+        }
+        span.end();
+        let mut resp = counted(&inner, CHAT_ROUTE, resp);
+        request_id_header(&mut resp, &id);
+        return resp;
+    }
+
+    // Streaming: wait for the first record that says something, so an early failure is an
+    // HTTP error with its proper status.
+    let mut tokens = Tokens::default();
+    let first = loop {
+        match stream.next().await {
+            Some(Ok(Received::Record(r))) => {
+                if let Some(e) = r.error() {
+                    let err = ApiError::from_error(e);
+                    span.fail(err.status.as_str().to_owned());
+                    return counted(&inner, CHAT_ROUTE, err.into_response());
+                }
+                tokens.add(&r);
+                if !r.response.is_empty() || r.is_terminal() {
+                    break r;
+                }
+            }
+            // Nothing was sent yet, so the new attempt simply starts the answer.
+            Some(Ok(Received::Restarted)) => tokens = Tokens::default(),
+            Some(Err(e)) => {
+                let err = ApiError::from_error(&client_error(&e));
+                span.fail(err.status.as_str().to_owned());
+                return counted(&inner, CHAT_ROUTE, err.into_response());
+            }
+            None => {
+                let err = ApiError::from_error(&Error::new(
+                    ErrorKind::Gateway,
+                    "the answer ended without a final record",
+                ));
+                span.fail("502");
+                return counted(&inner, CHAT_ROUTE, err.into_response());
+            }
+        }
+    };
+    inner.metrics.request(CHAT_ROUTE, 200);
+    inner
+        .metrics
+        .first_event(CHAT_ROUTE, started.elapsed().as_secs_f64());
+    inner.metrics.open_streams(CHAT_ROUTE, 1);
+    let mut chunks = ChunkStream {
+        stream: Some(stream),
+        pending: VecDeque::new(),
+        model: first.model.clone().unwrap_or_else(|| call.model.clone()),
+        id: id.clone(),
+        created,
+        include_usage: call.include_usage,
+        tokens,
+        outcome: None,
+        inner: inner.clone(),
+        span,
+    };
+    chunks.push_chunk(json!({"role": "assistant", "content": ""}), None);
+    chunks.take(first);
+    let body = futures::stream::unfold(chunks, |mut s| async move {
+        s.next_bytes().await.map(|b| (Ok::<_, Infallible>(b), s))
+    });
+    let mut resp = Response::new(Body::from_stream(body));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    h.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, no-transform"),
+    );
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    request_id_header(&mut resp, &id);
+    resp
+}
+
+fn request_id_header(resp: &mut Response, id: &str) {
+    if let Ok(v) = HeaderValue::from_str(id) {
+        resp.headers_mut().insert("x-request-id", v);
+    }
+}
+
+/// Reads a whole answer: its text, usage, finish reason and model, or the error.
+async fn whole(
+    stream: &mut ResponseStream<TextCompletionResponse>,
+) -> Result<(String, Tokens, Option<String>, Option<String>), ApiError> {
+    let mut text = String::new();
+    let mut tokens = Tokens::default();
+    let mut model = None;
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(Received::Record(r)) => {
+                if let Some(e) = r.error() {
+                    return Err(ApiError::from_error(e));
+                }
+                tokens.add(&r);
+                text.push_str(&r.response);
+                if r.model.is_some() {
+                    model.clone_from(&r.model);
+                }
+                if r.is_terminal() {
+                    return Ok((text, tokens, r.finish_reason, model));
+                }
+            }
+            Ok(Received::Restarted) => {
+                text.clear();
+                tokens = Tokens::default();
+            }
+            Err(e) => return Err(ApiError::from_error(&client_error(&e))),
+        }
+    }
+    Err(ApiError::from_error(&Error::new(
+        ErrorKind::Gateway,
+        "the answer ended without a final record",
+    )))
+}
+
+/// One streamed answer: records in, SSE `chat.completion.chunk` events out.
+struct ChunkStream {
+    stream: Option<ResponseStream<TextCompletionResponse>>,
+    pending: VecDeque<Bytes>,
+    model: String,
+    id: String,
+    created: u64,
+    include_usage: bool,
+    tokens: Tokens,
+    outcome: Option<&'static str>,
+    inner: Arc<Inner>,
+    span: sluice_runtime::trace::Span,
+}
+
+impl ChunkStream {
+    fn push_data(&mut self, v: &Value) {
+        self.pending
+            .push_back(Bytes::from(format!("data: {v}\n\n")));
+    }
+
+    /// A chunk with one choice carrying `delta`. With `include_usage`, every chunk but the
+    /// last carries `"usage": null`, as OpenAI's do.
+    fn push_chunk(&mut self, delta: Value, finish: Option<String>) {
+        let mut chunk = json!({
+            "id": self.id, "object": "chat.completion.chunk", "created": self.created,
+            "model": self.model, "system_fingerprint": null,
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+        });
+        if self.include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        self.push_data(&chunk);
+    }
+
+    /// Turns a non-error record into chunks; the terminal one ends the stream.
+    fn take(&mut self, r: TextCompletionResponse) {
+        if !r.response.is_empty() {
+            self.push_chunk(json!({ "content": r.response }), None);
+        }
+        if r.is_terminal() {
+            let finish = r.finish_reason.unwrap_or_else(|| "stop".into());
+            self.push_chunk(json!({}), Some(finish));
+            if self.include_usage {
+                let usage = json!({
+                    "id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                    "model": self.model, "system_fingerprint": null,
+                    "choices": [], "usage": self.tokens.usage(),
+                });
+                self.push_data(&usage);
+            }
+            self.pending
+                .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+            self.outcome = Some("success");
+            self.stream = None;
+        }
+    }
+
+    /// An error after the stream started: one `data: {"error": ...}` event, then the end
+    /// (no `[DONE]`), which the OpenAI SDKs raise as an API error.
+    fn fail(&mut self, e: &Error) {
+        let err = ApiError::from_error(e);
+        self.push_data(&err.body());
+        self.outcome = Some(match e.known_kind() {
+            Some(ErrorKind::Timeout) => "timeout",
+            Some(ErrorKind::Cancelled) => "cancelled",
+            _ => "error",
+        });
+        self.stream = None;
+    }
+
+    async fn next_bytes(&mut self) -> Option<Bytes> {
+        loop {
+            if let Some(b) = self.pending.pop_front() {
+                return Some(b);
+            }
+            let stream = self.stream.as_mut()?;
+            let item = match tokio::time::timeout(KEEP_ALIVE, stream.next()).await {
+                Ok(item) => item,
+                // An SSE comment: clients skip it, proxies see traffic.
+                Err(_) => return Some(Bytes::from_static(b": keep-alive\n\n")),
+            };
+            match item {
+                Some(Ok(Received::Record(r))) => {
+                    if let Some(e) = r.error() {
+                        let e = e.clone();
+                        self.fail(&e);
+                    } else {
+                        self.tokens.add(&r);
+                        self.take(r);
+                    }
+                }
+                Some(Ok(Received::Restarted)) => {
+                    // OpenAI's stream has no way to take back the text already sent, so the
+                    // caller learns the answer broke and may send the request again.
+                    self.fail(&Error::new(
+                        ErrorKind::Gateway,
+                        "the processor answering this request went away mid-answer and \
+                         another started it over; the text so far is incomplete, send the \
+                         request again",
+                    ));
+                }
+                Some(Err(e)) => self.fail(&client_error(&e)),
+                None => self.fail(&Error::new(
+                    ErrorKind::Gateway,
+                    "the answer ended without a final record",
+                )),
+            }
+        }
+    }
+}
+
+impl Drop for ChunkStream {
+    fn drop(&mut self) {
+        self.inner.metrics.open_streams(CHAT_ROUTE, -1);
+        // Dropped before its end: the caller went away; the response stream's own drop
+        // publishes the cancel.
+        let outcome = match self.outcome {
+            Some(o) if self.pending.is_empty() => o,
+            _ => "cancelled",
+        };
+        self.inner.metrics.stream_ended(CHAT_ROUTE, outcome);
+        self.span.set("sluice.outcome", outcome);
+        if outcome != "success" {
+            self.span.fail(outcome);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(v: Value) -> Result<ChatCall, ApiError> {
+        parse_chat(v.to_string().as_bytes())
+    }
+
+    #[test]
+    fn one_user_turn_is_a_plain_trustgraph_request() {
+        let c = parse(json!({"model": "m", "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "say "}, {"type": "text", "text": "hi"}]}
+        ], "temperature": 0.2, "max_tokens": 7, "stop": "END"}))
+        .unwrap();
+        assert!(!c.stream && !c.include_usage);
+        let r = &c.request;
+        assert_eq!(
+            (r.system.as_str(), r.prompt.as_str()),
+            ("be brief", "say hi")
+        );
+        assert_eq!(r.messages, None);
+        assert_eq!(r.temperature, Some(0.2));
+        assert_eq!(r.max_tokens, Some(7));
+        assert_eq!(r.stop, Some(vec!["END".to_owned()]));
+        assert_eq!(r.model.as_deref(), Some("m"));
+        // The record a TrustGraph processor reads has its usual fields, and the extension
+        // fields only where set.
+        let wire = serde_json::to_value(r).unwrap();
+        assert!(wire.get("messages").is_none());
+        assert_eq!(wire["prompt"], "say hi");
+    }
+
+    #[test]
+    fn a_conversation_rides_in_messages_and_flattened_in_prompt() {
+        let c = parse(json!({"model": "m", "stream": true,
+            "stream_options": {"include_usage": true},
+            "max_completion_tokens": 5, "max_tokens": 99, "messages": [
+            {"role": "developer", "content": "rule one"},
+            {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "4"},
+            {"role": "system", "content": "rule two"},
+            {"role": "user", "content": "and 3+3?"}
+        ]}))
+        .unwrap();
+        assert!(c.stream && c.include_usage && c.request.streaming);
+        assert_eq!(c.request.system, "rule one\n\nrule two");
+        assert_eq!(c.request.max_tokens, Some(5), "max_completion_tokens wins");
+        let turns = c.request.messages.clone().unwrap();
+        assert_eq!(turns.len(), 3);
+        assert_eq!(turns[1].role, ChatRole::Assistant);
+        assert_eq!(
+            c.request.prompt,
+            "User: 2+2?\n\nAssistant: 4\n\nUser: and 3+3?\n\nAssistant:"
+        );
+    }
+
+    #[test]
+    fn what_cannot_be_honoured_is_refused_by_name_with_openai_codes() {
+        let base = || json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+        let cases: Vec<(Value, Option<&str>, Option<&str>)> = vec![
+            (json!({"n": 2}), Some("n"), Some("unsupported_value")),
+            (
+                json!({"tools": [{"type": "function"}]}),
+                Some("tools"),
+                Some("unsupported_parameter"),
+            ),
+            (
+                json!({"top_p": 0.5}),
+                Some("top_p"),
+                Some("unsupported_parameter"),
+            ),
+            (
+                json!({"logprobs": true}),
+                Some("logprobs"),
+                Some("unsupported_parameter"),
+            ),
+            (
+                json!({"seed": 4}),
+                Some("seed"),
+                Some("unsupported_parameter"),
+            ),
+            (
+                json!({"stream_options": {"include_usage": true}}),
+                Some("stream_options"),
+                Some("invalid_value"),
+            ),
+            (
+                json!({"temperature": 2.5}),
+                Some("temperature"),
+                Some("invalid_value"),
+            ),
+            (
+                json!({"temperature": "hot"}),
+                Some("temperature"),
+                Some("invalid_type"),
+            ),
+            (
+                json!({"max_tokens": 0}),
+                Some("max_tokens"),
+                Some("invalid_value"),
+            ),
+            (
+                json!({"stop": ["a", "b", "c", "d", "e"]}),
+                Some("stop"),
+                Some("invalid_value"),
+            ),
+            (
+                json!({"response_format": {"type": "grammar"}}),
+                Some("response_format.type"),
+                Some("invalid_value"),
+            ),
+            (json!({"frobnicate": 1}), None, None),
+            (json!({"model": null}), None, None),
+            (
+                json!({"messages": []}),
+                Some("messages"),
+                Some("empty_array"),
+            ),
+            (
+                json!({"messages": [{"role": "tool", "content": "x"}]}),
+                Some("messages[0].role"),
+                Some("unsupported_parameter"),
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+                Some("messages[0].content[0].type"),
+                Some("unsupported_value"),
+            ),
+            (
+                json!({"messages": [{"role": "system", "content": "only rules"}]}),
+                Some("messages"),
+                Some("invalid_value"),
+            ),
+        ];
+        for (patch, param, code) in cases {
+            let mut body = base();
+            for (k, v) in patch.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            let e = parse(body.clone()).expect_err(&body.to_string());
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{body}");
+            assert_eq!(e.param.as_deref(), param, "{body}: {e:?}");
+            assert_eq!(e.code.as_deref(), code, "{body}: {e:?}");
+            let shape = e.body();
+            for key in ["message", "type", "param", "code"] {
+                assert!(shape["error"].get(key).is_some(), "{shape}");
+            }
+        }
+        // Neutral values of what is refused otherwise pass, as do ignored caller ids.
+        let mut body = base();
+        for (k, v) in [
+            ("n", json!(1)),
+            ("top_p", json!(1)),
+            ("presence_penalty", json!(0)),
+            ("tools", json!([])),
+            ("tool_choice", json!("none")),
+            ("user", json!("u-1")),
+            ("logprobs", json!(false)),
+            ("response_format", json!({"type": "text"})),
+        ] {
+            body[k] = v;
+        }
+        parse(body).unwrap();
+        assert_eq!(
+            parse_chat(b"{not json").unwrap_err().status,
+            StatusCode::BAD_REQUEST
+        );
+    }
+
+    #[test]
+    fn json_modes_map_onto_the_record() {
+        let c = parse(
+            json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+            "response_format": {"type": "json_schema",
+                "json_schema": {"name": "r", "schema": {"type": "object"}}}}),
+        )
+        .unwrap();
+        assert_eq!(c.request.response_format.as_deref(), Some("json"));
+        assert_eq!(c.request.schema, Some(json!({"type": "object"})));
+    }
+
+    #[test]
+    fn sluice_errors_map_to_openai_statuses() {
+        let s = |k| ApiError::from_error(&Error::new(k, "m")).status;
+        assert_eq!(s(ErrorKind::TooManyRequests), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(s(ErrorKind::InvalidRequest), StatusCode::BAD_REQUEST);
+        assert_eq!(s(ErrorKind::Timeout), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(s(ErrorKind::Llm), StatusCode::BAD_GATEWAY);
+        let e = ApiError::from_error(&Error::new(ErrorKind::Llm, "m"));
+        assert_eq!(e.code.as_deref(), Some("llm-error"));
+    }
+}
