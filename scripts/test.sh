@@ -62,5 +62,16 @@ else
   echo "trustgraph-cli could not be installed; the gateway test skips the real tg-list-models" >&2
 fi
 
+# OpenAI's own Python SDK (PyPI openai, in a venv): the OpenAI-dialect tests drive the
+# gateway and `sluice serve` with it when it is there.
+if openai_py=$(bash scripts/openai-venv.sh); then
+  export OPENAI_PY="$openai_py"
+elif [ "${CI:-}" = "true" ]; then
+  echo "the openai package could not be installed from PyPI; CI needs the real OpenAI SDK" >&2
+  exit 1
+else
+  echo "the openai package could not be installed; the OpenAI SDK tests are skipped" >&2
+fi
+
 echo "== tests"
 cargo test --workspace --locked --no-fail-fast

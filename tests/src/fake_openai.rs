@@ -86,6 +86,11 @@ impl Fake<OpenAiSeen> {
         self.seen().bodies.last().cloned().unwrap_or(Value::Null)
     }
 
+    /// Every request body received, in order.
+    pub fn bodies(&self) -> Vec<Value> {
+        self.seen().bodies.clone()
+    }
+
     /// Streams whose client closed the connection before the end (aborted provider calls).
     pub fn abandoned_streams(&self) -> usize {
         self.seen()

@@ -376,6 +376,93 @@ pub fn openai_service(
     )
 }
 
+/// The gateway end to end on the real broker: a fake OpenAI provider, a text-completion
+/// processor calling it (with the default retry policy), and a gateway routing
+/// `text-completion` to that processor over unique topics.
+pub struct GatewayStack {
+    /// The fake provider.
+    pub fake: fake_openai::FakeOpenAi,
+    /// The text-completion processor.
+    pub processor: RunningProcessor,
+    /// The gateway's metrics.
+    pub telemetry: Telemetry,
+    /// Where the gateway listens.
+    pub addr: std::net::SocketAddr,
+    /// The gateway.
+    pub gateway: sluice_gateway::Gateway,
+    /// Cancel to stop the gateway's listener.
+    pub stop: CancellationToken,
+}
+
+impl GatewayStack {
+    /// The provider key the processor sends to the fake.
+    pub const PROVIDER_KEY: &'static str = "sk-provider-key";
+
+    /// A stack whose processor serves `model`.
+    pub async fn start(
+        model: &str,
+        configure: impl FnOnce(&mut sluice_gateway::GatewayConfig),
+    ) -> Self {
+        Self::start_serving(model, &[], configure).await
+    }
+
+    /// A stack whose processor serves `model` and also `extra` (fake models a request may
+    /// name to get the fake's scripted behaviour).
+    pub async fn start_serving(
+        model: &str,
+        extra: &[&str],
+        configure: impl FnOnce(&mut sluice_gateway::GatewayConfig),
+    ) -> Self {
+        use sluice_text_completion::providers::openai::{Dialect, OpenAiConfig};
+        init_logging();
+        let broker = Broker::from_env().await;
+        let fake = fake_openai::FakeOpenAi::start().await;
+        let mut config = OpenAiConfig::new(Dialect::OpenAi, fake.base_url(), model);
+        config.api_key = Some(sluice_runtime::secret::Secret::new(Self::PROVIDER_KEY));
+        config.api_key_source = "OPENAI_API_KEY".into();
+        let service = openai_service(config).with_models(extra.iter().map(|m| (*m).to_owned()));
+        let topics = sluice_gateway::ServiceTopics {
+            request: unique_topic("gw-req"),
+            response: unique_topic("gw-resp"),
+            cancel: Some(unique_topic("gw-cancel")),
+        };
+        let mut pc = ProcessorConfig::new("text-completion", &topics.request, &topics.response);
+        pc.cancel_topic.clone_from(&topics.cancel);
+        pc.drain_grace = Duration::from_secs(5);
+        let processor = RunningProcessor::start(broker.bus().await, pc, service).await;
+        let mut gc = sluice_gateway::GatewayConfig::new();
+        gc.services
+            .insert(sluice_gateway::ServiceKind::TextCompletion, topics);
+        configure(&mut gc);
+        let ServedGateway {
+            gateway,
+            addr,
+            stop,
+            telemetry,
+        } = ServedGateway::start(broker.bus().await, gc).await;
+        Self {
+            fake,
+            processor,
+            telemetry,
+            addr,
+            gateway,
+            stop,
+        }
+    }
+
+    /// The gateway's URL for `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Stops the gateway and the processor.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        self.gateway.close().await;
+        self.processor.stop().await;
+    }
+}
+
 /// A gateway on the bus, serving on a free loopback port.
 pub struct ServedGateway {
     /// The gateway (close it to end its bus clients).

@@ -4,78 +4,16 @@
 //! frames, auth, limits, and a disconnect that must close the provider's connection.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
-use sluice_gateway::{Auth, Gateway, GatewayConfig, ServiceKind, ServiceTopics};
+use sluice_gateway::{Auth, ServiceKind, ServiceTopics};
 use sluice_runtime::{processor::ProcessorConfig, secret::Secret, telemetry::Telemetry};
-use sluice_tests::{
-    Broker, RunningProcessor, ServedGateway, fake_openai::FakeOpenAi, init_logging, openai_service,
-    unique_topic,
-};
-use sluice_text_completion::providers::openai::{Dialect, OpenAiConfig};
+use sluice_tests::{Broker, GatewayStack as Stack, RunningProcessor, unique_topic};
 use tokio_tungstenite::tungstenite::Message as WsMessage;
-use tokio_util::sync::CancellationToken;
 
 const TOKEN: &str = "gw-test-token-8f1c";
-
-struct Stack {
-    fake: FakeOpenAi,
-    processor: RunningProcessor,
-    telemetry: Telemetry,
-    addr: SocketAddr,
-    gateway: Gateway,
-    stop: CancellationToken,
-}
-
-impl Stack {
-    async fn start(model: &str, configure: impl FnOnce(&mut GatewayConfig)) -> Self {
-        init_logging();
-        let broker = Broker::from_env().await;
-        let fake = FakeOpenAi::start().await;
-        let mut config = OpenAiConfig::new(Dialect::OpenAi, fake.base_url(), model);
-        config.api_key = Some(Secret::new("sk-provider-key"));
-        config.api_key_source = "OPENAI_API_KEY".into();
-        let service = openai_service(config);
-        let topics = ServiceTopics {
-            request: unique_topic("gw-req"),
-            response: unique_topic("gw-resp"),
-            cancel: Some(unique_topic("gw-cancel")),
-        };
-        let mut pc = ProcessorConfig::new("text-completion", &topics.request, &topics.response);
-        pc.cancel_topic.clone_from(&topics.cancel);
-        pc.drain_grace = Duration::from_secs(5);
-        let processor = RunningProcessor::start(broker.bus().await, pc, service).await;
-        let mut gc = GatewayConfig::new();
-        gc.services.insert(ServiceKind::TextCompletion, topics);
-        configure(&mut gc);
-        let ServedGateway {
-            gateway,
-            addr,
-            stop,
-            telemetry,
-        } = ServedGateway::start(broker.bus().await, gc).await;
-        Self {
-            fake,
-            processor,
-            telemetry,
-            addr,
-            gateway,
-            stop,
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    async fn stop(self) {
-        self.stop.cancel();
-        self.gateway.close().await;
-        self.processor.stop().await;
-    }
-}
 
 fn http() -> reqwest::Client {
     sluice_runtime::install_crypto_provider();

@@ -10,8 +10,9 @@ use tokio::{
     process::Command,
 };
 
-#[tokio::test]
-async fn serve_streams_a_real_local_llm_answer_to_invoke() {
+/// `sluice serve` with the local-LLM config, answering at most `max_tokens` tokens; returns
+/// the process and the gateway's address.
+async fn serve(max_tokens: &str) -> (tokio::process::Child, String) {
     let url = std::env::var("SLUICE_LLM_URL").unwrap_or_else(|_| "http://127.0.0.1:8766".into());
     let key = std::env::var("SLUICE_LLM_API_KEY")
         .expect("the test command sets SLUICE_LLM_API_KEY and starts the local LLM with it");
@@ -30,7 +31,7 @@ async fn serve_streams_a_real_local_llm_answer_to_invoke() {
             "--metrics-addr",
             "127.0.0.1:0",
             "--max-output-tokens",
-            "24",
+            max_tokens,
         ])
         .env("SLUICE_LLM_API_KEY", &key)
         .env_remove("SLUICE_CONFIG")
@@ -52,6 +53,12 @@ async fn serve_streams_a_real_local_llm_answer_to_invoke() {
         .and_then(|s| s.split(',').next())
         .unwrap()
         .to_owned();
+    (serve, gateway)
+}
+
+#[tokio::test]
+async fn serve_streams_a_real_local_llm_answer_to_invoke() {
+    let (_serve, gateway) = serve("24").await;
     let out = tokio::time::timeout(
         Duration::from_secs(180),
         Command::new(env!("CARGO_BIN_EXE_sluice"))
@@ -84,4 +91,80 @@ async fn serve_streams_a_real_local_llm_answer_to_invoke() {
     assert!(count("Input tokens:") > 0);
     let out_tokens = count("Output tokens:");
     assert!((1..=24).contains(&out_tokens), "{out_tokens}");
+}
+
+/// `sluice serve` is an OpenAI-compatible server in one process: a streamed answer from the
+/// local model over `/v1/chat/completions`, read at the SSE level, and, when `OPENAI_PY`
+/// names a python with OpenAI's SDK (scripts/openai-venv.sh), that SDK's whole, streamed,
+/// multi-turn and model-list calls.
+#[tokio::test]
+async fn serve_answers_openai_clients_from_the_local_llm() {
+    let (_serve, gateway) = serve("16").await;
+    sluice_runtime::install_crypto_provider();
+    let resp = reqwest::Client::new()
+        .post(format!("{gateway}/v1/chat/completions"))
+        .json(&serde_json::json!({"model": "smollm2", "stream": true,
+            "stream_options": {"include_usage": true},
+            "messages": [{"role": "user", "content": "Name a colour."}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = String::from_utf8(resp.bytes().await.unwrap().to_vec()).unwrap();
+    assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
+    let chunks: Vec<serde_json::Value> = body
+        .split_terminator("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert!(!text.trim().is_empty(), "{body}");
+    let usage = &chunks.last().unwrap()["usage"];
+    let out_tokens = usage["completion_tokens"].as_u64().unwrap();
+    assert!((1..=16).contains(&out_tokens), "{usage}");
+    assert!(usage["prompt_tokens"].as_u64().unwrap() > 0, "{usage}");
+
+    let Ok(python) = std::env::var("OPENAI_PY") else {
+        eprintln!("OPENAI_PY is not set: skipping the Python SDK (scripts/openai-venv.sh)");
+        return;
+    };
+    let settings = serde_json::json!({"base_url": format!("{gateway}/v1"), "api_key": "unused",
+        "model": "smollm2", "only": ["whole", "stream", "multi_turn", "not_found", "models"]});
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/py/openai_client.py"
+    );
+    let out = tokio::time::timeout(
+        Duration::from_secs(300),
+        Command::new(&python)
+            .arg(script)
+            .arg(settings.to_string())
+            .output(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for scenario in ["whole", "stream", "multi_turn"] {
+        let content = r[scenario]["content"].as_str().unwrap_or_default();
+        assert!(!content.trim().is_empty(), "{scenario}: {r}");
+        let finish = r[scenario]["finish_reason"].as_str().unwrap_or_default();
+        assert!(["stop", "length"].contains(&finish), "{scenario}: {r}");
+    }
+    assert!(
+        r["whole"]["usage"]["completion_tokens"].as_u64().unwrap() > 0,
+        "{r}"
+    );
+    assert!(
+        r["stream"]["usage"]["completion_tokens"].as_u64().unwrap() > 0,
+        "{r}"
+    );
+    assert_eq!(r["not_found"]["status"], 404, "{r}");
+    assert_eq!(r["models"], serde_json::json!(["smollm2"]));
 }

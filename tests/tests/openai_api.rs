@@ -1,0 +1,506 @@
+//! The gateway's OpenAI dialect end to end on the real broker: an OpenAI client -> gateway ->
+//! Pulsar -> text-completion processor -> fake OpenAI provider, and back. The SSE framing is
+//! checked at the byte level against OpenAI's documented format; a second, independent client
+//! (async-openai) and, when `OPENAI_PY` names a python with OpenAI's own SDK
+//! (scripts/openai-venv.sh makes one), the official Python SDK drive the same routes.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+use sluice_gateway::Auth;
+use sluice_runtime::secret::Secret;
+use sluice_tests::GatewayStack;
+
+const TOKEN: &str = "oa-test-token-5d2e";
+
+/// A stack serving `model`, with the fake's scripted models as extra models, behind a token.
+async fn stack(model: &str) -> GatewayStack {
+    GatewayStack::start_serving(
+        model,
+        &["error_mid_stream", "stall", "gated", "unauthorized"],
+        |gc| gc.auth = Auth::new(Some(Secret::new(TOKEN))),
+    )
+    .await
+}
+
+fn http() -> reqwest::Client {
+    sluice_runtime::install_crypto_provider();
+    reqwest::Client::new()
+}
+
+async fn post(s: &GatewayStack, body: Value) -> reqwest::Response {
+    http()
+        .post(s.url("/v1/chat/completions"))
+        .bearer_auth(TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
+fn hello(model: &str) -> Value {
+    json!({"model": model, "messages": [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "say hello"}]})
+}
+
+/// Splits an SSE body into its `data:` payloads, checking OpenAI's framing byte for byte:
+/// every event is exactly `data: <payload>\n\n` (no `event:` or `id:` lines, no CR), apart
+/// from `: ...` comment lines, and the body ends with `data: [DONE]\n\n`.
+fn sse_data(body: &[u8]) -> Vec<String> {
+    let text = std::str::from_utf8(body).expect("UTF-8");
+    assert!(!text.contains('\r'), "LF only: {text:?}");
+    assert!(
+        text.ends_with("data: [DONE]\n\n"),
+        "ends with [DONE]: {text:?}"
+    );
+    let mut out = Vec::new();
+    for event in text.split_terminator("\n\n") {
+        assert!(!event.contains('\n'), "one line per event: {event:?}");
+        if event.starts_with(':') {
+            continue;
+        }
+        let data = event
+            .strip_prefix("data: ")
+            .unwrap_or_else(|| panic!("not a data line: {event:?}"));
+        out.push(data.to_owned());
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_whole_answer_is_a_chat_completion_object() {
+    let s = stack("m-whole").await;
+    let resp = post(&s, hello("m-whole")).await;
+    assert_eq!(resp.status(), 200);
+    let request_id = resp.headers()["x-request-id"].to_str().unwrap().to_owned();
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["id"], request_id);
+    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"), "{v}");
+    assert!(v["created"].as_u64().unwrap() > 1_700_000_000, "{v}");
+    assert_eq!(v["model"], "m-whole");
+    assert_eq!(v["choices"].as_array().unwrap().len(), 1);
+    assert_eq!(v["choices"][0]["index"], 0);
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(v["choices"][0]["message"]["content"], "Hello world!");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(
+        v["usage"],
+        json!({"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14})
+    );
+    // A single user turn reaches the provider as TrustGraph's system + prompt would.
+    let sent = s.fake.last_body();
+    assert_eq!(sent["stream"], false);
+    assert_eq!(
+        sent["messages"],
+        json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "say hello"}])
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_stream_is_openai_sse_with_a_role_chunk_a_finish_chunk_usage_and_done() {
+    let s = stack("m-stream").await;
+    let mut body = hello("m-stream");
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let resp = post(&s, body).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["content-type"],
+        "text/event-stream; charset=utf-8"
+    );
+    assert_eq!(resp.headers()["x-accel-buffering"], "no");
+    let bytes = resp.bytes().await.unwrap();
+    let data = sse_data(&bytes);
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let id = chunks[0]["id"].clone();
+    for c in &chunks {
+        assert_eq!(c["object"], "chat.completion.chunk", "{c}");
+        assert_eq!(c["id"], id, "one id per answer");
+        assert_eq!(c["model"], "m-stream");
+    }
+    assert_eq!(
+        chunks[0]["choices"][0]["delta"],
+        json!({"role": "assistant", "content": ""})
+    );
+    let (usage_chunk, rest) = chunks.split_last().unwrap();
+    assert_eq!(usage_chunk["choices"], json!([]));
+    assert_eq!(
+        usage_chunk["usage"],
+        json!({"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14})
+    );
+    for c in rest {
+        assert!(c["usage"].is_null() && c.get("usage").is_some(), "{c}");
+        assert_eq!(c["choices"].as_array().unwrap().len(), 1);
+    }
+    let (finish, tokens) = rest.split_last().unwrap();
+    assert_eq!(finish["choices"][0]["finish_reason"], "stop");
+    assert_eq!(finish["choices"][0]["delta"], json!({}));
+    let text: String = tokens
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, "Hello world!");
+    assert!(
+        tokens.len() >= 4,
+        "the answer arrives in pieces: {tokens:?}"
+    );
+    for c in tokens {
+        assert!(c["choices"][0]["finish_reason"].is_null());
+    }
+
+    // Without include_usage there is no usage chunk and no usage field.
+    let mut body = hello("m-stream");
+    body["stream"] = json!(true);
+    let bytes = post(&s, body).await.bytes().await.unwrap();
+    let data = sse_data(&bytes);
+    for d in &data[..data.len() - 1] {
+        let c: Value = serde_json::from_str(d).unwrap();
+        assert!(c.get("usage").is_none(), "{c}");
+        assert_eq!(c["choices"].as_array().unwrap().len(), 1);
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_conversation_and_sampling_settings_reach_the_provider() {
+    let s = stack("m-multi").await;
+    let resp = post(
+        &s,
+        json!({"model": "m-multi", "temperature": 0.25, "max_completion_tokens": 12,
+               "stop": ["\n\n", "END"], "messages": [
+            {"role": "system", "content": "answer in one word"},
+            {"role": "user", "content": "Capital of France?"},
+            {"role": "assistant", "content": "Paris"},
+            {"role": "user", "content": [{"type": "text", "text": "And of Italy?"}]}]}),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let sent = s.fake.last_body();
+    assert_eq!(
+        sent["messages"],
+        json!([
+            {"role": "system", "content": "answer in one word"},
+            {"role": "user", "content": "Capital of France?"},
+            {"role": "assistant", "content": "Paris"},
+            {"role": "user", "content": "And of Italy?"}])
+    );
+    assert_eq!(sent["temperature"], 0.25);
+    assert_eq!(sent["max_tokens"], 12);
+    assert_eq!(sent["stop"], json!(["\n\n", "END"]));
+    assert_eq!(sent["model"], "m-multi");
+
+    // Another model the processor serves is called by its name.
+    let resp = post(&s, hello("gated")).await;
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["model"], "gated");
+    assert_eq!(s.fake.last_body()["model"], "gated");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn refusals_are_openai_errors_with_openai_statuses() {
+    let s = stack("m-err").await;
+    let c = http();
+    let check = |v: &Value| {
+        for key in ["message", "type", "param", "code"] {
+            assert!(v["error"].get(key).is_some(), "{v}");
+        }
+    };
+    // No token, a wrong token.
+    for auth in [None, Some("wrong")] {
+        let mut req = c.post(s.url("/v1/chat/completions")).json(&hello("m-err"));
+        if let Some(a) = auth {
+            req = req.bearer_auth(a);
+        }
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status(), 401);
+        assert_eq!(resp.headers()["www-authenticate"], "Bearer");
+        let v: Value = resp.json().await.unwrap();
+        check(&v);
+        assert_eq!(v["error"]["code"], "invalid_api_key");
+        assert!(
+            !v.to_string().contains("wrong"),
+            "the token is never echoed"
+        );
+    }
+    // A model nobody serves: 404 model_not_found naming what is served, no provider call.
+    let resp = post(&s, hello("gpt-7")).await;
+    assert_eq!(resp.status(), 404);
+    let v: Value = resp.json().await.unwrap();
+    check(&v);
+    assert_eq!(v["error"]["code"], "model_not_found");
+    assert_eq!(v["error"]["param"], "model");
+    assert!(v["error"]["message"].as_str().unwrap().contains("m-err"));
+    // What cannot be honoured, and a body that is not JSON.
+    let mut body = hello("m-err");
+    body["n"] = json!(2);
+    let resp = post(&s, body).await;
+    assert_eq!(resp.status(), 400);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["param"], "n");
+    let resp = c
+        .post(s.url("/v1/chat/completions"))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .body("{\"model\": ")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    check(&resp.json().await.unwrap());
+    assert_eq!(s.fake.calls("m-err"), 0, "nothing reached the provider");
+
+    // The provider refuses the key before the first token: an HTTP error even when
+    // streaming, never a 200 with an empty stream.
+    let mut body = hello("unauthorized");
+    body["stream"] = json!(true);
+    let resp = post(&s, body).await;
+    assert_eq!(resp.status(), 502);
+    let v: Value = resp.json().await.unwrap();
+    check(&v);
+    assert_eq!(v["error"]["code"], "llm-error");
+    assert!(
+        !v.to_string().contains(GatewayStack::PROVIDER_KEY),
+        "the provider key never leaks: {v}"
+    );
+
+    // The provider fails after the first token: an SSE error event, then the end, no [DONE].
+    let mut body = hello("error_mid_stream");
+    body["stream"] = json!(true);
+    let resp = post(&s, body).await;
+    assert_eq!(resp.status(), 200);
+    let text = String::from_utf8(resp.bytes().await.unwrap().to_vec()).unwrap();
+    assert!(!text.contains("[DONE]"), "{text}");
+    let last = text
+        .split_terminator("\n\n")
+        .last()
+        .unwrap()
+        .strip_prefix("data: ")
+        .unwrap();
+    let v: Value = serde_json::from_str(last).unwrap();
+    check(&v);
+    assert_eq!(v["error"]["type"], "server_error");
+    assert!(text.contains("\"content\":\"Hel\""), "{text}");
+
+    // The route's requests are counted under its own label.
+    let m = s.telemetry.render();
+    assert!(
+        m.contains(r#"sluice_gateway_requests_total{route="openai-chat",status="404"} 1"#),
+        "{m}"
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_that_drops_a_stream_cancels_the_provider_call() {
+    let s = stack("m-cancel").await;
+    let mut body = hello("stall");
+    body["stream"] = json!(true);
+    let resp = post(&s, body).await;
+    assert_eq!(resp.status(), 200);
+    let mut stream = resp.bytes_stream();
+    let mut bytes = Vec::new();
+    while !String::from_utf8_lossy(&bytes).contains("Hel") {
+        bytes.extend_from_slice(&stream.next().await.unwrap().unwrap());
+    }
+    assert_eq!(s.fake.abandoned_streams(), 0);
+    drop(stream);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while s.fake.abandoned_streams() == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the provider's connection was not closed after the client went away"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let m = s.telemetry.render();
+        if m.contains(r#"sluice_gateway_streams_total{outcome="cancelled",route="openai-chat"} 1"#)
+        {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{m}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn models_lists_what_the_processor_serves() {
+    let s = stack("m-models").await;
+    let resp = http()
+        .get(s.url("/v1/models"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["object"], "list");
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            assert_eq!(m["object"], "model");
+            m["id"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            "m-models",
+            "error_mid_stream",
+            "stall",
+            "gated",
+            "unauthorized"
+        ]
+    );
+    let one: Value = http()
+        .get(s.url("/v1/models/m-models"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(one["id"], "m-models");
+    let missing = http()
+        .get(s.url("/v1/models/nope"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+    let unauthorized = http().get(s.url("/v1/models")).send().await.unwrap();
+    assert_eq!(unauthorized.status(), 401);
+    s.stop().await;
+}
+
+/// async-openai, a client written independently of OpenAI's, reads both kinds of answer.
+#[tokio::test]
+async fn async_openai_reads_whole_and_streamed_answers() {
+    use async_openai::{Client, config::OpenAIConfig, types::chat::CreateChatCompletionRequest};
+    sluice_runtime::install_crypto_provider();
+    let s = stack("m-rust").await;
+    let client = Client::with_config(
+        OpenAIConfig::new()
+            .with_api_base(s.url("/v1"))
+            .with_api_key(TOKEN),
+    );
+    let request: CreateChatCompletionRequest = serde_json::from_value(hello("m-rust")).unwrap();
+    let whole = client.chat().create(request.clone()).await.unwrap();
+    assert_eq!(
+        whole.choices[0].message.content.as_deref(),
+        Some("Hello world!")
+    );
+    assert_eq!(whole.usage.as_ref().unwrap().total_tokens, 14);
+
+    let mut streamed: CreateChatCompletionRequest = request;
+    streamed.stream_options = serde_json::from_value(json!({"include_usage": true})).unwrap();
+    let mut stream = client.chat().create_stream(streamed).await.unwrap();
+    let (mut text, mut usage, mut finish) = (String::new(), None, None);
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.unwrap();
+        for c in &chunk.choices {
+            text.push_str(c.delta.content.as_deref().unwrap_or(""));
+            if c.finish_reason.is_some() {
+                finish = c.finish_reason;
+            }
+        }
+        if chunk.usage.is_some() {
+            usage = chunk.usage;
+        }
+    }
+    assert_eq!(text, "Hello world!");
+    assert!(finish.is_some());
+    assert_eq!(usage.unwrap().completion_tokens, 3);
+
+    let models = client.models().list().await.unwrap();
+    assert_eq!(models.data[0].id, "m-rust");
+
+    let err = client
+        .chat()
+        .create(serde_json::from_value(hello("gpt-7")).unwrap())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("model_not_found") || err.to_string().contains("gpt-7"));
+    s.stop().await;
+}
+
+/// OpenAI's own Python SDK against the gateway: whole, streamed with usage, a conversation,
+/// a refused model, a refused parameter, an error mid-stream, a stream closed early (which
+/// must cancel the provider call) and the model list. Runs when `OPENAI_PY` is set.
+#[tokio::test]
+async fn the_official_python_sdk_works_against_the_gateway() {
+    let Ok(python) = std::env::var("OPENAI_PY") else {
+        eprintln!("OPENAI_PY is not set: skipping the Python SDK (scripts/openai-venv.sh)");
+        return;
+    };
+    let s = stack("m-py").await;
+    let settings = json!({"base_url": s.url("/v1"), "api_key": TOKEN, "model": "m-py",
+                          "mid_error": "error_mid_stream", "gated": "stall"});
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/py/openai_client.py");
+    let out = tokio::process::Command::new(&python)
+        .arg(script)
+        .arg(settings.to_string())
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["whole"]["content"], "Hello world!", "{r}");
+    assert_eq!(r["whole"]["object"], "chat.completion");
+    assert_eq!(r["whole"]["finish_reason"], "stop");
+    assert_eq!(r["whole"]["usage"]["total_tokens"], 14);
+    assert_eq!(r["stream"]["content"], "Hello world!", "{r}");
+    assert_eq!(r["stream"]["first_role"], "assistant");
+    assert_eq!(r["stream"]["finish_reason"], "stop");
+    assert_eq!(r["stream"]["usage"]["prompt_tokens"], 11);
+    assert_eq!(r["stream"]["ids"].as_array().unwrap().len(), 1);
+    assert_eq!(r["multi_turn"]["content"], "Hello world!");
+    assert_eq!(r["not_found"]["raised"], "NotFoundError", "{r}");
+    assert_eq!(r["not_found"]["code"], "model_not_found");
+    assert_eq!(r["refused"]["raised"], "BadRequestError");
+    assert_eq!(r["refused"]["param"], "n");
+    assert_eq!(r["mid_error"]["raised"], "APIError", "{r}");
+    assert_eq!(r["mid_error"]["content"], "Hel");
+    assert_eq!(r["cancel"]["first"], "Hel");
+    assert_eq!(
+        r["models"],
+        json!(["error_mid_stream", "gated", "m-py", "stall", "unauthorized"])
+    );
+    // The conversation reached the provider as turns.
+    let sent = s.fake.bodies();
+    assert!(
+        sent.iter()
+            .any(|b| b["messages"].as_array().is_some_and(|m| m.len() == 4
+                && m[2] == json!({"role": "assistant", "content": "Paris"})
+                && b["temperature"] == 0.3
+                && b["max_tokens"] == 40)),
+        "{sent:?}"
+    );
+    // Closing the stream early cancelled the provider call.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while s.fake.abandoned_streams() == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "stream.close() did not cancel the provider call"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    s.stop().await;
+}
