@@ -643,4 +643,98 @@ mod tests {
             }
         );
     }
+
+    struct Named;
+
+    #[async_trait]
+    impl Provider for Named {
+        fn name(&self) -> &'static str {
+            "test"
+        }
+        fn model(&self) -> &str {
+            "main"
+        }
+        fn supports_streaming(&self) -> bool {
+            true
+        }
+        async fn generate_stream(
+            &self,
+            _: &TextCompletionRequest,
+        ) -> Result<crate::provider::ChunkStream, ProviderError> {
+            Err(ProviderError::new(FailureKind::Protocol, "not called"))
+        }
+    }
+
+    #[test]
+    fn requests_name_only_served_models_and_sane_settings() {
+        let registry = Registry::new();
+        let s = TextCompletionService::new(
+            Arc::new(Named),
+            RetryPolicy::default(),
+            LlmMetrics::register(&registry).unwrap(),
+        )
+        .with_models(["second".to_owned(), "main".to_owned(), String::new()]);
+        assert_eq!(s.models(), ["main", "second"]);
+        let ok = |r: TextCompletionRequest| s.check(&r).is_ok();
+        let base = TextCompletionRequest::default;
+        assert!(ok(base()));
+        for model in ["main", "second"] {
+            let r = TextCompletionRequest {
+                model: Some(model.into()),
+                ..base()
+            };
+            assert!(ok(r.clone()));
+            assert_eq!(s.labels(&r)[1], model);
+        }
+        let e = s
+            .check(&TextCompletionRequest {
+                model: Some("gpt-9".into()),
+                ..base()
+            })
+            .unwrap_err();
+        assert_eq!(e.kind, "invalid-request");
+        assert!(e.message.contains("main, second"), "{}", e.message);
+        for bad in [
+            TextCompletionRequest {
+                temperature: Some(2.5),
+                ..base()
+            },
+            TextCompletionRequest {
+                temperature: Some(f64::NAN),
+                ..base()
+            },
+            TextCompletionRequest {
+                max_tokens: Some(0),
+                ..base()
+            },
+            TextCompletionRequest {
+                messages: Some(vec![]),
+                ..base()
+            },
+            TextCompletionRequest {
+                stop: Some(vec![String::new()]),
+                ..base()
+            },
+        ] {
+            assert!(!ok(bad.clone()), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn finish_reasons_speak_one_vocabulary() {
+        for (raw, word) in [
+            ("stop", "stop"),
+            ("end_turn", "stop"),
+            ("STOP", "stop"),
+            ("COMPLETE", "stop"),
+            ("max_tokens", "length"),
+            ("MAX_TOKENS", "length"),
+            ("length", "length"),
+            ("SAFETY", "content_filter"),
+            ("tool_use", "tool_calls"),
+            ("Weird", "weird"),
+        ] {
+            assert_eq!(finish_reason_word(raw), word, "{raw}");
+        }
+    }
 }

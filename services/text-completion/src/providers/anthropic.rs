@@ -291,4 +291,21 @@ mod tests {
         assert_eq!(e.kind, FailureKind::Stream);
         assert!(e.message.contains("overloaded_error"));
     }
+
+    #[test]
+    fn a_conversation_and_its_settings_map_onto_messages() {
+        let p = AnthropicProvider::new(AnthropicConfig::new("http://127.0.0.1:1", "m")).unwrap();
+        let b = p.body(&crate::providers::conversation_request());
+        assert_eq!(b["model"], "other-model");
+        assert_eq!(b["system"], "one word");
+        assert_eq!(
+            b["messages"],
+            json!([{"role": "user", "content": "France?"},
+                   {"role": "assistant", "content": "Paris"},
+                   {"role": "user", "content": "Italy?"}])
+        );
+        assert_eq!(b["max_tokens"], 9);
+        assert_eq!(b["temperature"], 0.5);
+        assert_eq!(b["stop_sequences"], json!(["END"]));
+    }
 }

@@ -987,4 +987,25 @@ mod tests {
         }
         assert!(c.source().contains(SECRET_ACCESS_KEY_VAR));
     }
+
+    #[test]
+    fn a_conversation_and_its_settings_map_onto_converse() {
+        let mut config = BedrockConfig::new("us-east-1", "m");
+        config.base_url = "http://127.0.0.1:1".into();
+        let p = BedrockProvider::new(config).unwrap();
+        let request = crate::providers::conversation_request();
+        let b: Value = serde_json::from_slice(&p.body(&request)).unwrap();
+        assert_eq!(
+            b["messages"][1],
+            json!({"role": "assistant", "content": [{"text": "Paris"}]})
+        );
+        assert_eq!(b["system"], json!([{"text": "one word"}]));
+        assert_eq!(b["inferenceConfig"]["maxTokens"], 9);
+        assert_eq!(b["inferenceConfig"]["temperature"], 0.5);
+        assert_eq!(b["inferenceConfig"]["stopSequences"], json!(["END"]));
+        assert_eq!(
+            p.url_for(&request, &p.stream_url, "converse-stream"),
+            "http://127.0.0.1:1/model/other-model/converse-stream"
+        );
+    }
 }

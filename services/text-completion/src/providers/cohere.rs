@@ -68,6 +68,32 @@ impl CohereProvider {
         Ok(Self { config, http, url })
     }
 
+    fn body(&self, request: &TextCompletionRequest) -> Value {
+        let mut messages = Vec::new();
+
+        if !request.system.is_empty() {
+            messages.push(json!({"role": "system", "content": request.system}));
+        }
+        for turn in request.turns() {
+            messages.push(json!({"role": turn.role.as_str(), "content": turn.content}));
+        }
+        let model = crate::providers::model_for(request, &self.config.model);
+        let mut body = json!({"model": model, "messages": messages, "stream": true});
+        if let Some(m) = request.max_tokens.or(self.config.max_tokens) {
+            body["max_tokens"] = json!(m);
+        }
+        if let Some(t) = request
+            .temperature
+            .or(self.config.temperature.map(f64::from))
+        {
+            body["temperature"] = json!(t);
+        }
+        if let Some(stop) = request.stop.as_ref().filter(|s| !s.is_empty()) {
+            body["stop_sequences"] = json!(stop);
+        }
+        body
+    }
+
     fn http_error(&self, status: StatusCode, body: &str) -> ProviderError {
         let detail: String = serde_json::from_str::<Value>(body)
             .ok()
@@ -183,27 +209,7 @@ impl Provider for CohereProvider {
         &self,
         request: &TextCompletionRequest,
     ) -> Result<ChunkStream, ProviderError> {
-        let mut messages = Vec::new();
-        if !request.system.is_empty() {
-            messages.push(json!({"role": "system", "content": request.system}));
-        }
-        for turn in request.turns() {
-            messages.push(json!({"role": turn.role.as_str(), "content": turn.content}));
-        }
-        let model = crate::providers::model_for(request, &self.config.model);
-        let mut body = json!({"model": model, "messages": messages, "stream": true});
-        if let Some(m) = request.max_tokens.or(self.config.max_tokens) {
-            body["max_tokens"] = json!(m);
-        }
-        if let Some(t) = request
-            .temperature
-            .or(self.config.temperature.map(f64::from))
-        {
-            body["temperature"] = json!(t);
-        }
-        if let Some(stop) = request.stop.as_ref().filter(|s| !s.is_empty()) {
-            body["stop_sequences"] = json!(stop);
-        }
+        let body = self.body(request);
         let mut req = self.http.post(&self.url).json(&body);
         if let Some(key) = &self.config.api_key {
             req = req.bearer_auth(key.expose());
@@ -252,5 +258,24 @@ mod tests {
             decode_event("citation-start", "{}").unwrap(),
             Event::Ignore
         ));
+    }
+
+    #[test]
+    fn a_conversation_and_its_settings_map_onto_cohere_v2() {
+        let p = CohereProvider::new(CohereConfig::new("http://127.0.0.1:1", "m")).unwrap();
+        let b = p.body(&crate::providers::conversation_request());
+        assert_eq!(b["model"], "other-model");
+        assert_eq!(
+            b["messages"][0],
+            json!({"role": "system", "content": "one word"})
+        );
+        assert_eq!(
+            b["messages"][2],
+            json!({"role": "assistant", "content": "Paris"})
+        );
+        assert_eq!(b["messages"].as_array().unwrap().len(), 4);
+        assert_eq!(b["temperature"], 0.5);
+        assert_eq!(b["max_tokens"], 9);
+        assert_eq!(b["stop_sequences"], json!(["END"]));
     }
 }

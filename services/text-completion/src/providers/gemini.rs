@@ -363,4 +363,20 @@ mod tests {
             "https://us-central1-aiplatform.googleapis.com/v1/projects/p/locations/us-central1/publishers/google/models/gemini-2.5-flash:streamGenerateContent?alt=sse"
         );
     }
+
+    #[test]
+    fn a_conversation_and_its_settings_map_onto_contents_and_the_model_path() {
+        let config = GeminiConfig::new(GeminiEndpoint::AiStudio, "http://127.0.0.1:1", "m");
+        let p = GeminiProvider::new(config.clone()).unwrap();
+        let b = p.body(&crate::providers::conversation_request());
+        assert_eq!(
+            b["contents"][1],
+            json!({"role": "model", "parts": [{"text": "Paris"}]})
+        );
+        assert_eq!(b["contents"].as_array().unwrap().len(), 3);
+        assert_eq!(b["generationConfig"]["maxOutputTokens"], 9);
+        assert_eq!(b["generationConfig"]["temperature"], 0.5);
+        assert_eq!(b["generationConfig"]["stopSequences"], json!(["END"]));
+        assert!(GeminiProvider::url_for(&config, "other-model").contains("/models/other-model:"));
+    }
 }

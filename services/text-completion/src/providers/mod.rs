@@ -28,6 +28,31 @@ pub fn model_for<'a>(
         .unwrap_or(configured)
 }
 
+/// A request using every field of sluice's extension: a conversation, sampling settings, stop
+/// sequences and another model; each provider's tests check it lands on their wire format.
+#[cfg(test)]
+pub(crate) fn conversation_request() -> sluice_schema::TextCompletionRequest {
+    use sluice_schema::{ChatMessage, ChatRole};
+    let turn = |role, content: &str| ChatMessage {
+        role,
+        content: content.into(),
+    };
+    sluice_schema::TextCompletionRequest {
+        system: "one word".into(),
+        prompt: "flattened, not sent".into(),
+        messages: Some(vec![
+            turn(ChatRole::User, "France?"),
+            turn(ChatRole::Assistant, "Paris"),
+            turn(ChatRole::User, "Italy?"),
+        ]),
+        temperature: Some(0.5),
+        max_tokens: Some(9),
+        stop: Some(vec!["END".into()]),
+        model: Some("other-model".into()),
+        ..Default::default()
+    }
+}
+
 /// Time limits of a provider call.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HttpTimeouts {

@@ -347,4 +347,19 @@ mod tests {
         assert_eq!(b["options"]["num_ctx"], 8192);
         assert_eq!(b["stream"], true);
     }
+
+    #[test]
+    fn a_conversation_and_its_settings_map_onto_chat_options() {
+        let p = OllamaProvider::new(OllamaConfig::new("http://127.0.0.1:1", "m")).unwrap();
+        let b = p.body(&crate::providers::conversation_request(), true);
+        assert_eq!(b["model"], "other-model");
+        assert_eq!(b["messages"].as_array().unwrap().len(), 4);
+        assert_eq!(
+            b["messages"][2],
+            json!({"role": "assistant", "content": "Paris"})
+        );
+        assert_eq!(b["options"]["temperature"], 0.5);
+        assert_eq!(b["options"]["num_predict"], 9);
+        assert_eq!(b["options"]["stop"], json!(["END"]));
+    }
 }

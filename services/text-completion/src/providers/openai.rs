@@ -426,4 +426,31 @@ mod tests {
                 .is_none()
         );
     }
+
+    #[test]
+    fn a_conversation_and_its_settings_map_onto_chat_completions() {
+        let p = OpenAiProvider::new(OpenAiConfig::new(
+            Dialect::OpenAi,
+            "http://127.0.0.1:1",
+            "m",
+        ))
+        .unwrap();
+        let b = p.body(&crate::providers::conversation_request(), true);
+        assert_eq!(b["model"], "other-model");
+        assert_eq!(
+            b["messages"][0],
+            json!({"role": "system", "content": "one word"})
+        );
+        assert_eq!(
+            b["messages"][2],
+            json!({"role": "assistant", "content": "Paris"})
+        );
+        assert_eq!(
+            b["messages"][3],
+            json!({"role": "user", "content": "Italy?"})
+        );
+        assert_eq!(b["temperature"], 0.5);
+        assert_eq!(b["max_tokens"], 9);
+        assert_eq!(b["stop"], json!(["END"]));
+    }
 }
