@@ -17,10 +17,21 @@ const TOKEN: &str = "oa-test-token-5d2e";
 
 /// A stack serving `model`, with the fake's scripted models as extra models, behind a token.
 async fn stack(model: &str) -> GatewayStack {
+    stack_with(model, |_| {}).await
+}
+
+/// [`stack`], with the gateway's config adjusted by `configure`.
+async fn stack_with(
+    model: &str,
+    configure: impl FnOnce(&mut sluice_gateway::GatewayConfig),
+) -> GatewayStack {
     GatewayStack::start_serving(
         model,
         &["error_mid_stream", "stall", "gated", "unauthorized"],
-        |gc| gc.auth = Auth::new(Some(Secret::new(TOKEN))),
+        |gc| {
+            gc.auth = Auth::new(Some(Secret::new(TOKEN)));
+            configure(gc);
+        },
     )
     .await
 }
@@ -292,6 +303,29 @@ async fn refusals_are_openai_errors_with_openai_statuses() {
     assert_eq!(v["error"]["type"], "server_error");
     assert!(text.contains("\"content\":\"Hel\""), "{text}");
 
+    // Routes OpenAI has and sluice does not, and a wrong method: OpenAI's own answers.
+    for (method, path, status) in [
+        (reqwest::Method::POST, "/v1/embeddings", 404),
+        (reqwest::Method::GET, "/v1/chat/completions", 405),
+    ] {
+        let resp = c
+            .request(method, s.url(path))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), status, "{path}");
+        let v: Value = resp.json().await.unwrap();
+        check(&v);
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("Invalid URL ("),
+            "{v}"
+        );
+    }
+
     // The route's requests are counted under its own label.
     let m = s.telemetry.render();
     assert!(
@@ -333,6 +367,56 @@ async fn a_client_that_drops_a_stream_cancels_the_provider_call() {
         assert!(tokio::time::Instant::now() < deadline, "{m}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn time_limits_and_trace_context_apply_as_on_the_other_routes() {
+    let s = stack_with("m-limits", |gc| {
+        gc.inactivity_timeout = Duration::from_secs(2);
+    })
+    .await;
+    // The caller's trace goes on to the provider call.
+    let resp = http()
+        .post(s.url("/v1/chat/completions"))
+        .bearer_auth(TOKEN)
+        .header(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        )
+        .json(&hello("m-limits"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let sent = s.fake.traceparents();
+    let tp = sent.last().unwrap().as_deref().unwrap();
+    assert!(
+        tp.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"),
+        "the provider call continues the caller's trace: {tp}"
+    );
+    // A stream that goes quiet past the inactivity limit ends with a timeout error event,
+    // and the provider call is cancelled.
+    let mut body = hello("stall");
+    body["stream"] = json!(true);
+    let resp = post(&s, body).await;
+    assert_eq!(resp.status(), 200);
+    let text = String::from_utf8(resp.bytes().await.unwrap().to_vec()).unwrap();
+    assert!(text.contains("\"content\":\"Hel\""), "{text}");
+    assert!(!text.contains("[DONE]"), "{text}");
+    let last = text.split_terminator("\n\n").last().unwrap();
+    let v: Value = serde_json::from_str(last.strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(v["error"]["code"], "timeout", "{v}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while s.fake.abandoned_streams() == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "not cancelled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let m = s.telemetry.render();
+    assert!(
+        m.contains(r#"sluice_gateway_streams_total{outcome="timeout",route="openai-chat"} 1"#),
+        "{m}"
+    );
     s.stop().await;
 }
 

@@ -183,9 +183,16 @@ impl Gateway {
         Router::new()
             .route("/api/v1/socket", get(socket::upgrade))
             .route("/api/v1/models", get(http::models))
-            .route("/v1/chat/completions", post(openai::chat))
-            .route("/v1/models", get(openai::models))
+            .route(
+                "/v1/chat/completions",
+                post(openai::chat).fallback(openai::invalid_url),
+            )
+            .route(
+                "/v1/models",
+                get(openai::models).fallback(openai::invalid_url),
+            )
             .route("/v1/models/{model}", get(openai::model))
+            .route("/v1/{*rest}", axum::routing::any(openai::invalid_url))
             .route("/api/v1/{service}", post(http::service))
             .route(
                 "/api/v1/flow/{flow}/service/{service}",

@@ -757,6 +757,20 @@ pub(crate) async fn model(
     counted(&inner, MODELS_ROUTE, resp)
 }
 
+/// Any other method or path under `/v1`: OpenAI's own answer to a URL it does not serve, so
+/// an SDK calling, say, embeddings gets an error it can read.
+pub(crate) async fn invalid_url(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let path: String = uri.path().chars().take(200).collect();
+    let status = if matches!(path.as_str(), "/v1/chat/completions" | "/v1/models") {
+        StatusCode::METHOD_NOT_ALLOWED
+    } else {
+        StatusCode::NOT_FOUND
+    };
+    let mut e = ApiError::invalid(format!("Invalid URL ({method} {path})"), None, None);
+    e.status = status;
+    e.into_response()
+}
+
 /// Usage summed over a stream's records (they carry deltas), as OpenAI's `usage` object.
 #[derive(Debug, Default, Clone, Copy)]
 struct Tokens {
