@@ -20,6 +20,13 @@
 //!   came from that producer may have lost their next one, the terminal record included, so
 //!   such a stream that then stays quiet for `loss_grace` is ended as lost.
 //!
+//! On a durable (`persistent://`) response topic the broker drops nothing, so an index that
+//! skips means the processor failed to store a record of that attempt (a broker restart
+//! mid-stream). That processor hands the request back to the broker, and another attempt
+//! follows: the rest of the broken attempt is skipped and the stream waits for the next one
+//! (which starts with [`Received::Restarted`]), bounded by the inactivity timeout, instead of
+//! ending a request that will still be answered.
+//!
 //! It never logs payloads: they carry prompts and answers.
 
 use std::{
@@ -196,6 +203,9 @@ struct Route<R> {
     next_seq: u64,
     /// The producer of the last record routed here.
     producer: Option<Arc<str>>,
+    /// The current attempt lost a record on a durable topic: its records are skipped until
+    /// the next attempt.
+    broken: bool,
 }
 
 impl<R> Route<R> {
@@ -206,6 +216,7 @@ impl<R> Route<R> {
             abandoned: VecDeque::new(),
             next_seq: 0,
             producer: None,
+            broken: false,
         }
     }
 
@@ -218,6 +229,7 @@ impl<R> Route<R> {
             self.abandoned.push_back(old);
         }
         self.next_seq = 0;
+        self.broken = false;
     }
 }
 
@@ -301,6 +313,8 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
         }
         let routes: Routes<Resp> = Arc::default();
         let stop = CancellationToken::new();
+        // Only a topic that is not durable can lose records in transit (see the module doc).
+        let lossy = !config.response_topic.starts_with("persistent://");
         let router = tokio::spawn(route(
             subscription,
             routes.clone(),
@@ -308,6 +322,7 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
             metrics.clone(),
             config.service.clone(),
             config.subscription.clone(),
+            lossy,
         ));
         Ok(Self {
             config,
@@ -450,6 +465,7 @@ async fn route<R: ResponseRecord>(
     metrics: Option<RuntimeMetrics>,
     service: String,
     me: String,
+    lossy: bool,
 ) {
     let mut producers = ProducerSequences::default();
     loop {
@@ -459,7 +475,15 @@ async fn route<R: ResponseRecord>(
             d = subscription.next() => d,
         };
         match delivery {
-            Some(Ok(d)) => dispatch(d, &routes, &mut producers, metrics.as_ref(), &service, &me),
+            Some(Ok(d)) => dispatch(
+                d,
+                &routes,
+                &mut producers,
+                metrics.as_ref(),
+                &service,
+                &me,
+                lossy,
+            ),
             Some(Err(e)) => warn!(service, error = %e, "receiving responses failed"),
             None => break,
         }
@@ -476,12 +500,13 @@ fn dispatch<R: ResponseRecord>(
     metrics: Option<&RuntimeMetrics>,
     service: &str,
     me: &str,
+    lossy: bool,
 ) {
     // Every record on the subscription counts here, other clients' too: a drop is a drop
     // whoever's record it was, and this record's own producer may be a stream of ours.
     if let Some(origin) = delivery.origin() {
         let skipped = producers.observe(origin);
-        if skipped > 0 {
+        if skipped > 0 && lossy {
             debug!(service, producer = %origin.producer, skipped, "the broker dropped response records");
             if let Some(m) = metrics {
                 m.client_dropped(service, skipped);
@@ -552,6 +577,12 @@ fn dispatch<R: ResponseRecord>(
                 }
             }
             route.producer = delivery.origin().map(|o| o.producer.clone());
+            if route.broken {
+                // The rest of an attempt that lost a record on a durable topic.
+                drop(routes);
+                delivery.ack();
+                return;
+            }
             match delivery
                 .property(properties::SEQ)
                 .and_then(|s| s.parse::<u64>().ok())
@@ -565,11 +596,19 @@ fn dispatch<R: ResponseRecord>(
                     delivery.ack();
                     return;
                 }
-                Some(seq) => {
+                Some(seq) if lossy => {
                     items.push(Routed::Lost {
                         expected: route.next_seq,
                         received: seq,
                     });
+                }
+                Some(seq) => {
+                    warn!(service, request_id = %id, expected = route.next_seq, received = seq,
+                          "a record of this attempt was not stored; waiting for the next attempt");
+                    route.broken = true;
+                    drop(routes);
+                    delivery.ack();
+                    return;
                 }
             }
             let terminal =
@@ -998,6 +1037,51 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn on_a_durable_topic_a_skipped_index_waits_for_the_next_attempt() {
+        let bus = MemoryBus::default();
+        let resp = "persistent://t/n/resp";
+        let config = ClientConfig::new("test", "req", resp);
+        let client: Client = Client::start(Arc::new(bus.clone()), config, None)
+            .await
+            .unwrap();
+        let mut s = client
+            .request(&TextCompletionRequest::default())
+            .await
+            .unwrap();
+        let send = |attempt: &str, seq: u64, text: &str, end: bool| {
+            let r = TextCompletionResponse {
+                response: text.to_owned(),
+                end_of_stream: end,
+                ..Default::default()
+            };
+            Message::new(serde_json::to_vec(&r).unwrap())
+                .with_property(properties::ID, s.id())
+                .with_property(properties::ATTEMPT, attempt)
+                .with_property(properties::SEQ, seq.to_string())
+        };
+        let publisher = bus.publisher(resp).await.unwrap();
+        // Record 1 of attempt a was never stored (the broker restarted); its 2 and terminal 3
+        // were. The processor handed the request back and attempt b answers it whole.
+        for m in [
+            send("a", 0, "zero", false),
+            send("a", 2, "two", false),
+            send("a", 3, "", true),
+            send("b", 0, "whole", false),
+            send("b", 1, "", true),
+        ] {
+            publisher.send(m).await.unwrap().await.unwrap();
+        }
+        assert_eq!(text(s.next().await), "zero");
+        assert!(matches!(s.next().await, Some(Ok(Received::Restarted))));
+        assert_eq!(text(s.next().await), "whole");
+        match s.next().await.unwrap().unwrap() {
+            Received::Record(r) => assert!(r.is_terminal()),
+            Received::Restarted => panic!("one restart only"),
+        }
+        assert!(s.next().await.is_none());
+    }
+
+    #[tokio::test]
     async fn a_record_stored_twice_is_passed_on_once() {
         let (bus, _requests, client) = setup().await;
         let mut s = client
@@ -1096,7 +1180,15 @@ mod tests {
         let mut producers = ProducerSequences::default();
         let me = client.config.subscription.clone();
         let mut route = |d: Delivery| {
-            dispatch(d, &client.routes, &mut producers, metrics, "test", &me);
+            dispatch(
+                d,
+                &client.routes,
+                &mut producers,
+                metrics,
+                "test",
+                &me,
+                true,
+            );
         };
         route(from_producer(quiet.id(), 0, &p, 10, false));
         route(from_producer(busy.id(), 0, &p, 11, false));

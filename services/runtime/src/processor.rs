@@ -259,13 +259,24 @@ impl<R: ResponseRecord> ResponseSink<R> {
         if let Some(attempt) = self.properties.get(properties::ATTEMPT) {
             props.insert(properties::CONTINUES.to_owned(), attempt.clone());
         }
-        publisher
+        let stored = match publisher
             .send(Message {
                 payload: payload.into(),
                 properties: props,
             })
-            .await?
-            .await?;
+            .await
+        {
+            Ok(receipt) => receipt.await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = stored {
+            // Like a record that could not be stored: the request goes back to the broker
+            // for another attempt (and the processor waits for the broker), never a terminal
+            // error for what is the bus's trouble.
+            let reported = BusError::Unavailable(e.to_string());
+            self.failed.get_or_insert(e);
+            return Err(SinkError::Bus(reported));
+        }
         self.ended = true;
         self.handed_off = true;
         Ok(())
@@ -286,15 +297,17 @@ impl<R: ResponseRecord> ResponseSink<R> {
         self.published
     }
 
-    /// Waits until the broker has stored every record sent.
+    /// Waits until the broker has stored every record sent. A failure stays: once one record
+    /// (or a hand-off) was not stored, nothing more goes out for this attempt, so the
+    /// runtime hands the request back instead of publishing an error for it.
     async fn flush(&mut self) -> Result<(), BusError> {
         while let Some(result) = self.pending.next().await {
             if let Err(e) = result {
                 self.failed.get_or_insert(e);
             }
         }
-        match self.failed.take() {
-            Some(e) => Err(e),
+        match &self.failed {
+            Some(e) => Err(BusError::Unavailable(e.to_string())),
             None => Ok(()),
         }
     }
@@ -858,6 +871,19 @@ mod tests {
                     std::future::pending::<()>().await;
                 }
                 "fail" => return Err(Error::new(ErrorKind::Llm, "provider said no")),
+                "handoff-fails" => {
+                    let _ = sink
+                        .send(TextCompletionResponse {
+                            response: "step one".into(),
+                            ..Default::default()
+                        })
+                        .await;
+                    // As the agent does: the hand-off failing becomes the handler's error.
+                    return sink
+                        .hand_off(&Unstorable, b"{}".to_vec())
+                        .await
+                        .map_err(|e| Error::new(ErrorKind::Internal, e.to_string()));
+                }
                 "huge" => {
                     let big = TextCompletionResponse {
                         response: "x".repeat(4096),
@@ -890,6 +916,54 @@ mod tests {
             ));
             Ok(())
         }
+    }
+
+    /// A publisher whose broker never stores anything.
+    struct Unstorable;
+
+    #[async_trait]
+    impl Publisher for Unstorable {
+        async fn send(&self, _: Message) -> Result<crate::bus::Receipt, BusError> {
+            Err(BusError::Unavailable("the bookie is read-only".into()))
+        }
+        fn topic(&self) -> &str {
+            "next-step"
+        }
+    }
+
+    #[tokio::test]
+    async fn a_hand_off_the_broker_did_not_store_goes_back_to_the_broker_not_to_the_client() {
+        let mut f = start().await;
+        let mut m = Message::new(r#"{"prompt":"handoff-fails"}"#.to_owned());
+        m = m.with_property(properties::ID, "h1");
+        f.bus.publisher("req").await.unwrap().send(m).await.unwrap();
+        // The record sent before the hand-off arrives (once per attempt); no terminal error
+        // ever does, and the request is handed back for another attempt.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+        while let Ok(Some(Ok(d))) = tokio::time::timeout_at(deadline, f.responses.next()).await {
+            if d.property(properties::ID) != Some("h1") {
+                // The processor's probes of the broker while it waits to store again.
+                d.ack();
+                continue;
+            }
+            let r: TextCompletionResponse = serde_json::from_slice(d.payload()).unwrap();
+            d.ack();
+            assert!(r.error.is_none(), "{r:?}");
+            assert_eq!(r.response, "step one");
+        }
+        let text = f.telemetry.render();
+        assert!(
+            !text.contains(
+                r#"sluice_processor_requests_total{outcome="retried",processor="echo"} 0"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"sluice_processor_requests_total{outcome="error",processor="echo"} 0"#),
+            "{text}"
+        );
+        f.shutdown.cancel();
+        let _ = f.task.await;
     }
 
     struct Fixture {
