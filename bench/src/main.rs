@@ -1081,6 +1081,17 @@ async fn main() {
                 report.markdown()
             );
             std::fs::write(cli.out.join("soak.md"), &md).unwrap();
+            // The memory samples behind the RSS table, and the broker restarts, as CSV.
+            let mut csv = String::from("process,seconds,rss_mib\n");
+            for (name, series) in &report.rss_series {
+                for (t, r) in series {
+                    let _ = writeln!(csv, "{name},{t:.0},{r:.1}");
+                }
+            }
+            for t in &report.broker_restart_at {
+                let _ = writeln!(csv, "broker-restart,{t:.0},");
+            }
+            std::fs::write(cli.out.join("soak-rss.csv"), csv).unwrap();
             splice(&cli.readme, "soak", &md);
             println!("{md}");
             assert!(report.clean(), "the soak found problems");

@@ -247,6 +247,11 @@ pub struct SoakReport {
     /// Sentinel memory: name, RSS MiB at the end of warm-up, at the end, the highest after
     /// warm-up.
     pub rss: Vec<(String, f64, f64, f64)>,
+    /// Every sentinel's RSS samples (seconds since the start, MiB), every 5 s, to see the
+    /// shape of any growth (steady, or in steps at the broker restarts).
+    pub rss_series: Vec<(String, Vec<(f64, f64)>)>,
+    /// When each broker restart began, in seconds since the start.
+    pub broker_restart_at: Vec<f64>,
     /// Processors whose in-flight gauge did not return to 0 after the traffic.
     pub stuck_in_flight: Vec<String>,
     /// How long the in-flight gauges took to return to 0.
@@ -1112,6 +1117,7 @@ async fn soak(config: &SoakConfig, broker: &SoakBroker) -> Result<SoakReport, St
         }
         if now >= next_restart {
             let t0 = Instant::now();
+            report.broker_restart_at.push((t0 - started).as_secs_f64());
             match broker.restart().await {
                 Ok(()) => report.broker_restarts.push(t0.elapsed()),
                 Err(e) => report.violations.push(e),
@@ -1162,6 +1168,10 @@ async fn soak(config: &SoakConfig, broker: &SoakBroker) -> Result<SoakReport, St
             let max = after.iter().copied().fold(0.0, f64::max);
             report.rss.push((m.name.clone(), *first, *last, max));
         }
+        report.rss_series.push((
+            m.name.clone(),
+            series.iter().map(|(t, r)| (t.as_secs_f64(), *r)).collect(),
+        ));
     }
 
     stop_audit.store(true, Ordering::Relaxed);
