@@ -5,6 +5,7 @@
 //! (`null` for none) and unknown fields are ignored on input, so old and new readers keep
 //! working as records grow.
 
+pub mod config;
 mod de;
 pub mod decode;
 pub mod properties;

@@ -14,6 +14,7 @@ pub mod fake;
 pub mod fake_anthropic;
 pub mod fake_bedrock;
 pub mod fake_cohere;
+pub mod fake_config;
 pub mod fake_gemini;
 pub mod fake_ollama;
 pub mod fake_openai;

@@ -10,6 +10,7 @@ use sluice_runtime::{
         memory::MemoryBus,
         pulsar::{PulsarBus, PulsarConfig},
     },
+    flows::{ConfigTopics, FlowsConfig},
     processor::ProcessorConfig,
     secret::Secret,
 };
@@ -74,6 +75,78 @@ pub struct ProcessorArgs {
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "SLUICE_METRICS_ADDR", default_value = "0.0.0.0:8000")]
     pub metrics_addr: SocketAddr,
+}
+
+/// TrustGraph's config service as the source of a processor's flows.
+#[derive(Args, Debug, Clone)]
+pub struct ConfigServiceArgs {
+    /// Serve the flows TrustGraph's config service assigns to this processor (its entries
+    /// of type `processor:<id>`), several at once, started and stopped as the config
+    /// changes; the request and response topic options are then not used. Each flow's
+    /// topics follow --topic-mapping; TrustGraph's own deployments need `trustgraph`.
+    #[arg(long)]
+    pub config_service: bool,
+    /// This processor's id in TrustGraph's config (TrustGraph's `--id`).
+    #[arg(long = "id", env = "SLUICE_PROCESSOR_ID")]
+    pub processor_id: Option<String>,
+    /// Seconds between full reads of the config, besides the change pushes (which travel on
+    /// a non-persistent topic and can be missed).
+    #[arg(long, default_value_t = 60)]
+    pub config_resync_secs: u64,
+    /// Seconds one request to the config service may take.
+    #[arg(long, default_value_t = 30)]
+    pub config_timeout_secs: u64,
+    /// The config service's request topic (TrustGraph's `request:tg:config`).
+    #[arg(long, default_value = sluice_schema::config::CONFIG_REQUEST_TOPIC)]
+    pub config_request_topic: String,
+    /// The config service's response topic.
+    #[arg(long, default_value = sluice_schema::config::CONFIG_RESPONSE_TOPIC)]
+    pub config_response_topic: String,
+    /// The config service's change announcements (TrustGraph's `--config-push-queue`).
+    #[arg(long, default_value = sluice_schema::config::CONFIG_PUSH_TOPIC)]
+    pub config_push_topic: String,
+}
+
+impl ConfigServiceArgs {
+    /// The supervisor's settings, `default_id` being TrustGraph's default id for the
+    /// processor; `None` unless --config-service was given.
+    pub fn flows(
+        &self,
+        default_id: &str,
+        mapping: TopicMapping,
+        processor: &ProcessorArgs,
+    ) -> Result<Option<FlowsConfig>, String> {
+        if !self.config_service {
+            return Ok(None);
+        }
+        if processor.request_topic.is_some() || processor.response_topic.is_some() {
+            return Err("--config-service takes each flow's topics from the config; leave out --request-topic and --response-topic".into());
+        }
+        let id = self
+            .processor_id
+            .clone()
+            .unwrap_or_else(|| default_id.to_owned());
+        let [request, response, push] = self.topic_names()?;
+        let topics = ConfigTopics {
+            request: request.to_pulsar(mapping),
+            response: response.to_pulsar(mapping),
+            push: push.to_pulsar(mapping),
+        };
+        let mut config = FlowsConfig::new(id, topics);
+        config.resync = Duration::from_secs(self.config_resync_secs.max(1));
+        config.request_timeout = Duration::from_secs(self.config_timeout_secs.max(1));
+        Ok(Some(config))
+    }
+
+    /// The config service's request, response and push topics, for namespace creation.
+    pub fn topic_names(&self) -> Result<[TopicName; 3], String> {
+        let parse = |t: &str| t.parse::<TopicName>().map_err(|e| e.to_string());
+        Ok([
+            parse(&self.config_request_topic)?,
+            parse(&self.config_response_topic)?,
+            parse(&self.config_push_topic)?,
+        ])
+    }
 }
 
 /// The processor config for `name`, with TrustGraph's default topics for it.

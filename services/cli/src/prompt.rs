@@ -1,25 +1,31 @@
 //! `sluice prompt`: the prompt processor as a process. It renders templates and calls the
 //! text-completion service over the bus.
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
 
+use async_trait::async_trait;
 use clap::Args;
 use sluice_prompt::{
     handler::{LlmClient, PromptService},
     metrics::PromptMetrics,
     store::TemplateStore,
+    templates::TemplateSet,
 };
 use sluice_runtime::{
     bus::Bus,
     client::{ClientConfig, RequestClient},
-    processor::run_until_signalled,
+    flows::{
+        FlowKey, FlowService, FlowsConfig, flow_consumer, flow_topic, run_flows_until_signalled,
+    },
+    processor::{ProcessorConfig, run_until_signalled},
     telemetry::Telemetry,
 };
-use sluice_schema::{TopicMapping, TopicName};
+use sluice_schema::{TopicMapping, TopicName, config::FlowDefinition};
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{
-    BusArgs, ConfigFileArgs, ProcessorArgs, cancel_topic, connect, processor_config,
+    BusArgs, ConfigFileArgs, ConfigServiceArgs, ProcessorArgs, cancel_topic, connect,
+    processor_config,
 };
 
 /// Where templates come from (shared by `prompt` and `serve`).
@@ -60,6 +66,29 @@ pub struct LlmServiceArgs {
 }
 
 impl LlmServiceArgs {
+    /// A text-completion client on the given topics (Pulsar URLs); readiness watches its
+    /// response subscription under `link_name`.
+    pub async fn client_on(
+        &self,
+        bus: Arc<dyn Bus>,
+        request_topic: String,
+        response_topic: String,
+        mapping: TopicMapping,
+        telemetry: &Telemetry,
+        link_name: &str,
+    ) -> Result<Arc<LlmClient>, String> {
+        let mut config = ClientConfig::new("text-completion", request_topic, response_topic);
+        config.cancel_topic =
+            Some(cancel_topic("text-completion", Some(&self.llm_cancel_topic))?.to_pulsar(mapping));
+        config.inactivity_timeout = Duration::from_secs(self.llm_inactivity_timeout_secs);
+        config.total_timeout = Duration::from_secs(self.llm_timeout_secs);
+        let client = RequestClient::start(bus, config, Some(telemetry.metrics.clone()))
+            .await
+            .map_err(|e| format!("cannot reach text-completion's topics: {e}"))?;
+        telemetry.health.watch(link_name, client.link());
+        Ok(Arc::new(client))
+    }
+
     /// The topics, for namespace creation.
     pub fn topics(&self) -> Result<Vec<TopicName>, String> {
         [&self.llm_request_topic, &self.llm_response_topic]
@@ -127,14 +156,189 @@ pub struct PromptCommand {
     #[command(flatten)]
     processor: ProcessorArgs,
     #[command(flatten)]
+    flows: ConfigServiceArgs,
+    #[command(flatten)]
     templates: TemplateArgs,
     #[command(flatten)]
     llm: LlmServiceArgs,
 }
 
+/// The prompt flows TrustGraph's config service assigns. Templates come from the config's
+/// `prompt` entries of the flow's workspace (built-ins too, unless turned off); each flow
+/// calls the text-completion service on its own `text-completion-request` and
+/// `text-completion-response` topics, one client per pair of topics, shared by the flows
+/// that name the same pair and closed when the last of them stops.
+struct Flows {
+    bus: Arc<dyn Bus>,
+    mapping: TopicMapping,
+    telemetry: Telemetry,
+    llm: LlmServiceArgs,
+    metrics: PromptMetrics,
+    builtins: bool,
+    template: ProcessorConfig,
+    processor_id: String,
+    stores: std::sync::Mutex<BTreeMap<String, Arc<TemplateStore>>>,
+    clients: tokio::sync::Mutex<BTreeMap<(String, String), SharedClient>>,
+}
+
+/// A text-completion client and how many flows use it.
+type SharedClient = (Arc<LlmClient>, usize);
+
+impl Flows {
+    fn store(&self, workspace: &str) -> Result<Arc<TemplateStore>, String> {
+        let mut stores = self
+            .stores
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(store) = stores.get(workspace) {
+            return Ok(store.clone());
+        }
+        let set = TemplateSet::from_trustgraph_config(&BTreeMap::new(), self.builtins)
+            .map_err(|e| e.to_string())?;
+        let store = TemplateStore::with_metrics(set, self.metrics.clone());
+        stores.insert(workspace.to_owned(), store.clone());
+        Ok(store)
+    }
+
+    fn llm_topics(&self, definition: &FlowDefinition) -> Result<(String, String), String> {
+        Ok((
+            flow_topic(definition, "text-completion-request", self.mapping)?,
+            flow_topic(definition, "text-completion-response", self.mapping)?,
+        ))
+    }
+}
+
+#[async_trait]
+impl FlowService for Flows {
+    type Handler = PromptService;
+
+    fn config_types(&self) -> Vec<String> {
+        vec!["prompt".to_owned()]
+    }
+
+    async fn configure(
+        &self,
+        workspace: &str,
+        _kind: &str,
+        entries: &BTreeMap<String, String>,
+    ) -> Result<(), String> {
+        let store = self.store(workspace)?;
+        match TemplateSet::from_trustgraph_config(entries, self.builtins) {
+            Ok(set) => {
+                store.replace(set);
+                Ok(())
+            }
+            Err(e) => {
+                store.load_failed();
+                Err(e.to_string())
+            }
+        }
+    }
+
+    async fn flow(
+        &self,
+        key: &FlowKey,
+        definition: &FlowDefinition,
+    ) -> Result<(ProcessorConfig, Arc<PromptService>), String> {
+        let config = flow_consumer(
+            &self.template,
+            &self.processor_id,
+            key,
+            definition,
+            self.mapping,
+        )?;
+        let topics = self.llm_topics(definition)?;
+        let store = self.store(&key.workspace)?;
+        let mut clients = self.clients.lock().await;
+        let llm = match clients.get_mut(&topics) {
+            Some((client, users)) => {
+                *users += 1;
+                client.clone()
+            }
+            None => {
+                let client = self
+                    .llm
+                    .client_on(
+                        self.bus.clone(),
+                        topics.0.clone(),
+                        topics.1.clone(),
+                        self.mapping,
+                        &self.telemetry,
+                        &format!("text-completion responses on {}", topics.1),
+                    )
+                    .await?;
+                clients.insert(topics, (client.clone(), 1));
+                client
+            }
+        };
+        Ok((
+            config,
+            Arc::new(PromptService::new(store, llm, self.metrics.clone())),
+        ))
+    }
+
+    async fn flow_stopped(&self, _key: &FlowKey, definition: &FlowDefinition) {
+        let Ok(topics) = self.llm_topics(definition) else {
+            return;
+        };
+        let mut clients = self.clients.lock().await;
+        let last = match clients.get_mut(&topics) {
+            Some((_, users)) => {
+                *users = users.saturating_sub(1);
+                *users == 0
+            }
+            None => false,
+        };
+        if last && let Some((client, _)) = clients.remove(&topics) {
+            self.telemetry
+                .health
+                .unwatch(&format!("text-completion responses on {}", topics.1));
+            client.close().await;
+        }
+    }
+}
+
+/// Serves the flows of TrustGraph's config service until SIGTERM/SIGINT.
+async fn run_flows(
+    args: PromptCommand,
+    flows: FlowsConfig,
+    telemetry: Telemetry,
+) -> Result<(), String> {
+    let mapping = args.bus.topic_mapping;
+    let (template, mut topics) = processor_config("prompt", &args.processor, mapping)?;
+    topics.extend(args.flows.topic_names()?);
+    let bus = connect(&args.bus, &topics).await?;
+    let metrics = PromptMetrics::register(&telemetry.registry).map_err(|e| e.to_string())?;
+    let service = Arc::new(Flows {
+        bus: bus.clone(),
+        mapping,
+        telemetry: telemetry.clone(),
+        llm: args.llm.clone(),
+        metrics,
+        builtins: !args.templates.no_builtin_templates,
+        template,
+        processor_id: flows.processor_id.clone(),
+        stores: std::sync::Mutex::default(),
+        clients: tokio::sync::Mutex::default(),
+    });
+    run_flows_until_signalled(bus, flows, service, telemetry, args.processor.metrics_addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
 /// Runs the prompt processor until SIGTERM/SIGINT, then drains.
 pub async fn run(args: PromptCommand) -> Result<(), String> {
     let telemetry = Telemetry::new().map_err(|e| e.to_string())?;
+    if let Some(flows) = args
+        .flows
+        .flows("prompt", args.bus.topic_mapping, &args.processor)?
+    {
+        if args.templates.templates.is_some() {
+            return Err("--config-service takes templates from the config (type `prompt`); leave out --templates".into());
+        }
+        return run_flows(args, flows, telemetry).await;
+    }
     let stop_watching = CancellationToken::new();
     let (store, metrics) = template_store(&args.templates, &telemetry, stop_watching.clone())?;
     let (config, mut topics) = processor_config("prompt", &args.processor, args.bus.topic_mapping)?;

@@ -2,8 +2,15 @@
 
 use std::{sync::Arc, time::Duration};
 
+use async_trait::async_trait;
 use clap::{Args, ValueEnum};
-use sluice_runtime::{processor::run_until_signalled, secret::Secret, telemetry::Telemetry};
+use sluice_runtime::{
+    flows::{FlowKey, FlowService, flow_consumer, run_flows_until_signalled},
+    processor::{ProcessorConfig, run_until_signalled},
+    secret::Secret,
+    telemetry::Telemetry,
+};
+use sluice_schema::{TopicMapping, config::FlowDefinition};
 use sluice_text_completion::{
     handler::{LlmMetrics, TextCompletionService},
     provider::Provider,
@@ -19,7 +26,9 @@ use sluice_text_completion::{
     retry::RetryPolicy,
 };
 
-use crate::common::{BusArgs, ConfigFileArgs, ProcessorArgs, connect, processor_config};
+use crate::common::{
+    BusArgs, ConfigFileArgs, ConfigServiceArgs, ProcessorArgs, connect, processor_config,
+};
 
 /// Which provider serves the completions.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -60,6 +69,8 @@ pub struct TextCompletionArgs {
     bus: BusArgs,
     #[command(flatten)]
     processor: ProcessorArgs,
+    #[command(flatten)]
+    flows: ConfigServiceArgs,
     #[command(flatten)]
     llm: LlmArgs,
 }
@@ -299,12 +310,73 @@ pub fn service(args: &LlmArgs, telemetry: &Telemetry) -> Result<TextCompletionSe
     )
 }
 
+/// The text-completion flows TrustGraph's config service assigns: each flow's topics, and
+/// its `model` and `temperature` parameters as defaults for the requests that set neither.
+struct Flows {
+    service: TextCompletionService,
+    template: ProcessorConfig,
+    processor_id: String,
+    mapping: TopicMapping,
+}
+
+#[async_trait]
+impl FlowService for Flows {
+    type Handler = TextCompletionService;
+
+    async fn flow(
+        &self,
+        key: &FlowKey,
+        definition: &FlowDefinition,
+    ) -> Result<(ProcessorConfig, Arc<TextCompletionService>), String> {
+        let config = flow_consumer(
+            &self.template,
+            &self.processor_id,
+            key,
+            definition,
+            self.mapping,
+        )?;
+        let temperature = match definition.parameter("temperature") {
+            Some(t) => Some(
+                t.parse::<f64>()
+                    .ok()
+                    .filter(|t| (0.0..=2.0).contains(t))
+                    .ok_or_else(|| {
+                        "the flow's `temperature` parameter: expected a number from 0 to 2"
+                            .to_owned()
+                    })?,
+            ),
+            None => None,
+        };
+        let handler = self
+            .service
+            .for_flow(definition.parameter("model"), temperature);
+        Ok((config, Arc::new(handler)))
+    }
+}
+
 /// Runs the processor until SIGTERM/SIGINT, then drains.
 pub async fn run(args: TextCompletionArgs) -> Result<(), String> {
     let telemetry = Telemetry::new().map_err(|e| e.to_string())?;
     let handler = Arc::new(service(&args.llm, &telemetry)?);
-    let (config, topics) =
-        processor_config("text-completion", &args.processor, args.bus.topic_mapping)?;
+    let mapping = args.bus.topic_mapping;
+    let (config, mut topics) = processor_config("text-completion", &args.processor, mapping)?;
+    if let Some(flows) = args
+        .flows
+        .flows("text-completion", mapping, &args.processor)?
+    {
+        topics.extend(args.flows.topic_names()?);
+        let bus = connect(&args.bus, &topics).await?;
+        let service = Arc::new(Flows {
+            service: handler.for_flow(None, None),
+            template: config,
+            processor_id: flows.processor_id.clone(),
+            mapping,
+        });
+        run_flows_until_signalled(bus, flows, service, telemetry, args.processor.metrics_addr)
+            .await
+            .map_err(|e| e.to_string())?;
+        return Ok(());
+    }
     let bus = connect(&args.bus, &topics).await?;
     run_until_signalled(bus, config, handler, telemetry, args.processor.metrics_addr)
         .await

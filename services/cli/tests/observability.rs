@@ -342,6 +342,8 @@ fn owners(metric: &str) -> &'static [&'static str] {
         Some("prompt") => &["prompt"],
         Some("gateway") => &["gateway"],
         Some("agent") => &["agent"],
+        // Exported only with --config-service; tests/config_service.rs reads them there.
+        Some("config") => &[],
         _ => panic!("{metric}: which process exports it? Add its subsystem to owners()"),
     }
 }

@@ -55,6 +55,38 @@ impl TemplateStore {
         })
     }
 
+    /// Swaps `set` in (templates from TrustGraph's config service): requests in flight keep
+    /// the set they started with.
+    pub fn replace(&self, set: TemplateSet) {
+        if let Some(m) = &self.metrics {
+            m.reloaded(true);
+            m.templates_loaded(set.ids().count());
+        }
+        *self
+            .current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(set);
+    }
+
+    /// Counts a set that could not be loaded (the previous one stays in use).
+    pub fn load_failed(&self) {
+        if let Some(m) = &self.metrics {
+            m.reloaded(false);
+        }
+    }
+
+    /// A store holding `set`, counted in `metrics` (templates from TrustGraph's config
+    /// service; nothing to watch).
+    pub fn with_metrics(set: TemplateSet, metrics: PromptMetrics) -> Arc<Self> {
+        metrics.templates_loaded(set.ids().count());
+        Arc::new(Self {
+            path: None,
+            builtins: false,
+            current: RwLock::new(Arc::new(set)),
+            metrics: Some(metrics),
+        })
+    }
+
     /// The set to use for a request that starts now.
     pub fn current(&self) -> Arc<TemplateSet> {
         self.current

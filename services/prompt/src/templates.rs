@@ -246,6 +246,31 @@ impl TemplateSet {
         Self::build(system, file_sources, builtins)
     }
 
+    /// A set from the entries of type `prompt` of one workspace of TrustGraph's config
+    /// service: `system` (a JSON string) and `template.<id>` (each a JSON object, as in a
+    /// template file). Keys TrustGraph's prompt service does not read are ignored, as it
+    /// ignores them.
+    pub fn from_trustgraph_config(
+        entries: &BTreeMap<String, String>,
+        builtins: bool,
+    ) -> Result<Self, LoadError> {
+        let origin = Path::new("<TrustGraph config, type prompt>");
+        let mut root = serde_json::Map::new();
+        for (key, value) in entries {
+            if key == "system" {
+                root.insert(key.clone(), Value::String(value.clone()));
+            } else if key.starts_with("template.") {
+                let parsed: Value = serde_json::from_str(value).map_err(|e| {
+                    LoadError::Parse(origin.to_owned(), format!("entry {key:?}: {e}"))
+                })?;
+                root.insert(key.clone(), parsed);
+            }
+        }
+        let text = Value::Object(root).to_string();
+        let (system, sources) = parse_file(origin, &text)?;
+        Self::build(system, sources, builtins)
+    }
+
     fn build(
         system: Option<String>,
         file_sources: Vec<Source>,

@@ -3,6 +3,7 @@
 //! - [`bus`]: the `Bus` trait with Pulsar and in-process implementations;
 //! - [`processor`]: the consume loop a service plugs its handler into;
 //! - [`client`]: the request/response client for calling a service over the bus;
+//! - [`flows`]: flows assigned by TrustGraph's config service (`--config-service`);
 //! - [`cancel`]: client cancellation over the bus;
 //! - [`ndjson`]: the incremental NDJSON line splitter of the seeds;
 //! - [`telemetry`]: metrics, `/metrics` `/healthz` `/readyz`, tracing, shutdown signals;
@@ -13,6 +14,7 @@
 pub mod bus;
 pub mod cancel;
 pub mod client;
+pub mod flows;
 pub mod ndjson;
 pub mod processor;
 pub mod secret;

@@ -63,6 +63,11 @@ pub struct ProcessorConfig {
     /// The Pulsar topic URL clients publish cancels on (see [`crate::cancel`]); `None` turns
     /// client cancellation off.
     pub cancel_topic: Option<String>,
+    /// The flow this consumer serves (`workspace/flow`), when it is one of several a process
+    /// serves (see [`crate::flows`]). Such a consumer shares `/readyz` with the others: it
+    /// names itself there, takes its entry away when it stops, and leaves draining the whole
+    /// process to the process.
+    pub flow: Option<String>,
 }
 
 impl ProcessorConfig {
@@ -81,6 +86,7 @@ impl ProcessorConfig {
             concurrency: DEFAULT_CONCURRENCY,
             drain_grace: Duration::from_secs(30),
             cancel_topic: None,
+            flow: None,
         }
     }
 }
@@ -330,9 +336,14 @@ pub async fn run<H: Handler>(
     let mut subscription = bus
         .subscribe(&config.request_topic, &config.subscription, options)
         .await?;
+    let link_name = match &config.flow {
+        // Unique: a changed flow's new consumer starts while the old one drains.
+        Some(flow) => format!("{} requests of flow {flow} ({})", config.name, short_id()),
+        None => format!("{} requests", config.name),
+    };
     telemetry
         .health
-        .watch(format!("{} requests", config.name), subscription.link());
+        .watch(link_name.clone(), subscription.link());
     let cancels = CancelRegistry::default();
     let stop_cancels = CancellationToken::new();
     // Cancellation saves provider calls nobody reads; it is not worth delaying or refusing
@@ -357,7 +368,8 @@ pub async fn run<H: Handler>(
             }
         })
     });
-    info!(processor = %config.name, topic = %config.request_topic, concurrency, "processor started");
+    info!(processor = %config.name, flow = config.flow.as_deref().unwrap_or(""),
+          topic = %config.request_topic, concurrency, "processor started");
 
     let config = Arc::new(config);
     let store = StoreGuard::new(config.name.clone(), telemetry.clone());
@@ -438,8 +450,11 @@ pub async fn run<H: Handler>(
         }
     }
 
-    // Drain: stop routing new work here, keep settling what is in flight.
-    telemetry.health.set_draining();
+    // Drain: stop routing new work here, keep settling what is in flight. One flow of many
+    // going away leaves the process ready for the others.
+    if config.flow.is_none() {
+        telemetry.health.set_draining();
+    }
     subscription.pause();
     let in_flight = tasks.len();
     info!(processor = %config.name, in_flight, grace = ?config.drain_grace, "draining");
@@ -462,7 +477,10 @@ pub async fn run<H: Handler>(
     if let Some(listener) = cancel_listener {
         let _ = listener.await;
     }
-    info!(processor = %config.name, "processor stopped");
+    if config.flow.is_some() {
+        telemetry.health.unwatch(&link_name);
+    }
+    info!(processor = %config.name, flow = config.flow.as_deref().unwrap_or(""), "processor stopped");
     Ok(())
 }
 

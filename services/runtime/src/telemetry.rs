@@ -86,6 +86,9 @@ pub struct RuntimeMetrics {
     client_unroutable: IntCounterVec,
     client_dropped: IntCounterVec,
     store_blocked: IntGaugeVec,
+    config_version: IntGaugeVec,
+    flows: IntGaugeVec,
+    config_failures: IntCounterVec,
 }
 
 impl RuntimeMetrics {
@@ -154,6 +157,27 @@ impl RuntimeMetrics {
             ),
             &["service"],
         )?;
+        let config_version = IntGaugeVec::new(
+            Opts::new(
+                "sluice_config_version",
+                "The version of TrustGraph's config a processor last applied (--config-service).",
+            ),
+            &["processor"],
+        )?;
+        let flows = IntGaugeVec::new(
+            Opts::new(
+                "sluice_config_flows",
+                "Flows a processor serves now, as TrustGraph's config service assigns them.",
+            ),
+            &["processor"],
+        )?;
+        let config_failures = IntCounterVec::new(
+            Opts::new(
+                "sluice_config_fetch_failures_total",
+                "Reads of TrustGraph's config service that failed or whose answer could not be applied.",
+            ),
+            &["processor"],
+        )?;
         for c in [
             &requests,
             &records,
@@ -161,12 +185,14 @@ impl RuntimeMetrics {
             &client_requests,
             &client_unroutable,
             &client_dropped,
+            &config_failures,
         ] {
             registry.register(Box::new(c.clone()))?;
         }
+        for g in [&in_flight, &store_blocked, &config_version, &flows] {
+            registry.register(Box::new(g.clone()))?;
+        }
         registry.register(Box::new(duration.clone()))?;
-        registry.register(Box::new(in_flight.clone()))?;
-        registry.register(Box::new(store_blocked.clone()))?;
         Ok(Self {
             requests,
             duration,
@@ -177,7 +203,25 @@ impl RuntimeMetrics {
             client_unroutable,
             client_dropped,
             store_blocked,
+            config_version,
+            flows,
+            config_failures,
         })
+    }
+
+    /// Records the config version `processor` applied and how many flows it serves.
+    pub fn config_applied(&self, processor: &str, version: u64, flows: usize) {
+        self.config_version
+            .with_label_values(&[processor])
+            .set(i64::try_from(version).unwrap_or(i64::MAX));
+        self.flows
+            .with_label_values(&[processor])
+            .set(i64::try_from(flows).unwrap_or(i64::MAX));
+    }
+
+    /// Counts a failed read of the config service.
+    pub fn config_failed(&self, processor: &str) {
+        self.config_failures.with_label_values(&[processor]).inc();
     }
 
     /// Exports `processor`'s series at 0 before its first request, so that dashboards and
@@ -270,6 +314,11 @@ impl Health {
     /// Readiness depends on `link` from now on.
     pub fn watch(&self, name: impl Into<String>, link: Link) {
         lock(&self.links).push((name.into(), link));
+    }
+
+    /// Readiness no longer depends on the links watched under `name` (a flow that stopped).
+    pub fn unwatch(&self, name: &str) {
+        lock(&self.links).retain(|(n, _)| n != name);
     }
 
     /// How many links readiness depends on.

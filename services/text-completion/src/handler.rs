@@ -179,6 +179,10 @@ pub struct TextCompletionService {
     metrics: LlmMetrics,
     /// The models a request may name: the provider's own first, then any others allowed.
     served: Vec<String>,
+    /// A TrustGraph flow's `model` parameter: the model of requests that name none.
+    flow_model: Option<String>,
+    /// A TrustGraph flow's `temperature` parameter: for requests that set none.
+    flow_temperature: Option<f64>,
 }
 
 impl TextCompletionService {
@@ -191,6 +195,35 @@ impl TextCompletionService {
             retry,
             metrics,
             served,
+            flow_model: None,
+            flow_temperature: None,
+        }
+    }
+
+    /// The same service for one TrustGraph flow (see `sluice_runtime::flows`), as
+    /// TrustGraph's own processors use a flow's parameters: a request that names no model is
+    /// answered by `model`, one that sets no temperature uses `temperature`. The flow's model
+    /// is served (and listed first by `list-models`) besides the others.
+    pub fn for_flow(&self, model: Option<String>, temperature: Option<f64>) -> Self {
+        let model = model.filter(|m| !m.is_empty());
+        let mut served = Vec::new();
+        if let Some(m) = &model {
+            self.metrics.provider_configured(self.provider.name(), m);
+            served.push(m.clone());
+        }
+        served.extend(
+            self.served
+                .iter()
+                .filter(|s| model.as_ref() != Some(*s))
+                .cloned(),
+        );
+        Self {
+            provider: self.provider.clone(),
+            retry: self.retry,
+            metrics: self.metrics.clone(),
+            served,
+            flow_model: model,
+            flow_temperature: temperature,
         }
     }
 
@@ -528,16 +561,25 @@ impl Handler for TextCompletionService {
 
     async fn handle(
         &self,
-        request: TextCompletionRequest,
+        mut request: TextCompletionRequest,
         ctx: RequestContext,
         sink: &mut ResponseSink<TextCompletionResponse>,
     ) -> Result<(), Error> {
+        if request.model.as_deref().is_none_or(str::is_empty) {
+            request.model.clone_from(&self.flow_model);
+        }
+        if request.temperature.is_none() {
+            request.temperature = self.flow_temperature;
+        }
         match request.operation.as_deref() {
             None | Some("" | "completion") => {}
             Some(sluice_schema::LIST_MODELS) => {
                 // The model this processor serves; no provider call, so no usage and no
                 // provider metrics.
-                let model = self.provider.model().to_owned();
+                let model = self
+                    .flow_model
+                    .clone()
+                    .unwrap_or_else(|| self.provider.model().to_owned());
                 let models = self
                     .served
                     .iter()

@@ -1,0 +1,462 @@
+//! `--config-service`: processors that learn their flows from TrustGraph's config service,
+//! run as processes against the real broker and a stand-in config service speaking
+//! TrustGraph's records (tests/src/fake_config.rs) on this test's own topics.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Sluice, free_port, scrape, value};
+use serde_json::json;
+use sluice_runtime::client::{Received, RequestClient};
+use sluice_schema::{PromptRequest, PromptResponse, TextCompletionRequest};
+use sluice_tests::{
+    Broker, TextClient, fake_config::FakeConfigService, fake_openai::FakeOpenAi, text_client,
+    unique_topic,
+};
+
+/// The whole text of one request's answer; panics on an error record.
+async fn complete(client: &TextClient, request: TextCompletionRequest) -> (String, Vec<String>) {
+    let mut stream = tokio::time::timeout(Duration::from_secs(60), client.request(&request))
+        .await
+        .unwrap()
+        .unwrap();
+    let (mut text, mut models) = (String::new(), Vec::new());
+    while let Some(item) = tokio::time::timeout(Duration::from_secs(60), stream.next())
+        .await
+        .expect("the answer kept coming")
+    {
+        if let Received::Record(r) = item.unwrap() {
+            assert!(r.error.is_none(), "{r:?}");
+            text.push_str(&r.response);
+            models.extend(r.models.iter().map(|m| m.id.clone()));
+            if r.end_of_stream {
+                return (text, models);
+            }
+        }
+    }
+    panic!("the stream ended without a terminal record");
+}
+
+/// Polls `port`'s metrics until `name{labels}` equals `want`.
+async fn until(process: &Sluice, port: u16, name: &str, labels: &[(&str, &str)], want: f64) {
+    for _ in 0..300 {
+        if value(&scrape(port).await, name, labels) == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "{name}{labels:?} never reached {want}: {}\n{}",
+        value(&scrape(port).await, name, labels),
+        process.stderr()
+    );
+}
+
+fn flow(request: &str, response: &str, parameters: serde_json::Value) -> String {
+    json!({"topics": {"request": request, "response": response}, "parameters": parameters})
+        .to_string()
+}
+
+struct Topics {
+    request: String,
+    response: String,
+    push: String,
+}
+
+fn config_topics(name: &str) -> Topics {
+    Topics {
+        request: unique_topic(&format!("{name}-config-req")),
+        response: unique_topic(&format!("{name}-config-resp")),
+        push: unique_topic(&format!("{name}-config-push")),
+    }
+}
+
+fn config_args<'a>(topics: &'a Topics, broker: &'a Broker, metrics: &'a str) -> Vec<&'a str> {
+    vec![
+        "--config-service",
+        "--config-request-topic",
+        topics.request.as_str(),
+        "--config-response-topic",
+        topics.response.as_str(),
+        "--config-push-topic",
+        topics.push.as_str(),
+        "--config-resync-secs",
+        "2",
+        "--pulsar-url",
+        broker.url.as_str(),
+        "--metrics-addr",
+        metrics,
+    ]
+}
+
+#[tokio::test]
+async fn text_completion_serves_the_flows_of_the_config_and_follows_its_changes() {
+    sluice_runtime::install_crypto_provider();
+    let broker = Broker::from_env().await;
+    let bus = broker.bus().await;
+    let fake = FakeOpenAi::start().await;
+    let topics = config_topics("tc");
+    let config =
+        FakeConfigService::start(bus.clone(), &topics.request, &topics.response, &topics.push)
+            .await;
+    let (f1_req, f1_resp) = (unique_topic("tc-f1-req"), unique_topic("tc-f1-resp"));
+    let (f2_req, f2_resp) = (unique_topic("tc-f2-req"), unique_topic("tc-f2-resp"));
+    // A flow before the processor starts, one in TrustGraph's own bookkeeping workspace
+    // (never served), and a flow of another processor.
+    config
+        .put(
+            "ws1",
+            "processor:text-completion",
+            &[("f1", &flow(&f1_req, &f1_resp, json!({"model": "replay-3"})))],
+        )
+        .await;
+    config
+        .put(
+            "__template__",
+            "processor:text-completion",
+            &[("t", &flow(&f1_req, &f1_resp, json!({})))],
+        )
+        .await;
+    config
+        .put(
+            "ws1",
+            "processor:prompt",
+            &[("p", &flow(&f1_req, &f1_resp, json!({})))],
+        )
+        .await;
+
+    let port = free_port();
+    let metrics = format!("127.0.0.1:{port}");
+    let base = fake.base_url();
+    let mut args = vec![
+        "text-completion",
+        "--provider",
+        "openai-compatible",
+        "--base-url",
+        base.as_str(),
+        "--model",
+        "normal",
+    ];
+    args.extend(config_args(&topics, &broker, &metrics));
+    let mut process = Sluice::spawn(
+        &args,
+        &[("SLUICE_LLM_API_KEY", "k"), ("RUST_LOG", "info")],
+        &["SLUICE_CONFIG", "SLUICE_METRICS_ADDR"],
+    );
+    process
+        .ready(&format!("http://127.0.0.1:{port}/readyz"))
+        .await;
+    until(
+        &process,
+        port,
+        "sluice_config_flows",
+        &[("processor", "text-completion")],
+        1.0,
+    )
+    .await;
+
+    // The flow's model answers requests that name none; list-models lists it first.
+    let f1 = text_client(bus.clone(), &f1_req, &f1_resp).await;
+    let (text, _) = complete(
+        &f1,
+        TextCompletionRequest {
+            prompt: "flow one".into(),
+            streaming: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(text, "flow one");
+    assert_eq!(fake.calls("replay-3"), 1);
+    let (_, models) = complete(
+        &f1,
+        TextCompletionRequest {
+            operation: Some("list-models".into()),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(models, ["replay-3", "normal"]);
+
+    // A flow added later, in another workspace, with a temperature: served after the push.
+    config
+        .put(
+            "ws2",
+            "processor:text-completion",
+            &[(
+                "f2",
+                &flow(
+                    &f2_req,
+                    &f2_resp,
+                    json!({"model": "normal", "temperature": "0.5"}),
+                ),
+            )],
+        )
+        .await;
+    let f2 = text_client(bus.clone(), &f2_req, &f2_resp).await;
+    let (text, _) = complete(
+        &f2,
+        TextCompletionRequest {
+            prompt: "flow two".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(text, "Hello world!");
+    assert_eq!(fake.last_body()["temperature"], json!(0.5));
+    until(
+        &process,
+        port,
+        "sluice_config_flows",
+        &[("processor", "text-completion")],
+        2.0,
+    )
+    .await;
+
+    // A removed flow stops; an unreadable definition is counted and served by nobody; a
+    // change whose push was lost is picked up by the periodic read.
+    config
+        .delete("ws1", "processor:text-completion", "f1")
+        .await;
+    until(
+        &process,
+        port,
+        "sluice_config_flows",
+        &[("processor", "text-completion")],
+        1.0,
+    )
+    .await;
+    config
+        .put(
+            "ws2",
+            "processor:text-completion",
+            &[("broken", "{not json")],
+        )
+        .await;
+    for _ in 0..100 {
+        let m = scrape(port).await;
+        if value(&m, "sluice_config_fetch_failures_total", &[]) >= 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        value(
+            &scrape(port).await,
+            "sluice_config_fetch_failures_total",
+            &[]
+        ) >= 1.0
+    );
+    config.put_silently(
+        "ws1",
+        "processor:text-completion",
+        "f1",
+        &flow(&f1_req, &f1_resp, json!({"model": "replay-3"})),
+    );
+    until(
+        &process,
+        port,
+        "sluice_config_flows",
+        &[("processor", "text-completion")],
+        2.0,
+    )
+    .await;
+    let (text, _) = complete(
+        &f1,
+        TextCompletionRequest {
+            prompt: "flow one again".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(text, "flow one again");
+    assert!(
+        value(&scrape(port).await, "sluice_config_version", &[]) >= 5.0,
+        "the applied version is exported"
+    );
+
+    f1.close().await;
+    f2.close().await;
+    let stopped = process.stop().await;
+    assert!(stopped.status.success(), "{}", stopped.stderr);
+    let log = format!("{}{}", stopped.stdout, stopped.stderr);
+    assert!(
+        !log.contains("{not json"),
+        "an entry's value is never logged"
+    );
+}
+
+#[tokio::test]
+async fn prompt_takes_templates_and_text_completion_topics_from_the_config() {
+    sluice_runtime::install_crypto_provider();
+    let broker = Broker::from_env().await;
+    let bus = broker.bus().await;
+    let fake = FakeOpenAi::start().await;
+    let topics = config_topics("pr");
+    let config =
+        FakeConfigService::start(bus.clone(), &topics.request, &topics.response, &topics.push)
+            .await;
+    // The text-completion flow and the prompt flow of one TrustGraph flow, both from config.
+    let (tc_req, tc_resp) = (unique_topic("pr-tc-req"), unique_topic("pr-tc-resp"));
+    let (p_req, p_resp) = (unique_topic("pr-p-req"), unique_topic("pr-p-resp"));
+    config
+        .put(
+            "ws",
+            "processor:text-completion",
+            &[(
+                "flow",
+                &flow(&tc_req, &tc_resp, json!({"model": "replay-4"})),
+            )],
+        )
+        .await;
+    config
+        .put(
+            "ws",
+            "prompt",
+            &[
+                ("system", "\"Be brief.\""),
+                (
+                    "template.greet",
+                    r#"{"prompt": "Say hello to {{name}}.", "response-type": "text"}"#,
+                ),
+            ],
+        )
+        .await;
+    let prompt_flow = json!({"topics": {"request": p_req, "response": p_resp,
+        "text-completion-request": tc_req, "text-completion-response": tc_resp},
+        "parameters": {}})
+    .to_string();
+    config
+        .put("ws", "processor:prompt", &[("flow", &prompt_flow)])
+        .await;
+
+    let (tc_port, p_port) = (free_port(), free_port());
+    let (tc_metrics, p_metrics) = (
+        format!("127.0.0.1:{tc_port}"),
+        format!("127.0.0.1:{p_port}"),
+    );
+    let base = fake.base_url();
+    let mut tc_args = vec![
+        "text-completion",
+        "--provider",
+        "openai-compatible",
+        "--base-url",
+        base.as_str(),
+        "--model",
+        "normal",
+    ];
+    tc_args.extend(config_args(&topics, &broker, &tc_metrics));
+    let mut tc = Sluice::spawn(
+        &tc_args,
+        &[("SLUICE_LLM_API_KEY", "k")],
+        &["SLUICE_CONFIG", "SLUICE_METRICS_ADDR"],
+    );
+    let mut p_args = vec!["prompt", "--no-builtin-templates"];
+    p_args.extend(config_args(&topics, &broker, &p_metrics));
+    let mut prompt = Sluice::spawn(
+        &p_args,
+        &[("RUST_LOG", "info")],
+        &["SLUICE_CONFIG", "SLUICE_METRICS_ADDR", "SLUICE_TEMPLATES"],
+    );
+    tc.ready(&format!("http://127.0.0.1:{tc_port}/readyz"))
+        .await;
+    prompt
+        .ready(&format!("http://127.0.0.1:{p_port}/readyz"))
+        .await;
+    until(
+        &prompt,
+        p_port,
+        "sluice_config_flows",
+        &[("processor", "prompt")],
+        1.0,
+    )
+    .await;
+
+    let client: RequestClient<PromptRequest, PromptResponse> = RequestClient::start(
+        bus.clone(),
+        sluice_runtime::client::ClientConfig::new("prompt", &p_req, &p_resp),
+        None,
+    )
+    .await
+    .unwrap();
+    let ask = |name: &str| PromptRequest {
+        id: "greet".into(),
+        terms: [("name".to_owned(), json!(name).to_string())].into(),
+        streaming: true,
+    };
+    let answer = |request: PromptRequest| {
+        let client = &client;
+        async move {
+            let mut stream = client.request(&request).await.unwrap();
+            let mut text = String::new();
+            while let Some(item) = stream.next().await {
+                if let Received::Record(r) = item.unwrap() {
+                    assert!(r.error.is_none(), "{r:?}");
+                    text.push_str(r.text.as_deref().unwrap_or_default());
+                    if r.end_of_stream {
+                        return text;
+                    }
+                }
+            }
+            panic!("no terminal record");
+        }
+    };
+    assert_eq!(answer(ask("Ada")).await, "Say hello to Ada.");
+    assert_eq!(fake.last_body()["messages"][0]["content"], "Be brief.");
+
+    // A changed template is used by the next request, live.
+    config
+        .put(
+            "ws",
+            "prompt",
+            &[(
+                "template.greet",
+                r#"{"prompt": "Greet {{name}} warmly.", "response-type": "text"}"#,
+            )],
+        )
+        .await;
+    let mut changed = String::new();
+    for _ in 0..100 {
+        changed = answer(ask("Bo")).await;
+        if changed == "Greet Bo warmly." {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(changed, "Greet Bo warmly.");
+    // A template that does not compile keeps the previous set and is counted.
+    config
+        .put(
+            "ws",
+            "prompt",
+            &[("template.greet", r#"{"prompt": "Broken {% if %}"}"#)],
+        )
+        .await;
+    for _ in 0..100 {
+        if value(
+            &scrape(p_port).await,
+            "sluice_config_fetch_failures_total",
+            &[],
+        ) >= 1.0
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        value(
+            &scrape(p_port).await,
+            "sluice_config_fetch_failures_total",
+            &[]
+        ) >= 1.0
+    );
+    assert_eq!(answer(ask("Cy")).await, "Greet Cy warmly.");
+
+    client.close().await;
+    for process in [prompt, tc] {
+        let stopped = process.stop().await;
+        assert!(stopped.status.success(), "{}", stopped.stderr);
+    }
+}

@@ -1,0 +1,849 @@
+//! Flows assigned by TrustGraph's config service: the `--config-service` mode of a processor.
+//!
+//! In a TrustGraph deployment a processor is not told its topics on the command line. It
+//! asks TrustGraph's config service (see [`sluice_schema::config`]) for the entries of type
+//! `processor:<its id>`, one per flow it is to serve, each naming the flow's topics and
+//! parameters, and it hears of changes on the config push topic. This module does that for
+//! any sluice processor:
+//!
+//! - [`ConfigClient`] asks the config service over the bus (request/response, correlated by
+//!   the `id` property, as TrustGraph's own processors ask);
+//! - [`run_flows`] serves every flow the config names, several at once in one process, each
+//!   a [`crate::processor::run`] consumer with its own topics; it starts and stops flows as
+//!   pushes arrive, restarts a flow whose definition changed, and hands the service other
+//!   config types it asked for (the prompt service's templates, the agent's tools).
+//!
+//! Beyond what TrustGraph's processors do, so that a missed push never leaves a processor
+//! behind: the whole config is read again every `resync` (pushes travel on a non-persistent
+//! topic and are lost while a processor is disconnected), a failed read is retried every
+//! `retry` until it succeeds, and `/readyz` fails until the first read succeeded.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    fmt,
+    sync::{Arc, Mutex},
+};
+
+use async_trait::async_trait;
+use sluice_schema::{
+    TopicMapping, TopicName,
+    config::{
+        CONFIG_PUSH_TOPIC, CONFIG_REQUEST_TOPIC, CONFIG_RESPONSE_TOPIC, ConfigPush, ConfigRequest,
+        ConfigResponse, FlowDefinition,
+    },
+    properties,
+};
+use tokio::{
+    sync::oneshot,
+    task::{JoinHandle, JoinSet},
+    time::{Duration, Instant},
+};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use crate::{
+    bus::{Bus, BusError, Message, Publisher, SubscribeOptions, Subscription},
+    processor::{self, Handler, ProcessorConfig},
+    telemetry::Telemetry,
+};
+
+/// The `/readyz` condition held until the config service first answered.
+const CONFIG_CONDITION: &str = "config-service";
+
+/// The Pulsar topics of TrustGraph's config service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigTopics {
+    /// Where requests go (`request:tg:config`).
+    pub request: String,
+    /// Where answers come (`response:tg:config`).
+    pub response: String,
+    /// Where changes are announced (`notify:tg:config`).
+    pub push: String,
+}
+
+impl ConfigTopics {
+    /// TrustGraph's config topics under `mapping`.
+    pub fn new(mapping: TopicMapping) -> Self {
+        let url = |name: &str| match name.parse::<TopicName>() {
+            Ok(t) => t.to_pulsar(mapping),
+            // The names are constants that parse; keep the name rather than fail.
+            Err(_) => name.to_owned(),
+        };
+        Self {
+            request: url(CONFIG_REQUEST_TOPIC),
+            response: url(CONFIG_RESPONSE_TOPIC),
+            push: url(CONFIG_PUSH_TOPIC),
+        }
+    }
+
+    /// The logical names, for namespace creation.
+    pub fn names() -> Vec<TopicName> {
+        [
+            CONFIG_REQUEST_TOPIC,
+            CONFIG_RESPONSE_TOPIC,
+            CONFIG_PUSH_TOPIC,
+        ]
+        .iter()
+        .filter_map(|n| n.parse().ok())
+        .collect()
+    }
+}
+
+/// Why a config read failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The bus failed.
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    /// No answer in time.
+    #[error("the config service did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The config service answered with an error.
+    #[error("the config service refused: {0}")]
+    Refused(sluice_schema::Error),
+    /// The client was closed.
+    #[error("the config client is closed")]
+    Closed,
+}
+
+type Pending = Arc<Mutex<HashMap<String, oneshot::Sender<ConfigResponse>>>>;
+
+/// Asks TrustGraph's config service over the bus. One response subscription of its own
+/// (exclusive, from now on), removed by [`ConfigClient::close`].
+pub struct ConfigClient {
+    publisher: Arc<dyn Publisher>,
+    pending: Pending,
+    timeout: Duration,
+    stop: CancellationToken,
+    reader: JoinHandle<()>,
+}
+
+impl ConfigClient {
+    /// Subscribes to the response topic, then opens the request topic. `name` names the
+    /// subscription (suffixed to be unique).
+    pub async fn connect(
+        bus: &Arc<dyn Bus>,
+        topics: &ConfigTopics,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<Self, BusError> {
+        let subscription_name = format!("{name}-config-{}", short_id());
+        let mut options = SubscribeOptions::exclusive(1000);
+        options.consumer_name = Some(subscription_name.clone());
+        let subscription = bus
+            .subscribe(&topics.response, &subscription_name, options)
+            .await?;
+        let publisher = match bus.publisher(&topics.request).await {
+            Ok(p) => p,
+            Err(e) => {
+                subscription.unsubscribe().await;
+                return Err(e);
+            }
+        };
+        let pending: Pending = Arc::default();
+        let stop = CancellationToken::new();
+        let reader = tokio::spawn(read_answers(subscription, pending.clone(), stop.clone()));
+        Ok(Self {
+            publisher,
+            pending,
+            timeout,
+            stop,
+            reader,
+        })
+    }
+
+    /// Sends `request` and waits for its answer; an answer carrying an error is an error.
+    pub async fn request(&self, request: &ConfigRequest) -> Result<ConfigResponse, ConfigError> {
+        let id = uuid::Uuid::new_v4().to_string();
+        let (tx, rx) = oneshot::channel();
+        crate::lock(&self.pending).insert(id.clone(), tx);
+        let result = self.exchange(&id, request, rx).await;
+        crate::lock(&self.pending).remove(&id);
+        let response = result?;
+        match response.error {
+            Some(e) => Err(ConfigError::Refused(e)),
+            None => Ok(response),
+        }
+    }
+
+    async fn exchange(
+        &self,
+        id: &str,
+        request: &ConfigRequest,
+        rx: oneshot::Receiver<ConfigResponse>,
+    ) -> Result<ConfigResponse, ConfigError> {
+        let payload = serde_json::to_vec(request)
+            .map_err(|e| BusError::Config(format!("cannot encode a config request: {e}")))?;
+        let message = Message::new(payload).with_property(properties::ID, id);
+        let deadline = Instant::now() + self.timeout;
+        let stored = tokio::time::timeout_at(deadline, async {
+            self.publisher.send(message).await?.await
+        })
+        .await;
+        match stored {
+            Ok(r) => r?,
+            Err(_) => return Err(ConfigError::Timeout(self.timeout)),
+        }
+        match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(_)) => Err(ConfigError::Closed),
+            Err(_) => Err(ConfigError::Timeout(self.timeout)),
+        }
+    }
+
+    /// The entries of `kind` in `workspace`, key -> value, and the config version.
+    pub async fn values(
+        &self,
+        workspace: &str,
+        kind: &str,
+    ) -> Result<(u64, BTreeMap<String, String>), ConfigError> {
+        let response = self
+            .request(&ConfigRequest::getvalues(workspace, kind))
+            .await?;
+        let entries = response
+            .values
+            .into_iter()
+            .map(|v| (v.key, v.value))
+            .collect();
+        Ok((response.version, entries))
+    }
+
+    /// The entries of `kind` in every workspace that has some: workspace -> key -> value,
+    /// and the config version. As TrustGraph's processors read it: the keys across
+    /// workspaces first, then each workspace's values.
+    pub async fn all_workspaces(
+        &self,
+        kind: &str,
+    ) -> Result<(u64, BTreeMap<String, BTreeMap<String, String>>), ConfigError> {
+        let keys = self.request(&ConfigRequest::getkeys_all_ws(kind)).await?;
+        let workspaces: BTreeSet<String> = keys.values.into_iter().map(|v| v.workspace).collect();
+        let mut version = keys.version;
+        let mut all = BTreeMap::new();
+        for workspace in workspaces {
+            let (v, entries) = self.values(&workspace, kind).await?;
+            version = version.max(v);
+            if !entries.is_empty() {
+                all.insert(workspace, entries);
+            }
+        }
+        Ok((version, all))
+    }
+
+    /// Stops reading answers and removes the response subscription.
+    pub async fn close(self) {
+        self.stop.cancel();
+        let _ = self.reader.await;
+    }
+}
+
+/// Routes each answer to the request waiting for it; answers to other clients (every
+/// client of the config service reads every answer) are acked and dropped.
+async fn read_answers(
+    mut subscription: Box<dyn Subscription>,
+    pending: Pending,
+    stop: CancellationToken,
+) {
+    loop {
+        let delivery = tokio::select! {
+            () = stop.cancelled() => break,
+            d = subscription.next() => d,
+        };
+        let delivery = match delivery {
+            Some(Ok(d)) => d,
+            Some(Err(e)) => {
+                warn!(error = %e, "reading the config service's answers failed");
+                continue;
+            }
+            None => break,
+        };
+        let waiting = delivery
+            .property(properties::ID)
+            .and_then(|id| crate::lock(&pending).remove(id));
+        if let Some(tx) = waiting {
+            match serde_json::from_slice::<ConfigResponse>(delivery.payload()) {
+                Ok(response) => {
+                    let _ = tx.send(response);
+                }
+                // Dropping `tx` fails the request as closed; the caller retries.
+                Err(e) => warn!(error = %e, "an answer of the config service could not be read"),
+            }
+        }
+        delivery.ack();
+    }
+    subscription.unsubscribe().await;
+}
+
+/// One flow: a workspace and the flow's name in it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FlowKey {
+    /// The TrustGraph workspace.
+    pub workspace: String,
+    /// The flow (TrustGraph's variant key of the `processor:<id>` entry).
+    pub flow: String,
+}
+
+impl fmt::Display for FlowKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.workspace, self.flow)
+    }
+}
+
+/// What a service provides to be run by [`run_flows`].
+#[async_trait]
+pub trait FlowService: Send + Sync + 'static {
+    /// The handler of one flow.
+    type Handler: Handler;
+
+    /// Config types the service reads besides `processor:<id>` (e.g. `prompt`).
+    fn config_types(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// The entries of `kind` (one of [`FlowService::config_types`]) in `workspace` are now
+    /// `entries` (empty when there are none). Called before the workspace's flows start, and
+    /// again on every change. An error keeps what was in use; the read is tried again.
+    async fn configure(
+        &self,
+        workspace: &str,
+        kind: &str,
+        entries: &BTreeMap<String, String>,
+    ) -> Result<(), String> {
+        let _ = (workspace, kind, entries);
+        Ok(())
+    }
+
+    /// The consumer and handler of a flow.
+    async fn flow(
+        &self,
+        key: &FlowKey,
+        definition: &FlowDefinition,
+    ) -> Result<(ProcessorConfig, Arc<Self::Handler>), String>;
+
+    /// A flow stopped (removed or changed) and its requests in flight have finished.
+    async fn flow_stopped(&self, key: &FlowKey, definition: &FlowDefinition) {
+        let _ = (key, definition);
+    }
+}
+
+/// How [`run_flows`] reads the config.
+#[derive(Debug, Clone)]
+pub struct FlowsConfig {
+    /// The processor's id in TrustGraph's config: it serves the entries of type
+    /// `processor:<id>`.
+    pub processor_id: String,
+    /// The config service's topics.
+    pub topics: ConfigTopics,
+    /// How long one config request may take.
+    pub request_timeout: Duration,
+    /// How often the whole config is read again, whatever the pushes said.
+    pub resync: Duration,
+    /// How soon a failed read is tried again.
+    pub retry: Duration,
+}
+
+impl FlowsConfig {
+    /// Defaults: 30 s per request, a full read every 60 s, retries every 2 s (TrustGraph's
+    /// own retry interval).
+    pub fn new(processor_id: impl Into<String>, topics: ConfigTopics) -> Self {
+        Self {
+            processor_id: processor_id.into(),
+            topics,
+            request_timeout: Duration::from_secs(30),
+            resync: Duration::from_secs(60),
+            retry: Duration::from_secs(2),
+        }
+    }
+}
+
+/// A flow's consumer config as TrustGraph wires it: requests from the definition's
+/// `request` topic, answers to its `response` topic, and TrustGraph's subscription name
+/// (`<id>--<workspace>--<flow>--request`), so sluice and TrustGraph replicas of the same
+/// processor id share a flow's requests. Concurrency, drain grace and the cancel topic
+/// come from `template`.
+pub fn flow_consumer(
+    template: &ProcessorConfig,
+    processor_id: &str,
+    key: &FlowKey,
+    definition: &FlowDefinition,
+    mapping: TopicMapping,
+) -> Result<ProcessorConfig, String> {
+    let request = flow_topic(definition, "request", mapping)?;
+    let response = flow_topic(definition, "response", mapping)?;
+    let mut config = template.clone();
+    config.request_topic = request;
+    config.response_topic = response;
+    config.subscription = format!("{processor_id}--{}--{}--request", key.workspace, key.flow);
+    config.flow = Some(key.to_string());
+    Ok(config)
+}
+
+/// The Pulsar URL of the flow topic the processor calls `name`.
+pub fn flow_topic(
+    definition: &FlowDefinition,
+    name: &str,
+    mapping: TopicMapping,
+) -> Result<String, String> {
+    let topic = definition
+        .topic(name)
+        .ok_or_else(|| format!("the flow names no `{name}` topic"))?;
+    let parsed: TopicName = topic
+        .parse()
+        .map_err(|e| format!("the flow's `{name}` topic: {e}"))?;
+    Ok(parsed.to_pulsar(mapping))
+}
+
+struct Running {
+    definition: FlowDefinition,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+struct Supervisor<S: FlowService> {
+    bus: Arc<dyn Bus>,
+    service: Arc<S>,
+    telemetry: Telemetry,
+    config: FlowsConfig,
+    /// `processor:<id>`.
+    flows_kind: String,
+    /// The service's other types, applied before the flows.
+    extra_kinds: Vec<String>,
+    running: BTreeMap<FlowKey, Running>,
+    /// What each (workspace, type) of the extra kinds was last configured with.
+    applied: BTreeMap<(String, String), BTreeMap<String, String>>,
+    version: u64,
+    stopping: JoinSet<()>,
+}
+
+impl<S: FlowService> Supervisor<S> {
+    fn publish_state(&self) {
+        self.telemetry.metrics.config_applied(
+            &self.config.processor_id,
+            self.version,
+            self.running.len(),
+        );
+    }
+
+    fn failed(&self, what: &str, error: &dyn fmt::Display) {
+        self.telemetry
+            .metrics
+            .config_failed(&self.config.processor_id);
+        warn!(processor = %self.config.processor_id, error = %error, "{what}");
+    }
+
+    /// Reads every type in every workspace and applies it.
+    async fn full_sync(&mut self, client: &ConfigClient) -> Result<(), ConfigError> {
+        let kinds: Vec<String> = self
+            .extra_kinds
+            .iter()
+            .chain(std::iter::once(&self.flows_kind))
+            .cloned()
+            .collect();
+        let mut version = 0;
+        let mut fetched = Vec::new();
+        for kind in kinds {
+            let (v, per_workspace) = client.all_workspaces(&kind).await?;
+            version = version.max(v);
+            fetched.push((kind, per_workspace));
+        }
+        for (kind, per_workspace) in fetched {
+            // Workspaces that had entries before and have none now are applied empty.
+            let mut workspaces: BTreeSet<String> = per_workspace.keys().cloned().collect();
+            if kind == self.flows_kind {
+                workspaces.extend(self.running.keys().map(|k| k.workspace.clone()));
+            } else {
+                workspaces.extend(
+                    self.applied
+                        .keys()
+                        .filter(|(_, k)| *k == kind)
+                        .map(|(ws, _)| ws.clone()),
+                );
+            }
+            let empty = BTreeMap::new();
+            for ws in workspaces {
+                let entries = per_workspace.get(&ws).unwrap_or(&empty);
+                self.apply(&ws, &kind, entries).await;
+            }
+        }
+        self.version = version;
+        self.publish_state();
+        Ok(())
+    }
+
+    /// Applies a push: reads again the (type, workspace) pairs it names.
+    async fn on_push(
+        &mut self,
+        client: &ConfigClient,
+        push: ConfigPush,
+    ) -> Result<(), ConfigError> {
+        if push.version <= self.version {
+            debug!(
+                version = push.version,
+                applied = self.version,
+                "config push already applied"
+            );
+            return Ok(());
+        }
+        if let Some(changes) = &push.workspace_changes {
+            for ws in &changes.deleted {
+                info!(processor = %self.config.processor_id, workspace = %ws, "workspace deleted");
+                let empty = BTreeMap::new();
+                for kind in self.extra_kinds.clone() {
+                    self.apply(ws, &kind, &empty).await;
+                }
+                let flows_kind = self.flows_kind.clone();
+                self.apply(ws, &flows_kind, &empty).await;
+            }
+        }
+        let kinds: Vec<String> = self
+            .extra_kinds
+            .iter()
+            .chain(std::iter::once(&self.flows_kind))
+            .cloned()
+            .collect();
+        for kind in kinds {
+            let Some(workspaces) = push.changes.get(&kind) else {
+                continue;
+            };
+            for ws in workspaces {
+                let (_, entries) = client.values(ws, &kind).await?;
+                self.apply(ws, &kind, &entries).await;
+            }
+        }
+        self.version = push.version;
+        self.publish_state();
+        Ok(())
+    }
+
+    async fn apply(&mut self, workspace: &str, kind: &str, entries: &BTreeMap<String, String>) {
+        // TrustGraph keeps its own bookkeeping in workspaces named `_...`.
+        if workspace.starts_with('_') {
+            return;
+        }
+        if kind == self.flows_kind {
+            self.reconcile(workspace, entries).await;
+            return;
+        }
+        let slot = (workspace.to_owned(), kind.to_owned());
+        if self.applied.get(&slot) == Some(entries) {
+            return;
+        }
+        match self.service.configure(workspace, kind, entries).await {
+            Ok(()) => {
+                info!(processor = %self.config.processor_id, workspace, kind,
+                      entries = entries.len(), "config applied");
+                if entries.is_empty() {
+                    self.applied.remove(&slot);
+                } else {
+                    self.applied.insert(slot, entries.clone());
+                }
+            }
+            Err(e) => self.failed(
+                &format!("config of type {kind:?} in workspace {workspace:?} not applied; what was in use stays"),
+                &e,
+            ),
+        }
+    }
+
+    /// Starts, stops and restarts the flows of `workspace` to match `entries`.
+    async fn reconcile(&mut self, workspace: &str, entries: &BTreeMap<String, String>) {
+        let mut wanted = BTreeMap::new();
+        for (flow, value) in entries {
+            let key = FlowKey {
+                workspace: workspace.to_owned(),
+                flow: flow.clone(),
+            };
+            match serde_json::from_str::<FlowDefinition>(value) {
+                Ok(definition) => {
+                    wanted.insert(key, definition);
+                }
+                // The value is not logged: it is the operator's, and may be large.
+                Err(e) => self.failed(
+                    &format!("flow {key} has an unreadable definition; it is not served"),
+                    &e,
+                ),
+            }
+        }
+        let current: Vec<FlowKey> = self
+            .running
+            .keys()
+            .filter(|k| k.workspace == workspace)
+            .cloned()
+            .collect();
+        for key in current {
+            let keep = wanted
+                .get(&key)
+                .is_some_and(|d| self.running.get(&key).is_some_and(|r| &r.definition == d));
+            if !keep {
+                self.stop(&key);
+            }
+        }
+        for (key, definition) in wanted {
+            if !self.running.contains_key(&key) {
+                self.start(key, definition).await;
+            }
+        }
+        self.publish_state();
+    }
+
+    async fn start(&mut self, key: FlowKey, definition: FlowDefinition) {
+        let (config, handler) = match self.service.flow(&key, &definition).await {
+            Ok(built) => built,
+            Err(e) => {
+                self.failed(&format!("flow {key} cannot be served"), &e);
+                return;
+            }
+        };
+        info!(processor = %self.config.processor_id, flow = %key,
+              request_topic = %config.request_topic, "flow started");
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(serve_flow(
+            self.bus.clone(),
+            config,
+            handler,
+            self.telemetry.clone(),
+            stop.clone(),
+            self.service.clone(),
+            key.clone(),
+            definition.clone(),
+            self.config.retry,
+        ));
+        self.running.insert(
+            key,
+            Running {
+                definition,
+                stop,
+                task,
+            },
+        );
+    }
+
+    /// Stops taking the flow's requests; those in flight finish in the background.
+    fn stop(&mut self, key: &FlowKey) {
+        if let Some(running) = self.running.remove(key) {
+            info!(processor = %self.config.processor_id, flow = %key, "flow stopping");
+            running.stop.cancel();
+            let task = running.task;
+            self.stopping.spawn(async move {
+                let _ = task.await;
+            });
+        }
+    }
+
+    async fn shutdown(mut self) {
+        self.telemetry.health.set_draining();
+        let keys: Vec<FlowKey> = self.running.keys().cloned().collect();
+        for key in &keys {
+            self.stop(key);
+        }
+        while self.stopping.join_next().await.is_some() {}
+        self.publish_state();
+    }
+}
+
+/// One flow's consumer, started again (every `retry`) if it cannot start, until `stop`.
+#[allow(clippy::too_many_arguments)]
+async fn serve_flow<S: FlowService>(
+    bus: Arc<dyn Bus>,
+    config: ProcessorConfig,
+    handler: Arc<S::Handler>,
+    telemetry: Telemetry,
+    stop: CancellationToken,
+    service: Arc<S>,
+    key: FlowKey,
+    definition: FlowDefinition,
+    retry: Duration,
+) {
+    let condition = format!("flow {key}");
+    loop {
+        match processor::run(
+            bus.clone(),
+            config.clone(),
+            handler.clone(),
+            telemetry.clone(),
+            stop.clone(),
+        )
+        .await
+        {
+            Ok(()) => break,
+            Err(e) => {
+                telemetry
+                    .health
+                    .fail(condition.clone(), format!("cannot consume: {e}"));
+                warn!(flow = %key, error = %e, "the flow's consumer cannot start; trying again");
+                tokio::select! {
+                    () = stop.cancelled() => break,
+                    () = tokio::time::sleep(retry) => {}
+                }
+            }
+        }
+    }
+    telemetry.health.clear(&condition);
+    service.flow_stopped(&key, &definition).await;
+    info!(flow = %key, "flow stopped");
+}
+
+/// Serves the flows TrustGraph's config service assigns to `config.processor_id` until
+/// `shutdown`, then drains every flow. Returns early only if `shutdown` fires first.
+pub async fn run_flows<S: FlowService>(
+    bus: Arc<dyn Bus>,
+    config: FlowsConfig,
+    service: Arc<S>,
+    telemetry: Telemetry,
+    shutdown: CancellationToken,
+) {
+    let id = config.processor_id.clone();
+    telemetry.health.fail(
+        CONFIG_CONDITION,
+        format!(
+            "waiting for TrustGraph's config service on {}",
+            config.topics.request
+        ),
+    );
+    let mut supervisor = Supervisor {
+        bus: bus.clone(),
+        flows_kind: format!("processor:{id}"),
+        extra_kinds: service.config_types(),
+        service,
+        telemetry: telemetry.clone(),
+        config,
+        running: BTreeMap::new(),
+        applied: BTreeMap::new(),
+        version: 0,
+        stopping: JoinSet::new(),
+    };
+    supervisor.publish_state();
+    // Pushes first, as TrustGraph's processors do: a change made while the config is being
+    // read is then heard of rather than lost.
+    let Some(mut pushes) = subscribe_pushes(&bus, &supervisor.config, &shutdown).await else {
+        return;
+    };
+    let client = loop {
+        let connected = tokio::select! {
+            () = shutdown.cancelled() => {
+                pushes.unsubscribe().await;
+                return;
+            }
+            c = ConfigClient::connect(&bus, &supervisor.config.topics, &id, supervisor.config.request_timeout) => c,
+        };
+        match connected {
+            Ok(c) => break c,
+            Err(e) => {
+                supervisor.failed("cannot reach the config service's topics; trying again", &e);
+                tokio::time::sleep(supervisor.config.retry).await;
+            }
+        }
+    };
+    info!(processor = %id, topic = %supervisor.config.topics.request, "reading flows from TrustGraph's config service");
+    let mut synced = false;
+    let next_sync = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(next_sync);
+    loop {
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled() => break,
+            delivery = pushes.next() => match delivery {
+                Some(Ok(d)) => {
+                    let push = serde_json::from_slice::<ConfigPush>(d.payload());
+                    d.ack();
+                    match push {
+                        // Before the first full read, that read covers the push.
+                        Ok(_) if !synced => {}
+                        Ok(push) => {
+                            if let Err(e) = supervisor.on_push(&client, push).await {
+                                supervisor.failed("a config change could not be read; reading the whole config again soon", &e);
+                                next_sync.as_mut().reset(Instant::now() + supervisor.config.retry);
+                            }
+                        }
+                        Err(e) => supervisor.failed("a config push could not be read", &e),
+                    }
+                }
+                Some(Err(e)) => warn!(error = %e, "reading config pushes failed"),
+                None => {
+                    // Closed for good: subscribe again; the periodic read covers the gap.
+                    let Some(again) = subscribe_pushes(&bus, &supervisor.config, &shutdown).await else {
+                        break;
+                    };
+                    pushes = again;
+                }
+            },
+            () = &mut next_sync => {
+                match supervisor.full_sync(&client).await {
+                    Ok(()) => {
+                        if !synced {
+                            info!(processor = %id, version = supervisor.version,
+                                  flows = supervisor.running.len(), "config applied");
+                        }
+                        synced = true;
+                        telemetry.health.clear(CONFIG_CONDITION);
+                        next_sync.as_mut().reset(Instant::now() + supervisor.config.resync);
+                    }
+                    Err(e) => {
+                        if !synced {
+                            telemetry.health.fail(CONFIG_CONDITION, format!("the config service cannot be read: {e}"));
+                        }
+                        supervisor.failed("the config could not be read; trying again", &e);
+                        next_sync.as_mut().reset(Instant::now() + supervisor.config.retry);
+                    }
+                }
+            },
+            Some(_) = supervisor.stopping.join_next(), if !supervisor.stopping.is_empty() => {}
+        }
+    }
+    supervisor.shutdown().await;
+    client.close().await;
+    pushes.unsubscribe().await;
+    info!(processor = %id, "flows stopped");
+}
+
+/// Subscribes to the push topic (exclusive, from now on), retrying until `shutdown`.
+async fn subscribe_pushes(
+    bus: &Arc<dyn Bus>,
+    config: &FlowsConfig,
+    shutdown: &CancellationToken,
+) -> Option<Box<dyn Subscription>> {
+    loop {
+        let name = format!("{}-config-push-{}", config.processor_id, short_id());
+        let mut options = SubscribeOptions::exclusive(1000);
+        options.consumer_name = Some(name.clone());
+        let subscribed = tokio::select! {
+            () = shutdown.cancelled() => return None,
+            s = bus.subscribe(&config.topics.push, &name, options) => s,
+        };
+        match subscribed {
+            Ok(s) => return Some(s),
+            Err(e) => {
+                error!(processor = %config.processor_id, topic = %config.topics.push, error = %e,
+                       "cannot subscribe to config pushes; trying again");
+                tokio::select! {
+                    () = shutdown.cancelled() => return None,
+                    () = tokio::time::sleep(config.retry) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Runs [`run_flows`] as a whole process: serves `/metrics`, `/healthz`, `/readyz` on
+/// `metrics_addr`, and drains every flow on SIGTERM or SIGINT.
+pub async fn run_flows_until_signalled<S: FlowService>(
+    bus: Arc<dyn Bus>,
+    config: FlowsConfig,
+    service: Arc<S>,
+    telemetry: Telemetry,
+    metrics_addr: std::net::SocketAddr,
+) -> Result<std::net::SocketAddr, processor::RunError> {
+    let shutdown = crate::telemetry::shutdown_on_signals();
+    let telemetry_stop = CancellationToken::new();
+    let bound = telemetry
+        .serve(metrics_addr, telemetry_stop.clone())
+        .await
+        .map_err(|e| processor::RunError::Telemetry(metrics_addr, e))?;
+    info!(%bound, "serving /metrics /healthz /readyz");
+    run_flows(bus, config, service, telemetry, shutdown).await;
+    telemetry_stop.cancel();
+    Ok(bound)
+}
+
+fn short_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..8].to_owned()
+}
