@@ -76,6 +76,10 @@ pub enum ToolKind {
         /// The environment variable (or its `_FILE` twin) holding a bearer token.
         #[serde(default, rename = "token-env")]
         token_env: Option<String>,
+        /// A bearer token given by TrustGraph's config (its `mcp` entry's `auth-token`);
+        /// never read from a tools file, which takes `token-env` instead.
+        #[serde(skip)]
+        token: Option<sluice_runtime::secret::Secret>,
     },
     /// Any service with a request/response topic pair: the arguments are the request.
     Service {
@@ -152,6 +156,96 @@ pub fn parse(text: &str) -> Result<Vec<ToolConfig>, String> {
         }
     }
     Ok(file.tools)
+}
+
+/// The tools of one workspace of TrustGraph's config service: its `tool` entries (each a
+/// JSON object: `type`, `name`, `description`, `arguments`, `group`, `applicable-states`,
+/// `state` for the next state) and the `mcp` entries the `mcp-tool` tools name (`url`,
+/// `remote-name`, `auth-token`). sluice's agent calls MCP servers itself, so TrustGraph's
+/// mcp-tool service is not needed. Returns the tools it can serve and, for each it cannot
+/// (a type that needs TrustGraph's knowledge services, an unknown MCP server, an unreadable
+/// entry), a message naming the entry. Values are never quoted: they may hold tokens.
+pub fn from_trustgraph_config(
+    tools: &BTreeMap<String, String>,
+    mcp: &BTreeMap<String, String>,
+) -> (Vec<ToolConfig>, Vec<String>) {
+    let mut served = Vec::new();
+    let mut problems = Vec::new();
+    let mut names = std::collections::BTreeSet::new();
+    for (key, value) in tools {
+        match tool_from_entry(value, mcp) {
+            Ok(tool) if !names.insert(tool.name.clone()) => {
+                problems.push(format!(
+                    "tool entry {key:?}: the name {:?} is taken",
+                    tool.name
+                ));
+            }
+            Ok(tool) => served.push(tool),
+            Err(e) => problems.push(format!("tool entry {key:?}: {e}")),
+        }
+    }
+    (served, problems)
+}
+
+fn tool_from_entry(value: &str, mcp: &BTreeMap<String, String>) -> Result<ToolConfig, String> {
+    let data: Value =
+        serde_json::from_str(value).map_err(|e| format!("not a JSON object ({e})"))?;
+    let text = |field: &str| data.get(field).and_then(Value::as_str).map(str::to_owned);
+    let strings = |field: &str| -> Result<Option<Vec<String>>, String> {
+        match data.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => serde_json::from_value(v.clone())
+                .map(Some)
+                .map_err(|_| format!("`{field}` must be a list of strings")),
+        }
+    };
+    let name = text("name").ok_or("no `name`")?;
+    let kind = match text("type").as_deref() {
+        Some("prompt") => ToolKind::Prompt {
+            template: text("template").ok_or("a prompt tool needs `template`")?,
+        },
+        Some("text-completion") => ToolKind::TextCompletion { system: None },
+        Some("mcp-tool") => {
+            let id = text("mcp-tool").ok_or("an mcp-tool tool needs `mcp-tool`")?;
+            let server: Value = mcp
+                .get(&id)
+                .ok_or_else(|| format!("names the MCP server {id:?}, which has no `mcp` entry"))
+                .and_then(|v| {
+                    serde_json::from_str(v)
+                        .map_err(|e| format!("the `mcp` entry {id:?} is not JSON ({e})"))
+                })?;
+            let field = |f: &str| server.get(f).and_then(Value::as_str).map(str::to_owned);
+            ToolKind::Mcp {
+                url: field("url").ok_or_else(|| format!("the `mcp` entry {id:?} has no `url`"))?,
+                tool: Some(field("remote-name").unwrap_or_else(|| id.clone())),
+                token_env: None,
+                token: field("auth-token")
+                    .filter(|t| !t.is_empty())
+                    .map(sluice_runtime::secret::Secret::new),
+            }
+        }
+        Some(other) => {
+            return Err(format!(
+                "type {other:?} is not served by sluice's agent (it serves prompt, text-completion and mcp-tool tools)"
+            ));
+        }
+        None => return Err("no `type`".into()),
+    };
+    let arguments = match data.get("arguments") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(v) => serde_json::from_value(v.clone()).map_err(|e| {
+            format!("`arguments` must be a list of {{name, type, description}} ({e})")
+        })?,
+    };
+    Ok(ToolConfig {
+        name,
+        description: text("description").unwrap_or_default(),
+        arguments,
+        group: strings("group")?.unwrap_or_else(default_group),
+        applicable_states: strings("applicable-states")?,
+        next_state: text("state").or_else(|| text("next-state")),
+        kind,
+    })
 }
 
 /// The tools a request may use: in one of its groups (`default` when it names none) and

@@ -2,8 +2,9 @@
 //! prompt tools, the prompt service) over the bus and hands each next step back to its own
 //! request topic.
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
 
+use async_trait::async_trait;
 use clap::Args;
 use serde_json::Value;
 use sluice_agent::{
@@ -16,13 +17,20 @@ use sluice_prompt::handler::LlmClient;
 use sluice_runtime::{
     bus::Bus,
     client::{ClientConfig, RequestClient},
-    processor::run_until_signalled,
+    flows::{FlowKey, FlowService, flow_consumer, flow_topic, run_flows_until_signalled},
+    processor::{ProcessorConfig, run_until_signalled},
     telemetry::Telemetry,
 };
-use sluice_schema::{PromptRequest, PromptResponse, TopicMapping, TopicName};
+use sluice_schema::{
+    PromptRequest, PromptResponse, TopicMapping, TopicName, config::FlowDefinition,
+};
+use tracing::warn;
 
 use crate::{
-    common::{BusArgs, ConfigFileArgs, ProcessorArgs, cancel_topic, connect, processor_config},
+    common::{
+        BusArgs, ConfigFileArgs, ConfigServiceArgs, ProcessorArgs, cancel_topic, connect,
+        processor_config,
+    },
     prompt::LlmServiceArgs,
 };
 
@@ -76,17 +84,61 @@ pub async fn agent_service(
         Some(path) => tools::load(path).map_err(|e| e.to_string())?,
         None => Vec::new(),
     };
-    let template = match &args.react_template {
-        Some(path) => std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read the ReAct template {}: {e}", path.display()))?,
-        None => DEFAULT_REACT_TEMPLATE.to_owned(),
-    };
     let topic = |t: &str| -> Result<String, String> {
         t.parse::<TopicName>()
             .map(|n| n.to_pulsar(mapping))
             .map_err(|e| e.to_string())
     };
-    let mut prompt_client: Option<Arc<RequestClient<PromptRequest, PromptResponse>>> = None;
+    let prompt_topics = (
+        topic(&args.prompt_request_topic)?,
+        topic(&args.prompt_response_topic)?,
+    );
+    let template = react_template(args)?;
+    let (service, _prompt) = build_agent(
+        args,
+        configs,
+        llm,
+        &bus,
+        mapping,
+        request_topic,
+        prompt_topics,
+        &template,
+        metrics,
+    )
+    .await?;
+    Ok(service)
+}
+
+fn react_template(args: &AgentArgs) -> Result<String, String> {
+    match &args.react_template {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read the ReAct template {}: {e}", path.display())),
+        None => Ok(DEFAULT_REACT_TEMPLATE.to_owned()),
+    }
+}
+
+type PromptClient = RequestClient<PromptRequest, PromptResponse>;
+
+/// An agent with `configs` for tools; prompt tools call the prompt service on
+/// `prompt_topics` (Pulsar URLs), through a client returned for closing.
+#[allow(clippy::too_many_arguments)]
+async fn build_agent(
+    args: &AgentArgs,
+    configs: Vec<tools::ToolConfig>,
+    llm: Arc<LlmClient>,
+    bus: &Arc<dyn Bus>,
+    mapping: TopicMapping,
+    request_topic: &str,
+    prompt_topics: (String, String),
+    template: &str,
+    metrics: AgentMetrics,
+) -> Result<(AgentService, Option<Arc<PromptClient>>), String> {
+    let topic = |t: &str| -> Result<String, String> {
+        t.parse::<TopicName>()
+            .map(|n| n.to_pulsar(mapping))
+            .map_err(|e| e.to_string())
+    };
+    let mut prompt_client: Option<Arc<PromptClient>> = None;
     let mut tools = Vec::new();
     for config in configs {
         let backend = match &config.kind {
@@ -96,8 +148,8 @@ pub async fn agent_service(
                     None => {
                         let mut cc = ClientConfig::new(
                             "prompt",
-                            topic(&args.prompt_request_topic)?,
-                            topic(&args.prompt_response_topic)?,
+                            prompt_topics.0.clone(),
+                            prompt_topics.1.clone(),
                         );
                         cc.cancel_topic = Some(cancel_topic("prompt", None)?.to_pulsar(mapping));
                         let c = Arc::new(
@@ -112,8 +164,16 @@ pub async fn agent_service(
                 Backend::Prompt(client)
             }
             ToolKind::TextCompletion { .. } => Backend::TextCompletion(llm.clone()),
-            ToolKind::Mcp { url, token_env, .. } => {
-                let token = tools::token(token_env.as_deref())?;
+            ToolKind::Mcp {
+                url,
+                token_env,
+                token,
+                ..
+            } => {
+                let token = match token {
+                    Some(t) => Some(t.clone()),
+                    None => tools::token(token_env.as_deref())?,
+                };
                 Backend::Mcp(mcp_client(
                     url,
                     token,
@@ -150,7 +210,169 @@ pub async fn agent_service(
         tool_timeout: Duration::from_secs(args.tool_timeout_secs),
         plain_answer: args.plain_answer.parse()?,
     };
-    AgentService::new(llm, tools, next_step, &template, limits, metrics).map_err(|e| e.to_string())
+    let service = AgentService::new(llm, tools, next_step, template, limits, metrics)
+        .map_err(|e| e.to_string())?;
+    Ok((service, prompt_client))
+}
+
+/// The agent flows TrustGraph's config service assigns (TrustGraph's `agent-manager`). Each
+/// flow calls text-completion and the prompt service on its own topics
+/// (`text-completion-request`/`-response`, `prompt-request`/`-response`) and hands its next
+/// steps to its own `request` topic; its tools are the workspace's `tool` entries (with the
+/// `mcp` entries the MCP tools name). When those change, the workspace's flows restart with
+/// the new tools: dialogs in flight go on at their next step, which the new consumer takes.
+struct Flows {
+    bus: Arc<dyn Bus>,
+    mapping: TopicMapping,
+    telemetry: Telemetry,
+    args: AgentArgs,
+    llm: LlmServiceArgs,
+    metrics: AgentMetrics,
+    template: String,
+    consumer: ProcessorConfig,
+    processor_id: String,
+    /// (workspace, `tool` or `mcp`) -> entries.
+    entries: std::sync::Mutex<BTreeMap<(String, String), BTreeMap<String, String>>>,
+    /// Each flow's clients, oldest first: a restarted flow's new instance starts before the
+    /// old one has drained, and instances stop in the order they started.
+    clients: tokio::sync::Mutex<BTreeMap<FlowKey, Vec<FlowClients>>>,
+}
+
+type FlowClients = (Arc<LlmClient>, Option<Arc<PromptClient>>);
+
+impl Flows {
+    fn entries(&self, workspace: &str, kind: &str) -> BTreeMap<String, String> {
+        self.entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&(workspace.to_owned(), kind.to_owned()))
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+#[async_trait]
+impl FlowService for Flows {
+    type Handler = AgentService;
+
+    fn config_types(&self) -> Vec<String> {
+        vec!["mcp".to_owned(), "tool".to_owned()]
+    }
+
+    fn restarts_flows(&self, _kind: &str) -> bool {
+        true
+    }
+
+    async fn configure(
+        &self,
+        workspace: &str,
+        kind: &str,
+        entries: &BTreeMap<String, String>,
+    ) -> Result<(), String> {
+        self.entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert((workspace.to_owned(), kind.to_owned()), entries.clone());
+        Ok(())
+    }
+
+    async fn flow(
+        &self,
+        key: &FlowKey,
+        definition: &FlowDefinition,
+    ) -> Result<(ProcessorConfig, Arc<AgentService>), String> {
+        let config = flow_consumer(
+            &self.consumer,
+            &self.processor_id,
+            key,
+            definition,
+            self.mapping,
+        )?;
+        let (configs, problems) = tools::from_trustgraph_config(
+            &self.entries(&key.workspace, "tool"),
+            &self.entries(&key.workspace, "mcp"),
+        );
+        for problem in &problems {
+            self.telemetry.metrics.config_failed(&self.processor_id);
+            warn!(flow = %key, "{problem}; the tool is left out");
+        }
+        let needs_prompt = configs
+            .iter()
+            .any(|c| matches!(c.kind, ToolKind::Prompt { .. }));
+        let prompt_topics = if needs_prompt {
+            (
+                flow_topic(definition, "prompt-request", self.mapping)?,
+                flow_topic(definition, "prompt-response", self.mapping)?,
+            )
+        } else {
+            (String::new(), String::new())
+        };
+        let llm = self
+            .llm
+            .client_on(
+                self.bus.clone(),
+                flow_topic(definition, "text-completion-request", self.mapping)?,
+                flow_topic(definition, "text-completion-response", self.mapping)?,
+                self.mapping,
+                &self.telemetry,
+                &format!("text-completion responses of agent flow {key}"),
+            )
+            .await?;
+        let built = build_agent(
+            &self.args,
+            configs,
+            llm.clone(),
+            &self.bus,
+            self.mapping,
+            &config.request_topic,
+            prompt_topics,
+            &self.template,
+            self.metrics.clone(),
+        )
+        .await;
+        let (service, prompt) = match built {
+            Ok(b) => b,
+            Err(e) => {
+                llm.close().await;
+                return Err(e);
+            }
+        };
+        self.clients
+            .lock()
+            .await
+            .entry(key.clone())
+            .or_default()
+            .push((llm, prompt));
+        Ok((config, Arc::new(service)))
+    }
+
+    async fn flow_stopped(&self, key: &FlowKey, _definition: &FlowDefinition) {
+        let oldest = {
+            let mut clients = self.clients.lock().await;
+            let oldest = clients
+                .get_mut(key)
+                .filter(|v| !v.is_empty())
+                .map(|v| v.remove(0));
+            if clients.get(key).is_some_and(Vec::is_empty) {
+                clients.remove(key);
+            }
+            oldest
+        };
+        if let Some((llm, prompt)) = oldest {
+            // Every instance of the flow watched its client under the same name; the newer
+            // instance's link stays watched under a fresh entry below.
+            llm.close().await;
+            if let Some(p) = prompt {
+                p.close().await;
+            }
+        }
+        let still = self.clients.lock().await;
+        let name = format!("text-completion responses of agent flow {key}");
+        self.telemetry.health.unwatch(&name);
+        for (llm, _) in still.get(key).into_iter().flatten() {
+            self.telemetry.health.watch(name.clone(), llm.link());
+        }
+    }
 }
 
 fn mcp_client(
@@ -175,6 +397,8 @@ pub struct AgentCommand {
     #[command(flatten)]
     processor: ProcessorArgs,
     #[command(flatten)]
+    flows: ConfigServiceArgs,
+    #[command(flatten)]
     agent: AgentArgs,
     #[command(flatten)]
     llm: LlmServiceArgs,
@@ -183,6 +407,35 @@ pub struct AgentCommand {
 /// Runs the agent processor until SIGTERM/SIGINT, then drains.
 pub async fn run(args: AgentCommand) -> Result<(), String> {
     let telemetry = Telemetry::new().map_err(|e| e.to_string())?;
+    if let Some(flows) =
+        args.flows
+            .flows("agent-manager", args.bus.topic_mapping, &args.processor)?
+    {
+        if args.agent.tools.is_some() {
+            return Err("--config-service takes tools from the config (types `tool` and `mcp`); leave out --tools".into());
+        }
+        let mapping = args.bus.topic_mapping;
+        let (consumer, mut topics) = processor_config("agent", &args.processor, mapping)?;
+        topics.extend(args.flows.topic_names()?);
+        let bus = connect(&args.bus, &topics).await?;
+        let service = Arc::new(Flows {
+            bus: bus.clone(),
+            mapping,
+            telemetry: telemetry.clone(),
+            metrics: AgentMetrics::register(&telemetry.registry).map_err(|e| e.to_string())?,
+            template: react_template(&args.agent)?,
+            args: args.agent.clone(),
+            llm: args.llm.clone(),
+            consumer,
+            processor_id: flows.processor_id.clone(),
+            entries: std::sync::Mutex::default(),
+            clients: tokio::sync::Mutex::default(),
+        });
+        run_flows_until_signalled(bus, flows, service, telemetry, args.processor.metrics_addr)
+            .await
+            .map_err(|e| e.to_string())?;
+        return Ok(());
+    }
     let (config, mut topics) = processor_config("agent", &args.processor, args.bus.topic_mapping)?;
     topics.extend(args.llm.topics()?);
     let bus = connect(&args.bus, &topics).await?;

@@ -460,3 +460,155 @@ async fn prompt_takes_templates_and_text_completion_topics_from_the_config() {
         assert!(stopped.status.success(), "{}", stopped.stderr);
     }
 }
+
+#[tokio::test]
+async fn agent_takes_tools_from_the_config_and_restarts_its_flows_when_they_change() {
+    use sluice_schema::{AgentMessageType, AgentRequest, AgentResponse};
+    sluice_runtime::install_crypto_provider();
+    let broker = Broker::from_env().await;
+    let bus = broker.bus().await;
+    let fake = FakeOpenAi::start().await;
+    let topics = config_topics("ag");
+    let config =
+        FakeConfigService::start(bus.clone(), &topics.request, &topics.response, &topics.push)
+            .await;
+    let (tc_req, tc_resp) = (unique_topic("ag-tc-req"), unique_topic("ag-tc-resp"));
+    let (a_req, a_resp) = (unique_topic("ag-a-req"), unique_topic("ag-a-resp"));
+    config
+        .put(
+            "ws",
+            "processor:text-completion",
+            &[(
+                "flow",
+                &flow(&tc_req, &tc_resp, json!({"model": "react-ask"})),
+            )],
+        )
+        .await;
+    // TrustGraph's tool shape; a type sluice does not serve is left out and counted.
+    config
+        .put(
+            "ws",
+            "tool",
+            &[
+                (
+                    "ask",
+                    r#"{"type": "text-completion", "name": "ask", "description": "Asks a model.",
+                        "arguments": [{"name": "question", "type": "string",
+                                       "description": "The question."}]}"#,
+                ),
+                (
+                    "kq",
+                    r#"{"type": "knowledge-query", "name": "kq", "description": "Graph RAG."}"#,
+                ),
+            ],
+        )
+        .await;
+    let agent_flow = json!({"topics": {"request": a_req, "response": a_resp,
+        "text-completion-request": tc_req, "text-completion-response": tc_resp,
+        "prompt-request": "request:tg:prompt", "prompt-response": "response:tg:prompt"},
+        "parameters": {}})
+    .to_string();
+    config
+        .put("ws", "processor:agent-manager", &[("flow", &agent_flow)])
+        .await;
+
+    let (tc_port, a_port) = (free_port(), free_port());
+    let (tc_metrics, a_metrics) = (
+        format!("127.0.0.1:{tc_port}"),
+        format!("127.0.0.1:{a_port}"),
+    );
+    let base = fake.base_url();
+    let mut tc_args = vec![
+        "text-completion",
+        "--provider",
+        "openai-compatible",
+        "--base-url",
+        base.as_str(),
+        "--model",
+        "normal",
+    ];
+    tc_args.extend(config_args(&topics, &broker, &tc_metrics));
+    let mut tc = Sluice::spawn(
+        &tc_args,
+        &[("SLUICE_LLM_API_KEY", "k")],
+        &["SLUICE_CONFIG", "SLUICE_METRICS_ADDR"],
+    );
+    let mut a_args = vec!["agent"];
+    a_args.extend(config_args(&topics, &broker, &a_metrics));
+    let mut agent = Sluice::spawn(
+        &a_args,
+        &[("RUST_LOG", "info")],
+        &["SLUICE_CONFIG", "SLUICE_METRICS_ADDR", "SLUICE_TOOLS"],
+    );
+    tc.ready(&format!("http://127.0.0.1:{tc_port}/readyz"))
+        .await;
+    agent
+        .ready(&format!("http://127.0.0.1:{a_port}/readyz"))
+        .await;
+    until(
+        &agent,
+        a_port,
+        "sluice_config_flows",
+        &[("processor", "agent-manager")],
+        1.0,
+    )
+    .await;
+    assert!(
+        value(
+            &scrape(a_port).await,
+            "sluice_config_fetch_failures_total",
+            &[]
+        ) >= 1.0
+    );
+
+    let client: RequestClient<AgentRequest, AgentResponse> = RequestClient::start(
+        bus.clone(),
+        sluice_runtime::client::ClientConfig::new("agent", &a_req, &a_resp),
+        None,
+    )
+    .await
+    .unwrap();
+    let dialog = || async {
+        let request = AgentRequest {
+            question: "What colour?".into(),
+            streaming: true,
+            ..Default::default()
+        };
+        let mut stream = client.request(&request).await.unwrap();
+        let mut answer = String::new();
+        while let Some(item) = stream.next().await {
+            if let Received::Record(r) = item.unwrap() {
+                if r.message_type == AgentMessageType::Answer {
+                    answer.push_str(&r.content);
+                }
+                if r.end_of_dialog {
+                    return answer;
+                }
+            }
+        }
+        panic!("no end of dialog");
+    };
+    assert_eq!(dialog().await, "The tool said: Echo: Name a colour.");
+
+    // The tool goes away: the flow restarts with no tool, and the model's call of `ask`
+    // now gets the agent's "no such tool" observation instead of the tool's answer.
+    config.delete("ws", "tool", "ask").await;
+    let mut answer = String::new();
+    for _ in 0..50 {
+        answer = dialog().await;
+        if !answer.contains("Echo:") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        answer.starts_with("The tool said:") && !answer.contains("Echo:"),
+        "{answer}"
+    );
+
+    client.close().await;
+    for process in [agent, tc] {
+        let stopped = process.stop().await;
+        assert!(stopped.status.success(), "{}", stopped.stderr);
+    }
+}

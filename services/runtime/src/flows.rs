@@ -312,6 +312,14 @@ pub trait FlowService: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Whether the workspace's flows restart (their handlers built anew by
+    /// [`FlowService::flow`]) after entries of `kind` changed: for services that build a
+    /// flow's handler from them (the agent's tools).
+    fn restarts_flows(&self, kind: &str) -> bool {
+        let _ = kind;
+        false
+    }
+
     /// The consumer and handler of a flow.
     async fn flow(
         &self,
@@ -535,6 +543,19 @@ impl<S: FlowService> Supervisor<S> {
                     self.applied.remove(&slot);
                 } else {
                     self.applied.insert(slot, entries.clone());
+                }
+                if self.service.restarts_flows(kind) {
+                    let flows: Vec<(FlowKey, FlowDefinition)> = self
+                        .running
+                        .iter()
+                        .filter(|(k, _)| k.workspace == workspace)
+                        .map(|(k, r)| (k.clone(), r.definition.clone()))
+                        .collect();
+                    for (key, definition) in flows {
+                        info!(flow = %key, kind, "restarting the flow with the changed config");
+                        self.stop(&key);
+                        self.start(key, definition).await;
+                    }
                 }
             }
             Err(e) => self.failed(
