@@ -11,6 +11,11 @@ The reply is a function of the prompt (the text of the last user message):
   * a prompt containing "Final Answer:" (a ReAct agent prompt) gets
         Thought: I can answer directly.
         Final Answer: fake answer to <the last line of the prompt that is not blank>
+    except that when that last line contains "use a tool" and the prompt has no
+    "Observation:" yet (the agent's first step), the reply is a tool call:
+        Thought: I will ask the tool.
+        Action: ask-llm
+        Args: {"question": "<that last line>"}
   * any other prompt gets `fake reply: <the prompt>`.
 Streams split the reply into chunks of at most 8 characters.
 """
@@ -41,6 +46,9 @@ def reply_for(prompt):
     if "Final Answer:" in prompt:
         lines = [line.strip() for line in prompt.splitlines() if line.strip()]
         last = lines[-1] if lines else ""
+        if "use a tool" in last.lower() and "Observation:" not in prompt:
+            args = json.dumps({"question": last})
+            return f"Thought: I will ask the tool.\nAction: ask-llm\nArgs: {args}"
         return f"Thought: I can answer directly.\nFinal Answer: fake answer to {last}"
     return f"fake reply: {prompt}"
 
