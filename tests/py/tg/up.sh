@@ -124,6 +124,11 @@ EOF
   launch flow-svc "$bin/flow-svc" "${c[@]}"
   wait_log flow-svc "Applied startup config version"
 
+  # The gateway asks IAM for a JWT signing key 30 times, 2 s apart, before it listens;
+  # no-auth-svc has none, so it listens after ~60 s: start it now, wait for it last.
+  mapfile -t c < <(common 7)
+  launch api-gateway "$bin/api-gateway" "${c[@]}" --port "$GW_PORT"
+
   local i=4 p
   for p in $PROCESSORS; do
     mapfile -t c < <(common "$i")
@@ -148,10 +153,7 @@ EOF
   wait_log bootstrap "Flow 'default' started"
   for p in $PROCESSORS; do wait_log "$p" "Started flow: default/default"; done
 
-  mapfile -t c < <(common 7)
-  launch api-gateway "$bin/api-gateway" "${c[@]}" --port "$GW_PORT"
-  # The gateway asks IAM for a JWT signing key 30 times, 2 s apart, before it listens;
-  # no-auth-svc has none, so it listens after ~60 s. It knows the flow once it logs this.
+  # api-gateway (started above) knows the flow once it logs this.
   wait_log api-gateway "Starting flow default/default"
   local waited=0
   until curl -s -o /dev/null "http://127.0.0.1:$GW_PORT/"; do
