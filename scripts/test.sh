@@ -75,3 +75,8 @@ fi
 
 echo "== tests"
 cargo test --workspace --locked --no-fail-fast
+
+# TrustGraph's own processes (PyPI trustgraph-flow, unmodified, in a venv) beside sluice's
+# --config-service processors, on the broker above (issue #14).
+echo "== TrustGraph's processes with sluice's"
+SLUICE_BIN="$CARGO_TARGET_DIR/debug/sluice" bash scripts/test-trustgraph.sh

@@ -231,12 +231,21 @@ fn tool_from_entry(value: &str, mcp: &BTreeMap<String, String>) -> Result<ToolCo
         }
         None => return Err("no `type`".into()),
     };
-    let arguments = match data.get("arguments") {
+    let mut arguments: Vec<ToolArgument> = match data.get("arguments") {
         None | Some(Value::Null) => Vec::new(),
         Some(v) => serde_json::from_value(v.clone()).map_err(|e| {
             format!("`arguments` must be a list of {{name, type, description}} ({e})")
         })?,
     };
+    // TrustGraph's text-completion tool takes no arguments from its config: it always has
+    // the one, `question`.
+    if arguments.is_empty() && matches!(kind, ToolKind::TextCompletion { .. }) {
+        arguments.push(ToolArgument {
+            name: "question".into(),
+            kind: string_type(),
+            description: "The text prompt or question for completion".into(),
+        });
+    }
     Ok(ToolConfig {
         name,
         description: text("description").unwrap_or_default(),
@@ -509,6 +518,74 @@ pub fn config_error(message: impl Into<String>) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trustgraph_tool_entries_become_tools_and_what_cannot_be_served_is_named() {
+        let tools: BTreeMap<String, String> = [
+            (
+                "ask",
+                r#"{"name": "ask-llm", "type": "text-completion", "description": "Ask"}"#,
+            ),
+            (
+                "greet",
+                r#"{"name": "greet", "type": "prompt", "template": "greet", "group": ["g"],
+                          "applicable-states": ["s1"], "state": "s2",
+                          "arguments": [{"name": "who", "type": "string", "description": "Who"}]}"#,
+            ),
+            (
+                "search",
+                r#"{"name": "search", "type": "mcp-tool", "mcp-tool": "web"}"#,
+            ),
+            ("kq", r#"{"name": "kq", "type": "knowledge-query"}"#),
+            ("zdup", r#"{"name": "greet", "type": "text-completion"}"#),
+            (
+                "lost",
+                r#"{"name": "lost", "type": "mcp-tool", "mcp-tool": "nowhere"}"#,
+            ),
+            ("bad", "{not json"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let mcp: BTreeMap<String, String> = [(
+            "web".to_owned(),
+            r#"{"url": "http://mcp:8000/mcp", "remote-name": "web_search", "auth-token": "tok-123"}"#
+                .to_owned(),
+        )]
+        .into();
+        let (served, problems) = from_trustgraph_config(&tools, &mcp);
+        let names: Vec<&str> = served.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["ask-llm", "greet", "search"]);
+        assert_eq!(served[0].arguments[0].name, "question");
+        assert_eq!(served[0].group, ["default"]);
+        assert_eq!(served[1].group, ["g"]);
+        assert_eq!(
+            served[1].applicable_states.as_deref(),
+            Some(&["s1".to_owned()][..])
+        );
+        assert_eq!(served[1].next_state.as_deref(), Some("s2"));
+        match &served[2].kind {
+            ToolKind::Mcp {
+                url, tool, token, ..
+            } => {
+                assert_eq!(url, "http://mcp:8000/mcp");
+                assert_eq!(tool.as_deref(), Some("web_search"));
+                assert_eq!(token.as_ref().map(|t| t.expose()), Some("tok-123"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(problems.len(), 4, "{problems:?}");
+        let all = problems.join("\n");
+        assert!(
+            all.contains("knowledge-query") && all.contains("is taken"),
+            "{all}"
+        );
+        assert!(
+            all.contains("\"nowhere\"") && all.contains("\"bad\""),
+            "{all}"
+        );
+        assert!(!all.contains("tok-123"), "a token is never in a message");
+    }
 
     const FILE: &str = r#"{"tools": [
         {"name": "facts", "description": "Facts", "type": "prompt", "template": "facts",

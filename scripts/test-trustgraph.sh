@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# sluice's processors in a TrustGraph deployment, beside TrustGraph's own unmodified processes
+# (trustgraph-flow 2.11.1 from PyPI, in the venv of scripts/tg-flow-venv.sh), on the real
+# broker, with TrustGraph's topic mapping throughout (issue #14.2). TrustGraph's bootstrapper,
+# config service (tests/py/tg_config_svc.py: its own code, Cassandra replaced by memory),
+# IAM (no-auth-svc), flow service and api-gateway run as tests/py/tg/up.sh starts them; the
+# flow `default` comes from the blueprint in tests/py/tg/seed.json, started by TrustGraph's
+# bootstrapper. The model is tests/py/fake_openai_sse.py.
+#
+# Part 1: sluice's text-completion (--config-service) serves the flow; TrustGraph's prompt
+#   service and agent call it. TrustGraph's CLI, through TrustGraph's api-gateway:
+#   tg-invoke-llm (streaming and not), tg-list-models, tg-invoke-prompt, tg-invoke-agent.
+# Part 2: TrustGraph's text-completion serves the flow; sluice's prompt and agent
+#   (--config-service) call it: tg-invoke-prompt and tg-invoke-agent.
+#
+#   bash scripts/test-trustgraph.sh            (needs a broker: PULSAR_URL, PULSAR_ADMIN_URL)
+#
+# Settings: SLUICE_BIN (default $CARGO_TARGET_DIR/debug/sluice, built if missing),
+# TG_RUN_DIR (logs; default a fresh temporary directory, kept on failure).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PULSAR_URL="${PULSAR_URL:-pulsar://127.0.0.1:6650}"
+export PULSAR_ADMIN_URL="${PULSAR_ADMIN_URL:-http://127.0.0.1:8080}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sluice/target}"
+sluice="${SLUICE_BIN:-$CARGO_TARGET_DIR/debug/sluice}"
+[ -x "$sluice" ] || cargo build -q -p sluice-cli --locked
+run="${TG_RUN_DIR:-$(mktemp -d /tmp/sluice-tg.XXXXXX)}"
+mkdir -p "$run"
+export TG_RUN_DIR="$run"
+venv=$(bash scripts/tg-flow-venv.sh)
+export TG_FLOW_VENV="$venv"
+tg="$venv/bin"
+fake_port="${FAKE_OPENAI_PORT:-8767}"
+metrics_base=8150
+
+log() { printf '[tg-test] %s\n' "$*" >&2; }
+fail() {
+  log "FAILED: $*"
+  log "logs are in $run"
+  for f in "$run"/*.log; do
+    [ -e "$f" ] || continue
+    echo "----- $(basename "$f") (last 25 lines)" >&2
+    tail -n 25 "$f" >&2
+  done
+  exit 1
+}
+
+sluice_pids=()
+cleanup() {
+  local pid
+  for pid in "${sluice_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  tests/py/tg/up.sh stop || true
+}
+trap cleanup EXIT
+
+# Starts `sluice ARGS` in the background, its log in $run/NAME.log, and waits for its
+# /readyz and for its first flow.
+start_sluice() { # name, metrics port, args...
+  local name="$1" port="$2"; shift 2
+  log "starting sluice $name: $*"
+  RUST_LOG=info "$sluice" "$@" --config-service --topic-mapping trustgraph \
+    --pulsar-url "$PULSAR_URL" --metrics-addr "127.0.0.1:$port" > "$run/sluice-$name.log" 2>&1 &
+  sluice_pids+=($!)
+  echo $! > "$run/sluice-$name.spid"
+  local waited=0
+  until curl -sf "http://127.0.0.1:$port/metrics" | grep -q '^sluice_config_flows{[^}]*} 1$'; do
+    kill -0 "$(cat "$run/sluice-$name.spid")" 2>/dev/null || fail "sluice $name exited"
+    [ "$waited" -lt 120 ] || fail "sluice $name did not take up flow default/default"
+    sleep 1; waited=$((waited + 1))
+  done
+  curl -sf "http://127.0.0.1:$port/readyz" > /dev/null || fail "sluice $name is not ready"
+  log "sluice $name serves flow default/default (${waited}s)"
+}
+
+stop_sluice() { # name
+  local pid
+  pid=$(cat "$run/sluice-$1.spid")
+  kill -TERM "$pid"
+  wait "$pid" || fail "sluice $1 did not exit cleanly on SIGTERM"
+}
+
+# A sluice counter: the sum of the samples of NAME on PORT whose labels contain LABELS.
+counter() { # port, name, labels
+  curl -sf "http://127.0.0.1:$1/metrics" | awk -v n="$2" -v l="$3" \
+    'index($0, n "{") == 1 && index($0, l) { s += $NF } END { print s + 0 }'
+}
+
+expect() { # what, needle, command...
+  local what="$1" needle="$2" out; shift 2
+  out=$(timeout 120 "$@" 2>&1) || fail "$what: exit $?: $out"
+  case "$out" in
+    *"$needle"*) log "ok: $what" ;;
+    *) fail "$what: expected '$needle' in: $out" ;;
+  esac
+}
+
+log "part 1: TrustGraph's prompt and agent, sluice's text-completion"
+TG_PROCESSORS="prompt agent-manager" tests/py/tg/up.sh start || fail "TrustGraph did not come up"
+export OPENAI_BASE_URL="http://127.0.0.1:$fake_port/v1"
+SLUICE_LLM_API_KEY=unused start_sluice text-completion "$metrics_base" text-completion \
+  --provider openai-compatible --base-url "$OPENAI_BASE_URL" --model sluice-default
+
+expect "tg-invoke-llm, streaming, through api-gateway to sluice" \
+  "fake reply: Say hello" "$tg/tg-invoke-llm" "Be terse." "Say hello"
+expect "tg-invoke-llm --no-streaming" \
+  "fake reply: Say goodbye" "$tg/tg-invoke-llm" --no-streaming "Be terse." "Say goodbye"
+# The flow's model (the blueprint's llm-model parameter, fake-model) comes first.
+expect "tg-list-models lists the flow's model" "fake-model" "$tg/tg-list-models"
+expect "tg-invoke-prompt: TrustGraph's prompt service calls sluice" \
+  "fake reply: What is 3+3?" "$tg/tg-invoke-prompt" question 'question=What is 3+3?'
+expect "tg-invoke-agent: TrustGraph's agent calls sluice" \
+  "fake answer to" "$tg/tg-invoke-agent" -q "What is 3+3?"
+served=$(counter "$metrics_base" sluice_processor_requests_total 'outcome="success"')
+[ "${served%.*}" -ge 5 ] || fail "sluice's text-completion answered $served requests, not all of them"
+log "sluice's text-completion answered $served requests"
+stop_sluice text-completion
+for p in prompt agent-manager; do kill "$(cat "$run/$p.pid")" 2>/dev/null || true; rm -f "$run/$p.pid"; done
+
+log "part 2: TrustGraph's text-completion, sluice's prompt and agent"
+"$tg/text-completion-openai" -p "$PULSAR_URL" --pulsar-admin-url "$PULSAR_ADMIN_URL" \
+  --no-loki-enabled -P "$((metrics_base + 5))" --id text-completion -u "$OPENAI_BASE_URL" \
+  -m fake-model > "$run/text-completion.log" 2>&1 &
+echo $! > "$run/text-completion.pid"
+waited=0
+until grep -qF "Started flow: default/default" "$run/text-completion.log"; do
+  [ "$waited" -lt 120 ] || fail "TrustGraph's text-completion did not start the flow"
+  sleep 1; waited=$((waited + 1))
+done
+start_sluice prompt "$((metrics_base + 1))" prompt
+start_sluice agent "$((metrics_base + 2))" agent
+# TrustGraph's text-completion sends the system prompt and the prompt as one user message,
+# which the fake model echoes.
+expect "tg-invoke-prompt: sluice's prompt service calls TrustGraph's text-completion" \
+  "What is 4+4?" "$tg/tg-invoke-prompt" question 'question=What is 4+4?'
+expect "tg-invoke-agent: sluice's agent calls TrustGraph's text-completion" \
+  "fake answer to" "$tg/tg-invoke-agent" -q "What is 4+4?"
+for port in $((metrics_base + 1)) $((metrics_base + 2)); do
+  n=$(counter "$port" sluice_processor_requests_total 'outcome="success"')
+  [ "${n%.*}" -ge 1 ] || fail "the sluice processor with metrics on $port answered nothing"
+done
+stop_sluice prompt
+stop_sluice agent
+log "all TrustGraph interoperability checks passed"
+rm -rf "$run"
