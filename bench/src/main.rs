@@ -1082,14 +1082,14 @@ async fn main() {
             );
             std::fs::write(cli.out.join("soak.md"), &md).unwrap();
             // The memory samples behind the RSS table, and the broker restarts, as CSV.
-            let mut csv = String::from("process,seconds,rss_mib\n");
+            let mut csv = String::from("process,seconds,rss_mib,heap_allocated_mib\n");
             for (name, series) in &report.rss_series {
-                for (t, r) in series {
-                    let _ = writeln!(csv, "{name},{t:.0},{r:.1}");
+                for (t, r, h) in series {
+                    let _ = writeln!(csv, "{name},{t:.0},{r:.1},{h:.1}");
                 }
             }
             for t in &report.broker_restart_at {
-                let _ = writeln!(csv, "broker-restart,{t:.0},");
+                let _ = writeln!(csv, "broker-restart,{t:.0},,");
             }
             std::fs::write(cli.out.join("soak-rss.csv"), csv).unwrap();
             splice(&cli.readme, "soak", &md);

@@ -223,6 +223,9 @@ impl Member {
     }
 }
 
+/// One memory sample: seconds since the start, RSS MiB, allocated heap MiB.
+pub type MemorySample = (f64, f64, f64);
+
 /// Figures of one soak run.
 #[derive(Debug, Default, Clone)]
 pub struct SoakReport {
@@ -245,11 +248,13 @@ pub struct SoakReport {
     /// Ended with a clear error.
     pub clear_errors: u64,
     /// Sentinel memory: name, RSS MiB at the end of warm-up, at the end, the highest after
-    /// warm-up.
-    pub rss: Vec<(String, f64, f64, f64)>,
-    /// Every sentinel's RSS samples (seconds since the start, MiB), every 5 s, to see the
-    /// shape of any growth (steady, or in steps at the broker restarts).
-    pub rss_series: Vec<(String, Vec<(f64, f64)>)>,
+    /// warm-up; then the heap's allocated MiB (the allocator's count of live allocations) at
+    /// the end of warm-up and at the end.
+    pub rss: Vec<(String, f64, f64, f64, f64, f64)>,
+    /// Every sentinel's samples every 5 s: seconds since the start, RSS MiB, allocated heap
+    /// MiB (NaN when it could not be read), to see the shape of any growth (steady, or in
+    /// steps at the broker restarts) and whether it is held by live allocations.
+    pub rss_series: Vec<(String, Vec<MemorySample>)>,
     /// When each broker restart began, in seconds since the start.
     pub broker_restart_at: Vec<f64>,
     /// Processors whose in-flight gauge did not return to 0 after the traffic.
@@ -310,10 +315,13 @@ impl SoakReport {
         }
         let _ = writeln!(
             md,
-            "\n| replica never killed | RSS after warm-up MiB | at the end MiB | highest after warm-up MiB |\n|---|---|---|---|"
+            "\n| replica never killed | RSS after warm-up MiB | at the end MiB | highest after warm-up MiB | heap allocated after warm-up MiB | at the end MiB |\n|---|---|---|---|---|---|"
         );
-        for (name, warm, end, max) in &self.rss {
-            let _ = writeln!(md, "| {name} | {warm:.1} | {end:.1} | {max:.1} |");
+        for (name, warm, end, max, heap_warm, heap_end) in &self.rss {
+            let _ = writeln!(
+                md,
+                "| {name} | {warm:.1} | {end:.1} | {max:.1} | {heap_warm:.1} | {heap_end:.1} |"
+            );
         }
         if !self.violations.is_empty() {
             let _ = writeln!(md, "\nViolations (first 20):\n");
@@ -944,6 +952,25 @@ async fn one_request(clients: &Clients, n: u64, kind: Kind, fault: Fault) -> Ver
     }
 }
 
+/// The allocator's count of live allocations on `port`'s /metrics, in MiB; NaN if unread.
+async fn scrape_heap_mib(http: &reqwest::Client, port: u16) -> f64 {
+    let text = async {
+        http.get(format!("http://127.0.0.1:{port}/metrics"))
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()
+    }
+    .await
+    .unwrap_or_default();
+    text.lines()
+        .find(|l| l.starts_with("sluice_process_heap_allocated_bytes "))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map_or(f64::NAN, |b| b / 1_048_576.0)
+}
+
 async fn scrape_in_flight(http: &reqwest::Client, port: u16) -> Option<i64> {
     let text = http
         .get(format!("http://127.0.0.1:{port}/metrics"))
@@ -1103,15 +1130,18 @@ async fn soak(config: &SoakConfig, broker: &SoakBroker) -> Result<SoakReport, St
     let http = reqwest::Client::new();
     let mut next_kill = started + jitter(config.kill_every);
     let mut next_restart = started + config.broker_restart_every;
-    let mut rss: HashMap<String, Vec<(Duration, f64)>> = HashMap::new();
+    let mut rss: HashMap<String, Vec<(Duration, f64, f64)>> = HashMap::new();
     let mut next_sample = started;
     while Instant::now() < traffic_ends {
         let now = Instant::now();
         if now >= next_sample {
             for m in fleet.members.iter().filter(|m| m.sentinel) {
-                rss.entry(m.name.clone())
-                    .or_default()
-                    .push((now - started, rss_mib(m.pid())));
+                let heap = scrape_heap_mib(&http, m.metrics_port).await;
+                rss.entry(m.name.clone()).or_default().push((
+                    now - started,
+                    rss_mib(m.pid()),
+                    heap,
+                ));
             }
             next_sample = now + Duration::from_secs(5);
         }
@@ -1157,20 +1187,26 @@ async fn soak(config: &SoakConfig, broker: &SoakBroker) -> Result<SoakReport, St
     }
     report.drain_time = drain_started.elapsed();
     for m in fleet.members.iter().filter(|m| m.sentinel) {
+        let heap = scrape_heap_mib(&http, m.metrics_port).await;
         let series = rss.entry(m.name.clone()).or_default();
-        series.push((report.duration, rss_mib(m.pid())));
-        let after: Vec<f64> = series
+        series.push((report.duration, rss_mib(m.pid()), heap));
+        let after: Vec<(f64, f64)> = series
             .iter()
-            .filter(|(t, _)| *t >= config.warm_up)
-            .map(|(_, r)| *r)
+            .filter(|(t, _, _)| *t >= config.warm_up)
+            .map(|(_, r, h)| (*r, *h))
             .collect();
         if let (Some(first), Some(last)) = (after.first(), after.last()) {
-            let max = after.iter().copied().fold(0.0, f64::max);
-            report.rss.push((m.name.clone(), *first, *last, max));
+            let max = after.iter().map(|(r, _)| *r).fold(0.0, f64::max);
+            report
+                .rss
+                .push((m.name.clone(), first.0, last.0, max, first.1, last.1));
         }
         report.rss_series.push((
             m.name.clone(),
-            series.iter().map(|(t, r)| (t.as_secs_f64(), *r)).collect(),
+            series
+                .iter()
+                .map(|(t, r, h)| (t.as_secs_f64(), *r, *h))
+                .collect(),
         ));
     }
 

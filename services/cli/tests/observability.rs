@@ -336,6 +336,8 @@ fn owners(metric: &str) -> &'static [&'static str] {
         .and_then(|r| r.split('_').next())
     {
         Some("processor") => &["text-completion", "prompt", "agent"],
+        // The allocator's counters, on every process of the `sluice` binary.
+        Some("process") => &["text-completion", "prompt", "agent", "gateway"],
         // The gateway's, the prompt processor's and the agent's text-completion clients.
         Some("client") => &["prompt", "agent", "gateway"],
         Some("llm") => &["text-completion"],

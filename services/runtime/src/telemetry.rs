@@ -368,6 +368,58 @@ impl Health {
     }
 }
 
+/// Reads the allocator's counters: bytes the process's allocations hold, and bytes of
+/// memory the allocator holds resident. `None` when they cannot be read.
+pub type HeapProbe = fn() -> Option<(u64, u64)>;
+
+static HEAP_PROBE: std::sync::OnceLock<HeapProbe> = std::sync::OnceLock::new();
+
+/// Sets the allocator probe (once, by the binary that chose the allocator, before any
+/// [`Telemetry`] is made): from then on `/metrics` carries `sluice_process_heap_*`.
+pub fn set_heap_probe(probe: HeapProbe) {
+    let _ = HEAP_PROBE.set(probe);
+}
+
+/// `sluice_process_heap_allocated_bytes` and `sluice_process_heap_resident_bytes`, read from
+/// the allocator at each scrape.
+#[derive(Clone)]
+struct HeapGauges {
+    allocated: prometheus::IntGauge,
+    resident: prometheus::IntGauge,
+    probe: HeapProbe,
+}
+
+impl HeapGauges {
+    fn register(registry: &Registry, probe: HeapProbe) -> Result<Self, prometheus::Error> {
+        let allocated = prometheus::IntGauge::new(
+            "sluice_process_heap_allocated_bytes",
+            "Bytes the process's live allocations hold (the allocator's count).",
+        )?;
+        let resident = prometheus::IntGauge::new(
+            "sluice_process_heap_resident_bytes",
+            "Bytes of memory the allocator holds resident, in use or cached.",
+        )?;
+        registry.register(Box::new(allocated.clone()))?;
+        registry.register(Box::new(resident.clone()))?;
+        let gauges = Self {
+            allocated,
+            resident,
+            probe,
+        };
+        gauges.update();
+        Ok(gauges)
+    }
+
+    fn update(&self) {
+        if let Some((allocated, resident)) = (self.probe)() {
+            self.allocated
+                .set(i64::try_from(allocated).unwrap_or(i64::MAX));
+            self.resident
+                .set(i64::try_from(resident).unwrap_or(i64::MAX));
+        }
+    }
+}
+
 /// The process's telemetry: one registry, the runtime metrics, health.
 #[derive(Clone)]
 pub struct Telemetry {
@@ -377,6 +429,8 @@ pub struct Telemetry {
     pub metrics: RuntimeMetrics,
     /// Liveness and readiness.
     pub health: Health,
+    /// The allocator's counters, when the binary set a probe.
+    heap: Option<HeapGauges>,
 }
 
 impl Telemetry {
@@ -384,15 +438,23 @@ impl Telemetry {
     pub fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
         let metrics = RuntimeMetrics::register(&registry)?;
+        let heap = match HEAP_PROBE.get() {
+            Some(probe) => Some(HeapGauges::register(&registry, *probe)?),
+            None => None,
+        };
         Ok(Self {
             registry,
             metrics,
             health: Health::default(),
+            heap,
         })
     }
 
     /// The registry's metrics in Prometheus text format.
     pub fn render(&self) -> String {
+        if let Some(heap) = &self.heap {
+            heap.update();
+        }
         let mut buf = Vec::new();
         // Encoding into a Vec cannot fail for the text format.
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
