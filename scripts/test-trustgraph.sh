@@ -46,12 +46,24 @@ fail() {
 }
 
 sluice_pids=()
+passed=false
 cleanup() {
   local pid
   for pid in "${sluice_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  # up.sh stops what it started by the pid files in $run: remove them only after.
   tests/py/tg/up.sh stop || true
+  if $passed; then rm -rf "$run"; else rmdir "$run" 2>/dev/null || true; fi
 }
 trap cleanup EXIT
+
+# Fixed ports (TrustGraph's CLI talks to api-gateway on 8888): a process left from an
+# earlier run would answer in place of this run's, so refuse to start instead.
+for port in "$fake_port" 8888; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    echo "port $port is in use (a TrustGraph process left from an earlier run?): stop it first" >&2
+    exit 1
+  fi
+done
 
 # Starts `sluice ARGS` in the background, its log in $run/NAME.log, and waits for its
 # /readyz and for its first flow.
@@ -141,4 +153,4 @@ done
 stop_sluice prompt
 stop_sluice agent
 log "all TrustGraph interoperability checks passed"
-rm -rf "$run"
+passed=true

@@ -272,6 +272,30 @@ async fn text_completion_serves_the_flows_of_the_config_and_follows_its_changes(
     )
     .await;
     assert_eq!(text, "flow one again");
+    // A changed definition (another model) takes effect: the flow restarts.
+    config
+        .put(
+            "ws1",
+            "processor:text-completion",
+            &[("f1", &flow(&f1_req, &f1_resp, json!({"model": "normal"})))],
+        )
+        .await;
+    let mut text = String::new();
+    for _ in 0..100 {
+        (text, _) = complete(
+            &f1,
+            TextCompletionRequest {
+                prompt: "flow one changed".into(),
+                ..Default::default()
+            },
+        )
+        .await;
+        if text == "Hello world!" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(text, "Hello world!", "the changed model answers");
     assert!(
         value(&scrape(port).await, "sluice_config_version", &[]) >= 5.0,
         "the applied version is exported"

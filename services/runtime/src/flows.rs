@@ -685,7 +685,16 @@ async fn serve_flow<S: FlowService>(
         )
         .await
         {
-            Ok(()) => break,
+            Ok(()) if stop.is_cancelled() => break,
+            // The consumer ended by itself (its subscription closed for good): the flow is
+            // still assigned, so it is served again.
+            Ok(()) => {
+                warn!(flow = %key, "the flow's consumer ended; starting it again");
+                tokio::select! {
+                    () = stop.cancelled() => break,
+                    () = tokio::time::sleep(retry) => {}
+                }
+            }
             Err(e) => {
                 telemetry
                     .health
