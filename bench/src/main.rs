@@ -103,6 +103,11 @@ enum Scenario {
         /// Concurrent callers.
         #[arg(long, default_value_t = 12)]
         callers: usize,
+        /// Seconds between broker restarts. Other than 300, the figures go to
+        /// soak-restarts.md / soak-restarts-rss.csv and the README's `soak-restarts` block,
+        /// leaving the standard run's alone.
+        #[arg(long, default_value_t = 300)]
+        restart_every_secs: u64,
     },
     /// The foundation: raw pulsar-rs round trip vs sluice runtime + client, throughput.
     Foundation {
@@ -1057,7 +1062,11 @@ async fn main() {
             splice(&cli.readme, "loss", &md);
             println!("{md}");
         }
-        Scenario::Soak { minutes, callers } => {
+        Scenario::Soak {
+            minutes,
+            callers,
+            restart_every_secs,
+        } => {
             let exe = std::env::current_exe().unwrap();
             let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
             let mut config = sluice_tests::soak::SoakConfig::new(
@@ -1066,12 +1075,21 @@ async fn main() {
                 Duration::from_secs(minutes * 60),
             );
             config.callers = callers;
+            config.broker_restart_every = Duration::from_secs(restart_every_secs.max(30));
+            let (name, restarts_flag) = if restart_every_secs == 300 {
+                ("soak", String::new())
+            } else {
+                (
+                    "soak-restarts",
+                    format!(" --restart-every-secs {restart_every_secs}"),
+                )
+            };
             // Not the test command's soak ports (6656), so both can run at once.
             config.broker_ports = (6657, 8087, 3188);
             let started = Instant::now();
             let report = sluice_tests::soak::run(config).await.unwrap();
             let md = format!(
-                "Run: `{}bash bench/run.sh soak --minutes {minutes} --callers {callers}` ({:.0} min with set-up and drain).\n\n{}",
+                "Run: `{}bash bench/run.sh soak --minutes {minutes} --callers {callers}{restarts_flag}` ({:.0} min with set-up and drain).\n\n{}",
                 if exe.to_string_lossy().contains("/release/") {
                     ""
                 } else {
@@ -1080,7 +1098,7 @@ async fn main() {
                 started.elapsed().as_secs_f64() / 60.0,
                 report.markdown()
             );
-            std::fs::write(cli.out.join("soak.md"), &md).unwrap();
+            std::fs::write(cli.out.join(format!("{name}.md")), &md).unwrap();
             // The memory samples behind the RSS table, and the broker restarts, as CSV.
             let mut csv = String::from("process,seconds,rss_mib,heap_allocated_mib\n");
             for (name, series) in &report.rss_series {
@@ -1091,8 +1109,8 @@ async fn main() {
             for t in &report.broker_restart_at {
                 let _ = writeln!(csv, "broker-restart,{t:.0},,");
             }
-            std::fs::write(cli.out.join("soak-rss.csv"), csv).unwrap();
-            splice(&cli.readme, "soak", &md);
+            std::fs::write(cli.out.join(format!("{name}-rss.csv")), csv).unwrap();
+            splice(&cli.readme, name, &md);
             println!("{md}");
             assert!(report.clean(), "the soak found problems");
         }
