@@ -17,8 +17,8 @@ use sluice_prompt::handler::LlmClient;
 use sluice_runtime::{
     bus::Bus,
     client::{ClientConfig, RequestClient},
-    flows::{FlowKey, FlowService, flow_consumer, flow_topic, run_flows_until_signalled},
-    processor::{ProcessorConfig, run_until_signalled},
+    flows::{FlowKey, FlowService, flow_topic, run_flows_until_signalled},
+    processor::run_until_signalled,
     telemetry::Telemetry,
 };
 use sluice_schema::{
@@ -229,16 +229,19 @@ struct Flows {
     llm: LlmServiceArgs,
     metrics: AgentMetrics,
     template: String,
-    consumer: ProcessorConfig,
     processor_id: String,
     /// (workspace, `tool` or `mcp`) -> entries.
     entries: std::sync::Mutex<BTreeMap<(String, String), BTreeMap<String, String>>>,
     /// Each flow's clients, oldest first: a restarted flow's new instance starts before the
     /// old one has drained, and instances stop in the order they started.
     clients: tokio::sync::Mutex<BTreeMap<FlowKey, Vec<FlowClients>>>,
+    /// Numbers each flow instance's readiness entry, so that one instance's going away
+    /// leaves the other's.
+    instances: std::sync::atomic::AtomicU64,
 }
 
-type FlowClients = (Arc<LlmClient>, Option<Arc<PromptClient>>);
+/// One flow instance's clients, and the name its text-completion client is watched under.
+type FlowClients = (Arc<LlmClient>, Option<Arc<PromptClient>>, String);
 
 impl Flows {
     fn entries(&self, workspace: &str, kind: &str) -> BTreeMap<String, String> {
@@ -280,14 +283,8 @@ impl FlowService for Flows {
         &self,
         key: &FlowKey,
         definition: &FlowDefinition,
-    ) -> Result<(ProcessorConfig, Arc<AgentService>), String> {
-        let config = flow_consumer(
-            &self.consumer,
-            &self.processor_id,
-            key,
-            definition,
-            self.mapping,
-        )?;
+    ) -> Result<Arc<AgentService>, String> {
+        let request_topic = flow_topic(definition, "request", self.mapping)?;
         let (configs, problems) = tools::from_trustgraph_config(
             &self.entries(&key.workspace, "tool"),
             &self.entries(&key.workspace, "mcp"),
@@ -307,6 +304,10 @@ impl FlowService for Flows {
         } else {
             (String::new(), String::new())
         };
+        let instance = self
+            .instances
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let link_name = format!("text-completion responses of agent flow {key} ({instance})");
         let llm = self
             .llm
             .client_on(
@@ -315,7 +316,7 @@ impl FlowService for Flows {
                 flow_topic(definition, "text-completion-response", self.mapping)?,
                 self.mapping,
                 &self.telemetry,
-                &format!("text-completion responses of agent flow {key}"),
+                &link_name,
             )
             .await?;
         let built = build_agent(
@@ -324,7 +325,7 @@ impl FlowService for Flows {
             llm.clone(),
             &self.bus,
             self.mapping,
-            &config.request_topic,
+            &request_topic,
             prompt_topics,
             &self.template,
             self.metrics.clone(),
@@ -333,6 +334,7 @@ impl FlowService for Flows {
         let (service, prompt) = match built {
             Ok(b) => b,
             Err(e) => {
+                self.telemetry.health.unwatch(&link_name);
                 llm.close().await;
                 return Err(e);
             }
@@ -342,8 +344,8 @@ impl FlowService for Flows {
             .await
             .entry(key.clone())
             .or_default()
-            .push((llm, prompt));
-        Ok((config, Arc::new(service)))
+            .push((llm, prompt, link_name));
+        Ok(Arc::new(service))
     }
 
     async fn flow_stopped(&self, key: &FlowKey, _definition: &FlowDefinition) {
@@ -358,19 +360,12 @@ impl FlowService for Flows {
             }
             oldest
         };
-        if let Some((llm, prompt)) = oldest {
-            // Every instance of the flow watched its client under the same name; the newer
-            // instance's link stays watched under a fresh entry below.
+        if let Some((llm, prompt, link_name)) = oldest {
+            self.telemetry.health.unwatch(&link_name);
             llm.close().await;
             if let Some(p) = prompt {
                 p.close().await;
             }
-        }
-        let still = self.clients.lock().await;
-        let name = format!("text-completion responses of agent flow {key}");
-        self.telemetry.health.unwatch(&name);
-        for (llm, _) in still.get(key).into_iter().flatten() {
-            self.telemetry.health.watch(name.clone(), llm.link());
         }
     }
 }
@@ -407,15 +402,15 @@ pub struct AgentCommand {
 /// Runs the agent processor until SIGTERM/SIGINT, then drains.
 pub async fn run(args: AgentCommand) -> Result<(), String> {
     let telemetry = Telemetry::new().map_err(|e| e.to_string())?;
-    if let Some(flows) =
-        args.flows
-            .flows("agent-manager", args.bus.topic_mapping, &args.processor)?
+    let mapping = args.bus.topic_mapping;
+    let (config, mut topics) = processor_config("agent", &args.processor, mapping)?;
+    if let Some(flows) = args
+        .flows
+        .flows("agent-manager", mapping, &args.processor, &config)?
     {
         if args.agent.tools.is_some() {
             return Err("--config-service takes tools from the config (types `tool` and `mcp`); leave out --tools".into());
         }
-        let mapping = args.bus.topic_mapping;
-        let (consumer, mut topics) = processor_config("agent", &args.processor, mapping)?;
         topics.extend(args.flows.topic_names()?);
         let bus = connect(&args.bus, &topics).await?;
         let service = Arc::new(Flows {
@@ -426,17 +421,16 @@ pub async fn run(args: AgentCommand) -> Result<(), String> {
             template: react_template(&args.agent)?,
             args: args.agent.clone(),
             llm: args.llm.clone(),
-            consumer,
             processor_id: flows.processor_id.clone(),
             entries: std::sync::Mutex::default(),
             clients: tokio::sync::Mutex::default(),
+            instances: std::sync::atomic::AtomicU64::new(0),
         });
         run_flows_until_signalled(bus, flows, service, telemetry, args.processor.metrics_addr)
             .await
             .map_err(|e| e.to_string())?;
         return Ok(());
     }
-    let (config, mut topics) = processor_config("agent", &args.processor, args.bus.topic_mapping)?;
     topics.extend(args.llm.topics()?);
     let bus = connect(&args.bus, &topics).await?;
     let llm = args

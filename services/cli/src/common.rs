@@ -109,12 +109,14 @@ pub struct ConfigServiceArgs {
 
 impl ConfigServiceArgs {
     /// The supervisor's settings, `default_id` being TrustGraph's default id for the
-    /// processor; `None` unless --config-service was given.
+    /// processor and `consumer` each flow's consumer settings but its topics (see
+    /// [`processor_config`]); `None` unless --config-service was given.
     pub fn flows(
         &self,
         default_id: &str,
         mapping: TopicMapping,
         processor: &ProcessorArgs,
+        consumer: &ProcessorConfig,
     ) -> Result<Option<FlowsConfig>, String> {
         if !self.config_service {
             return Ok(None);
@@ -132,7 +134,7 @@ impl ConfigServiceArgs {
             response: response.to_pulsar(mapping),
             push: push.to_pulsar(mapping),
         };
-        let mut config = FlowsConfig::new(id, topics);
+        let mut config = FlowsConfig::new(id, topics, consumer.clone(), mapping);
         config.resync = Duration::from_secs(self.config_resync_secs.max(1));
         config.request_timeout = Duration::from_secs(self.config_timeout_secs.max(1));
         Ok(Some(config))

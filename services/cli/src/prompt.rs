@@ -14,10 +14,8 @@ use sluice_prompt::{
 use sluice_runtime::{
     bus::Bus,
     client::{ClientConfig, RequestClient},
-    flows::{
-        FlowKey, FlowService, FlowsConfig, flow_consumer, flow_topic, run_flows_until_signalled,
-    },
-    processor::{ProcessorConfig, run_until_signalled},
+    flows::{FlowKey, FlowService, FlowsConfig, flow_topic, run_flows_until_signalled},
+    processor::run_until_signalled,
     telemetry::Telemetry,
 };
 use sluice_schema::{TopicMapping, TopicName, config::FlowDefinition};
@@ -175,8 +173,6 @@ struct Flows {
     llm: LlmServiceArgs,
     metrics: PromptMetrics,
     builtins: bool,
-    template: ProcessorConfig,
-    processor_id: String,
     stores: std::sync::Mutex<BTreeMap<String, Arc<TemplateStore>>>,
     clients: tokio::sync::Mutex<BTreeMap<(String, String), SharedClient>>,
 }
@@ -239,14 +235,7 @@ impl FlowService for Flows {
         &self,
         key: &FlowKey,
         definition: &FlowDefinition,
-    ) -> Result<(ProcessorConfig, Arc<PromptService>), String> {
-        let config = flow_consumer(
-            &self.template,
-            &self.processor_id,
-            key,
-            definition,
-            self.mapping,
-        )?;
+    ) -> Result<Arc<PromptService>, String> {
         let topics = self.llm_topics(definition)?;
         let store = self.store(&key.workspace)?;
         let mut clients = self.clients.lock().await;
@@ -271,10 +260,11 @@ impl FlowService for Flows {
                 client
             }
         };
-        Ok((
-            config,
-            Arc::new(PromptService::new(store, llm, self.metrics.clone())),
-        ))
+        Ok(Arc::new(PromptService::new(
+            store,
+            llm,
+            self.metrics.clone(),
+        )))
     }
 
     async fn flow_stopped(&self, _key: &FlowKey, definition: &FlowDefinition) {
@@ -302,10 +292,10 @@ impl FlowService for Flows {
 async fn run_flows(
     args: PromptCommand,
     flows: FlowsConfig,
+    mut topics: Vec<TopicName>,
     telemetry: Telemetry,
 ) -> Result<(), String> {
     let mapping = args.bus.topic_mapping;
-    let (template, mut topics) = processor_config("prompt", &args.processor, mapping)?;
     topics.extend(args.flows.topic_names()?);
     let bus = connect(&args.bus, &topics).await?;
     let metrics = PromptMetrics::register(&telemetry.registry).map_err(|e| e.to_string())?;
@@ -316,8 +306,6 @@ async fn run_flows(
         llm: args.llm.clone(),
         metrics,
         builtins: !args.templates.no_builtin_templates,
-        template,
-        processor_id: flows.processor_id.clone(),
         stores: std::sync::Mutex::default(),
         clients: tokio::sync::Mutex::default(),
     });
@@ -330,18 +318,18 @@ async fn run_flows(
 /// Runs the prompt processor until SIGTERM/SIGINT, then drains.
 pub async fn run(args: PromptCommand) -> Result<(), String> {
     let telemetry = Telemetry::new().map_err(|e| e.to_string())?;
-    if let Some(flows) = args
-        .flows
-        .flows("prompt", args.bus.topic_mapping, &args.processor)?
+    let (config, mut topics) = processor_config("prompt", &args.processor, args.bus.topic_mapping)?;
+    if let Some(flows) =
+        args.flows
+            .flows("prompt", args.bus.topic_mapping, &args.processor, &config)?
     {
         if args.templates.templates.is_some() {
             return Err("--config-service takes templates from the config (type `prompt`); leave out --templates".into());
         }
-        return run_flows(args, flows, telemetry).await;
+        return run_flows(args, flows, topics, telemetry).await;
     }
     let stop_watching = CancellationToken::new();
     let (store, metrics) = template_store(&args.templates, &telemetry, stop_watching.clone())?;
-    let (config, mut topics) = processor_config("prompt", &args.processor, args.bus.topic_mapping)?;
     topics.extend(args.llm.topics()?);
     let bus = connect(&args.bus, &topics).await?;
     let llm = args

@@ -5,12 +5,12 @@ use std::{sync::Arc, time::Duration};
 use async_trait::async_trait;
 use clap::{Args, ValueEnum};
 use sluice_runtime::{
-    flows::{FlowKey, FlowService, flow_consumer, run_flows_until_signalled},
-    processor::{ProcessorConfig, run_until_signalled},
+    flows::{FlowKey, FlowService, run_flows_until_signalled},
+    processor::run_until_signalled,
     secret::Secret,
     telemetry::Telemetry,
 };
-use sluice_schema::{TopicMapping, config::FlowDefinition};
+use sluice_schema::config::FlowDefinition;
 use sluice_text_completion::{
     handler::{LlmMetrics, TextCompletionService},
     provider::Provider,
@@ -314,9 +314,6 @@ pub fn service(args: &LlmArgs, telemetry: &Telemetry) -> Result<TextCompletionSe
 /// its `model` and `temperature` parameters as defaults for the requests that set neither.
 struct Flows {
     service: TextCompletionService,
-    template: ProcessorConfig,
-    processor_id: String,
-    mapping: TopicMapping,
 }
 
 #[async_trait]
@@ -325,16 +322,9 @@ impl FlowService for Flows {
 
     async fn flow(
         &self,
-        key: &FlowKey,
+        _key: &FlowKey,
         definition: &FlowDefinition,
-    ) -> Result<(ProcessorConfig, Arc<TextCompletionService>), String> {
-        let config = flow_consumer(
-            &self.template,
-            &self.processor_id,
-            key,
-            definition,
-            self.mapping,
-        )?;
+    ) -> Result<Arc<TextCompletionService>, String> {
         let temperature = match definition.parameter("temperature") {
             Some(t) => Some(
                 t.parse::<f64>()
@@ -350,7 +340,7 @@ impl FlowService for Flows {
         let handler = self
             .service
             .for_flow(definition.parameter("model"), temperature);
-        Ok((config, Arc::new(handler)))
+        Ok(Arc::new(handler))
     }
 }
 
@@ -362,15 +352,12 @@ pub async fn run(args: TextCompletionArgs) -> Result<(), String> {
     let (config, mut topics) = processor_config("text-completion", &args.processor, mapping)?;
     if let Some(flows) = args
         .flows
-        .flows("text-completion", mapping, &args.processor)?
+        .flows("text-completion", mapping, &args.processor, &config)?
     {
         topics.extend(args.flows.topic_names()?);
         let bus = connect(&args.bus, &topics).await?;
         let service = Arc::new(Flows {
             service: handler.for_flow(None, None),
-            template: config,
-            processor_id: flows.processor_id.clone(),
-            mapping,
         });
         run_flows_until_signalled(bus, flows, service, telemetry, args.processor.metrics_addr)
             .await

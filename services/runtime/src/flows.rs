@@ -27,10 +27,7 @@ use std::{
 use async_trait::async_trait;
 use sluice_schema::{
     TopicMapping, TopicName,
-    config::{
-        CONFIG_PUSH_TOPIC, CONFIG_REQUEST_TOPIC, CONFIG_RESPONSE_TOPIC, ConfigPush, ConfigRequest,
-        ConfigResponse, FlowDefinition,
-    },
+    config::{ConfigPush, ConfigRequest, ConfigResponse, FlowDefinition},
     properties,
 };
 use tokio::{
@@ -50,7 +47,8 @@ use crate::{
 /// The `/readyz` condition held until the config service first answered.
 const CONFIG_CONDITION: &str = "config-service";
 
-/// The Pulsar topics of TrustGraph's config service.
+/// The Pulsar topics of TrustGraph's config service (by default `request:tg:config`,
+/// `response:tg:config`, `notify:tg:config`; see [`sluice_schema::config`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigTopics {
     /// Where requests go (`request:tg:config`).
@@ -59,34 +57,6 @@ pub struct ConfigTopics {
     pub response: String,
     /// Where changes are announced (`notify:tg:config`).
     pub push: String,
-}
-
-impl ConfigTopics {
-    /// TrustGraph's config topics under `mapping`.
-    pub fn new(mapping: TopicMapping) -> Self {
-        let url = |name: &str| match name.parse::<TopicName>() {
-            Ok(t) => t.to_pulsar(mapping),
-            // The names are constants that parse; keep the name rather than fail.
-            Err(_) => name.to_owned(),
-        };
-        Self {
-            request: url(CONFIG_REQUEST_TOPIC),
-            response: url(CONFIG_RESPONSE_TOPIC),
-            push: url(CONFIG_PUSH_TOPIC),
-        }
-    }
-
-    /// The logical names, for namespace creation.
-    pub fn names() -> Vec<TopicName> {
-        [
-            CONFIG_REQUEST_TOPIC,
-            CONFIG_RESPONSE_TOPIC,
-            CONFIG_PUSH_TOPIC,
-        ]
-        .iter()
-        .filter_map(|n| n.parse().ok())
-        .collect()
-    }
 }
 
 /// Why a config read failed.
@@ -320,12 +290,12 @@ pub trait FlowService: Send + Sync + 'static {
         false
     }
 
-    /// The consumer and handler of a flow.
+    /// The handler of a flow (its consumer is [`flow_consumer`]'s).
     async fn flow(
         &self,
         key: &FlowKey,
         definition: &FlowDefinition,
-    ) -> Result<(ProcessorConfig, Arc<Self::Handler>), String>;
+    ) -> Result<Arc<Self::Handler>, String>;
 
     /// A flow stopped (removed or changed) and its requests in flight have finished.
     async fn flow_stopped(&self, key: &FlowKey, definition: &FlowDefinition) {
@@ -347,18 +317,30 @@ pub struct FlowsConfig {
     pub resync: Duration,
     /// How soon a failed read is tried again.
     pub retry: Duration,
+    /// Each flow's consumer settings but its topics and subscription (concurrency, drain
+    /// grace, cancel topic, the processor's name in metrics).
+    pub consumer: ProcessorConfig,
+    /// How the flows' logical topic names map to Pulsar.
+    pub mapping: TopicMapping,
 }
 
 impl FlowsConfig {
     /// Defaults: 30 s per request, a full read every 60 s, retries every 2 s (TrustGraph's
     /// own retry interval).
-    pub fn new(processor_id: impl Into<String>, topics: ConfigTopics) -> Self {
+    pub fn new(
+        processor_id: impl Into<String>,
+        topics: ConfigTopics,
+        consumer: ProcessorConfig,
+        mapping: TopicMapping,
+    ) -> Self {
         Self {
             processor_id: processor_id.into(),
             topics,
             request_timeout: Duration::from_secs(30),
             resync: Duration::from_secs(60),
             retry: Duration::from_secs(2),
+            consumer,
+            mapping,
         }
     }
 }
@@ -438,14 +420,19 @@ impl<S: FlowService> Supervisor<S> {
         warn!(processor = %self.config.processor_id, error = %error, "{what}");
     }
 
-    /// Reads every type in every workspace and applies it.
-    async fn full_sync(&mut self, client: &ConfigClient) -> Result<(), ConfigError> {
-        let kinds: Vec<String> = self
-            .extra_kinds
+    /// Every type read, in the order applied: the service's own types before the flows, so a
+    /// flow never starts without its templates or tools.
+    fn kinds(&self) -> Vec<String> {
+        self.extra_kinds
             .iter()
             .chain(std::iter::once(&self.flows_kind))
             .cloned()
-            .collect();
+            .collect()
+    }
+
+    /// Reads every type in every workspace and applies it.
+    async fn full_sync(&mut self, client: &ConfigClient) -> Result<(), ConfigError> {
+        let kinds = self.kinds();
         let mut version = 0;
         let mut fetched = Vec::new();
         for kind in kinds {
@@ -502,13 +489,7 @@ impl<S: FlowService> Supervisor<S> {
                 self.apply(ws, &flows_kind, &empty).await;
             }
         }
-        let kinds: Vec<String> = self
-            .extra_kinds
-            .iter()
-            .chain(std::iter::once(&self.flows_kind))
-            .cloned()
-            .collect();
-        for kind in kinds {
+        for kind in self.kinds() {
             let Some(workspaces) = push.changes.get(&kind) else {
                 continue;
             };
@@ -607,7 +588,21 @@ impl<S: FlowService> Supervisor<S> {
     }
 
     async fn start(&mut self, key: FlowKey, definition: FlowDefinition) {
-        let (config, handler) = match self.service.flow(&key, &definition).await {
+        let built = match flow_consumer(
+            &self.config.consumer,
+            &self.config.processor_id,
+            &key,
+            &definition,
+            self.config.mapping,
+        ) {
+            Ok(config) => self
+                .service
+                .flow(&key, &definition)
+                .await
+                .map(|handler| (config, handler)),
+            Err(e) => Err(e),
+        };
+        let (config, handler) = match built {
             Ok(built) => built,
             Err(e) => {
                 self.failed(&format!("flow {key} cannot be served"), &e);
