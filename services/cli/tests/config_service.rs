@@ -91,6 +91,74 @@ fn config_args<'a>(topics: &'a Topics, broker: &'a Broker, metrics: &'a str) -> 
     ]
 }
 
+/// Starts `sluice ARGS --config-service` on this test's config topics; returns it with its
+/// metrics port once its /readyz says ready.
+async fn start(
+    args: &[&str],
+    topics: &Topics,
+    broker: &Broker,
+    env: &[(&str, &str)],
+) -> (Sluice, u16) {
+    let port = free_port();
+    let metrics = format!("127.0.0.1:{port}");
+    let mut all = args.to_vec();
+    all.extend(config_args(topics, broker, &metrics));
+    let mut process = Sluice::spawn(
+        &all,
+        env,
+        &[
+            "SLUICE_CONFIG",
+            "SLUICE_METRICS_ADDR",
+            "SLUICE_TEMPLATES",
+            "SLUICE_TOOLS",
+        ],
+    );
+    process
+        .ready(&format!("http://127.0.0.1:{port}/readyz"))
+        .await;
+    (process, port)
+}
+
+/// `sluice text-completion --config-service` against the fake OpenAI server.
+async fn start_text_completion(
+    fake: &FakeOpenAi,
+    topics: &Topics,
+    broker: &Broker,
+) -> (Sluice, u16) {
+    let base = fake.base_url();
+    let args = [
+        "text-completion",
+        "--provider",
+        "openai-compatible",
+        "--base-url",
+        base.as_str(),
+        "--model",
+        "normal",
+    ];
+    start(
+        &args,
+        topics,
+        broker,
+        &[("SLUICE_LLM_API_KEY", "k"), ("RUST_LOG", "info")],
+    )
+    .await
+}
+
+/// Polls `port`'s metrics until `name` (summed over its labels) reaches `least`.
+async fn until_at_least(process: &Sluice, port: u16, name: &str, least: f64) {
+    for _ in 0..100 {
+        if value(&scrape(port).await, name, &[]) >= least {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "{name} never reached {least}: {}\n{}",
+        value(&scrape(port).await, name, &[]),
+        process.stderr()
+    );
+}
+
 #[tokio::test]
 async fn text_completion_serves_the_flows_of_the_config_and_follows_its_changes() {
     sluice_runtime::install_crypto_provider();
@@ -127,27 +195,7 @@ async fn text_completion_serves_the_flows_of_the_config_and_follows_its_changes(
         )
         .await;
 
-    let port = free_port();
-    let metrics = format!("127.0.0.1:{port}");
-    let base = fake.base_url();
-    let mut args = vec![
-        "text-completion",
-        "--provider",
-        "openai-compatible",
-        "--base-url",
-        base.as_str(),
-        "--model",
-        "normal",
-    ];
-    args.extend(config_args(&topics, &broker, &metrics));
-    let mut process = Sluice::spawn(
-        &args,
-        &[("SLUICE_LLM_API_KEY", "k"), ("RUST_LOG", "info")],
-        &["SLUICE_CONFIG", "SLUICE_METRICS_ADDR"],
-    );
-    process
-        .ready(&format!("http://127.0.0.1:{port}/readyz"))
-        .await;
+    let (process, port) = start_text_completion(&fake, &topics, &broker).await;
     until(
         &process,
         port,
@@ -235,20 +283,7 @@ async fn text_completion_serves_the_flows_of_the_config_and_follows_its_changes(
             &[("broken", "{not json")],
         )
         .await;
-    for _ in 0..100 {
-        let m = scrape(port).await;
-        if value(&m, "sluice_config_fetch_failures_total", &[]) >= 1.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(
-        value(
-            &scrape(port).await,
-            "sluice_config_fetch_failures_total",
-            &[]
-        ) >= 1.0
-    );
+    until_at_least(&process, port, "sluice_config_fetch_failures_total", 1.0).await;
     config.put_silently(
         "ws1",
         "processor:text-completion",
@@ -356,39 +391,14 @@ async fn prompt_takes_templates_and_text_completion_topics_from_the_config() {
         .put("ws", "processor:prompt", &[("flow", &prompt_flow)])
         .await;
 
-    let (tc_port, p_port) = (free_port(), free_port());
-    let (tc_metrics, p_metrics) = (
-        format!("127.0.0.1:{tc_port}"),
-        format!("127.0.0.1:{p_port}"),
-    );
-    let base = fake.base_url();
-    let mut tc_args = vec![
-        "text-completion",
-        "--provider",
-        "openai-compatible",
-        "--base-url",
-        base.as_str(),
-        "--model",
-        "normal",
-    ];
-    tc_args.extend(config_args(&topics, &broker, &tc_metrics));
-    let mut tc = Sluice::spawn(
-        &tc_args,
-        &[("SLUICE_LLM_API_KEY", "k")],
-        &["SLUICE_CONFIG", "SLUICE_METRICS_ADDR"],
-    );
-    let mut p_args = vec!["prompt", "--no-builtin-templates"];
-    p_args.extend(config_args(&topics, &broker, &p_metrics));
-    let mut prompt = Sluice::spawn(
-        &p_args,
+    let (tc, _) = start_text_completion(&fake, &topics, &broker).await;
+    let (prompt, p_port) = start(
+        &["prompt", "--no-builtin-templates"],
+        &topics,
+        &broker,
         &[("RUST_LOG", "info")],
-        &["SLUICE_CONFIG", "SLUICE_METRICS_ADDR", "SLUICE_TEMPLATES"],
-    );
-    tc.ready(&format!("http://127.0.0.1:{tc_port}/readyz"))
-        .await;
-    prompt
-        .ready(&format!("http://127.0.0.1:{p_port}/readyz"))
-        .await;
+    )
+    .await;
     until(
         &prompt,
         p_port,
@@ -458,24 +468,7 @@ async fn prompt_takes_templates_and_text_completion_topics_from_the_config() {
             &[("template.greet", r#"{"prompt": "Broken {% if %}"}"#)],
         )
         .await;
-    for _ in 0..100 {
-        if value(
-            &scrape(p_port).await,
-            "sluice_config_fetch_failures_total",
-            &[],
-        ) >= 1.0
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(
-        value(
-            &scrape(p_port).await,
-            "sluice_config_fetch_failures_total",
-            &[]
-        ) >= 1.0
-    );
+    until_at_least(&prompt, p_port, "sluice_config_fetch_failures_total", 1.0).await;
     assert_eq!(answer(ask("Cy")).await, "Greet Cy warmly.");
 
     client.close().await;
@@ -536,39 +529,8 @@ async fn agent_takes_tools_from_the_config_and_restarts_its_flows_when_they_chan
         .put("ws", "processor:agent-manager", &[("flow", &agent_flow)])
         .await;
 
-    let (tc_port, a_port) = (free_port(), free_port());
-    let (tc_metrics, a_metrics) = (
-        format!("127.0.0.1:{tc_port}"),
-        format!("127.0.0.1:{a_port}"),
-    );
-    let base = fake.base_url();
-    let mut tc_args = vec![
-        "text-completion",
-        "--provider",
-        "openai-compatible",
-        "--base-url",
-        base.as_str(),
-        "--model",
-        "normal",
-    ];
-    tc_args.extend(config_args(&topics, &broker, &tc_metrics));
-    let mut tc = Sluice::spawn(
-        &tc_args,
-        &[("SLUICE_LLM_API_KEY", "k")],
-        &["SLUICE_CONFIG", "SLUICE_METRICS_ADDR"],
-    );
-    let mut a_args = vec!["agent"];
-    a_args.extend(config_args(&topics, &broker, &a_metrics));
-    let mut agent = Sluice::spawn(
-        &a_args,
-        &[("RUST_LOG", "info")],
-        &["SLUICE_CONFIG", "SLUICE_METRICS_ADDR", "SLUICE_TOOLS"],
-    );
-    tc.ready(&format!("http://127.0.0.1:{tc_port}/readyz"))
-        .await;
-    agent
-        .ready(&format!("http://127.0.0.1:{a_port}/readyz"))
-        .await;
+    let (tc, _) = start_text_completion(&fake, &topics, &broker).await;
+    let (agent, a_port) = start(&["agent"], &topics, &broker, &[("RUST_LOG", "info")]).await;
     until(
         &agent,
         a_port,
