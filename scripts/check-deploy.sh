@@ -13,7 +13,8 @@
 #
 # Tools come from package registries only (Go module proxy, PyPI, Debian apt) and are cached
 # under ~/.cache/sluice/deploy, never in the clone. Usage: scripts/check-deploy.sh [FILE...]
-# validates the given rendered manifests instead (to show that a broken one fails).
+# validates the given rendered manifests instead (to show that a broken one fails);
+# scripts/check-deploy.sh --compose-bin builds Compose if needed and prints its path.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -172,6 +173,12 @@ validate() {
     -schema-location "$crds/{{.Group}}/{{.ResourceKind}}_{{.ResourceAPIVersion}}.json" \
     "$@"
 }
+
+# scripts/test-stack.sh runs the stack with the same Compose.
+if [ "${1:-}" = "--compose-bin" ]; then
+  compose_bin
+  exit
+fi
 
 if [ $# -gt 0 ]; then
   validate "$@"

@@ -80,3 +80,9 @@ cargo test --workspace --locked --no-fail-fast
 # --config-service processors, on the broker above (issue #14).
 echo "== TrustGraph's processes with sluice's"
 SLUICE_BIN="$CARGO_TARGET_DIR/debug/sluice" bash scripts/test-trustgraph.sh
+
+# The image built with the real Dockerfile (on bases made from Debian's packages: no image
+# registry here), the compose stack up with Prometheus, answers through the gateway
+# container, every dashboard panel's data, three replicas and a kill (issue #12).
+echo "== the compose stack (docker)"
+bash scripts/test-stack.sh

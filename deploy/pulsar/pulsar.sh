@@ -7,6 +7,7 @@
 #   deploy/pulsar/pulsar.sh status    exit 0 when the broker answers
 #   deploy/pulsar/pulsar.sh env       print PULSAR_URL and PULSAR_ADMIN_URL for this broker
 #   deploy/pulsar/pulsar.sh wipe      stop and delete its data
+#   deploy/pulsar/pulsar.sh dist      fetch the distribution (once) and print its directory
 #
 # Pulsar comes from Maven Central through Maven (cached in ~/.m2), unpacked once under
 # $SLUICE_CACHE (default ~/.cache/sluice), outside the clone. A second broker for tests
@@ -162,5 +163,6 @@ case "${1:-}" in
   status) ready ;;
   env) printf 'PULSAR_URL=pulsar://127.0.0.1:%s\nPULSAR_ADMIN_URL=%s\n' "$PORT" "$ADMIN" ;;
   wipe) stop; rm -rf "$STATE" ;;
-  *) echo "usage: $0 start|stop|restart|status|env|wipe" >&2; exit 2 ;;
+  dist) ensure_dist; echo "$DIST" ;;
+  *) echo "usage: $0 start|stop|restart|status|env|wipe|dist" >&2; exit 2 ;;
 esac

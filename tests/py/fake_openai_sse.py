@@ -1,7 +1,10 @@
 """A tiny, deterministic OpenAI-compatible chat-completions server, for running TrustGraph's
-`text-completion-openai` without a real model.
+`text-completion-openai` without a real model, and in front of the real local LLM for the
+compose stack test (scripts/test-stack.sh).
 
     python tests/py/fake_openai_sse.py --port 8767
+    python tests/py/fake_openai_sse.py --host 172.17.0.1 --port 8769 \
+        --upstream http://127.0.0.1:8766   # key: FAKE_UPSTREAM_API_KEY (env only)
 
 Serves POST /v1/chat/completions (plain JSON, or Server-Sent Events when the request has
 "stream": true, ending with a usage chunk and `data: [DONE]`) and GET /v1/models.
@@ -16,17 +19,30 @@ The reply is a function of the prompt (the text of the last user message):
         Thought: I will ask the tool.
         Action: ask-llm
         Args: {"question": "<that last line>"}
-  * any other prompt gets `fake reply: <the prompt>`.
+  * a prompt containing "[fake:429]" is refused with OpenAI's 429 (Retry-After: 0), one
+    containing "[fake:500]" with a 500;
+  * a prompt asking for JSON lines about "Block ID:"s (the built-in knowledge-classification
+    template) gets one object per block, confidence 1.5 (clamped by sluice: a correction),
+    then a line that is not JSON (skipped by sluice);
+  * a prompt containing "[fake:echo]" gets `fake reply: <the prompt>` even with --upstream;
+  * a prompt containing "[fake:slow]" streams a fixed text of 120 chunks, 100 ms apart;
+  * any other prompt gets `fake reply: <the prompt>`, or, with --upstream, is forwarded to
+    that OpenAI-compatible server (the real model) and its response relayed as it arrives.
 Streams split the reply into chunks of at most 8 characters.
 """
 
 import argparse
 import json
+import os
 import sys
 import time
+import urllib.error
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MODEL = "fake-model"
+UPSTREAM = None  # --upstream: where prompts that are not scripted go
+SLOW_CHUNKS = 120
 
 
 def prompt_text(body):
@@ -43,6 +59,12 @@ def prompt_text(body):
 
 
 def reply_for(prompt):
+    if "JSON object per line" in prompt and "Block ID: " in prompt:
+        ids = [line.split("Block ID: ", 1)[1].strip() for line in prompt.splitlines()
+               if line.startswith("Block ID: ")]
+        lines = [json.dumps({"block_id": i, "is_knowledge": True, "confidence": 1.5,
+                             "reason": "fake"}) for i in ids]
+        return "\n".join(lines + ["this line is not JSON"]) + "\n"
     if "Final Answer:" in prompt:
         lines = [line.strip() for line in prompt.splitlines() if line.strip()]
         last = lines[-1] if lines else ""
@@ -74,15 +96,68 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self.send_json(404, {"error": {"message": "not found"}})
 
+    def relay(self, raw):
+        """Forwards the request to the upstream server and relays its answer as it comes."""
+        request = urllib.request.Request(
+            UPSTREAM.rstrip("/") + "/v1/chat/completions", data=raw, method="POST",
+            headers={"Content-Type": "application/json"})
+        key = os.environ.get("FAKE_UPSTREAM_API_KEY")
+        if key:
+            request.add_header("Authorization", "Bearer " + key)
+        try:
+            upstream = urllib.request.urlopen(request, timeout=300)
+        except urllib.error.HTTPError as e:
+            upstream = e
+        with upstream:
+            self.send_response(upstream.status)
+            self.send_header("Content-Type", upstream.headers.get("Content-Type", "application/json"))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            while True:
+                line = upstream.readline()
+                if not line:
+                    break
+                self.wfile.write(line)
+                self.wfile.flush()
+        self.close_connection = True
+
     def do_POST(self):
+        try:
+            self.answer()
+        except (BrokenPipeError, ConnectionResetError):
+            # The caller went away mid-answer (a cancelled stream, a killed replica).
+            self.close_connection = True
+
+    def answer(self):
         length = int(self.headers.get("Content-Length", "0"))
-        body = json.loads(self.rfile.read(length) or b"{}")
+        raw = self.rfile.read(length) or b"{}"
+        body = json.loads(raw)
         if not self.path.rstrip("/").endswith("/chat/completions"):
             self.send_json(404, {"error": {"message": "not found"}})
             return
         model = body.get("model", MODEL)
         prompt = prompt_text(body)
-        text = reply_for(prompt)
+        if "[fake:429]" in prompt:
+            data = json.dumps({"error": {"message": "Rate limit reached (fake)",
+                                         "type": "requests", "code": "rate_limit_exceeded"}})
+            self.send_response(429)
+            self.send_header("Retry-After", "0")
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data.encode())
+            return
+        if "[fake:500]" in prompt:
+            self.send_json(500, {"error": {"message": "The server had an error (fake)",
+                                           "type": "server_error"}})
+            return
+        slow = "[fake:slow]" in prompt
+        scripted = slow or "[fake:echo]" in prompt or "Final Answer:" in prompt or (
+            "JSON object per line" in prompt and "Block ID: " in prompt)
+        if UPSTREAM and not scripted:
+            self.relay(raw)
+            return
+        text = "".join(f"chunk {i:03}. " for i in range(SLOW_CHUNKS)) if slow else reply_for(prompt)
         usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": len(text.split()),
                  "total_tokens": len(prompt.split()) + len(text.split())}
         created = int(time.time())
@@ -107,8 +182,11 @@ class Handler(BaseHTTPRequestHandler):
                 "created": created, "model": model}
         event(base | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                    "finish_reason": None}]})
-        for i in range(0, len(text), 8):
-            event(base | {"choices": [{"index": 0, "delta": {"content": text[i:i + 8]},
+        step = 11 if slow else 8
+        for i in range(0, len(text), step):
+            if slow:
+                time.sleep(0.1)
+            event(base | {"choices": [{"index": 0, "delta": {"content": text[i:i + step]},
                                        "finish_reason": None}]})
         event(base | {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
         event(base | {"choices": [], "usage": usage})
@@ -119,10 +197,14 @@ class Handler(BaseHTTPRequestHandler):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8767)
+    parser.add_argument("--upstream", help="OpenAI-compatible server for unscripted prompts")
     args = parser.parse_args()
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
-    print(f"fake-openai listening on 127.0.0.1:{args.port}", flush=True)
+    global UPSTREAM
+    UPSTREAM = args.upstream
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    print(f"fake-openai listening on {args.host}:{args.port}", flush=True)
     server.serve_forever()
 
 

@@ -519,6 +519,16 @@ pub fn config_error(message: impl Into<String>) -> Error {
 mod tests {
     use super::*;
 
+    /// The tools docker-compose.yml's agent serves load, and name the template they use.
+    #[test]
+    fn the_compose_tools_file_loads() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/compose/tools.json");
+        let tools = load(&path).unwrap();
+        let names: Vec<_> = tools.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["ask-llm", "answer-briefly"]);
+        assert!(matches!(&tools[1].kind, ToolKind::Prompt { template } if template == "question"));
+    }
+
     #[test]
     fn trustgraph_tool_entries_become_tools_and_what_cannot_be_served_is_named() {
         let tools: BTreeMap<String, String> = [

@@ -403,6 +403,17 @@ fn describe(e: &minijinja::Error) -> String {
 mod tests {
     use super::*;
 
+    /// The templates docker-compose.yml's prompt service serves load beside the built-ins,
+    /// with the `question` template the compose agent's tool names.
+    #[test]
+    fn the_compose_templates_file_loads() {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/compose/templates.json");
+        let set = TemplateSet::load(Some(&path), true).unwrap();
+        assert!(set.get("question").is_some());
+        assert!(set.get("knowledge-classification").is_some());
+    }
+
     const FILE: &str = r#"{
         "system": "You are careful.",
         "templates": {
