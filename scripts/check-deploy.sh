@@ -18,11 +18,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-KUBERNETES_VERSION=1.32.0          # the API the manifests are checked against
+. scripts/deploy-lib.sh           # KUBERNETES_VERSION, KEDA_VERSION, PROMETHEUS_OPERATOR_VERSION
 KUBERNETES_VALIDATE_VERSION=1.37.0 # PyPI kubernetes-validate: schemas for 1.25 .. 1.37
 KUBECONFORM_VERSION=v0.8.0
-KEDA_VERSION=v2.21.0
-PROMETHEUS_OPERATOR_VERSION=v0.85.0
 COMPOSE_VERSION=v5.5.1             # v5.6.0+ needs a newer Go or a module the proxy lacks
 KUSTOMIZE_VERSION=v5.5.0           # only without kubectl (kubectl 1.32 embeds kustomize v5.5.0)
 
@@ -38,12 +36,6 @@ publish() {
   touch "$1/.complete"
   [ -f "$2/.complete" ] || rm -rf "$2"   # what an interrupted run left
   mv -T "$1" "$2" 2>/dev/null || rm -rf "$1"
-}
-
-# A Go module's directory in the module cache, downloaded through the module proxy.
-go_module_dir() {
-  (cd /tmp && go mod download -json "$1") |
-    python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])'
 }
 
 kubeconform_bin() {

@@ -4,7 +4,10 @@
 # test itself). Works on a fresh machine of this kind: installs protoc and Maven when
 # missing; heavy downloads and builds are cached outside the clone, under ~/.cache/sluice
 # and ~/.m2. The deployment checks (scripts/check-deploy.sh) build their tools from the Go
-# module proxy and PyPI once, under ~/.cache/sluice/deploy.
+# module proxy and PyPI once, under ~/.cache/sluice/deploy. At the end, the compose stack
+# runs in Docker (scripts/test-stack.sh: dockerd started when none runs, images made from
+# Debian's packages) and the Kubernetes manifests are applied to a real API server
+# (scripts/test-k8s.sh: kube-apiserver built from the Go module proxy, Debian's etcd).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -86,3 +89,8 @@ SLUICE_BIN="$CARGO_TARGET_DIR/debug/sluice" bash scripts/test-trustgraph.sh
 # container, every dashboard panel's data, three replicas and a kill (issue #12).
 echo "== the compose stack (docker)"
 bash scripts/test-stack.sh
+
+# The manifests applied to a real kube-apiserver (built from the Go module proxy) on Debian's
+# etcd, with Pod Security enforcing `restricted` and broken manifests refused (issue #12).
+echo "== Kubernetes: the manifests on a real API server"
+bash scripts/test-k8s.sh
