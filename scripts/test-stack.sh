@@ -38,11 +38,33 @@ figure() { FIGURES+=("$1"); log "figure: $1"; }
 . scripts/prereqs.sh
 prereqs curl:curl python3:python3
 
+front_pid=
+started_dockerd=
+cleanup() {
+  local rc=$?
+  if [ "$rc" -ne 0 ] && [ -n "${COMPOSE_BIN:-}" ]; then
+    log "logs of the stack's services (last 40 lines each):"
+    compose logs --no-color --tail 40 >&2 2>&1 || true
+    [ -f "$WORK/front.log" ] && tail -n 20 "$WORK/front.log" >&2
+  fi
+  [ -n "${COMPOSE_BIN:-}" ] && { compose down -v --remove-orphans --timeout 20 >/dev/null 2>&1 || true; }
+  [ -n "$front_pid" ] && kill "$front_pid" 2>/dev/null || true
+  [ -n "${started_llm:-}" ] && LLM_PORT="$LLM_PORT" deploy/local-llm/llama-server.sh stop >/dev/null 2>&1 || true
+  # A dockerd this script started is stopped again (its images stay in /var/lib/docker).
+  if [ -n "$started_dockerd" ]; then
+    kill "$started_dockerd" 2>/dev/null || true
+    for _ in $(seq 1 30); do kill -0 "$started_dockerd" 2>/dev/null || break; sleep 1; done
+  fi
+  rm -rf "$WORK"
+  exit "$rc"
+}
+trap cleanup EXIT
 # -- the Docker engine -------------------------------------------------------------------------
 if ! docker info >/dev/null 2>&1; then
   command -v dockerd >/dev/null 2>&1 || prereqs dockerd:docker.io
   log "starting dockerd (log: /var/log/sluice-dockerd.log)"
   nohup dockerd >/var/log/sluice-dockerd.log 2>&1 &
+  started_dockerd=$!
   for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
   docker info >/dev/null 2>&1 || { tail -n 30 /var/log/sluice-dockerd.log >&2; fail "dockerd did not start"; }
 fi
@@ -52,21 +74,6 @@ compose() {
     -f docker-compose.yml -f tests/stack/docker-compose.override.yml "$@"
 }
 
-front_pid=
-cleanup() {
-  local rc=$?
-  if [ "$rc" -ne 0 ] && [ -n "${COMPOSE_BIN:-}" ]; then
-    log "logs of the stack's services (last 40 lines each):"
-    compose logs --no-color --tail 40 >&2 2>&1 || true
-    [ -f "$WORK/front.log" ] && tail -n 20 "$WORK/front.log" >&2
-  fi
-  compose down -v --remove-orphans --timeout 20 >/dev/null 2>&1 || true
-  [ -n "$front_pid" ] && kill "$front_pid" 2>/dev/null || true
-  [ -n "${started_llm:-}" ] && LLM_PORT="$LLM_PORT" deploy/local-llm/llama-server.sh stop >/dev/null 2>&1 || true
-  rm -rf "$WORK"
-  exit "$rc"
-}
-trap cleanup EXIT
 
 # -- 1. images -------------------------------------------------------------------------------
 t=$SECONDS
@@ -216,10 +223,12 @@ for line in open(sys.argv[1]):
         text, restarted = "", True   # the answer starts again from its first token
     elif event.get("type") == "token":
         text += event.get("content", event.get("token", ""))
-want = "".join(f"chunk {i:03}. " for i in range(120))
+want = "".join(f"chunk {i:03}. " for i in range(200))
+if not restarted:
+    sys.exit("no `restarted` status: the replica was not killed mid-stream")
 if text != want:
-    sys.exit(f"answer differs (restarted={restarted}): {text[:80]!r} ... {text[-40:]!r}")
-print(f"[stack] the answer is whole after the kill (restart announced: {restarted})", file=sys.stderr)
+    sys.exit(f"answer differs: {text[:80]!r} ... {text[-40:]!r}")
+print("[stack] the answer is whole after the kill, restarted from its first token", file=sys.stderr)
 EOF
 # A surviving replica answered it. (Not read from sluice_processor_redelivered_requests_total:
 # Pulsar's broker does not count a redelivery caused by a consumer's death, apache/pulsar#18239.)

@@ -25,7 +25,7 @@ The reply is a function of the prompt (the text of the last user message):
     template) gets one object per block, confidence 1.5 (clamped by sluice: a correction),
     then a line that is not JSON (skipped by sluice);
   * a prompt containing "[fake:echo]" gets `fake reply: <the prompt>` even with --upstream;
-  * a prompt containing "[fake:slow]" streams a fixed text of 120 chunks, 100 ms apart;
+  * a prompt containing "[fake:slow]" streams a fixed text of 200 chunks, 100 ms apart;
   * any other prompt gets `fake reply: <the prompt>`, or, with --upstream, is forwarded to
     that OpenAI-compatible server (the real model) and its response relayed as it arrives.
 Streams split the reply into chunks of at most 8 characters.
@@ -42,7 +42,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MODEL = "fake-model"
 UPSTREAM = None  # --upstream: where prompts that are not scripted go
-SLOW_CHUNKS = 120
+SLOW_CHUNKS = 200
 
 
 def prompt_text(body):
