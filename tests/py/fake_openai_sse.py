@@ -58,8 +58,13 @@ def prompt_text(body):
     return ""
 
 
+def asks_for_block_lines(prompt):
+    """The built-in knowledge-classification template's prompt."""
+    return "JSON object per line" in prompt and "Block ID: " in prompt
+
+
 def reply_for(prompt):
-    if "JSON object per line" in prompt and "Block ID: " in prompt:
+    if asks_for_block_lines(prompt):
         ids = [line.split("Block ID: ", 1)[1].strip() for line in prompt.splitlines()
                if line.startswith("Block ID: ")]
         lines = [json.dumps({"block_id": i, "is_knowledge": True, "confidence": 1.5,
@@ -152,8 +157,8 @@ class Handler(BaseHTTPRequestHandler):
                                            "type": "server_error"}})
             return
         slow = "[fake:slow]" in prompt
-        scripted = slow or "[fake:echo]" in prompt or "Final Answer:" in prompt or (
-            "JSON object per line" in prompt and "Block ID: " in prompt)
+        scripted = (slow or "[fake:echo]" in prompt or "Final Answer:" in prompt
+                    or asks_for_block_lines(prompt))
         if UPSTREAM and not scripted:
             self.relay(raw)
             return
