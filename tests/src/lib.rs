@@ -234,6 +234,33 @@ pub fn unique_non_persistent_topic(name: &str) -> String {
     unique_topic(name).replacen("persistent://", "non-persistent://", 1)
 }
 
+/// Waits, up to 10 s, until the metrics text `render` returns satisfies `done`, and returns
+/// the last text read, so the caller's own assertion reports it if it never did.
+///
+/// Some counters trail the caller by a moment, by design: a processor counts a request once
+/// the broker has confirmed its records, which can be after the caller received them, and
+/// the gateway counts a stream when hyper drops its body, after the last byte went out.
+pub async fn wait_for_metrics(render: impl Fn() -> String, done: impl Fn(&str) -> bool) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = render();
+        if done(&text) || tokio::time::Instant::now() >= deadline {
+            return text;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The value of the first sample in a metrics text whose line starts with `prefix` (a
+/// metric name with its labels), or 0 when there is none.
+pub fn metric_value(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .map(|v| v.parse::<f64>().unwrap())
+        .unwrap_or(0.0)
+}
+
 /// Logs to the test output when `RUST_LOG` is set.
 pub fn init_logging() {
     let _ = tracing_subscriber::fmt()

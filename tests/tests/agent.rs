@@ -32,7 +32,7 @@ use sluice_runtime::{
 use sluice_schema::{AgentMessageType, AgentRequest, AgentResponse, Error, ResponseRecord};
 use sluice_tests::{
     Broker, RunningProcessor, echo_config, fake_openai::FakeOpenAi, init_logging, mcp_server,
-    openai_service, unique_topic,
+    openai_service, unique_topic, wait_for_metrics,
 };
 use sluice_text_completion::providers::openai::{Dialect, OpenAiConfig};
 
@@ -444,6 +444,17 @@ fn assert_metrics(metrics: &str, lines: &[&str]) {
     }
 }
 
+/// Asserts that each line is in the metrics text `render` returns, waiting up to 10 s for the
+/// lines a processor writes only once the broker confirmed its answer's records (its request
+/// outcome and published records), which can be just after the caller received them.
+async fn assert_metrics_soon(render: impl Fn() -> String, lines: &[&str]) {
+    let text = wait_for_metrics(render, |m| {
+        lines.iter().all(|line| m.lines().any(|l| l == *line))
+    })
+    .await;
+    assert_metrics(&text, lines);
+}
+
 /// The action record's tool name and arguments.
 fn action(out: &[AgentResponse]) -> Value {
     let record = out
@@ -495,8 +506,8 @@ async fn a_tool_call_streams_thought_action_observation_then_the_answer() {
         2
     );
     // Both dialogs, counted on the agent processor's own /metrics.
-    assert_metrics(
-        &s.metrics(),
+    assert_metrics_soon(
+        || s.metrics(),
         &[
             r#"sluice_agent_iterations_total{outcome="action"} 2"#,
             r#"sluice_agent_iterations_total{outcome="answer"} 2"#,
@@ -506,7 +517,8 @@ async fn a_tool_call_streams_thought_action_observation_then_the_answer() {
             r#"sluice_processor_requests_total{outcome="continued",processor="agent"} 2"#,
             r#"sluice_processor_requests_total{outcome="success",processor="agent"} 2"#,
         ],
-    );
+    )
+    .await;
     s.stop().await;
 }
 
@@ -739,12 +751,11 @@ async fn a_prompt_tool_renders_its_template_on_the_prompt_processor() {
         text(&out, AgentMessageType::Answer),
         "The tool said: Echo: Tell me facts about otters."
     );
-    assert!(
-        s.prompt
-            .telemetry
-            .render()
-            .contains(r#"sluice_processor_requests_total{outcome="success",processor="prompt"} 1"#)
-    );
+    assert_metrics_soon(
+        || s.prompt.telemetry.render(),
+        &[r#"sluice_processor_requests_total{outcome="success",processor="prompt"} 1"#],
+    )
+    .await;
     assert_metrics(
         &s.metrics(),
         &[r#"sluice_agent_tool_calls_total{kind="prompt",outcome="success",tool="facts"} 1"#],
@@ -766,12 +777,11 @@ async fn a_service_tool_reads_any_topic_pair_to_its_terminal_record() {
     assert_eq!(observation["value"], "Paris");
     assert_eq!(observation["complete"], true);
     assert!(text(&out, AgentMessageType::Answer).starts_with("The tool said: {"));
-    assert!(
-        s.lookup
-            .telemetry
-            .render()
-            .contains(r#"sluice_processor_records_published_total{processor="lookup"} 2"#)
-    );
+    assert_metrics_soon(
+        || s.lookup.telemetry.render(),
+        &[r#"sluice_processor_records_published_total{processor="lookup"} 2"#],
+    )
+    .await;
     assert_metrics(
         &s.metrics(),
         &[

@@ -14,8 +14,8 @@ use sluice_schema::{
     Error, TextCompletionRequest, TextCompletionResponse, TopicMapping, TopicName, properties,
 };
 use sluice_tests::{
-    Broker, EchoHandler, RunningProcessor, TextClient, echo_config, init_logging, text_client,
-    unique_topic,
+    Broker, EchoHandler, RunningProcessor, TextClient, echo_config, init_logging, metric_value,
+    text_client, unique_topic, wait_for_metrics,
 };
 
 type Client = TextClient;
@@ -148,16 +148,21 @@ async fn two_processors_on_one_shared_subscription_share_the_load() {
         assert_eq!(records[0].response, format!("q{i}#0"));
         assert!(records[0].end_of_stream);
     }
+    // A processor counts a request once the broker confirmed its answer, which can be just
+    // after the caller received it: read the two counters until they add up (or time out).
     let handled = |s: &RunningProcessor| {
-        let text = s.telemetry.render();
-        text.lines()
-            .find(|l| l.starts_with("sluice_processor_requests_total{outcome=\"success\""))
-            .and_then(|l| l.rsplit(' ').next())
-            .map(|n| n.parse::<u64>().unwrap())
-            .unwrap_or(0)
+        metric_value(
+            &s.telemetry.render(),
+            r#"sluice_processor_requests_total{outcome="success""#,
+        ) as u64
     };
+    wait_for_metrics(
+        || (handled(&a) + handled(&b)).to_string(),
+        |sum| sum == "64",
+    )
+    .await;
     let (na, nb) = (handled(&a), handled(&b));
-    assert_eq!(na + nb, 64);
+    assert_eq!(na + nb, 64, "each request handled exactly once");
     assert!(na > 0 && nb > 0, "both replicas took requests: {na} + {nb}");
     client.close().await;
     a.stop().await;
@@ -306,11 +311,9 @@ async fn malformed_records_get_an_error_when_they_can_and_are_never_redelivered(
         answers["bad-json"].error
     );
     assert_eq!(answers["good"].response, "fine#0");
-    let text = p.telemetry.render();
-    assert!(
-        text.contains(r#"sluice_processor_requests_total{outcome="malformed",processor="echo"} 5"#),
-        "{text}"
-    );
+    let malformed = r#"sluice_processor_requests_total{outcome="malformed",processor="echo"} 5"#;
+    let text = wait_for_metrics(|| p.telemetry.render(), |t| t.contains(malformed)).await;
+    assert!(text.contains(malformed), "{text}");
     // Everything was acked: nothing waits on the subscription to come back.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let (backlog, unacked) = broker.subscription_stats(&req, "echo").await;

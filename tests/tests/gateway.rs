@@ -10,7 +10,9 @@ use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use sluice_gateway::{Auth, ServiceKind, ServiceTopics};
 use sluice_runtime::{processor::ProcessorConfig, secret::Secret, telemetry::Telemetry};
-use sluice_tests::{Broker, GatewayStack as Stack, RunningProcessor, unique_topic};
+use sluice_tests::{
+    Broker, GatewayStack as Stack, RunningProcessor, unique_topic, wait_for_metrics,
+};
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 
 const TOKEN: &str = "gw-test-token-8f1c";
@@ -99,12 +101,10 @@ async fn ndjson_streams_seed_004_events_and_the_first_token_arrives_before_the_l
         );
         assert_eq!(e["session_id"], "session-7");
     }
-    let metrics = s.telemetry.render();
-    assert!(
-        metrics.contains(
-            r#"sluice_gateway_streams_total{outcome="success",route="text-completion"} 1"#
-        )
-    );
+    // The stream is counted when hyper drops its body, just after the last byte went out.
+    let success = r#"sluice_gateway_streams_total{outcome="success",route="text-completion"} 1"#;
+    let metrics = wait_for_metrics(|| s.telemetry.render(), |m| m.contains(success)).await;
+    assert!(metrics.contains(success), "{metrics}");
     assert!(
         metrics.contains(r#"sluice_gateway_first_event_seconds_count{route="text-completion"} 1"#)
     );
@@ -681,11 +681,9 @@ async fn the_agent_route_streams_typed_tokens_and_the_dialogs_usage() {
             .render()
             .contains(r#"sluice_agent_dialogs_total{outcome="answer"} 1"#)
     );
-    assert!(
-        s.telemetry
-            .render()
-            .contains(r#"sluice_gateway_streams_total{outcome="success",route="agent"} 1"#)
-    );
+    let success = r#"sluice_gateway_streams_total{outcome="success",route="agent"} 1"#;
+    let m = wait_for_metrics(|| s.telemetry.render(), |m| m.contains(success)).await;
+    assert!(m.contains(success), "{m}");
     agent.stop().await;
     s.stop().await;
 }

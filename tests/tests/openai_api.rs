@@ -11,7 +11,7 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 use sluice_gateway::Auth;
 use sluice_runtime::secret::Secret;
-use sluice_tests::GatewayStack;
+use sluice_tests::{GatewayStack, wait_for_metrics};
 
 const TOKEN: &str = "oa-test-token-5d2e";
 
@@ -412,11 +412,9 @@ async fn time_limits_and_trace_context_apply_as_on_the_other_routes() {
         assert!(tokio::time::Instant::now() < deadline, "not cancelled");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let m = s.telemetry.render();
-    assert!(
-        m.contains(r#"sluice_gateway_streams_total{outcome="timeout",route="openai-chat"} 1"#),
-        "{m}"
-    );
+    let timeout = r#"sluice_gateway_streams_total{outcome="timeout",route="openai-chat"} 1"#;
+    let m = wait_for_metrics(|| s.telemetry.render(), |m| m.contains(timeout)).await;
+    assert!(m.contains(timeout), "{m}");
     s.stop().await;
 }
 
