@@ -314,10 +314,20 @@ async fn malformed_records_get_an_error_when_they_can_and_are_never_redelivered(
     let malformed = r#"sluice_processor_requests_total{outcome="malformed",processor="echo"} 5"#;
     let text = wait_for_metrics(|| p.telemetry.render(), |t| t.contains(malformed)).await;
     assert!(text.contains(malformed), "{text}");
-    // Everything was acked: nothing waits on the subscription to come back.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let (backlog, unacked) = broker.subscription_stats(&req, "echo").await;
-    assert_eq!((backlog, unacked), (0, 0));
+    // Everything was acked: nothing waits on the subscription to come back. Acks reach the
+    // broker asynchronously (the last one after its answer's publish was confirmed), so the
+    // stats are read until they settle; a request never acked would hold them above zero.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut stats = broker.subscription_stats(&req, "echo").await;
+    while stats != (0, 0) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        stats = broker.subscription_stats(&req, "echo").await;
+    }
+    assert_eq!(
+        stats,
+        (0, 0),
+        "(backlog, unacked) of the request subscription"
+    );
     responses.unsubscribe().await;
     p.stop().await;
 }

@@ -134,10 +134,11 @@ fn stalled_client_run(broker: Broker, req: String, resp: String) -> StalledRun {
             streaming: true,
             ..Default::default()
         };
-        // The tail stream's first record now, its second and its terminal record 2 s later,
-        // inside the stall.
+        // The tail stream's first record now, its second and its terminal record 4 s later,
+        // inside the stall, when the flood has long taken every flow permit (wide margins:
+        // on a loaded machine the flood's 2,001 records take a while to publish).
         let mut tail = client
-            .request(&request("tail", "records=2 delay_ms=2000"))
+            .request(&request("tail", "records=2 delay_ms=4000"))
             .await
             .unwrap();
         let first = tail.next().await.unwrap().unwrap();
@@ -150,7 +151,7 @@ fn stalled_client_run(broker: Broker, req: String, resp: String) -> StalledRun {
         assert!(matches!(first, Received::Record(_)));
         // The stall: nothing of this runtime runs, its socket is not read, no flow permits
         // are sent.
-        std::thread::sleep(Duration::from_secs(6));
+        std::thread::sleep(Duration::from_secs(10));
         let drain = async |s: &mut sluice_runtime::client::ResponseStream<_>| {
             let mut records = 1;
             loop {

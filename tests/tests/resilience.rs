@@ -165,9 +165,15 @@ async fn sigterm_finishes_in_flight_requests_takes_no_new_ones_and_exits_zero() 
         in_flight.push(s);
     }
     draining.signal("-TERM");
-    // Not ready while draining, so no new traffic is routed here.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(draining.readyz().await, 503);
+    // Not ready while draining, so no new traffic is routed here. The signal reaches another
+    // process, whose consume loop then stops: read /readyz until it says so.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut ready = draining.readyz().await;
+    while ready != 503 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        ready = draining.readyz().await;
+    }
+    assert_eq!(ready, 503, "not ready once draining");
     // Requests published after the signal wait for another replica.
     let mut late = Vec::new();
     for i in 0..2 {

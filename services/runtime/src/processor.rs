@@ -783,11 +783,12 @@ impl StoreGuard {
     }
 
     fn block(&self, error: &BusError) {
+        // The gauge first: whoever sees /readyz change can count on the metric saying so too.
+        self.telemetry.metrics.store_blocked(&self.processor, true);
         self.telemetry.health.fail(
             STORE_CONDITION,
             format!("the broker cannot store this processor's records: {error}"),
         );
-        self.telemetry.metrics.store_blocked(&self.processor, true);
         if !self.blocked.swap(true, std::sync::atomic::Ordering::SeqCst) {
             warn!(processor = %self.processor, error = %error,
                   "the broker cannot store records: taking no new request until it can");
@@ -795,8 +796,8 @@ impl StoreGuard {
     }
 
     fn unblock(&self) {
-        self.telemetry.health.clear(STORE_CONDITION);
         self.telemetry.metrics.store_blocked(&self.processor, false);
+        self.telemetry.health.clear(STORE_CONDITION);
         if self
             .blocked
             .swap(false, std::sync::atomic::Ordering::SeqCst)
