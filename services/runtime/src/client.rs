@@ -899,8 +899,9 @@ mod tests {
             .unwrap()
             .await
             .unwrap();
+        // Both routers see it: wait for both rather than count on their order of wake-up.
         for _ in 0..100 {
-            if unroutable("b") == 1 {
+            if unroutable("b") == 1 && unroutable("a") == 2 {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
