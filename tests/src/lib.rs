@@ -234,21 +234,36 @@ pub fn unique_non_persistent_topic(name: &str) -> String {
     unique_topic(name).replacen("persistent://", "non-persistent://", 1)
 }
 
-/// Waits, up to 10 s, until the metrics text `render` returns satisfies `done`, and returns
-/// the last text read, so the caller's own assertion reports it if it never did.
+/// Reads `read` until what it returns satisfies `done` or `timeout` has passed, and returns
+/// the last value read, so the caller's own assertion reports it if it never did: for state
+/// that settles a moment after the event a test waited for.
+pub async fn eventually<T>(
+    timeout: Duration,
+    mut read: impl AsyncFnMut() -> T,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let value = read().await;
+        if done(&value) || tokio::time::Instant::now() >= deadline {
+            return value;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// [`eventually`] for a metrics text, up to 10 s.
 ///
 /// Some counters trail the caller by a moment, by design: a processor counts a request once
 /// the broker has confirmed its records, which can be after the caller received them, and
 /// the gateway counts a stream when hyper drops its body, after the last byte went out.
 pub async fn wait_for_metrics(render: impl Fn() -> String, done: impl Fn(&str) -> bool) -> String {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = render();
-        if done(&text) || tokio::time::Instant::now() >= deadline {
-            return text;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(
+        Duration::from_secs(10),
+        async || render(),
+        |text| done(text),
+    )
+    .await
 }
 
 /// The value of the first sample in a metrics text whose line starts with `prefix` (a

@@ -14,8 +14,8 @@ use sluice_schema::{
     Error, TextCompletionRequest, TextCompletionResponse, TopicMapping, TopicName, properties,
 };
 use sluice_tests::{
-    Broker, EchoHandler, RunningProcessor, TextClient, echo_config, init_logging, metric_value,
-    text_client, unique_topic, wait_for_metrics,
+    Broker, EchoHandler, RunningProcessor, TextClient, echo_config, eventually, init_logging,
+    metric_value, text_client, unique_topic, wait_for_metrics,
 };
 
 type Client = TextClient;
@@ -156,9 +156,10 @@ async fn two_processors_on_one_shared_subscription_share_the_load() {
             r#"sluice_processor_requests_total{outcome="success""#,
         ) as u64
     };
-    wait_for_metrics(
-        || (handled(&a) + handled(&b)).to_string(),
-        |sum| sum == "64",
+    eventually(
+        Duration::from_secs(10),
+        async || handled(&a) + handled(&b),
+        |sum| *sum == 64,
     )
     .await;
     let (na, nb) = (handled(&a), handled(&b));
@@ -317,12 +318,12 @@ async fn malformed_records_get_an_error_when_they_can_and_are_never_redelivered(
     // Everything was acked: nothing waits on the subscription to come back. Acks reach the
     // broker asynchronously (the last one after its answer's publish was confirmed), so the
     // stats are read until they settle; a request never acked would hold them above zero.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let mut stats = broker.subscription_stats(&req, "echo").await;
-    while stats != (0, 0) && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        stats = broker.subscription_stats(&req, "echo").await;
-    }
+    let stats = eventually(
+        Duration::from_secs(10),
+        async || broker.subscription_stats(&req, "echo").await,
+        |stats| *stats == (0, 0),
+    )
+    .await;
     assert_eq!(
         stats,
         (0, 0),

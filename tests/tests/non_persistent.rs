@@ -10,7 +10,7 @@ use futures::future::join_all;
 use sluice_runtime::client::{ClientConfig, Received};
 use sluice_schema::TextCompletionRequest;
 use sluice_tests::{
-    Broker, EchoHandler, RunningProcessor, TextClient, echo_config, init_logging,
+    Broker, EchoHandler, RunningProcessor, TextClient, echo_config, init_logging, metric_value,
     unique_non_persistent_topic,
 };
 
@@ -182,9 +182,7 @@ async fn stalled_client(broker: &Broker, req: &str, resp: &str) -> StalledRun {
 }
 
 fn metric(text: &str, series: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0)
+    metric_value(text, series) as u64
 }
 
 /// Issue #13.2: on TrustGraph's mapping a stalled client loses records. It must see that at

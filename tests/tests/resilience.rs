@@ -12,8 +12,8 @@ use sluice_runtime::{
 };
 use sluice_schema::{Error, TextCompletionRequest, TextCompletionResponse};
 use sluice_tests::{
-    Broker, EchoHandler, RunningProcessor, TextClient, echo_config, init_logging, text_client,
-    unique_topic,
+    Broker, EchoHandler, RunningProcessor, TextClient, echo_config, eventually, init_logging,
+    text_client, unique_topic,
 };
 use tokio::{
     io::{AsyncBufReadExt, BufReader},
@@ -167,12 +167,12 @@ async fn sigterm_finishes_in_flight_requests_takes_no_new_ones_and_exits_zero() 
     draining.signal("-TERM");
     // Not ready while draining, so no new traffic is routed here. The signal reaches another
     // process, whose consume loop then stops: read /readyz until it says so.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let mut ready = draining.readyz().await;
-    while ready != 503 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        ready = draining.readyz().await;
-    }
+    let ready = eventually(
+        Duration::from_secs(10),
+        async || draining.readyz().await,
+        |status| *status == 503,
+    )
+    .await;
     assert_eq!(ready, 503, "not ready once draining");
     // Requests published after the signal wait for another replica.
     let mut late = Vec::new();

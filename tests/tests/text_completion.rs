@@ -9,7 +9,7 @@ use sluice_runtime::{client::Received, secret::Secret, telemetry::Telemetry};
 use sluice_schema::{TextCompletionRequest, TextCompletionResponse};
 use sluice_tests::{
     Broker, RunningProcessor, TextClient, echo_config, fake_openai::FakeOpenAi, init_logging,
-    text_client, unique_topic,
+    metric_value, text_client, unique_topic,
 };
 use sluice_text_completion::{
     handler::{LlmMetrics, TextCompletionService},
@@ -75,12 +75,7 @@ impl Setup {
     }
 
     fn metric(&self, prefix: &str) -> u64 {
-        let text = self.telemetry.render();
-        text.lines()
-            .find(|l| l.starts_with(prefix))
-            .and_then(|l| l.rsplit(' ').next())
-            .map(|v| v.parse::<f64>().unwrap() as u64)
-            .unwrap_or(0)
+        metric_value(&self.telemetry.render(), prefix) as u64
     }
 
     async fn stop(self) {
