@@ -1,6 +1,11 @@
 //! Options every processor subcommand shares: the bus, the topics, concurrency, telemetry.
 
-use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
 
 use clap::Args;
 use sluice_runtime::{
@@ -8,7 +13,9 @@ use sluice_runtime::{
         Bus,
         admin::{NamespacePolicy, PulsarAdmin},
         memory::MemoryBus,
+        oauth2::OAuth2Config,
         pulsar::{PulsarBus, PulsarConfig},
+        pulsar_security::PulsarAuth,
     },
     flows::{ConfigTopics, FlowsConfig},
     processor::ProcessorConfig,
@@ -29,13 +36,22 @@ pub struct ConfigFileArgs {
 /// Where the bus is.
 #[derive(Args, Debug, Clone)]
 pub struct BusArgs {
-    /// Pulsar broker URL. The token comes from SLUICE_PULSAR_TOKEN or SLUICE_PULSAR_TOKEN_FILE.
+    /// Pulsar broker URL: `pulsar://host:6650`, or `pulsar+ssl://host:6651` for TLS (the
+    /// broker's certificate must name the host). Credentials come from the environment: a
+    /// token in SLUICE_PULSAR_TOKEN, or in the file named by SLUICE_PULSAR_TOKEN_FILE (read
+    /// again at every connection, so a rotated Secret is picked up), or OAuth2 client
+    /// credentials (SLUICE_PULSAR_OAUTH2_ISSUER_URL, _CLIENT_ID, _CLIENT_SECRET or
+    /// _CLIENT_SECRET_FILE, and optionally _AUDIENCE and _SCOPE).
     #[arg(
         long,
         env = "SLUICE_PULSAR_URL",
         default_value = "pulsar://127.0.0.1:6650"
     )]
     pub pulsar_url: String,
+    /// A PEM file of CA certificates to trust for `pulsar+ssl://` and an `https://` admin URL,
+    /// besides the system roots.
+    #[arg(long, env = "SLUICE_PULSAR_TLS_CA_FILE")]
+    pub pulsar_tls_ca_file: Option<PathBuf>,
     /// Pulsar admin URL; when set, the topics' tenants and namespaces are created at start-up.
     #[arg(long, env = "SLUICE_PULSAR_ADMIN_URL")]
     pub pulsar_admin_url: Option<String>,
@@ -192,10 +208,9 @@ pub async fn connect(args: &BusArgs, topics: &[TopicName]) -> Result<Arc<dyn Bus
     if args.in_process {
         return Ok(Arc::new(MemoryBus::default()));
     }
-    let token = Secret::from_env("SLUICE_PULSAR_TOKEN").map_err(|e| e.to_string())?;
+    let auth = pulsar_auth(args.pulsar_tls_ca_file.as_deref())?;
     if let Some(admin_url) = &args.pulsar_admin_url {
-        let admin =
-            PulsarAdmin::new(admin_url.clone(), token.clone()).map_err(|e| e.to_string())?;
+        let admin = pulsar_admin(admin_url, args.pulsar_tls_ca_file.as_deref())?;
         for ns in topics.iter().filter_map(TopicName::namespace) {
             let policy = NamespacePolicy {
                 // Response and cancel subscriptions belong to one instance each; expire the
@@ -215,9 +230,58 @@ pub async fn connect(args: &BusArgs, topics: &[TopicName]) -> Result<Arc<dyn Bus
         }
     }
     let mut config = PulsarConfig::new(args.pulsar_url.clone());
-    config.token = token;
+    config.auth = auth;
+    config.tls_ca_file = args.pulsar_tls_ca_file.clone();
     let bus = PulsarBus::connect(config, Duration::from_secs(args.connect_wait_secs))
         .await
         .map_err(|e| e.to_string())?;
     Ok(Arc::new(bus))
+}
+
+/// The admin client for `url`, with the token (SLUICE_PULSAR_TOKEN or _FILE) and the CA file.
+pub fn pulsar_admin(url: &str, ca_file: Option<&Path>) -> Result<PulsarAdmin, String> {
+    let token = Secret::from_env("SLUICE_PULSAR_TOKEN").map_err(|e| e.to_string())?;
+    let admin = PulsarAdmin::new(url.to_owned(), token).map_err(|e| e.to_string())?;
+    match ca_file {
+        Some(path) => admin.with_tls_ca_file(path).map_err(|e| e.to_string()),
+        None => Ok(admin),
+    }
+}
+
+/// How to authenticate to Pulsar, from the environment (never from the command line): a token
+/// file (re-read at every connection), a token, or OAuth2 client credentials; at most one.
+pub fn pulsar_auth(ca_file: Option<&Path>) -> Result<PulsarAuth, String> {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let oauth2_issuer = var("SLUICE_PULSAR_OAUTH2_ISSUER_URL");
+    let token_file = std::env::var_os("SLUICE_PULSAR_TOKEN_FILE").map(PathBuf::from);
+    let token_value = var("SLUICE_PULSAR_TOKEN");
+    let given = [
+        oauth2_issuer.is_some(),
+        token_file.is_some(),
+        token_value.is_some(),
+    ];
+    if given.iter().filter(|g| **g).count() > 1 {
+        return Err("give one of SLUICE_PULSAR_TOKEN, SLUICE_PULSAR_TOKEN_FILE and SLUICE_PULSAR_OAUTH2_ISSUER_URL".into());
+    }
+    if let Some(issuer_url) = oauth2_issuer {
+        let client_id = var("SLUICE_PULSAR_OAUTH2_CLIENT_ID")
+            .ok_or("SLUICE_PULSAR_OAUTH2_ISSUER_URL needs SLUICE_PULSAR_OAUTH2_CLIENT_ID")?;
+        let client_secret = Secret::from_env("SLUICE_PULSAR_OAUTH2_CLIENT_SECRET")
+            .map_err(|e| e.to_string())?
+            .ok_or("SLUICE_PULSAR_OAUTH2_ISSUER_URL needs SLUICE_PULSAR_OAUTH2_CLIENT_SECRET or SLUICE_PULSAR_OAUTH2_CLIENT_SECRET_FILE")?;
+        return Ok(PulsarAuth::OAuth2(OAuth2Config {
+            issuer_url,
+            client_id,
+            client_secret,
+            audience: var("SLUICE_PULSAR_OAUTH2_AUDIENCE"),
+            scope: var("SLUICE_PULSAR_OAUTH2_SCOPE"),
+            ca_file: ca_file.map(Path::to_path_buf),
+        }));
+    }
+    if let Some(path) = token_file {
+        return Ok(PulsarAuth::TokenFile(path));
+    }
+    Ok(Secret::from_env("SLUICE_PULSAR_TOKEN")
+        .map_err(|e| e.to_string())?
+        .map_or(PulsarAuth::None, PulsarAuth::Token))
 }

@@ -28,8 +28,7 @@ use std::process::ExitCode;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use sluice_runtime::{
-    bus::admin::{NamespacePolicy, PulsarAdmin},
-    secret::Secret,
+    bus::admin::NamespacePolicy,
     telemetry::{LogFormat, init_tracing},
     trace::{OtlpConfig, init_otlp},
 };
@@ -270,8 +269,9 @@ async fn run(command: Command) -> Result<(), String> {
                     names,
                 },
         } => {
-            let token = Secret::from_env("SLUICE_PULSAR_TOKEN").map_err(|e| e.to_string())?;
-            let admin = PulsarAdmin::new(pulsar_admin_url, token).map_err(|e| e.to_string())?;
+            let ca_file =
+                std::env::var_os("SLUICE_PULSAR_TLS_CA_FILE").map(std::path::PathBuf::from);
+            let admin = common::pulsar_admin(&pulsar_admin_url, ca_file.as_deref())?;
             let mut namespaces: Vec<String> = parse_names(&names)?
                 .iter()
                 .map(|n| {

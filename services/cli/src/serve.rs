@@ -38,6 +38,9 @@ pub struct ServeArgs {
     /// Pulsar admin URL, to create the topics' namespaces at start-up.
     #[arg(long)]
     pub pulsar_admin_url: Option<String>,
+    /// A PEM file of CA certificates to trust for `pulsar+ssl://` and an `https://` admin URL.
+    #[arg(long, env = "SLUICE_PULSAR_TLS_CA_FILE")]
+    pub pulsar_tls_ca_file: Option<std::path::PathBuf>,
     /// `durable` or `trustgraph` (with `--pulsar-url`).
     #[arg(long, default_value = "durable")]
     pub topic_mapping: TopicMapping,
@@ -102,6 +105,7 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
     let bus_args = BusArgs {
         pulsar_url: args.pulsar_url.clone().unwrap_or_default(),
         pulsar_admin_url: args.pulsar_admin_url.clone(),
+        pulsar_tls_ca_file: args.pulsar_tls_ca_file.clone(),
         topic_mapping: mapping,
         connect_wait_secs: 120,
         in_process: args.pulsar_url.is_none(),

@@ -331,6 +331,15 @@ pub async fn run<H: Handler>(
     let concurrency = config.concurrency.max(1);
     telemetry.metrics.processor_started(&config.name);
     let publisher = bus.publisher(&config.response_topic).await?;
+    // A role that may not produce the answers must not take a single request: refused now,
+    // the process stops with the cause and the topic. An outage is not a reason to stop
+    // (the producer is made again at the first record).
+    match publisher.open().await {
+        Err(e @ BusError::Denied(_)) => return Err(e),
+        Err(e) => warn!(processor = %config.name, error = %e,
+                        "the response topic cannot be opened yet; going on"),
+        Ok(()) => {}
+    }
     let mut options = SubscribeOptions::shared(u32::try_from(concurrency).unwrap_or(u32::MAX));
     options.consumer_name = Some(format!("{}-{}", config.name, short_id()));
     let mut subscription = bus

@@ -355,10 +355,13 @@ impl Health {
             }
         }
         let links = lock(&self.links);
-        let down: Vec<&str> = links
+        let down: Vec<String> = links
             .iter()
             .filter(|(_, l)| !l.is_up())
-            .map(|(n, _)| n.as_str())
+            .map(|(n, l)| match l.why() {
+                Some(why) => format!("{n} ({why})"),
+                None => n.clone(),
+            })
             .collect();
         if down.is_empty() {
             Ok(())

@@ -10,7 +10,9 @@
 
 pub mod admin;
 pub mod memory;
+pub mod oauth2;
 pub mod pulsar;
+pub mod pulsar_security;
 
 use std::{collections::BTreeMap, fmt, pin::Pin, sync::Arc};
 
@@ -133,6 +135,10 @@ pub enum BusError {
     /// A bad topic or configuration.
     #[error("invalid bus configuration: {0}")]
     Config(String),
+    /// The broker refused this client (credentials, certificate, or permission on a topic).
+    /// Retrying with the same credentials cannot help.
+    #[error("{0}")]
+    Denied(pulsar_security::Denial),
 }
 
 /// A future resolving when the broker has stored a published message.
@@ -176,6 +182,13 @@ pub trait Publisher: Send + Sync {
 
     /// The topic this publisher writes to.
     fn topic(&self) -> &str;
+
+    /// Makes sure the broker accepts this publisher now (Pulsar: creates the producer), so
+    /// that a role without permission on the topic is refused at start-up rather than at the
+    /// first record. Buses with nothing to open answer at once.
+    async fn open(&self) -> Result<(), BusError> {
+        Ok(())
+    }
 }
 
 /// Consumes one subscription.
@@ -220,24 +233,45 @@ pub trait Bus: Send + Sync + 'static {
     fn max_message_bytes(&self) -> usize;
 }
 
-/// Whether a subscription is attached to its broker; cheap to clone and to read.
+/// Whether a subscription is attached to its broker, and if not, why; cheap to clone and to
+/// read.
 #[derive(Debug, Clone)]
-pub struct Link(Arc<std::sync::atomic::AtomicBool>);
+pub struct Link {
+    up: Arc<std::sync::atomic::AtomicBool>,
+    why: Arc<std::sync::Mutex<Option<String>>>,
+}
 
 impl Link {
     /// A link in the given state.
     pub fn new(up: bool) -> Self {
-        Self(Arc::new(std::sync::atomic::AtomicBool::new(up)))
+        Self {
+            up: Arc::new(std::sync::atomic::AtomicBool::new(up)),
+            why: Arc::default(),
+        }
     }
 
     /// True while attached.
     pub fn is_up(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::Relaxed)
+        self.up.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Records the state.
+    /// Records the state; attached clears the reason.
     pub fn set(&self, up: bool) {
-        self.0.store(up, std::sync::atomic::Ordering::Relaxed);
+        if up {
+            *crate::lock(&self.why) = None;
+        }
+        self.up.store(up, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Records that the link is down for `reason` (shown by `/readyz`).
+    pub fn set_down(&self, reason: impl Into<String>) {
+        *crate::lock(&self.why) = Some(reason.into());
+        self.up.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Why the link is down, when known.
+    pub fn why(&self) -> Option<String> {
+        crate::lock(&self.why).clone()
     }
 }
 

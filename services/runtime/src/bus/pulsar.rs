@@ -17,11 +17,15 @@
 //!   buffer, and while draining parks new messages (released to other consumers on close)
 //!   so that the acks of in-flight requests still go out.
 //! - pulsar-rs hides the broker's redelivery count, so redeliveries are counted per process.
+//! - A refusal by the broker (credentials, certificate, permission on a topic) is a
+//!   [`Denial`], reported at once with its cause and topic; the retry loops above are for
+//!   outages only. See [`super::pulsar_security`].
 //!
 //! This file must never log payloads or properties' values: they carry prompts.
 
 use std::{
     collections::{HashMap, VecDeque},
+    path::PathBuf,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -30,29 +34,33 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use pulsar::{
-    Authentication, ConnectionRetryOptions, Consumer, ConsumerOptions, OperationRetryOptions,
-    Producer, ProducerOptions, Pulsar, TokioExecutor, consumer::InitialPosition,
+    ConnectionRetryOptions, Consumer, ConsumerOptions, OperationRetryOptions, Producer,
+    ProducerOptions, Pulsar, TokioExecutor, consumer::InitialPosition,
     message::proto::MessageIdData, message::proto::command_subscribe::SubType,
 };
 use tokio::{
     sync::{mpsc, oneshot},
     time::Instant,
 };
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::{
     Bus, BusError, Delivery, Link, Message, Origin, Publisher, Receipt, Settle, Settlement,
     StartPosition, SubscribeOptions, Subscription, SubscriptionKind, check_size,
+    pulsar_security::{Denial, PulsarAuth, denial},
 };
-use crate::{lock, secret::Secret};
+use crate::lock;
 
 /// How to reach and use a Pulsar cluster.
 #[derive(Debug, Clone)]
 pub struct PulsarConfig {
-    /// Broker URL, e.g. `pulsar://127.0.0.1:6650`.
+    /// Broker URL, e.g. `pulsar://127.0.0.1:6650`, or `pulsar+ssl://pulsar.example.com:6651`
+    /// for TLS. A host name that resolves to several brokers is tried address by address.
     pub url: String,
-    /// JWT for token authentication, from env or file; never from the command line.
-    pub token: Option<Secret>,
+    /// How to authenticate, from env or files; never from the command line.
+    pub auth: PulsarAuth,
+    /// A PEM file of CA certificates to trust for `pulsar+ssl://` besides the system roots.
+    pub tls_ca_file: Option<PathBuf>,
     /// Largest message sent; the broker's `maxMessageSize` (5 MiB by default) less headroom
     /// for the frame's metadata.
     pub max_message_bytes: usize,
@@ -73,7 +81,8 @@ impl PulsarConfig {
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
-            token: None,
+            auth: PulsarAuth::None,
+            tls_ca_file: None,
             max_message_bytes: super::memory::DEFAULT_MAX_MESSAGE_BYTES,
             connection_retries: 12,
             connection_max_backoff: Duration::from_secs(5),
@@ -102,6 +111,8 @@ impl std::fmt::Debug for PulsarBus {
 }
 
 async fn client(config: &PulsarConfig) -> Result<Pulsar<TokioExecutor>, BusError> {
+    // pulsar-rs builds its rustls client on the process's default crypto provider.
+    crate::install_crypto_provider();
     let mut builder = Pulsar::builder(config.url.clone(), TokioExecutor)
         .with_connection_retry_options(ConnectionRetryOptions {
             min_backoff: Duration::from_millis(10),
@@ -117,16 +128,28 @@ async fn client(config: &PulsarConfig) -> Result<Pulsar<TokioExecutor>, BusError
             max_retries: Some(20),
         })
         .with_outbound_channel_size(1000);
-    if let Some(token) = &config.token {
-        builder = builder.with_auth(Authentication {
-            name: "token".to_owned(),
-            data: token.expose().as_bytes().to_vec(),
-        });
+    if let Some(provider) = config.auth.provider() {
+        builder = builder.with_auth_provider(provider);
     }
-    builder
-        .build()
-        .await
-        .map_err(|e| BusError::Unavailable(format!("connecting to {}: {e}", config.url)))
+    if let Some(path) = &config.tls_ca_file {
+        builder = builder.with_certificate_chain_file(path).map_err(|e| {
+            BusError::Config(format!(
+                "cannot read the TLS CA file {}: {e}",
+                path.display()
+            ))
+        })?;
+    }
+    builder.build().await.map_err(|e| {
+        let operation = format!(
+            "connecting to {} with {}",
+            config.url,
+            config.auth.describe()
+        );
+        match denial(&e, operation.clone()) {
+            Some(d) => BusError::Denied(d),
+            None => BusError::Unavailable(format!("{operation}: {e}")),
+        }
+    })
 }
 
 impl PulsarBus {
@@ -138,6 +161,9 @@ impl PulsarBus {
         loop {
             match Self::try_connect(&config).await {
                 Ok(bus) => return Ok(bus),
+                // Refused credentials or an untrusted certificate: waiting will not help,
+                // and an operator wants to hear it now, not after the connect wait.
+                Err(e @ (BusError::Denied(_) | BusError::Config(_))) => return Err(e),
                 Err(e) if Instant::now() + backoff.peek() < deadline => {
                     warn!(error = %e, "pulsar not reachable yet; retrying");
                     tokio::time::sleep(backoff.next_delay()).await;
@@ -231,6 +257,10 @@ struct PulsarPublisher {
 }
 
 impl PulsarPublisher {
+    fn denied(&self, e: &pulsar::Error) -> Option<Denial> {
+        denial(e, format!("producing to {}", self.topic))
+    }
+
     async fn create(&self) -> Result<Producer<TokioExecutor>, pulsar::Error> {
         self.client
             .producer()
@@ -258,7 +288,12 @@ impl Publisher for PulsarPublisher {
                         *slot = Some(p);
                         continue;
                     }
-                    Err(e) => format!("creating producer: {e}"),
+                    // A refusal is not an outage: no retry budget, the caller hears it now
+                    // (a processor hands the request back and says why on /readyz).
+                    Err(e) => match self.denied(&e) {
+                        Some(d) => return Err(BusError::Denied(d)),
+                        None => format!("creating producer: {e}"),
+                    },
                 },
                 // Built per attempt from the cheaply cloned `Bytes`: one payload copy per
                 // send, and the original is still at hand for a retry.
@@ -275,17 +310,23 @@ impl Publisher for PulsarPublisher {
                     .await
                 {
                     Ok(receipt) => {
+                        let topic = self.topic.clone();
                         return Ok(Receipt::new(async move {
-                            receipt
-                                .await
-                                .map(|_| ())
-                                .map_err(|e| BusError::Unavailable(format!("send receipt: {e}")))
+                            receipt.await.map(|_| ()).map_err(|e| {
+                                match denial(&e, format!("producing to {topic}")) {
+                                    Some(d) => BusError::Denied(d),
+                                    None => BusError::Unavailable(format!("send receipt: {e}")),
+                                }
+                            })
                         }));
                     }
                     Err(e) => {
                         // The producer may be beyond repair (its reconnect budget ran out):
                         // drop it and build a fresh one on the next attempt.
                         *slot = None;
+                        if let Some(d) = self.denied(&e) {
+                            return Err(BusError::Denied(d));
+                        }
                         format!("sending: {e}")
                     }
                 },
@@ -303,6 +344,25 @@ impl Publisher for PulsarPublisher {
 
     fn topic(&self) -> &str {
         &self.topic
+    }
+
+    async fn open(&self) -> Result<(), BusError> {
+        let mut slot = self.producer.lock().await;
+        if slot.is_none() {
+            match self.create().await {
+                Ok(p) => *slot = Some(p),
+                Err(e) => {
+                    return Err(match self.denied(&e) {
+                        Some(d) => BusError::Denied(d),
+                        None => BusError::Unavailable(format!(
+                            "creating a producer for {}: {e}",
+                            self.topic
+                        )),
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -342,6 +402,12 @@ impl ConsumerSpec {
             builder = builder.with_consumer_name(name.clone());
         }
         builder.build().await.map_err(|e| {
+            if let Some(d) = denial(
+                &e,
+                format!("subscribing {:?} to {}", self.subscription, self.topic),
+            ) {
+                return BusError::Denied(d);
+            }
             let text = e.to_string();
             if text.contains("Exclusive consumer is already connected")
                 || text.contains("ConsumerBusy")
@@ -606,6 +672,13 @@ impl Supervisor {
         loop {
             match self.spec.build(&self.client).await {
                 Ok(c) => return Some(c),
+                Err(BusError::Denied(d)) => {
+                    // Not silent: /readyz names the refusal until it is lifted (a rotated
+                    // token file, a new grant), and every attempt is logged as an error.
+                    error!(topic = %self.spec.topic, cause = d.cause.as_str(), error = %d,
+                           "re-subscribing refused by the broker");
+                    self.connected.set_down(d.to_string());
+                }
                 Err(e) => warn!(topic = %self.spec.topic, error = %e, "re-subscribing failed"),
             }
             let sleep = tokio::time::sleep(backoff.next_delay());

@@ -1,0 +1,280 @@
+//! How sluice proves itself to a secured Pulsar cluster, and how it tells a refusal from an
+//! outage.
+//!
+//! - TLS: `pulsar+ssl://` URLs. The broker's certificate is checked against the system's
+//!   public roots plus an optional CA file, and against the host name (pulsar-rs's rustls
+//!   transport always verifies the name; there is deliberately no switch to turn that off).
+//!   pulsar-rs 6.9 builds its TLS client with no client certificate, so mutual TLS is not
+//!   available: authenticate with a token or OAuth2 instead.
+//! - Authentication: a JWT given as a value (read once) or as a file (read again at every
+//!   connection and every authentication challenge of the broker, so a rotated Kubernetes
+//!   Secret is picked up without a restart), or OAuth2 client credentials (see
+//!   [`super::oauth2`]).
+//! - Refusals: a broker that refuses the credentials, a certificate that is not trusted, and a
+//!   role without permission on a topic are [`Denial`]s. Retrying with the same credentials
+//!   cannot help, so they are reported at once with their cause and the topic, instead of
+//!   joining the retry loops meant for outages.
+//!
+//! This file must never log or put into an error a token, a client secret, or a payload.
+
+use std::{fmt, path::PathBuf, sync::Arc};
+
+use async_trait::async_trait;
+use pulsar::{authentication::Authentication, error::AuthenticationError};
+
+use super::oauth2::OAuth2Config;
+use crate::secret::Secret;
+
+/// How the client authenticates to the broker.
+#[derive(Debug, Clone, Default)]
+pub enum PulsarAuth {
+    /// No authentication (a broker without `authenticationEnabled`).
+    #[default]
+    None,
+    /// A JWT, read once (from `SLUICE_PULSAR_TOKEN`).
+    Token(Secret),
+    /// A JWT in a file, read again at every connection and authentication challenge (from
+    /// `SLUICE_PULSAR_TOKEN_FILE`, e.g. a mounted Kubernetes Secret that is rotated).
+    TokenFile(PathBuf),
+    /// OAuth2 client credentials: an access token from the issuer, renewed before it expires.
+    OAuth2(OAuth2Config),
+}
+
+impl PulsarAuth {
+    /// The pulsar-rs authentication provider, `None` for no authentication.
+    pub(crate) fn provider(&self) -> Option<Box<dyn Authentication>> {
+        match self {
+            PulsarAuth::None => None,
+            PulsarAuth::Token(secret) => Some(Box::new(TokenAuth {
+                source: TokenSource::Value(secret.clone()),
+            })),
+            PulsarAuth::TokenFile(path) => Some(Box::new(TokenAuth {
+                source: TokenSource::File(path.clone()),
+            })),
+            PulsarAuth::OAuth2(config) => Some(Box::new(super::oauth2::OAuth2Auth::new(Arc::new(
+                config.clone(),
+            )))),
+        }
+    }
+
+    /// Where the credentials come from, for error messages (never the credentials).
+    pub fn describe(&self) -> String {
+        match self {
+            PulsarAuth::None => "no credentials".into(),
+            PulsarAuth::Token(_) => "the token in SLUICE_PULSAR_TOKEN".into(),
+            PulsarAuth::TokenFile(path) => format!("the token in {}", path.display()),
+            PulsarAuth::OAuth2(c) => {
+                format!("OAuth2 client {:?} of issuer {}", c.client_id, c.issuer_url)
+            }
+        }
+    }
+}
+
+enum TokenSource {
+    Value(Secret),
+    File(PathBuf),
+}
+
+/// Pulsar's `token` authentication with a token that may change while the process runs.
+struct TokenAuth {
+    source: TokenSource,
+}
+
+#[async_trait]
+impl Authentication for TokenAuth {
+    fn auth_method_name(&self) -> String {
+        "token".into()
+    }
+
+    async fn initialize(&mut self) -> Result<(), AuthenticationError> {
+        // Read once up front so that an unreadable file fails the start, not the first
+        // reconnect hours later.
+        self.auth_data().await.map(|_| ())
+    }
+
+    async fn auth_data(&mut self) -> Result<Vec<u8>, AuthenticationError> {
+        match &self.source {
+            TokenSource::Value(secret) => Ok(secret.expose().as_bytes().to_vec()),
+            TokenSource::File(path) => {
+                let text = tokio::fs::read_to_string(path).await.map_err(|e| {
+                    AuthenticationError::Custom(format!(
+                        "cannot read the Pulsar token file {}: {e}",
+                        path.display()
+                    ))
+                })?;
+                let token = text.trim();
+                if token.is_empty() {
+                    return Err(AuthenticationError::Custom(format!(
+                        "the Pulsar token file {} is empty",
+                        path.display()
+                    )));
+                }
+                Ok(token.as_bytes().to_vec())
+            }
+        }
+    }
+}
+
+/// Why the broker will not serve this client, whatever the number of retries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DenialCause {
+    /// The broker refused the credentials: no token, an expired one, one signed with another
+    /// key, or an OAuth2 issuer that refused the client.
+    Authentication,
+    /// The TLS handshake failed: the broker's certificate is not signed by a trusted CA, or
+    /// does not name the host connected to.
+    Tls,
+    /// The credentials are good but the role may not do this on this topic.
+    Authorization,
+}
+
+impl DenialCause {
+    /// A short name for metrics labels and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DenialCause::Authentication => "authentication",
+            DenialCause::Tls => "tls",
+            DenialCause::Authorization => "authorization",
+        }
+    }
+}
+
+/// The broker refused this client. Carries the cause, what was being done and where, and the
+/// broker's or TLS library's own words (which never contain the credentials).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denial {
+    /// Why.
+    pub cause: DenialCause,
+    /// What was being done, naming the topic or URL: `producing to persistent://tg/response/x`.
+    pub operation: String,
+    /// The refusal as the broker or the TLS library put it.
+    pub detail: String,
+}
+
+impl fmt::Display for Denial {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let advice = match self.cause {
+            DenialCause::Authentication => {
+                "the broker refused the credentials (check SLUICE_PULSAR_TOKEN / SLUICE_PULSAR_TOKEN_FILE or the OAuth2 settings: the token may be expired or signed with another key)"
+            }
+            DenialCause::Tls => {
+                "the TLS handshake failed (the broker's certificate is not signed by a CA in SLUICE_PULSAR_TLS_CA_FILE or the system roots, or does not name the host)"
+            }
+            DenialCause::Authorization => {
+                "this role is not authorized (grant it with `pulsar-admin topics grant-permission`, see the README's Production Pulsar section)"
+            }
+        };
+        write!(f, "{}: {advice}: {}", self.operation, self.detail)
+    }
+}
+
+/// The denial `error` stands for, if it is one; `operation` names what was being done.
+///
+/// pulsar-rs nests the broker's error code several enums deep (a connection error inside a
+/// consumer, producer or lookup error), and TLS failures arrive as an I/O error wrapping
+/// rustls's. Its `Debug` form names each of them the same way at every depth, so that form is
+/// what is read here; the unit tests pin the shapes this relies on.
+pub fn denial(error: &pulsar::Error, operation: impl Into<String>) -> Option<Denial> {
+    let debug = format!("{error:?}");
+    let cause = denial_cause(&debug)?;
+    Some(Denial {
+        cause,
+        operation: operation.into(),
+        detail: error.to_string(),
+    })
+}
+
+fn denial_cause(debug: &str) -> Option<DenialCause> {
+    if debug.contains("Retriable(") {
+        // Our own providers' word for "the issuer is unreachable right now": an outage.
+        None
+    } else if debug.contains("AuthorizationError") {
+        Some(DenialCause::Authorization)
+    } else if debug.contains("AuthenticationError") || debug.contains("Authentication(") {
+        Some(DenialCause::Authentication)
+    } else if debug.contains("InvalidCertificate")
+        || debug.contains("InvalidDnsName")
+        || debug.contains("DnsName(")
+        || debug.contains("UnknownIssuer")
+        || debug.contains("NotValidForName")
+    {
+        Some(DenialCause::Tls)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use pulsar::{
+        error::{ConnectionError, ConsumerError, ProducerError},
+        message::proto::ServerError,
+    };
+
+    use super::*;
+
+    fn broker_refusal(code: ServerError, message: &str) -> ConnectionError {
+        ConnectionError::PulsarError(Some(code), Some(message.into()))
+    }
+
+    #[test]
+    fn the_brokers_refusals_are_denials_at_any_depth() {
+        let e = pulsar::Error::Connection(broker_refusal(
+            ServerError::AuthenticationError,
+            "Failed to authentication token: JWT expired",
+        ));
+        let d = denial(&e, "connecting to pulsar+ssl://h:6651").unwrap();
+        assert_eq!(d.cause, DenialCause::Authentication);
+        assert!(d.to_string().contains("JWT expired"), "{d}");
+        assert!(
+            d.to_string()
+                .starts_with("connecting to pulsar+ssl://h:6651: ")
+        );
+
+        let e = pulsar::Error::Producer(ProducerError::Connection(broker_refusal(
+            ServerError::AuthorizationError,
+            "Client is not authorized to Publish",
+        )));
+        let d = denial(&e, "producing to persistent://t/n/x").unwrap();
+        assert_eq!(d.cause, DenialCause::Authorization);
+        assert!(d.to_string().contains("persistent://t/n/x"));
+
+        let e = pulsar::Error::Consumer(ConsumerError::Connection(broker_refusal(
+            ServerError::AuthorizationError,
+            "not authorized",
+        )));
+        assert_eq!(
+            denial(&e, "x").map(|d| d.cause),
+            Some(DenialCause::Authorization)
+        );
+    }
+
+    #[test]
+    fn an_untrusted_certificate_is_a_tls_denial() {
+        let io = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        );
+        let e = pulsar::Error::Connection(ConnectionError::Io(io));
+        assert_eq!(denial(&e, "x").map(|d| d.cause), Some(DenialCause::Tls));
+    }
+
+    #[test]
+    fn outages_are_not_denials() {
+        for e in [
+            pulsar::Error::Connection(ConnectionError::Authentication(
+                AuthenticationError::Retriable("issuer unreachable".into()),
+            )),
+            pulsar::Error::Connection(ConnectionError::Io(std::io::Error::from(
+                std::io::ErrorKind::ConnectionRefused,
+            ))),
+            pulsar::Error::Connection(ConnectionError::Disconnected),
+            pulsar::Error::Connection(broker_refusal(
+                ServerError::ServiceNotReady,
+                "Namespace bundle is being unloaded",
+            )),
+        ] {
+            assert_eq!(denial(&e, "x"), None, "{e:?}");
+        }
+    }
+}
