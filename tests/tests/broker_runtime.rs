@@ -472,3 +472,61 @@ async fn concurrent_streams_on_one_client_are_routed_to_their_callers() {
     client.close().await;
     p.stop().await;
 }
+
+#[tokio::test]
+async fn a_partitioned_request_topic_is_served_and_every_request_acked() {
+    // pulsar-rs consumes a partitioned topic through one consumer per partition, keyed by the
+    // partition's name: an ack addressed to the parent topic was refused, so every request
+    // stayed unacked and came back (issue #21, part 4).
+    init_logging();
+    let broker = Broker::from_env().await;
+    let (req, resp) = (unique_topic("parted-req"), unique_topic("parted-resp"));
+    let path = req.replacen("://", "/", 1);
+    let created = reqwest::Client::new()
+        .put(format!("{}/admin/v2/{path}/partitions", broker.admin_url))
+        .json(&3)
+        .send()
+        .await
+        .unwrap();
+    assert!(created.status().is_success(), "{}", created.status());
+    let a = start_processor(broker.bus().await, &req, &resp, EchoHandler, 8).await;
+    let b = start_processor(broker.bus().await, &req, &resp, EchoHandler, 8).await;
+    let client = text_client(broker.bus().await, &req, &resp).await;
+    let reqs: Vec<_> = (0..48)
+        .map(|i| request(&format!("p{i}"), "delay_ms=5", false))
+        .collect();
+    let results = join_all(reqs.iter().map(|r| collect(&client, r))).await;
+    for (i, r) in results.into_iter().enumerate() {
+        let records = r.unwrap();
+        assert_eq!(records.len(), 1, "request {i}: {records:?}");
+        assert_eq!(records[0].response, format!("p{i}#0"));
+    }
+    // Every partition's subscription settles at no backlog and nothing unacked, and no
+    // request was handled twice (a refused ack would bring each one back).
+    for partition in 0..3 {
+        let topic = format!("{req}-partition-{partition}");
+        let (backlog, unacked) = eventually(
+            Duration::from_secs(10),
+            async || broker.subscription_stats(&topic, "echo").await,
+            |(b, u)| *b == 0 && *u == 0,
+        )
+        .await;
+        assert_eq!((backlog, unacked), (0, 0), "partition {partition}");
+    }
+    let handled = |s: &RunningProcessor| {
+        metric_value(
+            &s.telemetry.render(),
+            r#"sluice_processor_requests_total{outcome="success""#,
+        ) as u64
+    };
+    eventually(
+        Duration::from_secs(10),
+        async || handled(&a) + handled(&b),
+        |sum| *sum >= 48,
+    )
+    .await;
+    assert_eq!(handled(&a) + handled(&b), 48, "each request handled once");
+    client.close().await;
+    a.stop().await;
+    b.stop().await;
+}

@@ -230,6 +230,7 @@ impl Bus for PulsarBus {
             connected: connected.clone(),
             redeliveries: RedeliveryTracker::new(100_000),
             producers: ProducerNames::default(),
+            topics: ProducerNames::default(),
             max_backoff: self.config.resubscribe_max_backoff,
         };
         tokio::spawn(supervisor.run(consumer));
@@ -450,7 +451,11 @@ pub fn flow_permits(topic: &str, prefetch: u32) -> u32 {
 }
 
 enum Control {
-    Settle(MessageIdData, Settlement),
+    /// Settles a message of `topic`: the partition's own topic name for a partitioned topic,
+    /// because pulsar-rs keys a partitioned topic's consumers by partition and refuses an
+    /// ack addressed to the parent topic ("no consumer for topic"), which left every request
+    /// of a partitioned topic unacked and redelivered for ever.
+    Settle(Arc<str>, MessageIdData, Settlement),
     Pause,
     Close(oneshot::Sender<()>),
     Unsubscribe(oneshot::Sender<()>),
@@ -512,6 +517,7 @@ impl Drop for PulsarSubscription {
 
 struct PulsarSettle {
     control: mpsc::UnboundedSender<Control>,
+    topic: Arc<str>,
     id: MessageIdData,
 }
 
@@ -519,7 +525,9 @@ impl Settle for PulsarSettle {
     fn settle(self: Box<Self>, settlement: Settlement) {
         // Fails only once the supervisor has stopped, when the consumer is closed and the
         // broker redelivers the message anyway.
-        let _ = self.control.send(Control::Settle(self.id, settlement));
+        let _ = self
+            .control
+            .send(Control::Settle(self.topic, self.id, settlement));
     }
 }
 
@@ -582,12 +590,14 @@ struct Supervisor {
     connected: Link,
     redeliveries: RedeliveryTracker,
     producers: ProducerNames,
+    /// The topic of each message, shared: one name per partition.
+    topics: ProducerNames,
     max_backoff: Duration,
 }
 
-/// Producer names seen on a subscription, shared so that each delivery's [`Origin`] costs a
-/// reference count instead of a string copy. Bounded: a long-lived subscription sees every
-/// producer its topic ever had.
+/// Names seen on a subscription (producers, partitions), shared so that each delivery's
+/// [`Origin`] and settle handle cost a reference count instead of a string copy. Bounded: a
+/// long-lived subscription sees every producer its topic ever had.
 #[derive(Default)]
 struct ProducerNames(HashMap<String, Arc<str>>);
 
@@ -616,7 +626,7 @@ enum Exit {
 impl Supervisor {
     async fn run(mut self, first: Consumer<Vec<u8>, TokioExecutor>) {
         let mut consumer = Some(first);
-        let mut settles: Vec<(MessageIdData, Settlement)> = Vec::new();
+        let mut settles: Vec<(Arc<str>, MessageIdData, Settlement)> = Vec::new();
         let mut paused = false;
         loop {
             let mut current = match consumer.take() {
@@ -627,8 +637,8 @@ impl Supervisor {
                 },
             };
             self.connected.set(true);
-            for (id, settlement) in settles.drain(..) {
-                self.apply(&mut current, id, settlement).await;
+            for (topic, id, settlement) in settles.drain(..) {
+                self.apply(&mut current, &topic, id, settlement).await;
             }
             let exit = self.serve(&mut current, &mut paused).await;
             self.connected.set(false);
@@ -646,26 +656,27 @@ impl Supervisor {
     async fn apply(
         &mut self,
         consumer: &mut Consumer<Vec<u8>, TokioExecutor>,
+        topic: &str,
         id: MessageIdData,
         settlement: Settlement,
     ) {
         let result = match settlement {
             Settlement::Ack => {
                 self.redeliveries.forget(&id);
-                consumer.ack_with_id(&self.spec.topic, id).await
+                consumer.ack_with_id(topic, id).await
             }
-            Settlement::Nack => consumer.nack_with_id(&self.spec.topic, id).await,
+            Settlement::Nack => consumer.nack_with_id(topic, id).await,
         };
         if let Err(e) = result {
             // The broker redelivers what was not acked once the consumer is re-created.
-            warn!(topic = %self.spec.topic, error = %e, ?settlement, "settling a message failed");
+            warn!(topic = %topic, error = %e, ?settlement, "settling a message failed");
         }
     }
 
     /// Re-creates the consumer with backoff. Returns `None` when told to stop meanwhile.
     async fn resubscribe(
         &mut self,
-        settles: &mut Vec<(MessageIdData, Settlement)>,
+        settles: &mut Vec<(Arc<str>, MessageIdData, Settlement)>,
         paused: &mut bool,
     ) -> Option<Consumer<Vec<u8>, TokioExecutor>> {
         let mut backoff = Backoff::new(self.max_backoff);
@@ -687,7 +698,7 @@ impl Supervisor {
                 tokio::select! {
                     () = &mut sleep => break,
                     ctl = self.control.recv() => match ctl {
-                        Some(Control::Settle(id, s)) => settles.push((id, s)),
+                        Some(Control::Settle(topic, id, s)) => settles.push((topic, id, s)),
                         Some(Control::Pause) => *paused = true,
                         Some(Control::Close(done) | Control::Unsubscribe(done)) => {
                             let _ = done.send(());
@@ -729,7 +740,7 @@ impl Supervisor {
             tokio::select! {
                 biased;
                 ctl = self.control.recv() => match ctl {
-                    Some(Control::Settle(id, s)) => self.apply(consumer, id, s).await,
+                    Some(Control::Settle(topic, id, s)) => self.apply(consumer, &topic, id, s).await,
                     Some(Control::Pause) => {
                         *paused = true;
                         // Undelivered messages are released with the consumer on close.
@@ -780,7 +791,11 @@ impl Supervisor {
                             sequence: m.payload.metadata.sequence_id,
                         };
                         let payload = Bytes::from(m.payload.data);
-                        let settle = Box::new(PulsarSettle { control: self.control_tx.clone(), id });
+                        let settle = Box::new(PulsarSettle {
+                            control: self.control_tx.clone(),
+                            topic: self.topics.intern(&m.topic),
+                            id,
+                        });
                         ready.push_back(
                             Delivery::new(payload, properties, count, settle).with_origin(origin),
                         );
