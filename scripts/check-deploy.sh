@@ -135,7 +135,7 @@ dockerfile_lint_bin() {
 # kubeconform documents for CRDs): <group>/<kind>_<version>.json, additional properties
 # denied at every level, the root included.
 crd_schemas() {
-  local dir="$CACHE/schemas/crds-keda-$KEDA_VERSION-po-$PROMETHEUS_OPERATOR_VERSION"
+  local dir="$CACHE/schemas/crds-keda-$KEDA_VERSION-po-$PROMETHEUS_OPERATOR_VERSION-ta"
   if [ ! -f "$dir/.complete" ]; then
     echo "converting the KEDA $KEDA_VERSION and Prometheus Operator $PROMETHEUS_OPERATOR_VERSION CRDs (Go module proxy)" >&2
     if ! python3 -c 'import yaml' 2>/dev/null; then
@@ -148,7 +148,8 @@ crd_schemas() {
     local out="$dir.tmp.$$"
     rm -rf "$out" && mkdir -p "$out/keda.sh" "$out/monitoring.coreos.com"
     (cd "$out/keda.sh" && PYTHONPATH="$CACHE/pylib" DENY_ROOT_ADDITIONAL_PROPERTIES=1 \
-      python3 "$converter" "$keda/config/crd/bases/keda.sh_scaledobjects.yaml" >/dev/null)
+      python3 "$converter" "$keda/config/crd/bases/keda.sh_scaledobjects.yaml" \
+        "$keda/config/crd/bases/keda.sh_triggerauthentications.yaml" >/dev/null)
     (cd "$out/monitoring.coreos.com" && PYTHONPATH="$CACHE/pylib" DENY_ROOT_ADDITIONAL_PROPERTIES=1 \
       python3 "$converter" "$po/example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml" >/dev/null)
     publish "$out" "$dir"
@@ -184,7 +185,8 @@ echo "== deploy/k8s: kustomize + kubeconform (Kubernetes $KUBERNETES_VERSION, st
 # A copy, so that the overlay's example env files can stand in for the uncommitted ones
 # without touching the clone.
 cp -r deploy/k8s "$work/k8s"
-for f in "$work"/k8s/overlays/*/*.env.example; do cp "$f" "${f%.example}"; done
+# Every *.example file stands in for its uncommitted original (env files, tokens, CAs).
+while IFS= read -r f; do cp "$f" "${f%.example}"; done < <(find "$work"/k8s/overlays -name '*.example')
 kustomize_build "$work/k8s/base" > "$work/base.yaml"
 for overlay in "$work"/k8s/overlays/*/; do
   kustomize_build "$overlay" > "$work/overlay-$(basename "$overlay").yaml"

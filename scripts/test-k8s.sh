@@ -166,14 +166,17 @@ log "kube-apiserver v$KUBERNETES_VERSION ready in $ready (etcd $etcd_version; lo
 keda=$(go_module_dir "github.com/kedacore/keda/v2@$KEDA_VERSION")
 po=$(go_module_dir "github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION")
 kubectl apply --server-side -f "$keda/config/crd/bases/keda.sh_scaledobjects.yaml" \
+  -f "$keda/config/crd/bases/keda.sh_triggerauthentications.yaml" \
   -f "$po/example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml" >/dev/null
 kubectl wait --for condition=established --timeout 60s \
-  crd/scaledobjects.keda.sh crd/podmonitors.monitoring.coreos.com >/dev/null
-log "CRDs established: ScaledObject (KEDA $KEDA_VERSION), PodMonitor (Prometheus Operator $PROMETHEUS_OPERATOR_VERSION)"
+  crd/scaledobjects.keda.sh crd/triggerauthentications.keda.sh \
+  crd/podmonitors.monitoring.coreos.com >/dev/null
+log "CRDs established: ScaledObject and TriggerAuthentication (KEDA $KEDA_VERSION), PodMonitor (Prometheus Operator $PROMETHEUS_OPERATOR_VERSION)"
 
 # -- the base and every overlay -------------------------------------------------------------------
 cp -r deploy/k8s "$WORK/k8s"
-for f in "$WORK"/k8s/overlays/*/*.env.example; do cp "$f" "${f%.example}"; done
+# Every *.example file stands in for its uncommitted original (env files, tokens, CAs).
+while IFS= read -r f; do cp "$f" "${f%.example}"; done < <(find "$WORK"/k8s/overlays -name '*.example')
 accepted=()
 previous=""
 apply() { # apply NAME DIR

@@ -10,7 +10,7 @@ use std::{
 use clap::Args;
 use sluice_runtime::{
     bus::{
-        Bus,
+        Bus, BusError,
         admin::{NamespacePolicy, PulsarAdmin},
         memory::MemoryBus,
         oauth2::OAuth2Config,
@@ -223,10 +223,15 @@ pub async fn connect(args: &BusArgs, topics: &[TopicName]) -> Result<Arc<dyn Bus
                     0
                 },
             };
-            admin
-                .ensure_namespace(&ns, policy)
-                .await
-                .map_err(|e| e.to_string())?;
+            match admin.ensure_namespace(&ns, policy).await {
+                Ok(()) => {}
+                // On a secured cluster tenants and namespaces are the operator's, and a
+                // processor's role may not even read them: go on and let the broker say
+                // whether the topics themselves can be used.
+                Err(BusError::Denied(d)) => tracing::warn!(namespace = %ns, error = %d,
+                    "this role cannot check the namespace; assuming the operator created it"),
+                Err(e) => return Err(e.to_string()),
+            }
         }
     }
     let mut config = PulsarConfig::new(args.pulsar_url.clone());

@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 
-use super::BusError;
+use super::{
+    BusError,
+    pulsar_security::{Denial, DenialCause},
+};
 use crate::secret::Secret;
 
 /// An admin client for one Pulsar cluster.
@@ -97,9 +100,19 @@ impl PulsarAdmin {
         }
         let body = resp.text().await.unwrap_or_default();
         let body: String = body.chars().take(300).collect();
-        Err(BusError::Unavailable(format!(
-            "{what}: HTTP {status}: {body}"
-        )))
+        let cause = match status {
+            StatusCode::UNAUTHORIZED => Some(DenialCause::Authentication),
+            StatusCode::FORBIDDEN => Some(DenialCause::Authorization),
+            _ => None,
+        };
+        Err(match cause {
+            Some(cause) => BusError::Denied(Denial {
+                cause,
+                operation: format!("{what} through the admin API"),
+                detail: format!("HTTP {status}: {body}"),
+            }),
+            None => BusError::Unavailable(format!("{what}: HTTP {status}: {body}")),
+        })
     }
 
     /// The cluster names, once the broker is up.
