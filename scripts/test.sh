@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check and test of sluice, starting what they need: a real Apache Pulsar
 # standalone broker (deploy/pulsar/pulsar.sh; a second one is started by the broker-restart
-# test itself). Works on a fresh machine of this kind: installs protoc and Maven when
+# test itself), and a secured multi-broker cluster (deploy/pulsar/cluster.sh: ZooKeeper, 3
+# bookies, 2 brokers, TLS, tokens, authorization) for the production-Pulsar suite. Works on a fresh machine of this kind: installs protoc and Maven when
 # missing; heavy downloads and builds are cached outside the clone, under ~/.cache/sluice
 # and ~/.m2. The deployment checks (scripts/check-deploy.sh) build their tools from the Go
 # module proxy and PyPI once, under ~/.cache/sluice/deploy. At the end, the compose stack
@@ -50,7 +51,10 @@ stop_brokers() {
   # The broker-restart test starts its own broker on 6652; never leave it behind.
   PULSAR_PORT=6652 PULSAR_HTTP_PORT=8082 PULSAR_BK_PORT=3183 deploy/pulsar/pulsar.sh stop || true
   deploy/local-llm/llama-server.sh stop || true
-  if [ "${CI:-}" = "true" ]; then deploy/pulsar/pulsar.sh stop || true; fi
+  if [ "${CI:-}" = "true" ]; then
+    deploy/pulsar/pulsar.sh stop || true
+    deploy/pulsar/cluster.sh stop || true
+  fi
 }
 trap stop_brokers EXIT
 
@@ -75,6 +79,23 @@ elif [ "${CI:-}" = "true" ]; then
 else
   echo "the openai package could not be installed; the OpenAI SDK tests are skipped" >&2
 fi
+
+# The secured cluster starts (six JVMs, ~1-2 min) while the tests build; the production-Pulsar
+# suite (services/cli/tests/cluster.rs) needs it, and under CI fails without it.
+echo "== secured Pulsar cluster (in the background) and the tests' build"
+cluster_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/cluster-start.log"
+mkdir -p "$(dirname "$cluster_log")"
+deploy/pulsar/cluster.sh start > "$cluster_log" 2>&1 &
+cluster_pid=$!
+cargo test --workspace --locked --no-run
+if ! wait "$cluster_pid"; then
+  echo "the secured Pulsar cluster did not start; its log:" >&2
+  tail -n 60 "$cluster_log" >&2
+  exit 1
+fi
+eval "$(deploy/pulsar/cluster.sh env)"
+# The fault tables of the cluster suite (README, "Production Pulsar").
+export SLUICE_CLUSTER_RESULTS="$PWD/bench/results"
 
 echo "== tests"
 cargo test --workspace --locked --no-fail-fast

@@ -24,6 +24,7 @@
 //! | `stamped-N-D` | N lines `{"seq": i, "sent_ns": T}`, two tokens each, T the send time of the second, D ms apart |
 //! | `replay-N` | the last user message streamed back in N-byte pieces, finish, usage (9 in, one out per word), `[DONE]` |
 //! | `replay-N-break` | the same pieces, then the connection breaks (a truncated answer) |
+//! | `replay-N-D` | as `replay-N`, the pieces D ms apart (streams that are in flight when a fault strikes) |
 //! | `gated` | `Hel`, then waits for [`FakeOpenAi::open_gate`], then ` lo`, finish, usage, `[DONE]` |
 //! | `tokens-N-D` | N one-word tokens, D ms apart, then finish, usage, `[DONE]` (for benchmarks) |
 //! | `routed` | as the model named by `[model:NAME]` in the last user message, else `normal`: one configured model, every behaviour (call counts are per routed name) |
@@ -404,7 +405,9 @@ async fn chat(
                 .and_then(|x| x.parse().ok())
                 .unwrap_or(4)
                 .max(1);
-            let truncated = parts.next() == Some("break");
+            let second = parts.next();
+            let truncated = second == Some("break");
+            let gap = second.and_then(|x| x.parse::<u64>().ok());
             if truncated {
                 let mut v: Vec<Step> = crate::seed_streams::tokens(&user_message, n)
                     .into_iter()
@@ -413,6 +416,11 @@ async fn chat(
                 v.push(Step::Wait(Duration::from_millis(20)));
                 v.push(Step::Break);
                 v
+            } else if let Some(gap) = gap {
+                streamed(&user_message, n)
+                    .into_iter()
+                    .flat_map(|step| [Step::Wait(Duration::from_millis(gap)), step])
+                    .collect()
             } else {
                 streamed(&user_message, n)
             }

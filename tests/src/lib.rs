@@ -16,6 +16,7 @@ pub mod fake_bedrock;
 pub mod fake_cohere;
 pub mod fake_config;
 pub mod fake_gemini;
+pub mod fake_oauth2;
 pub mod fake_ollama;
 pub mod fake_openai;
 pub mod fake_otlp;

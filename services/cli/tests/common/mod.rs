@@ -121,6 +121,16 @@ impl Sluice {
         panic!("not ready within a minute:\n{}", self.stderr());
     }
 
+    /// The exit status once the process has exited (its output then read to the end), else
+    /// `None`.
+    pub async fn exited(&mut self) -> Option<ExitStatus> {
+        let status = self.child.try_wait().ok().flatten()?;
+        for r in self.readers.drain(..) {
+            let _ = tokio::time::timeout(Duration::from_secs(5), r).await;
+        }
+        Some(status)
+    }
+
     /// What it logged so far.
     pub fn stderr(&self) -> String {
         self.stderr.lock().unwrap().clone()

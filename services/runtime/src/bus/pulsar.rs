@@ -139,17 +139,32 @@ async fn client(config: &PulsarConfig) -> Result<Pulsar<TokioExecutor>, BusError
             ))
         })?;
     }
-    builder.build().await.map_err(|e| {
-        let operation = format!(
-            "connecting to {} with {}",
-            config.url,
-            config.auth.describe()
-        );
-        match denial(&e, operation.clone()) {
-            Some(d) => BusError::Denied(d),
-            None => BusError::Unavailable(format!("{operation}: {e}")),
+    match builder.build().await {
+        Ok(client) => Ok(client),
+        Err(e) => {
+            let operation = format!(
+                "connecting to {} with {}",
+                config.url,
+                config.auth.describe()
+            );
+            Err(match explain(config, &e, &operation).await {
+                Some(d) => BusError::Denied(d),
+                None => BusError::Unavailable(format!("{operation}: {e}")),
+            })
         }
-    })
+    }
+}
+
+/// The refusal `error` stands for, if it is one: from the error itself, or, where pulsar-rs
+/// reports a connection failure without its cause, from a probe of the broker.
+async fn explain(config: &PulsarConfig, error: &pulsar::Error, operation: &str) -> Option<Denial> {
+    if let Some(d) = denial(error, operation) {
+        return Some(d);
+    }
+    if super::pulsar_probe::is_opaque(error) {
+        return super::pulsar_probe::diagnose(config, operation).await;
+    }
+    None
 }
 
 impl PulsarBus {
@@ -217,12 +232,13 @@ impl Bus for PulsarBus {
         };
         // Subscribe once up front so that configuration errors (an exclusive subscription
         // already taken, a missing namespace) reach the caller instead of a retry loop.
-        let consumer = spec.build(&self.consumers).await?;
+        let consumer = spec.build(&self.consumers, &self.config).await?;
         let (deliveries_tx, deliveries_rx) = mpsc::channel(spec.options.prefetch as usize);
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         let connected = Link::new(true);
         let supervisor = Supervisor {
             client: self.consumers.clone(),
+            config: self.config.clone(),
             spec,
             deliveries: deliveries_tx,
             control_tx: control_tx.clone(),
@@ -258,8 +274,8 @@ struct PulsarPublisher {
 }
 
 impl PulsarPublisher {
-    fn denied(&self, e: &pulsar::Error) -> Option<Denial> {
-        denial(e, format!("producing to {}", self.topic))
+    async fn denied(&self, e: &pulsar::Error) -> Option<Denial> {
+        explain(&self.config, e, &format!("producing to {}", self.topic)).await
     }
 
     async fn create(&self) -> Result<Producer<TokioExecutor>, pulsar::Error> {
@@ -291,7 +307,7 @@ impl Publisher for PulsarPublisher {
                     }
                     // A refusal is not an outage: no retry budget, the caller hears it now
                     // (a processor hands the request back and says why on /readyz).
-                    Err(e) => match self.denied(&e) {
+                    Err(e) => match self.denied(&e).await {
                         Some(d) => return Err(BusError::Denied(d)),
                         None => format!("creating producer: {e}"),
                     },
@@ -325,7 +341,7 @@ impl Publisher for PulsarPublisher {
                         // The producer may be beyond repair (its reconnect budget ran out):
                         // drop it and build a fresh one on the next attempt.
                         *slot = None;
-                        if let Some(d) = self.denied(&e) {
+                        if let Some(d) = self.denied(&e).await {
                             return Err(BusError::Denied(d));
                         }
                         format!("sending: {e}")
@@ -353,7 +369,7 @@ impl Publisher for PulsarPublisher {
             match self.create().await {
                 Ok(p) => *slot = Some(p),
                 Err(e) => {
-                    return Err(match self.denied(&e) {
+                    return Err(match self.denied(&e).await {
                         Some(d) => BusError::Denied(d),
                         None => BusError::Unavailable(format!(
                             "creating a producer for {}: {e}",
@@ -377,6 +393,7 @@ impl ConsumerSpec {
     async fn build(
         &self,
         client: &Pulsar<TokioExecutor>,
+        config: &PulsarConfig,
     ) -> Result<Consumer<Vec<u8>, TokioExecutor>, BusError> {
         let sub_type = match self.options.kind {
             SubscriptionKind::Shared => SubType::Shared,
@@ -402,25 +419,24 @@ impl ConsumerSpec {
         if let Some(name) = &self.options.consumer_name {
             builder = builder.with_consumer_name(name.clone());
         }
-        builder.build().await.map_err(|e| {
-            if let Some(d) = denial(
-                &e,
-                format!("subscribing {:?} to {}", self.subscription, self.topic),
-            ) {
-                return BusError::Denied(d);
-            }
-            let text = e.to_string();
+        let e = match builder.build().await {
+            Ok(consumer) => return Ok(consumer),
+            Err(e) => e,
+        };
+        let operation = format!("subscribing {:?} to {}", self.subscription, self.topic);
+        if let Some(d) = explain(config, &e, &operation).await {
+            return Err(BusError::Denied(d));
+        }
+        let text = e.to_string();
+        Err(
             if text.contains("Exclusive consumer is already connected")
                 || text.contains("ConsumerBusy")
             {
                 BusError::ExclusiveTaken(self.subscription.clone())
             } else {
-                BusError::Unavailable(format!(
-                    "subscribing {:?} to {}: {text}",
-                    self.subscription, self.topic
-                ))
-            }
-        })
+                BusError::Unavailable(format!("{operation}: {text}"))
+            },
+        )
     }
 }
 
@@ -583,6 +599,7 @@ impl RedeliveryTracker {
 
 struct Supervisor {
     client: Pulsar<TokioExecutor>,
+    config: Arc<PulsarConfig>,
     spec: ConsumerSpec,
     deliveries: mpsc::Sender<Delivery>,
     control_tx: mpsc::UnboundedSender<Control>,
@@ -681,7 +698,7 @@ impl Supervisor {
     ) -> Option<Consumer<Vec<u8>, TokioExecutor>> {
         let mut backoff = Backoff::new(self.max_backoff);
         loop {
-            match self.spec.build(&self.client).await {
+            match self.spec.build(&self.client, &self.config).await {
                 Ok(c) => return Some(c),
                 Err(BusError::Denied(d)) => {
                     // Not silent: /readyz names the refusal until it is lifted (a rotated

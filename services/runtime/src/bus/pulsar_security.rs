@@ -57,6 +57,23 @@ impl PulsarAuth {
         }
     }
 
+    /// What the token itself says about a refusal, read without verifying it: that it has
+    /// expired, and when. The broker only answers "Failed to authenticate"; an operator
+    /// wants to know which of expired, forged or wrong it is. Never returns the token.
+    pub(crate) async fn expiry_hint(&self) -> Option<String> {
+        let token = match self {
+            PulsarAuth::Token(secret) => secret.expose().to_owned(),
+            PulsarAuth::TokenFile(path) => tokio::fs::read_to_string(path).await.ok()?,
+            PulsarAuth::None | PulsarAuth::OAuth2(_) => return None,
+        };
+        let exp = jwt_expiry(token.trim())?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()?
+            .as_secs();
+        (exp <= now).then(|| format!("the token expired {} s ago (exp {exp})", now - exp))
+    }
+
     /// Where the credentials come from, for error messages (never the credentials).
     pub fn describe(&self) -> String {
         match self {
@@ -113,6 +130,17 @@ impl Authentication for TokenAuth {
             }
         }
     }
+}
+
+/// The `exp` claim of a JWT, read without verifying the signature (only to explain a
+/// refusal the broker already made).
+fn jwt_expiry(token: &str) -> Option<u64> {
+    use base64::Engine;
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    serde_json::from_slice::<serde_json::Value>(&bytes).ok()?["exp"].as_u64()
 }
 
 /// Why the broker will not serve this client, whatever the number of retries.
@@ -247,6 +275,18 @@ mod tests {
             denial(&e, "x").map(|d| d.cause),
             Some(DenialCause::Authorization)
         );
+    }
+
+    #[test]
+    fn a_tokens_expiry_is_read_without_its_signature() {
+        // {"alg":"HS256"} . {"sub":"r","exp":1000} . (any signature)
+        let token = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJyIiwiZXhwIjoxMDAwfQ.c2ln";
+        assert_eq!(jwt_expiry(token), Some(1000));
+        assert_eq!(
+            jwt_expiry("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJyIn0.c2ln"),
+            None
+        );
+        assert_eq!(jwt_expiry("not a token"), None);
     }
 
     #[test]

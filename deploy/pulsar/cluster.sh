@@ -1,0 +1,480 @@
+#!/usr/bin/env bash
+# A secured, multi-broker Apache Pulsar cluster on this machine's loopback, as production runs
+# Pulsar: ZooKeeper, 3 bookies, 2 brokers, TLS only, JWT authentication, authorization with
+# least-privilege roles. For the production-Pulsar suite (services/cli/tests/cluster.rs) and
+# for trying sluice against a secured cluster by hand.
+#
+#   deploy/pulsar/cluster.sh start            start (or reuse) the cluster, wait until it serves
+#   deploy/pulsar/cluster.sh stop             stop every process (SIGTERM, then SIGKILL)
+#   deploy/pulsar/cluster.sh wipe             stop, delete the state, remove the /etc/hosts lines
+#   deploy/pulsar/cluster.sh status           exit 0 when both brokers and 3 bookies serve
+#   deploy/pulsar/cluster.sh env              `export` lines for a client or a test harness
+#   deploy/pulsar/cluster.sh kill-broker N    SIGKILL broker N (1 or 2)
+#   deploy/pulsar/cluster.sh stop-broker N    SIGTERM broker N, wait until it is gone
+#   deploy/pulsar/cluster.sh start-broker N   start broker N, wait until it serves
+#   deploy/pulsar/cluster.sh restart-broker N stop-broker then start-broker
+#   deploy/pulsar/cluster.sh kill-bookie N    SIGKILL bookie N (1 to 3)
+#   deploy/pulsar/cluster.sh start-bookie N   start bookie N, wait until it is registered
+#   deploy/pulsar/cluster.sh unload NS        unload namespace NS (tenant/namespace) everywhere
+#   deploy/pulsar/cluster.sh owner TOPIC      the broker URL that owns TOPIC now
+#   deploy/pulsar/cluster.sh grant ROLE ACTIONS TOPIC   e.g. grant sluice-gateway produce persistent://tg/request/x
+#   deploy/pulsar/cluster.sh revoke ROLE TOPIC
+#   deploy/pulsar/cluster.sh admin ARGS...    bin/pulsar-admin as the superuser, over HTTPS
+#
+# Layout (all on loopback, none of the ports of deploy/pulsar/pulsar.sh):
+#   ZooKeeper 127.0.0.1:2191 (AdminServer off; its metrics on 127.0.0.1:2194)
+#   bookies   127.0.0.1:3191, :3192, :3193 (HTTP and stats servers off)
+#   broker 1  127.0.0.2:6651 (pulsar+ssl) and :8443 (https); broker 2 the same on 127.0.0.3
+#   clients   pulsar+ssl://pulsar.sluice.test:6651: the name resolves to both brokers
+#             (/etc/hosts), as a DNS name in front of a real cluster does
+# Plaintext ports are off. The CA, the broker certificate (SANs: pulsar.sluice.test,
+# 127.0.0.2, 127.0.0.3), an unrelated CA for tests, the token secret key and the tokens are
+# made once (openssl, python3) and kept in the state directory. Tokens (files under tokens/):
+#   admin (superuser, set-up only), processor (role sluice-processor), gateway
+#   (sluice-gateway), nobody (sluice-nobody, never granted anything), expired (sluice-processor,
+#   expired an hour before it was made), forged (role admin, signed with another key).
+#
+# Settings (environment): SLUICE_CACHE (~/.cache/sluice), PULSAR_CLUSTER_DIR
+# ($SLUICE_CACHE/pulsar-cluster), PULSAR_CLUSTER_READY_TIMEOUT (300 s),
+# PULSAR_CLUSTER_ENSEMBLE / _WRITE_QUORUM / _ACK_QUORUM (3 / 2 / 2), PULSAR_CLUSTER_BROKER_HEAP
+# (384m), PULSAR_CLUSTER_BOOKIE_HEAP (256m).
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+SCRIPT="$HERE/$(basename "${BASH_SOURCE[0]}")"
+CACHE="${SLUICE_CACHE:-$HOME/.cache/sluice}"
+STATE="${PULSAR_CLUSTER_DIR:-$CACHE/pulsar-cluster}"
+READY_TIMEOUT="${PULSAR_CLUSTER_READY_TIMEOUT:-300}"
+ENSEMBLE="${PULSAR_CLUSTER_ENSEMBLE:-3}"
+WRITE_QUORUM="${PULSAR_CLUSTER_WRITE_QUORUM:-2}"
+ACK_QUORUM="${PULSAR_CLUSTER_ACK_QUORUM:-2}"
+BROKER_HEAP="${PULSAR_CLUSTER_BROKER_HEAP:-384m}"
+BOOKIE_HEAP="${PULSAR_CLUSTER_BOOKIE_HEAP:-256m}"
+NAME=pulsar.sluice.test
+ZK=127.0.0.1:2191
+CLUSTER=sluice
+
+log() { printf '[pulsar-cluster] %s\n' "$*" >&2; }
+fail() { log "$*"; exit 1; }
+
+broker_ip() { echo "127.0.0.$(($1 + 1))"; }
+bookie_port() { echo "$((3190 + $1))"; }
+
+# Pulsar 4.x wants Java 21 or newer: the same choice as pulsar.sh.
+find_java() {
+  local candidates=() j v
+  [ -n "${JAVA_HOME:-}" ] && candidates+=("$JAVA_HOME")
+  for j in /usr/lib/jvm/*; do [ -x "$j/bin/java" ] && candidates+=("$j"); done
+  for j in "${candidates[@]}"; do
+    v=$("$j/bin/java" -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1)
+    if [ -n "$v" ] && [ "$v" -ge 21 ]; then echo "$j"; return 0; fi
+  done
+  return 1
+}
+
+# Sets `key=value` lines in a Java properties file: removes every earlier line of the key
+# first, because Pulsar's config reader takes a key given twice as a list.
+conf_set() {
+  local file="$1" line key
+  shift
+  # The distribution's files may end without a newline: the first line set would join it.
+  [ -z "$(tail -c 1 "$file")" ] || printf '\n' >> "$file"
+  for line in "$@"; do
+    key="${line%%=*}"
+    sed -i "/^${key//./\\.}=/d" "$file"
+    printf '%s\n' "$line" >> "$file"
+  done
+}
+
+# -- credentials --------------------------------------------------------------------------------
+make_pki() {
+  local pki="$STATE/pki"
+  [ -f "$pki/.complete" ] && return 0
+  command -v openssl >/dev/null || { apt-get update -qq && apt-get install -y -qq openssl >/dev/null; }
+  rm -rf "$pki" && mkdir -p "$pki"
+  (
+    cd "$pki"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=sluice test CA" \
+      -keyout ca.key -out ca.pem 2>/dev/null
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=an untrusted CA" \
+      -keyout untrusted-ca.key -out untrusted-ca.pem 2>/dev/null
+    # PKCS#8 key (what genpkey writes), as the broker's TLS needs.
+    openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out broker.key 2>/dev/null
+    openssl req -new -key broker.key -subj "/CN=$NAME" -out broker.csr 2>/dev/null
+    printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=digitalSignature,keyEncipherment" \
+      "extendedKeyUsage=serverAuth" \
+      "subjectAltName=DNS:$NAME,IP:127.0.0.2,IP:127.0.0.3" > broker.ext
+    openssl x509 -req -in broker.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 3650 \
+      -extfile broker.ext -out broker.pem 2>/dev/null
+  )
+  touch "$pki/.complete"
+}
+
+# HS256 JWTs, the format `bin/pulsar tokens create` writes (sub = the role; exp optional),
+# made with python3 instead of one JVM per token.
+jwt() {
+  python3 - "$1" "$2" "$3" <<'PY'
+import base64, hashlib, hmac, json, sys, time
+key = open(sys.argv[1], "rb").read()
+claims = {"sub": sys.argv[2]}
+if sys.argv[3]:
+    claims["exp"] = int(time.time()) + int(sys.argv[3])
+b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+head = b64(json.dumps({"alg": "HS256"}, separators=(",", ":")).encode())
+body = b64(json.dumps(claims, separators=(",", ":")).encode())
+sig = b64(hmac.new(key, f"{head}.{body}".encode(), hashlib.sha256).digest())
+print(f"{head}.{body}.{sig}")
+PY
+}
+
+make_tokens() {
+  local t="$STATE/tokens"
+  [ -f "$t/.complete" ] && return 0
+  rm -rf "$t" && mkdir -p "$t" && chmod 700 "$t"
+  # The broker's key (what `bin/pulsar tokens create-secret-key` makes: 32 random bytes).
+  head -c 32 /dev/urandom > "$STATE/secret.key"
+  head -c 32 /dev/urandom > "$STATE/other-secret.key"
+  jwt "$STATE/secret.key" admin "" > "$t/admin.token"
+  jwt "$STATE/secret.key" sluice-processor "" > "$t/processor.token"
+  jwt "$STATE/secret.key" sluice-gateway "" > "$t/gateway.token"
+  jwt "$STATE/secret.key" sluice-nobody "" > "$t/nobody.token"
+  jwt "$STATE/secret.key" sluice-processor -3600 > "$t/expired.token"
+  jwt "$STATE/other-secret.key" admin "" > "$t/forged.token"
+  chmod 600 "$t"/*.token "$STATE"/*.key
+  touch "$t/.complete"
+}
+
+hosts_block() {
+  if ! grep -q '# sluice-cluster begin' /etc/hosts 2>/dev/null; then
+    printf '%s\n' "# sluice-cluster begin" "127.0.0.2 $NAME" "127.0.0.3 $NAME" \
+      "127.0.0.2 wrong-name.sluice.test" "# sluice-cluster end" >> /etc/hosts
+  fi
+  getent ahosts "$NAME" | grep -q 127.0.0.3 || fail "/etc/hosts: $NAME does not resolve to both brokers"
+}
+
+remove_hosts_block() {
+  if grep -q '# sluice-cluster begin' /etc/hosts 2>/dev/null; then
+    # /etc/hosts may be a bind mount: rewrite it in place rather than replace the file.
+    local kept
+    kept=$(sed '/# sluice-cluster begin/,/# sluice-cluster end/d' /etc/hosts)
+    printf '%s\n' "$kept" > /etc/hosts
+  fi
+}
+
+# -- configuration -------------------------------------------------------------------------------
+write_confs() {
+  local dist="$1" n ip port dir
+  mkdir -p "$STATE/conf"
+  cp "$dist/conf/zookeeper.conf" "$STATE/conf/zookeeper.conf"
+  conf_set "$STATE/conf/zookeeper.conf" "dataDir=$STATE/zookeeper" "clientPort=2191" \
+    "clientPortAddress=127.0.0.1" "admin.enableServer=false" \
+    "metricsProvider.httpHost=127.0.0.1" "metricsProvider.httpPort=2194"
+  for n in 1 2 3; do
+    port=$(bookie_port "$n")
+    dir="$STATE/bookie-$n"
+    cp "$dist/conf/bookkeeper.conf" "$STATE/conf/bookkeeper-$n.conf"
+    conf_set "$STATE/conf/bookkeeper-$n.conf" "bookiePort=$port" "advertisedAddress=127.0.0.1" \
+      "allowLoopback=true" "useHostNameAsBookieID=false" \
+      "journalDirectories=$dir/journal" "ledgerDirectories=$dir/ledgers" \
+      "metadataServiceUri=metadata-store:zk:$ZK" \
+      "httpServerEnabled=false" "enableStatistics=false" \
+      "statsProviderClass=org.apache.bookkeeper.stats.NullStatsProvider" "listeningInterface=lo" \
+      "journalFlushWhenQueueEmpty=true" \
+      "dbStorage_writeCacheMaxSizeMb=32" "dbStorage_readAheadCacheMaxSizeMb=32"
+  done
+  for n in 1 2; do
+    ip=$(broker_ip "$n")
+    cp "$dist/conf/broker.conf" "$STATE/conf/broker-$n.conf"
+    conf_set "$STATE/conf/broker-$n.conf" \
+      "metadataStoreUrl=zk:$ZK" "configurationMetadataStoreUrl=zk:$ZK" \
+      "bookkeeperMetadataServiceUri=metadata-store:zk:$ZK" \
+      "clusterName=$CLUSTER" "bindAddress=$ip" "advertisedAddress=$ip" \
+      "brokerServicePort=" "webServicePort=" \
+      "brokerServicePortTls=6651" "webServicePortTls=8443" \
+      "tlsCertificateFilePath=$STATE/pki/broker.pem" "tlsKeyFilePath=$STATE/pki/broker.key" \
+      "tlsTrustCertsFilePath=$STATE/pki/ca.pem" "tlsRequireTrustedClientCertOnConnect=false" \
+      "tlsAllowInsecureConnection=false" \
+      "authenticationEnabled=true" \
+      "authenticationProviders=org.apache.pulsar.broker.authentication.AuthenticationProviderToken" \
+      "tokenSecretKey=file://$STATE/secret.key" \
+      "authorizationEnabled=true" "superUserRoles=admin" \
+      "authenticationRefreshCheckSeconds=10" \
+      "brokerClientTlsEnabled=true" "brokerClientTrustCertsFilePath=$STATE/pki/ca.pem" \
+      "brokerClientAuthenticationPlugin=org.apache.pulsar.client.impl.auth.AuthenticationToken" \
+      "brokerClientAuthenticationParameters=file://$STATE/tokens/admin.token" \
+      "managedLedgerDefaultEnsembleSize=$ENSEMBLE" \
+      "managedLedgerDefaultWriteQuorum=$WRITE_QUORUM" \
+      "managedLedgerDefaultAckQuorum=$ACK_QUORUM" \
+      "managedLedgerNewEntriesCheckDelayInMillis=0" \
+      "metadataStoreSessionTimeoutMillis=10000" \
+      "functionsWorkerEnabled=false" "webSocketServiceEnabled=false" \
+      "allowAutoTopicCreation=true" "allowAutoTopicCreationType=non-partitioned"
+  done
+  # The superuser's pulsar-admin (the `admin` command).
+  printf '%s\n' "webServiceUrl=https://$NAME:8443" "brokerServiceUrl=pulsar+ssl://$NAME:6651" \
+    "authPlugin=org.apache.pulsar.client.impl.auth.AuthenticationToken" \
+    "authParams=file://$STATE/tokens/admin.token" "tlsTrustCertsFilePath=$STATE/pki/ca.pem" \
+    "tlsAllowInsecureConnection=false" "tlsEnableHostnameVerification=true" \
+    > "$STATE/conf/client.conf"
+}
+
+# -- processes -----------------------------------------------------------------------------------
+pidfile() { echo "$STATE/$1.pid"; }
+
+running() {
+  local f
+  f=$(pidfile "$1")
+  [ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null
+}
+
+# launch NAME COMMAND MEM: runs `bin/pulsar COMMAND` in the background with its own config.
+launch() {
+  local name="$1" command="$2" mem="$3" conf_var="$4" conf="$5" java_home dist
+  java_home=$(find_java) || fail "no Java 21+ (JAVA_HOME or /usr/lib/jvm/*): Pulsar needs one"
+  dist=$(bash "$HERE/pulsar.sh" dist)
+  mkdir -p "$STATE/logs/$name"
+  (
+    cd "$dist"
+    export JAVA_HOME="$java_home" PULSAR_LOG_DIR="$STATE/logs/$name"
+    export PULSAR_MEM="$mem" BOOKIE_MEM="$mem" "$conf_var=$conf"
+    # A pulsar_env.sh default pre-touches the whole heap; not worth the start-up time here.
+    export PULSAR_GC="-XX:+UseZGC" BOOKIE_GC="-XX:+UseZGC"
+    nohup bin/pulsar "$command" > "$STATE/logs/$name/stdout.log" 2>&1 &
+    echo $! > "$(pidfile "$name")"
+  )
+}
+
+# wait_for NAME WHAT CHECK...: waits until CHECK succeeds, or fails with the process's log.
+wait_for() {
+  local name="$1" what="$2" waited=0
+  shift 2
+  until "$@" >/dev/null 2>&1; do
+    if ! running "$name"; then
+      log "$name exited while starting; last lines of its log:"
+      tail -n 40 "$STATE/logs/$name/stdout.log" >&2 || true
+      exit 1
+    fi
+    if [ "$waited" -ge "$READY_TIMEOUT" ]; then
+      log "$name: $what not within ${READY_TIMEOUT}s; last lines of its log:"
+      tail -n 40 "$STATE/logs/$name/stdout.log" >&2 || true
+      exit 1
+    fi
+    sleep 1
+    waited=$((waited + 1))
+  done
+}
+
+admin_curl() {
+  local method="$1" path="$2"
+  shift 2
+  curl -sf -L --location-trusted -m 30 -X "$method" --cacert "$STATE/pki/ca.pem" \
+    -H "Authorization: Bearer $(cat "$STATE/tokens/admin.token")" \
+    -H 'Content-Type: application/json' "$@" "https://$NAME:8443$path"
+}
+
+# Creates with PUT; an object that exists already (409) is as good (a re-run set-up). A broker
+# that does not own the topic's bundle redirects (307) to the owner: followed with the token.
+admin_create() {
+  local code
+  code=$(curl -s -L --location-trusted -o "$STATE/logs/admin-create.out" -w "%{http_code}" -m 30 -X PUT \
+    --cacert "$STATE/pki/ca.pem" -H "Authorization: Bearer $(cat "$STATE/tokens/admin.token")" \
+    -H 'Content-Type: application/json' "${@:2}" "https://$NAME:8443$1")
+  case "$code" in
+    2*|409) ;;
+    *) fail "PUT $1: HTTP $code $(cat "$STATE/logs/admin-create.out" 2>/dev/null)" ;;
+  esac
+}
+
+broker_ready() {
+  curl -sf -m 5 --cacert "$STATE/pki/ca.pem" \
+    -H "Authorization: Bearer $(cat "$STATE/tokens/admin.token")" \
+    "https://$(broker_ip "$1"):8443/admin/v2/brokers/ready" | grep -q ok
+}
+
+zk_ready() { echo ruok | timeout 3 bash -c "exec 3<>/dev/tcp/127.0.0.1/2191; cat >&3; cat <&3" | grep -q imok; }
+
+# A bookie is writable once registered under /ledgers/available, which a broker lists.
+bookie_registered() {
+  admin_curl GET /admin/v2/bookies/all | grep -q "127.0.0.1:$(bookie_port "$1")"
+}
+
+bookie_listening() { timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$(bookie_port "$1")"; }
+
+start_zookeeper() {
+  running zookeeper && return 0
+  launch zookeeper zookeeper "-Xms128m -Xmx128m" PULSAR_ZK_CONF "$STATE/conf/zookeeper.conf"
+  wait_for zookeeper "answering" zk_ready
+}
+
+initialize_metadata() {
+  [ -f "$STATE/.initialized" ] && return 0
+  log "initialising the cluster's metadata"
+  local java_home dist
+  java_home=$(find_java)
+  dist=$(bash "$HERE/pulsar.sh" dist)
+  (
+    cd "$dist"
+    JAVA_HOME="$java_home" PULSAR_MEM="-Xmx256m" PULSAR_LOG_DIR="$STATE/logs/init" \
+      bin/pulsar initialize-cluster-metadata --cluster "$CLUSTER" \
+      --metadata-store "zk:$ZK" --configuration-metadata-store "zk:$ZK" \
+      --web-service-url "https://$NAME:8443" --web-service-url-tls "https://$NAME:8443" \
+      --broker-service-url "pulsar+ssl://$NAME:6651" \
+      --broker-service-url-tls "pulsar+ssl://$NAME:6651" \
+      > "$STATE/logs/init.log" 2>&1
+  ) || { tail -n 40 "$STATE/logs/init.log" >&2; fail "initialize-cluster-metadata failed"; }
+  touch "$STATE/.initialized"
+}
+
+start_bookie() {
+  local n="$1"
+  running "bookie-$n" && return 0
+  mkdir -p "$STATE/bookie-$n"
+  launch "bookie-$n" bookie "-Xms$BOOKIE_HEAP -Xmx$BOOKIE_HEAP -XX:MaxDirectMemorySize=$BOOKIE_HEAP" \
+    PULSAR_BOOKKEEPER_CONF "$STATE/conf/bookkeeper-$n.conf"
+}
+
+start_broker() {
+  local n="$1"
+  running "broker-$n" && return 0
+  launch "broker-$n" broker "-Xms$BROKER_HEAP -Xmx$BROKER_HEAP -XX:MaxDirectMemorySize=$BROKER_HEAP" \
+    PULSAR_BROKER_CONF "$STATE/conf/broker-$n.conf"
+}
+
+stop_process() {
+  local name="$1" signal="${2:-TERM}" pid f
+  f=$(pidfile "$name")
+  [ -f "$f" ] || return 0
+  pid=$(cat "$f")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -"$signal" "$pid" 2>/dev/null || true
+    for _ in $(seq 1 120); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    kill -9 "$pid" 2>/dev/null || true
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
+  fi
+  rm -f "$f"
+}
+
+set_up_tenants() {
+  [ -f "$STATE/.set-up" ] && return 0
+  admin_create /admin/v2/tenants/tg -d "{\"adminRoles\":[],\"allowedClusters\":[\"$CLUSTER\"]}"
+  local ns
+  for ns in request response notify flow; do
+    admin_create "/admin/v2/namespaces/tg/$ns"
+  done
+  # The least-privilege grants of the text-completion service's default topics (README,
+  # "Production Pulsar"); every other service follows the same pattern.
+  grant sluice-processor consume persistent://tg/request/text-completion
+  grant sluice-processor consume persistent://tg/notify/text-completion-cancel
+  grant sluice-processor produce persistent://tg/response/text-completion
+  grant sluice-gateway produce persistent://tg/request/text-completion
+  grant sluice-gateway produce persistent://tg/notify/text-completion-cancel
+  grant sluice-gateway consume persistent://tg/response/text-completion
+  touch "$STATE/.set-up"
+}
+
+# Pulsar 4.0 grants on a topic only once the topic exists (404 before): create it first, as
+# an operator would with `pulsar-admin topics create` (409 if it exists, partitioned or not).
+grant() {
+  local role="$1" actions="$2" topic="$3" json
+  json=$(printf '%s' "$actions" | python3 -c 'import json,sys; print(json.dumps(sys.stdin.read().split(",")))')
+  admin_create "/admin/v2/${topic/:\/\//\/}"
+  admin_curl POST "/admin/v2/${topic/:\/\//\/}/permissions/$role" -d "$json" >/dev/null
+}
+
+revoke() {
+  admin_curl DELETE "/admin/v2/${2/:\/\//\/}/permissions/$1" >/dev/null
+}
+
+cluster_ready() {
+  broker_ready 1 && broker_ready 2 && bookie_registered 1 && bookie_registered 2 && bookie_registered 3
+}
+
+start() {
+  if cluster_ready 2>/dev/null && [ -f "$STATE/.set-up" ]; then
+    log "already serving (reused): pulsar+ssl://$NAME:6651"
+    return 0
+  fi
+  local began=$SECONDS dist n
+  dist=$(bash "$HERE/pulsar.sh" dist)
+  mkdir -p "$STATE"
+  hosts_block
+  make_pki
+  make_tokens
+  write_confs "$dist"
+  start_zookeeper
+  initialize_metadata
+  for n in 1 2 3; do start_bookie "$n"; done
+  for n in 1 2 3; do wait_for "bookie-$n" "listening" bookie_listening "$n"; done
+  for n in 1 2; do start_broker "$n"; done
+  for n in 1 2; do wait_for "broker-$n" "ready" broker_ready "$n"; done
+  for n in 1 2 3; do wait_for "bookie-$n" "registered" bookie_registered "$n"; done
+  set_up_tenants
+  log "ready after $((SECONDS - began))s: pulsar+ssl://$NAME:6651, https://$NAME:8443 (state $STATE)"
+}
+
+stop() {
+  local n
+  for n in 1 2; do stop_process "broker-$n"; done
+  for n in 1 2 3; do stop_process "bookie-$n"; done
+  stop_process zookeeper
+  log "stopped"
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  wipe)
+    stop
+    rm -rf "$STATE"
+    remove_hosts_block
+    ;;
+  status) cluster_ready ;;
+  env)
+    printf 'export %s\n' \
+      "SLUICE_CLUSTER_URL=pulsar+ssl://$NAME:6651" \
+      "SLUICE_CLUSTER_ADMIN_URL=https://$NAME:8443" \
+      "SLUICE_CLUSTER_BROKERS='pulsar+ssl://127.0.0.2:6651 pulsar+ssl://127.0.0.3:6651'" \
+      "SLUICE_CLUSTER_BROKER_ADMIN_URLS='https://127.0.0.2:8443 https://127.0.0.3:8443'" \
+      "SLUICE_CLUSTER_CA=$STATE/pki/ca.pem" \
+      "SLUICE_CLUSTER_UNTRUSTED_CA=$STATE/pki/untrusted-ca.pem" \
+      "SLUICE_CLUSTER_TOKENS=$STATE/tokens" \
+      "SLUICE_CLUSTER_SECRET_KEY=$STATE/secret.key" \
+      "SLUICE_CLUSTER_SCRIPT=$SCRIPT"
+    ;;
+  kill-broker) stop_process "broker-${2:?broker 1 or 2}" KILL; log "broker $2 killed" ;;
+  stop-broker) stop_process "broker-${2:?broker 1 or 2}" TERM; log "broker $2 stopped" ;;
+  start-broker)
+    start_broker "${2:?broker 1 or 2}"
+    wait_for "broker-$2" "ready" broker_ready "$2"
+    log "broker $2 ready"
+    ;;
+  restart-broker)
+    stop_process "broker-${2:?broker 1 or 2}" TERM
+    start_broker "$2"
+    wait_for "broker-$2" "ready" broker_ready "$2"
+    log "broker $2 restarted"
+    ;;
+  kill-bookie) stop_process "bookie-${2:?bookie 1 to 3}" KILL; log "bookie $2 killed" ;;
+  start-bookie)
+    start_bookie "${2:?bookie 1 to 3}"
+    wait_for "bookie-$2" "registered" bookie_registered "$2"
+    log "bookie $2 registered"
+    ;;
+  unload) admin_curl PUT "/admin/v2/namespaces/${2:?tenant/namespace}/unload" >/dev/null ;;
+  owner)
+    topic="${2:?topic}"
+    admin_curl GET "/lookup/v2/topic/${topic/:\/\//\/}" |
+      python3 -c 'import json,sys; print(json.load(sys.stdin)["brokerUrlTls"])'
+    ;;
+  grant) grant "${2:?role}" "${3:?actions}" "${4:?topic}" ;;
+  revoke) revoke "${2:?role}" "${3:?topic}" ;;
+  admin)
+    shift
+    dist=$(bash "$HERE/pulsar.sh" dist)
+    JAVA_HOME=$(find_java) PULSAR_CLIENT_CONF="$STATE/conf/client.conf" "$dist/bin/pulsar-admin" "$@"
+    ;;
+  *)
+    sed -n '2,/^set -euo/p' "$SCRIPT" | sed '$d' | sed 's/^# \{0,1\}//' >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,1160 @@
+//! sluice on a secured multi-broker Pulsar cluster (issue #21), started by the test command
+//! with `deploy/pulsar/cluster.sh start`: ZooKeeper, 3 bookies, 2 brokers on 127.0.0.2 and
+//! 127.0.0.3 behind the name `pulsar.sluice.test`, TLS only, JWT authentication,
+//! authorization with least-privilege roles.
+//!
+//! Every test here runs real `sluice` processes against that cluster, one test at a time
+//! (some kill brokers and bookies), each in its own tenant with its own topic-level grants.
+//! Without the cluster's environment (`SLUICE_CLUSTER_URL`, printed by `cluster.sh env`) the
+//! tests say so loudly and pass, except under CI, where they fail.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use common::{Sluice, free_port};
+use futures::StreamExt;
+use serde_json::{Value, json};
+use sluice_runtime::bus::{
+    Bus, BusError, SubscribeOptions,
+    pulsar::{PulsarBus, PulsarConfig},
+    pulsar_security::{DenialCause, PulsarAuth},
+};
+use sluice_tests::{fake_oauth2::FakeOAuth2, fake_openai::FakeOpenAi};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// One cluster test at a time: they stop brokers and bookies.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The secured cluster, from `cluster.sh env`.
+struct Cluster {
+    url: String,
+    admin_url: String,
+    ca: PathBuf,
+    untrusted_ca: PathBuf,
+    tokens: PathBuf,
+    script: PathBuf,
+    admin: reqwest::Client,
+    admin_token: String,
+}
+
+impl Cluster {
+    /// The cluster, or `None` (after saying so) when the test command did not start one.
+    fn from_env() -> Option<Cluster> {
+        let Ok(url) = std::env::var("SLUICE_CLUSTER_URL") else {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI runs the secured-cluster tests: SLUICE_CLUSTER_URL is missing (scripts/test.sh starts the cluster)"
+            );
+            eprintln!(
+                "SKIPPED: no secured Pulsar cluster (start one with deploy/pulsar/cluster.sh start and eval \"$(deploy/pulsar/cluster.sh env)\")"
+            );
+            return None;
+        };
+        let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set"));
+        let ca = PathBuf::from(var("SLUICE_CLUSTER_CA"));
+        let tokens = PathBuf::from(var("SLUICE_CLUSTER_TOKENS"));
+        sluice_runtime::install_crypto_provider();
+        let admin = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .add_root_certificate(
+                reqwest::Certificate::from_pem(&std::fs::read(&ca).unwrap()).unwrap(),
+            )
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        let admin_token = std::fs::read_to_string(tokens.join("admin.token"))
+            .unwrap()
+            .trim()
+            .to_owned();
+        Some(Cluster {
+            url,
+            admin_url: var("SLUICE_CLUSTER_ADMIN_URL"),
+            ca,
+            untrusted_ca: PathBuf::from(var("SLUICE_CLUSTER_UNTRUSTED_CA")),
+            tokens,
+            script: PathBuf::from(var("SLUICE_CLUSTER_SCRIPT")),
+            admin,
+            admin_token,
+        })
+    }
+
+    fn token(&self, name: &str) -> String {
+        self.tokens
+            .join(format!("{name}.token"))
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    /// An admin API call as the superuser. A broker that does not own the topic redirects
+    /// (307) to the one that does; the redirect is followed here with the token, which
+    /// reqwest rightly drops when a redirect changes host.
+    async fn admin_call(&self, method: reqwest::Method, path: &str, body: Option<Value>) {
+        let mut url = format!("{}{path}", self.admin_url);
+        for _ in 0..4 {
+            let mut r = self
+                .admin
+                .request(method.clone(), &url)
+                .bearer_auth(&self.admin_token);
+            if let Some(b) = &body {
+                r = r.json(b);
+            }
+            let resp = r.send().await.unwrap();
+            let status = resp.status();
+            if status.is_redirection() {
+                url = resp.headers()["location"].to_str().unwrap().to_owned();
+                continue;
+            }
+            assert!(
+                status.is_success() || status == reqwest::StatusCode::CONFLICT,
+                "{method} {path}: {status} {}",
+                resp.text().await.unwrap_or_default()
+            );
+            return;
+        }
+        panic!("{method} {path}: too many redirects");
+    }
+
+    /// A fresh tenant (sluice's topicspace) with the request, response and notify
+    /// namespaces, administered by the superuser only.
+    async fn topicspace(&self) -> String {
+        let ts = format!("c{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        self.admin_call(
+            reqwest::Method::PUT,
+            &format!("/admin/v2/tenants/{ts}"),
+            Some(json!({"adminRoles": [], "allowedClusters": ["sluice"]})),
+        )
+        .await;
+        for ns in ["request", "response", "notify"] {
+            self.admin_call(
+                reqwest::Method::PUT,
+                &format!("/admin/v2/namespaces/{ts}/{ns}"),
+                None,
+            )
+            .await;
+        }
+        ts
+    }
+
+    /// Grants `actions` on `topic` to `role`, creating the topic first: Pulsar 4.0 refuses a
+    /// grant on a topic that does not exist yet (an operator runs `topics create` first).
+    async fn grant(&self, topic: &str, role: &str, actions: &[&str]) {
+        let path = topic.replacen("://", "/", 1);
+        self.admin_call(reqwest::Method::PUT, &format!("/admin/v2/{path}"), None)
+            .await;
+        self.admin_call(
+            reqwest::Method::POST,
+            &format!("/admin/v2/{path}/permissions/{role}"),
+            Some(json!(actions)),
+        )
+        .await;
+    }
+
+    async fn revoke(&self, topic: &str, role: &str) {
+        let path = topic.replacen("://", "/", 1);
+        self.admin_call(
+            reqwest::Method::DELETE,
+            &format!("/admin/v2/{path}/permissions/{role}"),
+            None,
+        )
+        .await;
+    }
+
+    /// The least-privilege grants of one service's topics (README, Production Pulsar): the
+    /// processor consumes requests and cancels and produces answers; the gateway the opposite.
+    async fn grant_service(&self, ts: &str, service: &str) {
+        self.grant_mapped(ts, service, DURABLE).await;
+    }
+
+    async fn grant_mapped(&self, ts: &str, service: &str, mapping: &str) {
+        let [req, resp, cancel] = mapped_topics(ts, service, mapping);
+        self.grant(&req, "sluice-processor", &["consume"]).await;
+        self.grant(&cancel, "sluice-processor", &["consume"]).await;
+        self.grant(&resp, "sluice-processor", &["produce"]).await;
+        self.grant(&req, "sluice-gateway", &["produce"]).await;
+        self.grant(&cancel, "sluice-gateway", &["produce"]).await;
+        self.grant(&resp, "sluice-gateway", &["consume"]).await;
+    }
+
+    async fn unload(&self, namespace: &str) {
+        self.admin_call(
+            reqwest::Method::PUT,
+            &format!("/admin/v2/namespaces/{namespace}/unload"),
+            None,
+        )
+        .await;
+    }
+
+    /// Runs `cluster.sh ARGS` (a fault, or a repair) and waits for it.
+    async fn script(&self, args: &[&str]) -> String {
+        let out = tokio::process::Command::new("bash")
+            .arg(&self.script)
+            .args(args)
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "cluster.sh {args:?} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// The number (1 or 2) of the broker that owns `topic` now.
+    async fn owner(&self, topic: &str) -> &'static str {
+        let url = self.script(&["owner", topic]).await;
+        if url.contains("127.0.0.2") {
+            "1"
+        } else if url.contains("127.0.0.3") {
+            "2"
+        } else {
+            panic!("owner of {topic}: {url}")
+        }
+    }
+
+    /// Environment of a sluice process authenticated as `role_token`.
+    fn env(&self, token: &str) -> Vec<(String, String)> {
+        vec![
+            ("SLUICE_PULSAR_TOKEN_FILE".into(), self.token(token)),
+            (
+                "SLUICE_PULSAR_TLS_CA_FILE".into(),
+                self.ca.to_string_lossy().into_owned(),
+            ),
+            ("RUST_LOG".into(), "warn".into()),
+        ]
+    }
+}
+
+/// The request, response and cancel topics of `service` in topicspace `ts` under the durable
+/// mapping.
+fn topics(ts: &str, service: &str) -> [String; 3] {
+    mapped_topics(ts, service, DURABLE)
+}
+
+const DURABLE: &str = "durable";
+const TRUSTGRAPH: &str = "trustgraph";
+
+/// The same under `mapping` (TrustGraph's makes requests, answers and cancels
+/// non-persistent).
+fn mapped_topics(ts: &str, service: &str, mapping: &str) -> [String; 3] {
+    let scheme = if mapping == TRUSTGRAPH {
+        "non-persistent"
+    } else {
+        "persistent"
+    };
+    [
+        format!("{scheme}://{ts}/request/{service}"),
+        format!("{scheme}://{ts}/response/{service}"),
+        format!("{scheme}://{ts}/notify/{service}-cancel"),
+    ]
+}
+
+const SECRETS: [&str; 5] = [
+    "SLUICE_PULSAR_TOKEN",
+    "SLUICE_PULSAR_TOKEN_FILE",
+    "SLUICE_PULSAR_OAUTH2_ISSUER_URL",
+    "SLUICE_PULSAR_TLS_CA_FILE",
+    "SLUICE_LLM_API_KEY",
+];
+
+fn spawn(args: &[String], env: &[(String, String)]) -> Sluice {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    Sluice::spawn(&args, &env, &SECRETS)
+}
+
+/// A text-completion processor on the cluster, as `sluice-processor`, answering with the
+/// fake's `model`. Returns it with its metrics port.
+async fn text_completion(
+    cluster: &Cluster,
+    ts: &str,
+    fake: &FakeOpenAi,
+    model: &str,
+    mapping: &str,
+) -> (Sluice, u16) {
+    text_completion_as(cluster, ts, fake, model, mapping, &cluster.env("processor")).await
+}
+
+/// The same, with the credentials in `env`.
+async fn text_completion_as(
+    cluster: &Cluster,
+    ts: &str,
+    fake: &FakeOpenAi,
+    model: &str,
+    mapping: &str,
+    env: &[(String, String)],
+) -> (Sluice, u16) {
+    let port = free_port();
+    let [req, resp, cancel] = mapped_topics(ts, "text-completion", mapping);
+    let args: Vec<String> = [
+        "text-completion",
+        "--topic-mapping",
+        mapping,
+        "--pulsar-url",
+        &cluster.url,
+        // As the Kubernetes manifests set it (for KEDA): the processor's role may not manage
+        // namespaces, which must not stop it.
+        "--pulsar-admin-url",
+        &cluster.admin_url,
+        "--provider",
+        "openai-compatible",
+        "--base-url",
+        &fake.base_url(),
+        "--model",
+        model,
+        "--request-topic",
+        &req,
+        "--response-topic",
+        &resp,
+        "--cancel-topic",
+        &cancel,
+        "--subscription",
+        "text-completion",
+        "--concurrency",
+        "64",
+        "--drain-grace-secs",
+        "10",
+        "--metrics-addr",
+        &format!("127.0.0.1:{port}"),
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    let mut p = spawn(&args, env);
+    p.ready(&format!("http://127.0.0.1:{port}/readyz")).await;
+    (p, port)
+}
+
+/// A gateway on the cluster, as `sluice-gateway`, for text-completion in topicspace `ts`.
+async fn gateway(cluster: &Cluster, ts: &str, mapping: &str) -> (Sluice, String) {
+    let (port, metrics) = (free_port(), free_port());
+    let args: Vec<String> = [
+        "gateway",
+        "--topic-mapping",
+        mapping,
+        "--pulsar-url",
+        &cluster.url,
+        "--services",
+        "text-completion",
+        "--topicspace",
+        ts,
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--metrics-addr",
+        &format!("127.0.0.1:{metrics}"),
+        "--request-timeout-secs",
+        "300",
+        "--inactivity-timeout-secs",
+        "120",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    let mut g = spawn(&args, &cluster.env("gateway"));
+    g.ready(&format!("http://127.0.0.1:{metrics}/readyz")).await;
+    (g, format!("http://127.0.0.1:{port}"))
+}
+
+/// What one streamed request through the gateway came to.
+#[derive(Debug, Clone)]
+enum Outcome {
+    /// The whole answer, right, one `done`.
+    Answered,
+    /// An `error` event (then `done`): a clear terminal outcome, not a loss.
+    Error(String),
+    /// No terminal outcome, a wrong answer, or a broken stream.
+    Lost(String),
+}
+
+/// One request's record: its outcome, when it ended, and the longest silence it saw.
+#[derive(Debug, Clone)]
+struct Finished {
+    outcome: Outcome,
+    ended: Instant,
+    longest_gap: Duration,
+}
+
+/// Streams `prompt` through the gateway's NDJSON route; the fake replays it, so the answer
+/// must be the prompt itself.
+async fn stream_one(http: &reqwest::Client, gateway: &str, prompt: &str) -> Finished {
+    let started = Instant::now();
+    let mut last = started;
+    let mut longest_gap = Duration::ZERO;
+    let finish = |outcome, longest_gap| Finished {
+        outcome,
+        ended: Instant::now(),
+        longest_gap,
+    };
+    let response = match http
+        .post(format!("{gateway}/api/v1/text-completion"))
+        .header("accept", "application/x-ndjson")
+        .json(&json!({"system": "cluster", "prompt": prompt}))
+        .send()
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => return finish(Outcome::Lost(format!("HTTP: {e}")), longest_gap),
+    };
+    if !response.status().is_success() {
+        let status = response.status();
+        let body = response.text().await.unwrap_or_default();
+        return finish(
+            Outcome::Error(format!("HTTP {status}: {body}")),
+            longest_gap,
+        );
+    }
+    let (mut text, mut error, mut done) = (String::new(), None::<String>, 0);
+    let mut body = response.bytes_stream();
+    let mut buf = Vec::new();
+    while let Some(chunk) = body.next().await {
+        let now = Instant::now();
+        longest_gap = longest_gap.max(now - last);
+        last = now;
+        let chunk = match chunk {
+            Ok(c) => c,
+            Err(e) => return finish(Outcome::Lost(format!("body: {e}")), longest_gap),
+        };
+        buf.extend_from_slice(&chunk);
+        while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=nl).collect();
+            let event: Value = match serde_json::from_slice(&line) {
+                Ok(v) => v,
+                Err(_) => {
+                    return finish(Outcome::Lost("a line that is not JSON".into()), longest_gap);
+                }
+            };
+            if done > 0 {
+                return finish(
+                    Outcome::Lost(format!("an event after done: {event}")),
+                    longest_gap,
+                );
+            }
+            match event["type"].as_str() {
+                Some("status") if event["status"] == "restarted" => text.clear(),
+                Some("token") => text.push_str(event["content"].as_str().unwrap_or_default()),
+                Some("error") => {
+                    error = Some(format!(
+                        "{}: {}",
+                        event["error_type"].as_str().unwrap_or_default(),
+                        event["message"].as_str().unwrap_or_default()
+                    ));
+                }
+                Some("done") => done += 1,
+                _ => {}
+            }
+        }
+    }
+    let outcome = match (done, error) {
+        (1, Some(e)) => Outcome::Error(e),
+        (1, None) if text == prompt => Outcome::Answered,
+        (1, None) => Outcome::Lost(format!("wrong answer {text:?} for {prompt:?}")),
+        (n, _) => Outcome::Lost(format!("{n} done events")),
+    };
+    finish(outcome, longest_gap)
+}
+
+/// `callers` concurrent callers streaming distinct prompts through the gateway until `stop`.
+struct Load {
+    finished: Arc<Mutex<Vec<Finished>>>,
+    stop: CancellationToken,
+    callers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(gateway: &str, callers: usize) -> Load {
+        let finished = Arc::new(Mutex::new(Vec::new()));
+        let stop = CancellationToken::new();
+        let http = reqwest::Client::new();
+        let callers = (0..callers)
+            .map(|c| {
+                let (http, gateway, finished, stop) = (
+                    http.clone(),
+                    gateway.to_owned(),
+                    finished.clone(),
+                    stop.clone(),
+                );
+                tokio::spawn(async move {
+                    let mut n = 0u64;
+                    while !stop.is_cancelled() {
+                        n += 1;
+                        let prompt = format!("caller {c} request {n}: the quick brown fox");
+                        let f = stream_one(&http, &gateway, &prompt).await;
+                        finished.lock().unwrap().push(f);
+                    }
+                })
+            })
+            .collect();
+        Load {
+            finished,
+            stop,
+            callers,
+        }
+    }
+
+    fn completed(&self) -> usize {
+        self.finished.lock().unwrap().len()
+    }
+
+    /// Stops issuing requests, waits for every caller's last one, returns them all.
+    async fn finish(self) -> Vec<Finished> {
+        self.stop.cancel();
+        for c in self.callers {
+            c.await.unwrap();
+        }
+        Arc::try_unwrap(self.finished)
+            .unwrap()
+            .into_inner()
+            .unwrap()
+    }
+}
+
+/// The figures of one fault, as the README's table reports them.
+#[derive(Debug)]
+struct FaultReport {
+    fault: String,
+    requests: usize,
+    answered: usize,
+    errors: Vec<String>,
+    lost: Vec<String>,
+    longest_stall: Duration,
+    back_after: Option<Duration>,
+}
+
+impl FaultReport {
+    fn row(&self) -> String {
+        format!(
+            "| {} | {} | {} | {} | {} | {:.1} s | {} |",
+            self.fault,
+            self.requests,
+            self.answered,
+            self.errors.len(),
+            self.lost.len(),
+            self.longest_stall.as_secs_f64(),
+            self.back_after
+                .map_or("never".to_owned(), |d| format!("{:.1} s", d.as_secs_f64()))
+        )
+    }
+}
+
+/// Completions per second before `fault_at`, and the time after it until a one-second window
+/// held at least 80% of that rate again.
+fn back_after(done: &[Instant], start: Instant, fault_at: Instant) -> Option<Duration> {
+    let before = done.iter().filter(|t| **t < fault_at).count() as f64;
+    let rate = before / (fault_at - start).as_secs_f64();
+    let mut after: Vec<Instant> = done.iter().copied().filter(|t| *t >= fault_at).collect();
+    after.sort();
+    for (i, t) in after.iter().enumerate() {
+        let in_window = after[i..]
+            .iter()
+            .take_while(|u| **u < *t + Duration::from_secs(1))
+            .count() as f64;
+        if in_window >= rate * 0.8 {
+            return Some(*t - fault_at);
+        }
+    }
+    None
+}
+
+/// Runs `callers` streams through `gateway`, applies `fault` after a warm-up, keeps the load
+/// on until throughput is back (or 90 s), and reports.
+async fn under_fault<F, Fut>(name: &str, gateway: &str, callers: usize, fault: F) -> FaultReport
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let load = Load::start(gateway, callers);
+    let start = Instant::now();
+    // Warm-up: the pre-fault rate is the baseline of "back".
+    while load.completed() < callers * 3 && start.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let fault_at = Instant::now();
+    fault().await;
+    let applied = load.completed();
+    // Keep the load on for a while after the fault's repair so that late effects show.
+    let settle = Instant::now();
+    while (load.completed() < applied + callers * 4) && settle.elapsed() < Duration::from_secs(90) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let finished = load.finish().await;
+    let done: Vec<Instant> = finished.iter().map(|f| f.ended).collect();
+    let mut report = FaultReport {
+        fault: name.to_owned(),
+        requests: finished.len(),
+        answered: 0,
+        errors: Vec::new(),
+        lost: Vec::new(),
+        longest_stall: Duration::ZERO,
+        back_after: back_after(&done, start, fault_at),
+    };
+    for f in finished {
+        report.longest_stall = report.longest_stall.max(f.longest_gap);
+        match f.outcome {
+            Outcome::Answered => report.answered += 1,
+            Outcome::Error(e) => report.errors.push(e),
+            Outcome::Lost(e) => report.lost.push(e),
+        }
+    }
+    eprintln!("cluster fault: {}", report.row());
+    report
+}
+
+fn write_report(title: &str, reports: &[FaultReport]) {
+    let mut md = format!(
+        "### {title}\n\n| fault | requests | answered | errors | lost | longest stall | throughput back after |\n|---|---|---|---|---|---|---|\n"
+    );
+    for r in reports {
+        md.push_str(&r.row());
+        md.push('\n');
+    }
+    eprintln!("{md}");
+    if let Ok(dir) = std::env::var("SLUICE_CLUSTER_RESULTS") {
+        let path = PathBuf::from(dir).join(format!(
+            "{}.md",
+            title
+                .to_lowercase()
+                .replace(|c: char| !c.is_alphanumeric(), "-")
+        ));
+        std::fs::write(path, md).unwrap();
+    }
+}
+
+#[tokio::test]
+async fn least_privilege_roles_stream_answers_over_tls() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let fake = FakeOpenAi::start().await;
+    let ts = cluster.topicspace().await;
+    cluster.grant_service(&ts, "text-completion").await;
+    let (processor, _) = text_completion(&cluster, &ts, &fake, "replay-4", DURABLE).await;
+    let (gw, url) = gateway(&cluster, &ts, DURABLE).await;
+    let http = reqwest::Client::new();
+    let f = stream_one(&http, &url, "hello over TLS with a token").await;
+    assert!(matches!(f.outcome, Outcome::Answered), "{f:?}");
+
+    // Each role can do its part and nothing else: the gateway's role may not take requests,
+    // the processor's may not publish them.
+    let [req, _, _] = topics(&ts, "text-completion");
+    let as_role = |token: &str| {
+        let mut c = PulsarConfig::new(cluster.url.clone());
+        c.auth = PulsarAuth::TokenFile(cluster.token(token).into());
+        c.tls_ca_file = Some(cluster.ca.clone());
+        c
+    };
+    let gw_bus = PulsarBus::connect(as_role("gateway"), Duration::from_secs(30))
+        .await
+        .unwrap();
+    match gw_bus
+        .subscribe(&req, "thief", SubscribeOptions::shared(1))
+        .await
+    {
+        Err(BusError::Denied(d)) => {
+            assert_eq!(d.cause, DenialCause::Authorization, "{d}");
+            assert!(d.to_string().contains(&req), "{d}");
+        }
+        Err(e) => panic!("expected a denial, got {e}"),
+        Ok(_) => panic!("the gateway's role could consume the request topic"),
+    }
+    let p_bus = PulsarBus::connect(as_role("processor"), Duration::from_secs(30))
+        .await
+        .unwrap();
+    match p_bus.publisher(&req).await.unwrap().open().await {
+        Err(BusError::Denied(d)) => {
+            assert_eq!(d.cause, DenialCause::Authorization, "{d}");
+            assert!(d.to_string().contains(&req), "{d}");
+        }
+        other => panic!("the processor's role could produce requests: {other:?}"),
+    }
+    gw.stop().await;
+    processor.stop().await;
+}
+
+/// Starts a text-completion processor that must be refused; returns its exit and stderr.
+async fn refused(
+    cluster: &Cluster,
+    ts: &str,
+    args: &[(&str, &str)],
+    env: &[(String, String)],
+) -> (bool, String) {
+    let [req, resp, cancel] = topics(ts, "text-completion");
+    let port = free_port();
+    let mut all: Vec<String> = [
+        "text-completion",
+        "--provider",
+        "openai-compatible",
+        "--base-url",
+        "http://127.0.0.1:9/v1",
+        "--model",
+        "m",
+        "--request-topic",
+        &req,
+        "--response-topic",
+        &resp,
+        "--cancel-topic",
+        &cancel,
+        // Far longer than the test waits: a refusal must not wait out the connect budget.
+        "--connect-wait-secs",
+        "600",
+        "--metrics-addr",
+        &format!("127.0.0.1:{port}"),
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    let mut url = cluster.url.clone();
+    for (k, v) in args {
+        if *k == "--pulsar-url" {
+            url = (*v).to_owned();
+        } else {
+            all.extend([(*k).to_owned(), (*v).to_owned()]);
+        }
+    }
+    all.extend(["--pulsar-url".to_owned(), url]);
+    let p = spawn(&all, env);
+    // Liveness bound, not a performance figure: a refusal ends the process; a retry loop
+    // would run for the 600 s connect wait.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut p = p;
+    loop {
+        if let Some(status) = p.exited().await {
+            return (status.success(), p.stderr());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still running after 90 s (a retry loop?):\n{}",
+            p.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A start-up that the cluster must refuse, and what the process must say.
+struct Refusal<'a> {
+    case: &'a str,
+    args: Vec<(&'a str, &'a str)>,
+    env: Vec<(String, String)>,
+    says: &'a str,
+    names: Option<&'a str>,
+}
+
+#[tokio::test]
+async fn refused_credentials_certificates_and_permissions_stop_at_once_naming_the_cause() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let ts = cluster.topicspace().await;
+    cluster.grant_service(&ts, "text-completion").await;
+    let [_, resp, _] = topics(&ts, "text-completion");
+    let with_token = |t: &str| cluster.env(t);
+    let untrusted = vec![
+        (
+            "SLUICE_PULSAR_TOKEN_FILE".to_owned(),
+            cluster.token("processor"),
+        ),
+        (
+            "SLUICE_PULSAR_TLS_CA_FILE".to_owned(),
+            cluster.untrusted_ca.to_string_lossy().into_owned(),
+        ),
+    ];
+    let wrong_name = cluster
+        .url
+        .replace("pulsar.sluice.test", "wrong-name.sluice.test");
+    let cases = [
+        Refusal {
+            case: "expired token",
+            args: vec![],
+            env: with_token("expired"),
+            says: "refused the credentials",
+            names: Some("the token expired"),
+        },
+        Refusal {
+            case: "forged token",
+            args: vec![],
+            env: with_token("forged"),
+            says: "refused the credentials",
+            names: None,
+        },
+        Refusal {
+            case: "untrusted CA",
+            args: vec![],
+            env: untrusted,
+            says: "TLS handshake failed",
+            names: None,
+        },
+        Refusal {
+            case: "host name not in the certificate",
+            args: vec![("--pulsar-url", wrong_name.as_str())],
+            env: with_token("processor"),
+            says: "TLS handshake failed",
+            names: None,
+        },
+        Refusal {
+            case: "role without any grant",
+            args: vec![],
+            env: with_token("nobody"),
+            says: "not authorized",
+            // The first thing a processor opens: the producer of its answers.
+            names: Some(resp.as_str()),
+        },
+    ];
+    for c in cases {
+        let (ok, stderr) = refused(&cluster, &ts, &c.args, &c.env).await;
+        let case = c.case;
+        assert!(!ok, "{case}: exited successfully:\n{stderr}");
+        assert!(
+            stderr.contains(c.says),
+            "{case}: no {:?} in:\n{stderr}",
+            c.says
+        );
+        if let Some(n) = c.names {
+            assert!(stderr.contains(n), "{case}: {n:?} not named in:\n{stderr}");
+        }
+        assert!(
+            !stderr.contains(&cluster.admin_token) && !stderr.contains("eyJ"),
+            "{case}: a token in the log"
+        );
+    }
+
+    // A role that may consume requests but not produce answers: refused at start-up, naming
+    // the response topic, before it takes a request.
+    cluster.revoke(&resp, "sluice-processor").await;
+    let (ok, stderr) = refused(&cluster, &ts, &[], &cluster.env("processor")).await;
+    assert!(!ok, "{stderr}");
+    assert!(
+        stderr.contains("not authorized") && stderr.contains(&resp),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn a_processor_that_loses_its_permission_hands_requests_back_and_says_why() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let fake = FakeOpenAi::start().await;
+    let ts = cluster.topicspace().await;
+    cluster.grant_service(&ts, "text-completion").await;
+    let [_, resp, _] = topics(&ts, "text-completion");
+    let (processor, port) = text_completion(&cluster, &ts, &fake, "replay-4", DURABLE).await;
+    let (gw, url) = gateway(&cluster, &ts, DURABLE).await;
+    let http = reqwest::Client::new();
+    assert!(matches!(
+        stream_one(&http, &url, "before the revoke").await.outcome,
+        Outcome::Answered
+    ));
+
+    // Pulsar checks permissions when a producer is created; an unload makes the processor
+    // create its producer again, as a topic move between brokers would.
+    cluster.revoke(&resp, "sluice-processor").await;
+    cluster.unload(&format!("{ts}/response")).await;
+    let pending = tokio::spawn({
+        let (http, url) = (http.clone(), url.clone());
+        async move { stream_one(&http, &url, "asked while not allowed to answer").await }
+    });
+    let readyz = format!("http://127.0.0.1:{port}/readyz");
+    let said = sluice_tests::eventually(
+        Duration::from_secs(60),
+        async || match reqwest::get(&readyz).await {
+            Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
+            Err(e) => (0, e.to_string()),
+        },
+        |(status, body)| *status == 503 && body.contains("not authorized"),
+    )
+    .await;
+    assert_eq!(said.0, 503, "{said:?}");
+    assert!(
+        said.1.contains(&resp),
+        "/readyz names the topic: {}",
+        said.1
+    );
+    // Not acked: the request is still the subscription's, unacked or back in the backlog.
+    assert!(
+        !pending.is_finished(),
+        "the caller got an outcome while nothing could be answered"
+    );
+
+    cluster.grant(&resp, "sluice-processor", &["produce"]).await;
+    let f = tokio::time::timeout(Duration::from_secs(120), pending)
+        .await
+        .expect("answered once the grant is back")
+        .unwrap();
+    assert!(matches!(f.outcome, Outcome::Answered), "{f:?}");
+    gw.stop().await;
+    processor.stop().await;
+}
+
+#[tokio::test]
+async fn cluster_faults_under_load_lose_no_request() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let fake = FakeOpenAi::start().await;
+    let ts = cluster.topicspace().await;
+    cluster.grant_service(&ts, "text-completion").await;
+    let [req, _, _] = topics(&ts, "text-completion");
+    // Two replicas, ~20 pieces 25 ms apart: streams are in flight when a fault strikes.
+    let (a, _) = text_completion(&cluster, &ts, &fake, "replay-2-25", DURABLE).await;
+    let (b, _) = text_completion(&cluster, &ts, &fake, "replay-2-25", DURABLE).await;
+    let (gw, url) = gateway(&cluster, &ts, DURABLE).await;
+    let reports = fault_series(&cluster, &ts, &req, &url).await;
+    write_report("Durable mapping, 64 streaming callers", &reports);
+    for r in &reports {
+        assert!(
+            r.lost.is_empty(),
+            "{}: lost {:?}",
+            r.fault,
+            &r.lost[..r.lost.len().min(5)]
+        );
+        assert!(
+            r.errors.is_empty(),
+            "{}: errors {:?}",
+            r.fault,
+            &r.errors[..r.errors.len().min(5)]
+        );
+        assert!(
+            r.back_after.is_some(),
+            "{}: throughput never came back",
+            r.fault
+        );
+    }
+    gw.stop().await;
+    a.stop().await;
+    b.stop().await;
+}
+
+/// The faults of issue #21 part 3, one after another, each under 64 streaming callers.
+async fn fault_series(cluster: &Cluster, ts: &str, req: &str, url: &str) -> Vec<FaultReport> {
+    let mut reports = Vec::new();
+    reports.push(
+        under_fault("namespace bundles unloaded 3 times", url, 64, || async {
+            for _ in 0..3 {
+                cluster.unload(&format!("{ts}/request")).await;
+                cluster.unload(&format!("{ts}/response")).await;
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        })
+        .await,
+    );
+    let owner = cluster.owner(req).await;
+    reports.push(
+        under_fault(
+            &format!("SIGKILL of the owning broker ({owner})"),
+            url,
+            64,
+            || async {
+                cluster.script(&["kill-broker", owner]).await;
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                cluster.script(&["start-broker", owner]).await;
+            },
+        )
+        .await,
+    );
+    reports.push(
+        under_fault("rolling restart of both brokers", url, 64, || async {
+            cluster.script(&["restart-broker", "1"]).await;
+            cluster.script(&["restart-broker", "2"]).await;
+        })
+        .await,
+    );
+    reports.push(
+        under_fault("SIGKILL of one bookie", url, 64, || async {
+            cluster.script(&["kill-bookie", "1"]).await;
+            tokio::time::sleep(Duration::from_secs(15)).await;
+            cluster.script(&["start-bookie", "1"]).await;
+        })
+        .await,
+    );
+    reports
+}
+
+#[tokio::test]
+async fn a_partitioned_request_topic_survives_broker_faults() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let fake = FakeOpenAi::start().await;
+    let ts = cluster.topicspace().await;
+    let [req, _, _] = topics(&ts, "text-completion");
+    // Partitions spread over both brokers.
+    cluster
+        .admin_call(
+            reqwest::Method::PUT,
+            &format!("/admin/v2/{}/partitions", req.replacen("://", "/", 1)),
+            Some(json!(4)),
+        )
+        .await;
+    cluster.grant_service(&ts, "text-completion").await;
+    let (a, _) = text_completion(&cluster, &ts, &fake, "replay-2-25", DURABLE).await;
+    let (b, _) = text_completion(&cluster, &ts, &fake, "replay-2-25", DURABLE).await;
+    let (gw, url) = gateway(&cluster, &ts, DURABLE).await;
+    let mut owners = HashMap::new();
+    for p in 0..4 {
+        owners.insert(p, cluster.owner(&format!("{req}-partition-{p}")).await);
+    }
+    eprintln!("partition owners: {owners:?}");
+    let reports = fault_series(&cluster, &ts, &format!("{req}-partition-0"), &url).await;
+    write_report(
+        "Partitioned request topic (4 partitions), 64 streaming callers",
+        &reports,
+    );
+    for r in &reports {
+        assert!(
+            r.lost.is_empty(),
+            "{}: lost {:?}",
+            r.fault,
+            &r.lost[..r.lost.len().min(5)]
+        );
+        assert!(
+            r.errors.is_empty(),
+            "{}: errors {:?}",
+            r.fault,
+            &r.errors[..r.errors.len().min(5)]
+        );
+        assert!(
+            r.back_after.is_some(),
+            "{}: throughput never came back",
+            r.fault
+        );
+    }
+    gw.stop().await;
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn on_trustgraphs_mapping_cluster_faults_end_affected_requests_with_a_clear_error() {
+    // Non-persistent topics lose what is in flight when a topic moves or a broker dies; the
+    // promise there is not "nothing lost" but "nobody waits for a timeout": sluice's client
+    // sees the gap (record numbers, syncs) and ends the request with an error at once.
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let fake = FakeOpenAi::start().await;
+    let ts = cluster.topicspace().await;
+    cluster
+        .grant_mapped(&ts, "text-completion", TRUSTGRAPH)
+        .await;
+    let (a, _) = text_completion(&cluster, &ts, &fake, "replay-2-25", TRUSTGRAPH).await;
+    let (b, _) = text_completion(&cluster, &ts, &fake, "replay-2-25", TRUSTGRAPH).await;
+    let (gw, url) = gateway(&cluster, &ts, TRUSTGRAPH).await;
+    let [req, _, _] = mapped_topics(&ts, "text-completion", TRUSTGRAPH);
+    let reports = fault_series(&cluster, &ts, &req, &url).await;
+    write_report("TrustGraph mapping, 64 streaming callers", &reports);
+    for r in &reports {
+        // Every request has its one terminal outcome: an answer or a clear error.
+        assert!(
+            r.lost.is_empty(),
+            "{}: lost {:?}",
+            r.fault,
+            &r.lost[..r.lost.len().min(5)]
+        );
+        // Liveness, not speed: the gateway's inactivity timeout is 120 s; a request ended by
+        // that timeout would have been silent for all of it.
+        assert!(
+            r.longest_stall < Duration::from_secs(60),
+            "{}: a caller waited {:?} for its next event",
+            r.fault,
+            r.longest_stall
+        );
+        assert!(
+            r.back_after.is_some(),
+            "{}: throughput never came back",
+            r.fault
+        );
+    }
+    gw.stop().await;
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn oauth2_client_credentials_authenticate_and_the_token_is_renewed() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let fake = FakeOpenAi::start().await;
+    let ts = cluster.topicspace().await;
+    cluster.grant_service(&ts, "text-completion").await;
+    // The broker validates tokens with its secret key, so the issuer signs with it. Tokens
+    // live 20 s: the broker's authentication refresh asks for a new one on the open
+    // connection, and the processor must answer with a renewed token.
+    let key = std::fs::read(std::env::var("SLUICE_CLUSTER_SECRET_KEY").unwrap()).unwrap();
+    let issuer = FakeOAuth2::start_issuer(key, Duration::from_secs(20)).await;
+    issuer.client(
+        "sluice-text-completion",
+        "client-secret-1",
+        "sluice-processor",
+    );
+    let oauth2 = |secret: &str| {
+        vec![
+            (
+                "SLUICE_PULSAR_OAUTH2_ISSUER_URL".to_owned(),
+                issuer.base_url(),
+            ),
+            (
+                "SLUICE_PULSAR_OAUTH2_CLIENT_ID".to_owned(),
+                "sluice-text-completion".to_owned(),
+            ),
+            (
+                "SLUICE_PULSAR_OAUTH2_CLIENT_SECRET".to_owned(),
+                secret.to_owned(),
+            ),
+            (
+                "SLUICE_PULSAR_TLS_CA_FILE".to_owned(),
+                cluster.ca.to_string_lossy().into_owned(),
+            ),
+        ]
+    };
+    let (processor, _) = text_completion_as(
+        &cluster,
+        &ts,
+        &fake,
+        "replay-4",
+        DURABLE,
+        &oauth2("client-secret-1"),
+    )
+    .await;
+    let (gw, url) = gateway(&cluster, &ts, DURABLE).await;
+    let http = reqwest::Client::new();
+    let f = stream_one(&http, &url, "authenticated by OAuth2").await;
+    assert!(matches!(f.outcome, Outcome::Answered), "{f:?}");
+    let first = issuer.issued();
+    assert!(first >= 1);
+    let renewed = sluice_tests::eventually(
+        Duration::from_secs(180),
+        async || issuer.issued(),
+        |n| *n > first,
+    )
+    .await;
+    assert!(renewed > first, "no token renewed: {renewed} issued");
+    let f = stream_one(&http, &url, "still authenticated after the renewals").await;
+    assert!(matches!(f.outcome, Outcome::Answered), "{f:?}");
+
+    // A wrong client secret: the issuer refuses, the processor stops and says so, and
+    // never prints the secret.
+    let (ok, stderr) = refused(&cluster, &ts, &[], &oauth2("wrong-secret-2")).await;
+    assert!(!ok, "{stderr}");
+    assert!(
+        stderr.contains("refused the credentials") && stderr.contains("invalid_client"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("wrong-secret-2"), "the secret in the log");
+    gw.stop().await;
+    processor.stop().await;
+}
