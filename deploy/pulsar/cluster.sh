@@ -66,17 +66,8 @@ fail() { log "$*"; exit 1; }
 broker_ip() { echo "127.0.0.$(($1 + 1))"; }
 bookie_port() { echo "$((3190 + $1))"; }
 
-# Pulsar 4.x wants Java 21 or newer: the same choice as pulsar.sh.
-find_java() {
-  local candidates=() j v
-  [ -n "${JAVA_HOME:-}" ] && candidates+=("$JAVA_HOME")
-  for j in /usr/lib/jvm/*; do [ -x "$j/bin/java" ] && candidates+=("$j"); done
-  for j in "${candidates[@]}"; do
-    v=$("$j/bin/java" -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1)
-    if [ -n "$v" ] && [ "$v" -ge 21 ]; then echo "$j"; return 0; fi
-  done
-  return 1
-}
+# Pulsar 4.x wants Java 21 or newer: the same choice as pulsar.sh, made there.
+find_java() { bash "$HERE/pulsar.sh" java; }
 
 # Sets `key=value` lines in a Java properties file: removes every earlier line of the key
 # first, because Pulsar's config reader takes a key given twice as a list.

@@ -8,6 +8,7 @@
 #   deploy/pulsar/pulsar.sh env       print PULSAR_URL and PULSAR_ADMIN_URL for this broker
 #   deploy/pulsar/pulsar.sh wipe      stop and delete its data
 #   deploy/pulsar/pulsar.sh dist      fetch the distribution (once) and print its directory
+#   deploy/pulsar/pulsar.sh java      print the JAVA_HOME of a Java 21+ (cluster.sh uses it)
 #
 # Pulsar comes from Maven Central through Maven (cached in ~/.m2), unpacked once under
 # $SLUICE_CACHE (default ~/.cache/sluice), outside the clone. A second broker for tests
@@ -164,5 +165,6 @@ case "${1:-}" in
   env) printf 'PULSAR_URL=pulsar://127.0.0.1:%s\nPULSAR_ADMIN_URL=%s\n' "$PORT" "$ADMIN" ;;
   wipe) stop; rm -rf "$STATE" ;;
   dist) ensure_dist; echo "$DIST" ;;
-  *) echo "usage: $0 start|stop|restart|status|env|wipe|dist" >&2; exit 2 ;;
+  java) find_java ;;
+  *) echo "usage: $0 start|stop|restart|status|env|wipe|dist|java" >&2; exit 2 ;;
 esac
