@@ -179,6 +179,11 @@ write_confs() {
       "journalFlushWhenQueueEmpty=true" \
       "dbStorage_writeCacheMaxSizeMb=32" "dbStorage_readAheadCacheMaxSizeMb=32"
   done
+  # brokerDeleteInactiveTopicsEnabled=false: a topic's grants live and die with the topic, and
+  # the broker deletes a topic without producers and subscriptions after about a minute
+  # (measured: the set-up's grants of the text-completion topics were gone 2 minutes after
+  # start, and the granted role was refused the topic's auto-creation). Topics provisioned
+  # with grants must stay, as an operator granting per topic would configure it.
   for n in 1 2; do
     ip=$(broker_ip "$n")
     cp "$dist/conf/broker.conf" "$STATE/conf/broker-$n.conf"
@@ -205,7 +210,8 @@ write_confs() {
       "managedLedgerNewEntriesCheckDelayInMillis=0" \
       "metadataStoreSessionTimeoutMillis=10000" \
       "functionsWorkerEnabled=false" "webSocketServiceEnabled=false" \
-      "allowAutoTopicCreation=true" "allowAutoTopicCreationType=non-partitioned"
+      "allowAutoTopicCreation=true" "allowAutoTopicCreationType=non-partitioned" \
+      "brokerDeleteInactiveTopicsEnabled=false"
   done
   # The superuser's pulsar-admin (the `admin` command).
   printf '%s\n' "webServiceUrl=https://$NAME:8443" "brokerServiceUrl=pulsar+ssl://$NAME:6651" \
@@ -288,14 +294,28 @@ broker_ready() {
     "https://$(broker_ip "$1"):8443/admin/v2/brokers/ready" | grep -q ok
 }
 
-zk_ready() { echo ruok | timeout 3 bash -c "exec 3<>/dev/tcp/127.0.0.1/2191; cat >&3; cat <&3" | grep -q imok; }
+# One of ZooKeeper's four-letter commands (bin/pulsar allows them all), without a JVM.
+zk_command() { echo "$1" | timeout 3 bash -c "exec 3<>/dev/tcp/127.0.0.1/2191; cat >&3; cat <&3"; }
 
-# A bookie is writable once registered under /ledgers/available, which a broker lists.
-bookie_registered() {
-  admin_curl GET /admin/v2/bookies/all | grep -q "127.0.0.1:$(bookie_port "$1")"
+zk_ready() { zk_command ruok | grep -q imok; }
+
+# The ZooKeeper session holding bookie N's registration, the ephemeral node
+# /ledgers/available/HOST:PORT (a read-only bookie registers under .../readonly/ instead),
+# read from `dump`. Not the brokers' /admin/v2/bookies/all: that lists every bookie that ever
+# registered a cookie, a dead one too. Empty when the bookie is not registered.
+bookie_session() {
+  zk_command dump | awk -v node="/ledgers/available/127.0.0.1:$(bookie_port "$1")" \
+    '/^0x/ { session = $1 } $1 == node { print session }' | tr -d ':'
 }
 
-bookie_listening() { timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$(bookie_port "$1")"; }
+# A bookie is writable once registered by a live process. A SIGKILLed bookie's node outlives
+# it until its ZooKeeper session expires: bookie_registered N OLD_SESSION waits for another.
+bookie_registered() {
+  local session
+  running "bookie-$1" || return 1
+  session=$(bookie_session "$1")
+  [ -n "$session" ] && [ "$session" != "${2:-}" ]
+}
 
 start_zookeeper() {
   running zookeeper && return 0
@@ -351,8 +371,9 @@ stop_process() {
   rm -f "$f"
 }
 
+# Idempotent (409 for what exists), so it runs at every start that is not a reuse: grants
+# lost meanwhile come back.
 set_up_tenants() {
-  [ -f "$STATE/.set-up" ] && return 0
   admin_create /admin/v2/tenants/tg -d "{\"adminRoles\":[],\"allowedClusters\":[\"$CLUSTER\"]}"
   local ns
   for ns in request response notify flow; do
@@ -400,11 +421,18 @@ start() {
   write_confs "$dist"
   start_zookeeper
   initialize_metadata
+  # On fresh metadata, bookies starting together race to create the auditor's
+  # /ledgers/underreplication/LAYOUT and the losers exit ("BadVersion", seen here): the first
+  # bookie registers alone, then the others start in parallel.
+  if [ ! -f "$STATE/.bookies-formatted" ]; then
+    start_bookie 1
+    wait_for bookie-1 "registered" bookie_registered 1
+    touch "$STATE/.bookies-formatted"
+  fi
   for n in 1 2 3; do start_bookie "$n"; done
-  for n in 1 2 3; do wait_for "bookie-$n" "listening" bookie_listening "$n"; done
+  for n in 1 2 3; do wait_for "bookie-$n" "registered" bookie_registered "$n"; done
   for n in 1 2; do start_broker "$n"; done
   for n in 1 2; do wait_for "broker-$n" "ready" broker_ready "$n"; done
-  for n in 1 2 3; do wait_for "bookie-$n" "registered" bookie_registered "$n"; done
   set_up_tenants
   log "ready after $((SECONDS - began))s: pulsar+ssl://$NAME:6651, https://$NAME:8443 (state $STATE)"
 }
@@ -453,8 +481,11 @@ case "${1:-}" in
     ;;
   kill-bookie) stop_process "bookie-${2:?bookie 1 to 3}" KILL; log "bookie $2 killed" ;;
   start-bookie)
-    start_bookie "${2:?bookie 1 to 3}"
-    wait_for "bookie-$2" "registered" bookie_registered "$2"
+    # The node a killed bookie left behind, until its session expires, is not this start's.
+    stale=""
+    running "bookie-${2:?bookie 1 to 3}" || stale=$(bookie_session "$2")
+    start_bookie "$2"
+    wait_for "bookie-$2" "registered" bookie_registered "$2" "$stale"
     log "bookie $2 registered"
     ;;
   unload) admin_curl PUT "/admin/v2/namespaces/${2:?tenant/namespace}/unload" >/dev/null ;;
