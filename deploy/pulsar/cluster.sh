@@ -38,7 +38,10 @@
 # ($SLUICE_CACHE/pulsar-cluster), PULSAR_CLUSTER_READY_TIMEOUT (300 s),
 # PULSAR_CLUSTER_ENSEMBLE / _WRITE_QUORUM / _ACK_QUORUM (2 / 2 / 2, see below), PULSAR_CLUSTER_BROKER_HEAP
 # (384m), PULSAR_CLUSTER_BOOKIE_HEAP (256m).
-set -euo pipefail
+set -eEuo pipefail
+# Whatever stops the script says where: a start that fails in the background of the test
+# command must leave more than an empty log.
+trap 'log "failed (exit $?) at line $LINENO: $BASH_COMMAND"' ERR
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 SCRIPT="$HERE/$(basename "${BASH_SOURCE[0]}")"
@@ -267,26 +270,33 @@ wait_for() {
   done
 }
 
+# admin_curl METHOD PATH [CURL ARGS...]: one admin request as the superuser over HTTPS; prints
+# the body. Nothing fails silently: any refusal names the request, its HTTP status and the
+# broker's message. A broker that has just become ready may still be taking over bundles and
+# answer 5xx (or not at all) for a moment: those are retried for up to 60 s. A broker that does
+# not own the topic's bundle redirects (307) to the owner: followed, with the token. A PUT
+# answered 409 created nothing because the object exists: as good (a re-run set-up).
 admin_curl() {
-  local method="$1" path="$2"
+  local method="$1" path="$2" body code deadline=$((SECONDS + 60))
   shift 2
-  curl -sf -L --location-trusted -m 30 -X "$method" --cacert "$STATE/pki/ca.pem" \
-    -H "Authorization: Bearer $(cat "$STATE/tokens/admin.token")" \
-    -H 'Content-Type: application/json' "$@" "https://$NAME:8443$path"
+  body=$(mktemp)
+  while :; do
+    code=$(curl -s -L --location-trusted -m 30 -o "$body" -w '%{http_code}' -X "$method" \
+      --cacert "$STATE/pki/ca.pem" -H "Authorization: Bearer $(cat "$STATE/tokens/admin.token")" \
+      -H 'Content-Type: application/json' "$@" "https://$NAME:8443$path") || code=000
+    case "$code" in
+      2*) cat "$body"; rm -f "$body"; return 0 ;;
+      409) if [ "$method" = PUT ]; then rm -f "$body"; return 0; fi ;;
+      000|5*) if [ "$SECONDS" -lt "$deadline" ]; then sleep 1; continue; fi ;;
+    esac
+    log "$method $path: HTTP $code $(head -c 400 "$body" 2>/dev/null)"
+    rm -f "$body"
+    return 1
+  done
 }
 
-# Creates with PUT; an object that exists already (409) is as good (a re-run set-up). A broker
-# that does not own the topic's bundle redirects (307) to the owner: followed with the token.
-admin_create() {
-  local code
-  code=$(curl -s -L --location-trusted -o "$STATE/logs/admin-create.out" -w "%{http_code}" -m 30 -X PUT \
-    --cacert "$STATE/pki/ca.pem" -H "Authorization: Bearer $(cat "$STATE/tokens/admin.token")" \
-    -H 'Content-Type: application/json' "${@:2}" "https://$NAME:8443$1")
-  case "$code" in
-    2*|409) ;;
-    *) fail "PUT $1: HTTP $code $(cat "$STATE/logs/admin-create.out" 2>/dev/null)" ;;
-  esac
-}
+# Pulsar 4.0 grants on a topic only once it exists: PUT creates (409 if it exists already).
+admin_create() { admin_curl PUT "$@" >/dev/null; }
 
 broker_ready() {
   curl -sf -m 5 --cacert "$STATE/pki/ca.pem" \
@@ -396,7 +406,13 @@ grant() {
   local role="$1" actions="$2" topic="$3" json
   json=$(printf '%s' "$actions" | python3 -c 'import json,sys; print(json.dumps(sys.stdin.read().split(",")))')
   admin_create "/admin/v2/${topic/:\/\//\/}"
-  admin_curl POST "/admin/v2/${topic/:\/\//\/}/permissions/$role" -d "$json" >/dev/null
+  # The other broker may not see a topic created a moment ago (404 from its metadata cache).
+  local attempt
+  for attempt in 1 2 3 4 5; do
+    admin_curl POST "/admin/v2/${topic/:\/\//\/}/permissions/$role" -d "$json" >/dev/null && return 0
+    sleep "$attempt"
+  done
+  return 1
 }
 
 revoke() {
@@ -453,7 +469,7 @@ case "${1:-}" in
     rm -rf "$STATE"
     remove_hosts_block
     ;;
-  status) cluster_ready ;;
+  status) cluster_ready || exit 1 ;;
   env)
     printf 'export %s\n' \
       "SLUICE_CLUSTER_URL=pulsar+ssl://$NAME:6651" \
