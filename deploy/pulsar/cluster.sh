@@ -497,9 +497,17 @@ case "${1:-}" in
     ;;
   kill-bookie) stop_process "bookie-${2:?bookie 1 to 3}" KILL; log "bookie $2 killed" ;;
   start-bookie)
-    # The node a killed bookie left behind, until its session expires, is not this start's.
+    # A SIGKILLed bookie's registration (an ephemeral node, also a lock) outlives it until its
+    # ZooKeeper session expires (zkTimeout, 30 s). A bookie started before then finds the lock
+    # taken and runs without ever registering (seen here: not registered after 300 s), so the
+    # start waits for the old registration to go.
     stale=""
     running "bookie-${2:?bookie 1 to 3}" || stale=$(bookie_session "$2")
+    if [ -n "$stale" ]; then
+      for _ in $(seq 1 60); do [ "$(bookie_session "$2")" = "$stale" ] || break; sleep 1; done
+      [ "$(bookie_session "$2")" != "$stale" ] ||
+        fail "bookie $2: the registration of the killed process (session $stale) did not expire in 60 s"
+    fi
     start_bookie "$2"
     wait_for "bookie-$2" "registered" bookie_registered "$2" "$stale"
     log "bookie $2 registered"

@@ -539,6 +539,10 @@ struct FaultReport {
     lost: Vec<String>,
     longest_stall: Duration,
     back_after: Option<Duration>,
+    /// Completions per second from the start of the load, for a failure's message.
+    per_second: Vec<usize>,
+    /// The second the fault began, counted from the start of the load.
+    fault_second: usize,
 }
 
 impl FaultReport {
@@ -558,8 +562,11 @@ impl FaultReport {
     fn assert_back(&self) {
         assert!(
             self.back_after.is_some(),
-            "{}: throughput never came back",
-            self.fault
+            "{}: throughput never came back; completions per second from the start (the fault \
+             at second {}): {:?}",
+            self.fault,
+            self.fault_second,
+            self.per_second
         );
     }
 
@@ -622,9 +629,14 @@ where
     let fault_at = Instant::now();
     fault().await;
     let applied = load.completed();
-    // Keep the load on for a while after the fault's repair so that late effects show.
+    // Keep the load on for a while after the fault's repair so that late effects show (a
+    // topic moving back to a restarted broker, a ledger recovered): at least 20 s and 4
+    // requests per caller, at most 90 s. Measured: with only the 4 requests per caller, the
+    // run could end inside the dip after a broker's restart and report "never".
     let settle = Instant::now();
-    while (load.completed() < applied + callers * 4) && settle.elapsed() < Duration::from_secs(90) {
+    while (load.completed() < applied + callers * 4 || settle.elapsed() < Duration::from_secs(20))
+        && settle.elapsed() < Duration::from_secs(90)
+    {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let finished = load.finish().await;
@@ -637,6 +649,18 @@ where
         lost: Vec::new(),
         longest_stall: Duration::ZERO,
         back_after: back_after(&done, start, fault_at),
+        per_second: {
+            let mut v = Vec::new();
+            for t in &done {
+                let i = (*t - start).as_secs() as usize;
+                if v.len() <= i {
+                    v.resize(i + 1, 0);
+                }
+                v[i] += 1;
+            }
+            v
+        },
+        fault_second: (fault_at - start).as_secs() as usize,
     };
     for f in finished {
         report.longest_stall = report.longest_stall.max(f.longest_gap);
