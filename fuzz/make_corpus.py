@@ -156,6 +156,13 @@ put("gateway", "prompt_ndjson", 1, 1, j({"id": "question", "terms": {"question":
 put("gateway", "agent_sse", 2, 2, j({"question": "2+2?", "history": []}))
 put("gateway", "flow", 3, 0, j({"id": "q", "terms": {}}))
 put("gateway", "bad", 0, 1, "{\"prompt\": ")
+put("gateway", "chat", 5, 2, j({"model": "smollm2", "stream": True, "max_tokens": 16, "temperature": 0.2,
+    "stream_options": {"include_usage": True}, "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+        {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "Why?"}]}))
+put("gateway", "chat_bad", 5, 0, j({"model": 3, "messages": [{"role": "tool"}]}))
 
 # --- config / templates / tools --------------------------------------------------------
 put("config", "toml", 0, 0, "model = \"smollm2\"\nbase-url = \"http://127.0.0.1:8766\"\nmax-tokens = 64\ntemperature = 0.5\ntopic = [\"a\", \"b\"]\nno-stream-usage = true\nlog-format = \"json\"\n")
@@ -175,3 +182,31 @@ for f in sorted(os.listdir("../deploy/compose")):
     if f.endswith(".toml"):
         with open(os.path.join("../deploy/compose", f)) as fh:
             put("config", "deploy_" + f[:-5], 0, 0, fh.read())
+
+# --- tgconfig: TrustGraph's config service ---------------------------------------------
+put("tgconfig", "response_values", 0, 0, j({"version": 3, "values": [
+    {"workspace": "default", "key": "processor:text-completion", "value": j({"topics": {
+        "request": "request:tg:text-completion", "response": "response:tg:text-completion"},
+        "parameters": {"model": "gpt-4o", "temperature": "0.2"}})}], "error": None}))
+put("tgconfig", "response_error", 0, 0, j({"error": {"type": "not-found", "message": "no such key"}}))
+put("tgconfig", "push", 1, 0, j({"version": 7, "changes": {"processor:text-completion": ["default"]},
+    "workspace_changes": {"created": ["w2"], "deleted": []}}))
+put("tgconfig", "flow", 2, 0, j({"topics": {"request": "request:tg:text-completion",
+    "response": "persistent://tg/response/x", "text-completion-request": "non-persistent://tg/request/y"},
+    "parameters": {"model": "smollm2", "max-tokens": 64, "streaming": True, "x": None}}))
+put("tgconfig", "templates", 3, 0, j({"system": "\"Be brief.\"",
+    "template.question": j({"prompt": "Answer: {{ question }}", "response-type": "text"}),
+    "template.extract": j({"prompt": "Extract from {{ text }}", "response-type": "json",
+                           "schema": {"type": "object"}}),
+    "template-index": "[\"question\", \"extract\"]"}))
+
+# --- socket: the gateway's WebSocket frames (TrustGraph's api-gateway protocol) ------------
+put("socket", "auth", 0, 0, j({"type": "auth", "token": "secret"}))
+put("socket", "text_completion", 0, 0, j({"id": "req-1", "service": "text-completion", "flow": "default",
+    "request": {"system": "", "prompt": "hi", "streaming": True}}))
+put("socket", "prompt", 0, 0, j({"id": "req-2", "service": "prompt",
+    "request": {"id": "question", "terms": {"question": "\"why?\""}, "streaming": True}}))
+put("socket", "agent", 0, 0, j({"id": "req-3", "service": "agent", "flow": "default",
+    "request": {"question": "2+2?", "history": [], "streaming": True}}))
+put("socket", "wrong_flow", 1, 0, j({"id": "req-4", "service": "agent", "flow": "default", "request": {}}))
+put("socket", "bad", 0, 0, j({"id": 5, "service": "nope"}))

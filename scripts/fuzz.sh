@@ -3,9 +3,14 @@
 # AFL++ through cargo-afl on the stable toolchain. Builds the targets instrumented (cached
 # under ~/.cache/sluice, never in the clone), runs each for FUZZ_SECONDS (default 20) from
 # its seed corpus in fuzz/corpus/<target>/, one at a time, and fails if any target found a
-# crash or a hang (printing the input and how to reproduce it).
+# crash or a hang (printing the input and how to reproduce it), or ran fewer than
+# FUZZ_MIN_EXECS inputs (default 1000: a target that starts and executes nothing, or whose
+# statistics are missing, has tested nothing, whatever it found).
 #   FUZZ_SECONDS=60 scripts/fuzz.sh            all targets, a minute each
 #   scripts/fuzz.sh sse bedrock                 some targets
+#   FUZZ_RESULTS=bench/results/fuzz.md FUZZ_SECONDS=100 scripts/fuzz.sh
+#                                               also writes the figures there (Markdown, with
+#                                               the date, commit, cores and command)
 # Installs what is missing: make and a C compiler (AFL++ is built from the sources cargo-afl
 # ships), cargo-afl (cargo install, into ~/.cache/sluice/cargo-bin).
 set -euo pipefail
@@ -13,7 +18,8 @@ cd "$(dirname "$0")/.."
 
 CACHE="$HOME/.cache/sluice"
 SECONDS_EACH="${FUZZ_SECONDS:-20}"
-TARGETS=(records sse ollama bedrock jsonl react mcp gateway config)
+MIN_EXECS="${FUZZ_MIN_EXECS:-1000}"
+TARGETS=(records sse ollama bedrock jsonl react mcp gateway config tgconfig socket)
 if [ $# -gt 0 ]; then TARGETS=("$@"); fi
 CARGO_AFL_VERSION=0.18.2
 
@@ -47,6 +53,7 @@ export AFL_SKIP_CRASHES=0 AFL_QUIET=1
 OUT="$CACHE/fuzz-out"
 mkdir -p "$OUT"
 failed=0
+rows=()
 printf '%-9s %10s %6s %8s %8s %8s %6s\n' target execs secs execs/s corpus coverage found
 for t in "${TARGETS[@]}"; do
   rm -rf "${OUT:?}/$t"
@@ -61,11 +68,19 @@ for t in "${TARGETS[@]}"; do
     continue
   fi
   stats="$OUT/$t/default/fuzzer_stats"
-  get() { awk -F' *: *' -v k="$1" '$1 == k { print $2 }' "$stats"; }
+  get() { awk -F' *: *' -v k="$1" '$1 == k { print $2 }' "$stats" 2>/dev/null; }
+  execs=$(get execs_done)
+  if ! [ "${execs:-0}" -ge "$MIN_EXECS" ] 2>/dev/null; then
+    echo "$t executed ${execs:-nothing} inputs in ${SECONDS_EACH}s (at least $MIN_EXECS wanted):" \
+      "it tested nothing worth a pass; its log: $log" >&2
+    tail -20 "$log" >&2
+    failed=1
+  fi
   crashes=$(find "$OUT/$t/default/crashes" -name 'id:*' 2>/dev/null | wc -l)
   hangs=$(find "$OUT/$t/default/hangs" -name 'id:*' 2>/dev/null | wc -l)
   printf '%-9s %10s %6s %8s %8s %8s %6s\n' "$t" "$(get execs_done)" "$(get run_time)" \
     "$(get execs_per_sec)" "$(get corpus_count)" "$(get bitmap_cvg)" "$((crashes + hangs))"
+  rows+=("| $t | $(get execs_done) | $(get run_time) s | $(get corpus_count) | $(get bitmap_cvg) | $((crashes + hangs)) |")
   for f in "$OUT/$t"/default/crashes/id:* "$OUT/$t"/default/hangs/id:*; do
     [ -e "$f" ] || continue
     failed=1
@@ -73,8 +88,21 @@ for t in "${TARGETS[@]}"; do
     echo "  reproduce: $BIN/$t < '$f'" >&2
   done
 done
+if [ -n "${FUZZ_RESULTS:-}" ]; then
+  commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  [ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || commit="$commit with uncommitted changes"
+  {
+    echo "Measured $(date -u '+%Y-%m-%d %H:%M UTC') at commit $commit on this machine ($(nproc) cores," \
+      "targets one at a time) by \`FUZZ_SECONDS=$SECONDS_EACH bash scripts/fuzz.sh${*:+ $*}\`."
+    echo
+    echo "| target | executions | time | corpus (paths) | map coverage | crashes / hangs |"
+    echo "|---|---|---|---|---|---|"
+    printf '%s\n' "${rows[@]}"
+  } > "$FUZZ_RESULTS"
+  echo "figures written to $FUZZ_RESULTS"
+fi
 if [ "$failed" -ne 0 ]; then
   echo "fuzzing found problems (see above); outputs in $OUT" >&2
   exit 1
 fi
-echo "fuzzing: no crash or hang in ${#TARGETS[@]} targets, ${SECONDS_EACH}s each"
+echo "fuzzing: no crash or hang in ${#TARGETS[@]} targets, ${SECONDS_EACH}s each, each at least $MIN_EXECS inputs"

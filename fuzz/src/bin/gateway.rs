@@ -1,5 +1,6 @@
-//! The gateway's reading of HTTP requests: a POST body on each route and in each answer mode
-//! (JSON, NDJSON, SSE), through the real router, with the services not enabled so nothing
+//! The gateway's reading of HTTP requests: a POST body on each route (TrustGraph's, sluice's
+//! and OpenAI's `/v1/chat/completions`) and in each answer mode (JSON, NDJSON, SSE), through
+//! the real router, with the services not enabled so nothing
 //! reaches a bus (the body is read before that). Property: no panic; an unreadable body is a
 //! 4xx, never a 5xx.
 
@@ -29,12 +30,15 @@ fn router() -> Router {
     })
 }
 
-const PATHS: [&str; 5] = [
+const PATHS: [&str; 6] = [
     "/api/v1/text-completion",
     "/api/v1/prompt",
     "/api/v1/agent",
     "/api/v1/flow/default/service/prompt",
     "/api/v1/flow/default/service/agent",
+    // OpenAI's chat body (messages, roles, content parts, options) is read before the
+    // route looks for its service.
+    "/v1/chat/completions",
 ];
 const ACCEPT: [&str; 3] = [
     "application/json",

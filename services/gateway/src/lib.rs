@@ -21,7 +21,7 @@ mod http;
 pub mod kinds;
 pub mod metrics;
 mod openai;
-mod socket;
+pub mod socket;
 
 use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
 

@@ -95,6 +95,78 @@ async fn run(inner: Arc<Inner>, mut socket: WebSocket) {
     tasks.abort_all();
 }
 
+/// What a text frame of the WebSocket asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SocketFrame {
+    /// `{"type": "auth", "token": ...}`.
+    Auth {
+        /// The token, if the frame has a string one.
+        token: Option<String>,
+    },
+    /// A request to one of the services, under the client's id.
+    Request {
+        /// The client's id for the request (its response frames carry it).
+        id: String,
+        /// The service.
+        kind: ServiceKind,
+        /// The request record, decoded later as the service's request type.
+        request: Value,
+    },
+}
+
+/// Why a frame was refused, with the frame's id when it had one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FrameRefusal {
+    /// The frame's `id`, when it had a string one.
+    pub id: Option<String>,
+    /// What was wrong, for the client.
+    pub message: String,
+}
+
+/// Reads one text frame of a socket of the gateway serving `flow`. Pure: the caller checks
+/// what depends on the socket's state (authentication, ids in flight).
+pub fn read_frame(text: &str, flow: &str) -> Result<SocketFrame, FrameRefusal> {
+    let refuse = |id: Option<&str>, message: String| FrameRefusal {
+        id: id.map(str::to_owned),
+        message,
+    };
+    let Ok(Value::Object(mut frame)) = serde_json::from_str::<Value>(text) else {
+        return Err(refuse(None, "the frame is not a JSON object".into()));
+    };
+    if frame.get("type").and_then(Value::as_str) == Some("auth") {
+        let token = frame
+            .get("token")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        return Ok(SocketFrame::Auth { token });
+    }
+    let Some(id) = frame.get("id").and_then(Value::as_str).map(str::to_owned) else {
+        return Err(refuse(None, "a request frame needs a string `id`".into()));
+    };
+    if let Some(other) = frame.get("flow").and_then(Value::as_str)
+        && other != flow
+    {
+        return Err(refuse(
+            Some(&id),
+            format!("unknown flow {other:?}; this gateway serves flow {flow:?}"),
+        ));
+    }
+    let service = frame.get("service").and_then(Value::as_str).unwrap_or("");
+    let Some(kind) = ServiceKind::from_name(service) else {
+        return Err(refuse(
+            Some(&id),
+            format!("unknown service {service:?}: expected text-completion, prompt or agent"),
+        ));
+    };
+    let Some(request) = frame.remove("request") else {
+        return Err(refuse(
+            Some(&id),
+            "a request frame needs a `request` object".into(),
+        ));
+    };
+    Ok(SocketFrame::Request { id, kind, request })
+}
+
 /// Handles one text frame; returns a frame to send at once, if any.
 fn frame(
     inner: &Arc<Inner>,
@@ -104,62 +176,41 @@ fn frame(
     active: &mut HashMap<String, tokio::task::AbortHandle>,
     out: &mpsc::Sender<String>,
 ) -> Option<String> {
-    let Ok(Value::Object(frame)) = serde_json::from_str::<Value>(text) else {
-        inner.metrics.socket_frame("invalid");
-        let err = Error::new(ErrorKind::InvalidRequest, "the frame is not a JSON object");
-        return Some(error_frame(None, &err));
-    };
-    if frame.get("type").and_then(Value::as_str) == Some("auth") {
-        inner.metrics.socket_frame("auth");
-        let token = frame.get("token").and_then(Value::as_str);
-        // The socket stays open after a failure: the client may try again.
-        *authed = inner.config.auth.accepts(token);
-        return Some(if *authed {
-            json!({ "type": "auth-ok", "default_workspace": "default" }).to_string()
-        } else {
-            json!({ "type": "auth-failed", "error": "auth failure" }).to_string()
-        });
-    }
-    let id = frame.get("id").and_then(Value::as_str).map(str::to_owned);
-    let Some(id) = id else {
-        inner.metrics.socket_frame("invalid");
-        let err = Error::new(
-            ErrorKind::InvalidRequest,
-            "a request frame needs a string `id`",
-        );
-        return Some(error_frame(None, &err));
-    };
-    let reject = |message: String| {
+    let reject = |id: Option<&str>, message: &str| {
         inner.metrics.socket_frame("invalid");
         Some(error_frame(
-            Some(&id),
-            &Error::new(ErrorKind::InvalidRequest, message),
+            id,
+            &Error::new(ErrorKind::InvalidRequest, message.to_owned()),
         ))
     };
-    if !*authed {
-        return reject("not authenticated: send {\"type\":\"auth\",\"token\":...} first".into());
-    }
-    if let Some(flow) = frame.get("flow").and_then(Value::as_str)
-        && flow != inner.config.flow
-    {
-        return reject(format!(
-            "unknown flow {flow:?}; this gateway serves flow {:?}",
-            inner.config.flow
-        ));
-    }
-    let service = frame.get("service").and_then(Value::as_str).unwrap_or("");
-    let Some(kind) = ServiceKind::from_name(service) else {
-        return reject(format!(
-            "unknown service {service:?}: expected text-completion, prompt or agent"
-        ));
-    };
-    let Some(request) = frame.get("request").cloned() else {
-        return reject("a request frame needs a `request` object".into());
+    const NOT_AUTHENTICATED: &str =
+        "not authenticated: send {\"type\":\"auth\",\"token\":...} first";
+    let (id, kind, request) = match read_frame(text, &inner.config.flow) {
+        Ok(SocketFrame::Auth { token }) => {
+            inner.metrics.socket_frame("auth");
+            // The socket stays open after a failure: the client may try again.
+            *authed = inner.config.auth.accepts(token.as_deref());
+            return Some(if *authed {
+                json!({ "type": "auth-ok", "default_workspace": "default" }).to_string()
+            } else {
+                json!({ "type": "auth-failed", "error": "auth failure" }).to_string()
+            });
+        }
+        // Before authentication, a frame with an id learns only that: nothing about flows
+        // or services.
+        Ok(SocketFrame::Request { id, .. }) | Err(FrameRefusal { id: Some(id), .. })
+            if !*authed =>
+        {
+            return reject(Some(&id), NOT_AUTHENTICATED);
+        }
+        Err(refusal) => return reject(refusal.id.as_deref(), &refusal.message),
+        Ok(SocketFrame::Request { id, kind, request }) => (id, kind, request),
     };
     if active.contains_key(&id) {
-        return reject(format!(
-            "request id {id:?} is already in flight on this socket"
-        ));
+        return reject(
+            Some(&id),
+            &format!("request id {id:?} is already in flight on this socket"),
+        );
     }
     inner.metrics.socket_frame("request");
     let handle = match kind {
