@@ -2,8 +2,9 @@
 
     python3 tests/stack/check_prometheus.py targets URL JOB...    every job has targets, all up
     python3 tests/stack/check_prometheus.py rules URL ALERTS.yml  every alert of the file loaded, healthy
-    python3 tests/stack/check_prometheus.py panels URL DASHBOARD.json
-                                         every expression of every panel returns data
+    python3 tests/stack/check_prometheus.py panels URL DASHBOARD.json [--window 30m]
+                                         every expression of every panel returns a value that
+                                         traffic made (not only series registered at 0)
     python3 tests/stack/check_prometheus.py query URL PROMQL      prints the result vector as JSON
 
 `targets` and `panels` retry for up to --wait seconds (scrapes run every 15 s), then print
@@ -92,26 +93,64 @@ def panel_exprs(path):
     return out
 
 
-def grafana_to_promql(expr):
+# Expressions that are 0 when the traffic is over, or that count what the stack test does not
+# cause: for these a series must exist (the metric is exported and scraped), but its value may
+# be 0. Every other expression must show a non-zero value that the test's own traffic made: a
+# counter registered at 0 with no traffic is not data. (A pattern found in the expression, why
+# 0 is right.)
+ZERO_AT_REST = [
+    (r"sluice_processor_in_flight_requests\{", "a gauge of now: 0 once the test's requests ended"),
+    (r"sluice_llm_in_flight_requests\{", "a gauge of now: 0 once the test's requests ended"),
+    (r"sluice_gateway_open_streams\{", "a gauge of now: 0 once the test's streams closed"),
+    (r"pulsar_subscription_back_log\{", "0 while the processors keep up, as they do here"),
+    (r"sluice_client_unroutable_records_total\{", "records no caller waits for: not caused here"),
+    (r"sluice_prompt_template_reloads_total\{", "the stack test changes no template"),
+    (r"sluice_processor_redelivered_requests_total\{",
+     "Pulsar does not count a redelivery after a consumer's death (apache/pulsar#18239)"),
+    (r'outcome="retried"', "a publish that failed: the stack test breaks no publish"),
+]
+
+
+def zero_allowed(expr):
+    return [why for pattern, why in ZERO_AT_REST if re.search(pattern, expr)]
+
+
+def grafana_to_promql(expr, window="1m"):
     # What Grafana substitutes before it sends the query: the dashboard's variables at
-    # "All" (their allValue, `.*`) and $__rate_interval at its value for a 15 s scrape
-    # interval (four scrape intervals: 1m).
-    expr = expr.replace("$__rate_interval", "1m")
+    # "All" (their allValue, `.*`) and $__rate_interval: 1m is its value for a 15 s scrape
+    # interval (four scrape intervals); a check after the traffic passes a window that covers it.
+    expr = expr.replace("$__rate_interval", window)
     expr = re.sub(r"\$\{?(job|processor)\}?", ".*", expr)
     if "$" in expr:
         raise SystemExit(f"unhandled Grafana variable in {expr}")
     return expr
 
 
-def check_panels(base, path):
+def has_traffic(result):
+    """Some series has a finite, non-zero value (NaN is a quantile of no traffic)."""
+    for series in result:
+        try:
+            value = float(series["value"][1])
+        except (KeyError, IndexError, TypeError, ValueError):
+            continue
+        if value == value and value not in (0.0, float("inf"), float("-inf")):
+            return True
+    return False
+
+
+def check_panels(base, path, window="1m"):
     problems = []
     shown = 0
     for title, expr in panel_exprs(path):
-        result = query(base, grafana_to_promql(expr))
-        if result:
-            shown += 1
-        else:
+        result = query(base, grafana_to_promql(expr, window))
+        zero_ok = zero_allowed(expr)
+        if not result:
             problems.append(f"{title}: no data for {expr}")
+        elif not zero_ok and not has_traffic(result):
+            values = [s.get("value", [None, None])[1] for s in result][:6]
+            problems.append(f"{title}: only zero or NaN ({values}) for {expr}: no traffic counted")
+        else:
+            shown += 1
     return problems, shown
 
 
@@ -121,6 +160,8 @@ def main():
     parser.add_argument("url")
     parser.add_argument("args", nargs="+")
     parser.add_argument("--wait", type=float, default=90)
+    parser.add_argument("--window", default="1m",
+                        help="range for $__rate_interval (panels); cover the traffic to check")
     a = parser.parse_args()
     if a.what == "query":
         print(json.dumps(query(a.url, a.args[0])))
@@ -134,8 +175,9 @@ def main():
             problems, n = check_rules(a.url, a.args[0])
             summary = f"{n} alerting rules of {a.args[0]} loaded, all healthy"
         else:
-            problems, n = check_panels(a.url, a.args[0])
-            summary = f"{n} panel expressions of {a.args[0]} return data"
+            problems, n = check_panels(a.url, a.args[0], a.window)
+            summary = (f"{n} panel expressions of {a.args[0]} return data the traffic made"
+                       f" (window {a.window}; {len(ZERO_AT_REST)} kinds may be 0 at rest)")
         if not problems:
             print(summary)
             return
