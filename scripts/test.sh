@@ -22,26 +22,42 @@ if [ "${free_gb:-0}" -lt 15 ]; then
   echo "warning: ${free_gb} GB free under $HOME; a build of the tests takes ~15 GB, and Pulsar's bookie turns read-only above 95% disk use" >&2
 fi
 
+# Each stage's wall time, printed at the end and, when SLUICE_TEST_TIMES names a file, written
+# there as Markdown with the date, commit and cores (the README's test-command figures).
+STAGE_NAME="" STAGE_START=$SECONDS
+STAGE_ROWS=()
+stage() {
+  if [ -n "$STAGE_NAME" ]; then STAGE_ROWS+=("| $STAGE_NAME | $((SECONDS - STAGE_START)) |"); fi
+  STAGE_NAME="$1" STAGE_START=$SECONDS
+  [ -z "$1" ] || echo "== $1"
+}
+
+# Checks that could not run here (a tool from PyPI missing outside CI) write one line each
+# to this file (sluice_tests::outside_tool, scripts/test-stack.sh); the summary counts them.
+# Under CI nothing may be skipped.
+SLUICE_SKIP_LOG=$(mktemp)
+export SLUICE_SKIP_LOG
+
 . scripts/prereqs.sh
 # protoc: pulsar-rs generates its protocol code at build time; maven fetches Pulsar;
 # cmake, ninja and unzip build llama-server, the local LLM.
 prereqs protoc:protobuf-compiler curl:curl mvn:maven cmake:cmake ninja:ninja-build unzip:unzip
 
-echo "== deployment files (kustomize + kubeconform, docker compose config; offline)"
+stage "deployment files (kustomize + kubeconform, docker compose config; offline)"
 bash scripts/check-deploy.sh
 
-echo "== formatting and lints"
+stage "formatting and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-echo "== fuzzing (AFL++ through cargo-afl, ${FUZZ_SECONDS:-20} s per target; fuzz/ is its own workspace)"
+stage "fuzzing (AFL++ through cargo-afl, ${FUZZ_SECONDS:-20} s per target; fuzz/ is its own workspace)"
 bash scripts/fuzz.sh
 
-echo "== Pulsar broker"
+stage "Pulsar broker"
 deploy/pulsar/pulsar.sh start
 export PULSAR_URL=pulsar://127.0.0.1:6650 PULSAR_ADMIN_URL=http://127.0.0.1:8080
 
-echo "== local LLM (llama-server + SmolLM2-135M; built once, cached)"
+stage "local LLM (llama-server + SmolLM2-135M; built once, cached)"
 export SLUICE_LLM_API_KEY="${SLUICE_LLM_API_KEY:-sluice-test-$RANDOM$RANDOM}"
 deploy/local-llm/llama-server.sh stop || true   # restart so it takes this run's key
 deploy/local-llm/llama-server.sh start
@@ -82,7 +98,7 @@ fi
 
 # The secured cluster starts (six JVMs, ~1-2 min) while the tests build; the production-Pulsar
 # suite (services/cli/tests/cluster.rs) needs it, and under CI fails without it.
-echo "== secured Pulsar cluster (in the background) and the tests' build"
+stage "secured Pulsar cluster (in the background) and the tests' build"
 cluster_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/cluster-start.log"
 mkdir -p "$(dirname "$cluster_log")"
 deploy/pulsar/cluster.sh start > "$cluster_log" 2>&1 &
@@ -97,21 +113,40 @@ eval "$(deploy/pulsar/cluster.sh env)"
 # The fault tables of the cluster suite (README, "Production Pulsar").
 export SLUICE_CLUSTER_RESULTS="$PWD/bench/results"
 
-echo "== tests"
+stage "tests"
 cargo test --workspace --locked --no-fail-fast
 
 # TrustGraph's own processes (PyPI trustgraph-flow, unmodified, in a venv) beside sluice's
 # --config-service processors, on the broker above (issue #14).
-echo "== TrustGraph's processes with sluice's"
+stage "TrustGraph's processes with sluice's"
 SLUICE_BIN="$CARGO_TARGET_DIR/debug/sluice" bash scripts/test-trustgraph.sh
 
 # The image built with the real Dockerfile (on bases made from Debian's packages: no image
 # registry here), the compose stack up with Prometheus, answers through the gateway
 # container, every dashboard panel's data, three replicas and a kill (issue #12).
-echo "== the compose stack (docker)"
+stage "the compose stack (docker)"
 bash scripts/test-stack.sh
 
 # The manifests applied to a real kube-apiserver (built from the Go module proxy) on Debian's
 # etcd, with Pod Security enforcing `restricted` and broken manifests refused (issue #12).
-echo "== Kubernetes: the manifests on a real API server"
+stage "Kubernetes: the manifests on a real API server"
 bash scripts/test-k8s.sh
+
+stage ""
+skipped=$(grep -c . "$SLUICE_SKIP_LOG" || true)
+times=$(
+  commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  echo "Measured $(date -u '+%Y-%m-%d %H:%M UTC') at commit $commit on this machine ($(nproc) cores), CI=${CI:-}, by \`bash scripts/test.sh\`: $((SECONDS / 60)) min $((SECONDS % 60)) s in all."
+  echo
+  echo "| stage | seconds |"
+  echo "|---|---|"
+  printf '%s\n' "${STAGE_ROWS[@]}"
+)
+echo "$times"
+if [ -n "${SLUICE_TEST_TIMES:-}" ]; then echo "$times" >"$SLUICE_TEST_TIMES"; fi
+echo "== summary: every stage passed in $((SECONDS / 60)) min, ${skipped} check(s) skipped"
+sed 's/^/  skipped: /' "$SLUICE_SKIP_LOG"
+if [ "${CI:-}" = "true" ] && [ "$skipped" -gt 0 ]; then
+  echo "CI runs every check: ${skipped} skipped" >&2
+  exit 1
+fi

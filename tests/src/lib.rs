@@ -221,6 +221,37 @@ impl Broker {
     }
 }
 
+/// A tool a check needs from outside the workspace (OpenAI's Python SDK, TrustGraph's CLI),
+/// named by the environment variable `var` that the test command sets when it could install
+/// the tool. When it is missing, the check cannot run, and that is never silent:
+/// - under CI (`CI=true`) it fails the test: CI must run every check;
+/// - elsewhere the skip is printed and appended to the file `SLUICE_SKIP_LOG` names (the test
+///   command counts those lines in its summary line), and the caller skips `check`.
+pub fn outside_tool(var: &str, check: &str) -> Option<String> {
+    if let Ok(value) = std::env::var(var) {
+        return Some(value);
+    }
+    let line = format!("{check}: skipped, {var} is not set");
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "{line}; CI runs every check (scripts/test.sh sets {var})"
+    );
+    eprintln!("SKIPPED {line}");
+    if let Ok(path) = std::env::var("SLUICE_SKIP_LOG") {
+        use std::io::Write as _;
+        let appended = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| writeln!(f, "{line}"));
+        assert!(
+            appended.is_ok(),
+            "could not count the skip in {path}: {appended:?}"
+        );
+    }
+    None
+}
+
 /// A fresh persistent topic in the test namespace.
 pub fn unique_topic(name: &str) -> String {
     format!(

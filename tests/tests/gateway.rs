@@ -333,6 +333,55 @@ async fn a_client_that_disconnects_cancels_the_provider_call() {
     s.stop().await;
 }
 
+/// TrustGraph's WebSocket: a client whose socket closes mid-stream (a browser tab closed, a
+/// `tg-invoke-llm` interrupted) cancels its requests too, down to the provider's connection.
+#[tokio::test]
+async fn a_socket_that_closes_mid_stream_cancels_the_provider_call() {
+    let s = Stack::start("stall", |_| {}).await;
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{}/api/v1/socket", s.addr))
+        .await
+        .unwrap();
+    let frame = json!({"id": "gone-1", "service": "text-completion", "flow": "default",
+                       "request": {"system": "", "prompt": "hi", "streaming": true}});
+    ws.send(WsMessage::text(frame.to_string())).await.unwrap();
+    let mut text = String::new();
+    while !text.contains("Hel") {
+        let f = next_json(&mut ws).await;
+        assert_eq!(f["id"], "gone-1", "{f}");
+        assert!(f.get("error").is_none_or(Value::is_null), "{f}");
+        text.push_str(f["response"]["response"].as_str().unwrap_or(""));
+    }
+    assert_eq!(s.fake.abandoned_streams(), 0);
+    // Mid-stream: the provider is holding the rest back. The client goes away.
+    ws.close(None).await.unwrap();
+    drop(ws);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while s.fake.abandoned_streams() == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the provider's connection was not closed after the socket closed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let m = sluice_tests::eventually(
+        Duration::from_secs(5),
+        async || s.processor.telemetry.render(),
+        |m| {
+            m.contains(
+                r#"sluice_processor_requests_total{outcome="cancelled",processor="text-completion"} 1"#,
+            )
+        },
+    )
+    .await;
+    assert!(
+        m.contains(
+            r#"sluice_processor_requests_total{outcome="cancelled",processor="text-completion"} 1"#
+        ),
+        "{m}"
+    );
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn a_request_past_its_time_limit_ends_with_a_timeout_and_is_cancelled() {
     let s = Stack::start("stall", |c| c.request_timeout = Duration::from_secs(1)).await;
@@ -735,7 +784,10 @@ async fn list_models_answers_on_the_socket_rest_and_get() {
     assert_eq!(resp.status(), 400);
     assert_eq!(s.fake.calls("smollm2-test"), 0, "no provider call");
 
-    if let Ok(tg) = std::env::var("TG_LIST_MODELS") {
+    if let Some(tg) = sluice_tests::outside_tool(
+        "TG_LIST_MODELS",
+        "gateway: TrustGraph's tg-list-models against the gateway (scripts/tg-cli-venv.sh)",
+    ) {
         let url = format!("http://{}/", s.addr);
         let out = tokio::process::Command::new(&tg)
             .args(["-u", &url])

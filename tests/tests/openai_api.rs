@@ -529,8 +529,10 @@ async fn async_openai_reads_whole_and_streamed_answers() {
 /// must cancel the provider call) and the model list. Runs when `OPENAI_PY` is set.
 #[tokio::test]
 async fn the_official_python_sdk_works_against_the_gateway() {
-    let Ok(python) = std::env::var("OPENAI_PY") else {
-        eprintln!("OPENAI_PY is not set: skipping the Python SDK (scripts/openai-venv.sh)");
+    let Some(python) = sluice_tests::outside_tool(
+        "OPENAI_PY",
+        "openai_api: OpenAI's Python SDK against the gateway (scripts/openai-venv.sh)",
+    ) else {
         return;
     };
     let s = stack("m-py").await;

@@ -128,8 +128,10 @@ async fn serve_answers_openai_clients_from_the_local_llm() {
     assert!((1..=16).contains(&out_tokens), "{usage}");
     assert!(usage["prompt_tokens"].as_u64().unwrap() > 0, "{usage}");
 
-    let Ok(python) = std::env::var("OPENAI_PY") else {
-        eprintln!("OPENAI_PY is not set: skipping the Python SDK (scripts/openai-venv.sh)");
+    let Some(python) = sluice_tests::outside_tool(
+        "OPENAI_PY",
+        "serve_local_llm: OpenAI's Python SDK against `sluice serve` (scripts/openai-venv.sh)",
+    ) else {
         return;
     };
     let settings = serde_json::json!({"base_url": format!("{gateway}/v1"), "api_key": "unused",
