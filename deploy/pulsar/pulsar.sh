@@ -4,6 +4,7 @@
 #   deploy/pulsar/pulsar.sh start     start (or reuse) a broker and wait until it serves
 #   deploy/pulsar/pulsar.sh stop      stop the broker this script started
 #   deploy/pulsar/pulsar.sh restart   stop then start, keeping its data
+#   deploy/pulsar/pulsar.sh kill      SIGKILL the broker (a crash: no clean shutdown); `start` recovers it
 #   deploy/pulsar/pulsar.sh status    exit 0 when the broker answers
 #   deploy/pulsar/pulsar.sh env       print PULSAR_URL and PULSAR_ADMIN_URL for this broker
 #   deploy/pulsar/pulsar.sh wipe      stop and delete its data
@@ -161,6 +162,16 @@ case "${1:-}" in
   start) start ;;
   stop) stop ;;
   restart) stop; start ;;
+  kill)
+    # SIGKILL, as a crash or an OOM kill: no clean shutdown of the broker or its bookie.
+    if [ -f "$STATE/pid" ] && kill -0 "$(cat "$STATE/pid")" 2>/dev/null; then
+      pid=$(cat "$STATE/pid")
+      kill -9 "$pid"
+      while kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
+      log "killed (SIGKILL)"
+    fi
+    rm -f "$STATE/pid"
+    ;;
   status) ready ;;
   env) printf 'PULSAR_URL=pulsar://127.0.0.1:%s\nPULSAR_ADMIN_URL=%s\n' "$PORT" "$ADMIN" ;;
   wipe) stop; rm -rf "$STATE" ;;

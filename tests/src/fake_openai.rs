@@ -19,8 +19,10 @@
 //! | `stall` | `Hel`, then nothing more |
 //! | `react-answer`, `react-tool`, `react-unknown`, `react-fail`, `react-garbage-once`, `react-garbage`, `react-loop` | a scripted ReAct model; the step is the number of observations in the prompt |
 //! | `react-ask`, `react-facts`, `react-lookup` | a ReAct model that calls the tool `ask`, `facts` or `lookup` once, then answers `The tool said: <observation>`; a prompt that is not a ReAct prompt (the tool's own model call) is answered `Echo: <prompt>`, streaming or not |
+//! | `react-relay` | as `react-ask`, but the tool is asked the agent's own question (`Question:` line), so the answer `The tool said: Echo: <question>` names its request |
 //! | `react-gated` | as `react-tool`, but the second step sends its thought line, then waits for [`FakeOpenAi::open_gate`] before the final answer |
 //! | `seed-NAME` | the seed example answer `NAME` of `seed_streams`, in 3-byte tokens |
+//! | `seed-tagged-NAME` | as `seed-NAME`, each `block_id` prefixed with `T-`, `T` from `[tag:T]` in the last user message (answers that name their request) |
 //! | `stamped-N-D` | N lines `{"seq": i, "sent_ns": T}`, two tokens each, T the send time of the second, D ms apart |
 //! | `replay-N` | the last user message streamed back in N-byte pieces, finish, usage (9 in, one out per word), `[DONE]` |
 //! | `replay-N-break` | the same pieces, then the connection breaks (a truncated answer) |
@@ -356,7 +358,21 @@ async fn chat(
                 ("react-ask", 0) => "Thought: I will ask a model.\nAction: ask\nArgs: {\"question\": \"Name a colour.\"}\n".to_owned(),
                 ("react-facts", 0) => "Thought: I will look for facts.\nAction: facts\nArgs: {\"topic\": \"otters\"}\n".to_owned(),
                 ("react-lookup", 0) => "Thought: I will look it up.\nAction: lookup\nArgs: {\"key\": \"capital-of-france\"}\n".to_owned(),
-                ("react-ask" | "react-facts" | "react-lookup", _) => {
+                ("react-relay", 0) => {
+                    // The agent's own question, handed to the tool: the answer then names
+                    // the request it belongs to.
+                    let question = user_message
+                        .rsplit("\nQuestion: ")
+                        .next()
+                        .and_then(|rest| rest.lines().next())
+                        .unwrap_or("")
+                        .trim();
+                    format!(
+                        "Thought: I will ask a model.\nAction: ask\nArgs: {{\"question\": {}}}\n",
+                        serde_json::Value::from(question)
+                    )
+                }
+                ("react-ask" | "react-facts" | "react-lookup" | "react-relay", _) => {
                     answer(&format!("The tool said: {observation}"))
                 }
                 ("react-tool" | "react-gated", 0) => "Thought: I should add the numbers.\nAction: add\nArgs: {\n  \"a\": 2,\n  \"b\": 3\n}\n".to_owned(),
@@ -368,6 +384,19 @@ async fn chat(
                 ("react-garbage-once" | "react-garbage", _) => "I refuse to follow formats.".to_owned(),
                 _ => "Thought: Again.\nAction: add\nArgs: {\"a\": 1, \"b\": 1}\n".to_owned(),
             };
+            streamed(&text, 3)
+        }
+        m if m.starts_with("seed-tagged-") => {
+            // As `seed-NAME`, every `block_id` prefixed with the `[tag:T]` of the prompt:
+            // the objects then name the request they answer.
+            let tag = user_message
+                .split_once("[tag:")
+                .and_then(|(_, rest)| rest.split_once(']'))
+                .map_or("", |(t, _)| t);
+            let text = crate::seed_streams::stream(m.trim_start_matches("seed-tagged-"))
+                .unwrap_or("")
+                .replace("\"block_id\":\"", &format!("\"block_id\":\"{tag}-"))
+                .replace("\"block_id\": \"", &format!("\"block_id\": \"{tag}-"));
             streamed(&text, 3)
         }
         m if m.starts_with("seed-") => {
@@ -450,7 +479,10 @@ async fn chat(
 /// prompt is a tool's own model call (a text-completion or prompt tool on the same
 /// processor), answered `Echo: <prompt>`.
 fn react_tool_answer(model: &str, user_message: &str) -> Option<String> {
-    let tool_model = matches!(model, "react-ask" | "react-facts" | "react-lookup");
+    let tool_model = matches!(
+        model,
+        "react-ask" | "react-facts" | "react-lookup" | "react-relay"
+    );
     let react_prompt = user_message.contains("Final Answer:");
     (tool_model && !react_prompt).then(|| format!("Echo: {user_message}"))
 }
