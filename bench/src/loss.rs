@@ -234,8 +234,8 @@ pub async fn bench(
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "Measured {} on this machine (2 cores), Pulsar standalone on loopback; one `sluice text-completion` process, 51-record answers from the fake OpenAI server, one client on its own runtime, callers in a closed loop ({per_caller} requests each); `bash bench/run.sh loss`.\n",
-        crate::chrono_like_now()
+        "{}: Pulsar standalone on loopback; one `sluice text-completion` process, 51-record answers from the fake OpenAI server, one client on its own runtime, callers in a closed loop ({per_caller} requests each).\n",
+        crate::provenance()
     );
     let _ = writeln!(
         md,

@@ -453,8 +453,8 @@ async fn text_completion_bench(broker: &Broker, requests: u64, levels: &[u64]) -
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "Measured {} on this machine (2 cores), Pulsar standalone on loopback, fake OpenAI server over HTTP; `bash bench/run.sh text-completion`.\n",
-        chrono_like_now()
+        "{}: Pulsar standalone on loopback, fake OpenAI server over HTTP.\n",
+        provenance()
     );
 
     // (1) Time to first token: the provider called directly vs through client, broker and
@@ -935,8 +935,8 @@ async fn gateway_bench(
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "Measured {} on this machine (2 cores), Pulsar standalone on loopback, fake OpenAI server over HTTP; `sluice gateway` and `sluice text-completion` as processes; `bash bench/run.sh gateway`.\n",
-        chrono_like_now()
+        "{}: Pulsar standalone on loopback, fake OpenAI server over HTTP; `sluice gateway` and `sluice text-completion` as processes.\n",
+        provenance()
     );
     let (d50, d99, g50, g99) = (
         ms(&h_direct, 0.5),
@@ -1076,25 +1076,18 @@ async fn main() {
             );
             config.callers = callers;
             config.broker_restart_every = Duration::from_secs(restart_every_secs.max(30));
-            let (name, restarts_flag) = if restart_every_secs == 300 {
-                ("soak", String::new())
+            let name = if restart_every_secs == 300 {
+                "soak"
             } else {
-                (
-                    "soak-restarts",
-                    format!(" --restart-every-secs {restart_every_secs}"),
-                )
+                "soak-restarts"
             };
             // Not the test command's soak ports (6656), so both can run at once.
             config.broker_ports = (6657, 8087, 3188);
             let started = Instant::now();
             let report = sluice_tests::soak::run(config).await.unwrap();
             let md = format!(
-                "Run: `{}bash bench/run.sh soak --minutes {minutes} --callers {callers}{restarts_flag}` ({:.0} min with set-up and drain).\n\n{}",
-                if exe.to_string_lossy().contains("/release/") {
-                    ""
-                } else {
-                    "BENCH_PROFILE=debug "
-                },
+                "{} ({:.0} min with set-up and drain).\n\n{}",
+                provenance(),
                 started.elapsed().as_secs_f64() / 60.0,
                 report.markdown()
             );
@@ -1161,8 +1154,8 @@ async fn main() {
             let mut md = String::new();
             let _ = writeln!(
                 md,
-                "Measured {} on this machine (2 cores), Pulsar {} standalone on loopback; `bash bench/run.sh`.\n",
-                chrono_like_now(),
+                "{}: Pulsar {} standalone on loopback.\n",
+                provenance(),
                 std::env::var("SLUICE_PULSAR_VERSION").unwrap_or_else(|_| "4.0.8".into())
             );
             let _ = writeln!(
@@ -1220,12 +1213,96 @@ async fn main() {
 
 /// The date, from the system clock, without a date crate: good enough for a results header.
 fn chrono_like_now() -> String {
-    std::process::Command::new("date")
-        .arg("-u")
-        .arg("+%Y-%m-%d %H:%M UTC")
+    run_text("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_default()
+}
+
+/// A command's trimmed standard output, if it ran and succeeded.
+fn run_text(program: &str, args: &[&str]) -> Option<String> {
+    std::process::Command::new(program)
+        .args(args)
         .output()
         .ok()
+        .filter(|o| o.status.success())
         .and_then(|o| String::from_utf8(o.stdout).ok())
         .map(|s| s.trim().to_owned())
-        .unwrap_or_default()
+}
+
+/// How a results file was made, measured when it is written: the date, the commit (marked when
+/// the work tree had changes), the cores this process may use, the build profile, and the
+/// command line that reproduces it (`bench/run.sh` with this run's arguments). Every results
+/// header starts with it, so a file says how it was made even when the next run is different.
+pub(crate) fn provenance() -> String {
+    let commit = run_text("git", &["rev-parse", "--short", "HEAD"])
+        .map(|c| {
+            let dirty = run_text("git", &["status", "--porcelain", "--untracked-files=no"])
+                .is_some_and(|s| !s.is_empty());
+            if dirty {
+                format!("{c} with uncommitted changes")
+            } else {
+                c
+            }
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZeroUsize::get);
+    let profile = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    };
+    format!(
+        "Measured {} at commit {commit} on this machine ({cores} cores, {profile} build) by `{}`",
+        chrono_like_now(),
+        command_line(std::env::args().skip(1), profile)
+    )
+}
+
+/// `bash bench/run.sh` with the scenario's arguments (not `--out` and `--readme`, which
+/// run.sh sets), prefixed with `BENCH_PROFILE=debug` for a debug build.
+fn command_line(args: impl Iterator<Item = String>, profile: &str) -> String {
+    let mut kept = Vec::new();
+    let mut args = args.peekable();
+    while let Some(a) = args.next() {
+        if a == "--out" || a == "--readme" {
+            args.next();
+        } else if !(a.starts_with("--out=") || a.starts_with("--readme=")) {
+            kept.push(a);
+        }
+    }
+    let prefix = if profile == "debug" {
+        "BENCH_PROFILE=debug "
+    } else {
+        ""
+    };
+    format!("{prefix}bash bench/run.sh {}", kept.join(" "))
+        .trim_end()
+        .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::command_line;
+
+    #[test]
+    fn the_command_line_is_the_run_sh_call_that_reproduces_a_result() {
+        let args = |a: &[&str]| {
+            a.iter()
+                .map(|s| (*s).to_owned())
+                .collect::<Vec<_>>()
+                .into_iter()
+        };
+        assert_eq!(
+            command_line(
+                args(&["--out", "bench/results", "--readme", "README.md", "loss"]),
+                "debug"
+            ),
+            "BENCH_PROFILE=debug bash bench/run.sh loss"
+        );
+        assert_eq!(
+            command_line(
+                args(&["--out=x", "foundation", "--round-trips", "500"]),
+                "release"
+            ),
+            "bash bench/run.sh foundation --round-trips 500"
+        );
+    }
 }

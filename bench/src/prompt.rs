@@ -243,8 +243,8 @@ pub async fn bench(broker: &Broker, requests: u64, objects: u64) -> (String, ser
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "Measured {} on this machine (2 cores), Pulsar standalone on loopback, `sluice prompt` and `sluice text-completion` as processes, fake OpenAI server; `bash bench/run.sh prompt`.\n",
-        crate::chrono_like_now()
+        "{}: Pulsar standalone on loopback, `sluice prompt` and `sluice text-completion` as processes, fake OpenAI server.\n",
+        crate::provenance()
     );
     let _ = writeln!(
         md,
