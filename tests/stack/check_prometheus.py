@@ -2,9 +2,10 @@
 
     python3 tests/stack/check_prometheus.py targets URL JOB...    every job has targets, all up
     python3 tests/stack/check_prometheus.py rules URL ALERTS.yml  every alert of the file loaded, healthy
-    python3 tests/stack/check_prometheus.py panels URL DASHBOARD.json [--window 30m]
-                                         every expression of every panel returns a value that
-                                         traffic made (not only series registered at 0)
+    python3 tests/stack/check_prometheus.py panels URL DASHBOARD.json [--totals]
+                                         every expression of every panel returns data; with
+                                         --totals, evaluated on the counters themselves, a
+                                         value that traffic made (not only series at 0)
     python3 tests/stack/check_prometheus.py query URL PROMQL      prints the result vector as JSON
 
 `targets` and `panels` retry for up to --wait seconds (scrapes run every 15 s), then print
@@ -115,11 +116,16 @@ def zero_allowed(expr):
     return [why for pattern, why in ZERO_AT_REST if re.search(pattern, expr)]
 
 
-def grafana_to_promql(expr, window="1m"):
+def grafana_to_promql(expr, totals=False):
     # What Grafana substitutes before it sends the query: the dashboard's variables at
-    # "All" (their allValue, `.*`) and $__rate_interval: 1m is its value for a 15 s scrape
-    # interval (four scrape intervals); a check after the traffic passes a window that covers it.
-    expr = expr.replace("$__rate_interval", window)
+    # "All" (their allValue, `.*`) and $__rate_interval at its value for a 15 s scrape
+    # interval (four scrape intervals: 1m).
+    expr = expr.replace("$__rate_interval", "1m")
+    if totals:
+        # The counters and histograms behind each rate: a rate cannot show traffic that ended
+        # more than its window ago, nor a series whose first sample already held the traffic
+        # (a labelled counter appears at its first increment). The totals show both.
+        expr = re.sub(r"\b(?:rate|irate|increase|deriv)\(([^\[\]]+)\[[^\]]+\]\)", r"(\1)", expr)
     expr = re.sub(r"\$\{?(job|processor)\}?", ".*", expr)
     if "$" in expr:
         raise SystemExit(f"unhandled Grafana variable in {expr}")
@@ -138,15 +144,15 @@ def has_traffic(result):
     return False
 
 
-def check_panels(base, path, window="1m"):
+def check_panels(base, path, totals=False):
     problems = []
     shown = 0
     for title, expr in panel_exprs(path):
-        result = query(base, grafana_to_promql(expr, window))
+        result = query(base, grafana_to_promql(expr, totals))
         zero_ok = zero_allowed(expr)
         if not result:
             problems.append(f"{title}: no data for {expr}")
-        elif not zero_ok and not has_traffic(result):
+        elif totals and not zero_ok and not has_traffic(result):
             values = [s.get("value", [None, None])[1] for s in result][:6]
             problems.append(f"{title}: only zero or NaN ({values}) for {expr}: no traffic counted")
         else:
@@ -160,8 +166,8 @@ def main():
     parser.add_argument("url")
     parser.add_argument("args", nargs="+")
     parser.add_argument("--wait", type=float, default=90)
-    parser.add_argument("--window", default="1m",
-                        help="range for $__rate_interval (panels); cover the traffic to check")
+    parser.add_argument("--totals", action="store_true",
+                        help="panels: on the counters behind the rates, require values traffic made")
     a = parser.parse_args()
     if a.what == "query":
         print(json.dumps(query(a.url, a.args[0])))
@@ -175,9 +181,10 @@ def main():
             problems, n = check_rules(a.url, a.args[0])
             summary = f"{n} alerting rules of {a.args[0]} loaded, all healthy"
         else:
-            problems, n = check_panels(a.url, a.args[0], a.window)
-            summary = (f"{n} panel expressions of {a.args[0]} return data the traffic made"
-                       f" (window {a.window}; {len(ZERO_AT_REST)} kinds may be 0 at rest)")
+            problems, n = check_panels(a.url, a.args[0], a.totals)
+            summary = (f"{n} panel expressions of {a.args[0]} return data" + (
+                f", on their counters values the traffic made ({len(ZERO_AT_REST)} kinds may be 0"
+                " at rest)" if a.totals else ""))
         if not problems:
             print(summary)
             return
