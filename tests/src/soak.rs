@@ -1480,11 +1480,17 @@ mod tests {
     #[test]
     fn an_object_of_another_request_is_found() {
         let ids = |v: &[&str]| v.iter().map(|i| Some((*i).to_owned())).collect::<Vec<_>>();
-        assert_eq!(foreign_objects(&ids(&["soak7-abc123", "soak7-ghi789"]), 7), None);
+        assert_eq!(
+            foreign_objects(&ids(&["soak7-abc123", "soak7-ghi789"]), 7),
+            None
+        );
         // Request 17's objects in the answer to request 7 (a prefix is not enough).
         assert!(foreign_objects(&ids(&["soak7-abc123", "soak17-ghi789"]), 7).is_some());
         assert!(foreign_objects(&ids(&["soak71-abc123"]), 7).is_some());
-        assert!(foreign_objects(&[None], 7).is_some(), "an object without a block id");
+        assert!(
+            foreign_objects(&[None], 7).is_some(),
+            "an object without a block id"
+        );
         assert_eq!(
             block_id(&json!("{\"block_id\": \"soak7-abc123\"}")).as_deref(),
             Some("soak7-abc123")
