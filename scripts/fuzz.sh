@@ -90,7 +90,7 @@ for t in "${TARGETS[@]}"; do
 done
 if [ -n "${FUZZ_RESULTS:-}" ]; then
   commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-  [ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || commit="$commit with uncommitted changes"
+  [ -z "$(git status --porcelain --untracked-files=no -- ":/" ":(top,exclude)bench/results" 2>/dev/null)" ] || commit="$commit with uncommitted changes"
   {
     echo "Measured $(date -u '+%Y-%m-%d %H:%M UTC') at commit $commit on this machine ($(nproc) cores," \
       "targets one at a time) by \`FUZZ_SECONDS=$SECONDS_EACH bash scripts/fuzz.sh${*:+ $*}\`."

@@ -331,7 +331,7 @@ figure "scripts/test-stack.sh: $((SECONDS - T0)) s in all"
 if [ -n "${SLUICE_STACK_FIGURES:-}" ]; then
   {
     commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-    [ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || commit="$commit with uncommitted changes"
+    [ -z "$(git status --porcelain --untracked-files=no -- ":/" ":(top,exclude)bench/results" 2>/dev/null)" ] || commit="$commit with uncommitted changes"
     echo "Measured $(date -u '+%Y-%m-%d %H:%M UTC') at commit $commit on this machine ($(nproc) cores) by \`bash scripts/test-stack.sh\`:"
     echo
     printf -- '- %s\n' "${FIGURES[@]}"

@@ -136,7 +136,7 @@ stage ""
 skipped=$(grep -c . "$SLUICE_SKIP_LOG" || true)
 times=$(
   commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-  [ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || commit="$commit with uncommitted changes"
+  [ -z "$(git status --porcelain --untracked-files=no -- ":/" ":(top,exclude)bench/results" 2>/dev/null)" ] || commit="$commit with uncommitted changes"
   echo "Measured $(date -u '+%Y-%m-%d %H:%M UTC') at commit $commit on this machine ($(nproc) cores), CI=${CI:-}, by \`bash scripts/test.sh\`: $((SECONDS / 60)) min $((SECONDS % 60)) s in all."
   echo
   echo "| stage | seconds |"

@@ -1234,8 +1234,19 @@ fn run_text(program: &str, args: &[&str]) -> Option<String> {
 pub(crate) fn provenance() -> String {
     let commit = run_text("git", &["rev-parse", "--short", "HEAD"])
         .map(|c| {
-            let dirty = run_text("git", &["status", "--porcelain", "--untracked-files=no"])
-                .is_some_and(|s| !s.is_empty());
+            let dirty = run_text(
+                "git",
+                &[
+                    "status",
+                    "--porcelain",
+                    "--untracked-files=no",
+                    "--",
+                    ":/",
+                    ":(top,exclude)bench/results",
+                    ":(top,exclude)README.md",
+                ],
+            )
+            .is_some_and(|s| !s.is_empty());
             if dirty {
                 format!("{c} with uncommitted changes")
             } else {

@@ -707,7 +707,18 @@ fn provenance() -> String {
     };
     let mut commit =
         run("git", &["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
-    if run("git", &["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty())
+    if run(
+        "git",
+        &[
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            ":/",
+            ":(top,exclude)bench/results",
+        ],
+    )
+    .is_some_and(|s| !s.is_empty())
     {
         commit.push_str(" with uncommitted changes");
     }
