@@ -1211,58 +1211,19 @@ async fn main() {
     }
 }
 
-/// The date, from the system clock, without a date crate: good enough for a results header.
-fn chrono_like_now() -> String {
-    run_text("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_default()
-}
-
-/// A command's trimmed standard output, if it ran and succeeded.
-fn run_text(program: &str, args: &[&str]) -> Option<String> {
-    std::process::Command::new(program)
-        .args(args)
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .map(|s| s.trim().to_owned())
-}
-
 /// How a results file was made, measured when it is written: the date, the commit (marked when
 /// the work tree had changes), the cores this process may use, the build profile, and the
 /// command line that reproduces it (`bench/run.sh` with this run's arguments). Every results
 /// header starts with it, so a file says how it was made even when the next run is different.
 pub(crate) fn provenance() -> String {
-    let commit = run_text("git", &["rev-parse", "--short", "HEAD"])
-        .map(|c| {
-            let dirty = run_text(
-                "git",
-                &[
-                    "status",
-                    "--porcelain",
-                    "--untracked-files=no",
-                    "--",
-                    ":/",
-                    ":(top,exclude)bench/results",
-                    ":(top,exclude)README.md",
-                ],
-            )
-            .is_some_and(|s| !s.is_empty());
-            if dirty {
-                format!("{c} with uncommitted changes")
-            } else {
-                c
-            }
-        })
-        .unwrap_or_else(|| "unknown".into());
-    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZeroUsize::get);
     let profile = if cfg!(debug_assertions) {
         "debug"
     } else {
         "release"
     };
     format!(
-        "Measured {} at commit {commit} on this machine ({cores} cores, {profile} build) by `{}`",
-        chrono_like_now(),
+        "{} by `{}`",
+        sluice_tests::measured_here(&["README.md"]),
         command_line(std::env::args().skip(1), profile)
     )
 }

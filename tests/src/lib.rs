@@ -221,6 +221,44 @@ impl Broker {
     }
 }
 
+/// The opening of every results header written at run time: `Measured <date> at commit
+/// <commit> on this machine (<cores> cores, <profile> build)`, the commit marked `with
+/// uncommitted changes` when the repository has any outside `bench/results` (which a run
+/// writes itself) and outside `also_ignore` (paths from the repository's root). Used by the
+/// benchmarks and by the cluster suite's fault tables.
+pub fn measured_here(also_ignore: &[&str]) -> String {
+    let run = |program: &str, args: &[&str]| {
+        std::process::Command::new(program)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let mut commit =
+        run("git", &["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    // `:/`: the whole repository, as cargo runs tests from the package's directory.
+    let excludes: Vec<String> = std::iter::once("bench/results")
+        .chain(also_ignore.iter().copied())
+        .map(|p| format!(":(top,exclude){p}"))
+        .collect();
+    let mut status = vec!["status", "--porcelain", "--untracked-files=no", "--", ":/"];
+    status.extend(excludes.iter().map(String::as_str));
+    if run("git", &status).is_some_and(|s| !s.is_empty()) {
+        commit.push_str(" with uncommitted changes");
+    }
+    format!(
+        "Measured {} at commit {commit} on this machine ({} cores, {} build)",
+        run("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_default(),
+        std::thread::available_parallelism().map_or(0, std::num::NonZeroUsize::get),
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+    )
+}
+
 /// A tool a check needs from outside the workspace (OpenAI's Python SDK, TrustGraph's CLI),
 /// named by the environment variable `var` that the test command sets when it could install
 /// the tool. When it is missing, the check cannot run, and that is never silent:
@@ -582,5 +620,16 @@ mod tests {
         assert_eq!(s.delay, Duration::from_millis(10));
         assert!(s.hang && !s.fail);
         assert_eq!(EchoScript::parse("").records, 1);
+    }
+}
+
+#[cfg(test)]
+mod provenance_tests {
+    #[test]
+    fn a_results_header_names_the_date_commit_cores_and_build() {
+        let m = super::measured_here(&["README.md"]);
+        assert!(m.starts_with("Measured 20"), "{m}");
+        assert!(m.contains(" at commit "), "{m}");
+        assert!(m.ends_with(" cores, debug build)"), "{m}");
     }
 }

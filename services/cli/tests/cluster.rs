@@ -676,43 +676,11 @@ fn write_report(title: &str, reports: &[FaultReport]) {
 /// How a fault table was made, written at run time: date, commit (marked when the tree had
 /// changes), build profile, cores, and the command that reproduces it.
 fn provenance() -> String {
-    let run = |program: &str, args: &[&str]| {
-        std::process::Command::new(program)
-            .args(args)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-    };
-    let mut commit =
-        run("git", &["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
-    if run(
-        "git",
-        &[
-            "status",
-            "--porcelain",
-            "--untracked-files=no",
-            "--",
-            ":/",
-            ":(top,exclude)bench/results",
-        ],
-    )
-    .is_some_and(|s| !s.is_empty())
-    {
-        commit.push_str(" with uncommitted changes");
-    }
     format!(
-        "Measured {} at commit {commit} on this machine ({} cores, {} build) against \
-         `deploy/pulsar/cluster.sh` (2 brokers, 3 bookies, ensemble 2/2/2, ZooKeeper session \
-         10 s) by `cargo test -p sluice-cli --test cluster` with `SLUICE_CLUSTER_RESULTS` set, \
-         as `scripts/test.sh` runs it.",
-        run("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_default(),
-        std::thread::available_parallelism().map_or(0, std::num::NonZeroUsize::get),
-        if cfg!(debug_assertions) {
-            "debug"
-        } else {
-            "release"
-        },
+        "{} against `deploy/pulsar/cluster.sh` (2 brokers, 3 bookies, ensemble 2/2/2, \
+         ZooKeeper session 10 s) by `cargo test -p sluice-cli --test cluster` with \
+         `SLUICE_CLUSTER_RESULTS` set, as `scripts/test.sh` runs it.",
+        sluice_tests::measured_here(&[])
     )
 }
 
