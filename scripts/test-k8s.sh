@@ -30,7 +30,7 @@
 # later builds), later runs take seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. scripts/deploy-lib.sh           # KUBERNETES_VERSION, KEDA_VERSION, ..., go_module_dir
+. scripts/deploy-lib.sh           # KUBERNETES_VERSION, KEDA_VERSION, ..., go_module_dir, k8s_binary
 . scripts/prereqs.sh
 prereqs go:golang-go python3:python3 openssl:openssl etcd:etcd-server
 command -v kubectl >/dev/null 2>&1 || { echo "kubectl is needed" >&2; exit 1; }
@@ -45,7 +45,6 @@ now_ms() { date +%s%3N; }
 secs() { awk -v ms="$1" 'BEGIN { printf "%.1f s", ms / 1000 }'; }
 
 pids=()
-partial=() # what an interrupted build leaves
 cleanup() {
   local rc=$? p
   trap - EXIT INT TERM
@@ -57,40 +56,20 @@ cleanup() {
   # Their state is thrown away: no need to wait out kube-apiserver's graceful shutdown.
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$WORK" "${partial[@]}"
+  rm -rf "$WORK"
   exit "$rc"
 }
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# -- kube-apiserver from the Go module proxy ----------------------------------------------------
-# k8s.io/kubernetes requires its staging modules (k8s.io/api, ...) at v0.0.0 and replaces
-# them with ./staging directories, which its module zip does not carry; a wrapper module
-# replaces each one that go.mod names with the version published for this release
-# (v0.<minor>.<patch>). Go's sum database checks every module fetched.
+# -- kube-apiserver from the Go module proxy (scripts/deploy-lib.sh: k8s_binary) ----------------
 build="cached"
 if [ ! -x "$APISERVER" ]; then
   log "building kube-apiserver v$KUBERNETES_VERSION from the Go module proxy (once; cached)"
   t=$(now_ms)
-  mkdir -p "$CACHE/bin" "$WORK/src"
-  partial+=("$APISERVER.tmp.$$")
-  gomod=$( (cd /tmp && go mod download -json "k8s.io/kubernetes@v$KUBERNETES_VERSION") |
-    python3 -c 'import json, sys; print(json.load(sys.stdin)["GoMod"])')
-  staging="v0.${KUBERNETES_VERSION#*.}"
-  {
-    printf 'module sluice.local/kube-apiserver\n\ngo 1.23\n\nrequire k8s.io/kubernetes v%s\n\n' "$KUBERNETES_VERSION"
-    sed -nE "s#^[[:space:]]*(replace[[:space:]]+)?(k8s\.io/[^[:space:]]+)[[:space:]]+=>[[:space:]]+\./staging/.*#replace \2 => \2 $staging#p" "$gomod"
-  } >"$WORK/src/go.mod"
-  n=$(grep -c '^replace ' "$WORK/src/go.mod") || fail "no ./staging replacements in $gomod"
-  minor="${KUBERNETES_VERSION#*.}"; minor="${minor%%.*}"
-  (cd "$WORK/src" && GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w \
-      -X k8s.io/component-base/version.gitVersion=v$KUBERNETES_VERSION \
-      -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor" \
-      -o "$APISERVER.tmp.$$" k8s.io/kubernetes/cmd/kube-apiserver) >"$WORK/build.log" 2>&1 ||
-    { tail -n 30 "$WORK/build.log" >&2; fail "building kube-apiserver"; }
-  mv "$APISERVER.tmp.$$" "$APISERVER"
-  build="built in $(secs $(($(now_ms) - t))) ($n staging modules pinned to $staging)"
+  k8s_binary kube-apiserver >/dev/null || fail "building kube-apiserver"
+  build="built in $(secs $(($(now_ms) - t)))"
   log "kube-apiserver $build"
 fi
 [ "$("$APISERVER" --version)" = "Kubernetes v$KUBERNETES_VERSION" ] ||

@@ -36,10 +36,10 @@ fail() { log "FAILED: $*"; exit 1; }
 figure() { FIGURES+=("$1"); log "figure: $1"; }
 
 . scripts/prereqs.sh
+. scripts/docker-lib.sh
 prereqs curl:curl python3:python3
 
 front_pid=
-started_dockerd=
 cleanup() {
   local rc=$?
   if [ "$rc" -ne 0 ] && [ -n "${COMPOSE_BIN:-}" ]; then
@@ -51,23 +51,13 @@ cleanup() {
   [ -n "$front_pid" ] && kill "$front_pid" 2>/dev/null || true
   [ -n "${started_llm:-}" ] && LLM_PORT="$LLM_PORT" deploy/local-llm/llama-server.sh stop >/dev/null 2>&1 || true
   # A dockerd this script started is stopped again (its images stay in /var/lib/docker).
-  if [ -n "$started_dockerd" ]; then
-    kill "$started_dockerd" 2>/dev/null || true
-    for _ in $(seq 1 30); do kill -0 "$started_dockerd" 2>/dev/null || break; sleep 1; done
-  fi
+  docker_down
   rm -rf "$WORK"
   exit "$rc"
 }
 trap cleanup EXIT
 # -- the Docker engine -------------------------------------------------------------------------
-if ! docker info >/dev/null 2>&1; then
-  command -v dockerd >/dev/null 2>&1 || prereqs dockerd:docker.io
-  log "starting dockerd (log: /var/log/sluice-dockerd.log)"
-  nohup dockerd >/var/log/sluice-dockerd.log 2>&1 &
-  started_dockerd=$!
-  for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
-  docker info >/dev/null 2>&1 || { tail -n 30 /var/log/sluice-dockerd.log >&2; fail "dockerd did not start"; }
-fi
+docker_up || fail "dockerd did not start"
 COMPOSE_BIN=$(bash scripts/check-deploy.sh --compose-bin)
 compose() {
   "$COMPOSE_BIN" --project-name "$PROJECT" --project-directory . \

@@ -7,8 +7,9 @@
 # and ~/.m2. The deployment checks (scripts/check-deploy.sh) build their tools from the Go
 # module proxy and PyPI once, under ~/.cache/sluice/deploy. At the end, the compose stack
 # runs in Docker (scripts/test-stack.sh: dockerd started when none runs, images made from
-# Debian's packages) and the Kubernetes manifests are applied to a real API server
-# (scripts/test-k8s.sh: kube-apiserver built from the Go module proxy, Debian's etcd).
+# Debian's packages), the Kubernetes manifests are applied to a real API server
+# (scripts/test-k8s.sh: kube-apiserver built from the Go module proxy, Debian's etcd), and
+# run on a single-node Kubernetes (scripts/test-k8s-run.sh, deploy/k8s-local/cluster.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -131,6 +132,12 @@ bash scripts/test-stack.sh
 # etcd, with Pod Security enforcing `restricted` and broken manifests refused (issue #12).
 stage "Kubernetes: the manifests on a real API server"
 bash scripts/test-k8s.sh
+
+# deploy/k8s running on a single-node Kubernetes made of upstream parts (issue #22): pods
+# Ready through their probes, Pod Security on the running containers, sluice invoke through
+# the gateway's Service, rolling updates and a pod deleted mid-stream under 64 streams.
+stage "Kubernetes: deploy/k8s running on a single node"
+SLUICE_BIN="$CARGO_TARGET_DIR/debug/sluice" bash scripts/test-k8s-run.sh
 
 stage ""
 skipped=$(grep -c . "$SLUICE_SKIP_LOG" || true)

@@ -19,7 +19,9 @@
 # Settings (environment): SLUICE_PULSAR_VERSION (4.0.8), PULSAR_PORT (6650),
 # PULSAR_HTTP_PORT (8080), PULSAR_BK_PORT (3181), PULSAR_HEAP (512m),
 # PULSAR_STATE_DIR (default $SLUICE_CACHE/pulsar-state/$PULSAR_PORT),
-# PULSAR_READY_TIMEOUT (seconds, 240), PULSAR_EXTRA_CONF (lines appended to standalone.conf).
+# PULSAR_READY_TIMEOUT (seconds, 240), PULSAR_EXTRA_CONF (lines appended to standalone.conf),
+# PULSAR_HOST (127.0.0.1: the address it binds, advertises and is reached at; the Kubernetes
+# test gives the node bridge's 10.244.0.1, which pods reach).
 set -euo pipefail
 
 VERSION="${SLUICE_PULSAR_VERSION:-4.0.8}"
@@ -31,7 +33,8 @@ HEAP="${PULSAR_HEAP:-512m}"
 STATE="${PULSAR_STATE_DIR:-$CACHE/pulsar-state/$PORT}"
 READY_TIMEOUT="${PULSAR_READY_TIMEOUT:-240}"
 DIST="$CACHE/pulsar/apache-pulsar-$VERSION"
-ADMIN="http://127.0.0.1:$HTTP_PORT"
+HOST="${PULSAR_HOST:-127.0.0.1}"
+ADMIN="http://$HOST:$HTTP_PORT"
 
 log() { printf '[pulsar:%s] %s\n' "$PORT" "$*" >&2; }
 
@@ -79,8 +82,8 @@ write_conf() {
   mkdir -p "$STATE/logs"
   sed -e "s/^brokerServicePort=.*/brokerServicePort=$PORT/" \
       -e "s/^webServicePort=.*/webServicePort=$HTTP_PORT/" \
-      -e "s/^bindAddress=.*/bindAddress=127.0.0.1/" \
-      -e "s/^advertisedAddress=.*/advertisedAddress=127.0.0.1/" \
+      -e "s/^bindAddress=.*/bindAddress=$HOST/" \
+      -e "s/^advertisedAddress=.*/advertisedAddress=$HOST/" \
       -e "s/^webSocketServiceEnabled=.*/webSocketServiceEnabled=false/" \
       -e "s/^managedLedgerNewEntriesCheckDelayInMillis=.*/managedLedgerNewEntriesCheckDelayInMillis=0/" \
       "$DIST/conf/standalone.conf" > "$STATE/standalone.conf"
@@ -118,7 +121,7 @@ start() {
     export PULSAR_MEM="-Xms$HEAP -Xmx$HEAP -XX:MaxDirectMemorySize=$HEAP"
     export PULSAR_LOG_DIR="$STATE/logs"
     export PULSAR_STANDALONE_CONF="$STATE/standalone.conf"
-    nohup bin/pulsar standalone -nfw -nss -a 127.0.0.1 \
+    nohup bin/pulsar standalone -nfw -nss -a "$HOST" \
       --bookkeeper-port "$BK_PORT" \
       --bookkeeper-dir "$STATE/bookkeeper" \
       --metadata-dir "$STATE/metadata" \
@@ -141,7 +144,7 @@ start() {
     sleep 1
     waited=$((waited + 1))
   done
-  log "ready after ${waited}s: pulsar://127.0.0.1:$PORT, admin $ADMIN"
+  log "ready after ${waited}s: pulsar://$HOST:$PORT, admin $ADMIN"
 }
 
 stop() {
@@ -173,7 +176,7 @@ case "${1:-}" in
     rm -f "$STATE/pid"
     ;;
   status) ready ;;
-  env) printf 'PULSAR_URL=pulsar://127.0.0.1:%s\nPULSAR_ADMIN_URL=%s\n' "$PORT" "$ADMIN" ;;
+  env) printf 'PULSAR_URL=pulsar://%s:%s\nPULSAR_ADMIN_URL=%s\n' "$HOST" "$PORT" "$ADMIN" ;;
   wipe) stop; rm -rf "$STATE" ;;
   dist) ensure_dist; echo "$DIST" ;;
   java) find_java ;;

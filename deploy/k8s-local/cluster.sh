@@ -1,0 +1,385 @@
+#!/usr/bin/env bash
+# A single-node Kubernetes made of upstream parts, on this machine, to run deploy/k8s for
+# real: pods scheduled, probes called by a kubelet, Services routed by kube-proxy.
+#
+#   deploy/k8s-local/cluster.sh start         start the node (wiping any previous state), wait until Ready
+#   deploy/k8s-local/cluster.sh stop          stop every process, remove the pods, mounts, network and rules
+#   deploy/k8s-local/cluster.sh status        exit 0 when the API answers and the node is Ready
+#   deploy/k8s-local/cluster.sh env           `export KUBECONFIG=...` (the admin's kubeconfig)
+#   deploy/k8s-local/cluster.sh import IMAGE  copy IMAGE from the Docker engine into the node's containerd
+#   deploy/k8s-local/cluster.sh logs          where each component's log is
+#
+# Parts, all at KUBERNETES_VERSION (scripts/deploy-lib.sh):
+#   - etcd (Debian's etcd-server) on 127.0.0.1:12379;
+#   - kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and kube-proxy, built
+#     from the Go module proxy once and cached under $SLUICE_CACHE/k8s/bin (no release
+#     binaries can be downloaded here);
+#   - Debian's containerd (its own socket, root and state: not Docker's), runc, and CNI
+#     plugins (bridge, host-local, loopback, portmap, firewall);
+#   - the sandbox ("pause") image compiled from Kubernetes' own build/pause/linux/pause.c
+#     (in the k8s.io/kubernetes module) into a one-file image: no registry is reachable.
+# Network: the bridge sluice-k8s0 with 10.244.0.1/24, made before anything starts, is the
+# node's address (kube-apiserver https://10.244.0.1:6443, the kubelet :10250); pods get
+# 10.244.0.10-250 on it; Services 10.96.0.0/16 through kube-proxy (iptables mode). Pods reach
+# the host at 10.244.0.1, so anything pods need from the host (a broker, a provider) binds
+# there. Nothing leaves the machine: no route but the bridge, no DNS server in the cluster
+# (no CoreDNS: the manifests address the broker and the provider by IP in the test overlay).
+# Credentials: static tokens per component (system:masters only for the admin), in files
+# the kubeconfigs name (never argv); Node and RBAC authorization; the kubelet authenticates
+# kube-apiserver by a client certificate and authorizes callers through the API
+# (SubjectAccessReview); service-account tokens signed with a key made here.
+#
+# Settings: SLUICE_CACHE (~/.cache/sluice), SLUICE_K8S_STATE (/var/lib/sluice-k8s: containerd
+# wants a filesystem with overlayfs, and the kubelet root), SLUICE_K8S_READY_TIMEOUT (180 s).
+# Needs root. Only one such node runs at a time (fixed ports, one bridge).
+set -eEuo pipefail
+cd "$(dirname "$0")/../.."
+. scripts/deploy-lib.sh
+. scripts/prereqs.sh
+. scripts/docker-lib.sh
+
+CACHE="${SLUICE_CACHE:-$HOME/.cache/sluice}"
+STATE="${SLUICE_K8S_STATE:-/var/lib/sluice-k8s}"
+RUN=/run/sluice-k8s
+READY_TIMEOUT="${SLUICE_K8S_READY_TIMEOUT:-180}"
+NODE=sluice-node
+BRIDGE=sluice-k8s0
+NODE_IP=10.244.0.1
+POD_CIDR=10.244.0.0/24
+SERVICE_CIDR=10.96.0.0/16
+API="https://$NODE_IP:6443"
+PAUSE_IMAGE=sluice.local/pause:3.10
+SOCK="$RUN/containerd.sock"
+export KUBECONFIG="$STATE/admin.kubeconfig"
+
+log() { printf '[k8s-local] %s\n' "$*" >&2; }
+fail() { log "FAILED: $*"; exit 1; }
+trap 'rc=$?; log "failed at line $LINENO (exit $rc): $BASH_COMMAND"' ERR
+
+ctr_() { ctr --address "$SOCK" --namespace k8s.io "$@"; }
+
+components=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy)
+
+pid_of() { cat "$STATE/$1.pid" 2>/dev/null || true; }
+alive() { local p; p=$(pid_of "$1"); [ -n "$p" ] && kill -0 "$p" 2>/dev/null; }
+
+# launch NAME COMMAND...: in the background, its output in $STATE/NAME.log, its pid in NAME.pid.
+launch() {
+  local name="$1"
+  shift
+  nohup "$@" >"$STATE/$name.log" 2>&1 &
+  echo $! >"$STATE/$name.pid"
+}
+
+# wait_for WHAT SECONDS COMMAND...: until COMMAND succeeds; fails naming WHAT, with the
+# log of every component that has exited.
+wait_for() {
+  local what="$1" secs="$2" i c
+  shift 2
+  for ((i = 0; i < secs * 4; i++)); do
+    "$@" >/dev/null 2>&1 && return 0
+    for c in "${components[@]}"; do
+      if [ -f "$STATE/$c.pid" ] && ! alive "$c"; then
+        log "$c exited; the last lines of its log:"
+        tail -n 30 "$STATE/$c.log" >&2
+        fail "$what: $c exited"
+      fi
+    done
+    sleep 0.25
+  done
+  fail "$what: not within ${secs}s"
+}
+
+binaries() {
+  local c
+  for c in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy; do
+    k8s_binary "$c" >/dev/null || fail "building $c"
+  done
+}
+bin() { printf '%s/k8s/bin/%s-v%s' "$CACHE" "$1" "$KUBERNETES_VERSION"; }
+
+# The sandbox image: Kubernetes' pause.c, static, alone in an image (~1 MB).
+pause_image() {
+  local out="$CACHE/k8s/pause-3.10.tar"
+  if [ ! -s "$out" ]; then
+    local src dir
+    src="$(go_module_dir "k8s.io/kubernetes@v$KUBERNETES_VERSION")/build/pause/linux/pause.c"
+    dir=$(mktemp -d)
+    gcc -Os -Wall -static -DVERSION=v3.10-sluice -o "$dir/pause" "$src"
+    strip "$dir/pause"
+    tar -C "$dir" -cf "$dir/rootfs.tar" pause
+    docker_up || fail "dockerd did not start"
+    docker import --change 'ENTRYPOINT ["/pause"]' --change 'USER 65535:65535' \
+      "$dir/rootfs.tar" "$PAUSE_IMAGE" >/dev/null
+    docker save "$PAUSE_IMAGE" -o "$out.tmp"
+    mv "$out.tmp" "$out"
+    rm -rf "$dir"
+  fi
+  ctr_ images import "$out" >/dev/null
+}
+
+pki() {
+  local d="$STATE/pki"
+  mkdir -p "$d"
+  (
+    cd "$d"
+    umask 077
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=sluice-k8s-ca" -keyout ca.key -out ca.crt 2>/dev/null
+    sign() { # sign NAME SUBJECT [SAN]
+      openssl req -newkey rsa:2048 -nodes -subj "$2" -keyout "$1.key" -out "$1.csr" 2>/dev/null
+      if [ -n "${3:-}" ]; then printf 'subjectAltName=%s\n' "$3" >"$1.ext"; else : >"$1.ext"; fi
+      openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 \
+        -extfile "$1.ext" -out "$1.crt" 2>/dev/null
+    }
+    sign apiserver "/CN=kube-apiserver" \
+      "IP:$NODE_IP,IP:127.0.0.1,IP:10.96.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost"
+    # kube-apiserver's identity towards kubelets (logs, exec, port-forward).
+    sign apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
+    sign kubelet "/CN=$NODE" "IP:$NODE_IP,DNS:$NODE"
+    openssl genrsa -out sa.key 2048 2>/dev/null
+    openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
+    # One token per identity; kube-apiserver reads token,user,uid,"groups".
+    : >tokens.csv
+    local who file user group
+    for who in "admin|admin|system:masters" "controller-manager|system:kube-controller-manager|" \
+      "scheduler|system:kube-scheduler|" "kube-proxy|system:kube-proxy|" \
+      "kubelet|system:node:$NODE|system:nodes"; do
+      IFS='|' read -r file user group <<<"$who"
+      python3 -c 'import secrets; print(secrets.token_hex(24))' >"$file.token"
+      printf '%s,%s,%s,"%s"\n' "$(cat "$file.token")" "$user" "$user" "$group" >>tokens.csv
+    done
+  )
+  local who
+  for who in admin controller-manager scheduler kube-proxy kubelet; do
+    cat >"$STATE/$who.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+  - name: sluice-local
+    cluster: {server: "$API", certificate-authority: "$d/ca.crt"}
+users:
+  - name: $who
+    user: {tokenFile: "$d/$who.token"}
+contexts:
+  - name: sluice-local
+    context: {cluster: sluice-local, user: $who}
+current-context: sluice-local
+EOF
+  done
+}
+
+network() {
+  if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+    ip link add "$BRIDGE" type bridge
+  fi
+  ip addr replace "$NODE_IP/24" dev "$BRIDGE"
+  ip link set "$BRIDGE" up
+  sysctl -qw net.ipv4.ip_forward=1
+  # Pod-to-Service traffic between pods on one bridge must pass through iptables.
+  sysctl -qw net.bridge.bridge-nf-call-iptables=1 2>/dev/null || log "warning: bridge-nf-call-iptables not settable"
+  mkdir -p "$STATE/cni"
+  cat >"$STATE/cni/10-sluice.conflist" <<EOF
+{
+  "cniVersion": "1.0.0",
+  "name": "sluice-k8s",
+  "plugins": [
+    {"type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": true, "hairpinMode": true,
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR", "gateway": "$NODE_IP",
+              "rangeStart": "10.244.0.10", "rangeEnd": "10.244.0.250"}]],
+              "dataDir": "$STATE/cni-ipam", "routes": [{"dst": "0.0.0.0/0"}]}},
+    {"type": "portmap", "capabilities": {"portMappings": true}},
+    {"type": "firewall", "backend": "iptables"}
+  ]
+}
+EOF
+}
+
+start_containerd() {
+  mkdir -p "$RUN" "$STATE/containerd"
+  cat >"$STATE/containerd.toml" <<EOF
+version = 2
+root = "$STATE/containerd/root"
+state = "$RUN/containerd"
+[grpc]
+  address = "$SOCK"
+[ttrpc]
+  address = "$RUN/containerd.sock.ttrpc"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$PAUSE_IMAGE"
+  enable_selinux = false
+  # Root here lacks CAP_SYS_RESOURCE (a microVM's choice), so no process may lower its
+  # oom_score_adj: without this the kubelet's -998 for sandboxes fails every pod ("can't get
+  # final child's PID from pipe" from runc; "Permission denied" in runc's debug log).
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$STATE/cni"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+EOF
+  launch containerd containerd --config "$STATE/containerd.toml"
+  wait_for "containerd" 30 ctr --address "$SOCK" version
+}
+
+start() {
+  if status 2>/dev/null; then log "already running (reused)"; return 0; fi
+  stop >/dev/null 2>&1 || true
+  prereqs etcd:etcd-server containerd:containerd runc:runc conntrack:conntrack python3:python3 openssl:openssl gcc:gcc
+  [ -x /usr/lib/cni/bridge ] || prereqs /usr/lib/cni/bridge:containernetworking-plugins
+  command -v kubectl >/dev/null 2>&1 || fail "kubectl is needed"
+  local t0=$SECONDS
+  binaries
+  rm -rf "$STATE"
+  mkdir -p "$STATE"
+  pki
+  network
+
+  launch etcd etcd --name sluice-k8s --data-dir "$STATE/etcd" \
+    --listen-client-urls http://127.0.0.1:12379 --advertise-client-urls http://127.0.0.1:12379 \
+    --listen-peer-urls http://127.0.0.1:12380 --initial-advertise-peer-urls http://127.0.0.1:12380 \
+    --initial-cluster sluice-k8s=http://127.0.0.1:12380
+  local p="$STATE/pki"
+  launch kube-apiserver "$(bin kube-apiserver)" --etcd-servers http://127.0.0.1:12379 \
+    --bind-address "$NODE_IP" --advertise-address "$NODE_IP" --secure-port 6443 \
+    --tls-cert-file "$p/apiserver.crt" --tls-private-key-file "$p/apiserver.key" \
+    --client-ca-file "$p/ca.crt" --token-auth-file "$p/tokens.csv" \
+    --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
+    --kubelet-client-certificate "$p/apiserver-kubelet-client.crt" \
+    --kubelet-client-key "$p/apiserver-kubelet-client.key" \
+    --kubelet-preferred-address-types InternalIP \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file "$p/sa.pub" --service-account-signing-key-file "$p/sa.key" \
+    --service-cluster-ip-range "$SERVICE_CIDR" --cert-dir "$STATE/apiserver-certs"
+  wait_for "kube-apiserver /readyz" 90 kubectl get --raw /readyz
+
+  launch kube-controller-manager "$(bin kube-controller-manager)" \
+    --kubeconfig "$STATE/controller-manager.kubeconfig" \
+    --authentication-kubeconfig "$STATE/controller-manager.kubeconfig" \
+    --authorization-kubeconfig "$STATE/controller-manager.kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port 10257 --leader-elect=false \
+    --service-account-private-key-file "$p/sa.key" --root-ca-file "$p/ca.crt" \
+    --use-service-account-credentials --cluster-cidr "$POD_CIDR" \
+    --service-cluster-ip-range "$SERVICE_CIDR" --allocate-node-cidrs=false \
+    --node-monitor-grace-period 20s --horizontal-pod-autoscaler-sync-period 5s
+  launch kube-scheduler "$(bin kube-scheduler)" --kubeconfig "$STATE/scheduler.kubeconfig" \
+    --authentication-kubeconfig "$STATE/scheduler.kubeconfig" \
+    --authorization-kubeconfig "$STATE/scheduler.kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port 10259 --leader-elect=false
+
+  start_containerd
+  pause_image
+
+  mkdir -p "$STATE/kubelet" "$STATE/pod-logs"
+  cat >"$STATE/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $NODE_IP
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+tlsCertFile: $p/kubelet.crt
+tlsPrivateKeyFile: $p/kubelet.key
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $p/ca.crt}
+authorization:
+  mode: Webhook
+cgroupDriver: cgroupfs
+containerRuntimeEndpoint: unix://$SOCK
+failSwapOn: false
+podLogsDir: $STATE/pod-logs
+resolvConf: /etc/resolv.conf
+# This machine's disk is shared with builds: evict only when it is really full.
+evictionHard: {memory.available: 200Mi, nodefs.available: 3%, imagefs.available: 3%}
+imageGCHighThresholdPercent: 98
+imageGCLowThresholdPercent: 97
+# The ConfigMap a Deployment mounts is seen by its pods within seconds.
+syncFrequency: 10s
+serializeImagePulls: false
+EOF
+  launch kubelet "$(bin kubelet)" --config "$STATE/kubelet.yaml" \
+    --kubeconfig "$STATE/kubelet.kubeconfig" --root-dir "$STATE/kubelet" \
+    --hostname-override "$NODE" --node-ip "$NODE_IP"
+
+  cat >"$STATE/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: $STATE/kube-proxy.kubeconfig}
+hostnameOverride: $NODE
+mode: iptables
+clusterCIDR: $POD_CIDR
+bindAddress: $NODE_IP
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+# Leave the kernel's conntrack table size alone (not settable on every machine).
+conntrack: {maxPerCore: 0}
+EOF
+  launch kube-proxy "$(bin kube-proxy)" --config "$STATE/kube-proxy.yaml"
+
+  wait_for "node $NODE Ready" "$READY_TIMEOUT" node_ready
+  # Pods are refused in a namespace until the ServiceAccount controller made its `default`.
+  wait_for "the default ServiceAccount" 60 kubectl get serviceaccount default -n default
+  log "node $NODE Ready in $((SECONDS - t0)) s (Kubernetes v$KUBERNETES_VERSION, containerd $(containerd --version | awk '{print $3}'); API $API)"
+}
+
+node_ready() {
+  [ "$(kubectl get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
+}
+
+status() {
+  alive kube-apiserver && alive kubelet && node_ready
+}
+
+stop() {
+  local c p
+  # kube-proxy's rules, the kubelet, then every pod's containers and the runtime.
+  for c in kube-proxy kubelet kube-scheduler kube-controller-manager; do
+    p=$(pid_of "$c"); [ -n "$p" ] && kill "$p" 2>/dev/null || true
+  done
+  if [ -x "$(bin kube-proxy)" ]; then "$(bin kube-proxy)" --cleanup >/dev/null 2>&1 || true; fi
+  if [ -S "$SOCK" ]; then
+    for c in $(ctr_ tasks ls -q 2>/dev/null); do ctr_ tasks kill -s SIGKILL "$c" >/dev/null 2>&1 || true; done
+  fi
+  # Shims of this containerd (their command line names its socket), then containerd.
+  pkill -9 -f "containerd-shim-runc-v2 .*-address $SOCK" 2>/dev/null || true
+  for c in containerd kube-apiserver etcd; do
+    p=$(pid_of "$c"); [ -n "$p" ] && kill "$p" 2>/dev/null || true
+  done
+  for c in "${components[@]}"; do
+    p=$(pid_of "$c")
+    [ -n "$p" ] || continue
+    for _ in $(seq 1 40); do kill -0 "$p" 2>/dev/null || break; sleep 0.25; done
+    kill -9 "$p" 2>/dev/null || true
+    rm -f "$STATE/$c.pid"
+  done
+  # Mounts left under the state (secrets' tmpfs, overlay rootfs) and the pods' network
+  # namespaces, deepest first.
+  awk -v s="$STATE" -v r="$RUN" 'index($2, s) == 1 || index($2, r) == 1 { print $2 }' /proc/mounts |
+    sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+  for c in /run/netns/cni-*; do [ -e "$c" ] && { umount -l "$c" 2>/dev/null || true; rm -f "$c"; }; done
+  # The CNI firewall plugin's chains, and the masquerade rules of the bridge plugin.
+  iptables-save 2>/dev/null | awk '/^-A (POSTROUTING|FORWARD) .*CNI-/ { sub(/^-A/, "-D"); print }' |
+    while read -r rule; do eval "iptables -t nat $rule" 2>/dev/null || eval "iptables $rule" 2>/dev/null || true; done
+  ip link del "$BRIDGE" 2>/dev/null || true
+  rm -rf "$RUN"
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop; log "stopped" ;;
+  status) status ;;
+  env) printf 'export KUBECONFIG=%s\n' "$KUBECONFIG" ;;
+  import)
+    [ -n "${2:-}" ] || fail "usage: $0 import IMAGE"
+    docker_up || fail "dockerd did not start"
+    docker save "$2" | ctr_ images import - >/dev/null
+    log "imported $2 into the node's containerd"
+    ;;
+  logs) for c in "${components[@]}"; do echo "$c: $STATE/$c.log"; done ;;
+  *) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac

@@ -1,0 +1,25 @@
+# Sourced by scripts that need a Docker engine (test-stack.sh, test-k8s-run.sh,
+# deploy/k8s-local/cluster.sh). docker_up: starts dockerd when none answers (installing
+# Debian's docker.io when it is missing), logging to /var/log/sluice-dockerd.log, and sets
+# STARTED_DOCKERD to its pid so that the caller can stop it again; returns non-zero when it
+# does not come up within 60 s.
+STARTED_DOCKERD=""
+docker_up() {
+  docker info >/dev/null 2>&1 && return 0
+  if ! command -v dockerd >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null
+  fi
+  echo "starting dockerd (log: /var/log/sluice-dockerd.log)" >&2
+  nohup dockerd >/var/log/sluice-dockerd.log 2>&1 &
+  STARTED_DOCKERD=$!
+  for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && return 0; sleep 1; done
+  tail -n 30 /var/log/sluice-dockerd.log >&2
+  return 1
+}
+# docker_down: stops the dockerd that docker_up started, if it did (its images stay).
+docker_down() {
+  [ -n "$STARTED_DOCKERD" ] || return 0
+  kill "$STARTED_DOCKERD" 2>/dev/null || true
+  for _ in $(seq 1 30); do kill -0 "$STARTED_DOCKERD" 2>/dev/null || break; sleep 1; done
+  STARTED_DOCKERD=""
+}
