@@ -227,7 +227,8 @@ EOF
 start() {
   if status 2>/dev/null; then log "already running (reused)"; return 0; fi
   stop >/dev/null 2>&1 || true
-  prereqs etcd:etcd-server containerd:containerd runc:runc conntrack:conntrack python3:python3 openssl:openssl gcc:gcc
+  prereqs etcd:etcd-server containerd:containerd runc:runc conntrack:conntrack iptables:iptables \
+    python3:python3 openssl:openssl gcc:gcc
   [ -x /usr/lib/cni/bridge ] || prereqs /usr/lib/cni/bridge:containernetworking-plugins
   command -v kubectl >/dev/null 2>&1 || fail "kubectl is needed"
   local t0=$SECONDS
