@@ -3,6 +3,8 @@
 KUBERNETES_VERSION=1.32.0          # the API the manifests are checked and applied against
 KEDA_VERSION=v2.21.0
 PROMETHEUS_OPERATOR_VERSION=v0.85.0
+METRICS_SERVER_VERSION=v0.8.0     # the resource metrics API (CPU triggers) on the test cluster
+PROMETHEUS_VERSION=v0.305.0       # Prometheus 3.5.0 (compose's), scraping the test cluster's pods
 
 # A Go module's directory in the module cache, downloaded through the module proxy.
 go_module_dir() {
@@ -44,6 +46,35 @@ k8s_binary() {
     fi
     mv "$bin.tmp.$$" "$bin"
     rm -rf "$src"
+  fi
+  printf '%s\n' "$bin"
+}
+
+# go_module_binary MODULE@VERSION PACKAGE NAME [LDFLAGS]: the path of a static binary (CGO off)
+# of PACKAGE (relative to the module, e.g. ./cmd/operator) built from MODULE@VERSION as the
+# main module, so that its own go.mod's replace directives apply; cached under
+# $SLUICE_CACHE/k8s/bin as NAME-VERSION. For KEDA and metrics-server (no release binaries
+# or images can be downloaded here).
+go_module_binary() {
+  local mod="$1" pkg="$2" name="$3" ldflags="${4:-}"
+  local cache="${SLUICE_CACHE:-$HOME/.cache/sluice}/k8s"
+  local bin="$cache/bin/$name-${mod##*@}"
+  if [ ! -x "$bin" ]; then
+    local dir src
+    dir=$(go_module_dir "$mod") || return 1
+    src=$(mktemp -d "${TMPDIR:-/tmp}/sluice-go-build.XXXXXX")
+    mkdir -p "$cache/bin"
+    cp -r "$dir/." "$src/"
+    chmod -R u+w "$src"
+    if ! (cd "$src" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w $ldflags" -o "$bin.tmp.$$" "$pkg") \
+        >"$src.log" 2>&1; then
+      tail -n 30 "$src.log" >&2
+      rm -rf "$src" "$src.log" "$bin.tmp.$$"
+      echo "building $name from $mod failed" >&2
+      return 1
+    fi
+    mv "$bin.tmp.$$" "$bin"
+    rm -rf "$src" "$src.log"
   fi
   printf '%s\n' "$bin"
 }

@@ -7,6 +7,8 @@
 #   deploy/k8s-local/cluster.sh status        exit 0 when the API answers and the node is Ready
 #   deploy/k8s-local/cluster.sh env           `export KUBECONFIG=...` (the admin's kubeconfig)
 #   deploy/k8s-local/cluster.sh import IMAGE  copy IMAGE from the Docker engine into the node's containerd
+#   deploy/k8s-local/cluster.sh addons        install metrics-server and KEDA (below) on the running node
+#   deploy/k8s-local/cluster.sh build         build (or find cached) every binary of the node and add-ons
 #   deploy/k8s-local/cluster.sh logs          where each component's log is
 #
 # Parts, all at KUBERNETES_VERSION (scripts/deploy-lib.sh):
@@ -28,6 +30,13 @@
 # the kubeconfigs name (never argv); Node and RBAC authorization; the kubelet authenticates
 # kube-apiserver by a client certificate and authorizes callers through the API
 # (SubjectAccessReview); service-account tokens signed with a key made here.
+#
+# Add-ons (`addons`): metrics-server METRICS_SERVER_VERSION (the resource metrics API, which
+# CPU triggers and HPAs need) and KEDA KEDA_VERSION (operator, metrics API server, admission
+# webhooks), each built from its Go module as the main module (static, CGO off), put alone
+# in a local image, and installed with the project's own manifests from the same module
+# (metrics-server's manifests/base, KEDA's config/default) changed only in image names, pull
+# policy, and metrics-server trusting the node CA for the kubelet's certificate.
 #
 # Settings: SLUICE_CACHE (~/.cache/sluice), SLUICE_K8S_STATE (/var/lib/sluice-k8s: containerd
 # wants a filesystem with overlayfs, and the kubelet root), SLUICE_K8S_READY_TIMEOUT (180 s).
@@ -136,6 +145,14 @@ pki() {
     # kube-apiserver's identity towards kubelets (logs, exec, port-forward).
     sign apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
     sign kubelet "/CN=$NODE" "IP:$NODE_IP,DNS:$NODE"
+    # The aggregation layer (KEDA's external-metrics server): kube-apiserver proxies requests
+    # to an APIService with this client certificate, under its own CA.
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=sluice-k8s-front-proxy-ca" \
+      -keyout front-proxy-ca.key -out front-proxy-ca.crt 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=front-proxy-client" -keyout front-proxy-client.key \
+      -out front-proxy-client.csr 2>/dev/null
+    openssl x509 -req -in front-proxy-client.csr -CA front-proxy-ca.crt -CAkey front-proxy-ca.key \
+      -CAcreateserial -days 2 -out front-proxy-client.crt 2>/dev/null
     openssl genrsa -out sa.key 2048 2>/dev/null
     openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
     # One token per identity; kube-apiserver reads token,user,uid,"groups".
@@ -253,7 +270,12 @@ start() {
     --kubelet-preferred-address-types InternalIP \
     --service-account-issuer https://kubernetes.default.svc.cluster.local \
     --service-account-key-file "$p/sa.pub" --service-account-signing-key-file "$p/sa.key" \
-    --service-cluster-ip-range "$SERVICE_CIDR" --cert-dir "$STATE/apiserver-certs"
+    --service-cluster-ip-range "$SERVICE_CIDR" --cert-dir "$STATE/apiserver-certs" \
+    --requestheader-client-ca-file "$p/front-proxy-ca.crt" --requestheader-allowed-names front-proxy-client \
+    --requestheader-username-headers X-Remote-User --requestheader-group-headers X-Remote-Group \
+    --requestheader-extra-headers-prefix X-Remote-Extra- \
+    --proxy-client-cert-file "$p/front-proxy-client.crt" --proxy-client-key-file "$p/front-proxy-client.key" \
+    --enable-aggregator-routing=true
   wait_for "kube-apiserver /readyz" 90 kubectl get --raw /readyz
 
   launch kube-controller-manager "$(bin kube-controller-manager)" \
@@ -328,6 +350,107 @@ EOF
   log "node $NODE Ready in $((SECONDS - t0)) s (Kubernetes v$KUBERNETES_VERSION, containerd $(containerd --version | awk '{print $3}'); API $API)"
 }
 
+# addon_image IMAGE ENTRYPOINT PATH:NAME...: a local image holding only the given static
+# binaries (at /NAME) and an empty /tmp, cached as a tar under $CACHE/k8s/images, imported
+# into the node's containerd.
+addon_image() {
+  local image="$1" entry="$2" out pair dir
+  shift 2
+  out="$CACHE/k8s/images/$(printf '%s' "$image" | tr '/:' '__').tar"
+  if [ ! -s "$out" ]; then
+    dir=$(mktemp -d)
+    mkdir -p "$dir/root/tmp" "$CACHE/k8s/images"
+    for pair in "$@"; do cp "${pair%%:*}" "$dir/root/${pair#*:}"; done
+    tar -C "$dir/root" -cf "$dir/rootfs.tar" .
+    docker import --change "ENTRYPOINT [\"$entry\"]" --change 'USER 65532:65532' \
+      "$dir/rootfs.tar" "$image" >/dev/null
+    docker save "$image" -o "$out.tmp"
+    mv "$out.tmp" "$out"
+    rm -rf "$dir"
+  fi
+  ctr_ images import "$out" >/dev/null
+}
+
+# The add-ons' binaries, each built once and cached (see go_module_binary); prints their paths:
+# operator, metrics API server, admission webhooks, metrics-server.
+addon_binaries() {
+  local keda="github.com/kedacore/keda/v2@$KEDA_VERSION" v
+  v="-X=github.com/kedacore/keda/v2/version.Version=${KEDA_VERSION#v}"
+  go_module_binary "$keda" ./cmd/operator keda "$v" || fail "building KEDA's operator"
+  go_module_binary "$keda" ./cmd/adapter keda-adapter "$v" || fail "building KEDA's metrics API server"
+  go_module_binary "$keda" ./cmd/webhooks keda-admission-webhooks "$v" || fail "building KEDA's admission webhooks"
+  go_module_binary "sigs.k8s.io/metrics-server@$METRICS_SERVER_VERSION" ./cmd/metrics-server metrics-server ||
+    fail "building metrics-server"
+}
+
+addons() {
+  status || fail "the node is not running (start it first)"
+  docker_up || fail "dockerd did not start"
+  local t0=$SECONDS keda ms a="$STATE/addons" op ad wh msb
+  keda="github.com/kedacore/keda/v2@$KEDA_VERSION"
+  ms="sigs.k8s.io/metrics-server@$METRICS_SERVER_VERSION"
+  { read -r op; read -r ad; read -r wh; read -r msb; } < <(addon_binaries)
+  [ -x "$msb" ] || fail "the add-on binaries were not built"
+  addon_image "sluice.local/keda:$KEDA_VERSION" /keda "$op:keda" "$ad:keda-adapter" "$wh:keda-admission-webhooks"
+  addon_image "sluice.local/metrics-server:$METRICS_SERVER_VERSION" /metrics-server "$msb:metrics-server"
+  log "add-on binaries and images ready in $((SECONDS - t0)) s"
+
+  rm -rf "$a"
+  mkdir -p "$a/metrics-server" "$a/keda"
+  cp -r "$(go_module_dir "$ms")/manifests" "$a/metrics-server-manifests"
+  cp -r "$(go_module_dir "$keda")/config" "$a/keda-config"
+  chmod -R u+w "$a"
+  cp "$STATE/pki/ca.crt" "$a/metrics-server/node-ca.crt"
+  {
+    echo "apiVersion: kustomize.config.k8s.io/v1beta1"
+    echo "kind: Kustomization"
+    echo "namespace: kube-system"
+    echo "resources: [../metrics-server-manifests/base]"
+    echo "images:"
+    echo "  - {name: gcr.io/k8s-staging-metrics-server/metrics-server, newName: sluice.local/metrics-server, newTag: $METRICS_SERVER_VERSION}"
+    echo "configMapGenerator:"
+    echo "  - {name: node-ca, files: [node-ca.crt]}"
+    echo "patches:"
+    echo "  # The kubelet's serving certificate is signed by the node CA: trust it (no --kubelet-insecure-tls)."
+    echo "  - target: {kind: Deployment, name: metrics-server}"
+    echo "    patch: |-"
+    echo "      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --kubelet-certificate-authority=/etc/node-ca/node-ca.crt}"
+    echo "      - {op: add, path: /spec/template/spec/containers/0/volumeMounts/-, value: {name: node-ca, mountPath: /etc/node-ca, readOnly: true}}"
+    echo "      - {op: add, path: /spec/template/spec/volumes/-, value: {name: node-ca, configMap: {name: node-ca}}}"
+  } >"$a/metrics-server/kustomization.yaml"
+  {
+    echo "apiVersion: kustomize.config.k8s.io/v1beta1"
+    echo "kind: Kustomization"
+    echo "resources: [../keda-config/default]"
+    echo "images:"
+    for i in keda keda-metrics-apiserver keda-admission-webhooks; do
+      echo "  - {name: ghcr.io/kedacore/$i, newName: sluice.local/keda, newTag: $KEDA_VERSION}"
+    done
+    echo "patches:"
+    echo "  # Always would ask a registry; the images are in the node's containerd."
+    echo "  - target: {kind: Deployment}"
+    echo "    patch: |-"
+    echo "      - {op: replace, path: /spec/template/spec/containers/0/imagePullPolicy, value: IfNotPresent}"
+  } >"$a/keda/kustomization.yaml"
+  kubectl apply --server-side --force-conflicts -k "$a/metrics-server" >/dev/null
+  kubectl apply --server-side --force-conflicts -k "$a/keda" >/dev/null
+  local d
+  for d in kube-system/metrics-server keda/keda-operator keda/keda-metrics-apiserver keda/keda-admission; do
+    kubectl rollout status -n "${d%%/*}" "deployment/${d#*/}" --timeout 300s >/dev/null ||
+      fail "add-on $d did not roll out"
+  done
+  wait_for "the metrics APIs (metrics.k8s.io, external.metrics.k8s.io) Available" 180 apis_available
+  log "add-ons running in $((SECONDS - t0)) s: metrics-server $METRICS_SERVER_VERSION, KEDA $KEDA_VERSION"
+}
+
+apis_available() {
+  local s
+  for s in v1beta1.metrics.k8s.io v1beta1.external.metrics.k8s.io; do
+    [ "$(kubectl get apiservice "$s" -o jsonpath='{.status.conditions[?(@.type=="Available")].status}')" = True ] || return 1
+  done
+  kubectl get --raw /apis/metrics.k8s.io/v1beta1/nodes | grep -q "$NODE"
+}
+
 node_ready() {
   [ "$(kubectl get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
 }
@@ -380,6 +503,16 @@ case "${1:-}" in
     docker_up || fail "dockerd did not start"
     docker save "$2" | ctr_ images import - >/dev/null
     log "imported $2 into the node's containerd"
+    ;;
+  addons) addons ;;
+  build)
+    # Also the Prometheus that scripts/test-k8s-run.sh runs on the host.
+    t=$SECONDS
+    binaries
+    addon_binaries >/dev/null
+    go_module_binary "github.com/prometheus/prometheus@$PROMETHEUS_VERSION" ./cmd/prometheus prometheus >/dev/null ||
+      fail "building Prometheus"
+    log "every binary built or cached in $((SECONDS - t)) s"
     ;;
   logs) for c in "${components[@]}"; do echo "$c: $STATE/$c.log"; done ;;
   *) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;

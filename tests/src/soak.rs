@@ -183,9 +183,9 @@ impl Fault {
 enum Verdict {
     /// The whole answer, exactly as expected.
     Answered,
-    /// A terminal error record of this type, or `not-stored` when the broker did not take the
-    /// request.
-    ClearError(String),
+    /// A terminal error record of this type (and its message, where the caller sees one), or
+    /// `not-stored` when the broker did not take the request.
+    ClearError(String, String),
     /// An answer that differs from the one expected (a record lost, duplicated or reordered).
     Wrong(String),
     /// No end: a timeout, or a stream that stopped.
@@ -670,22 +670,24 @@ fn foreign_objects(ids: &[Option<String>], n: u64) -> Option<String> {
 }
 
 /// Judges a terminal error: a known, non-empty type is a clear error.
-fn clear(kind: &str) -> Verdict {
+fn clear(kind: &str, message: &str) -> Verdict {
     if kind.is_empty() {
         Verdict::Broken("an error record without a type".into())
     } else {
-        Verdict::ClearError(kind.to_owned())
+        Verdict::ClearError(kind.to_owned(), message.to_owned())
     }
 }
 
 fn client_failure(e: &ClientError) -> Verdict {
     match e {
-        ClientError::NotStored(_) | ClientError::Bus(_) => Verdict::ClearError("not-stored".into()),
+        ClientError::NotStored(_) | ClientError::Bus(_) => {
+            Verdict::ClearError("not-stored".into(), e.to_string())
+        }
         // The caller's own deadline (the gateway reports it as `timeout`): clear to the
         // caller, but a loss looks the same, so `one_request` accepts it only from a stalled
         // provider.
         ClientError::InactivityTimeout(_) | ClientError::TotalTimeout(_) => {
-            Verdict::ClearError("timeout".into())
+            Verdict::ClearError("timeout".into(), e.to_string())
         }
         other => Verdict::Lost(other.to_string()),
     }
@@ -710,7 +712,7 @@ async fn bus_llm(clients: &Clients, text: &str, streaming: bool) -> Verdict {
             Some(Ok(Received::Restarted)) => answer.clear(),
             Some(Ok(Received::Record(r))) => {
                 if let Some(e) = &r.error {
-                    return clear(&e.kind);
+                    return clear(&e.kind, &e.message);
                 }
                 answer.push_str(&r.response);
                 if r.end_of_stream {
@@ -743,7 +745,7 @@ async fn bus_prompt(clients: &Clients, n: u64) -> Verdict {
             Some(Ok(Received::Restarted)) => ids.clear(),
             Some(Ok(Received::Record(r))) => {
                 if let Some(e) = &r.error {
-                    return clear(&e.kind);
+                    return clear(&e.kind, &e.message);
                 }
                 if let Some(o) = r.object.as_ref().filter(|o| !o.is_empty()) {
                     ids.push(block_id(&Value::String(o.clone())));
@@ -785,7 +787,7 @@ async fn bus_agent(clients: &Clients, n: u64) -> Verdict {
             Some(Ok(Received::Restarted)) => answer.clear(),
             Some(Ok(Received::Record(r))) => {
                 if let Some(e) = &r.error {
-                    return clear(&e.kind);
+                    return clear(&e.kind, &e.message);
                 }
                 if r.message_type == AgentMessageType::Answer {
                     answer.push_str(&r.content);
@@ -810,7 +812,8 @@ struct Events {
     objects: usize,
     /// The `block_id` of each object since the last restart.
     object_ids: Vec<Option<String>>,
-    error: Option<String>,
+    /// The error event's type and its content (the message).
+    error: Option<(String, String)>,
     done: u32,
     broken: Option<String>,
 }
@@ -836,7 +839,7 @@ async fn http_events(
         return Err(if kind.is_empty() {
             Verdict::Broken(format!("HTTP {status} without an error type"))
         } else {
-            clear(&kind)
+            clear(&kind, v["error"]["message"].as_str().unwrap_or_default())
         });
     }
     let mut events = Events {
@@ -887,8 +890,10 @@ async fn http_events(
                     if events.error.is_some() {
                         events.broken = Some("two error events".into());
                     }
-                    events.error =
-                        Some(event["error_type"].as_str().unwrap_or_default().to_owned());
+                    events.error = Some((
+                        event["error_type"].as_str().unwrap_or_default().to_owned(),
+                        event["content"].as_str().unwrap_or_default().to_owned(),
+                    ));
                 }
                 Some("done") => events.done += 1,
                 _ => {}
@@ -912,8 +917,8 @@ fn judge_events(events: Events, expected: impl FnOnce(&Events) -> Option<String>
             Verdict::Broken(format!("{} done events", events.done))
         };
     }
-    if let Some(kind) = &events.error {
-        return clear(kind);
+    if let Some((kind, message)) = &events.error {
+        return clear(kind, message);
     }
     match expected(&events) {
         None => Verdict::Answered,
@@ -940,7 +945,7 @@ async fn http_llm(clients: &Clients, text: &str, streaming: bool) -> Verdict {
             Err(e) => return Verdict::Lost(format!("HTTP body: {e}")),
         };
         if let Some(kind) = v["error"]["type"].as_str() {
-            return clear(kind);
+            return clear(kind, v["error"]["message"].as_str().unwrap_or_default());
         }
         if !status.is_success() {
             return Verdict::Broken(format!("HTTP {status} without an error"));
@@ -1004,7 +1009,7 @@ async fn one_request(clients: &Clients, n: u64, kind: Kind, fault: Fault) -> Ver
     // redelivered when a replica is killed, so it may outlast the caller's deadline. Any
     // other request that runs into the deadline was lost.
     match verdict {
-        Verdict::ClearError(t) if t == "timeout" && fault != Fault::Stalled => {
+        Verdict::ClearError(t, _) if t == "timeout" && fault != Fault::Stalled => {
             Verdict::Lost("the caller's deadline passed without a terminal record".into())
         }
         other => other,
@@ -1333,14 +1338,15 @@ async fn soak(config: &SoakConfig, broker: &SoakBroker) -> Result<SoakReport, St
                 report.answered += 1;
                 "answered".to_owned()
             }
-            Verdict::ClearError(t) => {
+            Verdict::ClearError(t, message) => {
                 report.clear_errors += 1;
                 if fault.answerable() {
                     *report.unanswered_clean.entry(t.clone()).or_default() += 1;
                     if !explained_by_an_outage(t, ran, &outages) {
                         report.violations.push(format!(
                             "{} ({fault:?}): a request that should have been answered ended \
-                             with `{t}` at {:.1}-{:.1} s, not explained by a broker restart",
+                             with `{t}` ({message:?}) at {:.1}-{:.1} s, not explained by a \
+                             broker restart",
                             kind.name(),
                             ran.0,
                             ran.1
