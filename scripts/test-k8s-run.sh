@@ -32,8 +32,7 @@
 #  6. Prometheus 3.5 (built from its Go module, on the host) configured from the PodMonitor as stored in the
 #     cluster, as the Prometheus Operator would (tests/k8s/podmonitor_scrape.py), through
 #     Kubernetes service discovery with a ServiceAccount that may only list sluice's pods:
-#     every processor's pods are targets and up, every alert rule loads, every dashboard
-#     panel has data.
+#     every processor's pods are targets and up, every alert rule loads.
 #
 # Not here yet (issue #22): KEDA scaling (CoreDNS first), `kubectl drain` (one node: drained
 # pods have nowhere to go), the TrustGraph mapping's non-persistent topics under KEDA.
@@ -299,11 +298,12 @@ python3 tests/stack/check_prometheus.py targets "$PROM" text-completion prompt a
   fail "Prometheus (PodMonitor translation) does not scrape every processor's pods: $(tail -n 5 "$WORK/prometheus.log")"
 python3 tests/stack/check_prometheus.py rules "$PROM" deploy/prometheus/alerts.yml --wait 30 ||
   fail "the alert rules did not load"
-python3 tests/stack/check_prometheus.py panels "$PROM" deploy/grafana/dashboards/sluice.json --wait 60 ||
-  fail "a dashboard panel has no data from the pods"
+# Not the dashboard's panels: here the broker is not scraped, no 429 is provoked and the
+# shipped agent has no tools, so six panels rightly have no data; the compose stack test
+# (scripts/test-stack.sh) checks every panel with traffic behind it.
 n=$(python3 tests/stack/check_prometheus.py query "$PROM" 'count(up{namespace="sluice"} == 1)' |
   python3 -c 'import json, sys; r = json.load(sys.stdin); print(r[0]["value"][1] if r else 0)')
-figure "Prometheus through the shipped PodMonitor: $n pod targets up, every alert rule loaded, every dashboard panel with data"
+figure "Prometheus through the shipped PodMonitor: $n pod targets up, every alert rule loaded"
 
 figure "scripts/test-k8s-run.sh: $((SECONDS - T0)) s in all"
 echo "== test-k8s-run: passed"
