@@ -107,24 +107,18 @@ binaries() {
 }
 bin() { printf '%s/k8s/bin/%s-v%s' "$CACHE" "$1" "$KUBERNETES_VERSION"; }
 
-# The sandbox image: Kubernetes' pause.c, static, alone in an image (~1 MB).
+# The sandbox image: Kubernetes' pause.c, compiled static once (cached beside the other
+# binaries), alone in an image (~1 MB).
 pause_image() {
-  local out="$CACHE/k8s/pause-3.10.tar"
-  if [ ! -s "$out" ]; then
-    local src dir
-    src="$(go_module_dir "k8s.io/kubernetes@v$KUBERNETES_VERSION")/build/pause/linux/pause.c"
-    dir=$(mktemp -d)
-    gcc -Os -Wall -static -DVERSION=v3.10-sluice -o "$dir/pause" "$src"
-    strip "$dir/pause"
-    tar -C "$dir" -cf "$dir/rootfs.tar" pause
-    docker_up || fail "dockerd did not start"
-    docker import --change 'ENTRYPOINT ["/pause"]' --change 'USER 65535:65535' \
-      "$dir/rootfs.tar" "$PAUSE_IMAGE" >/dev/null
-    docker save "$PAUSE_IMAGE" -o "$out.tmp"
-    mv "$out.tmp" "$out"
-    rm -rf "$dir"
+  local bin="$CACHE/k8s/bin/pause-v3.10-sluice"
+  if [ ! -x "$bin" ]; then
+    mkdir -p "$CACHE/k8s/bin"
+    gcc -Os -Wall -static -DVERSION=v3.10-sluice -o "$bin.tmp.$$" \
+      "$(go_module_dir "k8s.io/kubernetes@v$KUBERNETES_VERSION")/build/pause/linux/pause.c"
+    strip "$bin.tmp.$$"
+    mv "$bin.tmp.$$" "$bin"
   fi
-  ctr_ images import "$out" >/dev/null
+  one_file_image "$PAUSE_IMAGE" /pause 65535:65535 "$bin:pause"
 }
 
 pki() {
@@ -350,19 +344,20 @@ EOF
   log "node $NODE Ready in $((SECONDS - t0)) s (Kubernetes v$KUBERNETES_VERSION, containerd $(containerd --version | awk '{print $3}'); API $API)"
 }
 
-# addon_image IMAGE ENTRYPOINT PATH:NAME...: a local image holding only the given static
-# binaries (at /NAME) and an empty /tmp, cached as a tar under $CACHE/k8s/images, imported
-# into the node's containerd.
-addon_image() {
-  local image="$1" entry="$2" out pair dir
-  shift 2
+# one_file_image IMAGE ENTRYPOINT USER PATH:NAME...: a local image holding only the given
+# static binaries (at /NAME) and an empty /tmp, run as USER (uid:gid), cached as a tar under
+# $CACHE/k8s/images (made once, with Docker), imported into the node's containerd.
+one_file_image() {
+  local image="$1" entry="$2" user="$3" out pair dir
+  shift 3
   out="$CACHE/k8s/images/$(printf '%s' "$image" | tr '/:' '__').tar"
   if [ ! -s "$out" ]; then
     dir=$(mktemp -d)
     mkdir -p "$dir/root/tmp" "$CACHE/k8s/images"
     for pair in "$@"; do cp "${pair%%:*}" "$dir/root/${pair#*:}"; done
     tar -C "$dir/root" -cf "$dir/rootfs.tar" .
-    docker import --change "ENTRYPOINT [\"$entry\"]" --change 'USER 65532:65532' \
+    docker_up || fail "dockerd did not start"
+    docker import --change "ENTRYPOINT [\"$entry\"]" --change "USER $user" \
       "$dir/rootfs.tar" "$image" >/dev/null
     docker save "$image" -o "$out.tmp"
     mv "$out.tmp" "$out"
@@ -385,14 +380,13 @@ addon_binaries() {
 
 addons() {
   status || fail "the node is not running (start it first)"
-  docker_up || fail "dockerd did not start"
   local t0=$SECONDS keda ms a="$STATE/addons" op ad wh msb
   keda="github.com/kedacore/keda/v2@$KEDA_VERSION"
   ms="sigs.k8s.io/metrics-server@$METRICS_SERVER_VERSION"
   { read -r op; read -r ad; read -r wh; read -r msb; } < <(addon_binaries)
   [ -x "$msb" ] || fail "the add-on binaries were not built"
-  addon_image "sluice.local/keda:$KEDA_VERSION" /keda "$op:keda" "$ad:keda-adapter" "$wh:keda-admission-webhooks"
-  addon_image "sluice.local/metrics-server:$METRICS_SERVER_VERSION" /metrics-server "$msb:metrics-server"
+  one_file_image "sluice.local/keda:$KEDA_VERSION" /keda 65532:65532 "$op:keda" "$ad:keda-adapter" "$wh:keda-admission-webhooks"
+  one_file_image "sluice.local/metrics-server:$METRICS_SERVER_VERSION" /metrics-server 65532:65532 "$msb:metrics-server"
   log "add-on binaries and images ready in $((SECONDS - t0)) s"
 
   rm -rf "$a"
