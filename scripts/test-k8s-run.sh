@@ -233,7 +233,13 @@ load_start() {
   python3 tests/k8s/load.py --url "$GW" --token-file "$WORK/token" --streams 64 \
     --control "$WORK/load-$1" 2>"$WORK/load-$1/log" &
   load_pid=$!
-  sleep 8   # every caller in a stream before the change
+  # The change begins once every caller is in a stream (the driver says so).
+  for _ in $(seq 1 600); do
+    [ -e "$WORK/load-$1/streaming" ] && return 0
+    kill -0 "$load_pid" 2>/dev/null || fail "$1: the load driver exited: $(tail -n 5 "$WORK/load-$1/log")"
+    sleep 0.1
+  done
+  fail "$1: the 64 callers were not all streaming within 60 s"
 }
 load_stop() {
   touch "$WORK/load-$1/stop"
@@ -276,8 +282,8 @@ victim=$(kubectl get pods -n "$NS" -l app.kubernetes.io/component=text-completio
 t=$SECONDS
 kubectl delete pod -n "$NS" "$victim" --grace-period 0 --force >/dev/null 2>&1
 kubectl rollout status -n "$NS" deployment/text-completion --timeout 240s >/dev/null
-sleep 25   # the re-delivered streams run to their end
-load_stop delete-pod "$((SECONDS - t)) s (to the replacement Ready plus 25 s)"
+# load_stop lets every caller finish the request it is in: the re-delivered ones included.
+load_stop delete-pod "$((SECONDS - t)) s (to the replacement Ready)"
 restarted=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["restarted"])' "$WORK/load-delete-pod/summary.json")
 [ "$restarted" -gt 0 ] || fail "a pod deleted mid-stream restarted no request: it was not mid-stream"
 

@@ -21,7 +21,8 @@ A request is
   * an error: an `error` event, a `done` of another reason, an HTTP status other than 200,
     or an answer that is not the expected one;
   * lost: no final event at all (connection refused or reset, the stream cut, a timeout).
-Writes DIR/summary.json when every caller stopped: counts per kind and outcome, restarts,
+Writes DIR/streaming once every caller has had the first event of its first request (the
+moment a change under load may begin), and DIR/summary.json when every caller stopped: counts per kind and outcome, restarts,
 the longest silence inside a stream and before its first event, and every failure (up to
 20 shown with their last events). Prints one line per failure as it happens.
 """
@@ -55,8 +56,8 @@ def expected(kind, n, text, objects):
     return "fake answer to" in text and f"caller {n}?" in text
 
 
-def one(url, token, kind, n, timeout):
-    """One request; returns (outcome, detail dict)."""
+def one(url, token, kind, n, timeout, on_first_event=None):
+    """One request; returns (outcome, detail dict). Calls on_first_event at its first event."""
     parts = urllib.parse.urlsplit(url)
     body = json.dumps(request_for(kind, n) | {"streaming": True})
     started = time.monotonic()
@@ -84,6 +85,8 @@ def one(url, token, kind, n, timeout):
             last = now
             if first_gap is None:
                 first_gap = gap
+                if on_first_event:
+                    on_first_event()
             else:
                 longest = max(longest, gap)
             event = json.loads(line)
@@ -126,14 +129,29 @@ def main():
     lock = threading.Lock()
     results = []
     counter = [0]
+    waiting = [args.streams]  # callers yet to see a first event
+
+    def streaming():
+        with lock:
+            waiting[0] -= 1
+            if waiting[0] == 0:
+                open(os.path.join(args.control, "streaming"), "w").close()
 
     def caller(i):
         kind = kinds[i % len(kinds)]
+        started = [False]
+
+        def first_event():
+            if not started[0]:
+                started[0] = True
+                streaming()
+
         while not os.path.exists(stop):
             with lock:
                 counter[0] += 1
                 n = counter[0]
-            outcome, detail = one(args.url, token, kind, n, args.timeout)
+            outcome, detail = one(args.url, token, kind, n, args.timeout, first_event)
+            first_event()  # a first request without any event still ends the wait
             detail |= {"kind": kind, "n": n, "outcome": outcome}
             with lock:
                 results.append(detail)
