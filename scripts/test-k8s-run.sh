@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Runs deploy/k8s for real on a single-node Kubernetes made of upstream parts
+# Runs deploy/k8s for real on a two-node Kubernetes made of upstream parts
 # (deploy/k8s-local/cluster.sh: kube-apiserver, kube-controller-manager, kube-scheduler,
 # kubelet, kube-proxy built from the Go module proxy; Debian's etcd, containerd, runc, CNI
 # plugins), and checks what a user who applies it would meet:
 #
-#  1. the node Ready; sluice:local (scripts/stack-images.sh, the real Dockerfile) imported
-#     into its containerd; a Pulsar standalone on the node bridge (10.244.0.1:6670, fresh
+#  1. both nodes Ready; sluice:local (scripts/stack-images.sh, the real Dockerfile) imported
+#     into their containerd; a Pulsar standalone on the node bridge (10.244.0.1:6670, fresh
 #     state) and the scripted provider front of the local LLM (tests/py/fake_openai_sse.py,
 #     10.244.0.1:8796, relaying unscripted prompts to llama-server);
 #  2. the example overlay as shipped, through tests/k8s/overlay (image, broker address,
@@ -20,22 +20,24 @@
 #  4. under 64 concurrent streaming callers (tests/k8s/load.py: ~20 s text-completion
 #     streams, prompt and agent requests): a rolling update of each Deployment (a pod
 #     template change: `kubectl rollout restart`), then a text-completion pod deleted
-#     mid-stream without grace (its requests re-delivered to the other replica; KEDA keeps 2). Each must end
-#     with 0 lost requests and 0 errors to callers; the rollout time and the longest silence
-#     inside a stream are reported.
-#
-#  5. KEDA and metrics-server, built from their Go modules and installed from their own
-#     manifests (deploy/k8s-local/cluster.sh addons): the shipped ScaledObjects are Ready and
-#     KEDA's HPAs hold the minimum of 2. NOT yet: scaling on the backlog (KEDA's metrics API
-#     server reaches its operator by a Service DNS name; this cluster has no DNS yet).
+#     mid-stream without grace (its requests re-delivered to the other replica; KEDA keeps
+#     2), then `kubectl drain` of the node holding most of sluice's pods (the Eviction API
+#     holds to the PodDisruptionBudgets: no Deployment ever below its replicas less one Ready;
+#     the pods move to the other node). Each must end with 0 lost requests and 0 errors to
+#     callers; the change's time and the longest silence inside a stream are reported.
+#  5. KEDA (with CoreDNS and metrics-server, built from their Go modules and installed from
+#     their own manifests: deploy/k8s-local/cluster.sh addons) and the shipped ScaledObject:
+#     a backlog of 400 requests published straight to the request topic scales
+#     text-completion up from its minimum of 2 through the pulsar trigger (the HPA must have
+#     seen the backlog, not only CPU), the backlog drains, every request is answered on the
+#     response topic, and it scales back to 2.
 #
 #  6. Prometheus 3.5 (built from its Go module, on the host) configured from the PodMonitor as stored in the
 #     cluster, as the Prometheus Operator would (tests/k8s/podmonitor_scrape.py), through
 #     Kubernetes service discovery with a ServiceAccount that may only list sluice's pods:
 #     every processor's pods are targets and up, every alert rule loads.
 #
-# Not here yet (issue #22): KEDA scaling (CoreDNS first), `kubectl drain` (one node: drained
-# pods have nowhere to go), the TrustGraph mapping's non-persistent topics under KEDA.
+# Not here yet (issue #22): the TrustGraph mapping's non-persistent topics under KEDA.
 #
 # Usage: scripts/test-k8s-run.sh. Needs root, the local LLM (started when it is not serving;
 # SLUICE_LLM_API_KEY must match one that is), Docker (started when none runs). Figures go to
@@ -62,7 +64,7 @@ log() { printf '[k8s-run] %s\n' "$*" >&2; }
 fail() { log "FAILED: $*"; exit 1; }
 figure() { FIGURES+=("$1"); log "figure: $1"; }
 
-front_pid="" load_pid="" started_llm="" prom_pid=""
+front_pid="" load_pid="" started_llm="" prom_pid="" consume_pid="" sampler_pid=""
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
@@ -82,6 +84,8 @@ cleanup() {
   [ -n "$load_pid" ] && kill "$load_pid" 2>/dev/null || true
   [ -n "$front_pid" ] && kill "$front_pid" 2>/dev/null || true
   [ -n "$prom_pid" ] && kill "$prom_pid" 2>/dev/null || true
+  [ -n "$consume_pid" ] && kill "$consume_pid" 2>/dev/null || true
+  [ -n "$sampler_pid" ] && kill "$sampler_pid" 2>/dev/null || true
   deploy/k8s-local/cluster.sh stop >/dev/null 2>&1 || true
   deploy/pulsar/pulsar.sh stop >/dev/null 2>&1 || true
   [ -n "$started_llm" ] && { LLM_PORT="$LLM_PORT" deploy/local-llm/llama-server.sh stop >/dev/null 2>&1 || true; }
@@ -99,10 +103,10 @@ docker_up || fail "dockerd did not start"   # the pause image, the sluice image
 t=$SECONDS
 deploy/k8s-local/cluster.sh start
 eval "$(deploy/k8s-local/cluster.sh env)"
-figure "single-node cluster start to node Ready: $((SECONDS - t)) s (binaries cached)"
+figure "two-node cluster start to both nodes Ready: $((SECONDS - t)) s (binaries cached)"
 t=$SECONDS
 deploy/k8s-local/cluster.sh addons
-figure "metrics-server and KEDA installed from their own manifests, APIs Available: $((SECONDS - t)) s (images cached)"
+figure "CoreDNS, metrics-server and KEDA installed from their own manifests, APIs Available: $((SECONDS - t)) s (images cached)"
 t=$SECONDS
 bash scripts/stack-images.sh sluice >"$WORK/images.log" 2>&1 || { tail -n 30 "$WORK/images.log" >&2; fail "building sluice:local"; }
 deploy/k8s-local/cluster.sh import sluice:local
@@ -164,7 +168,9 @@ kubectl get namespace "$NS" -o jsonpath='{.metadata.labels.pod-security\.kuberne
   grep -qx restricted || fail "namespace $NS does not enforce restricted"
 checked=0
 for id in $(kubectl get pods -n "$NS" -o jsonpath='{range .items[*]}{range .status.containerStatuses[*]}{.containerID}{"\n"}{end}{end}' | sed 's#^containerd://##'); do
-  pid=$(ctr --address /run/sluice-k8s/containerd.sock -n k8s.io tasks ls | awk -v id="$id" '$1 == id { print $2 }')
+  # The task is in the containerd of the node it runs on.
+  pid=$(for sock in /run/sluice-k8s/containerd*.sock; do ctr --address "$sock" -n k8s.io tasks ls 2>/dev/null; done |
+    awk -v id="$id" '$1 == id { print $2 }')
   [ -n "$pid" ] || fail "container $id: no running task"
   status=$(cat "/proc/$pid/status")
   uid=$(awk '/^Uid:/ { print $2 "/" $3 "/" $4 "/" $5 }' <<<"$status")
@@ -287,17 +293,159 @@ load_stop delete-pod "$((SECONDS - t)) s (to the replacement Ready)"
 restarted=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["restarted"])' "$WORK/load-delete-pod/summary.json")
 [ "$restarted" -gt 0 ] || fail "a pod deleted mid-stream restarted no request: it was not mid-stream"
 
-# -- 5. KEDA, as far as it works here -------------------------------------------------------------------
-# KEDA validated and took the shipped ScaledObjects, and the HPAs it made hold their minimum
-# of 2. Scaling on the backlog does not work on this cluster yet: KEDA's metrics API server
-# reaches its operator by a Service DNS name, and this cluster runs no DNS (issue #22, open).
+# -- 4b. a node drained under load --------------------------------------------------------------------
+# `kubectl drain` of the node holding most of sluice's pods: it evicts them through the
+# Eviction API, which refuses an eviction the PodDisruptionBudget (maxUnavailable 1) does not
+# allow, so a Deployment's second pod is evicted only once the first one's replacement is
+# Ready on the other node; each evicted processor drains on SIGTERM. The callers must see
+# nothing but restarts; no Deployment may ever have fewer Ready pods than its replicas less 1.
+drain_node=$(kubectl get pods -n "$NS" -o jsonpath='{range .items[*]}{.spec.nodeName}{"\n"}{end}' |
+  sort | uniq -c | sort -rn | awk 'NR == 1 { print $2 }')
+[ -n "$drain_node" ] || fail "no node holds sluice's pods"
+[ "$(kubectl get nodes -o name | wc -l)" -ge 2 ] || fail "a drain needs a second node for the pods to move to"
+on_node() { kubectl get pods -n "$NS" --field-selector "spec.nodeName=$1" -o name | wc -l; }
+before=$(on_node "$drain_node")
+load_start drain
+# Ready pods against replicas of every Deployment, twice a second, while the drain runs.
+(
+  while :; do
+    kubectl get deployments -n "$NS" -o jsonpath='{range .items[*]}{.metadata.name} {.spec.replicas} {.status.readyReplicas}{"\n"}{end}' 2>/dev/null
+    sleep 0.5
+  done
+) >"$WORK/drain-ready.log" &
+sampler_pid=$!
+t=$SECONDS
+kubectl drain "$drain_node" --ignore-daemonsets --delete-emptydir-data --timeout 300s >"$WORK/drain.log" 2>&1 ||
+  { kill "$sampler_pid"; cat "$WORK/drain.log" >&2; fail "kubectl drain $drain_node did not finish"; }
+drained_in=$((SECONDS - t))
+for d in "${deployments[@]}"; do
+  kubectl rollout status -n "$NS" "$d" --timeout 240s >/dev/null || fail "$d did not recover after the drain"
+done
+kill "$sampler_pid" 2>/dev/null || true
+wait "$sampler_pid" 2>/dev/null || true
+sampler_pid=""
+load_stop drain "$drained_in s (kubectl drain of $drain_node, $before sluice pods)"
+[ "$(on_node "$drain_node")" = 0 ] || fail "sluice pods are still on the drained node $drain_node"
+refused=$(grep -c "violate the pod's disruption budget" "$WORK/drain.log" || true)
+python3 - "$WORK/drain-ready.log" <<'PYEOF' || fail "a Deployment lost more pods than its PodDisruptionBudget allows during the drain"
+import sys
+low = {}
+for line in open(sys.argv[1]):
+    parts = line.split()
+    if len(parts) < 2:
+        continue
+    name, replicas = parts[0], int(parts[1])
+    ready = int(parts[2]) if len(parts) > 2 and parts[2] else 0
+    low[name] = min(low.get(name, (ready, replicas)), (ready, replicas), key=lambda x: x[0] - x[1])
+bad = {n: v for n, v in low.items() if v[0] < v[1] - 1}
+print("[k8s-run] fewest Ready during the drain: " +
+      ", ".join(f"{n} {r}/{w}" for n, (r, w) in sorted(low.items())), file=sys.stderr)
+sys.exit(1 if bad or not low else 0)
+PYEOF
+figure "drain: $before sluice pods moved off $drain_node in $drained_in s; the Eviction API refused $refused evictions for a PodDisruptionBudget; no Deployment below replicas - 1 Ready"
+kubectl uncordon "$drain_node" >/dev/null
+
+# -- 5. KEDA scales text-completion on the request topic's backlog ------------------------------------
 for so in text-completion prompt agent; do
   kubectl wait -n "$NS" "scaledobject/$so" --for condition=Ready --timeout 120s >/dev/null ||
     fail "the ScaledObject $so is not Ready: $(kubectl get scaledobject "$so" -n "$NS" -o jsonpath='{.status.conditions}')"
   min=$(kubectl get hpa "keda-hpa-$so" -n "$NS" -o jsonpath='{.spec.minReplicas}')
   [ "$min" = 2 ] || fail "KEDA's HPA for $so has minReplicas ${min:-none}, not the ScaledObject's 2"
 done
-log "KEDA: the 3 ScaledObjects Ready, their HPAs (minimum 2) in place"
+# The shipped ScaledObject: a pulsar trigger on the subscription's backlog, 100 per replica,
+# minimum 2 (the test overlay shortens only the scale-down stabilization, 300 s to 20 s). A
+# backlog: BACKLOG requests published at once straight to the request topic, as a batch
+# producer would, each a 30 s stream ("[fake:hold]"). Two replicas take them all in (256
+# each), but a request counts in the backlog until its terminal record is acknowledged, so
+# KEDA sees BACKLOG for 30 s and wants BACKLOG/100 replicas.
+BACKLOG=400
+replicas() { kubectl get deployment text-completion -n "$NS" -o jsonpath='{.spec.replicas} {.status.readyReplicas}'; }
+# The load above may have scaled it on CPU (the second trigger): start from the minimum.
+for _ in $(seq 1 90); do read -r spec _ <<<"$(replicas)"; [ "$spec" -eq 2 ] && break; sleep 2; done
+[ "$spec" -eq 2 ] || fail "text-completion is at $spec replicas before the backlog, not its minimum 2"
+# The backlog per replica as the HPA KEDA made sees it: the external metric, read through
+# KEDA's metrics API server (which asks its operator by the Service's DNS name).
+external_metric() {
+  kubectl get hpa keda-hpa-text-completion -n "$NS" \
+    -o jsonpath='{.status.currentMetrics[?(@.type=="External")].external.current.averageValue}' |
+    awk '/m$/ { sub(/m$/, ""); print $1 / 1000; next } { print $1 + 0 }'
+}
+backlog_of() {
+  curl -sf -m 5 "http://$PULSAR_HOST:$PULSAR_HTTP_PORT/admin/v2/persistent/tg/request/text-completion/stats" |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["subscriptions"]["text-completion"]["msgBacklog"])'
+}
+pulsar_dist=$(deploy/pulsar/pulsar.sh dist)
+pulsar_java=$(deploy/pulsar/pulsar.sh java)
+# Every answer is read back from the response topic (a subscription of its own, made before
+# the backlog is published): each request must end with one end-of-stream record and no error.
+JAVA_HOME="$pulsar_java" "$pulsar_dist/bin/pulsar-client" --url "pulsar://$PULSAR_HOST:$PULSAR_PORT" \
+  consume persistent://tg/response/text-completion -s k8s-backlog-check -n 0 >"$WORK/responses.log" 2>&1 &
+consume_pid=$!
+for _ in $(seq 1 100); do
+  curl -sf -m 5 "http://$PULSAR_HOST:$PULSAR_HTTP_PORT/admin/v2/persistent/tg/response/text-completion/stats" |
+    grep -q '"k8s-backlog-check"' && break
+  sleep 0.3
+done
+# -f, not -m: pulsar-client splits -m at commas.
+printf '%s' '{"system":"Be terse.","prompt":"[fake:hold] a request of the backlog","streaming":true}' >"$WORK/backlog.json"
+t=$SECONDS
+JAVA_HOME="$pulsar_java" "$pulsar_dist/bin/pulsar-client" --url "pulsar://$PULSAR_HOST:$PULSAR_PORT" \
+  produce persistent://tg/request/text-completion -n "$BACKLOG" -r 0 -p id=k8s-backlog \
+  -f "$WORK/backlog.json" >"$WORK/produce.log" 2>&1 ||
+  { tail -n 20 "$WORK/produce.log" >&2; fail "publishing the backlog"; }
+log "published $BACKLOG requests in $((SECONDS - t)) s; backlog $(backlog_of)"
+up_at="" most=2 seen=0 deadline=$((SECONDS + 180))
+while [ "$SECONDS" -lt "$deadline" ]; do
+  read -r spec ready <<<"$(replicas)"
+  [ "${spec:-0}" -gt "$most" ] && most=$spec
+  m=$(external_metric)
+  awk -v m="${m:-0}" -v s="$seen" 'BEGIN { exit !(m > s) }' && seen=$m
+  if [ "${ready:-0}" -gt 2 ]; then up_at=$((SECONDS - t)); break; fi
+  sleep 1
+done
+[ -n "$up_at" ] || fail "KEDA did not scale text-completion up within 180 s of a backlog of $BACKLOG (replicas: $(replicas); HPA: $(kubectl get hpa -n "$NS" keda-hpa-text-completion -o jsonpath='{.status}'))"
+# Not the CPU trigger: the HPA saw the backlog through KEDA's pulsar scaler.
+awk -v m="$seen" 'BEGIN { exit !(m > 100) }' ||
+  fail "text-completion scaled up, but the HPA never saw a backlog above 100 per replica (most: $seen): not the pulsar trigger"
+figure "KEDA: a backlog of $BACKLOG requests -> a third text-completion pod Ready in ${up_at} s (the HPA saw $seen per replica)"
+drained_at="" deadline=$((SECONDS + 240))
+while [ "$SECONDS" -lt "$deadline" ]; do
+  read -r spec ready <<<"$(replicas)"
+  [ "${spec:-0}" -gt "$most" ] && most=$spec
+  [ "$(backlog_of)" = 0 ] && { drained_at=$((SECONDS - t)); break; }
+  sleep 2
+done
+[ -n "$drained_at" ] || fail "the backlog did not drain within 240 s (left: $(backlog_of); replicas $(replicas))"
+down_at="" deadline=$((SECONDS + 240))
+while [ "$SECONDS" -lt "$deadline" ]; do
+  read -r spec ready <<<"$(replicas)"
+  [ "$spec" -eq 2 ] && { down_at=$((SECONDS - t)); break; }
+  sleep 2
+done
+[ -n "$down_at" ] || fail "KEDA did not scale text-completion back to 2 within 240 s of the drained backlog (replicas $(replicas))"
+figure "KEDA: backlog drained ${drained_at} s after publishing (up to $most replicas); back to the minimum of 2 $((down_at - drained_at)) s later"
+kill "$consume_pid" 2>/dev/null || true
+wait "$consume_pid" 2>/dev/null || true
+consume_pid=""
+python3 - "$WORK/responses.log" "$BACKLOG" <<'PYEOF' || fail "the backlog's answers (above)"
+import json, sys
+ends = errors = records = 0
+for line in open(sys.argv[1], errors="replace"):
+    i = line.find("content:")
+    if i < 0:
+        continue
+    records += 1
+    r = json.loads(line[i + len("content:"):])
+    if r.get("error"):
+        errors += 1
+        if errors <= 3:
+            print(f"  an error record: {r['error']}", file=sys.stderr)
+    if r.get("end_of_stream"):
+        ends += 1
+want = int(sys.argv[2])
+print(f"[k8s-run] the backlog's answers: {records} records, {ends} ends of stream, {errors} errors", file=sys.stderr)
+sys.exit(0 if ends == want and errors == 0 else 1)
+PYEOF
 
 # -- 6. what Prometheus scraped through the PodMonitor ---------------------------------------------------
 python3 tests/stack/check_prometheus.py targets "$PROM" text-completion prompt agent gateway --wait 60 ||

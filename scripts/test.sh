@@ -9,7 +9,7 @@
 # runs in Docker (scripts/test-stack.sh: dockerd started when none runs, images made from
 # Debian's packages), the Kubernetes manifests are applied to a real API server
 # (scripts/test-k8s.sh: kube-apiserver built from the Go module proxy, Debian's etcd), and
-# run on a single-node Kubernetes (scripts/test-k8s-run.sh, deploy/k8s-local/cluster.sh).
+# run on a two-node Kubernetes (scripts/test-k8s-run.sh, deploy/k8s-local/cluster.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -149,10 +149,11 @@ if ! wait "$k8s_build_pid"; then
 fi
 bash scripts/test-k8s.sh
 
-# deploy/k8s running on a single-node Kubernetes made of upstream parts (issue #22): pods
+# deploy/k8s running on a two-node Kubernetes made of upstream parts (issue #22): pods
 # Ready through their probes, Pod Security on the running containers, sluice invoke through
-# the gateway's Service, rolling updates and a pod deleted mid-stream under 64 streams.
-stage "Kubernetes: deploy/k8s running on a single node"
+# the gateway's Service, rolling updates, a pod deleted mid-stream and a node drained under
+# 64 streams, KEDA scaling text-completion on a backlog.
+stage "Kubernetes: deploy/k8s running on two nodes"
 SLUICE_BIN="$CARGO_TARGET_DIR/debug/sluice" bash scripts/test-k8s-run.sh
 
 stage ""

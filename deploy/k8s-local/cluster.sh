@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# A single-node Kubernetes made of upstream parts, on this machine, to run deploy/k8s for
-# real: pods scheduled, probes called by a kubelet, Services routed by kube-proxy.
+# A two-node Kubernetes made of upstream parts, on this machine, to run deploy/k8s for
+# real: pods scheduled, probes called by a kubelet, Services routed by kube-proxy, a node
+# drained while its pods move to the other.
 #
-#   deploy/k8s-local/cluster.sh start         start the node (wiping any previous state), wait until Ready
-#   deploy/k8s-local/cluster.sh stop          stop every process, remove the pods, mounts, network and rules
-#   deploy/k8s-local/cluster.sh status        exit 0 when the API answers and the node is Ready
+#   deploy/k8s-local/cluster.sh start         start the nodes (wiping any previous state), wait until Ready
+#   deploy/k8s-local/cluster.sh stop          stop every process, remove the pods, mounts, networks and rules
+#   deploy/k8s-local/cluster.sh status        exit 0 when the API answers and every node is Ready
 #   deploy/k8s-local/cluster.sh env           `export KUBECONFIG=...` (the admin's kubeconfig)
-#   deploy/k8s-local/cluster.sh import IMAGE  copy IMAGE from the Docker engine into the node's containerd
-#   deploy/k8s-local/cluster.sh addons        install metrics-server and KEDA (below) on the running node
+#   deploy/k8s-local/cluster.sh import IMAGE  copy IMAGE from the Docker engine into every node's containerd
+#   deploy/k8s-local/cluster.sh addons        install CoreDNS, metrics-server and KEDA (below) on the running node
 #   deploy/k8s-local/cluster.sh build         build (or find cached) every binary of the node and add-ons
 #   deploy/k8s-local/cluster.sh logs          where each component's log is
 #
@@ -20,26 +21,35 @@
 #     plugins (bridge, host-local, loopback, portmap, firewall);
 #   - the sandbox ("pause") image compiled from Kubernetes' own build/pause/linux/pause.c
 #     (in the k8s.io/kubernetes module) into a one-file image: no registry is reachable.
-# Network: the bridge sluice-k8s0 with 10.244.0.1/24, made before anything starts, is the
-# node's address (kube-apiserver https://10.244.0.1:6443, the kubelet :10250); pods get
-# 10.244.0.10-250 on it; Services 10.96.0.0/16 through kube-proxy (iptables mode). Pods reach
-# the host at 10.244.0.1, so anything pods need from the host (a broker, a provider) binds
-# there. Nothing leaves the machine: no route but the bridge, no DNS server in the cluster
-# (no CoreDNS: the manifests address the broker and the provider by IP in the test overlay).
+# Nodes (SLUICE_K8S_NODES, 2 by default, or 1): node I is a kubelet with a containerd of
+# its own (own socket, root and CNI network) on its own bridge sluice-k8s<I-1> with
+# 10.244.<I-1>.1/24, made before anything starts: that is the node's address (its kubelet
+# :10250) and its pods get 10.244.<I-1>.10-250. Node 2's kubelet keeps its pods under the
+# cgroup /sluice-node-2, so that neither kubelet takes the other's pods for orphans. Both
+# bridges are on this host, so pods of either node reach each other through its routing
+# table. The control plane runs on node 1's address (kube-apiserver
+# https://10.244.0.1:6443); Services 10.96.0.0/16 through one kube-proxy (iptables mode: the
+# rules are this host's, which both nodes share). Pods reach the host at 10.244.0.1, so
+# anything pods need from the host (a broker, a provider) binds there. Nothing leaves the machine: no route but the bridge. Cluster DNS (cluster.local,
+# 10.96.0.10) is CoreDNS, an add-on (below): pods are given it from the start.
 # Credentials: static tokens per component (system:masters only for the admin), in files
 # the kubeconfigs name (never argv); Node and RBAC authorization; the kubelet authenticates
 # kube-apiserver by a client certificate and authorizes callers through the API
 # (SubjectAccessReview); service-account tokens signed with a key made here.
 #
-# Add-ons (`addons`): metrics-server METRICS_SERVER_VERSION (the resource metrics API, which
-# CPU triggers and HPAs need) and KEDA KEDA_VERSION (operator, metrics API server, admission
-# webhooks), each built from its Go module as the main module (static, CGO off), put alone
-# in a local image, and installed with the project's own manifests from the same module
-# (metrics-server's manifests/base, KEDA's config/default) changed only in image names, pull
-# policy, and metrics-server trusting the node CA for the kubelet's certificate.
+# Add-ons (`addons`): CoreDNS COREDNS_VERSION (Service names: KEDA's metrics API server
+# reaches its operator as keda-operator.keda.svc.cluster.local), metrics-server
+# METRICS_SERVER_VERSION (the resource metrics API, which CPU triggers and HPAs need) and
+# KEDA KEDA_VERSION (operator, metrics API server, admission webhooks), each built from its
+# Go module as the main module (static, CGO off), put alone in a local image, and installed
+# with manifests their projects publish: Kubernetes' own CoreDNS add-on
+# (cluster/addons/dns/coredns in the k8s.io/kubernetes module, its template variables
+# filled in), metrics-server's manifests/base, KEDA's config/default; changed only in image
+# names, pull policy, and metrics-server trusting the node CA for the kubelet's certificate.
 #
 # Settings: SLUICE_CACHE (~/.cache/sluice), SLUICE_K8S_STATE (/var/lib/sluice-k8s: containerd
-# wants a filesystem with overlayfs, and the kubelet root), SLUICE_K8S_READY_TIMEOUT (180 s).
+# wants a filesystem with overlayfs, and the kubelet root), SLUICE_K8S_READY_TIMEOUT (180 s),
+# SLUICE_K8S_NODES (2).
 # Needs root. Only one such node runs at a time (fixed ports, one bridge).
 set -eEuo pipefail
 cd "$(dirname "$0")/../.."
@@ -51,11 +61,12 @@ CACHE="${SLUICE_CACHE:-$HOME/.cache/sluice}"
 STATE="${SLUICE_K8S_STATE:-/var/lib/sluice-k8s}"
 RUN=/run/sluice-k8s
 READY_TIMEOUT="${SLUICE_K8S_READY_TIMEOUT:-180}"
-NODE=sluice-node
-BRIDGE=sluice-k8s0
+NODES="${SLUICE_K8S_NODES:-2}"
+NODE=sluice-node                 # node 1; node I > 1 is sluice-node-I
 NODE_IP=10.244.0.1
-POD_CIDR=10.244.0.0/24
+CLUSTER_CIDR=10.244.0.0/16       # node I's pods: 10.244.<I-1>.0/24
 SERVICE_CIDR=10.96.0.0/16
+DNS_IP=10.96.0.10
 API="https://$NODE_IP:6443"
 PAUSE_IMAGE=sluice.local/pause:3.10
 SOCK="$RUN/containerd.sock"
@@ -65,9 +76,33 @@ log() { printf '[k8s-local] %s\n' "$*" >&2; }
 fail() { log "FAILED: $*"; exit 1; }
 trap 'rc=$?; log "failed at line $LINENO (exit $rc): $BASH_COMMAND"' ERR
 
-ctr_() { ctr --address "$SOCK" --namespace k8s.io "$@"; }
+ctr_() { ctr --address "${CTR_SOCK:-$SOCK}" --namespace k8s.io "$@"; }
 
-components=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy)
+# node_vars I: node I's name, address, network, bridge, containerd socket and the suffix of
+# its components' names (containerd-2, kubelet-2, ...; none for node 1).
+node_vars() {
+  N_SUFFIX=""
+  [ "$1" -gt 1 ] && N_SUFFIX="-$1"
+  N_NAME="$NODE$N_SUFFIX"
+  N_NET="10.244.$(($1 - 1))"
+  N_IP="$N_NET.1"
+  N_BRIDGE="sluice-k8s$(($1 - 1))"
+  N_SOCK="$RUN/containerd$N_SUFFIX.sock"
+}
+# How many nodes the running cluster has (written by start).
+node_count() { cat "$STATE/nodes" 2>/dev/null || echo 1; }
+
+# import_into_nodes TAR: an image archive into every node's containerd.
+import_into_nodes() {
+  local i
+  for i in $(seq 1 "$(node_count)"); do
+    node_vars "$i"
+    CTR_SOCK="$N_SOCK" ctr_ images import "$1" >/dev/null
+  done
+}
+
+components=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy
+  containerd-2 kubelet-2)
 
 pid_of() { cat "$STATE/$1.pid" 2>/dev/null || true; }
 alive() { local p; p=$(pid_of "$1"); [ -n "$p" ] && kill -0 "$p" 2>/dev/null; }
@@ -138,7 +173,11 @@ pki() {
       "IP:$NODE_IP,IP:127.0.0.1,IP:10.96.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost"
     # kube-apiserver's identity towards kubelets (logs, exec, port-forward).
     sign apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
-    sign kubelet "/CN=$NODE" "IP:$NODE_IP,DNS:$NODE"
+    local i
+    for i in $(seq 1 "$NODES"); do
+      node_vars "$i"
+      sign "kubelet$N_SUFFIX" "/CN=$N_NAME" "IP:$N_IP,DNS:$N_NAME"
+    done
     # The aggregation layer (KEDA's external-metrics server): kube-apiserver proxies requests
     # to an APIService with this client certificate, under its own CA.
     openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=sluice-k8s-front-proxy-ca" \
@@ -151,17 +190,21 @@ pki() {
     openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
     # One token per identity; kube-apiserver reads token,user,uid,"groups".
     : >tokens.csv
-    local who file user group
+    local who file user group kubelets=()
+    for i in $(seq 1 "$NODES"); do
+      node_vars "$i"
+      kubelets+=("kubelet$N_SUFFIX|system:node:$N_NAME|system:nodes")
+    done
     for who in "admin|admin|system:masters" "controller-manager|system:kube-controller-manager|" \
-      "scheduler|system:kube-scheduler|" "kube-proxy|system:kube-proxy|" \
-      "kubelet|system:node:$NODE|system:nodes"; do
+      "scheduler|system:kube-scheduler|" "kube-proxy|system:kube-proxy|" "${kubelets[@]}"; do
       IFS='|' read -r file user group <<<"$who"
       python3 -c 'import secrets; print(secrets.token_hex(24))' >"$file.token"
       printf '%s,%s,%s,"%s"\n' "$(cat "$file.token")" "$user" "$user" "$group" >>tokens.csv
     done
   )
-  local who
-  for who in admin controller-manager scheduler kube-proxy kubelet; do
+  local who i nodes=()
+  for i in $(seq 1 "$NODES"); do node_vars "$i"; nodes+=("kubelet$N_SUFFIX"); done
+  for who in admin controller-manager scheduler kube-proxy "${nodes[@]}"; do
     cat >"$STATE/$who.kubeconfig" <<EOF
 apiVersion: v1
 kind: Config
@@ -179,25 +222,27 @@ EOF
   done
 }
 
+# network I: node I's bridge and its CNI network (containerd I reads $STATE/cni<suffix>).
 network() {
-  if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
-    ip link add "$BRIDGE" type bridge
+  node_vars "$1"
+  if ! ip link show "$N_BRIDGE" >/dev/null 2>&1; then
+    ip link add "$N_BRIDGE" type bridge
   fi
-  ip addr replace "$NODE_IP/24" dev "$BRIDGE"
-  ip link set "$BRIDGE" up
+  ip addr replace "$N_IP/24" dev "$N_BRIDGE"
+  ip link set "$N_BRIDGE" up
   sysctl -qw net.ipv4.ip_forward=1
   # Pod-to-Service traffic between pods on one bridge must pass through iptables.
   sysctl -qw net.bridge.bridge-nf-call-iptables=1 2>/dev/null || log "warning: bridge-nf-call-iptables not settable"
-  mkdir -p "$STATE/cni"
-  cat >"$STATE/cni/10-sluice.conflist" <<EOF
+  mkdir -p "$STATE/cni$N_SUFFIX"
+  cat >"$STATE/cni$N_SUFFIX/10-sluice.conflist" <<EOF
 {
   "cniVersion": "1.0.0",
-  "name": "sluice-k8s",
+  "name": "sluice-k8s$N_SUFFIX",
   "plugins": [
-    {"type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": true, "hairpinMode": true,
-     "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR", "gateway": "$NODE_IP",
-              "rangeStart": "10.244.0.10", "rangeEnd": "10.244.0.250"}]],
-              "dataDir": "$STATE/cni-ipam", "routes": [{"dst": "0.0.0.0/0"}]}},
+    {"type": "bridge", "bridge": "$N_BRIDGE", "isGateway": true, "ipMasq": true, "hairpinMode": true,
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": "$N_NET.0/24", "gateway": "$N_IP",
+              "rangeStart": "$N_NET.10", "rangeEnd": "$N_NET.250"}]],
+              "dataDir": "$STATE/cni-ipam$N_SUFFIX", "routes": [{"dst": "0.0.0.0/0"}]}},
     {"type": "portmap", "capabilities": {"portMappings": true}},
     {"type": "firewall", "backend": "iptables"}
   ]
@@ -205,16 +250,18 @@ network() {
 EOF
 }
 
+# start_containerd I: node I's container runtime.
 start_containerd() {
-  mkdir -p "$RUN" "$STATE/containerd"
-  cat >"$STATE/containerd.toml" <<EOF
+  node_vars "$1"
+  mkdir -p "$RUN" "$STATE/containerd$N_SUFFIX"
+  cat >"$STATE/containerd$N_SUFFIX.toml" <<EOF
 version = 2
-root = "$STATE/containerd/root"
-state = "$RUN/containerd"
+root = "$STATE/containerd$N_SUFFIX/root"
+state = "$RUN/containerd$N_SUFFIX"
 [grpc]
-  address = "$SOCK"
+  address = "$N_SOCK"
 [ttrpc]
-  address = "$RUN/containerd.sock.ttrpc"
+  address = "$N_SOCK.ttrpc"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "$PAUSE_IMAGE"
   enable_selinux = false
@@ -224,15 +271,69 @@ state = "$RUN/containerd"
   restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
-    conf_dir = "$STATE/cni"
+    conf_dir = "$STATE/cni$N_SUFFIX"
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
 EOF
-  launch containerd containerd --config "$STATE/containerd.toml"
-  wait_for "containerd" 30 ctr --address "$SOCK" version
+  launch "containerd$N_SUFFIX" containerd --config "$STATE/containerd$N_SUFFIX.toml"
+  wait_for "containerd$N_SUFFIX" 30 ctr --address "$N_SOCK" version
+}
+
+# start_kubelet I: node I's kubelet.
+start_kubelet() {
+  node_vars "$1"
+  local p="$STATE/pki" k="$STATE/kubelet$N_SUFFIX" root=/ d
+  if [ "$1" -gt 1 ]; then
+    # Its own cgroup parent: each kubelet removes pod cgroups under its root that it does
+    # not know (the other's pods). cpuset's must be given CPUs and memory nodes to hold tasks.
+    root="/$N_NAME"
+    for d in /sys/fs/cgroup/*/; do
+      [ -e "${d}cgroup.procs" ] && mkdir -p "$d$N_NAME"
+    done
+    if [ -e /sys/fs/cgroup/cpuset/cpuset.cpus ]; then
+      cat /sys/fs/cgroup/cpuset/cpuset.cpus >"/sys/fs/cgroup/cpuset/$N_NAME/cpuset.cpus"
+      cat /sys/fs/cgroup/cpuset/cpuset.mems >"/sys/fs/cgroup/cpuset/$N_NAME/cpuset.mems"
+    fi
+  fi
+  mkdir -p "$k" "$STATE/pod-logs$N_SUFFIX"
+  cat >"$k.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $N_IP
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: $((10248 + 10 * ($1 - 1)))
+tlsCertFile: $p/kubelet$N_SUFFIX.crt
+tlsPrivateKeyFile: $p/kubelet$N_SUFFIX.key
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $p/ca.crt}
+authorization:
+  mode: Webhook
+cgroupDriver: cgroupfs
+cgroupRoot: $root
+containerRuntimeEndpoint: unix://$N_SOCK
+failSwapOn: false
+podLogsDir: $STATE/pod-logs$N_SUFFIX
+resolvConf: /etc/resolv.conf
+clusterDNS: [$DNS_IP]
+clusterDomain: cluster.local
+# This machine's disk is shared with builds: evict only when it is really full.
+evictionHard: {memory.available: 200Mi, nodefs.available: 3%, imagefs.available: 3%}
+imageGCHighThresholdPercent: 98
+imageGCLowThresholdPercent: 97
+# The ConfigMap a Deployment mounts is seen by its pods within seconds.
+syncFrequency: 10s
+serializeImagePulls: false
+EOF
+  launch "kubelet$N_SUFFIX" "$(bin kubelet)" --config "$k.yaml" \
+    --kubeconfig "$STATE/kubelet$N_SUFFIX.kubeconfig" --root-dir "$k" \
+    --hostname-override "$N_NAME" --node-ip "$N_IP"
 }
 
 start() {
@@ -244,10 +345,13 @@ start() {
   command -v kubectl >/dev/null 2>&1 || fail "kubectl is needed"
   local t0=$SECONDS
   binaries
+  case "$NODES" in 1 | 2) ;; *) fail "SLUICE_K8S_NODES must be 1 or 2, not $NODES" ;; esac
   rm -rf "$STATE"
   mkdir -p "$STATE"
+  echo "$NODES" >"$STATE/nodes"
   pki
-  network
+  local i
+  for i in $(seq 1 "$NODES"); do network "$i"; done
 
   launch etcd etcd --name sluice-k8s --data-dir "$STATE/etcd" \
     --listen-client-urls http://127.0.0.1:12379 --advertise-client-urls http://127.0.0.1:12379 \
@@ -278,7 +382,7 @@ start() {
     --authorization-kubeconfig "$STATE/controller-manager.kubeconfig" \
     --bind-address 127.0.0.1 --secure-port 10257 --leader-elect=false \
     --service-account-private-key-file "$p/sa.key" --root-ca-file "$p/ca.crt" \
-    --use-service-account-credentials --cluster-cidr "$POD_CIDR" \
+    --use-service-account-credentials --cluster-cidr "$CLUSTER_CIDR" \
     --service-cluster-ip-range "$SERVICE_CIDR" --allocate-node-cidrs=false \
     --node-monitor-grace-period 20s --horizontal-pod-autoscaler-sync-period 5s
   launch kube-scheduler "$(bin kube-scheduler)" --kubeconfig "$STATE/scheduler.kubeconfig" \
@@ -286,42 +390,9 @@ start() {
     --authorization-kubeconfig "$STATE/scheduler.kubeconfig" \
     --bind-address 127.0.0.1 --secure-port 10259 --leader-elect=false
 
-  start_containerd
+  for i in $(seq 1 "$NODES"); do start_containerd "$i"; done
   pause_image
-
-  mkdir -p "$STATE/kubelet" "$STATE/pod-logs"
-  cat >"$STATE/kubelet.yaml" <<EOF
-apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-address: $NODE_IP
-port: 10250
-readOnlyPort: 0
-healthzBindAddress: 127.0.0.1
-healthzPort: 10248
-tlsCertFile: $p/kubelet.crt
-tlsPrivateKeyFile: $p/kubelet.key
-authentication:
-  anonymous: {enabled: false}
-  webhook: {enabled: true}
-  x509: {clientCAFile: $p/ca.crt}
-authorization:
-  mode: Webhook
-cgroupDriver: cgroupfs
-containerRuntimeEndpoint: unix://$SOCK
-failSwapOn: false
-podLogsDir: $STATE/pod-logs
-resolvConf: /etc/resolv.conf
-# This machine's disk is shared with builds: evict only when it is really full.
-evictionHard: {memory.available: 200Mi, nodefs.available: 3%, imagefs.available: 3%}
-imageGCHighThresholdPercent: 98
-imageGCLowThresholdPercent: 97
-# The ConfigMap a Deployment mounts is seen by its pods within seconds.
-syncFrequency: 10s
-serializeImagePulls: false
-EOF
-  launch kubelet "$(bin kubelet)" --config "$STATE/kubelet.yaml" \
-    --kubeconfig "$STATE/kubelet.kubeconfig" --root-dir "$STATE/kubelet" \
-    --hostname-override "$NODE" --node-ip "$NODE_IP"
+  for i in $(seq 1 "$NODES"); do start_kubelet "$i"; done
 
   cat >"$STATE/kube-proxy.yaml" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
@@ -329,7 +400,7 @@ kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: $STATE/kube-proxy.kubeconfig}
 hostnameOverride: $NODE
 mode: iptables
-clusterCIDR: $POD_CIDR
+clusterCIDR: $CLUSTER_CIDR
 bindAddress: $NODE_IP
 healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
@@ -338,15 +409,15 @@ conntrack: {maxPerCore: 0}
 EOF
   launch kube-proxy "$(bin kube-proxy)" --config "$STATE/kube-proxy.yaml"
 
-  wait_for "node $NODE Ready" "$READY_TIMEOUT" node_ready
+  wait_for "$NODES node(s) Ready" "$READY_TIMEOUT" node_ready
   # Pods are refused in a namespace until the ServiceAccount controller made its `default`.
   wait_for "the default ServiceAccount" 60 kubectl get serviceaccount default -n default
-  log "node $NODE Ready in $((SECONDS - t0)) s (Kubernetes v$KUBERNETES_VERSION, containerd $(containerd --version | awk '{print $3}'); API $API)"
+  log "$NODES node(s) Ready in $((SECONDS - t0)) s (Kubernetes v$KUBERNETES_VERSION, containerd $(containerd --version | awk '{print $3}'); API $API)"
 }
 
 # one_file_image IMAGE ENTRYPOINT USER PATH:NAME...: a local image holding only the given
 # static binaries (at /NAME) and an empty /tmp, run as USER (uid:gid), cached as a tar under
-# $CACHE/k8s/images (made once, with Docker), imported into the node's containerd.
+# $CACHE/k8s/images (made once, with Docker), imported into every node's containerd.
 one_file_image() {
   local image="$1" entry="$2" user="$3" out pair dir
   shift 3
@@ -363,11 +434,11 @@ one_file_image() {
     mv "$out.tmp" "$out"
     rm -rf "$dir"
   fi
-  ctr_ images import "$out" >/dev/null
+  import_into_nodes "$out"
 }
 
 # The add-ons' binaries, each built once and cached (see go_module_binary); prints their paths:
-# operator, metrics API server, admission webhooks, metrics-server.
+# operator, metrics API server, admission webhooks, metrics-server, CoreDNS.
 addon_binaries() {
   local keda="github.com/kedacore/keda/v2@$KEDA_VERSION" v
   v="-X=github.com/kedacore/keda/v2/version.Version=${KEDA_VERSION#v}"
@@ -376,21 +447,32 @@ addon_binaries() {
   go_module_binary "$keda" ./cmd/webhooks keda-admission-webhooks "$v" || fail "building KEDA's admission webhooks"
   go_module_binary "sigs.k8s.io/metrics-server@$METRICS_SERVER_VERSION" ./cmd/metrics-server metrics-server ||
     fail "building metrics-server"
+  go_module_binary "github.com/coredns/coredns@$COREDNS_VERSION" . coredns || fail "building CoreDNS"
 }
 
 addons() {
   status || fail "the node is not running (start it first)"
-  local t0=$SECONDS keda ms a="$STATE/addons" op ad wh msb
+  local t0=$SECONDS keda ms a="$STATE/addons" op ad wh msb dns
   keda="github.com/kedacore/keda/v2@$KEDA_VERSION"
   ms="sigs.k8s.io/metrics-server@$METRICS_SERVER_VERSION"
-  { read -r op; read -r ad; read -r wh; read -r msb; } < <(addon_binaries)
-  [ -x "$msb" ] || fail "the add-on binaries were not built"
+  { read -r op; read -r ad; read -r wh; read -r msb; read -r dns; } < <(addon_binaries)
+  [ -x "$dns" ] || fail "the add-on binaries were not built"
   one_file_image "sluice.local/keda:$KEDA_VERSION" /keda 65532:65532 "$op:keda" "$ad:keda-adapter" "$wh:keda-admission-webhooks"
   one_file_image "sluice.local/metrics-server:$METRICS_SERVER_VERSION" /metrics-server 65532:65532 "$msb:metrics-server"
+  # Root in the container, as the add-on's manifest expects: it drops every capability but
+  # NET_BIND_SERVICE (port 53).
+  one_file_image "sluice.local/coredns:$COREDNS_VERSION" /coredns 0:0 "$dns:coredns"
   log "add-on binaries and images ready in $((SECONDS - t0)) s"
 
   rm -rf "$a"
   mkdir -p "$a/metrics-server" "$a/keda"
+  # Kubernetes' CoreDNS add-on for its release, its variables filled in as its Makefile's
+  # sed form expects (memory limit: the value kube-up uses).
+  sed -e 's/\$DNS_DOMAIN/cluster.local/g' -e 's/\$DNS_MEMORY_LIMIT/170Mi/g' -e "s/\\\$DNS_SERVER_IP/$DNS_IP/g" \
+    -e "s#image: registry.k8s.io/coredns/coredns:.*#image: sluice.local/coredns:$COREDNS_VERSION#" \
+    "$(go_module_dir "k8s.io/kubernetes@v$KUBERNETES_VERSION")/cluster/addons/dns/coredns/coredns.yaml.sed" >"$a/coredns.yaml"
+  ! grep -n '\$[A-Z_]' "$a/coredns.yaml" || fail "a variable of the CoreDNS add-on is left unfilled"
+  kubectl apply --server-side --force-conflicts -f "$a/coredns.yaml" >/dev/null
   cp -r "$(go_module_dir "$ms")/manifests" "$a/metrics-server-manifests"
   cp -r "$(go_module_dir "$keda")/config" "$a/keda-config"
   chmod -R u+w "$a"
@@ -429,12 +511,12 @@ addons() {
   kubectl apply --server-side --force-conflicts -k "$a/metrics-server" >/dev/null
   kubectl apply --server-side --force-conflicts -k "$a/keda" >/dev/null
   local d
-  for d in kube-system/metrics-server keda/keda-operator keda/keda-metrics-apiserver keda/keda-admission; do
+  for d in kube-system/coredns kube-system/metrics-server keda/keda-operator keda/keda-metrics-apiserver keda/keda-admission; do
     kubectl rollout status -n "${d%%/*}" "deployment/${d#*/}" --timeout 300s >/dev/null ||
       fail "add-on $d did not roll out"
   done
   wait_for "the metrics APIs (metrics.k8s.io, external.metrics.k8s.io) Available" 180 apis_available
-  log "add-ons running in $((SECONDS - t0)) s: metrics-server $METRICS_SERVER_VERSION, KEDA $KEDA_VERSION"
+  log "add-ons running in $((SECONDS - t0)) s: CoreDNS $COREDNS_VERSION, metrics-server $METRICS_SERVER_VERSION, KEDA $KEDA_VERSION"
 }
 
 apis_available() {
@@ -446,7 +528,12 @@ apis_available() {
 }
 
 node_ready() {
-  [ "$(kubectl get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
+  local i
+  for i in $(seq 1 "$(node_count)"); do
+    node_vars "$i"
+    [ "$(kubectl get node "$N_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ] ||
+      return 1
+  done
 }
 
 status() {
@@ -456,16 +543,22 @@ status() {
 stop() {
   local c p
   # kube-proxy's rules, the kubelet, then every pod's containers and the runtime.
-  for c in kube-proxy kubelet kube-scheduler kube-controller-manager; do
+  for c in kube-proxy kubelet kubelet-2 kube-scheduler kube-controller-manager; do
     p=$(pid_of "$c"); [ -n "$p" ] && kill "$p" 2>/dev/null || true
   done
   if [ -x "$(bin kube-proxy)" ]; then "$(bin kube-proxy)" --cleanup >/dev/null 2>&1 || true; fi
-  if [ -S "$SOCK" ]; then
-    for c in $(ctr_ tasks ls -q 2>/dev/null); do ctr_ tasks kill -s SIGKILL "$c" >/dev/null 2>&1 || true; done
-  fi
-  # Shims of this containerd (their command line names its socket), then containerd.
-  pkill -9 -f "containerd-shim-runc-v2 .*-address $SOCK" 2>/dev/null || true
-  for c in containerd kube-apiserver etcd; do
+  local i
+  for i in 1 2; do
+    node_vars "$i"
+    if [ -S "$N_SOCK" ]; then
+      for c in $(CTR_SOCK="$N_SOCK" ctr_ tasks ls -q 2>/dev/null); do
+        CTR_SOCK="$N_SOCK" ctr_ tasks kill -s SIGKILL "$c" >/dev/null 2>&1 || true
+      done
+    fi
+    # Shims of this containerd (their command line names its socket).
+    pkill -9 -f "containerd-shim-runc-v2 .*-address $N_SOCK( |$)" 2>/dev/null || true
+  done
+  for c in containerd containerd-2 kube-apiserver etcd; do
     p=$(pid_of "$c"); [ -n "$p" ] && kill "$p" 2>/dev/null || true
   done
   for c in "${components[@]}"; do
@@ -483,7 +576,13 @@ stop() {
   # The CNI firewall plugin's chains, and the masquerade rules of the bridge plugin.
   iptables-save 2>/dev/null | awk '/^-A (POSTROUTING|FORWARD) .*CNI-/ { sub(/^-A/, "-D"); print }' |
     while read -r rule; do eval "iptables -t nat $rule" 2>/dev/null || eval "iptables $rule" 2>/dev/null || true; done
-  ip link del "$BRIDGE" 2>/dev/null || true
+  for i in 1 2; do
+    node_vars "$i"
+    ip link del "$N_BRIDGE" 2>/dev/null || true
+  done
+  # Node 2's cgroup parent, once its pods' cgroups are empty.
+  node_vars 2
+  find /sys/fs/cgroup/*/"$N_NAME" -depth -type d -exec rmdir {} + 2>/dev/null || true
   rm -rf "$RUN"
 }
 
@@ -495,8 +594,11 @@ case "${1:-}" in
   import)
     [ -n "${2:-}" ] || fail "usage: $0 import IMAGE"
     docker_up || fail "dockerd did not start"
-    docker save "$2" | ctr_ images import - >/dev/null
-    log "imported $2 into the node's containerd"
+    tar="$(mktemp "${TMPDIR:-/tmp}/sluice-k8s-image.XXXXXX")"
+    docker save "$2" -o "$tar"
+    import_into_nodes "$tar"
+    rm -f "$tar"
+    log "imported $2 into the containerd of $(node_count) node(s)"
     ;;
   addons) addons ;;
   build)

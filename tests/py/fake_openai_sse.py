@@ -26,6 +26,8 @@ The reply is a function of the prompt (the text of the last user message):
     then a line that is not JSON (skipped by sluice);
   * a prompt containing "[fake:echo]" gets `fake reply: <the prompt>` even with --upstream;
   * a prompt containing "[fake:slow]" streams a fixed text of 200 chunks, 100 ms apart;
+  * a prompt containing "[fake:hold]" streams a fixed text of 10 chunks, 3 s apart: a long
+    request that costs the broker little (a backlog of hundreds held at once);
   * any other prompt gets `fake reply: <the prompt>`, or, with --upstream, is forwarded to
     that OpenAI-compatible server (the real model) and its response relayed as it arrives.
 Streams split the reply into chunks of at most 8 characters.
@@ -43,6 +45,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 MODEL = "fake-model"
 UPSTREAM = None  # --upstream: where prompts that are not scripted go
 SLOW_CHUNKS = 200
+HOLD_CHUNKS, HOLD_GAP = 10, 3.0
 
 
 def prompt_text(body):
@@ -157,12 +160,18 @@ class Handler(BaseHTTPRequestHandler):
                                            "type": "server_error"}})
             return
         slow = "[fake:slow]" in prompt
-        scripted = (slow or "[fake:echo]" in prompt or "Final Answer:" in prompt
+        hold = "[fake:hold]" in prompt
+        scripted = (slow or hold or "[fake:echo]" in prompt or "Final Answer:" in prompt
                     or asks_for_block_lines(prompt))
         if UPSTREAM and not scripted:
             self.relay(raw)
             return
-        text = "".join(f"chunk {i:03}. " for i in range(SLOW_CHUNKS)) if slow else reply_for(prompt)
+        if slow:
+            text = "".join(f"chunk {i:03}. " for i in range(SLOW_CHUNKS))
+        elif hold:
+            text = "".join(f"held {i:02}. " for i in range(HOLD_CHUNKS))
+        else:
+            text = reply_for(prompt)
         usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": len(text.split()),
                  "total_tokens": len(prompt.split()) + len(text.split())}
         created = int(time.time())
@@ -187,10 +196,10 @@ class Handler(BaseHTTPRequestHandler):
                 "created": created, "model": model}
         event(base | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                    "finish_reason": None}]})
-        step = 11 if slow else 8
+        step = 11 if slow else 9 if hold else 8
         for i in range(0, len(text), step):
-            if slow:
-                time.sleep(0.1)
+            if slow or hold:
+                time.sleep(0.1 if slow else HOLD_GAP)
             event(base | {"choices": [{"index": 0, "delta": {"content": text[i:i + step]},
                                        "finish_reason": None}]})
         event(base | {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
@@ -208,6 +217,9 @@ def main():
     args = parser.parse_args()
     global UPSTREAM
     UPSTREAM = args.upstream
+    # Hundreds of replicas' requests may arrive at once (a backlog): a listen queue of 5,
+    # the default, would drop connections and make the processors retry.
+    ThreadingHTTPServer.request_queue_size = 1024
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     print(f"fake-openai listening on {args.host}:{args.port}", flush=True)
     server.serve_forever()
