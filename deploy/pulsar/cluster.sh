@@ -180,7 +180,10 @@ write_confs() {
       "httpServerEnabled=false" "enableStatistics=false" \
       "statsProviderClass=org.apache.bookkeeper.stats.NullStatsProvider" "listeningInterface=lo" \
       "journalFlushWhenQueueEmpty=true" \
-      "dbStorage_writeCacheMaxSizeMb=32" "dbStorage_readAheadCacheMaxSizeMb=32"
+      "dbStorage_writeCacheMaxSizeMb=32" "dbStorage_readAheadCacheMaxSizeMb=32" \
+      "journalMaxSizeMB=256" "journalMaxBackups=1"
+  # (journalMaxSizeMB/journalMaxBackups: the defaults, 2 GB files and 5 kept, let the state
+  # kept between runs grow to 6.7 GB per bookie here, on a disk shared with builds.)
   done
   # brokerDeleteInactiveTopicsEnabled=false: a topic's grants live and die with the topic, and
   # the broker deletes a topic without producers and subscriptions after about a minute
