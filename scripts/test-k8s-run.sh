@@ -25,6 +25,8 @@
 #     holds to the PodDisruptionBudgets: no Deployment ever below its replicas less one Ready;
 #     the pods move to the other node). Each must end with 0 lost requests and 0 errors to
 #     callers; the change's time and the longest silence inside a stream are reported.
+#     Then the broker SIGKILLed for 45 s: every pod leaves Ready (/readyz) and none is
+#     restarted (/healthz, liveness, passes); back, every pod is Ready again, no restart.
 #  5. KEDA (with CoreDNS and metrics-server, built from their Go modules and installed from
 #     their own manifests: deploy/k8s-local/cluster.sh addons) and the shipped ScaledObject:
 #     a backlog of 400 requests published straight to the request topic scales
@@ -344,6 +346,48 @@ sys.exit(1 if bad or not low else 0)
 PYEOF
 figure "drain: $before sluice pods moved off $drain_node in $drained_in s; the Eviction API refused $refused evictions for a PodDisruptionBudget; no Deployment below replicas - 1 Ready"
 kubectl uncordon "$drain_node" >/dev/null
+
+# -- 4c. the broker lost, then back: what the probes do ------------------------------------------
+# As deploy/k8s documents them: /readyz fails while a pod's broker link is down, so every
+# pod leaves Ready (the gateway's Service stops routing to it); /healthz, the liveness
+# probe, keeps passing, so no container is restarted for an outage that is not its own. The
+# broker is SIGKILLed (a crash) and kept down OUTAGE seconds, longer than liveness's 3
+# failures 10 s apart would need; once it is back every pod is Ready again, still without a
+# restart, and a request is answered.
+OUTAGE=45
+restarts_of() {
+  kubectl get pods -n "$NS" -o jsonpath='{range .items[*]}{range .status.containerStatuses[*]}{.restartCount}{"\n"}{end}{end}' |
+    awk '{ s += $1 } END { print s + 0 }'
+}
+ready_pods() {
+  kubectl get pods -n "$NS" -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' |
+    grep -c True || true
+}
+total=$(kubectl get pods -n "$NS" -o name | wc -l)
+r0=$(restarts_of)
+t=$SECONDS
+deploy/pulsar/pulsar.sh kill
+unready_at=""
+while [ $((SECONDS - t)) -lt "$OUTAGE" ]; do
+  if [ -z "$unready_at" ] && [ "$(ready_pods)" = 0 ]; then unready_at=$((SECONDS - t)); fi
+  sleep 1
+done
+[ -n "$unready_at" ] ||
+  fail "with the broker down $OUTAGE s, $(ready_pods) of $total pods stayed Ready: /readyz does not follow the broker"
+[ "$(restarts_of)" = "$r0" ] ||
+  fail "a container was restarted while the broker was down: liveness failed on an outage ($(restarts_of) restarts, $r0 before)"
+deploy/pulsar/pulsar.sh start
+t=$SECONDS
+back_at=""
+for _ in $(seq 1 180); do
+  [ "$(ready_pods)" = "$total" ] && { back_at=$((SECONDS - t)); break; }
+  sleep 1
+done
+[ -n "$back_at" ] || fail "180 s after the broker came back only $(ready_pods) of $total pods are Ready"
+[ "$(restarts_of)" = "$r0" ] || fail "a container was restarted across the broker's outage"
+out=$("$SLUICE_BIN" invoke llm "Be terse." "[fake:echo] after the outage") || fail "sluice invoke after the broker's outage"
+grep -q 'after the outage' <<<"$out" || fail "sluice invoke after the broker's outage: $out"
+figure "broker SIGKILLed: all $total pods NotReady (/readyz) in ${unready_at} s, none restarted in ${OUTAGE} s down; broker back: all Ready again in ${back_at} s, none restarted, requests answered"
 
 # -- 5. KEDA scales text-completion on the request topic's backlog ------------------------------------
 for so in text-completion prompt agent; do

@@ -14,8 +14,12 @@
 //!   forever, so sizes are checked before sending.
 //! - The consumer engine handles acks and incoming messages in one loop: when its delivery
 //!   channel is full, acks wait behind it. The supervisor keeps reading into a bounded
-//!   buffer, and while draining parks new messages (released to other consumers on close)
-//!   so that the acks of in-flight requests still go out.
+//!   buffer, and while draining keeps reading, so that the acks of in-flight requests still
+//!   go out. A Shared subscription's broker keeps sending a draining consumer messages (its
+//!   permits stand): those it did not hand out are released to the other consumers, the
+//!   ones received before the drain at once, later ones in batches a short delay apart
+//!   (a consumer alone on its subscription would otherwise get each one straight back, in a
+//!   loop, for its whole drain).
 //! - pulsar-rs hides the broker's redelivery count, so redeliveries are counted per process.
 //! - A refusal by the broker (credentials, certificate, permission on a topic) is a
 //!   [`Denial`], reported at once with its cause and topic; the retry loops above are for
@@ -444,6 +448,12 @@ impl ConsumerSpec {
 /// TrustGraph's consumers do (their receiver queue is 1,000).
 pub const NON_PERSISTENT_MIN_PERMITS: u32 = 1000;
 
+/// How long a draining consumer holds a message that arrived after the drain began before
+/// releasing it to the broker for another consumer. Not at once: the broker may send it
+/// straight back (always, to a consumer alone on its subscription), and each round costs a
+/// redelivery; one second bounds that to one round per message per second.
+const RELEASE_PARKED_AFTER: Duration = Duration::from_secs(1);
+
 /// The flow permits (pulsar-rs's batch size, which is also its receiver queue) for a consumer
 /// that wants `prefetch` messages ahead.
 ///
@@ -519,6 +529,11 @@ impl Subscription for PulsarSubscription {
         // The consumer stays attached so that the acks of work in flight go out; see the
         // module doc.
         let _ = self.control.send(Control::Pause);
+        // Received but never handed out: dropping an unsettled delivery releases it to the
+        // broker (a nack), instead of holding it here until the close.
+        while let Ok(undelivered) = self.deliveries.try_recv() {
+            drop(undelivered);
+        }
     }
 }
 
@@ -734,11 +749,14 @@ impl Supervisor {
         paused: &mut bool,
     ) -> Exit {
         let limit = self.spec.options.prefetch as usize;
-        // Parked messages are never handed out: they go back to the broker when the consumer
-        // closes. The bound keeps a draining replica from pulling in the backlog.
+        // Parked messages (arrived while draining) are never handed out: they are released
+        // to the broker RELEASE_PARKED_AFTER after the first of a batch arrived, or with the
+        // consumer on close. The bound keeps a draining replica from pulling in the backlog.
         let park_limit = limit * 4 + 1024;
         let mut ready: VecDeque<Delivery> = VecDeque::new();
         let mut parked = 0usize;
+        let mut to_release: Vec<(Arc<str>, MessageIdData)> = Vec::new();
+        let mut release_at: Option<Instant> = None;
         let mut slot: Option<mpsc::OwnedPermit<Delivery>> = None;
         loop {
             if !*paused && let Some(permit) = slot.take() {
@@ -760,8 +778,7 @@ impl Supervisor {
                     Some(Control::Settle(topic, id, s)) => self.apply(consumer, &topic, id, s).await,
                     Some(Control::Pause) => {
                         *paused = true;
-                        // Undelivered messages are released with the consumer on close.
-                        parked += ready.len();
+                        // Dropped unsettled, each is released to the broker (a nack).
                         ready.clear();
                     }
                     Some(Control::Close(done)) => {
@@ -788,10 +805,22 @@ impl Supervisor {
                         return Exit::Stop;
                     }
                 },
+                () = tokio::time::sleep_until(release_at.unwrap_or_else(Instant::now)), if release_at.is_some() => {
+                    release_at = None;
+                    for (topic, id) in to_release.drain(..) {
+                        if let Err(e) = consumer.nack_with_id(&topic, id).await {
+                            // Released with the consumer on close instead.
+                            warn!(topic = %topic, error = %e, "releasing a parked message failed");
+                        }
+                    }
+                    parked = 0;
+                },
                 msg = consumer.next(), if want_message => match msg {
                     Some(Ok(m)) => {
                         if *paused {
                             parked += 1;
+                            to_release.push((self.topics.intern(&m.topic), m.message_id.id.clone()));
+                            release_at.get_or_insert_with(|| Instant::now() + RELEASE_PARKED_AFTER);
                             continue;
                         }
                         let id = m.message_id.id.clone();
