@@ -244,6 +244,8 @@ pub struct SoakReport {
     pub violations: Vec<String>,
     /// Replicas killed with SIGKILL.
     pub kills: u64,
+    /// When each replica was killed (seconds since the start) and which.
+    pub kill_at: Vec<(f64, String)>,
     /// Broker restarts, with how long each took until the broker served again.
     pub broker_restarts: Vec<Duration>,
     /// Requests made.
@@ -1243,7 +1245,10 @@ async fn soak(config: &SoakConfig, broker: &SoakBroker) -> Result<SoakReport, St
         }
         if now >= next_kill {
             match fleet.kill_one().await {
-                Ok(_) => report.kills += 1,
+                Ok(name) => {
+                    report.kills += 1;
+                    report.kill_at.push(((now - started).as_secs_f64(), name));
+                }
                 Err(e) => report.violations.push(format!("chaos: {e}")),
             }
             next_kill = Instant::now() + jitter(config.kill_every);
@@ -1342,11 +1347,13 @@ async fn soak(config: &SoakConfig, broker: &SoakBroker) -> Result<SoakReport, St
                 report.clear_errors += 1;
                 if fault.answerable() {
                     *report.unanswered_clean.entry(t.clone()).or_default() += 1;
-                    if !explained_by_an_outage(t, ran, &outages) {
+                    if !explained_by_an_outage(t, ran, &outages)
+                        && !explained_by_a_kill(kind, t, message, ran, &report.kill_at)
+                    {
                         report.violations.push(format!(
                             "{} ({fault:?}): a request that should have been answered ended \
                              with `{t}` ({message:?}) at {:.1}-{:.1} s, not explained by a \
-                             broker restart",
+                             broker restart or a killed replica",
                             kind.name(),
                             ran.0,
                             ran.1
@@ -1403,6 +1410,27 @@ fn explained_by_an_outage(kind: &str, (began, ended): (f64, f64), outages: &[(f6
         && outages
             .iter()
             .any(|(down, up)| began <= up + AFTER && ended >= down - BEFORE)
+}
+
+/// Whether an agent's clear error is what a killed text-completion replica explains: the
+/// agent's model call was answered by that replica, the answer restarted on another after the
+/// kill, and the agent, which had already streamed that call's thought to its caller, ends the
+/// dialog with `agent-error` "text-completion restarted its answer midway; ask again" (its
+/// documented behaviour: it cannot take back what it streamed). Only with a text-completion
+/// kill while the request ran; any other clear error stays a finding.
+fn explained_by_a_kill(
+    kind: Kind,
+    error: &str,
+    message: &str,
+    (began, ended): (f64, f64),
+    kills: &[(f64, String)],
+) -> bool {
+    matches!(kind, Kind::BusAgent | Kind::HttpAgent)
+        && error == "agent-error"
+        && message.contains("restarted its answer midway")
+        && kills.iter().any(|(at, name)| {
+            name.starts_with(Role::TextCompletion.name()) && *at >= began - 0.5 && *at <= ended
+        })
 }
 
 /// The bound on a never-killed replica's heap: at the end, idle after the drain, at most this
@@ -1480,7 +1508,10 @@ fn jitter(every: Duration) -> Duration {
 
 #[cfg(test)]
 mod tests {
-    use super::{block_id, explained_by_an_outage, foreign_objects, heap_findings, in_flight_in};
+    use super::{
+        Kind, block_id, explained_by_a_kill, explained_by_an_outage, foreign_objects,
+        heap_findings, in_flight_in,
+    };
     use serde_json::json;
 
     #[test]
@@ -1566,6 +1597,72 @@ mod tests {
         assert!(!explained_by_an_outage("llm-error", (91.0, 95.0), &outages));
         assert!(!explained_by_an_outage("timeout", (91.0, 95.0), &outages));
         assert!(!explained_by_an_outage("not-stored", (91.0, 95.0), &[]));
+    }
+
+    #[test]
+    fn only_a_text_completion_kill_explains_an_agent_whose_model_answer_restarted() {
+        let midway = "text-completion restarted its answer midway; ask again";
+        let kills = [
+            (16.0, "text-completion-5".to_owned()),
+            (40.0, "prompt-3".to_owned()),
+        ];
+        assert!(explained_by_a_kill(
+            Kind::BusAgent,
+            "agent-error",
+            midway,
+            (15.9, 16.8),
+            &kills
+        ));
+        assert!(explained_by_a_kill(
+            Kind::HttpAgent,
+            "agent-error",
+            midway,
+            (14.0, 17.0),
+            &kills
+        ));
+        // No text-completion kill while it ran (only a prompt one), another error, another kind.
+        assert!(!explained_by_a_kill(
+            Kind::BusAgent,
+            "agent-error",
+            midway,
+            (39.0, 41.0),
+            &kills
+        ));
+        assert!(!explained_by_a_kill(
+            Kind::BusAgent,
+            "agent-error",
+            midway,
+            (20.0, 21.0),
+            &kills
+        ));
+        assert!(!explained_by_a_kill(
+            Kind::BusAgent,
+            "agent-error",
+            "tool failed",
+            (15.9, 16.8),
+            &kills
+        ));
+        assert!(!explained_by_a_kill(
+            Kind::BusAgent,
+            "llm-error",
+            midway,
+            (15.9, 16.8),
+            &kills
+        ));
+        assert!(!explained_by_a_kill(
+            Kind::BusLlmStream,
+            "agent-error",
+            midway,
+            (15.9, 16.8),
+            &kills
+        ));
+        assert!(!explained_by_a_kill(
+            Kind::BusAgent,
+            "agent-error",
+            midway,
+            (15.9, 16.8),
+            &[]
+        ));
     }
 
     #[test]
