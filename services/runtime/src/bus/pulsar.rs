@@ -754,7 +754,6 @@ impl Supervisor {
         // consumer on close. The bound keeps a draining replica from pulling in the backlog.
         let park_limit = limit * 4 + 1024;
         let mut ready: VecDeque<Delivery> = VecDeque::new();
-        let mut parked = 0usize;
         let mut to_release: Vec<(Arc<str>, MessageIdData)> = Vec::new();
         let mut release_at: Option<Instant> = None;
         let mut slot: Option<mpsc::OwnedPermit<Delivery>> = None;
@@ -768,7 +767,7 @@ impl Supervisor {
                 }
             }
             let want_message = if *paused {
-                parked < park_limit
+                to_release.len() < park_limit
             } else {
                 ready.len() < limit
             };
@@ -813,12 +812,10 @@ impl Supervisor {
                             warn!(topic = %topic, error = %e, "releasing a parked message failed");
                         }
                     }
-                    parked = 0;
                 },
                 msg = consumer.next(), if want_message => match msg {
                     Some(Ok(m)) => {
                         if *paused {
-                            parked += 1;
                             to_release.push((self.topics.intern(&m.topic), m.message_id.id.clone()));
                             release_at.get_or_insert_with(|| Instant::now() + RELEASE_PARKED_AFTER);
                             continue;
