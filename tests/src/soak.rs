@@ -1412,12 +1412,17 @@ fn explained_by_an_outage(kind: &str, (began, ended): (f64, f64), outages: &[(f6
             .any(|(down, up)| began <= up + AFTER && ended >= down - BEFORE)
 }
 
-/// Whether an agent's clear error is what a killed text-completion replica explains: the
-/// agent's model call was answered by that replica, the answer restarted on another after the
-/// kill, and the agent, which had already streamed that call's thought to its caller, ends the
-/// dialog with `agent-error` "text-completion restarted its answer midway; ask again" (its
-/// documented behaviour: it cannot take back what it streamed). Only with a text-completion
-/// kill while the request ran; any other clear error stays a finding.
+/// Whether a clear error is what a killed text-completion replica explains: the model call was
+/// answered by that replica, the answer restarted on another after the kill, and the caller
+/// of text-completion had already streamed part of the first answer, which it cannot take
+/// back. Two such callers, each with its documented error:
+/// - the agent ends the dialog with `agent-error` "text-completion restarted its answer
+///   midway; ask again" (it had streamed that call's thought);
+/// - the prompt service ends the stream with `llm-error` "text-completion restarted its answer
+///   after part of it was published; send the request again" (it had published objects).
+///
+/// Only with a text-completion kill while the request ran; any other clear error stays a
+/// finding.
 fn explained_by_a_kill(
     kind: Kind,
     error: &str,
@@ -1425,9 +1430,17 @@ fn explained_by_a_kill(
     (began, ended): (f64, f64),
     kills: &[(f64, String)],
 ) -> bool {
-    matches!(kind, Kind::BusAgent | Kind::HttpAgent)
-        && error == "agent-error"
-        && message.contains("restarted its answer midway")
+    let documented = match kind {
+        Kind::BusAgent | Kind::HttpAgent => {
+            error == "agent-error" && message.contains("restarted its answer midway")
+        }
+        Kind::BusPrompt | Kind::HttpPrompt => {
+            error == "llm-error"
+                && message.contains("restarted its answer after part of it was published")
+        }
+        _ => false,
+    };
+    documented
         && kills.iter().any(|(at, name)| {
             name.starts_with(Role::TextCompletion.name()) && *at >= began - 0.5 && *at <= ended
         })
@@ -1662,6 +1675,68 @@ mod tests {
             midway,
             (15.9, 16.8),
             &[]
+        ));
+    }
+
+    #[test]
+    fn only_a_text_completion_kill_explains_a_prompt_whose_model_answer_restarted() {
+        // Found in CI: a bus prompt jsonl request at 97.4-98.2 s while text-completion was killed.
+        let published = "text-completion restarted its answer after part of it was published; \
+                         send the request again";
+        let kills = [
+            (97.6, "text-completion-3".to_owned()),
+            (40.0, "agent-2".to_owned()),
+        ];
+        assert!(explained_by_a_kill(
+            Kind::BusPrompt,
+            "llm-error",
+            published,
+            (97.4, 98.2),
+            &kills
+        ));
+        assert!(explained_by_a_kill(
+            Kind::HttpPrompt,
+            "llm-error",
+            published,
+            (97.0, 99.0),
+            &kills
+        ));
+        // Only an agent kill while it ran; the agent's message on a prompt; another error type;
+        // the prompt's message on a text-completion request.
+        assert!(!explained_by_a_kill(
+            Kind::BusPrompt,
+            "llm-error",
+            published,
+            (39.5, 41.0),
+            &kills
+        ));
+        assert!(!explained_by_a_kill(
+            Kind::BusPrompt,
+            "llm-error",
+            "text-completion restarted its answer midway; ask again",
+            (97.4, 98.2),
+            &kills
+        ));
+        assert!(!explained_by_a_kill(
+            Kind::BusPrompt,
+            "timeout",
+            published,
+            (97.4, 98.2),
+            &kills
+        ));
+        assert!(!explained_by_a_kill(
+            Kind::HttpLlmStream,
+            "llm-error",
+            published,
+            (97.4, 98.2),
+            &kills
+        ));
+        assert!(!explained_by_a_kill(
+            Kind::HttpPrompt,
+            "llm-error",
+            "text-completion could not be reached: boom",
+            (97.4, 98.2),
+            &kills
         ));
     }
 
