@@ -604,3 +604,26 @@ async fn a_partitioned_request_topic_is_served_and_every_request_acked() {
     a.stop().await;
     b.stop().await;
 }
+
+/// Found in the Kubernetes test: pods starting together each create the tenant and
+/// namespaces of their topics, and the broker refuses all but one concurrent creation of the
+/// same tenant with HTTP 500 ("BadVersionException: Version mismatch"), not 409; the gateway
+/// exited on it and was restarted. Every one of many concurrent creators must succeed.
+#[tokio::test]
+async fn concurrent_creators_of_one_new_tenant_and_namespace_all_succeed() {
+    let broker = Broker::from_env().await;
+    for round in 0..3 {
+        let ns = format!("sluice-race-{}/ns", uuid::Uuid::new_v4().simple());
+        let creators: Vec<_> = (0..12)
+            .map(|_| {
+                let (admin, ns) = (broker.admin(), ns.clone());
+                tokio::spawn(async move { admin.ensure_namespace(&ns, Default::default()).await })
+            })
+            .collect();
+        for (i, c) in creators.into_iter().enumerate() {
+            if let Err(e) = c.await.unwrap() {
+                panic!("round {round}: creator {i} of {ns} failed: {e}");
+            }
+        }
+    }
+}

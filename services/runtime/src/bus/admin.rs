@@ -98,21 +98,52 @@ impl PulsarAdmin {
         if status.is_success() || also_ok.contains(&status) {
             return Ok(resp);
         }
-        let body = resp.text().await.unwrap_or_default();
-        let body: String = body.chars().take(300).collect();
-        let cause = match status {
-            StatusCode::UNAUTHORIZED => Some(DenialCause::Authentication),
-            StatusCode::FORBIDDEN => Some(DenialCause::Authorization),
-            _ => None,
-        };
-        Err(match cause {
-            Some(cause) => BusError::Denied(Denial {
-                cause,
-                operation: format!("{what} through the admin API"),
-                detail: format!("HTTP {status}: {body}"),
-            }),
-            None => BusError::Unavailable(format!("{what}: HTTP {status}: {body}")),
-        })
+        Err(refusal(what, resp).await)
+    }
+
+    /// Creates the tenant or namespace at `path` (PUT) unless it exists. Creators racing on
+    /// the same new object (processes starting together) collide in Pulsar's metadata store:
+    /// the losers get 409, or a 500 "BadVersionException: Version mismatch" when their writes
+    /// meet inside the store. After a server error the object is looked up, and only if it is
+    /// still missing is the creation tried again, a few times with a short backoff.
+    async fn create(
+        &self,
+        what: &str,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<(), BusError> {
+        const ATTEMPTS: u32 = 4;
+        let mut attempt = 1;
+        loop {
+            let mut put = self.request(reqwest::Method::PUT, path);
+            if let Some(body) = body {
+                put = put.json(body);
+            }
+            let resp = put
+                .send()
+                .await
+                .map_err(|e| BusError::Unavailable(format!("{what}: {e}")))?;
+            let status = resp.status();
+            if status.is_success() || status == StatusCode::CONFLICT {
+                return Ok(());
+            }
+            if !status.is_server_error() || attempt == ATTEMPTS {
+                return Err(refusal(what, resp).await);
+            }
+            if self.exists(path).await {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+            attempt += 1;
+        }
+    }
+
+    /// Whether GET `path` answers with success.
+    async fn exists(&self, path: &str) -> bool {
+        matches!(
+            self.request(reqwest::Method::GET, path).send().await,
+            Ok(r) if r.status().is_success()
+        )
     }
 
     /// The cluster names, once the broker is up.
@@ -142,20 +173,16 @@ impl PulsarAdmin {
         };
         let clusters = self.clusters().await?;
         let tenant_body = serde_json::json!({"adminRoles": [], "allowedClusters": clusters});
-        self.expect_ok(
+        self.create(
             &format!("creating tenant {tenant}"),
-            self.request(reqwest::Method::PUT, &format!("/admin/v2/tenants/{tenant}"))
-                .json(&tenant_body),
-            &[StatusCode::CONFLICT],
+            &format!("/admin/v2/tenants/{tenant}"),
+            Some(&tenant_body),
         )
         .await?;
-        self.expect_ok(
+        self.create(
             &format!("creating namespace {namespace}"),
-            self.request(
-                reqwest::Method::PUT,
-                &format!("/admin/v2/namespaces/{namespace}"),
-            ),
-            &[StatusCode::CONFLICT],
+            &format!("/admin/v2/namespaces/{namespace}"),
+            None,
         )
         .await?;
         if policy.subscription_expiration_minutes > 0 {
@@ -171,5 +198,27 @@ impl PulsarAdmin {
             .await?;
         }
         Ok(())
+    }
+}
+
+/// The error an admin answer other than success becomes: a denial for 401 and 403 (with
+/// the operation, so that the operator knows which permission is missing), otherwise the
+/// broker unavailable for it, with the start of the body.
+async fn refusal(what: &str, resp: reqwest::Response) -> BusError {
+    let status = resp.status();
+    let body = resp.text().await.unwrap_or_default();
+    let body: String = body.chars().take(300).collect();
+    let cause = match status {
+        StatusCode::UNAUTHORIZED => Some(DenialCause::Authentication),
+        StatusCode::FORBIDDEN => Some(DenialCause::Authorization),
+        _ => None,
+    };
+    match cause {
+        Some(cause) => BusError::Denied(Denial {
+            cause,
+            operation: format!("{what} through the admin API"),
+            detail: format!("HTTP {status}: {body}"),
+        }),
+        None => BusError::Unavailable(format!("{what}: HTTP {status}: {body}")),
     }
 }
