@@ -228,6 +228,13 @@ network() {
   if ! ip link show "$N_BRIDGE" >/dev/null 2>&1; then
     ip link add "$N_BRIDGE" type bridge
   fi
+  # A fixed MAC address. A bridge made with a random one takes the lowest MAC of its ports
+  # and changes it when that port (a pod's veth) goes away; the node's other pods still
+  # send to the gateway's old MAC until their ARP entry ages out, so their traffic to the
+  # host (the broker, the provider, the kubelet's probes) vanished for up to a minute after
+  # a pod was deleted: found as streams silent for 57-60 s during `kubectl drain`. An
+  # address that was set is one the kernel never changes.
+  ip link set "$N_BRIDGE" address "$(printf '02:73:6c:75:00:%02x' "$1")"
   ip addr replace "$N_IP/24" dev "$N_BRIDGE"
   ip link set "$N_BRIDGE" up
   sysctl -qw net.ipv4.ip_forward=1
