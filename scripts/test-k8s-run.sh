@@ -445,9 +445,14 @@ done
 # KEDA sees BACKLOG for 30 s and wants BACKLOG/100 replicas.
 BACKLOG=400
 replicas() { kubectl get deployment text-completion -n "$NS" -o jsonpath='{.spec.replicas} {.status.readyReplicas}'; }
-# The load above may have scaled it on CPU (the second trigger): start from the minimum.
-for _ in $(seq 1 90); do read -r spec _ <<<"$(replicas)"; [ "$spec" -eq 2 ] && break; sleep 2; done
-[ "$spec" -eq 2 ] || fail "text-completion is at $spec replicas before the backlog, not its minimum 2"
+# at_minimum BEFORE: text-completion back at its minimum of 2 (the load before may have scaled
+# it on CPU, the second trigger), waited for up to 180 s.
+at_minimum() {
+  local spec
+  for _ in $(seq 1 90); do read -r spec _ <<<"$(replicas)"; [ "$spec" -eq 2 ] && return 0; sleep 2; done
+  fail "text-completion is at $spec replicas before $1, not its minimum 2"
+}
+at_minimum "the backlog"
 # The backlog per replica as the HPA KEDA made sees it: the external metric, read through
 # KEDA's metrics API server (which asks its operator by the Service's DNS name).
 external_metric() {
@@ -616,8 +621,7 @@ grep -q "on TrustGraph's topics" <<<"$out" || fail "sluice invoke on TrustGraph'
 for _ in $(seq 1 90); do [ -n "$(external_metric)" ] && break; sleep 2; done
 [ -n "$(external_metric)" ] ||
   fail "the HPA has no in-flight metric from KEDA's prometheus trigger within 180 s: $(kubectl get hpa -n "$NS" keda-hpa-text-completion -o jsonpath='{.status.conditions}')"
-for _ in $(seq 1 90); do read -r spec _ <<<"$(replicas)"; [ "$spec" -eq 2 ] && break; sleep 2; done
-[ "$spec" -eq 2 ] || fail "text-completion is at $spec replicas before the burst, not its minimum 2"
+at_minimum "the burst"
 answers_start non-persistent://tg/response/text-completion
 t=$SECONDS
 publish non-persistent://tg/request/text-completion "$BURST"

@@ -84,18 +84,20 @@ impl PulsarAdmin {
         r
     }
 
+    /// Sends `r`; a broker that cannot be reached is unavailable for `what`.
+    async fn send(what: &str, r: reqwest::RequestBuilder) -> Result<reqwest::Response, BusError> {
+        r.send()
+            .await
+            .map_err(|e| BusError::Unavailable(format!("{what}: {e}")))
+    }
+
     async fn expect_ok(
         &self,
         what: &str,
         r: reqwest::RequestBuilder,
-        also_ok: &[StatusCode],
     ) -> Result<reqwest::Response, BusError> {
-        let resp = r
-            .send()
-            .await
-            .map_err(|e| BusError::Unavailable(format!("{what}: {e}")))?;
-        let status = resp.status();
-        if status.is_success() || also_ok.contains(&status) {
+        let resp = Self::send(what, r).await?;
+        if resp.status().is_success() {
             return Ok(resp);
         }
         Err(refusal(what, resp).await)
@@ -119,10 +121,7 @@ impl PulsarAdmin {
             if let Some(body) = body {
                 put = put.json(body);
             }
-            let resp = put
-                .send()
-                .await
-                .map_err(|e| BusError::Unavailable(format!("{what}: {e}")))?;
+            let resp = Self::send(what, put).await?;
             let status = resp.status();
             if status.is_success() || status == StatusCode::CONFLICT {
                 return Ok(());
@@ -152,7 +151,6 @@ impl PulsarAdmin {
             .expect_ok(
                 "listing clusters",
                 self.request(reqwest::Method::GET, "/admin/v2/clusters"),
-                &[],
             )
             .await?;
         resp.json()
@@ -193,7 +191,6 @@ impl PulsarAdmin {
                     &format!("/admin/v2/namespaces/{namespace}/subscriptionExpirationTime"),
                 )
                 .json(&policy.subscription_expiration_minutes),
-                &[],
             )
             .await?;
         }
