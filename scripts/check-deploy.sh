@@ -199,3 +199,18 @@ echo "docker-compose.yml: valid"
 
 echo "== deploy/docker/Dockerfile: BuildKit parser and checks"
 "$(dockerfile_lint_bin)" deploy/docker/Dockerfile
+# The image's promises are inherited by the final stage from `runtime`: the check must still
+# refuse a final stage that runs as root, and a runtime without USER or ENTRYPOINT.
+lint_refuses() {
+  local why="$1" broken="$work/Dockerfile.broken"
+  shift
+  "$@" deploy/docker/Dockerfile >"$broken"
+  if "$(dockerfile_lint_bin)" "$broken" >/dev/null 2>&1; then
+    echo "deploy/docker/lint accepted a Dockerfile $why" >&2
+    exit 1
+  fi
+}
+lint_refuses "whose final stage runs as root" sed '$a USER 0'
+lint_refuses "without USER" sed '/^USER /d'
+lint_refuses "without ENTRYPOINT" sed '/^ENTRYPOINT /d'
+echo "deploy/docker/Dockerfile: a root final stage, no USER, no ENTRYPOINT each refused"

@@ -4,7 +4,8 @@
 // that need the base images (`docker build --check`) are not run. It then checks what this
 // repository's image promises:
 // every `COPY --from` names an earlier stage, every `${VAR}` in a FROM is a declared
-// ARG, and the final stage runs as a numeric non-root USER with an ENTRYPOINT.
+// ARG, and the final stage runs as a numeric non-root USER with an ENTRYPOINT (its own or
+// inherited from the earlier stage it is built FROM).
 package main
 
 import (
@@ -91,14 +92,32 @@ func lint(path string) ([]string, error) {
 			seen[strings.ToLower(s.Name)] = true
 		}
 	}
-	final := stages[len(stages)-1]
+	// The final stage's USER and ENTRYPOINT may be inherited from the stage it is built FROM
+	// (and so on): walk that chain from its root, so that the last setting wins, as in the
+	// image.
+	byName := map[string]int{}
+	for i, s := range stages {
+		if s.Name != "" {
+			byName[strings.ToLower(s.Name)] = i
+		}
+	}
+	chain := []int{len(stages) - 1}
+	for {
+		parent, ok := byName[strings.ToLower(stages[chain[0]].BaseName)]
+		if !ok || parent >= chain[0] {
+			break
+		}
+		chain = append([]int{parent}, chain...)
+	}
 	user, entrypoint := "", false
-	for _, c := range final.Commands {
-		switch c := c.(type) {
-		case *instructions.UserCommand:
-			user = c.User
-		case *instructions.EntrypointCommand:
-			entrypoint = true
+	for _, i := range chain {
+		for _, c := range stages[i].Commands {
+			switch c := c.(type) {
+			case *instructions.UserCommand:
+				user = c.User
+			case *instructions.EntrypointCommand:
+				entrypoint = true
+			}
 		}
 	}
 	uid := strings.SplitN(user, ":", 2)[0]
