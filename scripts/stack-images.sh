@@ -14,9 +14,11 @@
 #   sluice-local/prometheus:debian Debian trixie's `prometheus` package (Prometheus 2.x, NOT
 #                                  Docker Hub's prom/prometheus:v3.5.0; the stack test names it
 #                                  in its override file), entrypoint /usr/bin/prometheus
-#   sluice:local                   `docker build -f deploy/docker/Dockerfile .`, unchanged
+#   sluice:local                   `docker build -f deploy/docker/Dockerfile .`, unchanged; or, with
+#                                  SLUICE_IMAGE_BINARY=path (the test command: its own debug
+#                                  build), the Dockerfile's runtime stage with that binary
 #
-# Usage: scripts/stack-images.sh [bases|sluice|all]   (default all)
+# Usage: scripts/stack-images.sh [bases|prometheus|sluice|all]   (default all)
 #
 # Each base is labelled with a hash of its recipe and rebuilt only when the recipe changes;
 # Docker's image store (/var/lib/docker) is the cache, outside the clone. The sluice image is
@@ -117,9 +119,7 @@ rust_toolchain() {
   echo "$sysroot $v"
 }
 
-bases() {
-  make_base "debian:$DEBIAN_RELEASE-slim" "slim v1" --variant=minbase -- 'CMD ["bash"]'
-
+rust_base() {
   local sysroot rust_full
   read -r sysroot rust_full < <(rust_toolchain)
   local toolchain="$rust_full-x86_64-unknown-linux-gnu"
@@ -142,6 +142,13 @@ bases() {
     'ENV RUSTUP_HOME=/usr/local/rustup' 'ENV CARGO_HOME=/usr/local/cargo' \
     'ENV PATH=/usr/local/cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     "ENV RUST_VERSION=$rust_full" 'CMD ["bash"]'
+}
+
+bases() {
+  make_base "debian:$DEBIAN_RELEASE-slim" "slim v1" --variant=minbase -- 'CMD ["bash"]'
+
+  # The builder's base only when the image is built by the Dockerfile's compiling stages.
+  [ -n "${SLUICE_IMAGE_BINARY:-}" ] || rust_base
 
   # Pulsar's distribution: the one deploy/pulsar/pulsar.sh fetches from Maven Central.
   local dist
@@ -156,8 +163,12 @@ bases() {
     --customize-hook='mkdir -p "$1/pulsar/data" "$1/pulsar/logs" && chown -R 10000:0 "$1/pulsar" && chmod -R g+w "$1/pulsar"' \
     -- 'WORKDIR /pulsar' 'USER 10000' 'ENV PULSAR_ROOT_LOGGER=INFO,CONSOLE' 'CMD ["bin/pulsar", "standalone"]'
 
-  # Docker Hub's prom/prometheus runs as nobody with its data in /prometheus; the compose
-  # healthcheck calls wget.
+  prometheus_image
+}
+
+# Docker Hub's prom/prometheus runs as nobody with its data in /prometheus; the compose
+# healthcheck calls wget. Also the Prometheus of scripts/test-k8s-run.sh.
+prometheus_image() {
   make_base "$PROMETHEUS_IMAGE" "prometheus v1" \
     --variant=minbase --include=prometheus,wget,ca-certificates \
     --customize-hook='mkdir -p "$1/prometheus" && chown 65534:65534 "$1/prometheus"' \
@@ -166,6 +177,10 @@ bases() {
 }
 
 sluice_image() {
+  if [ -n "${SLUICE_IMAGE_BINARY:-}" ]; then
+    sluice_image_from_binary "$SLUICE_IMAGE_BINARY"
+    return
+  fi
   log "$SLUICE_IMAGE: docker build -f deploy/docker/Dockerfile (legacy builder)"
   local start=$SECONDS buildlog since
   since=$(date -u +%Y-%m-%dT%H:%M:%SZ)
@@ -189,9 +204,37 @@ sluice_image() {
   docker image prune -f --filter "until=$since" >/dev/null || true
 }
 
+# SLUICE_IMAGE_BINARY=path: the image is the Dockerfile's `runtime` stage (everything of the
+# shipped image but the binary, built by the Dockerfile itself: its first stage, so the legacy
+# builder makes nothing of Rust) with that binary, stripped, at the same path. The test
+# command uses it with the binary of the tests' own build: a release build of the whole
+# dependency tree in the Docker builder costs ~15 min of this machine's two cores on a fresh
+# machine, past CI's limit. The stages that compile (chef, planner, builder) are then not run.
+sluice_image_from_binary() {
+  local bin="$1" start=$SECONDS ctx buildlog
+  [ -x "$bin" ] || { log "SLUICE_IMAGE_BINARY=$bin is not an executable"; return 1; }
+  log "$SLUICE_IMAGE: the Dockerfile's runtime stage + $bin"
+  ctx=$(mktemp -d)
+  buildlog="$ctx.log"
+  # The debug information of a debug build is most of its size (~300 MB of ~350).
+  strip --strip-debug -o "$ctx/sluice" "$bin"
+  if ! { DOCKER_BUILDKIT=0 docker build --network host -f deploy/docker/Dockerfile \
+           --target runtime -t sluice-runtime:cache . &&
+         printf 'FROM sluice-runtime:cache\nCOPY sluice /usr/local/bin/sluice\n' |
+           DOCKER_BUILDKIT=0 docker build -t "$SLUICE_IMAGE" -f - "$ctx"; } >"$buildlog" 2>&1; then
+    tail -n 40 "$buildlog" >&2
+    rm -rf "$ctx" "$buildlog"
+    log "$SLUICE_IMAGE: docker build failed"
+    return 1
+  fi
+  rm -rf "$ctx" "$buildlog"
+  log "$SLUICE_IMAGE: built in $((SECONDS - start)) s"
+}
+
 case "${1:-all}" in
   bases) bases ;;
+  prometheus) prometheus_image ;;
   sluice) sluice_image ;;
   all) bases; sluice_image ;;
-  *) echo "usage: $0 [bases|sluice|all]" >&2; exit 2 ;;
+  *) echo "usage: $0 [bases|prometheus|sluice|all]" >&2; exit 2 ;;
 esac
