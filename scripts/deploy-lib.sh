@@ -5,7 +5,6 @@ KEDA_VERSION=v2.21.0
 PROMETHEUS_OPERATOR_VERSION=v0.85.0
 METRICS_SERVER_VERSION=v0.8.0     # the resource metrics API (CPU triggers) on the test cluster
 COREDNS_VERSION=v1.14.7          # cluster DNS on the test cluster (Service names)
-PROMETHEUS_VERSION=v0.305.0       # Prometheus 3.5.0 (compose's), scraping the test cluster's pods
 
 # A Go module's directory in the module cache, downloaded through the module proxy.
 go_module_dir() {

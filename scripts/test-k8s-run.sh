@@ -39,8 +39,9 @@
 #     of 500 requests on non-persistent://tg/request/text-completion scales text-completion
 #     up through the prometheus trigger on the replicas' in-flight gauge; every request is
 #     answered, and it scales back to 2.
-#  6. Prometheus 3.5 (built from its Go module, on the host) configured from the PodMonitor as stored in the
-#     cluster, as the Prometheus Operator would (tests/k8s/podmonitor_scrape.py), through
+#  6. Prometheus (Debian's, in the compose stack's image, on the host's network) configured
+#     from the PodMonitor as stored in the cluster, as the Prometheus Operator would
+#     (tests/k8s/podmonitor_scrape.py), through
 #     Kubernetes service discovery with a ServiceAccount that may only list sluice's pods:
 #     every processor's pods are targets and up, every alert rule loads.
 #
@@ -94,7 +95,7 @@ cleanup() {
   fi
   [ -n "$load_pid" ] && kill "$load_pid" 2>/dev/null || true
   [ -n "$front_pid" ] && kill "$front_pid" 2>/dev/null || true
-  [ -n "$prom_pid" ] && kill "$prom_pid" 2>/dev/null || true
+  [ -n "$prom_pid" ] && { docker rm -f "$prom_pid" >/dev/null 2>&1 || true; }
   [ -n "$consume_pid" ] && kill "$consume_pid" 2>/dev/null || true
   [ -n "$sampler_pid" ] && kill "$sampler_pid" 2>/dev/null || true
   [ -n "$pod_logs_pid" ] && { kill "$pod_logs_pid" 2>/dev/null; pkill -f "kubectl logs -f -n $NS" 2>/dev/null; } || true
@@ -217,12 +218,13 @@ status=$(curl -s -o /dev/null -w '%{http_code}' -m 10 -d '{"system":"s","prompt"
 [ "$status" = 401 ] || fail "the gateway Service answered a caller without the token: HTTP $status"
 
 # -- Prometheus on the shipped PodMonitor ---------------------------------------------------------
-# Prometheus PROMETHEUS_VERSION (v0.305.0 is Prometheus 3.5.0, compose's version) built from
-# its Go module (Debian's 2.42 has no Kubernetes service discovery: its build leaves it out),
-# on the host, configured from the PodMonitor stored in the cluster as the
-# Prometheus Operator would (tests/k8s/podmonitor_scrape.py; the Operator itself is not built),
-# discovering pods through the API with a ServiceAccount that may only list pods in sluice's
-# namespace. Started here, checked after the changes under load below.
+# Prometheus from Debian trixie's package, in the image the compose stack runs
+# (sluice-local/prometheus:debian, scripts/stack-images.sh; its build keeps the Kubernetes
+# service discovery, bookworm's 2.42 left it out), on the host's network, configured from the
+# PodMonitor stored in the cluster as the Prometheus Operator would
+# (tests/k8s/podmonitor_scrape.py; the Operator itself is not built), discovering pods through
+# the API with a ServiceAccount that may only list pods in sluice's namespace. Started here,
+# checked after the changes under load below.
 kubectl create namespace monitoring >/dev/null
 kubectl create serviceaccount prometheus -n monitoring >/dev/null
 kubectl create role prometheus-sd -n "$NS" --verb get,list,watch --resource pods >/dev/null
@@ -234,14 +236,19 @@ kubectl get podmonitors -A -o json | python3 tests/k8s/podmonitor_scrape.py \
   --api-server "$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')" \
   --ca-file /var/lib/sluice-k8s/pki/ca.crt --token-file "$WORK/prometheus.token" \
   --rules "$PWD/deploy/prometheus/alerts.yml" >"$WORK/prometheus.yml"
-prometheus_binary() {
-  go_module_binary "github.com/prometheus/prometheus@$PROMETHEUS_VERSION" ./cmd/prometheus prometheus
-}
-# On the node bridge's address, as the broker: KEDA's operator (a pod) reads it in 5b.
+# On the node bridge's address, as the broker: KEDA's operator (a pod) reads it in 5b. The
+# files the configuration names are mounted at their own paths, read-only; root in the
+# container, as the token file is root's alone.
 PROM_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("10.244.0.1", 0)); print(s.getsockname()[1])')
-"$(prometheus_binary)" --config.file "$WORK/prometheus.yml" --storage.tsdb.path "$WORK/prometheus" \
-  --web.listen-address "10.244.0.1:$PROM_PORT" >"$WORK/prometheus.log" 2>&1 &
-prom_pid=$!
+bash scripts/stack-images.sh prometheus >"$WORK/images.log" 2>&1 || { tail -n 30 "$WORK/images.log" >&2; fail "making the Prometheus image"; }
+prom_container="sluice-k8s-prometheus-$$"
+docker run -d --name "$prom_container" --network host --user 0 \
+  -v "$WORK/prometheus.yml:$WORK/prometheus.yml:ro" -v "$WORK/prometheus.token:$WORK/prometheus.token:ro" \
+  -v /var/lib/sluice-k8s/pki/ca.crt:/var/lib/sluice-k8s/pki/ca.crt:ro \
+  -v "$PWD/deploy/prometheus/alerts.yml:$PWD/deploy/prometheus/alerts.yml:ro" \
+  sluice-local/prometheus:debian --config.file "$WORK/prometheus.yml" --storage.tsdb.path /prometheus \
+  --web.listen-address "10.244.0.1:$PROM_PORT" >/dev/null
+prom_pid="$prom_container"
 PROM="http://10.244.0.1:$PROM_PORT"
 
 # -- 4. changes under load -----------------------------------------------------------------------------
@@ -495,7 +502,7 @@ answers_check() {
 import json, re, sys
 from collections import defaultdict
 attempts = defaultdict(lambda: {"seqs": [], "end": False})
-errors = records = 0
+errors = records = others = 0
 for line in open(sys.argv[1], errors="replace"):
     i = line.find("content:")
     if i < 0:
@@ -504,6 +511,13 @@ for line in open(sys.argv[1], errors="replace"):
     # A processor's sync messages on a non-persistent topic (sluice-sync, payload {}), not
     # answers: they let clients see dropped records (schema/src/properties.rs).
     if "sluice-sync" in props:
+        continue
+    # Answers to other requests on the same response topic (the callers of the sections
+    # before, still streaming on the durable topic when the subscription is made, records
+    # from the middle of their attempts): not this burst's, whose requests all carry
+    # id=k8s-burst (publish), copied onto every record of their answers.
+    if props.get("id") != "k8s-burst":
+        others += 1
         continue
     records += 1
     a = attempts[props.get("sluice-attempt", "?")]
@@ -523,7 +537,8 @@ gaps = [k for k, a in attempts.items()
         if sorted(int(x) for x in set(a["seqs"]) if x.isdigit()) != list(range(len(set(a["seqs"]))))]
 print(f"[k8s-run] the answers: {records} records, {len(attempts)} attempts, {ended} ended of "
       f"{want} requests, {len(unended)} never ended, {twice} records received twice, "
-      f"{len(gaps)} attempts with a gap in sluice-seq, {errors} errors", file=sys.stderr)
+      f"{len(gaps)} attempts with a gap in sluice-seq, {errors} errors ({others} records of "
+      f"other requests skipped)", file=sys.stderr)
 for k in unended[:3]:
     print(f"  never ended: attempt {k}: sluice-seq {attempts[k]['seqs']}", file=sys.stderr)
 sys.exit(0 if ended == want and not unended and not twice and not gaps and errors == 0 else 1)
@@ -640,7 +655,7 @@ answers_check "$BURST"
 
 # -- 6. what Prometheus scraped through the PodMonitor ---------------------------------------------------
 python3 tests/stack/check_prometheus.py targets "$PROM" text-completion prompt agent gateway --wait 60 ||
-  fail "Prometheus (PodMonitor translation) does not scrape every processor's pods: $(tail -n 5 "$WORK/prometheus.log")"
+  fail "Prometheus (PodMonitor translation) does not scrape every processor's pods: $(docker logs --tail 5 "$prom_pid" 2>&1)"
 python3 tests/stack/check_prometheus.py rules "$PROM" deploy/prometheus/alerts.yml --wait 30 ||
   fail "the alert rules did not load"
 # Not the dashboard's panels: here the broker is not scraped, no 429 is provoked and the

@@ -609,12 +609,9 @@ case "${1:-}" in
     ;;
   addons) addons ;;
   build)
-    # Also the Prometheus that scripts/test-k8s-run.sh runs on the host.
     t=$SECONDS
     binaries
     addon_binaries >/dev/null
-    go_module_binary "github.com/prometheus/prometheus@$PROMETHEUS_VERSION" ./cmd/prometheus prometheus >/dev/null ||
-      fail "building Prometheus"
     log "every binary built or cached in $((SECONDS - t)) s"
     ;;
   logs) for c in "${components[@]}"; do echo "$c: $STATE/$c.log"; done ;;
