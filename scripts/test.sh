@@ -54,6 +54,20 @@ nice -n 19 deploy/k8s-local/cluster.sh build >"$k8s_build_log" 2>&1 &
 k8s_build_pid=$!
 trap 'kill "$k8s_build_pid" 2>/dev/null || true' EXIT
 
+# Downloads that wait on the network rather than the CPU (Pulsar's distribution from Maven
+# Central, the Python venvs from PyPI), fetched on a fresh machine while the first stages
+# compile; the stages that use them wait for this first, and call the same idempotent
+# scripts again, which report any failure. Seconds when cached.
+prefetch_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/prefetch.log"
+(
+  deploy/pulsar/pulsar.sh dist
+  bash scripts/tg-cli-venv.sh
+  bash scripts/openai-venv.sh
+  bash scripts/tg-flow-venv.sh
+) >"$prefetch_log" 2>&1 &
+prefetch_pid=$!
+trap 'kill "$k8s_build_pid" "$prefetch_pid" 2>/dev/null || true' EXIT
+
 stage "deployment files (kustomize + kubeconform, docker compose config; offline)"
 bash scripts/check-deploy.sh
 
@@ -65,6 +79,7 @@ stage "fuzzing (AFL++ through cargo-afl, ${FUZZ_SECONDS:-20} s per target; fuzz/
 bash scripts/fuzz.sh
 
 stage "Pulsar broker"
+wait "$prefetch_pid" || echo "prefetching downloads failed (its log: $prefetch_log); the stages below fetch again" >&2
 deploy/pulsar/pulsar.sh start
 export PULSAR_URL=pulsar://127.0.0.1:6650 PULSAR_ADMIN_URL=http://127.0.0.1:8080
 
@@ -75,7 +90,8 @@ deploy/local-llm/llama-server.sh start
 export SLUICE_LLM_URL=http://127.0.0.1:8766
 
 stop_brokers() {
-  kill "$k8s_build_pid" 2>/dev/null || true
+  kill "$k8s_build_pid" "$prefetch_pid" 2>/dev/null || true
+  [ -z "${cluster_tests_pid:-}" ] || kill "$cluster_tests_pid" 2>/dev/null || true
   # The broker-restart test starts its own broker on 6652; never leave it behind.
   PULSAR_PORT=6652 PULSAR_HTTP_PORT=8082 PULSAR_BK_PORT=3183 deploy/pulsar/pulsar.sh stop || true
   deploy/local-llm/llama-server.sh stop || true
@@ -125,8 +141,33 @@ eval "$(deploy/pulsar/cluster.sh env)"
 # The fault tables of the cluster suite (README, "Production Pulsar").
 export SLUICE_CLUSTER_RESULTS="$PWD/bench/results"
 
-stage "tests"
-cargo test --workspace --locked --no-fail-fast
+# The production-Pulsar suite (services/cli/tests/cluster.rs, ~10 min, mostly waiting on the
+# cluster's brokers and bookies through its faults) runs beside the others (~7 min; their
+# brokers and ports are their own): its test binary directly, as cargo would (in its
+# package's directory), in the background, and the workspace run skips its tests by their
+# exact names. One `cargo test --workspace` for the rest, as in the build above: selecting
+# packages would unify features differently and rebuild dependencies.
+stage "tests (the production-Pulsar suite beside the others)"
+cluster_tests=$(cargo test --workspace --locked --no-run --message-format=json |
+  python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if (m.get("reason") == "compiler-artifact" and m.get("executable")
+            and m["target"]["name"] == "cluster" and "/services/cli" in m["manifest_path"]):
+        print(m["executable"])')
+[ -x "$cluster_tests" ] || { echo "no test binary for services/cli/tests/cluster.rs" >&2; exit 1; }
+skip_cluster=()
+while read -r name; do skip_cluster+=(--skip "$name"); done < <("$cluster_tests" --list --format terse | sed -n 's/: test$//p')
+[ "${#skip_cluster[@]}" -gt 0 ] || { echo "services/cli/tests/cluster.rs lists no test" >&2; exit 1; }
+cluster_tests_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/cluster-tests.log"
+(cd services/cli && exec "$cluster_tests") >"$cluster_tests_log" 2>&1 &
+cluster_tests_pid=$!
+tests_failed=0
+cargo test --workspace --locked --no-fail-fast -- --exact "${skip_cluster[@]}" || tests_failed=1
+echo "== services/cli/tests/cluster.rs (ran beside the above; log: $cluster_tests_log)"
+wait "$cluster_tests_pid" || tests_failed=1
+cat "$cluster_tests_log"
+[ "$tests_failed" = 0 ] || { echo "tests failed (above)" >&2; exit 1; }
 
 # TrustGraph's own processes (PyPI trustgraph-flow, unmodified, in a venv) beside sluice's
 # --config-service processors, on the broker above (issue #14).
@@ -137,6 +178,11 @@ SLUICE_BIN="$CARGO_TARGET_DIR/debug/sluice" bash scripts/test-trustgraph.sh
 # registry here), the compose stack up with Prometheus, answers through the gateway
 # container, every dashboard panel's data, three replicas and a kill (issue #12).
 stage "the compose stack (docker)"
+# sluice's image: the Dockerfile's runtime stage with the tests' own build of the binary
+# (scripts/stack-images.sh): a release build in Docker's builder would add ~15 min of both
+# cores to a fresh machine's run, past CI's limit. `docker build -f deploy/docker/Dockerfile .`
+# builds the shipped image (README, "Docker").
+export SLUICE_IMAGE_BINARY="$CARGO_TARGET_DIR/debug/sluice"
 bash scripts/test-stack.sh
 
 # The manifests applied to a real kube-apiserver (built from the Go module proxy) on Debian's

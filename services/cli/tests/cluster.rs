@@ -679,7 +679,7 @@ fn provenance() -> String {
     format!(
         "{} against `deploy/pulsar/cluster.sh` (2 brokers, 3 bookies, ensemble 2/2/2, \
          ZooKeeper session 10 s) by `cargo test -p sluice-cli --test cluster` with \
-         `SLUICE_CLUSTER_RESULTS` set, as `scripts/test.sh` runs it.",
+         `SLUICE_CLUSTER_RESULTS` set (`scripts/test.sh` runs the same test binary).",
         sluice_tests::measured_here(&[])
     )
 }
