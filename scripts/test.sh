@@ -145,28 +145,39 @@ export SLUICE_CLUSTER_RESULTS="$PWD/bench/results"
 # cluster's brokers and bookies through its faults) runs beside the others (~7 min; their
 # brokers and ports are their own): its test binary directly, as cargo would (in its
 # package's directory), in the background, and the workspace run skips its tests by their
-# exact names. One `cargo test --workspace` for the rest, as in the build above: selecting
-# packages would unify features differently and rebuild dependencies.
-stage "tests (the production-Pulsar suite beside the others)"
-cluster_tests=$(cargo test --workspace --locked --no-run --message-format=json |
+# exact names. The soak (services/cli/tests/soak.rs, ~4 min) runs alone after both: it and
+# the cluster suite restart JVMs and kill processes under load, and side by side on two cores
+# a graceful broker restart took 89 s and both failed (CI, 2026-11-25). One `cargo test
+# --workspace` for the rest, as in the build above: selecting packages would unify features
+# differently and rebuild dependencies.
+stage "tests (the production-Pulsar suite beside the others, then the soak)"
+test_binaries=$(cargo test --workspace --locked --no-run --message-format=json |
   python3 -c 'import json, sys
 for line in sys.stdin:
     m = json.loads(line)
     if (m.get("reason") == "compiler-artifact" and m.get("executable")
-            and m["target"]["name"] == "cluster" and "/services/cli" in m["manifest_path"]):
-        print(m["executable"])')
-[ -x "$cluster_tests" ] || { echo "no test binary for services/cli/tests/cluster.rs" >&2; exit 1; }
-skip_cluster=()
-while read -r name; do skip_cluster+=(--skip "$name"); done < <("$cluster_tests" --list --format terse | sed -n 's/: test$//p')
-[ "${#skip_cluster[@]}" -gt 0 ] || { echo "services/cli/tests/cluster.rs lists no test" >&2; exit 1; }
+            and m["target"]["name"] in ("cluster", "soak") and "/services/cli" in m["manifest_path"]):
+        print(m["target"]["name"], m["executable"])')
+cluster_tests=$(echo "$test_binaries" | sed -n 's/^cluster //p')
+soak_tests=$(echo "$test_binaries" | sed -n 's/^soak //p')
+for t in "$cluster_tests" "$soak_tests"; do
+  [ -n "$t" ] && [ -x "$t" ] || { echo "no test binary for services/cli/tests/{cluster,soak}.rs: $test_binaries" >&2; exit 1; }
+done
+skip_apart=()
+for t in "$cluster_tests" "$soak_tests"; do
+  while read -r name; do skip_apart+=(--skip "$name"); done < <("$t" --list --format terse | sed -n 's/: test$//p')
+done
+[ "${#skip_apart[@]}" -ge 4 ] || { echo "services/cli/tests/{cluster,soak}.rs list too few tests: ${skip_apart[*]}" >&2; exit 1; }
 cluster_tests_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/cluster-tests.log"
 (cd services/cli && exec "$cluster_tests") >"$cluster_tests_log" 2>&1 &
 cluster_tests_pid=$!
 tests_failed=0
-cargo test --workspace --locked --no-fail-fast -- --exact "${skip_cluster[@]}" || tests_failed=1
+cargo test --workspace --locked --no-fail-fast -- --exact "${skip_apart[@]}" || tests_failed=1
 echo "== services/cli/tests/cluster.rs (ran beside the above; log: $cluster_tests_log)"
 wait "$cluster_tests_pid" || tests_failed=1
 cat "$cluster_tests_log"
+echo "== services/cli/tests/soak.rs (alone)"
+(cd services/cli && exec "$soak_tests") || tests_failed=1
 [ "$tests_failed" = 0 ] || { echo "tests failed (above)" >&2; exit 1; }
 
 # TrustGraph's own processes (PyPI trustgraph-flow, unmodified, in a venv) beside sluice's
