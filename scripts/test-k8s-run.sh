@@ -83,6 +83,12 @@ cleanup() {
       log "the previous container of $pod:"
       kubectl logs -n "$NS" "$pod" --previous --tail 20 >&2 2>&1 || true
     done
+    # Every pod's own words now: warnings, errors and the last lines.
+    for pod in $(kubectl get pods -n "$NS" -o jsonpath='{.items[*].metadata.name}' 2>/dev/null); do
+      log "$pod now (warnings, errors, last lines):"
+      kubectl logs -n "$NS" "$pod" --tail 400 2>&1 | { grep -E 'WARN|ERROR' | tail -n 15; } >&2 || true
+      kubectl logs -n "$NS" "$pod" --tail 5 >&2 2>&1 || true
+    done
     # The pods' own words while the drain ran, kept by 4b: warnings, errors and the last lines.
     for f in "$WORK"/pod-logs/*.log; do
       [ -e "$f" ] || continue
@@ -401,7 +407,12 @@ kubectl uncordon "$drain_node" >/dev/null
 # probe, keeps passing, so no container is restarted for an outage that is not its own. The
 # broker is SIGKILLed (a crash) and kept down OUTAGE seconds, longer than liveness's 3
 # failures 10 s apart would need; once it is back every pod is Ready again, still without a
-# restart, and a request is answered.
+# restart, and a request is answered. The startup probe: an agent pod deleted while the
+# broker is down is replaced by one that starts without a broker; it waits for it (up to
+# --connect-wait-secs, which the startup probe allows for), so it is neither restarted nor
+# started (its /healthz is not served yet) during the outage, and is Ready once the broker is
+# back. (Before this check a processor with an admin URL exited at once when the admin API
+# did not answer, and the kubelet restarted it in a back-off loop.)
 OUTAGE=45
 restarts_of() {
   kubectl get pods -n "$NS" -o jsonpath='{range .items[*]}{range .status.containerStatuses[*]}{.restartCount}{"\n"}{end}{end}' |
@@ -414,7 +425,11 @@ ready_pods() {
 total=$(kubectl get pods -n "$NS" -o name | wc -l)
 r0=$(restarts_of)
 t=$SECONDS
+agents_before=" $(kubectl get pods -n "$NS" -l app.kubernetes.io/component=agent -o jsonpath='{.items[*].metadata.name}') "
 deploy/pulsar/pulsar.sh kill
+early_victim=$(kubectl get pods -n "$NS" -l app.kubernetes.io/component=agent -o jsonpath='{.items[0].metadata.name}')
+kubectl delete pod -n "$NS" "$early_victim" --wait=false >/dev/null ||
+  fail "could not delete the agent pod $early_victim"
 unready_at=""
 while [ $((SECONDS - t)) -lt "$OUTAGE" ]; do
   if [ -z "$unready_at" ] && [ "$(ready_pods)" = 0 ]; then unready_at=$((SECONDS - t)); fi
@@ -423,7 +438,16 @@ done
 [ -n "$unready_at" ] ||
   fail "with the broker down $OUTAGE s, $(ready_pods) of $total pods stayed Ready: /readyz does not follow the broker"
 [ "$(restarts_of)" = "$r0" ] ||
-  fail "a container was restarted while the broker was down: liveness failed on an outage ($(restarts_of) restarts, $r0 before)"
+  fail "a container was restarted while the broker was down: liveness or the startup probe failed on an outage ($(restarts_of) restarts, $r0 before)"
+# The agent pod that started during the outage: running, not started, never restarted.
+early=$(kubectl get pods -n "$NS" -l app.kubernetes.io/component=agent \
+  -o jsonpath='{range .items[*]}{.metadata.name}|{.status.containerStatuses[0].started}|{.status.containerStatuses[0].restartCount}|{.status.containerStatuses[0].state.running.startedAt}{"\n"}{end}' |
+  awk -F'|' -v before="$agents_before" 'index(before, " " $1 " ") == 0')
+[ "$(grep -c . <<<"$early")" = 1 ] ||
+  fail "not one new agent pod in place of $early_victim during the outage: [$early] $(kubectl get pods -n "$NS" -o wide)"
+IFS='|' read -r early_name early_started early_restarts early_running <<<"$early"
+[ -n "$early_running" ] && [ "$early_started" = false ] && [ "$early_restarts" = 0 ] ||
+  fail "the agent pod $early_name, started during the outage: running since '${early_running}', started=$early_started, restarts=$early_restarts (it should run, waiting for the broker, with the startup probe holding)"
 deploy/pulsar/pulsar.sh start
 t=$SECONDS
 back_at=""
@@ -435,7 +459,7 @@ done
 [ "$(restarts_of)" = "$r0" ] || fail "a container was restarted across the broker's outage"
 out=$("$SLUICE_BIN" invoke llm "Be terse." "[fake:echo] after the outage") || fail "sluice invoke after the broker's outage"
 grep -q 'after the outage' <<<"$out" || fail "sluice invoke after the broker's outage: $out"
-figure "broker SIGKILLed: all $total pods NotReady (/readyz) in ${unready_at} s, none restarted in ${OUTAGE} s down; broker back: all Ready again in ${back_at} s, none restarted, requests answered"
+figure "broker SIGKILLed: all $total pods NotReady (/readyz) in ${unready_at} s, none restarted in ${OUTAGE} s down, an agent pod started during the outage waited (not started, 0 restarts); broker back: all Ready again in ${back_at} s, none restarted, requests answered"
 
 # -- 5. KEDA scales text-completion on the request topic's backlog ------------------------------------
 for so in text-completion prompt agent; do

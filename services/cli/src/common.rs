@@ -4,7 +4,7 @@ use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
     sync::Arc,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use clap::Args;
@@ -59,7 +59,7 @@ pub struct BusArgs {
     /// request/response topics).
     #[arg(long, env = "SLUICE_TOPIC_MAPPING", default_value = "durable")]
     pub topic_mapping: TopicMapping,
-    /// How long to wait for the broker at start-up, in seconds.
+    /// How long to wait for the broker (its admin API included) at start-up, in seconds.
     #[arg(long, default_value_t = 120)]
     pub connect_wait_secs: u64,
     /// Use the in-process bus instead of Pulsar (single-process use only).
@@ -204,10 +204,16 @@ pub fn cancel_topic(name: &str, given: Option<&str>) -> Result<TopicName, String
 }
 
 /// Connects the bus, creating the topics' namespaces first when an admin URL is given.
+///
+/// The wait for the broker (`--connect-wait-secs`) covers both steps: in Kubernetes the pods
+/// and the broker start in any order, and the shipped startup probe allows for the wait. An
+/// admin API that does not answer yet is asked again until the deadline; a refusal of the
+/// credentials or the configuration ends the wait at once.
 pub async fn connect(args: &BusArgs, topics: &[TopicName]) -> Result<Arc<dyn Bus>, String> {
     if args.in_process {
         return Ok(Arc::new(MemoryBus::default()));
     }
+    let deadline = Instant::now() + Duration::from_secs(args.connect_wait_secs);
     let auth = pulsar_auth(args.pulsar_tls_ca_file.as_deref())?;
     if let Some(admin_url) = &args.pulsar_admin_url {
         let admin = pulsar_admin(admin_url, args.pulsar_tls_ca_file.as_deref())?;
@@ -223,21 +229,33 @@ pub async fn connect(args: &BusArgs, topics: &[TopicName]) -> Result<Arc<dyn Bus
                     0
                 },
             };
-            match admin.ensure_namespace(&ns, policy).await {
-                Ok(()) => {}
-                // On a secured cluster tenants and namespaces are the operator's, and a
-                // processor's role may not even read them: go on and let the broker say
-                // whether the topics themselves can be used.
-                Err(BusError::Denied(d)) => tracing::warn!(namespace = %ns, error = %d,
-                    "this role cannot check the namespace; assuming the operator created it"),
-                Err(e) => return Err(e.to_string()),
+            let mut delay = Duration::from_millis(250);
+            loop {
+                match admin.ensure_namespace(&ns, policy).await {
+                    Ok(()) => break,
+                    // On a secured cluster tenants and namespaces are the operator's, and a
+                    // processor's role may not even read them: go on and let the broker say
+                    // whether the topics themselves can be used.
+                    Err(BusError::Denied(d)) => {
+                        tracing::warn!(namespace = %ns, error = %d,
+                            "this role cannot check the namespace; assuming the operator created it");
+                        break;
+                    }
+                    Err(e @ BusError::Unavailable(_)) if Instant::now() + delay < deadline => {
+                        tracing::warn!(namespace = %ns, error = %e,
+                            "pulsar's admin API not reachable yet; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(5));
+                    }
+                    Err(e) => return Err(e.to_string()),
+                }
             }
         }
     }
     let mut config = PulsarConfig::new(args.pulsar_url.clone());
     config.auth = auth;
     config.tls_ca_file = args.pulsar_tls_ca_file.clone();
-    let bus = PulsarBus::connect(config, Duration::from_secs(args.connect_wait_secs))
+    let bus = PulsarBus::connect(config, deadline.saturating_duration_since(Instant::now()))
         .await
         .map_err(|e| e.to_string())?;
     Ok(Arc::new(bus))

@@ -271,3 +271,137 @@ async fn the_bedrock_processor_signs_with_sigv4_and_never_logs_its_credentials()
     client.close().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Listens on `port` from now on and relays each connection to `target` (`host:port`): the
+/// broker "comes up" on the address a processor was given, after it started.
+fn relay(port: u16, target: String) {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            let target = target.clone();
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+}
+
+/// Kubernetes starts pods and the broker in any order, and the shipped startup probe allows
+/// for `--connect-wait-secs`: a processor started while nothing answers on its broker's
+/// binary or admin address keeps waiting (it neither exits nor reports itself healthy), and
+/// once the broker is there it creates its namespaces, connects and answers.
+#[tokio::test]
+async fn a_processor_started_before_its_broker_waits_for_it_admin_api_included() {
+    let broker = Broker::from_env().await;
+    let fake = FakeOpenAi::start().await;
+    let (req, resp) = (
+        unique_topic("cli-tc-early-req"),
+        unique_topic("cli-tc-early-resp"),
+    );
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let (binary_port, admin_port, port) = (free(), free(), free());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "text-completion",
+            "--provider",
+            "openai-compatible",
+            "--base-url",
+            &fake.base_url(),
+            "--model",
+            "normal",
+            "--pulsar-url",
+            &format!("pulsar://127.0.0.1:{binary_port}"),
+            "--pulsar-admin-url",
+            &format!("http://127.0.0.1:{admin_port}"),
+            "--connect-wait-secs",
+            "90",
+            "--request-topic",
+            &req,
+            "--response-topic",
+            &resp,
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .env("SLUICE_LLM_API_KEY", KEY)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let healthz = format!("http://127.0.0.1:{port}/healthz");
+    let healthy = || async {
+        reqwest::get(&healthz)
+            .await
+            .map(|r| r.status().is_success())
+            .unwrap_or(false)
+    };
+    // Eight seconds with nothing on either address: several retries of both.
+    for _ in 0..16 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut logs = String::new();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut logs)
+                .await
+                .unwrap();
+            panic!("the processor gave up on a broker not up yet ({status}): {logs}");
+        }
+        assert!(!healthy().await, "healthy before it reached any broker");
+    }
+    // The broker comes up on the addresses the processor was given.
+    relay(
+        binary_port,
+        broker.url.trim_start_matches("pulsar://").to_owned(),
+    );
+    relay(
+        admin_port,
+        broker.admin_url.trim_start_matches("http://").to_owned(),
+    );
+    let ready = format!("http://127.0.0.1:{port}/readyz");
+    let mut up = false;
+    for _ in 0..600 {
+        if reqwest::get(&ready)
+            .await
+            .map(|r| r.status().is_success())
+            .unwrap_or(false)
+        {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(up, "the processor became ready once its broker was up");
+    assert!(healthy().await);
+
+    let client = text_client(broker.bus().await, &req, &resp).await;
+    let mut stream = client
+        .request(&TextCompletionRequest {
+            prompt: "early-bird-4412".into(),
+            streaming: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut text = String::new();
+    while let Some(item) = stream.next().await {
+        if let Received::Record(r) = item.unwrap() {
+            assert!(r.error.is_none(), "{r:?}");
+            text.push_str(&r.response);
+        }
+    }
+    assert_eq!(text, "Hello world!");
+    client.close().await;
+}
