@@ -86,14 +86,14 @@ cleanup() {
     # Every pod's own words now: warnings, errors and the last lines.
     for pod in $(kubectl get pods -n "$NS" -o jsonpath='{.items[*].metadata.name}' 2>/dev/null); do
       log "$pod now (warnings, errors, last lines):"
-      kubectl logs -n "$NS" "$pod" --tail 400 2>&1 | { grep -E 'WARN|ERROR' | tail -n 15; } >&2 || true
+      kubectl logs -n "$NS" "$pod" --tail 400 2>&1 | { grep -E 'WARN|ERROR|panicked' | tail -n 15; } >&2 || true
       kubectl logs -n "$NS" "$pod" --tail 5 >&2 2>&1 || true
     done
     # The pods' own words while the drain ran, kept by 4b: warnings, errors and the last lines.
     for f in "$WORK"/pod-logs/*.log; do
       [ -e "$f" ] || continue
       log "$(basename "$f" .log) (warnings, errors, last lines):"
-      { grep -E 'WARN|ERROR' "$f" | tail -n 15; tail -n 5 "$f"; } >&2 || true
+      { grep -E 'WARN|ERROR|panicked' "$f" | tail -n 15; tail -n 5 "$f"; } >&2 || true
     done
     for c in kubelet kube-controller-manager; do
       log "last lines of $c:"; tail -n 15 "/var/lib/sluice-k8s/$c.log" >&2 2>/dev/null || true

@@ -485,7 +485,17 @@ async fn route<R: ResponseRecord>(
                 lossy,
             ),
             Some(Err(e)) => warn!(service, error = %e, "receiving responses failed"),
-            None => break,
+            None => {
+                // Not asked to stop: the subscription's task is gone (it re-subscribes on its
+                // own through broker faults), so nothing will route responses any more.
+                if !stop.is_cancelled() {
+                    tracing::error!(
+                        service,
+                        "the response subscription ended; open streams end now"
+                    );
+                }
+                break;
+            }
         }
     }
     // Dropping the routes' senders ends every open stream with `Closed`.
