@@ -644,6 +644,17 @@ for d in "${deployments[@]}"; do
   kubectl rollout status -n "$NS" "$d" --timeout 240s >/dev/null || fail "$d did not roll out on TrustGraph's mapping"
 done
 log "every Deployment rolled out on TrustGraph's mapping in $((SECONDS - t)) s"
+# A change of topic mapping is a migration, not a change a rolling update hides: until the
+# old pods are gone, an old gateway still takes requests on the old (durable) topics, where
+# no processor listens any more, and ends them with an error when its drain ends ("the
+# gateway is shutting down", seen twice when the request below met one). Wait for them.
+for _ in $(seq 1 120); do
+  [ -z "$(kubectl get pods -n "$NS" -o jsonpath='{.items[?(@.metadata.deletionTimestamp)].metadata.name}')" ] && break
+  sleep 1
+done
+terminating=$(kubectl get pods -n "$NS" -o jsonpath='{.items[?(@.metadata.deletionTimestamp)].metadata.name}')
+[ -z "$terminating" ] || fail "pods of the durable mapping still terminating 120 s after the rollout: $terminating"
+log "the durable mapping's pods are gone $((SECONDS - t)) s after the change"
 # The processors consume TrustGraph's topics now, and the gateway answers through them.
 tg_consumers() {
   curl -sf -m 5 "http://$PULSAR_HOST:$PULSAR_HTTP_PORT/admin/v2/non-persistent/tg/request/text-completion/stats" |
