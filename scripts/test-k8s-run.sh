@@ -650,10 +650,10 @@ log "every Deployment rolled out on TrustGraph's mapping in $((SECONDS - t)) s"
 # no processor listens any more, and ends them with an error when its drain ends ("the
 # gateway is shutting down", seen twice when the request below met one). Wait for them.
 for _ in $(seq 1 120); do
-  [ -z "$(kubectl get pods -n "$NS" -o jsonpath='{.items[?(@.metadata.deletionTimestamp)].metadata.name}')" ] && break
+  terminating=$(kubectl get pods -n "$NS" -o jsonpath='{.items[?(@.metadata.deletionTimestamp)].metadata.name}')
+  [ -z "$terminating" ] && break
   sleep 1
 done
-terminating=$(kubectl get pods -n "$NS" -o jsonpath='{.items[?(@.metadata.deletionTimestamp)].metadata.name}')
 [ -z "$terminating" ] || fail "pods of the durable mapping still terminating 120 s after the rollout: $terminating"
 log "the durable mapping's pods are gone $((SECONDS - t)) s after the change"
 # The processors consume TrustGraph's topics now, and the gateway answers through them.

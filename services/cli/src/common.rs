@@ -14,7 +14,7 @@ use sluice_runtime::{
         admin::{NamespacePolicy, PulsarAdmin},
         memory::MemoryBus,
         oauth2::OAuth2Config,
-        pulsar::{PulsarBus, PulsarConfig},
+        pulsar::{Backoff, PulsarBus, PulsarConfig},
         pulsar_security::PulsarAuth,
     },
     flows::{ConfigTopics, FlowsConfig},
@@ -229,7 +229,7 @@ pub async fn connect(args: &BusArgs, topics: &[TopicName]) -> Result<Arc<dyn Bus
                     0
                 },
             };
-            let mut delay = Duration::from_millis(250);
+            let mut backoff = Backoff::new(Duration::from_secs(5));
             loop {
                 match admin.ensure_namespace(&ns, policy).await {
                     Ok(()) => break,
@@ -241,11 +241,12 @@ pub async fn connect(args: &BusArgs, topics: &[TopicName]) -> Result<Arc<dyn Bus
                             "this role cannot check the namespace; assuming the operator created it");
                         break;
                     }
-                    Err(e @ BusError::Unavailable(_)) if Instant::now() + delay < deadline => {
+                    Err(e @ BusError::Unavailable(_))
+                        if Instant::now() + backoff.peek() < deadline =>
+                    {
                         tracing::warn!(namespace = %ns, error = %e,
                             "pulsar's admin API not reachable yet; retrying");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(5));
+                        tokio::time::sleep(backoff.next_delay()).await;
                     }
                     Err(e) => return Err(e.to_string()),
                 }

@@ -9,6 +9,9 @@ use sluice_schema::TextCompletionRequest;
 use sluice_tests::{Broker, fake_openai::FakeOpenAi, text_client, unique_topic};
 use tokio::{io::AsyncReadExt, process::Command};
 
+mod common;
+use common::{Sluice, free_port};
+
 const KEY: &str = "sk-from-the-environment-only";
 
 #[tokio::test]
@@ -302,16 +305,9 @@ async fn a_processor_started_before_its_broker_waits_for_it_admin_api_included()
         unique_topic("cli-tc-early-req"),
         unique_topic("cli-tc-early-resp"),
     );
-    let free = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    };
-    let (binary_port, admin_port, port) = (free(), free(), free());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
+    let (binary_port, admin_port, port) = (free_port(), free_port(), free_port());
+    let mut processor = Sluice::spawn(
+        &[
             "text-completion",
             "--provider",
             "openai-compatible",
@@ -331,13 +327,10 @@ async fn a_processor_started_before_its_broker_waits_for_it_admin_api_included()
             &resp,
             "--metrics-addr",
             &format!("127.0.0.1:{port}"),
-        ])
-        .env("SLUICE_LLM_API_KEY", KEY)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+        ],
+        &[("SLUICE_LLM_API_KEY", KEY)],
+        &[],
+    );
     let healthz = format!("http://127.0.0.1:{port}/healthz");
     let healthy = || async {
         reqwest::get(&healthz)
@@ -345,19 +338,15 @@ async fn a_processor_started_before_its_broker_waits_for_it_admin_api_included()
             .map(|r| r.status().is_success())
             .unwrap_or(false)
     };
-    // Eight seconds with nothing on either address: several retries of both.
+    // Eight seconds with nothing on either address (the condition under test is a span of
+    // time): several retries of both, and the process neither exits nor turns healthy.
     for _ in 0..16 {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        if let Some(status) = child.try_wait().unwrap() {
-            let mut logs = String::new();
-            child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut logs)
-                .await
-                .unwrap();
-            panic!("the processor gave up on a broker not up yet ({status}): {logs}");
+        if let Some(status) = processor.exited().await {
+            panic!(
+                "the processor gave up on a broker not up yet ({status}): {}",
+                processor.stderr()
+            );
         }
         assert!(!healthy().await, "healthy before it reached any broker");
     }
@@ -370,20 +359,9 @@ async fn a_processor_started_before_its_broker_waits_for_it_admin_api_included()
         admin_port,
         broker.admin_url.trim_start_matches("http://").to_owned(),
     );
-    let ready = format!("http://127.0.0.1:{port}/readyz");
-    let mut up = false;
-    for _ in 0..600 {
-        if reqwest::get(&ready)
-            .await
-            .map(|r| r.status().is_success())
-            .unwrap_or(false)
-        {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(up, "the processor became ready once its broker was up");
+    processor
+        .ready(&format!("http://127.0.0.1:{port}/readyz"))
+        .await;
     assert!(healthy().await);
 
     let client = text_client(broker.bus().await, &req, &resp).await;

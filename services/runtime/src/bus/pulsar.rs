@@ -861,14 +861,16 @@ impl Drop for Supervisor {
     }
 }
 
-/// Exponential backoff with full jitter, from 50 ms up to a cap.
-pub(crate) struct Backoff {
+/// Exponential backoff with full jitter, from 50 ms up to a cap: how sluice waits for a broker
+/// (or its admin API) that does not answer yet.
+pub struct Backoff {
     next: Duration,
     max: Duration,
 }
 
 impl Backoff {
-    pub(crate) fn new(max: Duration) -> Self {
+    /// Starts at 50 ms; the bound doubles after each delay, up to `max`.
+    pub fn new(max: Duration) -> Self {
         Self {
             next: Duration::from_millis(50),
             max,
@@ -876,11 +878,12 @@ impl Backoff {
     }
 
     /// The upper bound of the next delay.
-    pub(crate) fn peek(&self) -> Duration {
+    pub fn peek(&self) -> Duration {
         self.next
     }
 
-    pub(crate) fn next_delay(&mut self) -> Duration {
+    /// The next delay, jittered between half the bound and the bound, which then doubles.
+    pub fn next_delay(&mut self) -> Duration {
         let bound = self.next;
         self.next = (self.next * 2).min(self.max);
         // Full jitter keeps a fleet of replicas from reconnecting in lockstep.
