@@ -79,8 +79,11 @@ stage "fuzzing (AFL++ through cargo-afl, ${FUZZ_SECONDS:-20} s per target; fuzz/
 bash scripts/fuzz.sh
 
 stage "Pulsar broker"
+# Both brokers start from empty data at every run (6 s and ~45 s, the latter in the background):
+# CI once failed because the cluster's data, left by a run the machine's restart cut short,
+# held a ledger that did not recover ("Error while recovering ledger error code: -10").
 wait "$prefetch_pid" || echo "prefetching downloads failed (its log: $prefetch_log); the stages below fetch again" >&2
-deploy/pulsar/pulsar.sh start
+deploy/pulsar/pulsar.sh start-fresh
 export PULSAR_URL=pulsar://127.0.0.1:6650 PULSAR_ADMIN_URL=http://127.0.0.1:8080
 
 stage "local LLM (llama-server + SmolLM2-135M; built once, cached)"
@@ -129,7 +132,7 @@ fi
 stage "secured Pulsar cluster (in the background) and the tests' build"
 cluster_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/cluster-start.log"
 mkdir -p "$(dirname "$cluster_log")"
-deploy/pulsar/cluster.sh start > "$cluster_log" 2>&1 &
+deploy/pulsar/cluster.sh start-fresh > "$cluster_log" 2>&1 &
 cluster_pid=$!
 cargo test --workspace --locked --no-run
 if ! wait "$cluster_pid"; then

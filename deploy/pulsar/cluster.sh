@@ -5,6 +5,7 @@
 # for trying sluice against a secured cluster by hand.
 #
 #   deploy/pulsar/cluster.sh start            start (or reuse) the cluster, wait until it serves
+#   deploy/pulsar/cluster.sh start-fresh      stop, delete the data (not the keys), start
 #   deploy/pulsar/cluster.sh stop             stop every process (SIGTERM, then SIGKILL)
 #   deploy/pulsar/cluster.sh wipe             stop, delete the state, remove the /etc/hosts lines
 #   deploy/pulsar/cluster.sh status           exit 0 when both brokers and 3 bookies serve
@@ -464,8 +465,18 @@ stop() {
   log "stopped"
 }
 
+# The data of ZooKeeper and the bookies go; the CA, certificates, key and tokens stay (nothing
+# in them can be left half-written by a crash: each set is marked complete only once whole).
+start_fresh() {
+  stop
+  rm -rf "$STATE/zookeeper" "$STATE"/bookie-* "$STATE/logs" \
+    "$STATE/.initialized" "$STATE/.bookies-formatted" "$STATE/.set-up"
+  start
+}
+
 case "${1:-}" in
   start) start ;;
+  start-fresh) start_fresh ;;
   stop) stop ;;
   wipe)
     stop

@@ -2,6 +2,7 @@
 # Runs a real Apache Pulsar standalone broker on loopback, for tests and local use.
 #
 #   deploy/pulsar/pulsar.sh start     start (or reuse) a broker and wait until it serves
+#   deploy/pulsar/pulsar.sh start-fresh  stop, delete its data, start
 #   deploy/pulsar/pulsar.sh stop      stop the broker this script started
 #   deploy/pulsar/pulsar.sh restart   stop then start, keeping its data
 #   deploy/pulsar/pulsar.sh kill      SIGKILL the broker (a crash: no clean shutdown); `start` recovers it
@@ -163,6 +164,7 @@ stop() {
 
 case "${1:-}" in
   start) start ;;
+  start-fresh) stop; rm -rf "$STATE"; start ;;
   stop) stop ;;
   restart) stop; start ;;
   kill)
@@ -180,5 +182,5 @@ case "${1:-}" in
   wipe) stop; rm -rf "$STATE" ;;
   dist) ensure_dist; echo "$DIST" ;;
   java) find_java ;;
-  *) echo "usage: $0 start|stop|restart|status|env|wipe|dist|java" >&2; exit 2 ;;
+  *) echo "usage: $0 start|start-fresh|stop|restart|status|env|wipe|dist|java" >&2; exit 2 ;;
 esac
