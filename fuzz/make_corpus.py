@@ -181,7 +181,9 @@ put("config", "tools", 2, 0, j({"tools": [
 for f in sorted(os.listdir("../deploy/compose")):
     if f.endswith(".toml"):
         with open(os.path.join("../deploy/compose", f)) as fh:
-            put("config", "deploy_" + f[:-5], 0, 0, fh.read())
+            # The split byte picks the subcommand (SUBCOMMANDS in src/bin/config.rs).
+            sub = ["text-completion", "prompt", "agent", "gateway", "serve"].index(f[:-5])
+            put("config", "deploy_" + f[:-5], 0, sub, fh.read())
 
 # --- tgconfig: TrustGraph's config service ---------------------------------------------
 put("tgconfig", "response_values", 0, 0, j({"version": 3, "values": [

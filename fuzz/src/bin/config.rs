@@ -1,56 +1,24 @@
-//! Files an operator writes: the `--config` TOML (through the CLI's own `config.rs`, compiled
-//! in here), prompt template files (loaded, then each template rendered) and agent tool files.
+//! Files an operator writes: the `--config` TOML (through `sluice_cli::parse`, the parser the
+//! binary runs, with its real command-line definition), prompt template files (loaded, then
+//! each template rendered) and agent tool files.
 //! Property: no panic; a file is accepted or refused with a message.
 
-#[allow(dead_code, missing_docs)]
-#[path = "../../../services/cli/src/config.rs"]
-mod config;
+use std::{collections::BTreeMap, ffi::OsString, io::Write};
 
-use std::{collections::BTreeMap, io::Write};
+/// The subcommands that take `--config`; the input's split byte picks one.
+const SUBCOMMANDS: [&str; 5] = ["text-completion", "prompt", "agent", "gateway", "serve"];
 
-use clap::{Arg, ArgAction, Command};
-
-/// A root command shaped like `sluice`'s: a global option, and a subcommand with value,
-/// repeated and flag options.
-fn commands() -> (Command, Command) {
-    let sub = Command::new("text-completion")
-        .arg(Arg::new("config").long("config"))
-        .arg(Arg::new("model").long("model"))
-        .arg(Arg::new("base-url").long("base-url"))
-        .arg(
-            Arg::new("max-tokens")
-                .long("max-tokens")
-                .value_parser(clap::value_parser!(u32)),
-        )
-        .arg(
-            Arg::new("temperature")
-                .long("temperature")
-                .value_parser(clap::value_parser!(f32)),
-        )
-        .arg(Arg::new("topic").long("topic").action(ArgAction::Append))
-        .arg(
-            Arg::new("no-stream-usage")
-                .long("no-stream-usage")
-                .action(ArgAction::SetTrue),
-        );
-    let root = Command::new("sluice")
-        .arg(Arg::new("log-format").long("log-format").global(true))
-        .subcommand(sub.clone());
-    (sub, root)
-}
-
-fn toml_file(text: &[u8]) {
+/// The file as `sluice SUBCOMMAND --config FILE`, parsed by the binary's own parser (its
+/// command-line definition, the file spliced in, clap's validation); nothing runs.
+fn toml_file(text: &[u8], split: u8) {
     let path = std::env::temp_dir().join(format!("sluice-fuzz-config-{}.toml", std::process::id()));
     let written = std::fs::File::create(&path).and_then(|mut f| f.write_all(text));
     if written.is_err() {
         return;
     }
-    let (sub, root) = commands();
-    if let Ok(args) = config::file_args(&sub, &root, &path) {
-        let mut argv = vec![std::ffi::OsString::from("text-completion")];
-        argv.extend(args);
-        let _ = sub.try_get_matches_from(argv);
-    }
+    let sub = SUBCOMMANDS[usize::from(split) % SUBCOMMANDS.len()];
+    let argv: Vec<OsString> = vec!["sluice".into(), sub.into(), "--config".into(), path.into()];
+    let _ = sluice_cli::parse(argv);
 }
 
 fn templates(text: &str) {
@@ -73,7 +41,7 @@ fn main() {
             return;
         };
         match input.selector % 3 {
-            0 => toml_file(input.body),
+            0 => toml_file(input.body, input.split),
             1 => templates(&String::from_utf8_lossy(input.body)),
             _ => {
                 let _ = sluice_agent::tools::parse(&String::from_utf8_lossy(input.body));

@@ -99,3 +99,37 @@ fn an_unreachable_admin_url_fails_with_a_message_not_a_panic() {
     assert!(err.starts_with("sluice: "), "{err}");
     assert!(err.contains("listing clusters"), "{err}");
 }
+
+/// The binary's answers to its command line, now that parsing is the library's and exiting
+/// the binary's: help and version on stdout with status 0, a bad option and a bad `--config`
+/// file on stderr with status 2, before anything starts.
+#[test]
+fn help_version_and_refused_command_lines_exit_as_documented() {
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    };
+    let (code, out, _) = run(&["--help"]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("text-completion"), "{out}");
+    let (code, out, _) = run(&["--version"]);
+    assert_eq!(code, Some(0));
+    assert!(out.starts_with("sluice "), "{out}");
+    let (code, _, err) = run(&["text-completion", "--no-such-option"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--no-such-option"), "{err}");
+    let missing = std::env::temp_dir().join(format!("sluice-missing-{}.toml", std::process::id()));
+    let (code, _, err) = run(&["prompt", "--config", missing.to_str().unwrap()]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.starts_with("sluice: cannot read the config file"),
+        "{err}"
+    );
+}
