@@ -3,7 +3,8 @@
 
 use std::process::Command;
 
-fn sluice(args: &[&str]) -> (bool, String, String) {
+/// `sluice ARGS` as a process (no Pulsar token in its environment): exit code, stdout, stderr.
+fn run(args: &[&str]) -> (Option<i32>, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(args)
         .env_remove("SLUICE_PULSAR_TOKEN")
@@ -11,10 +12,16 @@ fn sluice(args: &[&str]) -> (bool, String, String) {
         .output()
         .unwrap();
     (
-        out.status.success(),
+        out.status.code(),
         String::from_utf8(out.stdout).unwrap(),
         String::from_utf8(out.stderr).unwrap(),
     )
+}
+
+/// [`run`] with success instead of the exit code.
+fn sluice(args: &[&str]) -> (bool, String, String) {
+    let (code, out, err) = run(args);
+    (code == Some(0), out, err)
 }
 
 #[test]
@@ -105,17 +112,6 @@ fn an_unreachable_admin_url_fails_with_a_message_not_a_panic() {
 /// file on stderr with status 2, before anything starts.
 #[test]
 fn help_version_and_refused_command_lines_exit_as_documented() {
-    let run = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8(out.stdout).unwrap(),
-            String::from_utf8(out.stderr).unwrap(),
-        )
-    };
     let (code, out, _) = run(&["--help"]);
     assert_eq!(code, Some(0));
     assert!(out.contains("text-completion"), "{out}");
