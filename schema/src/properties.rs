@@ -40,8 +40,16 @@ pub const SEQ: &str = "sluice-seq";
 
 /// On a sync message (value: the processor's name; its `id` property is this key's name too,
 /// which no request uses, so a TrustGraph client finds nobody waiting for it and skips it).
-/// A processor whose response topic is non-persistent publishes one every second while it is
-/// busy and for a while after, through the producer that publishes its records. A client
-/// that sees the producer's sequence jump at the sync learns that records were dropped even
-/// when the dropped one was the last the processor sent. The payload is `{}`.
+/// A processor whose response topic is non-persistent publishes one every second, through
+/// the producer that publishes its records. A client that sees the producer's sequence jump
+/// at the sync learns that records were dropped even when the dropped one was the last the
+/// processor sent. The payload is `{}`; what the sync says is in [`SYNC_STATE`].
 pub const SYNC: &str = "sluice-sync";
+
+/// On a sync message: JSON naming the processor instance, whether it takes requests now, and
+/// for each stream it answers or finished lately the request id, the attempt and how many
+/// records it had published before the sync (`sluice_runtime::sync::SyncState`). A client
+/// compares that with what it received: a stream that lost every record, a request no
+/// processor took, and a stream whose processor went away end at once instead of at a
+/// timeout. Kept out of the payload so a TrustGraph reader of the topic sees `{}` as before.
+pub const SYNC_STATE: &str = "sluice-sync-state";

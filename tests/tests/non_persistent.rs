@@ -108,13 +108,15 @@ type Ending = (usize, Option<String>, bool);
 struct StalledRun {
     flood: Ending,
     tail: Ending,
+    whole: Ending,
     metrics: String,
 }
 
 /// A client whose whole process stalls (its runtime blocked, its broker connection unread)
 /// while a processor publishes far more records than the client has flow permits for: one
-/// stream floods (5,000 records), another sends its last records during the stall. On a
-/// non-persistent response topic the broker drops what it cannot deliver.
+/// stream floods (5,000 records), another sends its last records during the stall, and a
+/// third sends all of its records during the stall. On a non-persistent response topic the
+/// broker drops what it cannot deliver.
 fn stalled_client_run(broker: Broker, req: String, resp: String) -> StalledRun {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -141,6 +143,12 @@ fn stalled_client_run(broker: Broker, req: String, resp: String) -> StalledRun {
             .request(&request("tail", "records=2 delay_ms=4000"))
             .await
             .unwrap();
+        // Every record of this one comes 2 s or more into the stall, behind the flood. (Sent
+        // now: during the stall, this runtime could not send it.)
+        let mut whole = client
+            .request(&request("whole", "records=1 delay_ms=6000"))
+            .await
+            .unwrap();
         let first = tail.next().await.unwrap().unwrap();
         assert!(matches!(first, Received::Record(_)));
         let mut flood = client
@@ -152,8 +160,7 @@ fn stalled_client_run(broker: Broker, req: String, resp: String) -> StalledRun {
         // The stall: nothing of this runtime runs, its socket is not read, no flow permits
         // are sent.
         std::thread::sleep(Duration::from_secs(10));
-        let drain = async |s: &mut sluice_runtime::client::ResponseStream<_>| {
-            let mut records = 1;
+        let drain = async |s: &mut sluice_runtime::client::ResponseStream<_>, mut records| {
             loop {
                 match s.next().await {
                     None => return (records, None, false),
@@ -163,12 +170,14 @@ fn stalled_client_run(broker: Broker, req: String, resp: String) -> StalledRun {
                 }
             }
         };
-        let flood_end = drain(&mut flood).await;
-        let tail_end = drain(&mut tail).await;
+        let flood_end = drain(&mut flood, 1).await;
+        let tail_end = drain(&mut tail, 1).await;
+        let whole_end = drain(&mut whole, 0).await;
         client.close().await;
         StalledRun {
             flood: flood_end,
             tail: tail_end,
+            whole: whole_end,
             metrics: telemetry.render(),
         }
     })
@@ -210,6 +219,13 @@ async fn a_client_that_lost_records_on_a_non_persistent_topic_ends_those_streams
         "the stream whose terminal record was dropped must end as lost, not time out: {:?}",
         run.tail
     );
+    // Nothing of it arrived, so no record index and no producer of its own could show the
+    // loss: the processor's sync, which lists it, does.
+    assert!(
+        matches!(&run.whole, (0, Some(e), true) if e.contains("0 arrived")),
+        "the stream whose every record was dropped must end as lost, not time out: {:?}",
+        run.whole
+    );
     assert!(
         metric(
             &run.metrics,
@@ -223,7 +239,7 @@ async fn a_client_that_lost_records_on_a_non_persistent_topic_ends_those_streams
             &run.metrics,
             "sluice_client_requests_total{outcome=\"lost\",service=\"echo\"}"
         ),
-        2
+        3
     );
 }
 
@@ -242,6 +258,7 @@ async fn the_same_stall_on_durable_topics_loses_nothing() {
     // Every record plus the terminal one.
     assert_eq!(run.flood, (5001, None, false));
     assert_eq!(run.tail, (3, None, false));
+    assert_eq!(run.whole, (2, None, false));
     assert_eq!(
         metric(
             &run.metrics,
@@ -254,8 +271,54 @@ async fn the_same_stall_on_durable_topics_loses_nothing() {
             &run.metrics,
             "sluice_client_requests_total{outcome=\"success\",service=\"echo\"}"
         ),
-        2
+        3
     );
+}
+
+/// A request the broker drops on its way to the processors (on a non-persistent topic: no
+/// consumer had a permit for it, e.g. while the topic moved to another broker) used to leave
+/// its caller waiting for the inactivity timeout. The processors' syncs say they are taking
+/// requests and do not list it: the client ends it within seconds, and a request that does
+/// reach them, on the same client topics, is answered as before.
+#[tokio::test]
+async fn a_request_no_processor_received_ends_fast_as_lost() {
+    init_logging();
+    let broker = Broker::from_env().await;
+    let req = unique_non_persistent_topic("unheard-req");
+    let resp = unique_non_persistent_topic("unheard-resp");
+    // Nobody consumes this one: what is published there is dropped.
+    let nowhere = unique_non_persistent_topic("unheard-nowhere");
+    let processor =
+        RunningProcessor::start(broker.bus().await, echo_config(&req, &resp, 8), EchoHandler).await;
+    let start = |request_topic: &str| {
+        let mut config = ClientConfig::new("echo", request_topic, &resp);
+        config.inactivity_timeout = Duration::from_secs(60);
+        let bus = broker.bus();
+        async move { TextClient::start(bus.await, config, None).await.unwrap() }
+    };
+    let (heard, unheard) = (start(&req).await, start(&nowhere).await);
+    let answered = heard.call(&slow_request("heard")).await.unwrap();
+    assert_eq!(answered.len(), 2);
+    let started = std::time::Instant::now();
+    let mut s = unheard.request(&slow_request("unheard")).await.unwrap();
+    match s.next().await.unwrap() {
+        Err(e) => {
+            assert!(e.is_loss(), "{e}");
+            assert!(e.to_string().contains("no processor did"), "{e}");
+        }
+        Ok(r) => panic!("nobody could answer, yet: {r:?}"),
+    }
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_secs(15),
+        "ended after {waited:?}, not within seconds"
+    );
+    // A request that reaches the processor meanwhile is answered, not ended by the syncs.
+    let answered = heard.call(&slow_request("heard again")).await.unwrap();
+    assert_eq!(answered.len(), 2);
+    heard.close().await;
+    unheard.close().await;
+    processor.stop().await;
 }
 
 /// A service that answers every request with numbered records whose index `2` is missing, as

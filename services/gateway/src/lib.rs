@@ -300,9 +300,9 @@ pub(crate) fn client_error(e: &ClientError) -> Error {
             ErrorKind::InvalidRequest,
             format!("request id {id:?} is already in flight"),
         ),
-        ClientError::RecordsLost { .. } | ClientError::StreamLost(_) => {
-            Error::new(ErrorKind::RecordsLost, e.to_string())
-        }
+        ClientError::RecordsLost { .. }
+        | ClientError::StreamLost(_)
+        | ClientError::LostInTransit(_) => Error::new(ErrorKind::RecordsLost, e.to_string()),
     }
 }
 

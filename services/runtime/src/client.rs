@@ -20,6 +20,11 @@
 //!   came from that producer may have lost their next one, the terminal record included, so
 //!   such a stream that then stays quiet for `loss_grace` is ended as lost.
 //!
+//! A third signal sees what leaves nothing later to compare: the processors' syncs (see
+//! [`crate::sync`]) list the streams they answer with the records published so far, so a
+//! stream whose every record was dropped, a request no processor took, and a stream whose
+//! processor went away each end with [`ClientError::LostInTransit`].
+//!
 //! On a durable (`persistent://`) response topic the broker drops nothing, so an index that
 //! skips means the processor failed to store a record of that attempt (a broker restart
 //! mid-stream). That processor hands the request back to the broker, and another attempt
@@ -45,6 +50,7 @@ use tracing::{debug, warn};
 use crate::{
     bus::{Bus, BusError, Delivery, Link, Message, Origin, Publisher, SubscribeOptions},
     lock,
+    sync::{SILENT_AFTER, SyncState, SyncWatch, UNLISTED_GRACE},
     telemetry::RuntimeMetrics,
 };
 
@@ -140,15 +146,24 @@ pub enum ClientError {
         "the response stopped after the broker dropped records on its topic and nothing more arrived for {0:?}: the rest of the stream was lost in transit (non-persistent topic)"
     )]
     StreamLost(Duration),
+    /// A processor's sync showed the stream cannot end any more: its records, or the request
+    /// itself, were dropped in transit, or the processor answering it went away (see
+    /// [`crate::sync`]).
+    #[error(
+        "{0} (non-persistent topic: the broker drops what it cannot deliver at once and keeps nothing)"
+    )]
+    LostInTransit(String),
 }
 
 impl ClientError {
     /// True for the losses a non-persistent topic causes ([`ClientError::RecordsLost`],
-    /// [`ClientError::StreamLost`]).
+    /// [`ClientError::StreamLost`], [`ClientError::LostInTransit`]).
     pub fn is_loss(&self) -> bool {
         matches!(
             self,
-            ClientError::RecordsLost { .. } | ClientError::StreamLost(_)
+            ClientError::RecordsLost { .. }
+                | ClientError::StreamLost(_)
+                | ClientError::LostInTransit(_)
         )
     }
 }
@@ -189,6 +204,8 @@ enum Routed<R> {
     },
     /// The broker dropped records of the producer this stream's last record came from.
     Suspect,
+    /// A sync showed the stream cannot end any more (why).
+    Gone(String),
 }
 
 /// Attempts a stream has moved on from, whose late records are skipped. A few suffice: a
@@ -206,6 +223,12 @@ struct Route<R> {
     /// The current attempt lost a record on a durable topic: its records are skipped until
     /// the next attempt.
     broken: bool,
+    /// When the broker confirmed it stored the request.
+    stored_at: Option<Instant>,
+    /// The processor instance whose sync listed this stream last.
+    listed_by: Option<Arc<str>>,
+    /// The last record or listing of this stream.
+    last_seen: Instant,
 }
 
 impl<R> Route<R> {
@@ -217,6 +240,9 @@ impl<R> Route<R> {
             next_seq: 0,
             producer: None,
             broken: false,
+            stored_at: None,
+            listed_by: None,
+            last_seen: Instant::now(),
         }
     }
 
@@ -412,11 +438,19 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
             Ok(receipt) => {
                 let routes = self.routes.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = receipt.await {
-                        warn!(error = %e, "a request was not stored by the broker");
-                        // End the caller's wait now rather than at its timeout.
-                        if let Some(route) = lock(&routes).remove(&id) {
-                            let _ = route.tx.send(Routed::NotStored(e.to_string()));
+                    match receipt.await {
+                        // From here a processor's sync must list it (see crate::sync).
+                        Ok(()) => {
+                            if let Some(route) = lock(&routes).get_mut(&id) {
+                                route.stored_at = Some(Instant::now());
+                            }
+                        }
+                        Err(e) => {
+                            warn!(error = %e, "a request was not stored by the broker");
+                            // End the caller's wait now rather than at its timeout.
+                            if let Some(route) = lock(&routes).remove(&id) {
+                                let _ = route.tx.send(Routed::NotStored(e.to_string()));
+                            }
                         }
                     }
                 });
@@ -467,7 +501,7 @@ async fn route<R: ResponseRecord>(
     me: String,
     lossy: bool,
 ) {
-    let mut producers = ProducerSequences::default();
+    let mut seen = Seen::default();
     loop {
         let delivery = tokio::select! {
             biased;
@@ -478,7 +512,7 @@ async fn route<R: ResponseRecord>(
             Some(Ok(d)) => dispatch(
                 d,
                 &routes,
-                &mut producers,
+                &mut seen,
                 metrics.as_ref(),
                 &service,
                 &me,
@@ -506,7 +540,7 @@ async fn route<R: ResponseRecord>(
 fn dispatch<R: ResponseRecord>(
     delivery: Delivery,
     routes: &Routes<R>,
-    producers: &mut ProducerSequences,
+    seen: &mut Seen,
     metrics: Option<&RuntimeMetrics>,
     service: &str,
     me: &str,
@@ -515,7 +549,7 @@ fn dispatch<R: ResponseRecord>(
     // Every record on the subscription counts here, other clients' too: a drop is a drop
     // whoever's record it was, and this record's own producer may be a stream of ours.
     if let Some(origin) = delivery.origin() {
-        let skipped = producers.observe(origin);
+        let skipped = seen.producers.observe(origin);
         if skipped > 0 && lossy {
             debug!(service, producer = %origin.producer, skipped, "the broker dropped response records");
             if let Some(m) = metrics {
@@ -529,9 +563,20 @@ fn dispatch<R: ResponseRecord>(
         }
     }
     if delivery.property(properties::SYNC).is_some() {
-        // A processor's sync: it has done its work above.
+        // A processor's sync: its sequence has done its work above; what it lists, here.
+        if lossy && let Some(state) = delivery.property(properties::SYNC_STATE) {
+            match serde_json::from_str::<SyncState>(state) {
+                Ok(state) => seen.syncs.check(&state, routes, service),
+                Err(e) => debug!(service, error = %e, "a sync's state could not be read"),
+            }
+        }
         delivery.ack();
         return;
+    }
+    if delivery.property(properties::SEQ).is_none() {
+        // A record of a service that does not sync (TrustGraph's own processors): a request
+        // no sync lists may be theirs.
+        seen.syncs.foreign = true;
     }
     if delivery
         .property(properties::REPLY_TO)
@@ -587,6 +632,7 @@ fn dispatch<R: ResponseRecord>(
                 }
             }
             route.producer = delivery.origin().map(|o| o.producer.clone());
+            route.last_seen = Instant::now();
             if route.broken {
                 // The rest of an attempt that lost a record on a durable topic.
                 drop(routes);
@@ -640,6 +686,101 @@ fn dispatch<R: ResponseRecord>(
     drop(routes);
     // Acked on receipt: a response is only useful to this instance, now.
     delivery.ack();
+}
+
+/// What a client's router learned from the messages on its topic, to see losses.
+#[derive(Default)]
+struct Seen {
+    producers: ProducerSequences,
+    syncs: Syncs,
+}
+
+/// What a client's router learned from processors' syncs (see [`crate::sync`]).
+#[derive(Default)]
+struct Syncs {
+    watch: SyncWatch,
+    /// A record without an index arrived: a processor that does not sync (TrustGraph's own)
+    /// answers on this topic, so a request no sync lists is not thereby lost.
+    foreign: bool,
+}
+
+impl Syncs {
+    /// Ends every stream of `routes` that `state` (or its silence about them) shows can no
+    /// longer end on its own.
+    fn check<R>(&mut self, state: &SyncState, routes: &Routes<R>, service: &str) {
+        let now = Instant::now();
+        let instance = self.watch.observe(state, now);
+        let mut routes = lock(routes);
+        let mut gone: Vec<(String, String)> = Vec::new();
+        for (id, attempt, published) in &state.streams {
+            let Some(route) = routes.get_mut(id) else {
+                continue;
+            };
+            route.listed_by = Some(instance.clone());
+            route.last_seen = now;
+            // Listed by a key, the first characters of the attempt id.
+            if route.broken
+                || route
+                    .abandoned
+                    .iter()
+                    .any(|a| a.starts_with(attempt.as_str()))
+            {
+                continue;
+            }
+            let received = if route
+                .attempt
+                .as_deref()
+                .is_some_and(|a| a.starts_with(attempt.as_str()))
+            {
+                route.next_seq
+            } else {
+                0
+            };
+            // The sync left after these records, through the same producer: what has not
+            // arrived by now never will.
+            if *published > received {
+                gone.push((
+                    id.clone(),
+                    format!(
+                        "{published} response records of this stream were published before its processor's sync and {received} arrived: the rest were lost in transit"
+                    ),
+                ));
+            }
+        }
+        for (id, route) in routes.iter() {
+            match (&route.listed_by, route.attempt.is_none(), route.stored_at) {
+                (Some(by), _, _)
+                    if !self.watch.is_live(by)
+                        && now.saturating_duration_since(route.last_seen) >= SILENT_AFTER =>
+                {
+                    gone.push((
+                        id.clone(),
+                        format!(
+                            "the processor answering this request ({by}) stopped syncing while others sync: it went away before the stream ended"
+                        ),
+                    ));
+                }
+                (None, true, Some(stored))
+                    if !self.foreign && self.watch.unlisted_is_lost(stored) =>
+                {
+                    gone.push((
+                        id.clone(),
+                        format!(
+                            "the broker took the request but no processor did: every processor syncing on the response topic has taken requests for {}s since without listing it (dropped on its way to them)",
+                            UNLISTED_GRACE.as_secs()
+                        ),
+                    ));
+                }
+                _ => {}
+            }
+        }
+        for (id, why) in gone {
+            if let Some(route) = routes.remove(&id) {
+                debug!(service, request_id = %id, reason = %why, "stream ended as lost");
+                let _ = route.tx.send(Routed::Gone(why));
+            }
+        }
+    }
 }
 
 /// The records of one request, in order, ending after the terminal record.
@@ -713,6 +854,12 @@ impl<R: ResponseRecord> ResponseStream<R> {
                     self.finish("lost", Err(ClientError::RecordsLost { expected, received }))
                 }
                 Routed::Restarted => Some(Ok(Received::Restarted)),
+                Routed::Gone(why) => {
+                    if let Some(publisher) = self.cancel.take().and_then(|c| c.get().cloned()) {
+                        crate::cancel::send_cancel(publisher, self.id.clone());
+                    }
+                    self.finish("lost", Err(ClientError::LostInTransit(why)))
+                }
                 Routed::Undecodable(e) => self.finish("failed", Err(ClientError::Decode(e))),
                 Routed::NotStored(e) => self.finish("failed", Err(ClientError::NotStored(e))),
                 Routed::Record(r) if r.is_terminal() => {
@@ -1188,18 +1335,10 @@ mod tests {
             new_stream().await.unwrap(),
             new_stream().await.unwrap(),
         );
-        let mut producers = ProducerSequences::default();
+        let mut seen = Seen::default();
         let me = client.config.subscription.clone();
         let mut route = |d: Delivery| {
-            dispatch(
-                d,
-                &client.routes,
-                &mut producers,
-                metrics,
-                "test",
-                &me,
-                true,
-            );
+            dispatch(d, &client.routes, &mut seen, metrics, "test", &me, true);
         };
         route(from_producer(quiet.id(), 0, &p, 10, false));
         route(from_producer(busy.id(), 0, &p, 11, false));
@@ -1233,6 +1372,206 @@ mod tests {
                 .render()
                 .contains("sluice_client_dropped_records_total{service=\"test\"} 2")
         );
+    }
+
+    /// A processor instance's sync, as `processor::send_syncs` makes it.
+    async fn sync(bus: &MemoryBus, instance: &str, taking: bool, streams: &[(&str, &str, u64)]) {
+        let state = SyncState {
+            instance: instance.to_owned(),
+            at_ms: u64::try_from(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_millis(),
+            )
+            .unwrap(),
+            taking,
+            streams: streams
+                .iter()
+                .map(|(id, attempt, n)| ((*id).to_owned(), (*attempt).to_owned(), *n))
+                .collect(),
+        };
+        bus.publisher("resp")
+            .await
+            .unwrap()
+            .send(
+                Message::new(&b"{}"[..])
+                    .with_property(properties::ID, properties::SYNC)
+                    .with_property(properties::SYNC, "text-completion")
+                    .with_property(
+                        properties::SYNC_STATE,
+                        serde_json::to_string(&state).unwrap(),
+                    ),
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn lost_in_transit(s: &mut ResponseStream<TextCompletionResponse>) -> (String, Duration) {
+        let started = Instant::now();
+        match s.next().await.unwrap() {
+            Err(ClientError::LostInTransit(why)) => (why, started.elapsed()),
+            other => panic!("expected LostInTransit, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stream_whose_every_record_was_dropped_ends_at_the_sync_that_lists_it() {
+        let (bus, _requests, client) = setup().await;
+        let mut s = client
+            .request(&TextCompletionRequest::default())
+            .await
+            .unwrap();
+        let id = s.id().to_owned();
+        // Listed while nothing is published yet, then done with 3 records: none arrived.
+        sync(&bus, "p1", true, &[(&id, "a", 0)]).await;
+        sync(&bus, "p1", true, &[(&id, "a", 3)]).await;
+        let (why, _) = lost_in_transit(&mut s).await;
+        assert!(
+            why.contains("3 response records") && why.contains("0 arrived"),
+            "{why}"
+        );
+        assert!(s.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_lost_its_tail_ends_at_the_sync_and_a_whole_one_reads_on() {
+        let (bus, _requests, client) = setup().await;
+        let mut whole = client
+            .request(&TextCompletionRequest::default())
+            .await
+            .unwrap();
+        let mut cut = client
+            .request(&TextCompletionRequest::default())
+            .await
+            .unwrap();
+        let (w, c) = (whole.id().to_owned(), cut.id().to_owned());
+        numbered(&bus, &w, "a", 0, "w0", false).await;
+        numbered(&bus, &c, "b", 0, "c0", false).await;
+        numbered(&bus, &c, "b", 1, "c1", false).await;
+        // cut's third and last record (index 2) was dropped; whole is still streaming.
+        sync(&bus, "p1", true, &[(&w, "a", 1), (&c, "b", 3)]).await;
+        numbered(&bus, &w, "a", 1, "w1", true).await;
+        assert_eq!(text(cut.next().await), "c0");
+        assert_eq!(text(cut.next().await), "c1");
+        let (why, _) = lost_in_transit(&mut cut).await;
+        assert!(
+            why.contains("3 response records") && why.contains("2 arrived"),
+            "{why}"
+        );
+        assert_eq!(text(whole.next().await), "w0");
+        assert_eq!(text(whole.next().await), "w1");
+        assert!(whole.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_request_no_processor_lists_ends_once_every_processor_took_requests_for_the_grace() {
+        let (bus, _requests, client) = setup().await;
+        let request = TextCompletionRequest::default();
+        let patient = || {
+            client.request_with(
+                &request,
+                RequestOptions {
+                    inactivity_timeout: Some(Duration::from_secs(30)),
+                    ..RequestOptions::default()
+                },
+            )
+        };
+        let mut dropped = patient().await.unwrap();
+        let mut queued = patient().await.unwrap();
+        let queued_id = queued.id().to_owned();
+        let started = Instant::now();
+        // p1 takes requests all along and lists only `queued`; p2 is full for 1.5 s, then
+        // takes requests too.
+        let ticker = {
+            let bus = bus.clone();
+            tokio::spawn(async move {
+                for tick in 0..12u32 {
+                    sync(&bus, "p1", true, &[(&queued_id, "q", 0)]).await;
+                    sync(&bus, "p2", tick >= 3, &[]).await;
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            })
+        };
+        let (why, _) = lost_in_transit(&mut dropped).await;
+        assert!(why.contains("no processor did"), "{why}");
+        // Not before p2, which may have held it, took requests for 2 s.
+        let waited = started.elapsed();
+        assert!(waited >= Duration::from_millis(3400), "{waited:?}");
+        assert!(waited < Duration::from_secs(5), "{waited:?}");
+        ticker.await.unwrap();
+        // The listed one is waiting for its records, not lost.
+        numbered(&bus, queued.id(), "q", 0, "q0", true).await;
+        assert_eq!(text(queued.next().await), "q0");
+    }
+
+    #[tokio::test]
+    async fn with_a_processor_that_does_not_sync_on_the_topic_an_unlisted_request_waits() {
+        let (bus, _requests, client) = setup().await;
+        let mut other = client
+            .request(&TextCompletionRequest::default())
+            .await
+            .unwrap();
+        // A TrustGraph processor's record: no index.
+        reply(&bus, other.id(), "t", "from trustgraph", true).await;
+        assert_eq!(text(other.next().await), "from trustgraph");
+        let mut s = client
+            .request_with(
+                &TextCompletionRequest::default(),
+                RequestOptions {
+                    inactivity_timeout: Some(Duration::from_secs(4)),
+                    ..RequestOptions::default()
+                },
+            )
+            .await
+            .unwrap();
+        for _ in 0..8 {
+            sync(&bus, "p1", true, &[]).await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        assert!(matches!(
+            s.next().await.unwrap().unwrap_err(),
+            ClientError::InactivityTimeout(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_stream_whose_processor_stopped_syncing_ends_while_another_syncs() {
+        let (bus, _requests, client) = setup().await;
+        let mut s = client
+            .request_with(
+                &TextCompletionRequest::default(),
+                RequestOptions {
+                    inactivity_timeout: Some(Duration::from_secs(30)),
+                    ..RequestOptions::default()
+                },
+            )
+            .await
+            .unwrap();
+        let id = s.id().to_owned();
+        numbered(&bus, &id, "a", 0, "first", false).await;
+        sync(&bus, "p1", true, &[(&id, "a", 1)]).await;
+        sync(&bus, "p2", true, &[]).await;
+        assert_eq!(text(s.next().await), "first");
+        let started = Instant::now();
+        // p1 is gone (SIGKILL); p2 goes on syncing.
+        let ticker = {
+            let bus = bus.clone();
+            tokio::spawn(async move {
+                for _ in 0..10 {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    sync(&bus, "p2", true, &[]).await;
+                }
+            })
+        };
+        let (why, _) = lost_in_transit(&mut s).await;
+        assert!(why.contains("stopped syncing"), "{why}");
+        let waited = started.elapsed();
+        assert!(
+            waited >= SILENT_AFTER && waited < Duration::from_secs(5),
+            "{waited:?}"
+        );
+        ticker.abort();
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod flows;
 pub mod ndjson;
 pub mod processor;
 pub mod secret;
+pub mod sync;
 pub mod telemetry;
 pub mod trace;
 

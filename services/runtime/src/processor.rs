@@ -37,6 +37,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use crate::{
     bus::{Bus, BusError, Delivery, Message, Publisher, Receipt, SubscribeOptions},
     cancel::{self, CancelRegistry},
+    sync::StreamBook,
     telemetry::{Outcome, Telemetry},
     trace,
 };
@@ -147,11 +148,32 @@ pub struct ResponseSink<R> {
     ended_with_error: bool,
     handed_off: bool,
     published: u64,
+    /// On a non-persistent response topic: the processor's account for its syncs, and this
+    /// stream's attempt.
+    book: Option<(Arc<StreamBook>, String)>,
     _record: PhantomData<fn(R)>,
 }
 
+impl<R> Drop for ResponseSink<R> {
+    fn drop(&mut self) {
+        if let Some((book, attempt)) = &self.book {
+            book.close(attempt);
+        }
+    }
+}
+
 impl<R: ResponseRecord> ResponseSink<R> {
-    fn new(publisher: Arc<dyn Publisher>, properties: BTreeMap<String, String>) -> Self {
+    fn new(
+        publisher: Arc<dyn Publisher>,
+        properties: BTreeMap<String, String>,
+        book: Option<Arc<StreamBook>>,
+    ) -> Self {
+        let book = book.and_then(|book| {
+            let id = properties.get(properties::ID)?;
+            let attempt = properties.get(properties::ATTEMPT)?;
+            book.open(id, attempt);
+            Some((book, attempt.clone()))
+        });
         Self {
             publisher,
             properties,
@@ -161,6 +183,7 @@ impl<R: ResponseRecord> ResponseSink<R> {
             ended_with_error: false,
             handed_off: false,
             published: 0,
+            book,
             _record: PhantomData,
         }
     }
@@ -216,6 +239,10 @@ impl<R: ResponseRecord> ResponseSink<R> {
             Ok(receipt) => {
                 self.pending.push(receipt);
                 self.published += 1;
+                // Handed to the producer: any sync from now on goes out after this record.
+                if let Some((book, attempt)) = &self.book {
+                    book.published(attempt, self.published);
+                }
                 // Settle receipts that are already in, so memory stays flat on long streams
                 // and a failure is noticed early.
                 while let Some(Some(result)) = self.pending.next().now_or_never() {
@@ -382,29 +409,35 @@ pub async fn run<H: Handler>(
 
     let config = Arc::new(config);
     let store = StoreGuard::new(config.name.clone(), telemetry.clone());
+    // Only a non-persistent response topic loses records in transit: there the processor
+    // syncs (see crate::sync), from its own account of the streams it answers.
+    let book = config
+        .response_topic
+        .starts_with("non-persistent://")
+        .then(|| Arc::new(StreamBook::new(format!("{}-{}", config.name, short_id()))));
     let shared = Arc::new(Shared {
         publisher: publisher.clone(),
         telemetry: telemetry.clone(),
         config: config.clone(),
         cancels: cancels.clone(),
         store: store.clone(),
+        book: book.clone(),
     });
     let semaphore = Arc::new(Semaphore::new(concurrency));
-    let last_finished = Arc::new(std::sync::Mutex::new(Instant::now()));
     let stop_syncs = CancellationToken::new();
-    let syncs = config
-        .response_topic
-        .starts_with("non-persistent://")
-        .then(|| {
-            tokio::spawn(send_syncs(
-                publisher.clone(),
-                config.name.clone(),
-                semaphore.clone(),
-                concurrency,
-                last_finished.clone(),
-                stop_syncs.clone(),
-            ))
-        });
+    let syncs = book.map(|book| {
+        tokio::spawn(send_syncs(
+            publisher.clone(),
+            config.name.clone(),
+            book,
+            Taking {
+                slots: semaphore.clone(),
+                store: store.clone(),
+                shutdown: shutdown.clone(),
+            },
+            stop_syncs.clone(),
+        ))
+    });
     // Cancelled if the drain grace runs out, so handlers can stop provider calls.
     let abandon = CancellationToken::new();
     let mut tasks = JoinSet::new();
@@ -441,15 +474,10 @@ pub async fn run<H: Handler>(
             drop(delivery);
             break;
         }
-        let (task_handler, task_shared, cancel, task_finished) = (
-            handler.clone(),
-            shared.clone(),
-            abandon.child_token(),
-            last_finished.clone(),
-        );
+        let (task_handler, task_shared, cancel) =
+            (handler.clone(), shared.clone(), abandon.child_token());
         tasks.spawn(async move {
             handle_delivery(&*task_handler, delivery, &task_shared, cancel).await;
-            *crate::lock(&task_finished) = Instant::now();
             drop(permit);
         });
         while let Some(done) = tasks.try_join_next() {
@@ -528,26 +556,38 @@ pub enum RunError {
 }
 
 /// How often a processor publishing to a non-persistent response topic sends a sync (see
-/// [`properties::SYNC`]) while it is busy or was busy lately.
+/// [`properties::SYNC`]).
 pub const SYNC_INTERVAL: Duration = Duration::from_secs(1);
 
-/// How long after its last request a processor keeps sending syncs: long enough for a client
-/// that was stalled while the broker dropped its records to see the drop.
-pub const SYNC_TAIL: Duration = Duration::from_secs(30);
+/// What a sync says about whether the processor takes requests now.
+struct Taking {
+    slots: Arc<Semaphore>,
+    store: StoreGuard,
+    shutdown: CancellationToken,
+}
 
-/// Sends a sync through the response publisher every [`SYNC_INTERVAL`] while requests are in
-/// flight or finished within [`SYNC_TAIL`].
+impl Taking {
+    fn now(&self) -> bool {
+        self.slots.available_permits() > 0
+            && !self.store.is_blocked()
+            && !self.shutdown.is_cancelled()
+    }
+}
+
+/// Sends a sync through the response publisher every [`SYNC_INTERVAL`], idle or not.
 ///
 /// Why: a client can see that the broker dropped records only when a later message of the
-/// same producer arrives. When the dropped record was the last one a processor published (a
-/// stream's terminal record), nothing later would ever arrive; the sync is that later message.
-/// It goes through the same publisher, hence the same producer, as the records.
+/// same producer arrives, and a request dropped on its way to the processors, or a stream
+/// whose every record was dropped, leaves nothing later at all. The sync is that later
+/// message, and what it lists (see [`crate::sync`]) tells a client which of its streams
+/// cannot end any more. It goes through the same publisher, hence the same producer and
+/// after every record counted in it. Idle processors sync too: a request dropped while they
+/// were idle is seen only because they say they took nothing.
 async fn send_syncs(
     publisher: Arc<dyn Publisher>,
     processor: String,
-    slots: Arc<Semaphore>,
-    concurrency: usize,
-    last_finished: Arc<std::sync::Mutex<Instant>>,
+    book: Arc<StreamBook>,
+    taking: Taking,
     stop: CancellationToken,
 ) {
     let mut ticks = tokio::time::interval(SYNC_INTERVAL);
@@ -557,14 +597,18 @@ async fn send_syncs(
             () = stop.cancelled() => return,
             _ = ticks.tick() => {}
         }
-        let busy = slots.available_permits() < concurrency;
-        let recent = crate::lock(&last_finished).elapsed() < SYNC_TAIL;
-        if !(busy || recent) {
-            continue;
-        }
+        let state = book.snapshot(taking.now());
+        let state = match serde_json::to_string(&state) {
+            Ok(s) => s,
+            Err(e) => {
+                debug!(processor, error = %e, "a sync could not be encoded");
+                continue;
+            }
+        };
         let sync = Message::new(&b"{}"[..])
             .with_property(properties::ID, properties::SYNC)
-            .with_property(properties::SYNC, processor.as_str());
+            .with_property(properties::SYNC, processor.as_str())
+            .with_property(properties::SYNC_STATE, state);
         if let Err(e) = publisher.send(sync).await {
             debug!(processor, error = %e, "a sync could not be published");
         }
@@ -586,6 +630,7 @@ struct Shared {
     config: Arc<ProcessorConfig>,
     cancels: CancelRegistry,
     store: StoreGuard,
+    book: Option<Arc<StreamBook>>,
 }
 
 async fn handle_delivery<H: Handler>(
@@ -600,6 +645,7 @@ async fn handle_delivery<H: Handler>(
         config,
         cancels,
         store,
+        book,
     } = shared;
     let started = Instant::now();
     let metrics = &telemetry.metrics;
@@ -647,7 +693,7 @@ async fn handle_delivery<H: Handler>(
     }
     let span = info_span!("request", processor, request_id = %id, attempt = %attempt);
     metrics.in_flight(processor, 1);
-    let mut sink = ResponseSink::<H::Response>::new(publisher.clone(), props);
+    let mut sink = ResponseSink::<H::Response>::new(publisher.clone(), props, book.clone());
     let in_flight = cancels.begin(&id);
     let outcome = async {
         let Some(in_flight) = in_flight else {
