@@ -96,6 +96,27 @@ impl Cluster {
     /// An admin API call as the superuser. A broker that does not own the topic redirects
     /// (307) to the one that does; the redirect is followed here with the token, which
     /// reqwest rightly drops when a redirect changes host.
+    /// A GET on the admin API (following the owner's redirect): the status and the body.
+    async fn admin_get(&self, path: &str) -> (u16, String) {
+        let mut url = format!("{}{path}", self.admin_url);
+        for _ in 0..4 {
+            let resp = self
+                .admin
+                .get(&url)
+                .bearer_auth(&self.admin_token)
+                .send()
+                .await
+                .unwrap();
+            if resp.status().is_redirection() {
+                url = resp.headers()["location"].to_str().unwrap().to_owned();
+                continue;
+            }
+            let status = resp.status().as_u16();
+            return (status, resp.text().await.unwrap_or_default());
+        }
+        (0, format!("GET {path}: too many redirects"))
+    }
+
     async fn admin_call(&self, method: reqwest::Method, path: &str, body: Option<Value>) {
         let mut url = format!("{}{path}", self.admin_url);
         for _ in 0..4 {
@@ -457,7 +478,7 @@ async fn stream_one(http: &reqwest::Client, gateway: &str, prompt: &str) -> Fini
                     error = Some(format!(
                         "{}: {}",
                         event["error_type"].as_str().unwrap_or_default(),
-                        event["message"].as_str().unwrap_or_default()
+                        event["content"].as_str().unwrap_or_default()
                     ));
                 }
                 Some("done") => done += 1,
@@ -552,6 +573,21 @@ impl FaultReport {
     fn assert_no_error(&self) {
         let shown = &self.errors[..self.errors.len().min(5)];
         assert!(self.errors.is_empty(), "{}: errors {shown:?}", self.fault);
+    }
+
+    /// The errors by `error_type`, most frequent first, each with one message as an example
+    /// (request ids and numbers vary; the first one seen stands for the kind).
+    fn error_kinds(&self) -> Vec<(String, usize, String)> {
+        let mut kinds: Vec<(String, usize, String)> = Vec::new();
+        for e in &self.errors {
+            let (kind, message) = e.split_once(": ").unwrap_or((e.as_str(), ""));
+            match kinds.iter_mut().find(|(k, ..)| k == kind) {
+                Some((_, n, _)) => *n += 1,
+                None => kinds.push((kind.to_owned(), 1, message.to_owned())),
+            }
+        }
+        kinds.sort_by_key(|k| std::cmp::Reverse(k.1));
+        kinds
     }
 
     fn row(&self) -> String {
@@ -650,6 +686,9 @@ where
         }
     }
     eprintln!("cluster fault: {}", report.row());
+    for (kind, n, example) in report.error_kinds() {
+        eprintln!("  {n} x {kind}, e.g. {example}");
+    }
     report
 }
 
@@ -660,6 +699,15 @@ fn write_report(title: &str, reports: &[FaultReport]) {
     for r in reports {
         md.push_str(&r.row());
         md.push('\n');
+    }
+    // What the errors were, so a table with errors says which.
+    for r in reports {
+        for (kind, n, example) in r.error_kinds() {
+            md.push_str(&format!(
+                "\n- {}: {n} x `{kind}`, e.g. \"{example}\"",
+                r.fault
+            ));
+        }
     }
     eprintln!("{md}");
     if let Ok(dir) = std::env::var("SLUICE_CLUSTER_RESULTS") {
@@ -989,8 +1037,8 @@ async fn fault_series_on(
     }
     cluster.grant_mapped(&ts, "text-completion", mapping).await;
     // Two replicas, ~20 pieces 25 ms apart: streams are in flight when a fault strikes.
-    let (a, _) = text_completion(cluster, &ts, &fake, "replay-2-25", mapping).await;
-    let (b, _) = text_completion(cluster, &ts, &fake, "replay-2-25", mapping).await;
+    let (a, a_port) = text_completion(cluster, &ts, &fake, "replay-2-25", mapping).await;
+    let (b, b_port) = text_completion(cluster, &ts, &fake, "replay-2-25", mapping).await;
     let (gw, url) = gateway_with_inactivity(cluster, &ts, mapping, inactivity_secs).await;
     // The fault targets the broker of the (first partition of the) request topic.
     let watched = match partitions {
@@ -1006,10 +1054,86 @@ async fn fault_series_on(
     };
     let reports = fault_series(cluster, &ts, &watched, &url).await;
     write_report(title, &reports);
+    if partitions.is_none() {
+        every_consumer_is_served(cluster, &ts, mapping).await;
+    }
+    // The processes' logs, to read what happened under the faults.
+    if let Ok(dir) = std::env::var("SLUICE_CLUSTER_LOGS") {
+        let slug = title
+            .to_lowercase()
+            .replace(|c: char| !c.is_alphanumeric(), "-");
+        for (name, p) in [
+            ("gateway", &gw),
+            ("text-completion-a", &a),
+            ("text-completion-b", &b),
+        ] {
+            let path = PathBuf::from(&dir).join(format!("{slug}-{name}.log"));
+            std::fs::write(path, p.stderr()).unwrap();
+        }
+        // And what the broker says of the topics: publishers, consumers, permits, drops.
+        let mut stats = String::new();
+        for topic in mapped_topics(&ts, "text-completion", mapping) {
+            let path = topic.replacen("://", "/", 1);
+            let (status, body) = cluster.admin_get(&format!("/admin/v2/{path}/stats")).await;
+            stats.push_str(&format!("{topic}\n{status} {body}\n\n"));
+        }
+        std::fs::write(
+            PathBuf::from(&dir).join(format!("{slug}-topic-stats.json")),
+            stats,
+        )
+        .unwrap();
+        for (name, port) in [("text-completion-a", a_port), ("text-completion-b", b_port)] {
+            let path = PathBuf::from(&dir).join(format!("{slug}-{name}.metrics"));
+            std::fs::write(path, common::scrape(port).await).unwrap();
+        }
+    }
     gw.stop().await;
     a.stop().await;
     b.stop().await;
     reports
+}
+
+/// After the faults, the broker serves every consumer again: both replicas' on the request
+/// topic, each replica's own cancel subscription, the gateway's on the response topic. Before
+/// the consumers checked themselves (see `Supervisor::alive` in the runtime's Pulsar bus), a
+/// broker's SIGKILL could leave any of them unknown to the broker for good while its process
+/// went on waiting: a replica that never took another request, a gateway that heard nothing.
+async fn every_consumer_is_served(cluster: &Cluster, ts: &str, mapping: &str) {
+    let [req, resp, cancel] = mapped_topics(ts, "text-completion", mapping);
+    let consumers = |stats: &Value| -> Vec<usize> {
+        stats["subscriptions"]
+            .as_object()
+            .map(|subs| {
+                subs.values()
+                    .map(|s| s["consumers"].as_array().map_or(0, Vec::len))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut seen = String::new();
+    // A consumer the broker dropped is re-created within seconds of its next check.
+    for _ in 0..30 {
+        let mut counts = Vec::new();
+        for topic in [&req, &resp, &cancel] {
+            let path = format!("/admin/v2/{}/stats", topic.replacen("://", "/", 1));
+            let (_, body) = cluster.admin_get(&path).await;
+            let stats: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+            counts.push(consumers(&stats));
+        }
+        // Request topic: one shared subscription, both replicas. Response topic: the
+        // gateway's subscription. Cancel topic: one subscription per replica.
+        if counts[0] == [2] && counts[1] == [1] && counts[2] == [1, 1] {
+            return;
+        }
+        seen = format!(
+            "request {:?}, response {:?}, cancel {:?}",
+            counts[0], counts[1], counts[2]
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    panic!(
+        "after the faults the broker does not serve every consumer (consumers per subscription): {seen}"
+    );
 }
 
 /// The faults of issue #21 part 3, one after another, each under 64 streaming callers.
@@ -1080,7 +1204,6 @@ async fn a_partitioned_request_topic_survives_broker_faults() {
 }
 
 #[tokio::test]
-#[ignore = "open (issue #21): on TrustGraph's non-persistent topics a topic move stalls the streams in flight until the gateway's inactivity timeout instead of ending them fast; run with --ignored"]
 async fn on_trustgraphs_mapping_cluster_faults_end_affected_requests_with_a_clear_error() {
     // Non-persistent topics lose what is in flight when a topic moves or a broker dies; the
     // promise there is not "nothing lost" but "nobody waits for a timeout": sluice's client
@@ -1090,20 +1213,157 @@ async fn on_trustgraphs_mapping_cluster_faults_end_affected_requests_with_a_clea
     };
     let _serial = SERIAL.lock().await;
     // Streams that stall end at the inactivity timeout (see below): 30 s keeps the run short.
+    const INACTIVITY_SECS: u16 = 30;
     let title = "TrustGraph mapping, 64 streaming callers";
-    for r in fault_series_on(&cluster, TRUSTGRAPH, None, 30, title).await {
+    for r in fault_series_on(&cluster, TRUSTGRAPH, None, INACTIVITY_SECS.into(), title).await {
         // Every request has its one terminal outcome: an answer or a clear error, never a
         // wrong or broken stream, and the service comes back.
         r.assert_nothing_lost();
-        // The requirement, open (issue #21): the streams in flight when a topic moved
-        // stalled until the inactivity timeout instead of ending fast with an error.
+        // What was lost in transit ends as such, not at the inactivity timeout (before the
+        // processors' syncs listed their streams, the streams in flight when a topic moved
+        // waited for it). A caller may still wait while no broker owns the topics (a killed
+        // broker's are reassigned after its ZooKeeper session expires, ~20 s here): that is
+        // the cluster's failover, the same on the durable mapping.
+        let timeouts = r.error_kinds().into_iter().find(|(k, ..)| k == "timeout");
         assert!(
-            r.longest_stall < Duration::from_secs(20),
+            timeouts.is_none(),
+            "{}: streams ended at the inactivity timeout: {timeouts:?}",
+            r.fault
+        );
+        assert!(
+            r.longest_stall < Duration::from_secs(u64::from(INACTIVITY_SECS)),
             "{}: a caller waited {:?} for its next event",
             r.fault,
             r.longest_stall
         );
     }
+}
+
+/// The other side of a revoke: a processor whose role may no longer consume its requests is
+/// refused when it subscribes again (after a topic move). That refusal is not an outage to
+/// retry in silence: every attempt is logged as an error, `/readyz` names the refusal and the
+/// topic, the request waits on the broker, and once the grant is back it is answered.
+#[tokio::test]
+async fn a_refused_resubscription_is_named_on_readyz_and_ends_when_the_grant_is_back() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let fake = FakeOpenAi::start().await;
+    let ts = cluster.topicspace().await;
+    cluster.grant_service(&ts, "text-completion").await;
+    let [req, _, _] = topics(&ts, "text-completion");
+    let (processor, port) = text_completion(&cluster, &ts, &fake, "replay-4", DURABLE).await;
+    let (gw, url) = gateway(&cluster, &ts, DURABLE).await;
+    let http = reqwest::Client::new();
+    assert!(matches!(
+        stream_one(&http, &url, "before the revoke").await.outcome,
+        Outcome::Answered
+    ));
+
+    // Pulsar checks permissions when a consumer subscribes; the unload makes it subscribe
+    // again.
+    cluster.revoke(&req, "sluice-processor").await;
+    cluster.unload(&format!("{ts}/request")).await;
+    let readyz = format!("http://127.0.0.1:{port}/readyz");
+    let said = sluice_tests::eventually(
+        Duration::from_secs(60),
+        async || match reqwest::get(&readyz).await {
+            Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
+            Err(e) => (0, e.to_string()),
+        },
+        |(status, body)| *status == 503 && body.contains("not authorized"),
+    )
+    .await;
+    assert_eq!(said.0, 503, "{said:?}");
+    assert!(said.1.contains(&req), "/readyz names the topic: {}", said.1);
+    let pending = tokio::spawn({
+        let (http, url) = (http.clone(), url.clone());
+        async move { stream_one(&http, &url, "asked while nobody may take it").await }
+    });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !pending.is_finished(),
+        "the caller got an outcome while nobody could take the request"
+    );
+    let stderr = processor.stderr();
+    assert!(
+        stderr.contains("ERROR") && stderr.contains("re-subscribing refused by the broker"),
+        "the refusal is logged as an error: {stderr}"
+    );
+
+    cluster.grant(&req, "sluice-processor", &["consume"]).await;
+    let f = tokio::time::timeout(Duration::from_secs(120), pending)
+        .await
+        .expect("answered once the grant is back")
+        .unwrap();
+    assert!(matches!(f.outcome, Outcome::Answered), "{f:?}");
+    let status = reqwest::get(&readyz).await.unwrap().status();
+    assert_eq!(status.as_u16(), 200, "ready again once subscribed");
+    gw.stop().await;
+    processor.stop().await;
+}
+
+/// A Kubernetes Secret mounted as the token file is rotated in place: the processor must read
+/// the new token when the broker's authentication refresh challenges the expired one, and keep
+/// answering on the same process, with no restart and no refusal.
+#[tokio::test]
+async fn a_rotated_token_file_is_read_again_when_the_broker_challenges() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let fake = FakeOpenAi::start().await;
+    let ts = cluster.topicspace().await;
+    cluster.grant_service(&ts, "text-completion").await;
+    // Tokens signed with the broker's key for the processor's role, as `pulsar tokens
+    // create --subject sluice-processor --expiry-time` makes them.
+    let key = std::fs::read(std::env::var("SLUICE_CLUSTER_SECRET_KEY").unwrap()).unwrap();
+    let token = |lives: Duration| {
+        let exp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            + lives;
+        sluice_tests::fake_oauth2::hs256(
+            &key,
+            &json!({ "sub": "sluice-processor", "exp": exp.as_secs() }),
+        )
+    };
+    let dir = std::env::temp_dir().join(format!("sluice-rotated-token-{}", free_port()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("token");
+    std::fs::write(&file, token(Duration::from_secs(20))).unwrap();
+    let mut env = cluster.env("processor");
+    env.retain(|(k, _)| k != "SLUICE_PULSAR_TOKEN_FILE");
+    env.push((
+        "SLUICE_PULSAR_TOKEN_FILE".to_owned(),
+        file.to_string_lossy().into_owned(),
+    ));
+    let (processor, _) = text_completion_as(&cluster, &ts, &fake, "replay-4", DURABLE, &env).await;
+    let (gw, url) = gateway(&cluster, &ts, DURABLE).await;
+    let http = reqwest::Client::new();
+    let f = stream_one(&http, &url, "with the first token").await;
+    assert!(matches!(f.outcome, Outcome::Answered), "{f:?}");
+    // Rotated as the kubelet does it: the new content appears at once, whole.
+    let logged_before = processor.stderr().len();
+    let next = dir.join("token.next");
+    std::fs::write(&next, token(Duration::from_secs(3600))).unwrap();
+    std::fs::rename(&next, &file).unwrap();
+    // The first token expires after 20 s; the broker checks every 10 s and challenges the
+    // connection, which must answer with the new token. Past both, and a margin:
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    let f = stream_one(&http, &url, "after the first token expired").await;
+    assert!(matches!(f.outcome, Outcome::Answered), "{f:?}");
+    // Nothing logged since the rotation (before it: the least-privilege role's start-up
+    // warnings about the admin API).
+    let since = processor.stderr()[logged_before..].to_owned();
+    assert!(
+        !since.contains("refused") && !since.contains("expired") && !since.contains("ERROR"),
+        "the rotation was not seamless: {since}"
+    );
+    gw.stop().await;
+    processor.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]

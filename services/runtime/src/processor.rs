@@ -20,7 +20,15 @@
 //!
 //! It never logs payloads: they carry prompts.
 
-use std::{collections::BTreeMap, marker::PhantomData, panic::AssertUnwindSafe, sync::Arc};
+use std::{
+    collections::BTreeMap,
+    marker::PhantomData,
+    panic::AssertUnwindSafe,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+};
 
 use async_trait::async_trait;
 use futures::{FutureExt, StreamExt, stream::FuturesUnordered};
@@ -424,6 +432,7 @@ pub async fn run<H: Handler>(
         book: book.clone(),
     });
     let semaphore = Arc::new(Semaphore::new(concurrency));
+    let waiting = Arc::new(AtomicBool::new(false));
     let stop_syncs = CancellationToken::new();
     let syncs = book.map(|book| {
         tokio::spawn(send_syncs(
@@ -432,6 +441,7 @@ pub async fn run<H: Handler>(
             book,
             Taking {
                 slots: semaphore.clone(),
+                waiting: waiting.clone(),
                 store: store.clone(),
                 shutdown: shutdown.clone(),
             },
@@ -455,11 +465,13 @@ pub async fn run<H: Handler>(
                 Err(_) => break,
             },
         };
+        waiting.store(true, Ordering::Relaxed);
         let delivery = tokio::select! {
             biased;
             () = shutdown.cancelled() => break,
             d = subscription.next() => d,
         };
+        waiting.store(false, Ordering::Relaxed);
         let delivery = match delivery {
             Some(Ok(d)) => d,
             Some(Err(e)) => {
@@ -562,13 +574,15 @@ pub const SYNC_INTERVAL: Duration = Duration::from_secs(1);
 /// What a sync says about whether the processor takes requests now.
 struct Taking {
     slots: Arc<Semaphore>,
+    /// The consume loop holds a slot and waits for the next request.
+    waiting: Arc<AtomicBool>,
     store: StoreGuard,
     shutdown: CancellationToken,
 }
 
 impl Taking {
     fn now(&self) -> bool {
-        self.slots.available_permits() > 0
+        (self.waiting.load(Ordering::Relaxed) || self.slots.available_permits() > 0)
             && !self.store.is_blocked()
             && !self.shutdown.is_cancelled()
     }
@@ -1080,6 +1094,67 @@ mod tests {
             shutdown,
             task,
         }
+    }
+
+    /// On a non-persistent response topic the processor syncs every second, idle or not, and
+    /// its syncs list each stream with the records published before them and say whether it
+    /// takes requests (with one slot: yes while idle, no while that slot is busy).
+    #[tokio::test]
+    async fn on_a_non_persistent_topic_syncs_list_the_streams_and_whether_requests_are_taken() {
+        let bus = MemoryBus::new(2048, 1000);
+        let resp = "non-persistent://t/ns/resp";
+        let mut responses = bus
+            .subscribe(resp, "test", SubscribeOptions::exclusive(100))
+            .await
+            .unwrap();
+        let shutdown = CancellationToken::new();
+        let mut config = ProcessorConfig::new("echo", "req", resp);
+        config.concurrency = 1;
+        config.drain_grace = Duration::from_millis(100);
+        let task = tokio::spawn(run(
+            Arc::new(bus.clone()),
+            config,
+            Arc::new(Echo),
+            Telemetry::new().unwrap(),
+            shutdown.clone(),
+        ));
+        let mut next_sync = async || loop {
+            let d = tokio::time::timeout(Duration::from_secs(5), responses.next())
+                .await
+                .expect("a message")
+                .unwrap()
+                .unwrap();
+            let state = d.property(properties::SYNC_STATE).map(|state| {
+                assert_eq!(d.property(properties::SYNC), Some("echo"));
+                assert_eq!(&d.payload()[..], b"{}");
+                serde_json::from_str::<crate::sync::SyncState>(state).unwrap()
+            });
+            d.ack();
+            if let Some(state) = state {
+                return state;
+            }
+        };
+        let idle = next_sync().await;
+        assert!(idle.taking && idle.streams.is_empty(), "{idle:?}");
+        assert!(idle.instance.starts_with("echo-"));
+        bus.publisher("req")
+            .await
+            .unwrap()
+            .send(Message::new(r#"{"prompt":"hang"}"#).with_property(properties::ID, "r1"))
+            .await
+            .unwrap();
+        let busy = loop {
+            let s = next_sync().await;
+            if !s.streams.is_empty() {
+                break s;
+            }
+        };
+        assert!(!busy.taking, "its one slot is busy: {busy:?}");
+        assert_eq!(busy.instance, idle.instance);
+        let (id, attempt, published) = &busy.streams[0];
+        assert_eq!((id.as_str(), *published, attempt.len()), ("r1", 1, 8));
+        shutdown.cancel();
+        task.await.unwrap().unwrap();
     }
 
     async fn ask(f: &mut Fixture, id: Option<&str>, payload: &str) -> Vec<TextCompletionResponse> {

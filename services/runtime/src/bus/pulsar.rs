@@ -78,6 +78,9 @@ pub struct PulsarConfig {
     pub publish_retry_budget: Duration,
     /// Longest wait between attempts to re-create a consumer.
     pub resubscribe_max_backoff: Duration,
+    /// How often each consumer asks the broker whether it still knows it (see
+    /// `Supervisor::alive`); one that is not known, or gets no answer, is re-created.
+    pub consumer_check_every: Duration,
 }
 
 impl PulsarConfig {
@@ -93,6 +96,7 @@ impl PulsarConfig {
             operation_timeout: Duration::from_secs(30),
             publish_retry_budget: Duration::from_secs(60),
             resubscribe_max_backoff: Duration::from_secs(5),
+            consumer_check_every: Duration::from_secs(5),
         }
     }
 }
@@ -655,6 +659,9 @@ enum Exit {
     Resubscribe,
 }
 
+/// How long a consumer's liveness check waits for the broker's answer.
+const CONSUMER_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl Supervisor {
     async fn run(mut self, first: Consumer<Vec<u8>, TokioExecutor>) {
         let mut consumer = Some(first);
@@ -702,6 +709,32 @@ impl Supervisor {
         if let Err(e) = result {
             // The broker redelivers what was not acked once the consumer is re-created.
             warn!(topic = %topic, error = %e, ?settlement, "settling a message failed");
+        }
+    }
+
+    /// Whether the broker still serves `consumer`: it answers a stats request for it.
+    ///
+    /// Why: after a broker's SIGKILL, pulsar-rs 6.9 can be left with a consumer the broker
+    /// does not know (measured on the secured cluster: a processor's request consumer, a
+    /// processor's cancel consumer, a gateway's response consumer, each missing from the
+    /// topic's subscriptions for good) while its message stream neither yields nor ends, so
+    /// nothing else would ever re-create it: on a shared subscription the replica takes no
+    /// more requests, on a response subscription the client hears nothing. The broker
+    /// answers a stats request for a consumer id it does not know with `ConsumerNotFound`.
+    async fn alive(consumer: &mut Consumer<Vec<u8>, TokioExecutor>) -> Result<(), String> {
+        match tokio::time::timeout(CONSUMER_CHECK_TIMEOUT, consumer.get_stats()).await {
+            Err(_) => Err(format!(
+                "no answer to a stats request within {CONSUMER_CHECK_TIMEOUT:?}"
+            )),
+            Ok(Err(e)) => Err(format!("a stats request failed: {e}")),
+            Ok(Ok(stats)) => match stats.iter().find(|s| s.error_code.is_some()) {
+                Some(s) => Err(format!(
+                    "the broker answered a stats request with {:?}: {}",
+                    s.error_code,
+                    s.error_message.as_deref().unwrap_or("")
+                )),
+                None => Ok(()),
+            },
         }
     }
 
@@ -757,6 +790,10 @@ impl Supervisor {
         let mut to_release: Vec<(Arc<str>, MessageIdData)> = Vec::new();
         let mut release_at: Option<Instant> = None;
         let mut slot: Option<mpsc::OwnedPermit<Delivery>> = None;
+        let mut checks = tokio::time::interval(self.config.consumer_check_every);
+        checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first tick is immediate: the consumer was just made.
+        checks.tick().await;
         loop {
             if !*paused && let Some(permit) = slot.take() {
                 match ready.pop_front() {
@@ -802,6 +839,13 @@ impl Supervisor {
                     Err(_) => {
                         let _ = consumer.close().await;
                         return Exit::Stop;
+                    }
+                },
+                _ = checks.tick() => {
+                    if let Err(why) = Self::alive(consumer).await {
+                        warn!(topic = %self.spec.topic, subscription = %self.spec.subscription,
+                              reason = %why, "the broker no longer serves this consumer; re-subscribing");
+                        return Exit::Resubscribe;
                     }
                 },
                 () = tokio::time::sleep_until(release_at.unwrap_or_else(Instant::now)), if release_at.is_some() => {
