@@ -225,7 +225,9 @@ struct Route<R> {
     broken: bool,
     /// When the broker confirmed it stored the request.
     stored_at: Option<Instant>,
-    /// The processor instance whose sync listed this stream last.
+    /// Some sync listed this stream.
+    listed: bool,
+    /// The processor instance whose sync listed this stream as open last.
     listed_by: Option<Arc<str>>,
     /// The last record or listing of this stream.
     last_seen: Instant,
@@ -241,6 +243,7 @@ impl<R> Route<R> {
             producer: None,
             broken: false,
             stored_at: None,
+            listed: false,
             listed_by: None,
             last_seen: Instant::now(),
         }
@@ -564,10 +567,18 @@ fn dispatch<R: ResponseRecord>(
     }
     if delivery.property(properties::SYNC).is_some() {
         // A processor's sync: its sequence has done its work above; what it lists, here.
-        if lossy && let Some(state) = delivery.property(properties::SYNC_STATE) {
-            match serde_json::from_str::<SyncState>(state) {
-                Ok(state) => seen.syncs.check(&state, routes, service),
-                Err(e) => debug!(service, error = %e, "a sync's state could not be read"),
+        if lossy {
+            match delivery
+                .property(properties::SYNC_STATE)
+                .map(serde_json::from_str::<SyncState>)
+            {
+                Some(Ok(state)) => seen.syncs.check(&state, routes, service),
+                Some(Err(e)) => {
+                    debug!(service, error = %e, "a sync's state could not be read");
+                    seen.syncs.foreign_seen();
+                }
+                // An older sluice: it does not say which requests it took.
+                None => seen.syncs.foreign_seen(),
             }
         }
         delivery.ack();
@@ -576,7 +587,7 @@ fn dispatch<R: ResponseRecord>(
     if delivery.property(properties::SEQ).is_none() {
         // A record of a service that does not sync (TrustGraph's own processors): a request
         // no sync lists may be theirs.
-        seen.syncs.foreign = true;
+        seen.syncs.foreign_seen();
     }
     if delivery
         .property(properties::REPLY_TO)
@@ -699,12 +710,21 @@ struct Seen {
 #[derive(Default)]
 struct Syncs {
     watch: SyncWatch,
-    /// A record without an index arrived: a processor that does not sync (TrustGraph's own)
-    /// answers on this topic, so a request no sync lists is not thereby lost.
-    foreign: bool,
+    /// When a processor that does not say what it answers was last heard: a record without
+    /// an index (TrustGraph's own processors) or a sync without a state (an older sluice).
+    /// A request no sync lists may be theirs, so none is ended for that for a while.
+    foreign: Option<Instant>,
 }
 
+/// How long after the last sign of a processor that does not list its streams a request no
+/// sync lists is not ended for it.
+const FOREIGN_FOR: Duration = Duration::from_secs(60);
+
 impl Syncs {
+    fn foreign_seen(&mut self) {
+        self.foreign = Some(Instant::now());
+    }
+
     /// Ends every stream of `routes` that `state` (or its silence about them) shows can no
     /// longer end on its own.
     fn check<R>(&mut self, state: &SyncState, routes: &Routes<R>, service: &str) {
@@ -712,33 +732,30 @@ impl Syncs {
         let instance = self.watch.observe(state, now);
         let mut routes = lock(routes);
         let mut gone: Vec<(String, String)> = Vec::new();
-        for (id, attempt, published) in &state.streams {
+        for (id, key, published, open) in &state.streams {
             let Some(route) = routes.get_mut(id) else {
                 continue;
             };
-            route.listed_by = Some(instance.clone());
+            route.listed = true;
             route.last_seen = now;
-            // Listed by a key, the first characters of the attempt id.
-            if route.broken
-                || route
-                    .abandoned
-                    .iter()
-                    .any(|a| a.starts_with(attempt.as_str()))
-            {
-                continue;
-            }
-            let received = if route
-                .attempt
-                .as_deref()
-                .is_some_and(|a| a.starts_with(attempt.as_str()))
-            {
-                route.next_seq
-            } else {
-                0
+            // Listed by a key, the first characters of the attempt id. Counted only for the
+            // attempt the stream reads now, or when nothing of it arrived yet: another
+            // attempt is one it moved on from (an agent's earlier step, kept listed for a
+            // while after its end) or one it has not reached.
+            let received = match route.attempt.as_deref() {
+                Some(current) if current.starts_with(key.as_str()) => route.next_seq,
+                Some(_) => continue,
+                None => 0,
             };
+            // Whose silence would mean the stream lost its processor: only an open one's.
+            if *open {
+                route.listed_by = Some(instance.clone());
+            } else if route.listed_by.as_ref() == Some(&instance) {
+                route.listed_by = None;
+            }
             // The sync left after these records, through the same producer: what has not
             // arrived by now never will.
-            if *published > received {
+            if !route.broken && *published > received {
                 gone.push((
                     id.clone(),
                     format!(
@@ -747,31 +764,39 @@ impl Syncs {
                 ));
             }
         }
+        let foreign = self
+            .foreign
+            .is_some_and(|at| now.saturating_duration_since(at) < FOREIGN_FOR);
+        let unlisted_deadline = if foreign {
+            None
+        } else {
+            self.watch.unlisted_deadline()
+        };
         for (id, route) in routes.iter() {
-            match (&route.listed_by, route.attempt.is_none(), route.stored_at) {
-                (Some(by), _, _)
-                    if !self.watch.is_live(by)
-                        && now.saturating_duration_since(route.last_seen) >= SILENT_AFTER =>
+            if let Some(by) = &route.listed_by {
+                if !self.watch.is_live(by)
+                    && now.saturating_duration_since(route.last_seen) >= SILENT_AFTER
                 {
                     gone.push((
                         id.clone(),
                         format!(
-                            "the processor answering this request ({by}) stopped syncing while others sync: it went away before the stream ended"
+                            "the processor answering this request ({by}) stopped syncing {} s ago while others sync: it went away before the stream ended",
+                            SILENT_AFTER.as_secs()
                         ),
                     ));
                 }
-                (None, true, Some(stored))
-                    if !self.foreign && self.watch.unlisted_is_lost(stored) =>
-                {
-                    gone.push((
-                        id.clone(),
-                        format!(
-                            "the broker took the request but no processor did: every processor syncing on the response topic has taken requests for {}s since without listing it (dropped on its way to them)",
-                            UNLISTED_GRACE.as_secs()
-                        ),
-                    ));
-                }
-                _ => {}
+            } else if !route.listed
+                && route.attempt.is_none()
+                && let (Some(stored), Some(deadline)) = (route.stored_at, unlisted_deadline)
+                && stored <= deadline
+            {
+                gone.push((
+                    id.clone(),
+                    format!(
+                        "the broker took the request but no processor did: every processor syncing on the response topic has taken requests for {} s since without listing it (dropped on its way to them)",
+                        UNLISTED_GRACE.as_secs()
+                    ),
+                ));
             }
         }
         for (id, why) in gone {
@@ -1375,7 +1400,13 @@ mod tests {
     }
 
     /// A processor instance's sync, as `processor::send_syncs` makes it.
-    async fn sync(bus: &MemoryBus, instance: &str, taking: bool, streams: &[(&str, &str, u64)]) {
+    /// `streams`: (request id, attempt key, records published, open).
+    async fn sync(
+        bus: &MemoryBus,
+        instance: &str,
+        taking: bool,
+        streams: &[(&str, &str, u64, bool)],
+    ) {
         let state = SyncState {
             instance: instance.to_owned(),
             at_ms: u64::try_from(
@@ -1388,7 +1419,7 @@ mod tests {
             taking,
             streams: streams
                 .iter()
-                .map(|(id, attempt, n)| ((*id).to_owned(), (*attempt).to_owned(), *n))
+                .map(|(id, attempt, n, open)| ((*id).to_owned(), (*attempt).to_owned(), *n, *open))
                 .collect(),
         };
         bus.publisher("resp")
@@ -1424,8 +1455,8 @@ mod tests {
             .unwrap();
         let id = s.id().to_owned();
         // Listed while nothing is published yet, then done with 3 records: none arrived.
-        sync(&bus, "p1", true, &[(&id, "a", 0)]).await;
-        sync(&bus, "p1", true, &[(&id, "a", 3)]).await;
+        sync(&bus, "p1", true, &[(&id, "a", 0, true)]).await;
+        sync(&bus, "p1", true, &[(&id, "a", 3, false)]).await;
         let (why, _) = lost_in_transit(&mut s).await;
         assert!(
             why.contains("3 response records") && why.contains("0 arrived"),
@@ -1450,7 +1481,7 @@ mod tests {
         numbered(&bus, &c, "b", 0, "c0", false).await;
         numbered(&bus, &c, "b", 1, "c1", false).await;
         // cut's third and last record (index 2) was dropped; whole is still streaming.
-        sync(&bus, "p1", true, &[(&w, "a", 1), (&c, "b", 3)]).await;
+        sync(&bus, "p1", true, &[(&w, "a", 1, true), (&c, "b", 3, false)]).await;
         numbered(&bus, &w, "a", 1, "w1", true).await;
         assert_eq!(text(cut.next().await), "c0");
         assert_eq!(text(cut.next().await), "c1");
@@ -1486,8 +1517,8 @@ mod tests {
         let ticker = {
             let bus = bus.clone();
             tokio::spawn(async move {
-                for tick in 0..12u32 {
-                    sync(&bus, "p1", true, &[(&queued_id, "q", 0)]).await;
+                for tick in 0..20u32 {
+                    sync(&bus, "p1", true, &[(&queued_id, "q", 0, true)]).await;
                     sync(&bus, "p2", tick >= 3, &[]).await;
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
@@ -1495,14 +1526,50 @@ mod tests {
         };
         let (why, _) = lost_in_transit(&mut dropped).await;
         assert!(why.contains("no processor did"), "{why}");
-        // Not before p2, which may have held it, took requests for 2 s.
+        // Not before p2, which may have held it, took requests for the grace.
         let waited = started.elapsed();
-        assert!(waited >= Duration::from_millis(3400), "{waited:?}");
-        assert!(waited < Duration::from_secs(5), "{waited:?}");
+        let due = Duration::from_millis(1500) + UNLISTED_GRACE;
+        assert!(waited >= due - Duration::from_millis(100), "{waited:?}");
+        assert!(waited < due + Duration::from_secs(2), "{waited:?}");
         ticker.await.unwrap();
         // The listed one is waiting for its records, not lost.
         numbered(&bus, queued.id(), "q", 0, "q0", true).await;
         assert_eq!(text(queued.next().await), "q0");
+    }
+
+    /// An attempt the stream moved on from (a restart, an agent's earlier step) stays listed for
+    /// a while after its end; its count is not the stream's, and a stream whose processor
+    /// listed it as finished does not depend on that processor any more.
+    #[tokio::test]
+    async fn only_the_attempt_being_read_is_counted_and_only_an_open_stream_needs_its_processor() {
+        let (bus, _requests, client) = setup().await;
+        let mut s = client
+            .request_with(
+                &TextCompletionRequest::default(),
+                RequestOptions {
+                    inactivity_timeout: Some(Duration::from_secs(30)),
+                    ..RequestOptions::default()
+                },
+            )
+            .await
+            .unwrap();
+        let id = s.id().to_owned();
+        numbered(&bus, &id, "a", 0, "a0", false).await;
+        numbered(&bus, &id, "b", 0, "b0", false).await;
+        // p1 finished attempt a with 5 records (for this stream: it restarted on b).
+        sync(&bus, "p1", true, &[(&id, "a", 5, false)]).await;
+        sync(&bus, "p2", true, &[(&id, "b", 1, true)]).await;
+        assert_eq!(text(s.next().await), "a0");
+        assert_eq!(text(s.next().await), "<restarted>");
+        assert_eq!(text(s.next().await), "b0");
+        // p1 goes away: the stream is p2's.
+        for _ in 0..24 {
+            sync(&bus, "p2", true, &[(&id, "b", 1, true)]).await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        numbered(&bus, &id, "b", 1, "b1", true).await;
+        assert_eq!(text(s.next().await), "b1");
+        assert!(s.next().await.is_none());
     }
 
     #[tokio::test]
@@ -1550,7 +1617,7 @@ mod tests {
             .unwrap();
         let id = s.id().to_owned();
         numbered(&bus, &id, "a", 0, "first", false).await;
-        sync(&bus, "p1", true, &[(&id, "a", 1)]).await;
+        sync(&bus, "p1", true, &[(&id, "a", 1, true)]).await;
         sync(&bus, "p2", true, &[]).await;
         assert_eq!(text(s.next().await), "first");
         let started = Instant::now();
@@ -1558,7 +1625,7 @@ mod tests {
         let ticker = {
             let bus = bus.clone();
             tokio::spawn(async move {
-                for _ in 0..10 {
+                for _ in 0..30 {
                     tokio::time::sleep(Duration::from_millis(500)).await;
                     sync(&bus, "p2", true, &[]).await;
                 }
@@ -1568,7 +1635,7 @@ mod tests {
         assert!(why.contains("stopped syncing"), "{why}");
         let waited = started.elapsed();
         assert!(
-            waited >= SILENT_AFTER && waited < Duration::from_secs(5),
+            waited >= SILENT_AFTER && waited < SILENT_AFTER + Duration::from_secs(2),
             "{waited:?}"
         );
         ticker.abort();

@@ -323,6 +323,14 @@ impl<R: ResponseRecord> ResponseSink<R> {
         Ok(())
     }
 
+    /// The request goes back to the broker: its stream is no longer one to count (a later
+    /// attempt answers it, where the broker keeps requests).
+    fn retract(&self) {
+        if let Some((book, attempt)) = &self.book {
+            book.retract(attempt);
+        }
+    }
+
     /// Whether the terminal record sent was an error.
     pub fn ended_with_error(&self) -> bool {
         self.ended_with_error
@@ -800,6 +808,7 @@ async fn handle_delivery<H: Handler>(
         }
         Ok(()) => {
             warn!("no terminal record could be published; handing the request back");
+            sink.retract();
             delivery.nack();
             metrics.request_finished(processor, Outcome::Retried, 0.0);
         }
@@ -808,6 +817,7 @@ async fn handle_delivery<H: Handler>(
             // Blocked before the nack: the redelivered request must find the consume loop
             // already waiting for the broker, not calling the provider again.
             store.block(&e);
+            sink.retract();
             delivery.nack();
             metrics.request_finished(processor, Outcome::Retried, 0.0);
         }
@@ -1151,8 +1161,11 @@ mod tests {
         };
         assert!(!busy.taking, "its one slot is busy: {busy:?}");
         assert_eq!(busy.instance, idle.instance);
-        let (id, attempt, published) = &busy.streams[0];
-        assert_eq!((id.as_str(), *published, attempt.len()), ("r1", 1, 8));
+        let (id, attempt, published, open) = &busy.streams[0];
+        assert_eq!(
+            (id.as_str(), *published, attempt.len(), *open),
+            ("r1", 1, 8, true)
+        );
         shutdown.cancel();
         task.await.unwrap().unwrap();
     }

@@ -17,8 +17,8 @@
 //! - a stream listed with more records than the client received lost the rest ([`Verdict`]);
 //! - a request stored by the broker that no processor lists, while every processor the client
 //!   hears from has been taking requests for [`UNLISTED_GRACE`] since, reached no processor;
-//! - a stream whose processor stopped syncing for [`SILENT_AFTER`] while others sync lost
-//!   its processor.
+//! - a stream listed as open by a processor that then stopped syncing for [`SILENT_AFTER`]
+//!   while others sync lost its processor.
 //!
 //! Timing is read in the client's own clock: a sync's time of sending is estimated from the
 //! lowest offset between the processor's clock and the client's seen lately, so neither clock
@@ -43,6 +43,11 @@ pub const DONE_FOR: Duration = Duration::from_secs(15);
 /// its size (about 60 bytes a stream) far below the broker's message limit.
 const MAX_LISTED: usize = 20_000;
 
+/// A sync stops listing once its request ids add up to this many bytes (ids are the callers'
+/// and may be long). A sync cut short says the processor does not take requests, so that no
+/// client concludes anything from a stream missing from it.
+const MAX_LISTED_BYTES: usize = 1 << 20;
+
 /// Characters of an attempt id a sync carries: enough to tell a request's attempts apart.
 const ATTEMPT_KEY: usize = 8;
 
@@ -53,11 +58,15 @@ pub fn attempt_key(attempt: &str) -> &str {
 
 /// A processor instance whose last sync is older than the newest one's by this much no longer
 /// counts as live.
-pub const SILENT_AFTER: Duration = Duration::from_secs(3);
+/// Longer than a producer's reconnect after a topic moves (its syncs wait meanwhile, while
+/// other instances' may already flow), far shorter than a client's inactivity timeout.
+pub const SILENT_AFTER: Duration = Duration::from_secs(10);
 
 /// How long every live processor must have been taking requests after a request was stored,
-/// without listing it, before the request is taken as lost.
-pub const UNLISTED_GRACE: Duration = Duration::from_secs(2);
+/// without listing it, before the request is taken as lost. Also the margin against a client
+/// that reads steadily late: a lag below it cannot make a sync sent before the request
+/// arrived count as sent after.
+pub const UNLISTED_GRACE: Duration = Duration::from_secs(5);
 
 /// Offsets kept per instance for the clock estimate.
 const OFFSET_WINDOW: usize = 30;
@@ -74,10 +83,10 @@ pub struct SyncState {
     pub at_ms: u64,
     /// Whether the processor takes requests now (a free slot, not draining, storing fine).
     pub taking: bool,
-    /// `(request id, attempt key, records published)` of each stream open or finished within
-    /// [`DONE_FOR`]; the attempt key is the first characters of the attempt id
+    /// `(request id, attempt key, records published, open)` of each stream open or finished
+    /// within [`DONE_FOR`]; the attempt key is the first characters of the attempt id
     /// ([`attempt_key`]).
-    pub streams: Vec<(String, String, u64)>,
+    pub streams: Vec<(String, String, u64, bool)>,
 }
 
 /// A processor's account of the streams it answers, for its syncs.
@@ -118,7 +127,13 @@ impl StreamBook {
         }
     }
 
-    /// The stream ends (answered, handed back or handed on): listed for [`DONE_FOR`] more.
+    /// The stream's request goes back to the broker for another attempt: it is not listed
+    /// any more (its records so far do not make a stream a client must count).
+    pub fn retract(&self, attempt: &str) {
+        crate::lock(&self.inner).open.remove(attempt);
+    }
+
+    /// The stream ends (answered or handed on): listed for [`DONE_FOR`] more.
     pub fn close(&self, attempt: &str) {
         let mut inner = crate::lock(&self.inner);
         if let Some((id, records)) = inner.open.remove(attempt) {
@@ -144,23 +159,31 @@ impl StreamBook {
         {
             inner.done.pop_front();
         }
-        let mut streams: Vec<(String, String, u64)> = inner
+        let mut streams: Vec<(String, String, u64, bool)> = Vec::with_capacity(inner.open.len());
+        let mut bytes = 0;
+        let mut whole = true;
+        let open = inner
             .open
             .iter()
-            .take(MAX_LISTED)
-            .map(|(attempt, (id, n))| (id.clone(), attempt_key(attempt).to_owned(), *n))
-            .collect();
+            .map(|(attempt, (id, n))| (id, attempt_key(attempt), *n, true));
         // Newest first, so a cap drops the ones listed longest already.
-        for (_, id, attempt, n) in inner.done.iter().rev() {
-            if streams.len() >= MAX_LISTED {
+        let done = inner
+            .done
+            .iter()
+            .rev()
+            .map(|(_, id, key, n)| (id, key.as_str(), *n, false));
+        for (id, key, n, is_open) in open.chain(done) {
+            bytes += id.len() + key.len() + 24;
+            if streams.len() >= MAX_LISTED || bytes > MAX_LISTED_BYTES {
+                whole = false;
                 break;
             }
-            streams.push((id.clone(), attempt.clone(), *n));
+            streams.push((id.clone(), key.to_owned(), n, is_open));
         }
         SyncState {
             instance: self.instance.clone(),
             at_ms: unix_ms(),
-            taking,
+            taking: taking && whole,
             streams,
         }
     }
@@ -216,7 +239,11 @@ impl SyncWatch {
         // late this sync is read.
         let floor = instance.offsets.iter().copied().min().unwrap_or(offset);
         let late = Duration::from_millis(u64::try_from(offset - floor).unwrap_or(0));
-        let sent = now.checked_sub(late).unwrap_or(now);
+        // Read too late to place in this process's clock (only right after it started): it
+        // says nothing about now.
+        let Some(sent) = now.checked_sub(late) else {
+            return key;
+        };
         instance.last = instance.last.max(sent);
         if state.taking {
             instance.taking_since.get_or_insert(sent);
@@ -238,23 +265,32 @@ impl SyncWatch {
         }
     }
 
-    /// Whether a request the broker stored at `stored` and no sync listed must have been
-    /// lost: at least one live instance, and every live instance has been taking requests
-    /// for [`UNLISTED_GRACE`] after it was stored.
-    pub fn unlisted_is_lost(&self, stored: Instant) -> bool {
-        let Some(newest) = self.newest else {
-            return false;
-        };
-        let mut live = self
+    /// The latest store time a request no sync listed may have to count as lost: at least one
+    /// live instance, and every live instance has been taking requests for
+    /// [`UNLISTED_GRACE`] since. A request stored at or before it reached no processor.
+    pub fn unlisted_deadline(&self) -> Option<Instant> {
+        let newest = self.newest?;
+        let mut deadline: Option<Instant> = None;
+        for i in self
             .instances
             .values()
             .filter(|i| newest.saturating_duration_since(i.last) < SILENT_AFTER)
-            .peekable();
-        live.peek().is_some()
-            && live.all(|i| {
-                i.taking_since
-                    .is_some_and(|since| i.last >= since.max(stored) + UNLISTED_GRACE)
-            })
+        {
+            // Taking since `since` and heard at `last`: a request stored at `t` has been
+            // waiting for it while it took requests for `last - max(since, t)`.
+            let latest = i.last.checked_sub(UNLISTED_GRACE)?;
+            if i.taking_since? > latest {
+                return None;
+            }
+            deadline = Some(deadline.map_or(latest, |d| d.min(latest)));
+        }
+        deadline
+    }
+
+    /// Whether a request the broker stored at `stored` and no sync listed must have been
+    /// lost (see [`SyncWatch::unlisted_deadline`]).
+    pub fn unlisted_is_lost(&self, stored: Instant) -> bool {
+        self.unlisted_deadline().is_some_and(|d| stored <= d)
     }
 }
 
@@ -271,20 +307,28 @@ mod tests {
         }
     }
 
+    fn entry(id: &str, key: &str, n: u64, open: bool) -> (String, String, u64, bool) {
+        (id.to_owned(), key.to_owned(), n, open)
+    }
+
     #[test]
     fn a_book_lists_open_streams_and_finished_ones_for_a_while() {
         let book = StreamBook::new("p1");
         book.open("r1", "a1");
         book.open("r2", "0123456789abcdef");
+        book.open("r3", "a3");
         book.published("a1", 3);
+        book.published("a3", 2);
         book.close("0123456789abcdef");
+        // Handed back for another attempt: no longer a stream to count.
+        book.retract("a3");
         let mut first = book.snapshot(true).streams;
         first.sort();
         assert_eq!(
             first,
             vec![
-                ("r1".to_owned(), "a1".to_owned(), 3),
-                ("r2".to_owned(), "01234567".to_owned(), 0)
+                entry("r1", "a1", 3, true),
+                entry("r2", "01234567", 0, false)
             ]
         );
         let now = Instant::now();
@@ -293,40 +337,69 @@ mod tests {
         book.published("0123456789abcdef", 9);
         assert_eq!(
             book.snapshot_at(false, now + DONE_FOR).streams,
-            vec![("r1".to_owned(), "a1".to_owned(), 3)]
+            vec![entry("r1", "a1", 3, true)]
         );
+    }
+
+    #[test]
+    fn a_sync_cut_short_says_it_takes_no_requests() {
+        let book = StreamBook::new("p1");
+        let long = "x".repeat(100_000);
+        for i in 0..20 {
+            book.open(&format!("{long}{i}"), &format!("attempt{i}"));
+        }
+        let s = book.snapshot(true);
+        assert!(
+            s.streams.len() < 20 && !s.taking,
+            "{} listed",
+            s.streams.len()
+        );
+    }
+
+    /// Syncs of `instance` sent every second from `from` s to `to` s (processor clock = client
+    /// clock + 5 s: only differences matter), each read at once.
+    fn syncs(
+        watch: &mut SyncWatch,
+        t0: Instant,
+        instance: &str,
+        secs: std::ops::Range<u64>,
+        taking: bool,
+    ) {
+        for sec in secs {
+            watch.observe_at(
+                &state(instance, 100_000 + sec * 1000, taking),
+                t0 + Duration::from_secs(sec),
+                105_000 + sec * 1000,
+            );
+        }
     }
 
     #[test]
     fn a_request_is_lost_only_once_every_live_instance_took_requests_long_enough() {
         let t0 = Instant::now();
+        let grace = UNLISTED_GRACE.as_secs();
         let mut watch = SyncWatch::default();
-        let at = |d: u64| t0 + Duration::from_millis(d);
-        // Clocks 5 s apart: only differences matter.
-        watch.observe_at(&state("p1", 100_000, true), at(0), 105_000);
-        watch.observe_at(&state("p2", 100_000, false), at(0), 105_000);
-        let stored = at(100);
-        watch.observe_at(&state("p1", 101_000, true), at(1000), 106_000);
-        watch.observe_at(&state("p2", 101_000, true), at(1000), 106_000);
-        watch.observe_at(&state("p1", 102_100, true), at(2100), 107_100);
-        watch.observe_at(&state("p2", 102_100, true), at(2100), 107_100);
-        // p2 took requests only from 1 s on: 2.1 s is not 2 s after that.
-        assert!(!watch.unlisted_is_lost(stored));
-        watch.observe_at(&state("p1", 103_000, true), at(3000), 108_000);
-        watch.observe_at(&state("p2", 103_000, true), at(3000), 108_000);
+        syncs(&mut watch, t0, "p1", 0..1, true);
+        syncs(&mut watch, t0, "p2", 0..1, false);
+        let stored = t0 + Duration::from_millis(100);
+        // p2 takes requests from 1 s on.
+        for sec in 1..=grace {
+            syncs(&mut watch, t0, "p1", sec..sec + 1, true);
+            syncs(&mut watch, t0, "p2", sec..sec + 1, true);
+            assert!(!watch.unlisted_is_lost(stored), "at {sec} s");
+        }
+        syncs(&mut watch, t0, "p1", grace + 1..grace + 2, true);
+        syncs(&mut watch, t0, "p2", grace + 1..grace + 2, true);
         assert!(watch.unlisted_is_lost(stored));
-        // An instance that stopped taking holds the verdict back while it is live...
-        watch.observe_at(&state("p2", 104_000, false), at(4000), 109_000);
-        watch.observe_at(&state("p1", 104_000, true), at(4000), 109_000);
+        // A request stored later is not lost yet.
+        assert!(!watch.unlisted_is_lost(t0 + Duration::from_secs(2)));
+        // An instance that stops taking holds the verdict back while it is live...
+        syncs(&mut watch, t0, "p2", grace + 2..grace + 3, false);
+        syncs(&mut watch, t0, "p1", grace + 2..grace + 3, true);
         assert!(!watch.unlisted_is_lost(stored));
         // ...and releases it once it has been silent long enough.
-        for s in 5..9 {
-            watch.observe_at(
-                &state("p1", 100_000 + s * 1000, true),
-                at(s * 1000),
-                105_000 + s * 1000,
-            );
-        }
+        let silent = SILENT_AFTER.as_secs();
+        syncs(&mut watch, t0, "p1", grace + 3..grace + 3 + silent, true);
         assert!(!watch.is_live("p2"));
         assert!(watch.is_live("p1"));
         assert!(watch.unlisted_is_lost(stored));
@@ -335,18 +408,23 @@ mod tests {
     #[test]
     fn syncs_read_late_count_from_when_they_were_sent() {
         let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
         let mut watch = SyncWatch::default();
-        let at = |d: u64| t0 + Duration::from_millis(d);
+        // Clocks equal: wall ms = 1,000 + client ms.
         watch.observe_at(&state("p1", 1_000, true), at(0), 1_000);
         let stored = at(500);
-        // The client reads 4 s late: the syncs sent 1 s and 2 s after the first arrive after
-        // the request was stored, but were sent before or just after it.
-        watch.observe_at(&state("p1", 2_000, true), at(4000), 5_000);
-        watch.observe_at(&state("p1", 3_000, true), at(4010), 5_010);
-        assert!(!watch.unlisted_is_lost(stored));
-        // The one sent at 3 s is 2.5 s after the request was stored.
-        watch.observe_at(&state("p1", 4_000, true), at(4020), 5_020);
-        assert!(watch.unlisted_is_lost(stored));
+        let grace = u64::try_from(UNLISTED_GRACE.as_millis()).unwrap();
+        // The client then reads 8 s late: syncs sent up to 8 s after the first arrive after
+        // the request was stored, but most were sent before its grace was up.
+        for k in 1..=8u64 {
+            let sent = k * 1000;
+            watch.observe_at(&state("p1", 1_000 + sent, true), at(8_000 + k), 9_000 + k);
+            assert_eq!(
+                watch.unlisted_is_lost(stored),
+                sent >= 500 + grace,
+                "sync sent at {sent} ms"
+            );
+        }
     }
 
     #[test]
@@ -360,7 +438,7 @@ mod tests {
             instance: "text-completion-1a2b".to_owned(),
             at_ms: 1,
             taking: true,
-            streams: vec![("id with \"quotes\"".to_owned(), "a".to_owned(), 4)],
+            streams: vec![entry("id with \"quotes\"", "a", 4, true)],
         };
         let json = serde_json::to_string(&s).unwrap();
         assert_eq!(serde_json::from_str::<SyncState>(&json).unwrap(), s);

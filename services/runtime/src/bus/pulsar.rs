@@ -684,7 +684,9 @@ impl Supervisor {
             match exit {
                 Exit::Stop => return,
                 Exit::Resubscribe => {
-                    let _ = current.close().await;
+                    // Bounded: a consumer whose engine is stuck may never answer the close;
+                    // dropping it is all that is left to do then.
+                    let _ = tokio::time::timeout(CONSUMER_CHECK_TIMEOUT, current.close()).await;
                     info!(topic = %self.spec.topic, subscription = %self.spec.subscription,
                           "consumer stream ended; re-subscribing");
                 }
@@ -794,6 +796,8 @@ impl Supervisor {
         checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The first tick is immediate: the consumer was just made.
         checks.tick().await;
+        // A message since the last check proves the broker serves this consumer.
+        let mut heard = false;
         loop {
             if !*paused && let Some(permit) = slot.take() {
                 match ready.pop_front() {
@@ -841,8 +845,12 @@ impl Supervisor {
                         return Exit::Stop;
                     }
                 },
+                // Only an idle consumer is asked, and only while this loop reads it: pulsar-rs
+                // answers the stats request from the consumer's engine, which cannot answer
+                // while it waits to hand over a message nobody reads (a full queue, a pause).
                 _ = checks.tick() => {
-                    if let Err(why) = Self::alive(consumer).await {
+                    let idle = !std::mem::take(&mut heard) && ready.is_empty() && !*paused;
+                    if idle && let Err(why) = Self::alive(consumer).await {
                         warn!(topic = %self.spec.topic, subscription = %self.spec.subscription,
                               reason = %why, "the broker no longer serves this consumer; re-subscribing");
                         return Exit::Resubscribe;
@@ -859,6 +867,7 @@ impl Supervisor {
                 },
                 msg = consumer.next(), if want_message => match msg {
                     Some(Ok(m)) => {
+                        heard = true;
                         if *paused {
                             to_release.push((self.topics.intern(&m.topic), m.message_id.id.clone()));
                             release_at.get_or_insert_with(|| Instant::now() + RELEASE_PARKED_AFTER);
