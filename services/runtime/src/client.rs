@@ -208,9 +208,11 @@ enum Routed<R> {
     Gone(String),
 }
 
-/// Attempts a stream has moved on from, whose late records are skipped. A few suffice: a
-/// request is rarely attempted more than twice.
-const ABANDONED_ATTEMPTS: usize = 8;
+/// Attempts a stream has moved on from, whose late records are skipped and whose listings in
+/// processors' syncs are not counted. An agent's dialog moves on at every step, and a
+/// finished step stays listed for `sync::DONE_FOR`: far more than an agent's steps in that
+/// time.
+const ABANDONED_ATTEMPTS: usize = 64;
 
 struct Route<R> {
     tx: mpsc::UnboundedSender<Routed<R>>,
@@ -227,6 +229,8 @@ struct Route<R> {
     stored_at: Option<Instant>,
     /// Some sync listed this stream.
     listed: bool,
+    /// Some record of this stream arrived.
+    received_any: bool,
     /// The processor instance whose sync listed this stream as open last.
     listed_by: Option<Arc<str>>,
     /// The last record or listing of this stream.
@@ -244,6 +248,7 @@ impl<R> Route<R> {
             broken: false,
             stored_at: None,
             listed: false,
+            received_any: false,
             listed_by: None,
             last_seen: Instant::now(),
         }
@@ -575,10 +580,10 @@ fn dispatch<R: ResponseRecord>(
                 Some(Ok(state)) => seen.syncs.check(&state, routes, service),
                 Some(Err(e)) => {
                     debug!(service, error = %e, "a sync's state could not be read");
-                    seen.syncs.foreign_seen();
+                    seen.syncs.stateless_sync_seen();
                 }
                 // An older sluice: it does not say which requests it took.
-                None => seen.syncs.foreign_seen(),
+                None => seen.syncs.stateless_sync_seen(),
             }
         }
         delivery.ack();
@@ -587,7 +592,7 @@ fn dispatch<R: ResponseRecord>(
     if delivery.property(properties::SEQ).is_none() {
         // A record of a service that does not sync (TrustGraph's own processors): a request
         // no sync lists may be theirs.
-        seen.syncs.foreign_seen();
+        seen.syncs.foreign_records = true;
     }
     if delivery
         .property(properties::REPLY_TO)
@@ -644,6 +649,7 @@ fn dispatch<R: ResponseRecord>(
             }
             route.producer = delivery.origin().map(|o| o.producer.clone());
             route.last_seen = Instant::now();
+            route.received_any = true;
             if route.broken {
                 // The rest of an attempt that lost a record on a durable topic.
                 drop(routes);
@@ -710,19 +716,21 @@ struct Seen {
 #[derive(Default)]
 struct Syncs {
     watch: SyncWatch,
-    /// When a processor that does not say what it answers was last heard: a record without
-    /// an index (TrustGraph's own processors) or a sync without a state (an older sluice).
-    /// A request no sync lists may be theirs, so none is ended for that for a while.
-    foreign: Option<Instant>,
+    /// A record without an index arrived: TrustGraph's own processors answer on this topic,
+    /// and a request no sync lists may be theirs; none is ended for that, from then on.
+    foreign_records: bool,
+    /// When a sync without a state (an older sluice, mid-upgrade) was last seen: that
+    /// processor does not say which requests it took either.
+    stateless_sync: Option<Instant>,
 }
 
-/// How long after the last sign of a processor that does not list its streams a request no
-/// sync lists is not ended for it.
-const FOREIGN_FOR: Duration = Duration::from_secs(60);
+/// How long after a sync without a state a request no sync lists is not ended for it: the
+/// older processor is gone once its syncs stop.
+const STATELESS_FOR: Duration = Duration::from_secs(60);
 
 impl Syncs {
-    fn foreign_seen(&mut self) {
-        self.foreign = Some(Instant::now());
+    fn stateless_sync_seen(&mut self) {
+        self.stateless_sync = Some(Instant::now());
     }
 
     /// Ends every stream of `routes` that `state` (or its silence about them) shows can no
@@ -738,14 +746,17 @@ impl Syncs {
             };
             route.listed = true;
             route.last_seen = now;
-            // Listed by a key, the first characters of the attempt id. Counted only for the
-            // attempt the stream reads now, or when nothing of it arrived yet: another
-            // attempt is one it moved on from (an agent's earlier step, kept listed for a
-            // while after its end) or one it has not reached.
+            // Listed by a key, the first characters of the attempt id. An attempt the stream
+            // moved on from (an agent's earlier step, a restart) stays listed for a while
+            // after its end: not counted. The attempt it reads counts what arrived; one it
+            // has not reached (the next step, published before this sync by the same
+            // producer) counts nothing arrived.
+            if route.abandoned.iter().any(|a| a.starts_with(key.as_str())) {
+                continue;
+            }
             let received = match route.attempt.as_deref() {
                 Some(current) if current.starts_with(key.as_str()) => route.next_seq,
-                Some(_) => continue,
-                None => 0,
+                _ => 0,
             };
             // Whose silence would mean the stream lost its processor: only an open one's.
             if *open {
@@ -764,9 +775,10 @@ impl Syncs {
                 ));
             }
         }
-        let foreign = self
-            .foreign
-            .is_some_and(|at| now.saturating_duration_since(at) < FOREIGN_FOR);
+        let foreign = self.foreign_records
+            || self
+                .stateless_sync
+                .is_some_and(|at| now.saturating_duration_since(at) < STATELESS_FOR);
         let unlisted_deadline = if foreign {
             None
         } else {
@@ -786,7 +798,7 @@ impl Syncs {
                     ));
                 }
             } else if !route.listed
-                && route.attempt.is_none()
+                && !route.received_any
                 && let (Some(stored), Some(deadline)) = (route.stored_at, unlisted_deadline)
                 && stored <= deadline
             {
@@ -1570,6 +1582,34 @@ mod tests {
         numbered(&bus, &id, "b", 1, "b1", true).await;
         assert_eq!(text(s.next().await), "b1");
         assert!(s.next().await.is_none());
+    }
+
+    /// The next step of a stream (a new attempt, published by another processor before its
+    /// sync) whose records all were dropped: the stream still reads the step before, and the
+    /// listing of the one it has not reached shows the loss.
+    #[tokio::test]
+    async fn a_step_the_stream_has_not_reached_counts_as_nothing_arrived() {
+        let (bus, _requests, client) = setup().await;
+        let mut s = client
+            .request_with(
+                &TextCompletionRequest::default(),
+                RequestOptions {
+                    inactivity_timeout: Some(Duration::from_secs(30)),
+                    ..RequestOptions::default()
+                },
+            )
+            .await
+            .unwrap();
+        let id = s.id().to_owned();
+        numbered(&bus, &id, "a1", 0, "step one", false).await;
+        sync(&bus, "p1", true, &[(&id, "a1", 1, false)]).await;
+        sync(&bus, "p2", true, &[(&id, "a2", 2, true)]).await;
+        assert_eq!(text(s.next().await), "step one");
+        let (why, _) = lost_in_transit(&mut s).await;
+        assert!(
+            why.contains("2 response records") && why.contains("0 arrived"),
+            "{why}"
+        );
     }
 
     #[tokio::test]

@@ -800,6 +800,10 @@ async fn handle_delivery<H: Handler>(
     metrics.records_published(processor, sink.records_sent());
     metrics.in_flight(processor, -1);
     let _enter = span.enter();
+    // Where the broker keeps requests, a nack brings the request back for another attempt;
+    // on a non-persistent request topic it is gone, and its stream stays listed (finished,
+    // with what was published) so that its client sees the loss at once.
+    let requests_come_back = !config.request_topic.starts_with("non-persistent://");
     match flushed {
         Ok(()) if sink.is_ended() => {
             delivery.ack();
@@ -808,7 +812,9 @@ async fn handle_delivery<H: Handler>(
         }
         Ok(()) => {
             warn!("no terminal record could be published; handing the request back");
-            sink.retract();
+            if requests_come_back {
+                sink.retract();
+            }
             delivery.nack();
             metrics.request_finished(processor, Outcome::Retried, 0.0);
         }
@@ -817,7 +823,9 @@ async fn handle_delivery<H: Handler>(
             // Blocked before the nack: the redelivered request must find the consume loop
             // already waiting for the broker, not calling the provider again.
             store.block(&e);
-            sink.retract();
+            if requests_come_back {
+                sink.retract();
+            }
             delivery.nack();
             metrics.request_finished(processor, Outcome::Retried, 0.0);
         }

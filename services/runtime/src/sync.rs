@@ -173,7 +173,8 @@ impl StreamBook {
             .rev()
             .map(|(_, id, key, n)| (id, key.as_str(), *n, false));
         for (id, key, n, is_open) in open.chain(done) {
-            bytes += id.len() + key.len() + 24;
+            // As encoded: an id of quotes or control characters takes up to 6 bytes a byte.
+            bytes += serde_json::to_string(id).map_or(id.len() * 6, |e| e.len()) + key.len() + 24;
             if streams.len() >= MAX_LISTED || bytes > MAX_LISTED_BYTES {
                 whole = false;
                 break;

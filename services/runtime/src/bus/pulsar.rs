@@ -28,7 +28,7 @@
 //! This file must never log payloads or properties' values: they carry prompts.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     path::PathBuf,
     sync::{Arc, Mutex},
     time::Duration,
@@ -796,8 +796,9 @@ impl Supervisor {
         checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The first tick is immediate: the consumer was just made.
         checks.tick().await;
-        // A message since the last check proves the broker serves this consumer.
-        let mut heard = false;
+        // The topics (partitions) a message came from since the last check: proof that the
+        // broker serves their consumers.
+        let mut heard: HashSet<Arc<str>> = HashSet::new();
         loop {
             if !*paused && let Some(permit) = slot.take() {
                 match ready.pop_front() {
@@ -821,16 +822,20 @@ impl Supervisor {
                         // Dropped unsettled, each is released to the broker (a nack).
                         ready.clear();
                     }
+                    // Bounded: a consumer's engine that waits to hand over a message nobody reads
+                    // cannot answer; dropping the consumer then is all that is left.
                     Some(Control::Close(done)) => {
-                        let _ = consumer.close().await;
+                        let _ = tokio::time::timeout(CONSUMER_CHECK_TIMEOUT, consumer.close()).await;
                         let _ = done.send(());
                         return Exit::Stop;
                     }
                     Some(Control::Unsubscribe(done)) => {
-                        if let Err(e) = consumer.unsubscribe().await {
-                            warn!(subscription = %self.spec.subscription, error = %e, "unsubscribe failed");
+                        match tokio::time::timeout(CONSUMER_CHECK_TIMEOUT, consumer.unsubscribe()).await {
+                            Ok(Ok(())) => {}
+                            Ok(Err(e)) => warn!(subscription = %self.spec.subscription, error = %e, "unsubscribe failed"),
+                            Err(_) => warn!(subscription = %self.spec.subscription, "unsubscribe got no answer"),
                         }
-                        let _ = consumer.close().await;
+                        let _ = tokio::time::timeout(CONSUMER_CHECK_TIMEOUT, consumer.close()).await;
                         let _ = done.send(());
                         return Exit::Stop;
                     }
@@ -841,19 +846,8 @@ impl Supervisor {
                     Ok(p) => slot = Some(p),
                     // The subscription handle is gone without a close: stop.
                     Err(_) => {
-                        let _ = consumer.close().await;
+                        let _ = tokio::time::timeout(CONSUMER_CHECK_TIMEOUT, consumer.close()).await;
                         return Exit::Stop;
-                    }
-                },
-                // Only an idle consumer is asked, and only while this loop reads it: pulsar-rs
-                // answers the stats request from the consumer's engine, which cannot answer
-                // while it waits to hand over a message nobody reads (a full queue, a pause).
-                _ = checks.tick() => {
-                    let idle = !std::mem::take(&mut heard) && ready.is_empty() && !*paused;
-                    if idle && let Err(why) = Self::alive(consumer).await {
-                        warn!(topic = %self.spec.topic, subscription = %self.spec.subscription,
-                              reason = %why, "the broker no longer serves this consumer; re-subscribing");
-                        return Exit::Resubscribe;
                     }
                 },
                 () = tokio::time::sleep_until(release_at.unwrap_or_else(Instant::now)), if release_at.is_some() => {
@@ -867,7 +861,9 @@ impl Supervisor {
                 },
                 msg = consumer.next(), if want_message => match msg {
                     Some(Ok(m)) => {
-                        heard = true;
+                        if !heard.contains(m.topic.as_str()) {
+                            heard.insert(self.topics.intern(&m.topic));
+                        }
                         if *paused {
                             to_release.push((self.topics.intern(&m.topic), m.message_id.id.clone()));
                             release_at.get_or_insert_with(|| Instant::now() + RELEASE_PARKED_AFTER);
@@ -902,6 +898,27 @@ impl Supervisor {
                         warn!(topic = %self.spec.topic, error = %e, "consumer error");
                     }
                     None => return Exit::Resubscribe,
+                },
+                // Last in this biased select, so a message already there is read first. Only a
+                // consumer this loop reads is asked (nothing queued, not paused): pulsar-rs
+                // answers the stats request from the consumer's engine, which cannot answer
+                // while it waits to hand over a message nobody reads. A partition that sent
+                // something since the last check needs none; one that did not is asked.
+                _ = checks.tick() => {
+                    let all_heard = consumer
+                        .topics()
+                        .iter()
+                        .all(|t| heard.contains(t.as_str()));
+                    heard.clear();
+                    if !all_heard
+                        && ready.is_empty()
+                        && !*paused
+                        && let Err(why) = Self::alive(consumer).await
+                    {
+                        warn!(topic = %self.spec.topic, subscription = %self.spec.subscription,
+                              reason = %why, "the broker no longer serves this consumer; re-subscribing");
+                        return Exit::Resubscribe;
+                    }
                 },
             }
         }
