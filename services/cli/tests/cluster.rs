@@ -942,6 +942,21 @@ async fn refused_credentials_certificates_and_permissions_stop_at_once_naming_th
     );
 }
 
+/// `/readyz` of the processor on `port` once it answers 503 naming a refused permission
+/// (within 60 s), or its last answer: status and body.
+async fn readyz_names_a_refusal(port: u16) -> (u16, String) {
+    let readyz = format!("http://127.0.0.1:{port}/readyz");
+    sluice_tests::eventually(
+        Duration::from_secs(60),
+        async || match reqwest::get(&readyz).await {
+            Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
+            Err(e) => (0, e.to_string()),
+        },
+        |(status, body)| *status == 503 && body.contains("not authorized"),
+    )
+    .await
+}
+
 #[tokio::test]
 async fn a_processor_that_loses_its_permission_hands_requests_back_and_says_why() {
     let Some(cluster) = Cluster::from_env() else {
@@ -968,16 +983,7 @@ async fn a_processor_that_loses_its_permission_hands_requests_back_and_says_why(
         let (http, url) = (http.clone(), url.clone());
         async move { stream_one(&http, &url, "asked while not allowed to answer").await }
     });
-    let readyz = format!("http://127.0.0.1:{port}/readyz");
-    let said = sluice_tests::eventually(
-        Duration::from_secs(60),
-        async || match reqwest::get(&readyz).await {
-            Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
-            Err(e) => (0, e.to_string()),
-        },
-        |(status, body)| *status == 503 && body.contains("not authorized"),
-    )
-    .await;
+    let said = readyz_names_a_refusal(port).await;
     assert_eq!(said.0, 503, "{said:?}");
     assert!(
         said.1.contains(&resp),
@@ -1265,16 +1271,7 @@ async fn a_refused_resubscription_is_named_on_readyz_and_ends_when_the_grant_is_
     // again.
     cluster.revoke(&req, "sluice-processor").await;
     cluster.unload(&format!("{ts}/request")).await;
-    let readyz = format!("http://127.0.0.1:{port}/readyz");
-    let said = sluice_tests::eventually(
-        Duration::from_secs(60),
-        async || match reqwest::get(&readyz).await {
-            Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
-            Err(e) => (0, e.to_string()),
-        },
-        |(status, body)| *status == 503 && body.contains("not authorized"),
-    )
-    .await;
+    let said = readyz_names_a_refusal(port).await;
     assert_eq!(said.0, 503, "{said:?}");
     assert!(said.1.contains(&req), "/readyz names the topic: {}", said.1);
     let pending = tokio::spawn({
@@ -1298,7 +1295,10 @@ async fn a_refused_resubscription_is_named_on_readyz_and_ends_when_the_grant_is_
         .expect("answered once the grant is back")
         .unwrap();
     assert!(matches!(f.outcome, Outcome::Answered), "{f:?}");
-    let status = reqwest::get(&readyz).await.unwrap().status();
+    let status = reqwest::get(format!("http://127.0.0.1:{port}/readyz"))
+        .await
+        .unwrap()
+        .status();
     assert_eq!(status.as_u16(), 200, "ready again once subscribed");
     gw.stop().await;
     processor.stop().await;

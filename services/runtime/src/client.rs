@@ -1411,6 +1411,21 @@ mod tests {
         );
     }
 
+    /// A stream that waits 30 s for its next record: long enough for the syncs' verdicts,
+    /// which the tests below time, to come first.
+    async fn patient(client: &Client) -> ResponseStream<TextCompletionResponse> {
+        client
+            .request_with(
+                &TextCompletionRequest::default(),
+                RequestOptions {
+                    inactivity_timeout: Some(Duration::from_secs(30)),
+                    ..RequestOptions::default()
+                },
+            )
+            .await
+            .unwrap()
+    }
+
     /// A processor instance's sync, as `processor::send_syncs` makes it.
     /// `streams`: (request id, attempt key, records published, open).
     async fn sync(
@@ -1510,18 +1525,8 @@ mod tests {
     #[tokio::test]
     async fn a_request_no_processor_lists_ends_once_every_processor_took_requests_for_the_grace() {
         let (bus, _requests, client) = setup().await;
-        let request = TextCompletionRequest::default();
-        let patient = || {
-            client.request_with(
-                &request,
-                RequestOptions {
-                    inactivity_timeout: Some(Duration::from_secs(30)),
-                    ..RequestOptions::default()
-                },
-            )
-        };
-        let mut dropped = patient().await.unwrap();
-        let mut queued = patient().await.unwrap();
+        let mut dropped = patient(&client).await;
+        let mut queued = patient(&client).await;
         let queued_id = queued.id().to_owned();
         let started = Instant::now();
         // p1 takes requests all along and lists only `queued`; p2 is full for 1.5 s, then
@@ -1555,16 +1560,7 @@ mod tests {
     #[tokio::test]
     async fn only_the_attempt_being_read_is_counted_and_only_an_open_stream_needs_its_processor() {
         let (bus, _requests, client) = setup().await;
-        let mut s = client
-            .request_with(
-                &TextCompletionRequest::default(),
-                RequestOptions {
-                    inactivity_timeout: Some(Duration::from_secs(30)),
-                    ..RequestOptions::default()
-                },
-            )
-            .await
-            .unwrap();
+        let mut s = patient(&client).await;
         let id = s.id().to_owned();
         numbered(&bus, &id, "a", 0, "a0", false).await;
         numbered(&bus, &id, "b", 0, "b0", false).await;
@@ -1590,16 +1586,7 @@ mod tests {
     #[tokio::test]
     async fn a_step_the_stream_has_not_reached_counts_as_nothing_arrived() {
         let (bus, _requests, client) = setup().await;
-        let mut s = client
-            .request_with(
-                &TextCompletionRequest::default(),
-                RequestOptions {
-                    inactivity_timeout: Some(Duration::from_secs(30)),
-                    ..RequestOptions::default()
-                },
-            )
-            .await
-            .unwrap();
+        let mut s = patient(&client).await;
         let id = s.id().to_owned();
         numbered(&bus, &id, "a1", 0, "step one", false).await;
         sync(&bus, "p1", true, &[(&id, "a1", 1, false)]).await;
@@ -1645,16 +1632,7 @@ mod tests {
     #[tokio::test]
     async fn a_stream_whose_processor_stopped_syncing_ends_while_another_syncs() {
         let (bus, _requests, client) = setup().await;
-        let mut s = client
-            .request_with(
-                &TextCompletionRequest::default(),
-                RequestOptions {
-                    inactivity_timeout: Some(Duration::from_secs(30)),
-                    ..RequestOptions::default()
-                },
-            )
-            .await
-            .unwrap();
+        let mut s = patient(&client).await;
         let id = s.id().to_owned();
         numbered(&bus, &id, "a", 0, "first", false).await;
         sync(&bus, "p1", true, &[(&id, "a", 1, true)]).await;
