@@ -7,6 +7,7 @@
 #   bash bench/run.sh gateway            # TTFT over HTTP through the gateway, requests/s
 #   bash bench/run.sh loss               # what TrustGraph's non-persistent mapping loses, and when it is seen
 #   bash bench/run.sh soak --minutes 30  # the soak under chaos (its own broker on 6657)
+#   bash bench/run.sh soak --minutes 30 --cluster  # the same on the secured cluster, its faults
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sluice/target}"
@@ -21,6 +22,13 @@ else
   cargo build --release --locked -p sluice-bench -p sluice-cli
   bin="$CARGO_TARGET_DIR/release"
 fi
+# The soak's cluster mode needs the secured cluster (started if it is not running).
+case " $* " in
+  *" --cluster "*)
+    deploy/pulsar/cluster.sh start
+    eval "$(deploy/pulsar/cluster.sh env)"
+    ;;
+esac
 scenario="${1:-foundation}"
 [ $# -gt 0 ] && shift
 "$bin/sluice-bench" --out bench/results --readme README.md "$scenario" "$@"

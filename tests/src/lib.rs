@@ -7,9 +7,11 @@
 //!   also run as a separate process by the `echo-processor` binary for crash and drain tests;
 //! - [`mcp_server`]: a real MCP server (the official SDK) with scripted tools, for the agent;
 //! - [`seed_streams`]: the seeds' model outputs for the prompt processor's built-in templates;
+//! - [`cluster`]: the secured multi-broker cluster the test command starts;
 //! - [`soak`]: the soak under chaos, every processor as a real process.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod cluster;
 pub mod fake;
 pub mod fake_anthropic;
 pub mod fake_bedrock;

@@ -24,8 +24,16 @@
 //! before acking the request; clients keep the first) and records stored twice by a retried
 //! send.
 //!
-//! Used by `services/cli/tests/soak.rs` (3 minutes, in the test command) and
-//! `bash bench/run.sh soak` (30 minutes, figures for the README).
+//! In cluster mode ([`SoakConfig::cluster`], issue #21.5) the same runs on the secured
+//! multi-broker cluster the test command starts: in a tenant of its own with least-privilege
+//! grants (processors and gateway as their own roles, over TLS), and instead of broker
+//! restarts the cluster's faults: namespace bundle unloads, SIGKILL of the broker that owns
+//! text-completion's request topic, SIGKILL of a bookie while writing, and graceful broker
+//! restarts, each repaired before the next.
+//!
+//! Used by `services/cli/tests/soak.rs` (3 minutes on a broker of its own and 3.5 on the
+//! cluster, in the test command) and `bash bench/run.sh soak` (30 minutes, figures for the
+//! README; `--cluster` for cluster mode).
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -43,7 +51,7 @@ use futures::StreamExt;
 use rand::Rng;
 use serde_json::{Value, json};
 use sluice_runtime::{
-    bus::{Bus, SubscribeOptions, pulsar::PulsarConfig},
+    bus::{Bus, SubscribeOptions, pulsar::PulsarConfig, pulsar_security::PulsarAuth},
     client::{ClientConfig, ClientError, Received, RequestClient},
 };
 use sluice_schema::{
@@ -52,7 +60,12 @@ use sluice_schema::{
 };
 use tokio::process::{Child, Command};
 
-use crate::{Broker, fake_openai::FakeOpenAi, seed_streams};
+use crate::{
+    Broker,
+    cluster::{Cluster, topics},
+    fake_openai::FakeOpenAi,
+    seed_streams,
+};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -67,14 +80,52 @@ pub struct SoakConfig {
     pub warm_up: Duration,
     /// About how often a replica is killed (±20%).
     pub kill_every: Duration,
-    /// How often the broker restarts.
-    pub broker_restart_every: Duration,
+    /// How often a broker fault comes (each starts this long after the last one was
+    /// repaired): on the soak's own broker a restart, graceful and SIGKILL in turn; on the
+    /// cluster one of [`ClusterFault`].
+    pub fault_every: Duration,
     /// Concurrent callers.
     pub callers: usize,
     /// Where the processes' logs and the broker's state go (wiped first).
     pub work_dir: PathBuf,
     /// The soak broker's ports: binary protocol, HTTP admin, bookie.
     pub broker_ports: (u16, u16, u16),
+    /// Run on this secured cluster instead of a broker of the soak's own (`pulsar_script` and
+    /// `broker_ports` are then not used).
+    pub cluster: Option<Cluster>,
+}
+
+/// The faults of the cluster mode, each repaired before the soak goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClusterFault {
+    /// `namespaces unload` of the soak's request, response and notify namespaces: every topic
+    /// moves (to either broker).
+    Unload,
+    /// SIGKILL of one bookie while the topics are written, then the bookie started again.
+    BookieKill,
+    /// SIGKILL of the broker that owns text-completion's request topic (its topics move to
+    /// the other), then the broker started again.
+    BrokerKill,
+    /// A graceful restart of the broker that owns text-completion's request topic.
+    BrokerRestart,
+}
+
+impl ClusterFault {
+    /// The `n`th fault of a run: an unload, a bookie kill and a broker kill first (so that a
+    /// short run meets each), then any at random, unloads twice as often as each of the others.
+    fn nth(n: usize) -> Self {
+        match n {
+            0 => Self::Unload,
+            1 => Self::BookieKill,
+            2 => Self::BrokerKill,
+            _ => match rand::random_range(0..5) {
+                0 | 1 => Self::Unload,
+                2 => Self::BookieKill,
+                3 => Self::BrokerKill,
+                _ => Self::BrokerRestart,
+            },
+        }
+    }
 }
 
 impl SoakConfig {
@@ -87,10 +138,11 @@ impl SoakConfig {
             duration,
             warm_up: (duration / 6).min(Duration::from_secs(180)),
             kill_every: Duration::from_secs(20),
-            broker_restart_every: Duration::from_secs(300),
+            fault_every: Duration::from_secs(300),
             callers: 12,
             work_dir: std::env::temp_dir().join(format!("sluice-soak-{}", std::process::id())),
             broker_ports: (6656, 8086, 3187),
+            cluster: None,
         }
     }
 }
@@ -246,7 +298,8 @@ pub struct SoakReport {
     pub kills: u64,
     /// When each replica was killed (seconds since the start) and which.
     pub kill_at: Vec<(f64, String)>,
-    /// Broker restarts, with how long each took until the broker served again.
+    /// Broker faults (restarts of the soak's own broker, or the cluster's faults), with how
+    /// long each took until it was repaired (the broker served again, the bookie registered).
     pub broker_restarts: Vec<Duration>,
     /// Requests made.
     pub requests: u64,
@@ -262,10 +315,11 @@ pub struct SoakReport {
     /// MiB (NaN when it could not be read), to see the shape of any growth (steady, or in
     /// steps at the broker restarts) and whether it is held by live allocations.
     pub rss_series: Vec<(String, Vec<MemorySample>)>,
-    /// When each broker restart began, in seconds since the start.
+    /// When each broker fault began, in seconds since the start.
     pub broker_restart_at: Vec<f64>,
-    /// Whether each broker restart was a SIGKILL (else a graceful stop).
-    pub broker_killed: Vec<bool>,
+    /// What each fault was: on the soak's own broker `graceful` or `SIGKILL` (a restart); on
+    /// the cluster `unload`, `bookie N SIGKILL`, `broker N SIGKILL` or `broker N restart`.
+    pub faults: Vec<String>,
     /// Processors whose in-flight gauge did not return to 0 after the traffic.
     pub stuck_in_flight: Vec<String>,
     /// How long the in-flight gauges took to return to 0.
@@ -286,7 +340,7 @@ impl SoakReport {
         let mut md = String::new();
         let _ = writeln!(
             md,
-            "| soak | figure |\n|---|---|\n| traffic | {:.1} min, {} requests |\n| answered in full | {} |\n| ended with a clear error | {} |\n| lost, wrong or broken | {} |\n| replicas killed (SIGKILL) | {} |\n| broker restarts | {} ({}) |\n| in-flight gauges back to 0 after traffic | {} |\n| wire: response records / terminal / requests with a 2nd terminal stored / records stored twice | {} / {} / {} / {} |",
+            "| soak | figure |\n|---|---|\n| traffic | {:.1} min, {} requests |\n| answered in full | {} |\n| ended with a clear error | {} |\n| lost, wrong or broken | {} |\n| replicas killed (SIGKILL) | {} |\n| broker faults | {} ({}) |\n| in-flight gauges back to 0 after traffic | {} |\n| wire: response records / terminal / requests with a 2nd terminal stored / records stored twice | {} / {} / {} / {} |",
             self.duration.as_secs_f64() / 60.0,
             self.requests,
             self.answered,
@@ -296,12 +350,8 @@ impl SoakReport {
             self.broker_restarts.len(),
             self.broker_restarts
                 .iter()
-                .zip(&self.broker_killed)
-                .map(|(d, kill)| format!(
-                    "{:.0} s {}",
-                    d.as_secs_f64(),
-                    if *kill { "after SIGKILL" } else { "graceful" }
-                ))
+                .zip(&self.faults)
+                .map(|(d, fault)| format!("{fault}: {:.0} s", d.as_secs_f64()))
                 .collect::<Vec<_>>()
                 .join(", "),
             if self.stuck_in_flight.is_empty() {
@@ -424,10 +474,189 @@ impl Drop for SoakBroker {
     }
 }
 
+/// Where the soak runs: a broker of its own, or the secured cluster in a tenant of its own.
+enum Target {
+    Standalone(SoakBroker),
+    Cluster { cluster: Cluster, ts: String },
+}
+
+/// The soak's services: what the callers ask and the processors answer.
+const SERVICES: [&str; 3] = ["text-completion", "prompt", "agent"];
+
+impl Target {
+    fn url(&self) -> String {
+        match self {
+            Self::Standalone(b) => b.url(),
+            Self::Cluster { cluster, .. } => cluster.url.clone(),
+        }
+    }
+
+    fn admin_url(&self) -> String {
+        match self {
+            Self::Standalone(b) => b.admin_url(),
+            Self::Cluster { cluster, .. } => cluster.admin_url.clone(),
+        }
+    }
+
+    /// The topicspace (Pulsar tenant) of the soak's topics.
+    fn topicspace(&self) -> &str {
+        match self {
+            Self::Standalone(_) => "tg",
+            Self::Cluster { ts, .. } => ts,
+        }
+    }
+
+    /// `class:topicspace:name`, as the processors' topic options take it.
+    fn topic(&self, class: &str, name: &str) -> String {
+        format!("{class}:{}:{name}", self.topicspace())
+    }
+
+    /// The environment of a process in `role`: on the cluster its role's token file and the
+    /// cluster's CA (the processors share the processor role, the gateway has its own).
+    fn env(&self, role: Role) -> Vec<(String, String)> {
+        match self {
+            Self::Standalone(_) => Vec::new(),
+            Self::Cluster { cluster, .. } => {
+                let mut env = cluster.env(if role == Role::Gateway {
+                    "gateway"
+                } else {
+                    "processor"
+                });
+                env.retain(|(k, _)| k != "RUST_LOG");
+                env
+            }
+        }
+    }
+
+    /// The callers' and the auditor's bus settings: on the cluster as the gateway's role
+    /// (produce requests and cancels, consume answers, nothing else).
+    fn bus_config(&self) -> PulsarConfig {
+        let mut c = PulsarConfig::new(self.url());
+        c.publish_retry_budget = Duration::from_secs(60);
+        if let Self::Cluster { cluster, .. } = self {
+            c.auth = PulsarAuth::TokenFile(cluster.token("gateway").into());
+            c.tls_ca_file = Some(cluster.ca.clone());
+        }
+        c
+    }
+
+    /// Fault number `n` (see [`SoakConfig::fault_every`]), repaired before it returns: its
+    /// name, and an error when it could not be done or repaired.
+    async fn fault(&self, n: usize) -> (String, Result<(), String>) {
+        match self {
+            Self::Standalone(broker) => {
+                // Every other restart is a crash: SIGKILL, no clean shutdown (the first is
+                // graceful, the second a kill, and so on).
+                let kill = n % 2 == 1;
+                let name = if kill { "SIGKILL" } else { "graceful" };
+                (name.to_owned(), broker.restart(kill).await)
+            }
+            Self::Cluster { cluster, ts } => {
+                let fault = ClusterFault::nth(n);
+                let owner = || async {
+                    let [req, _, _] = topics(ts, "text-completion");
+                    cluster.try_owner(&req).await
+                };
+                let script = |args: Vec<String>| async move {
+                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                    cluster.try_script(&args).await.map(|_| ())
+                };
+                match fault {
+                    ClusterFault::Unload => {
+                        let mut result = Ok(());
+                        for ns in ["request", "response", "notify"] {
+                            if let Err(e) =
+                                script(vec!["unload".into(), format!("{ts}/{ns}")]).await
+                            {
+                                result = Err(e);
+                            }
+                        }
+                        ("unload".to_owned(), result)
+                    }
+                    ClusterFault::BookieKill => {
+                        let bookie = rand::random_range(1..=3).to_string();
+                        let result = match script(vec!["kill-bookie".into(), bookie.clone()]).await
+                        {
+                            // Written to with one bookie down for a while, as a crash would be.
+                            Ok(()) => {
+                                tokio::time::sleep(Duration::from_secs(5)).await;
+                                script(vec!["start-bookie".into(), bookie.clone()]).await
+                            }
+                            Err(e) => Err(e),
+                        };
+                        (format!("bookie {bookie} SIGKILL"), result)
+                    }
+                    ClusterFault::BrokerKill | ClusterFault::BrokerRestart => {
+                        let kill = fault == ClusterFault::BrokerKill;
+                        match owner().await {
+                            Ok(broker) => {
+                                let result = if kill {
+                                    match script(vec!["kill-broker".into(), broker.into()]).await {
+                                        Ok(()) => {
+                                            script(vec!["start-broker".into(), broker.into()]).await
+                                        }
+                                        Err(e) => Err(e),
+                                    }
+                                } else {
+                                    script(vec!["restart-broker".into(), broker.into()]).await
+                                };
+                                let how = if kill { "SIGKILL" } else { "restart" };
+                                (format!("broker {broker} {how}"), result)
+                            }
+                            Err(e) => ("broker (owner unknown)".to_owned(), Err(e)),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The soak's least-privilege grants on the cluster: each processor consumes its requests and
+/// cancels and produces its answers, the gateway's role (also the callers' and the auditor's)
+/// the opposite; the prompt and agent processors are also clients of text-completion, the
+/// agent of the prompt service and of its own request topic (hand-offs). Pulsar keeps one set
+/// of actions per role and topic, so each set is granted whole.
+async fn grant_soak(cluster: &Cluster, ts: &str) -> Result<(), String> {
+    let mut grants: BTreeMap<String, BTreeMap<&str, Vec<&str>>> = BTreeMap::new();
+    let mut add = |topic: &str, role: &'static str, action: &'static str| {
+        let actions = grants
+            .entry(topic.to_owned())
+            .or_default()
+            .entry(role)
+            .or_default();
+        if !actions.contains(&action) {
+            actions.push(action);
+        }
+    };
+    for service in SERVICES {
+        let [req, resp, cancel] = topics(ts, service);
+        add(&req, "sluice-processor", "consume");
+        add(&cancel, "sluice-processor", "consume");
+        add(&resp, "sluice-processor", "produce");
+        add(&req, "sluice-gateway", "produce");
+        add(&cancel, "sluice-gateway", "produce");
+        add(&resp, "sluice-gateway", "consume");
+    }
+    for service in ["text-completion", "prompt"] {
+        let [req, resp, cancel] = topics(ts, service);
+        add(&req, "sluice-processor", "produce");
+        add(&cancel, "sluice-processor", "produce");
+        add(&resp, "sluice-processor", "consume");
+    }
+    let [agent_req, _, _] = topics(ts, "agent");
+    add(&agent_req, "sluice-processor", "produce");
+    for (topic, roles) in &grants {
+        for (role, actions) in roles {
+            cluster.try_grant(topic, role, actions).await?;
+        }
+    }
+    Ok(())
+}
+
 struct Fleet {
     config: SoakConfig,
-    broker_url: String,
-    admin_url: String,
+    target: Arc<Target>,
     fake_url: String,
     gateway_port: u16,
     tools: PathBuf,
@@ -442,17 +671,60 @@ impl Fleet {
         let metrics_port = free_port();
         let metrics = format!("127.0.0.1:{metrics_port}");
         let mut args: Vec<String> = vec![role.name().into()];
+        let (url, admin_url) = (self.target.url(), self.target.admin_url());
         let common = [
             "--pulsar-url",
-            &self.broker_url,
+            &url,
             "--pulsar-admin-url",
-            &self.admin_url,
+            &admin_url,
             "--metrics-addr",
             &metrics,
             "--drain-grace-secs",
             "5",
         ];
         args.extend(common.iter().map(|s| (*s).to_owned()));
+        // Every topic named, in the target's topicspace (on the soak's own broker `tg`, the
+        // defaults).
+        let t = |class: &str, name: &str| self.target.topic(class, name);
+        let own = |name: &str| {
+            [
+                "--request-topic".to_owned(),
+                t("request", name),
+                "--response-topic".to_owned(),
+                t("response", name),
+                "--cancel-topic".to_owned(),
+                t("notify", &format!("{name}-cancel")),
+            ]
+        };
+        let llm = [
+            "--llm-request-topic".to_owned(),
+            t("request", "text-completion"),
+            "--llm-response-topic".to_owned(),
+            t("response", "text-completion"),
+            "--llm-cancel-topic".to_owned(),
+            t("notify", "text-completion-cancel"),
+        ];
+        match role {
+            Role::TextCompletion => args.extend(own("text-completion")),
+            Role::Prompt => {
+                args.extend(own("prompt"));
+                args.extend(llm);
+            }
+            Role::Agent => {
+                args.extend(own("agent"));
+                args.extend(llm);
+                args.extend([
+                    "--prompt-request-topic".to_owned(),
+                    t("request", "prompt"),
+                    "--prompt-response-topic".to_owned(),
+                    t("response", "prompt"),
+                ]);
+            }
+            Role::Gateway => args.extend([
+                "--topicspace".to_owned(),
+                self.target.topicspace().to_owned(),
+            ]),
+        }
         match role {
             Role::TextCompletion => args.extend(
                 [
@@ -497,6 +769,7 @@ impl Fleet {
         let err = log.try_clone().map_err(|e| e.to_string())?;
         let mut child = Command::new(&self.config.sluice)
             .args(&args)
+            .envs(self.target.env(role))
             .env("RUST_LOG", "warn")
             .stdout(log)
             .stderr(err)
@@ -1074,6 +1347,15 @@ pub async fn run(config: SoakConfig) -> Result<SoakReport, String> {
     sluice_runtime::install_crypto_provider();
     let _ = std::fs::remove_dir_all(&config.work_dir);
     std::fs::create_dir_all(&config.work_dir).map_err(|e| e.to_string())?;
+    if let Some(cluster) = &config.cluster {
+        let ts = cluster.topicspace().await;
+        grant_soak(cluster, &ts).await?;
+        let target = Arc::new(Target::Cluster {
+            cluster: cluster.clone(),
+            ts,
+        });
+        return soak(&config, target).await;
+    }
     let broker = SoakBroker {
         script: config.pulsar_script.clone(),
         ports: config.broker_ports,
@@ -1082,12 +1364,11 @@ pub async fn run(config: SoakConfig) -> Result<SoakReport, String> {
     if !broker.run("start").await {
         return Err("the soak's broker did not start".into());
     }
-    let result = soak(&config, &broker).await;
-    broker.run("stop").await;
-    result
+    // The broker stops when the last reference to the target goes (SoakBroker's drop).
+    soak(&config, Arc::new(Target::Standalone(broker))).await
 }
 
-async fn soak(config: &SoakConfig, broker: &SoakBroker) -> Result<SoakReport, String> {
+async fn soak(config: &SoakConfig, target: Arc<Target>) -> Result<SoakReport, String> {
     let fake = FakeOpenAi::start().await;
     let tools = config.work_dir.join("tools.json");
     std::fs::write(
@@ -1097,8 +1378,7 @@ async fn soak(config: &SoakConfig, broker: &SoakBroker) -> Result<SoakReport, St
     .map_err(|e| e.to_string())?;
     let mut fleet = Fleet {
         config: config.clone(),
-        broker_url: broker.url(),
-        admin_url: broker.admin_url(),
+        target: target.clone(),
         fake_url: fake.base_url(),
         gateway_port: free_port(),
         tools,
@@ -1119,19 +1399,15 @@ async fn soak(config: &SoakConfig, broker: &SoakBroker) -> Result<SoakReport, St
         fleet.spawn(role, sentinel).await?;
     }
     let test_broker = Broker {
-        url: broker.url(),
-        admin_url: broker.admin_url(),
+        url: target.url(),
+        admin_url: target.admin_url(),
     };
-    let mut bus_config = PulsarConfig::new(broker.url());
-    bus_config.publish_retry_budget = Duration::from_secs(60);
-    let bus: Arc<dyn Bus> = Arc::new(test_broker.pulsar_bus(bus_config).await);
+    let bus: Arc<dyn Bus> = Arc::new(test_broker.pulsar_bus(target.bus_config()).await);
+    let ts = target.topicspace().to_owned();
     let client_config = |service: &str| {
-        let mut c = ClientConfig::new(
-            format!("soak-{service}"),
-            format!("persistent://tg/request/{service}"),
-            format!("persistent://tg/response/{service}"),
-        );
-        c.cancel_topic = Some(format!("persistent://tg/notify/{service}-cancel"));
+        let [request, response, cancel] = topics(&ts, service);
+        let mut c = ClientConfig::new(format!("soak-{service}"), request, response);
+        c.cancel_topic = Some(cancel);
         c
     };
     let clients = Arc::new(Clients {
@@ -1153,19 +1429,19 @@ async fn soak(config: &SoakConfig, broker: &SoakBroker) -> Result<SoakReport, St
     let audits = vec![
         tokio::spawn(audit::<TextCompletionResponse>(
             bus.clone(),
-            "persistent://tg/response/text-completion".into(),
+            topics(&ts, "text-completion")[1].clone(),
             audit_state.clone(),
             stop_audit.clone(),
         )),
         tokio::spawn(audit::<PromptResponse>(
             bus.clone(),
-            "persistent://tg/response/prompt".into(),
+            topics(&ts, "prompt")[1].clone(),
             audit_state.clone(),
             stop_audit.clone(),
         )),
         tokio::spawn(audit::<AgentResponse>(
             bus.clone(),
-            "persistent://tg/response/agent".into(),
+            topics(&ts, "agent")[1].clone(),
             audit_state.clone(),
             stop_audit.clone(),
         )),
@@ -1212,7 +1488,7 @@ async fn soak(config: &SoakConfig, broker: &SoakBroker) -> Result<SoakReport, St
     let mut report = SoakReport::default();
     let http = reqwest::Client::new();
     let mut next_kill = started + jitter(config.kill_every);
-    let mut next_restart = started + config.broker_restart_every;
+    let mut next_fault = started + config.fault_every;
     let mut rss: HashMap<String, Vec<(Duration, f64, f64)>> = HashMap::new();
     let mut next_sample = started;
     while Instant::now() < traffic_ends {
@@ -1228,20 +1504,17 @@ async fn soak(config: &SoakConfig, broker: &SoakBroker) -> Result<SoakReport, St
             }
             next_sample = now + Duration::from_secs(5);
         }
-        if now >= next_restart {
+        if now >= next_fault {
             let t0 = Instant::now();
-            // Every other restart is a crash: SIGKILL, no clean shutdown (the first is
-            // graceful, the second a kill, and so on).
-            let kill = report.broker_restart_at.len() % 2 == 1;
             report.broker_restart_at.push((t0 - started).as_secs_f64());
-            report.broker_killed.push(kill);
-            let result = broker.restart(kill).await;
-            // Recorded either way, so each restart keeps its (began, took) pair.
+            let (name, result) = target.fault(report.faults.len()).await;
+            // Recorded either way, so each fault keeps its (began, took) pair.
             report.broker_restarts.push(t0.elapsed());
+            report.faults.push(name.clone());
             if let Err(e) = result {
-                report.violations.push(e);
+                report.violations.push(format!("fault {name}: {e}"));
             }
-            next_restart = Instant::now() + config.broker_restart_every;
+            next_fault = Instant::now() + config.fault_every;
         }
         if now >= next_kill {
             match fleet.kill_one().await {
