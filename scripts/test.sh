@@ -148,7 +148,8 @@ export SLUICE_CLUSTER_RESULTS="$PWD/bench/results"
 # cluster's brokers and bookies through its faults) runs beside the others (~7 min; their
 # brokers and ports are their own): its test binary directly, as cargo would (in its
 # package's directory), in the background, and the workspace run skips its tests by their
-# exact names. The soak (services/cli/tests/soak.rs, ~4 min) runs alone after both: it and
+# exact names. The soaks (services/cli/tests/soak.rs: ~4 min on a broker of their own, then
+# ~4.5 min on the secured cluster, one at a time) run alone after both: they and
 # the cluster suite restart JVMs and kill processes under load, and side by side on two cores
 # a graceful broker restart took 89 s and both failed (CI, 2026-11-25). One `cargo test
 # --workspace` for the rest, as in the build above: selecting packages would unify features

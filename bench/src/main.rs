@@ -1084,7 +1084,7 @@ async fn main() {
             );
             config.callers = callers;
             let every = restart_every_secs.unwrap_or(if cluster { 120 } else { 300 });
-            config.fault_every = Duration::from_secs(every.max(20));
+            config.fault_every = Duration::from_secs(every.max(30));
             let name = if cluster {
                 config.cluster = Some(sluice_tests::cluster::Cluster::from_env().expect(
                     "no cluster: start it with deploy/pulsar/cluster.sh start and export its env",

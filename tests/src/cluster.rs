@@ -184,12 +184,25 @@ impl Cluster {
         let path = topic.replacen("://", "/", 1);
         self.try_admin_call(reqwest::Method::PUT, &format!("/admin/v2/{path}"), None)
             .await?;
-        self.try_admin_call(
-            reqwest::Method::POST,
-            &format!("/admin/v2/{path}/permissions/{role}"),
-            Some(json!(actions)),
-        )
-        .await
+        // Right after the topic is made, the broker that does not own it may not know it yet
+        // and answer 404 (as cluster.sh's grant allows for): asked again for a few seconds.
+        let mut tries = 0;
+        loop {
+            let result = self
+                .try_admin_call(
+                    reqwest::Method::POST,
+                    &format!("/admin/v2/{path}/permissions/{role}"),
+                    Some(json!(actions)),
+                )
+                .await;
+            match result {
+                Err(e) if e.contains("404") && tries < 5 => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Takes back every action `role` was granted on `topic`.

@@ -81,9 +81,11 @@ pub struct SoakConfig {
     /// About how often a replica is killed (±20%).
     pub kill_every: Duration,
     /// How often a broker fault comes (each starts this long after the last one was
-    /// repaired): on the soak's own broker a restart, graceful and SIGKILL in turn; on the
-    /// cluster one of [`ClusterFault`].
+    /// repaired; none in the last 30 s of traffic): on the soak's own broker a restart,
+    /// graceful and SIGKILL in turn; on the cluster one of [`ClusterFault`].
     pub fault_every: Duration,
+    /// At most this many faults.
+    pub max_faults: Option<usize>,
     /// Concurrent callers.
     pub callers: usize,
     /// Where the processes' logs and the broker's state go (wiped first).
@@ -139,6 +141,7 @@ impl SoakConfig {
             warm_up: (duration / 6).min(Duration::from_secs(180)),
             kill_every: Duration::from_secs(20),
             fault_every: Duration::from_secs(300),
+            max_faults: None,
             callers: 12,
             work_dir: std::env::temp_dir().join(format!("sluice-soak-{}", std::process::id())),
             broker_ports: (6656, 8086, 3187),
@@ -317,6 +320,10 @@ pub struct SoakReport {
     pub rss_series: Vec<(String, Vec<MemorySample>)>,
     /// When each broker fault began, in seconds since the start.
     pub broker_restart_at: Vec<f64>,
+    /// When each fault disrupted the broker, in seconds since the start (see
+    /// [`explained_by_an_outage`]): from its start to the broker serving again, on a cluster
+    /// to the end of what the fault itself disrupts (see `FaultDone::disrupted`).
+    pub outages: Vec<(f64, f64)>,
     /// What each fault was: on the soak's own broker `graceful` or `SIGKILL` (a restart); on
     /// the cluster `unload`, `bookie N SIGKILL`, `broker N SIGKILL` or `broker N restart`.
     pub faults: Vec<String>,
@@ -540,76 +547,159 @@ impl Target {
         c
     }
 
-    /// Fault number `n` (see [`SoakConfig::fault_every`]), repaired before it returns: its
-    /// name, and an error when it could not be done or repaired.
-    async fn fault(&self, n: usize) -> (String, Result<(), String>) {
+    /// Fault number `n` (see [`SoakConfig::fault_every`]), repaired before it returns.
+    async fn fault(&self, n: usize) -> FaultDone {
+        let t0 = Instant::now();
         match self {
             Self::Standalone(broker) => {
                 // Every other restart is a crash: SIGKILL, no clean shutdown (the first is
                 // graceful, the second a kill, and so on).
                 let kill = n % 2 == 1;
                 let name = if kill { "SIGKILL" } else { "graceful" };
-                (name.to_owned(), broker.restart(kill).await)
+                let result = broker.restart(kill).await;
+                FaultDone {
+                    name: name.to_owned(),
+                    result,
+                    // Nothing is served while the broker restarts.
+                    disrupted: t0.elapsed(),
+                }
             }
             Self::Cluster { cluster, ts } => {
                 let fault = ClusterFault::nth(n);
-                let owner = || async {
-                    let [req, _, _] = topics(ts, "text-completion");
-                    cluster.try_owner(&req).await
-                };
                 let script = |args: Vec<String>| async move {
                     let args: Vec<&str> = args.iter().map(String::as_str).collect();
                     cluster.try_script(&args).await.map(|_| ())
                 };
-                match fault {
+                // The fault, then its repair, which runs even when the fault's command failed
+                // (it may have done its harm before failing); the first error is kept.
+                let (name, mut result, disrupted) = match fault {
                     ClusterFault::Unload => {
                         let mut result = Ok(());
                         for ns in ["request", "response", "notify"] {
-                            if let Err(e) =
-                                script(vec!["unload".into(), format!("{ts}/{ns}")]).await
-                            {
-                                result = Err(e);
-                            }
+                            let r = script(vec!["unload".into(), format!("{ts}/{ns}")]).await;
+                            result = result.and(r);
                         }
-                        ("unload".to_owned(), result)
+                        ("unload".to_owned(), result, t0.elapsed())
                     }
                     ClusterFault::BookieKill => {
                         let bookie = rand::random_range(1..=3).to_string();
-                        let result = match script(vec!["kill-bookie".into(), bookie.clone()]).await
-                        {
-                            // Written to with one bookie down for a while, as a crash would be.
-                            Ok(()) => {
-                                tokio::time::sleep(Duration::from_secs(5)).await;
-                                script(vec!["start-bookie".into(), bookie.clone()]).await
-                            }
-                            Err(e) => Err(e),
-                        };
-                        (format!("bookie {bookie} SIGKILL"), result)
+                        let killed = script(vec!["kill-bookie".into(), bookie.clone()]).await;
+                        // Ledgers re-form on the other two bookies at the next write: writers
+                        // notice within a moment, not while the dead bookie's registration
+                        // waits out its ZooKeeper session (part of the repair below).
+                        let disrupted = t0.elapsed();
+                        // Written to with one bookie down for a while, as a crash would be.
+                        tokio::time::sleep(Duration::from_secs(5)).await;
+                        let started = script(vec!["start-bookie".into(), bookie.clone()]).await;
+                        (
+                            format!("bookie {bookie} SIGKILL"),
+                            killed.and(started),
+                            disrupted,
+                        )
                     }
                     ClusterFault::BrokerKill | ClusterFault::BrokerRestart => {
-                        let kill = fault == ClusterFault::BrokerKill;
-                        match owner().await {
+                        let [req, _, _] = topics(ts, "text-completion");
+                        match cluster.try_owner(&req).await {
                             Ok(broker) => {
-                                let result = if kill {
-                                    match script(vec!["kill-broker".into(), broker.into()]).await {
-                                        Ok(()) => {
-                                            script(vec!["start-broker".into(), broker.into()]).await
-                                        }
-                                        Err(e) => Err(e),
-                                    }
+                                let (stop, how) = if fault == ClusterFault::BrokerKill {
+                                    ("kill-broker", "SIGKILL")
                                 } else {
-                                    script(vec!["restart-broker".into(), broker.into()]).await
+                                    ("stop-broker", "restart")
                                 };
-                                let how = if kill { "SIGKILL" } else { "restart" };
-                                (format!("broker {broker} {how}"), result)
+                                let stopped = script(vec![stop.into(), broker.into()]).await;
+                                let started =
+                                    script(vec!["start-broker".into(), broker.into()]).await;
+                                // Topics move off the stopped broker and may be shed back to it
+                                // once it serves again: disrupted until then.
+                                (
+                                    format!("broker {broker} {how}"),
+                                    stopped.and(started),
+                                    t0.elapsed(),
+                                )
                             }
-                            Err(e) => ("broker (owner unknown)".to_owned(), Err(e)),
+                            Err(e) => ("broker (owner unknown)".to_owned(), Err(e), t0.elapsed()),
                         }
                     }
+                };
+                // Whatever happened, the cluster must be whole again before the soak goes on:
+                // every broker ready and every bookie registered (`cluster.sh status`), else
+                // each is started (the starts do nothing to a running one).
+                if cluster.try_script(&["status"]).await.is_err() {
+                    let mut repaired = Ok(());
+                    for (what, n) in [
+                        ("start-broker", "1"),
+                        ("start-broker", "2"),
+                        ("start-bookie", "1"),
+                        ("start-bookie", "2"),
+                        ("start-bookie", "3"),
+                    ] {
+                        repaired = repaired.and(script(vec![what.into(), n.into()]).await);
+                    }
+                    let whole = cluster.try_script(&["status"]).await.map(|_| ());
+                    result = result.and(Err(format!(
+                        "the cluster was not whole after the fault ({})",
+                        match repaired.and(whole) {
+                            Ok(()) => "repaired by starting every broker and bookie".to_owned(),
+                            Err(e) => format!("and could not be repaired: {e}"),
+                        }
+                    )));
+                }
+                FaultDone {
+                    name,
+                    result,
+                    disrupted,
                 }
             }
         }
     }
+
+    /// After the run: the soak's tenant and its topics deleted from the cluster (the bench
+    /// reuses a running cluster; nothing else reads them). The brokers refuse a forced delete
+    /// of a namespace or tenant, so each topic goes first. Best effort: said, not failed.
+    async fn clean_up(&self) {
+        let Self::Cluster { cluster, ts } = self else {
+            return;
+        };
+        let mut paths = Vec::new();
+        for ns in ["request", "response", "notify"] {
+            let (status, body) = cluster
+                .admin_get(&format!("/admin/v2/namespaces/{ts}/{ns}/topics"))
+                .await;
+            let topics: Vec<String> = serde_json::from_str(&body).unwrap_or_default();
+            if status != 200 {
+                eprintln!(
+                    "soak: cleaning up the cluster: the topics of {ts}/{ns}: {status} {body}"
+                );
+            }
+            paths.extend(
+                topics
+                    .iter()
+                    .map(|t| format!("/admin/v2/{}?force=true", t.replacen("://", "/", 1))),
+            );
+            paths.push(format!("/admin/v2/namespaces/{ts}/{ns}"));
+        }
+        paths.push(format!("/admin/v2/tenants/{ts}"));
+        for path in paths {
+            if let Err(e) = cluster
+                .try_admin_call(reqwest::Method::DELETE, &path, None)
+                .await
+            {
+                eprintln!("soak: cleaning up the cluster: {e}");
+            }
+        }
+    }
+}
+
+/// A fault done and repaired.
+struct FaultDone {
+    /// What it was (see [`SoakReport::faults`]).
+    name: String,
+    /// An error when it could not be done or repaired.
+    result: Result<(), String>,
+    /// How long after its start requests could fairly fail to be stored: the whole restart
+    /// of the soak's own broker, an unload's calls, a bookie's kill (not its slow repair), a
+    /// broker's stop until it serves again.
+    disrupted: Duration,
 }
 
 /// The soak's least-privilege grants on the cluster: each processor consumes its requests and
@@ -718,6 +808,8 @@ impl Fleet {
                     t("request", "prompt"),
                     "--prompt-response-topic".to_owned(),
                     t("response", "prompt"),
+                    "--prompt-cancel-topic".to_owned(),
+                    t("notify", "prompt-cancel"),
                 ]);
             }
             Role::Gateway => args.extend([
@@ -955,6 +1047,11 @@ fn clear(kind: &str, message: &str) -> Verdict {
 
 fn client_failure(e: &ClientError) -> Verdict {
     match e {
+        // A refusal (credentials, certificate, a missing grant) is not an outage: no fault
+        // window may excuse it.
+        ClientError::Bus(sluice_runtime::bus::BusError::Denied(d)) => {
+            Verdict::Broken(format!("the broker refused the caller: {d}"))
+        }
         ClientError::NotStored(_) | ClientError::Bus(_) => {
             Verdict::ClearError("not-stored".into(), e.to_string())
         }
@@ -1489,6 +1586,9 @@ async fn soak(config: &SoakConfig, target: Arc<Target>) -> Result<SoakReport, St
     let http = reqwest::Client::new();
     let mut next_kill = started + jitter(config.kill_every);
     let mut next_fault = started + config.fault_every;
+    // After a fault that could not be done or repaired, no more: the soak reports it, and a
+    // further fault on a broken cluster could take down what is left.
+    let mut faults_stopped = false;
     let mut rss: HashMap<String, Vec<(Duration, f64, f64)>> = HashMap::new();
     let mut next_sample = started;
     while Instant::now() < traffic_ends {
@@ -1504,18 +1604,28 @@ async fn soak(config: &SoakConfig, target: Arc<Target>) -> Result<SoakReport, St
             }
             next_sample = now + Duration::from_secs(5);
         }
-        if now >= next_fault {
-            let t0 = Instant::now();
-            report.broker_restart_at.push((t0 - started).as_secs_f64());
-            let (name, result) = target.fault(report.faults.len()).await;
+        // A fault needs traffic after it to mean anything: none in the last 30 s.
+        let may_fault = !faults_stopped
+            && traffic_ends.saturating_duration_since(now) > Duration::from_secs(30)
+            && config
+                .max_faults
+                .is_none_or(|max| report.faults.len() < max);
+        if now >= next_fault && may_fault {
+            let at = (now - started).as_secs_f64();
+            report.broker_restart_at.push(at);
+            let done = target.fault(report.faults.len()).await;
             // Recorded either way, so each fault keeps its (began, took) pair.
-            report.broker_restarts.push(t0.elapsed());
-            report.faults.push(name.clone());
-            if let Err(e) = result {
-                report.violations.push(format!("fault {name}: {e}"));
+            report.broker_restarts.push(now.elapsed());
+            report.outages.push((at, at + done.disrupted.as_secs_f64()));
+            report.faults.push(done.name.clone());
+            if let Err(e) = done.result {
+                report.violations.push(format!("fault {}: {e}", done.name));
+                faults_stopped = true;
             }
             next_fault = Instant::now() + config.fault_every;
         }
+        // A fault takes a while: the time now, for the kill below.
+        let now = Instant::now();
         if now >= next_kill {
             match fleet.kill_one().await {
                 Ok(name) => {
@@ -1596,6 +1706,13 @@ async fn soak(config: &SoakConfig, target: Arc<Target>) -> Result<SoakReport, St
         let second_terminals = a.terminal_ids.values().filter(|n| **n > 1).count() as u64;
         report.audit = (a.records, a.terminals, second_terminals, a.twice);
     }
+    if report.audit.0 == 0 {
+        // Its subscriptions failed (it says nothing then) or it read nothing: its counts
+        // would pass anything.
+        report
+            .violations
+            .push("the wire auditor read no response record".into());
+    }
 
     let results = std::mem::take(
         &mut *results
@@ -1604,12 +1721,7 @@ async fn soak(config: &SoakConfig, target: Arc<Target>) -> Result<SoakReport, St
     );
     report.requests = results.len() as u64;
     // The broker restarts, as (began, served again) in seconds since the start.
-    let outages: Vec<(f64, f64)> = report
-        .broker_restart_at
-        .iter()
-        .zip(&report.broker_restarts)
-        .map(|(at, took)| (*at, at + took.as_secs_f64()))
-        .collect();
+    let outages = report.outages.clone();
     for (kind, fault, verdict, ran) in results {
         let label = match &verdict {
             Verdict::Answered => {
@@ -1667,6 +1779,7 @@ async fn soak(config: &SoakConfig, target: Arc<Target>) -> Result<SoakReport, St
         let _ = m.child.start_kill();
         let _ = m.child.wait().await;
     }
+    target.clean_up().await;
     Ok(report)
 }
 

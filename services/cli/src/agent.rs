@@ -67,6 +67,9 @@ pub struct AgentArgs {
     /// The prompt service's response topic.
     #[arg(long, default_value = "response:tg:prompt")]
     pub prompt_response_topic: String,
+    /// The prompt service's cancel topic.
+    #[arg(long, default_value = "notify:tg:prompt-cancel")]
+    pub prompt_cancel_topic: String,
 }
 
 /// The agent handler `args` describe, on `bus`; `request_topic` is its own (for hand-offs).
@@ -92,6 +95,7 @@ pub async fn agent_service(
     let prompt_topics = (
         topic(&args.prompt_request_topic)?,
         topic(&args.prompt_response_topic)?,
+        topic(&args.prompt_cancel_topic)?,
     );
     let template = react_template(args)?;
     let (service, _prompt) = build_agent(
@@ -129,7 +133,7 @@ async fn build_agent(
     bus: &Arc<dyn Bus>,
     mapping: TopicMapping,
     request_topic: &str,
-    prompt_topics: (String, String),
+    prompt_topics: (String, String, String),
     template: &str,
     metrics: AgentMetrics,
 ) -> Result<(AgentService, Option<Arc<PromptClient>>), String> {
@@ -151,7 +155,7 @@ async fn build_agent(
                             prompt_topics.0.clone(),
                             prompt_topics.1.clone(),
                         );
-                        cc.cancel_topic = Some(cancel_topic("prompt", None)?.to_pulsar(mapping));
+                        cc.cancel_topic = Some(prompt_topics.2.clone());
                         let c = Arc::new(
                             RequestClient::start(bus.clone(), cc, None)
                                 .await
@@ -300,9 +304,11 @@ impl FlowService for Flows {
             (
                 flow_topic(definition, "prompt-request", self.mapping)?,
                 flow_topic(definition, "prompt-response", self.mapping)?,
+                // TrustGraph's flows have no cancel topics: sluice's default.
+                cancel_topic("prompt", None)?.to_pulsar(self.mapping),
             )
         } else {
-            (String::new(), String::new())
+            (String::new(), String::new(), String::new())
         };
         let instance = self
             .instances

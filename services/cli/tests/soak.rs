@@ -72,8 +72,12 @@ async fn on_the_secured_cluster_unloads_a_bookie_kill_and_a_broker_kill_lose_not
     // expires, ~40 s), the owner broker's SIGKILL at ~115 s (repaired in ~30-60 s), and
     // whatever comes next before the traffic ends.
     config.fault_every = Duration::from_secs(25);
+    config.max_faults = Some(3);
     config.callers = 8;
     config.cluster = Some(cluster);
+    // Its own logs, beside the other soak's.
+    config.work_dir =
+        std::env::temp_dir().join(format!("sluice-soak-cluster-{}", std::process::id()));
     let report = run(config).await.expect("the soak could not set up");
     println!("{}", report.markdown());
     assert!(
@@ -81,11 +85,12 @@ async fn on_the_secured_cluster_unloads_a_bookie_kill_and_a_broker_kill_lose_not
         "the cluster soak found problems:\n{}",
         report.markdown()
     );
-    let met = |what: &str| report.faults.iter().any(|f| f.contains(what));
     assert!(
-        report.faults.first().map(String::as_str) == Some("unload")
-            && met("bookie")
-            && met("broker"),
+        report.faults.len() == 3
+            && report.faults[0] == "unload"
+            && report.faults[1].starts_with("bookie ")
+            && report.faults[2].starts_with("broker ")
+            && report.faults[2].ends_with(" SIGKILL"),
         "the cluster soak did not meet an unload, a bookie kill and a broker kill: {:?}",
         report.faults
     );
