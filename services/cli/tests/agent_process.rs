@@ -244,3 +244,157 @@ async fn an_agent_process_killed_mid_dialog_loses_nothing_and_repeats_only_its_i
     assert!(stopped.status.success(), "{}", stopped.stderr);
     text_completion.stop().await;
 }
+
+/// A prompt tool's call that the agent abandons (here: past `--tool-timeout-secs`, no prompt
+/// processor answering) is cancelled on the prompt service's cancel topic as configured
+/// (`--prompt-cancel-topic`). It went to `notify:tg:prompt-cancel` whatever the topics were
+/// (found in review of the cluster soak): a prompt processor in another topicspace, or on
+/// a cluster whose roles may not publish there, never heard of it and ran to the end.
+#[tokio::test]
+async fn an_abandoned_prompt_tool_call_is_cancelled_on_the_configured_prompt_cancel_topic() {
+    sluice_runtime::install_crypto_provider();
+    let broker = Broker::from_env().await;
+    let fake = FakeOpenAi::start().await;
+    let three = |name: &str| {
+        [
+            unique_topic(&format!("{name}-req")),
+            unique_topic(&format!("{name}-resp")),
+            unique_topic(&format!("{name}-cancel")),
+        ]
+    };
+    let t = Topics {
+        agent: three("agent-pcancel"),
+        llm: three("agent-pcancel-tc"),
+    };
+    let prompt = three("agent-pcancel-prompt");
+    let dir = std::env::temp_dir().join(unique_topic("agent-pcancel").replace([':', '/'], "-"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tools = dir.join("tools.json");
+    std::fs::write(
+        &tools,
+        r#"{"tools": [{"name": "facts", "description": "Facts about a topic", "type": "prompt",
+            "template": "facts", "arguments": [{"name": "topic", "type": "string"}]}]}"#,
+    )
+    .unwrap();
+
+    // What reaches the prompt service's topics: its request (nobody answers it) and the
+    // cancel.
+    let bus = broker.bus().await;
+    let mut requests = bus
+        .subscribe(
+            &prompt[0],
+            "test-requests",
+            sluice_runtime::bus::SubscribeOptions::exclusive(16),
+        )
+        .await
+        .unwrap();
+    let mut cancels = bus
+        .subscribe(
+            &prompt[2],
+            "test-cancels",
+            sluice_runtime::bus::SubscribeOptions::exclusive(16),
+        )
+        .await
+        .unwrap();
+
+    let base = fake.base_url();
+    let tc_metrics = format!("127.0.0.1:{}", free_port());
+    let mut tc_args: Vec<String> = [
+        "text-completion",
+        "--provider",
+        "openai-compatible",
+        "--base-url",
+        base.as_str(),
+        "--model",
+        "react-facts",
+        "--request-topic",
+        &t.llm[0],
+        "--response-topic",
+        &t.llm[1],
+        "--cancel-topic",
+        &t.llm[2],
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    tc_args.extend(bus_args(&broker, &tc_metrics));
+    let (text_completion, _) = spawn(tc_args).await;
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let tools = tools.display().to_string();
+    let mut args: Vec<String> = [
+        "agent",
+        "--request-topic",
+        &t.agent[0],
+        "--response-topic",
+        &t.agent[1],
+        "--cancel-topic",
+        &t.agent[2],
+        "--llm-request-topic",
+        &t.llm[0],
+        "--llm-response-topic",
+        &t.llm[1],
+        "--llm-cancel-topic",
+        &t.llm[2],
+        "--prompt-request-topic",
+        &prompt[0],
+        "--prompt-response-topic",
+        &prompt[1],
+        "--prompt-cancel-topic",
+        &prompt[2],
+        "--tool-timeout-secs",
+        "2",
+        "--tools",
+        &tools,
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    args.extend(bus_args(&broker, &metrics));
+    let (agent, _) = spawn(args).await;
+
+    let client: RequestClient<AgentRequest, AgentResponse> = RequestClient::start(
+        broker.bus().await,
+        ClientConfig::new("agent", &t.agent[0], &t.agent[1]),
+        None,
+    )
+    .await
+    .unwrap();
+    let request = AgentRequest {
+        question: "Tell me about otters.".into(),
+        streaming: true,
+        ..AgentRequest::default()
+    };
+    let mut stream = client.request(&request).await.unwrap();
+
+    let asked = tokio::time::timeout(Duration::from_secs(60), requests.next())
+        .await
+        .expect("the agent did not call the prompt tool")
+        .expect("the request subscription ended")
+        .unwrap();
+    let id = asked
+        .property(sluice_schema::properties::ID)
+        .expect("a prompt request without an id")
+        .to_owned();
+    asked.ack();
+    let cancel = tokio::time::timeout(Duration::from_secs(30), cancels.next())
+        .await
+        .expect("no cancel on the configured prompt cancel topic after the tool timed out")
+        .expect("the cancel subscription ended")
+        .unwrap();
+    assert_eq!(
+        cancel.property(sluice_schema::properties::ID),
+        Some(id.as_str()),
+        "the cancel names the abandoned prompt request"
+    );
+    cancel.ack();
+    // The dialog itself goes on: the timeout is the tool's observation, and it ends.
+    while let Some(item) = next(&mut stream).await {
+        if matches!(&item, Received::Record(r) if r.end_of_dialog) {
+            break;
+        }
+    }
+
+    client.close().await;
+    requests.close().await;
+    cancels.close().await;
+    agent.stop().await;
+    text_completion.stop().await;
+}
