@@ -182,9 +182,15 @@ write_confs() {
       "statsProviderClass=org.apache.bookkeeper.stats.NullStatsProvider" "listeningInterface=lo" \
       "journalFlushWhenQueueEmpty=true" \
       "dbStorage_writeCacheMaxSizeMb=32" "dbStorage_readAheadCacheMaxSizeMb=32" \
-      "journalMaxSizeMB=256" "journalMaxBackups=1"
+      "journalMaxSizeMB=256" "journalMaxBackups=1" \
+      "diskUsageThreshold=0.99" "diskUsageWarnThreshold=0.98" "diskUsageLwmThreshold=0.98"
   # (journalMaxSizeMB/journalMaxBackups: the defaults, 2 GB files and 5 kept, let the state
-  # kept between runs grow to 6.7 GB per bookie here, on a disk shared with builds.)
+  # kept between runs grow to 6.7 GB per bookie here, on a disk shared with builds.
+  # diskUsage*: a bookie turns read-only when its disk is 95% used, counted as the share of
+  # the file system's size not available to it; these machines' file systems report a size
+  # far above what they can hold (252 GB, of which ~90 usable), so the default fired with
+  # 13 GB still free, while the shared build cache grew, and every bookie went read-only in
+  # the middle of a soak (2026-11-26). 99% leaves ~2.5 GB, as Pulsar's standalone.conf sets.)
   done
   # brokerDeleteInactiveTopicsEnabled=false: a topic's grants live and die with the topic, and
   # the broker deletes a topic without producers and subscriptions after about a minute
