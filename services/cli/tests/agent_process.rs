@@ -53,6 +53,16 @@ async fn spawn(args: Vec<String>) -> (Sluice, u16) {
 }
 
 async fn start_agent(broker: &Broker, t: &Topics, tools: &str) -> (Sluice, u16) {
+    start_agent_with(broker, t, tools, &[]).await
+}
+
+/// The same, with `extra` options.
+async fn start_agent_with(
+    broker: &Broker,
+    t: &Topics,
+    tools: &str,
+    extra: &[&str],
+) -> (Sluice, u16) {
     let metrics = format!("127.0.0.1:{}", free_port());
     let mut args: Vec<String> = [
         "agent",
@@ -73,8 +83,48 @@ async fn start_agent(broker: &Broker, t: &Topics, tools: &str) -> (Sluice, u16) 
     ]
     .map(str::to_owned)
     .to_vec();
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
     args.extend(bus_args(broker, &metrics));
     spawn(args).await
+}
+
+/// A request, response and cancel topic, unique to this run.
+fn three(name: &str) -> [String; 3] {
+    [
+        unique_topic(&format!("{name}-req")),
+        unique_topic(&format!("{name}-resp")),
+        unique_topic(&format!("{name}-cancel")),
+    ]
+}
+
+/// text-completion on `t.llm`, answering with the fake's `model`.
+async fn start_text_completion(
+    broker: &Broker,
+    fake: &FakeOpenAi,
+    t: &Topics,
+    model: &str,
+) -> Sluice {
+    let base = fake.base_url();
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let mut args: Vec<String> = [
+        "text-completion",
+        "--provider",
+        "openai-compatible",
+        "--base-url",
+        base.as_str(),
+        "--model",
+        model,
+        "--request-topic",
+        &t.llm[0],
+        "--response-topic",
+        &t.llm[1],
+        "--cancel-topic",
+        &t.llm[2],
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    args.extend(bus_args(broker, &metrics));
+    spawn(args).await.0
 }
 
 async fn next(stream: &mut ResponseStream<AgentResponse>) -> Option<Received<AgentResponse>> {
@@ -94,13 +144,6 @@ async fn an_agent_process_killed_mid_dialog_loses_nothing_and_repeats_only_its_i
     let broker = Broker::from_env().await;
     let fake = FakeOpenAi::start().await;
     let mcp = mcp_server::start(None).await;
-    let three = |name: &str| {
-        [
-            unique_topic(&format!("{name}-req")),
-            unique_topic(&format!("{name}-resp")),
-            unique_topic(&format!("{name}-cancel")),
-        ]
-    };
     let t = Topics {
         agent: three("agent-kill"),
         llm: three("agent-kill-tc"),
@@ -122,27 +165,7 @@ async fn an_agent_process_killed_mid_dialog_loses_nothing_and_repeats_only_its_i
 
     // The model: one tool call (add 2 and 3), then, in the second iteration, a thought and
     // the final answer held behind the fake's gate.
-    let base = fake.base_url();
-    let tc_metrics = format!("127.0.0.1:{}", free_port());
-    let mut tc_args: Vec<String> = [
-        "text-completion",
-        "--provider",
-        "openai-compatible",
-        "--base-url",
-        base.as_str(),
-        "--model",
-        "react-gated",
-        "--request-topic",
-        &t.llm[0],
-        "--response-topic",
-        &t.llm[1],
-        "--cancel-topic",
-        &t.llm[2],
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    tc_args.extend(bus_args(&broker, &tc_metrics));
-    let (text_completion, _) = spawn(tc_args).await;
+    let text_completion = start_text_completion(&broker, &fake, &t, "react-gated").await;
     let (doomed, doomed_port) = start_agent(&broker, &t, &tools).await;
 
     let client: RequestClient<AgentRequest, AgentResponse> = RequestClient::start(
@@ -255,13 +278,6 @@ async fn an_abandoned_prompt_tool_call_is_cancelled_on_the_configured_prompt_can
     sluice_runtime::install_crypto_provider();
     let broker = Broker::from_env().await;
     let fake = FakeOpenAi::start().await;
-    let three = |name: &str| {
-        [
-            unique_topic(&format!("{name}-req")),
-            unique_topic(&format!("{name}-resp")),
-            unique_topic(&format!("{name}-cancel")),
-        ]
-    };
     let t = Topics {
         agent: three("agent-pcancel"),
         llm: three("agent-pcancel-tc"),
@@ -297,58 +313,24 @@ async fn an_abandoned_prompt_tool_call_is_cancelled_on_the_configured_prompt_can
         .await
         .unwrap();
 
-    let base = fake.base_url();
-    let tc_metrics = format!("127.0.0.1:{}", free_port());
-    let mut tc_args: Vec<String> = [
-        "text-completion",
-        "--provider",
-        "openai-compatible",
-        "--base-url",
-        base.as_str(),
-        "--model",
-        "react-facts",
-        "--request-topic",
-        &t.llm[0],
-        "--response-topic",
-        &t.llm[1],
-        "--cancel-topic",
-        &t.llm[2],
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    tc_args.extend(bus_args(&broker, &tc_metrics));
-    let (text_completion, _) = spawn(tc_args).await;
-    let metrics = format!("127.0.0.1:{}", free_port());
+    let text_completion = start_text_completion(&broker, &fake, &t, "react-facts").await;
     let tools = tools.display().to_string();
-    let mut args: Vec<String> = [
-        "agent",
-        "--request-topic",
-        &t.agent[0],
-        "--response-topic",
-        &t.agent[1],
-        "--cancel-topic",
-        &t.agent[2],
-        "--llm-request-topic",
-        &t.llm[0],
-        "--llm-response-topic",
-        &t.llm[1],
-        "--llm-cancel-topic",
-        &t.llm[2],
-        "--prompt-request-topic",
-        &prompt[0],
-        "--prompt-response-topic",
-        &prompt[1],
-        "--prompt-cancel-topic",
-        &prompt[2],
-        "--tool-timeout-secs",
-        "2",
-        "--tools",
+    let (agent, _) = start_agent_with(
+        &broker,
+        &t,
         &tools,
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    args.extend(bus_args(&broker, &metrics));
-    let (agent, _) = spawn(args).await;
+        &[
+            "--prompt-request-topic",
+            &prompt[0],
+            "--prompt-response-topic",
+            &prompt[1],
+            "--prompt-cancel-topic",
+            &prompt[2],
+            "--tool-timeout-secs",
+            "2",
+        ],
+    )
+    .await;
 
     let client: RequestClient<AgentRequest, AgentResponse> = RequestClient::start(
         broker.bus().await,
