@@ -128,6 +128,34 @@ pub trait ResponseRecord: Serialize + DeserializeOwned + Send + Sync + 'static {
     fn from_error(error: Error) -> Self;
     /// The error this record carries, if any.
     fn error(&self) -> Option<&Error>;
+
+    /// Whether later records of the stream may be merged into this one (see
+    /// [`ResponseRecord::coalesce`]): a non-terminal piece of streamed text whose meaning is
+    /// "append me". A processor that paces its records holds back only such records. Default:
+    /// none is.
+    fn is_delta(&self) -> bool {
+        false
+    }
+
+    /// Merges `next`, the record that follows this delta in the same stream, into this one,
+    /// when one record says exactly what the two said: the text concatenated, the token
+    /// deltas summed, nothing else different. Gives `next` back when they cannot be merged.
+    /// Default: never.
+    fn coalesce(&mut self, next: Self) -> Result<(), Self> {
+        Err(next)
+    }
+}
+
+/// The most text one coalesced record carries: a paced stream's held delta is published
+/// rather than grown past this (a record stays far below any broker's message limit).
+pub const COALESCE_MAX_BYTES: usize = 16 * 1024;
+
+/// The sum of two token deltas, `None` only when neither says anything.
+fn add_tokens(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (None, None) => None,
+        (a, b) => Some(a.unwrap_or(0).saturating_add(b.unwrap_or(0))),
+    }
 }
 
 /// The `operation` of a [`TextCompletionRequest`] that asks for the models a processor serves
@@ -320,6 +348,27 @@ impl ResponseRecord for TextCompletionResponse {
     fn error(&self) -> Option<&Error> {
         self.error.as_ref()
     }
+
+    fn is_delta(&self) -> bool {
+        !self.end_of_stream
+            && self.error.is_none()
+            && self.models.is_empty()
+            && self.finish_reason.is_none()
+    }
+
+    fn coalesce(&mut self, next: Self) -> Result<(), Self> {
+        if !self.is_delta()
+            || !next.is_delta()
+            || self.model != next.model
+            || self.response.len() + next.response.len() > COALESCE_MAX_BYTES
+        {
+            return Err(next);
+        }
+        self.response.push_str(&next.response);
+        self.in_token = add_tokens(self.in_token, next.in_token);
+        self.out_token = add_tokens(self.out_token, next.out_token);
+        Ok(())
+    }
 }
 
 /// A request to render a prompt template and complete it (seed 003 `PromptRequest`).
@@ -385,6 +434,33 @@ impl ResponseRecord for PromptResponse {
 
     fn error(&self) -> Option<&Error> {
         self.error.as_ref()
+    }
+
+    /// A piece of a `text` template's streamed answer; `json`/`jsonl` objects are each their
+    /// own record and are never merged.
+    fn is_delta(&self) -> bool {
+        !self.end_of_stream
+            && self.error.is_none()
+            && self.text.is_some()
+            && self.object.is_none()
+            && self.objects_emitted.is_none()
+            && self.lines_skipped.is_none()
+    }
+
+    fn coalesce(&mut self, next: Self) -> Result<(), Self> {
+        let fits = |a: &Self, b: &Self| {
+            a.text.as_ref().map_or(0, String::len) + b.text.as_ref().map_or(0, String::len)
+                <= COALESCE_MAX_BYTES
+        };
+        if !self.is_delta() || !next.is_delta() || self.model != next.model || !fits(self, &next) {
+            return Err(next);
+        }
+        if let (Some(text), Some(more)) = (self.text.as_mut(), next.text.as_deref()) {
+            text.push_str(more);
+        }
+        self.in_token = add_tokens(self.in_token, next.in_token);
+        self.out_token = add_tokens(self.out_token, next.out_token);
+        Ok(())
     }
 }
 
@@ -517,6 +593,36 @@ impl ResponseRecord for AgentResponse {
 
     fn error(&self) -> Option<&Error> {
         self.error.as_ref()
+    }
+
+    /// A piece of a thought or an answer still being written (the content a run of the
+    /// model's tokens); actions and observations are whole messages and never merged.
+    fn is_delta(&self) -> bool {
+        matches!(
+            self.message_type,
+            AgentMessageType::Thought | AgentMessageType::Answer
+        ) && !self.end_of_message
+            && !self.end_of_dialog
+            && self.error.is_none()
+    }
+
+    /// The next piece of the same message merges, its `end_of_message` included.
+    fn coalesce(&mut self, next: Self) -> Result<(), Self> {
+        if !self.is_delta()
+            || next.end_of_dialog
+            || next.error.is_some()
+            || next.message_type != self.message_type
+            || next.message_id != self.message_id
+            || next.model != self.model
+            || self.content.len() + next.content.len() > COALESCE_MAX_BYTES
+        {
+            return Err(next);
+        }
+        self.content.push_str(&next.content);
+        self.end_of_message = next.end_of_message;
+        self.in_token = add_tokens(self.in_token, next.in_token);
+        self.out_token = add_tokens(self.out_token, next.out_token);
+        Ok(())
     }
 }
 
@@ -663,5 +769,96 @@ mod tests {
         assert_eq!(r.terms["c"], r#"{"k":true}"#);
         let r: PromptRequest = serde_json::from_str(r#"{"id":"t","terms":null}"#).unwrap();
         assert!(r.terms.is_empty());
+    }
+
+    fn text(response: &str, out: Option<u64>) -> TextCompletionResponse {
+        TextCompletionResponse {
+            response: response.into(),
+            out_token: out,
+            model: Some("m".into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn text_deltas_coalesce_into_what_they_say_together() {
+        let mut held = text("Hel", Some(1));
+        assert!(held.coalesce(text("lo", None)).is_ok());
+        assert!(held.coalesce(text(" you", Some(2))).is_ok());
+        assert_eq!(held.response, "Hello you");
+        assert_eq!(held.out_token, Some(3));
+        assert_eq!(
+            held.in_token, None,
+            "no count is made up where none was given"
+        );
+        // A terminal record, an error, another model, a finish reason: never merged.
+        let end = TextCompletionResponse {
+            end_of_stream: true,
+            ..text("", Some(1))
+        };
+        assert_eq!(held.coalesce(end.clone()), Err(end));
+        let other = TextCompletionResponse {
+            model: Some("n".into()),
+            ..text("x", None)
+        };
+        assert_eq!(held.coalesce(other.clone()), Err(other));
+        let finished = TextCompletionResponse {
+            finish_reason: Some("stop".into()),
+            ..text("x", None)
+        };
+        assert_eq!(held.coalesce(finished.clone()), Err(finished));
+        let big = text(&"x".repeat(COALESCE_MAX_BYTES), None);
+        assert_eq!(
+            held.coalesce(big.clone()),
+            Err(big),
+            "held text stays bounded"
+        );
+        assert_eq!(held.response, "Hello you");
+    }
+
+    #[test]
+    fn prompt_objects_are_never_merged_and_text_is() {
+        let piece = |t: &str| PromptResponse {
+            text: Some(t.into()),
+            in_token: Some(1),
+            ..Default::default()
+        };
+        let mut held = piece("a");
+        assert!(held.coalesce(piece("b")).is_ok());
+        assert_eq!(held.text.as_deref(), Some("ab"));
+        assert_eq!(held.in_token, Some(2));
+        let object = PromptResponse {
+            object: Some("{}".into()),
+            ..Default::default()
+        };
+        assert!(!object.is_delta());
+        assert_eq!(held.coalesce(object.clone()), Err(object));
+    }
+
+    #[test]
+    fn agent_pieces_merge_within_one_message_only() {
+        let piece = |t: AgentMessageType, c: &str, eom: bool| AgentResponse {
+            message_type: t,
+            content: c.into(),
+            end_of_message: eom,
+            message_id: Some("m1".into()),
+            ..Default::default()
+        };
+        let mut held = piece(AgentMessageType::Thought, "I ", false);
+        assert!(
+            held.coalesce(piece(AgentMessageType::Thought, "think", true))
+                .is_ok()
+        );
+        assert_eq!(held.content, "I think");
+        assert!(
+            held.end_of_message,
+            "the message's end travels with its last piece"
+        );
+        assert!(!held.is_delta(), "nothing merges into a finished message");
+        let mut held = piece(AgentMessageType::Thought, "I ", false);
+        let answer = piece(AgentMessageType::Answer, "42", false);
+        assert_eq!(held.coalesce(answer.clone()), Err(answer));
+        assert!(!piece(AgentMessageType::Action, "tool", false).is_delta());
+        assert!(!piece(AgentMessageType::Observation, "seen", false).is_delta());
     }
 }
