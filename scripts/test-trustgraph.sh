@@ -9,7 +9,8 @@
 #
 # Part 1: sluice's text-completion (--config-service) serves the flow; TrustGraph's prompt
 #   service and agent call it. TrustGraph's CLI, through TrustGraph's api-gateway:
-#   tg-invoke-llm (streaming and not), tg-list-models, tg-invoke-prompt, tg-invoke-agent.
+#   tg-invoke-llm (streaming and not; and TG_PARALLEL_LLM, default 24, streaming at once),
+#   tg-list-models, tg-invoke-prompt, tg-invoke-agent.
 # Part 2: TrustGraph's text-completion serves the flow; sluice's prompt and agent
 #   (--config-service) call it: tg-invoke-prompt and tg-invoke-agent.
 #
@@ -116,6 +117,26 @@ expect "tg-invoke-llm, streaming, through api-gateway to sluice" \
   "fake reply: Say hello" "$tg/tg-invoke-llm" "Be terse." "Say hello"
 expect "tg-invoke-llm --no-streaming" \
   "fake reply: Say goodbye" "$tg/tg-invoke-llm" --no-streaming "Be terse." "Say goodbye"
+# Issue #28: many streaming tg-invoke-llm at once through TrustGraph's api-gateway (one
+# Python consumer for all of sluice's answers). Each answer's chunks come back to back, so
+# sluice's pacing (on by default on these non-persistent topics) merges them: every client
+# must still print its whole answer, and sluice must have merged deltas.
+parallel="${TG_PARALLEL_LLM:-24}"
+log "$parallel streaming tg-invoke-llm at once"
+llm_pids=()
+for i in $(seq 1 "$parallel"); do
+  timeout 180 "$tg/tg-invoke-llm" "Be terse." "parallel caller $i asks for a reply long enough to span several chunks" \
+    > "$run/parallel-llm-$i.out" 2>&1 &
+  llm_pids+=($!)
+done
+for i in $(seq 1 "$parallel"); do
+  wait "${llm_pids[$((i - 1))]}" || fail "parallel tg-invoke-llm $i: exit $?: $(cat "$run/parallel-llm-$i.out")"
+  grep -qF "fake reply: parallel caller $i asks for a reply long enough to span several chunks" "$run/parallel-llm-$i.out" ||
+    fail "parallel tg-invoke-llm $i did not print its whole answer: $(cat "$run/parallel-llm-$i.out")"
+done
+merged=$(counter "$metrics_base" sluice_processor_deltas_coalesced_total 'processor=')
+[ "${merged%.*}" -ge 1 ] || fail "sluice's text-completion merged no delta: pacing was off"
+log "ok: $parallel parallel streaming tg-invoke-llm each printed its whole answer ($merged deltas merged by sluice's pacing)"
 # The flow's model (the blueprint's llm-model parameter, fake-model) comes first.
 expect "tg-list-models lists the flow's model" "fake-model" "$tg/tg-list-models"
 expect "tg-invoke-prompt: TrustGraph's prompt service calls sluice" \
@@ -123,7 +144,7 @@ expect "tg-invoke-prompt: TrustGraph's prompt service calls sluice" \
 expect "tg-invoke-agent: TrustGraph's agent calls sluice" \
   "fake answer to" "$tg/tg-invoke-agent" -q "What is 3+3?"
 served=$(counter "$metrics_base" sluice_processor_requests_total 'outcome="success"')
-[ "${served%.*}" -ge 5 ] || fail "sluice's text-completion answered $served requests, not all of them"
+[ "${served%.*}" -ge $((5 + parallel)) ] || fail "sluice's text-completion answered $served requests, not all of them"
 log "sluice's text-completion answered $served requests"
 stop_sluice text-completion
 for p in prompt agent-manager; do kill "$(cat "$run/$p.pid")" 2>/dev/null || true; rm -f "$run/$p.pid"; done

@@ -127,6 +127,18 @@ else
   echo "the openai package could not be installed; the OpenAI SDK tests are skipped" >&2
 fi
 
+# TrustGraph's own Python packages (PyPI trustgraph-flow and -base, in a venv): the pacing
+# test (services/cli/tests/trustgraph_pacing.rs) drives a processor with TrustGraph's own
+# request/response client, and scripts/test-trustgraph.sh runs TrustGraph's processes.
+if tg_flow_venv=$(bash scripts/tg-flow-venv.sh); then
+  export TG_FLOW_VENV="$tg_flow_venv"
+elif [ "${CI:-}" = "true" ]; then
+  echo "trustgraph-flow could not be installed from PyPI; CI needs TrustGraph's own client" >&2
+  exit 1
+else
+  echo "trustgraph-flow could not be installed; the pacing test is skipped" >&2
+fi
+
 # The secured cluster starts (six JVMs, ~1-2 min) while the tests build; the production-Pulsar
 # suite (services/cli/tests/cluster.rs) needs it, and under CI fails without it.
 stage "secured Pulsar cluster (in the background) and the tests' build"

@@ -29,6 +29,7 @@
 //! | `replay-N-D` | as `replay-N`, the pieces D ms apart (streams that are in flight when a fault strikes) |
 //! | `gated` | `Hel`, then waits for [`FakeOpenAi::open_gate`], then ` lo`, finish, usage, `[DONE]` |
 //! | `tokens-N-D` | N one-word tokens, D ms apart, then finish, usage, `[DONE]` (for benchmarks) |
+//! | `tokens-N-D-F` | as `tokens-N-D`, the first token F ms after the request (a model's time to first token) |
 //! | `routed` | as the model named by `[model:NAME]` in the last user message, else `normal`: one configured model, every behaviour (call counts are per routed name) |
 //! | `chaos-ok`, `chaos-429`, `chaos-500`, `chaos-malformed`, `chaos-drop`, `chaos-stall` | for soak traffic, counted per distinct last user message (each request its own): the message streamed back in 5-byte pieces (whole when not streaming), after `chaos-429`'s first call answers 429 with only `retry-after: 1` and `chaos-500`'s first call 500; `chaos-malformed` slips an unparseable event after the first piece; `chaos-drop` breaks the connection after the first piece and `chaos-stall` stops there, every call (not streaming: 500 `x-should-retry: false`, and no answer at all) |
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -455,8 +456,17 @@ async fn chat(
             }
         }
         m if m.starts_with("tokens-") => {
-            let (n, gap) = count_and_gap(m.trim_start_matches("tokens-"));
+            let spec = m.trim_start_matches("tokens-");
+            let (n, gap) = count_and_gap(spec);
+            let first = spec
+                .split('-')
+                .nth(2)
+                .and_then(|f| f.parse().ok())
+                .map_or(Duration::ZERO, Duration::from_millis);
             let mut v = Vec::new();
+            if !first.is_zero() {
+                v.push(Step::Wait(first));
+            }
             for i in 0..n {
                 if !gap.is_zero() {
                     v.push(Step::Wait(gap));

@@ -470,7 +470,11 @@ async fn trustgraph_topic_mapping_works_end_to_end() {
         .await
         .unwrap();
     let texts: Vec<_> = records.iter().map(|r| r.response.as_str()).collect();
-    assert_eq!(texts, ["tg#0", "tg#1", "tg#2", ""]);
+    // Paced on this mapping (issue #28): the first record at once, the deltas that came
+    // right after it merged, the terminal record last; the text is the same.
+    assert_eq!(texts.first(), Some(&"tg#0"), "{texts:?}");
+    assert_eq!(texts.concat(), "tg#0tg#1tg#2");
+    assert!(records.last().unwrap().end_of_stream);
     client.close().await;
     p.stop().await;
 }

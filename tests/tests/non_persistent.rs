@@ -203,8 +203,12 @@ async fn a_client_that_lost_records_on_a_non_persistent_topic_ends_those_streams
     let broker = Broker::from_env().await;
     let req = unique_non_persistent_topic("stall-req");
     let resp = unique_non_persistent_topic("stall-resp");
-    let processor =
-        RunningProcessor::start(broker.bus().await, echo_config(&req, &resp, 8), EchoHandler).await;
+    // Unpaced: this is about what a client sees when records ARE dropped (pacing, on by
+    // default here, would merge the flood into a few records); an unpaced processor, or
+    // TrustGraph's own beside ours, still floods.
+    let mut config = echo_config(&req, &resp, 8);
+    config.pacing.when = sluice_runtime::processor::PaceWhen::Off;
+    let processor = RunningProcessor::start(broker.bus().await, config, EchoHandler).await;
     let run = stalled_client(&broker, &req, &resp).await;
     processor.stop().await;
     let (flood_records, _, flood_lost) = &run.flood;

@@ -18,7 +18,9 @@ use sluice_runtime::{
         pulsar_security::PulsarAuth,
     },
     flows::{ConfigTopics, FlowsConfig},
-    processor::ProcessorConfig,
+    processor::{
+        DEFAULT_MAX_RECORDS_PER_SEC, DEFAULT_PACE_INTERVAL, PaceWhen, Pacing, ProcessorConfig,
+    },
     secret::Secret,
 };
 use sluice_schema::{TopicMapping, TopicName};
@@ -91,6 +93,32 @@ pub struct ProcessorArgs {
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "SLUICE_METRICS_ADDR", default_value = "0.0.0.0:8000")]
     pub metrics_addr: SocketAddr,
+    /// When to pace response records: `auto` on non-persistent response topics (TrustGraph's
+    /// mapping, where the broker drops what a slow consumer has no room for), `on`, `off`.
+    /// A paced stream publishes at most one record per interval, merging the text deltas
+    /// between; its first and last records are never delayed (README, "Pacing").
+    #[arg(long, env = "SLUICE_RESPONSE_PACING", default_value_t = PaceWhen::Auto)]
+    pub response_pacing: PaceWhen,
+    /// The least time between two records of one paced stream, in milliseconds.
+    #[arg(long, env = "SLUICE_PACE_INTERVAL_MS", default_value_t = DEFAULT_PACE_INTERVAL.as_millis() as u64)]
+    pub pace_interval_ms: u64,
+    /// A paced processor's intermediate records per second over all its streams, at most (a
+    /// stream's interval grows with the streams open); 0 for no bound. First and terminal
+    /// records come on top.
+    #[arg(long, env = "SLUICE_MAX_RESPONSE_RECORDS_PER_SEC", default_value_t = DEFAULT_MAX_RECORDS_PER_SEC)]
+    pub max_response_records_per_sec: u32,
+}
+
+impl ProcessorArgs {
+    /// The pacing these options ask for.
+    pub fn pacing(&self) -> Pacing {
+        Pacing {
+            when: self.response_pacing,
+            min_interval: Duration::from_millis(self.pace_interval_ms),
+            max_records_per_sec: (self.max_response_records_per_sec > 0)
+                .then_some(self.max_response_records_per_sec),
+        }
+    }
 }
 
 /// TrustGraph's config service as the source of a processor's flows.
@@ -192,6 +220,7 @@ pub fn processor_config(
     config.concurrency = args.concurrency;
     config.drain_grace = Duration::from_secs(args.drain_grace_secs);
     config.cancel_topic = Some(cancel.to_pulsar(mapping));
+    config.pacing = args.pacing();
     Ok((config, vec![request, response, cancel]))
 }
 

@@ -78,6 +78,11 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         let t = &gateway_config.services[&kind];
         let mut c = ProcessorConfig::new(name, t.request.clone(), t.response.clone());
         c.cancel_topic = Some(cancel_topic(name, None)?.to_pulsar(mapping));
+        // The in-process bus drops nothing: pacing (for non-persistent Pulsar topics) would
+        // only merge what the gateway's callers could have had token by token.
+        if args.pulsar_url.is_none() {
+            c.pacing.when = sluice_runtime::processor::PaceWhen::Off;
+        }
         c.concurrency = args.concurrency;
         c.drain_grace = grace;
         Ok(c)

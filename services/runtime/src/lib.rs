@@ -2,6 +2,7 @@
 //!
 //! - [`bus`]: the `Bus` trait with Pulsar and in-process implementations;
 //! - [`processor`]: the consume loop a service plugs its handler into;
+//! - [`sink`]: the response sink, which publishes a request's records and paces them;
 //! - [`client`]: the request/response client for calling a service over the bus;
 //! - [`flows`]: flows assigned by TrustGraph's config service (`--config-service`);
 //! - [`cancel`]: client cancellation over the bus;
@@ -18,6 +19,7 @@ pub mod flows;
 pub mod ndjson;
 pub mod processor;
 pub mod secret;
+pub mod sink;
 pub mod sync;
 pub mod telemetry;
 pub mod trace;

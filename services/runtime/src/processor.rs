@@ -22,7 +22,6 @@
 
 use std::{
     collections::BTreeMap,
-    marker::PhantomData,
     panic::AssertUnwindSafe,
     sync::{
         Arc,
@@ -31,7 +30,7 @@ use std::{
 };
 
 use async_trait::async_trait;
-use futures::{FutureExt, StreamExt, stream::FuturesUnordered};
+use futures::FutureExt;
 use serde::de::DeserializeOwned;
 use sluice_schema::{Error, ErrorKind, ResponseRecord, properties};
 use tokio::{
@@ -42,9 +41,13 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
+pub use crate::sink::{
+    DEFAULT_MAX_RECORDS_PER_SEC, DEFAULT_PACE_INTERVAL, PaceWhen, Pacing, ResponseSink, SinkError,
+};
 use crate::{
-    bus::{Bus, BusError, Delivery, Message, Publisher, Receipt, SubscribeOptions},
+    bus::{Bus, BusError, Delivery, Message, Publisher, SubscribeOptions},
     cancel::{self, CancelRegistry},
+    sink::Pacer,
     sync::StreamBook,
     telemetry::{Outcome, Telemetry},
     trace,
@@ -77,6 +80,9 @@ pub struct ProcessorConfig {
     /// names itself there, takes its entry away when it stops, and leaves draining the whole
     /// process to the process.
     pub flow: Option<String>,
+    /// How the response records are paced (see [`crate::sink`]): by default only on a
+    /// non-persistent response topic.
+    pub pacing: Pacing,
 }
 
 impl ProcessorConfig {
@@ -96,6 +102,7 @@ impl ProcessorConfig {
             drain_grace: Duration::from_secs(30),
             cancel_topic: None,
             flow: None,
+            pacing: Pacing::default(),
         }
     }
 }
@@ -133,233 +140,6 @@ pub trait Handler: Send + Sync + 'static {
         ctx: RequestContext,
         sink: &mut ResponseSink<Self::Response>,
     ) -> Result<(), Error>;
-}
-
-/// Why a record could not be sent.
-#[derive(Debug, thiserror::Error)]
-pub enum SinkError {
-    /// The stream already has its terminal record; nothing may follow it.
-    #[error("the stream has ended")]
-    Ended,
-    /// The bus failed; the request will be attempted again.
-    #[error(transparent)]
-    Bus(#[from] BusError),
-}
-
-/// Publishes one request's response records, in order, with the request's properties.
-pub struct ResponseSink<R> {
-    publisher: Arc<dyn Publisher>,
-    properties: BTreeMap<String, String>,
-    pending: FuturesUnordered<Receipt>,
-    failed: Option<BusError>,
-    ended: bool,
-    ended_with_error: bool,
-    handed_off: bool,
-    published: u64,
-    /// On a non-persistent response topic: the processor's account for its syncs, and this
-    /// stream's attempt.
-    book: Option<(Arc<StreamBook>, String)>,
-    _record: PhantomData<fn(R)>,
-}
-
-impl<R> Drop for ResponseSink<R> {
-    fn drop(&mut self) {
-        if let Some((book, attempt)) = &self.book {
-            book.close(attempt);
-        }
-    }
-}
-
-impl<R: ResponseRecord> ResponseSink<R> {
-    fn new(
-        publisher: Arc<dyn Publisher>,
-        properties: BTreeMap<String, String>,
-        book: Option<Arc<StreamBook>>,
-    ) -> Self {
-        let book = book.and_then(|book| {
-            let id = properties.get(properties::ID)?;
-            let attempt = properties.get(properties::ATTEMPT)?;
-            book.open(id, attempt);
-            Some((book, attempt.clone()))
-        });
-        Self {
-            publisher,
-            properties,
-            pending: FuturesUnordered::new(),
-            failed: None,
-            ended: false,
-            ended_with_error: false,
-            handed_off: false,
-            published: 0,
-            book,
-            _record: PhantomData,
-        }
-    }
-
-    /// Sends a record. After a terminal record, or after a failure, every send fails.
-    ///
-    /// A record too large for the bus is not sent: the stream ends with a
-    /// `message-too-large` error instead, and this returns [`SinkError::Ended`].
-    pub async fn send(&mut self, record: R) -> Result<(), SinkError> {
-        if self.ended {
-            return Err(SinkError::Ended);
-        }
-        if let Some(e) = &self.failed {
-            return Err(SinkError::Bus(BusError::Unavailable(e.to_string())));
-        }
-        match self.publish(&record).await {
-            Ok(()) => {
-                if record.is_terminal() {
-                    self.ended = true;
-                    self.ended_with_error = record.error().is_some();
-                }
-                Ok(())
-            }
-            Err(BusError::TooLarge { size, limit }) => {
-                let error = R::from_error(Error::new(
-                    ErrorKind::MessageTooLarge,
-                    format!(
-                        "a response record of {size} bytes exceeds the bus limit of {limit} bytes; the stream ends here"
-                    ),
-                ));
-                self.publish(&error).await?;
-                self.ended = true;
-                self.ended_with_error = true;
-                Err(SinkError::Ended)
-            }
-            Err(e) => Err(SinkError::Bus(e)),
-        }
-    }
-
-    async fn publish(&mut self, record: &R) -> Result<(), BusError> {
-        let payload = serde_json::to_vec(record)
-            .map_err(|e| BusError::Config(format!("encoding a response record: {e}")))?;
-        let mut numbered = self.properties.clone();
-        // Numbered per attempt so that a client sees a record lost in transit (see
-        // `properties::SEQ`). A record refused as too large is not published and its number
-        // goes to the error record that replaces it.
-        numbered.insert(properties::SEQ.to_owned(), self.published.to_string());
-        let message = Message {
-            payload: payload.into(),
-            properties: numbered,
-        };
-        match self.publisher.send(message).await {
-            Ok(receipt) => {
-                self.pending.push(receipt);
-                self.published += 1;
-                // Handed to the producer: any sync from now on goes out after this record.
-                if let Some((book, attempt)) = &self.book {
-                    book.published(attempt, self.published);
-                }
-                // Settle receipts that are already in, so memory stays flat on long streams
-                // and a failure is noticed early.
-                while let Some(Some(result)) = self.pending.next().now_or_never() {
-                    if let Err(e) = result {
-                        self.failed.get_or_insert(e);
-                    }
-                }
-                match &self.failed {
-                    Some(e) => Err(BusError::Unavailable(e.to_string())),
-                    None => Ok(()),
-                }
-            }
-            Err(e @ BusError::TooLarge { .. }) => Err(e),
-            Err(e) => {
-                let reported = BusError::Unavailable(e.to_string());
-                self.failed.get_or_insert(e);
-                Err(reported)
-            }
-        }
-    }
-
-    /// Ends this attempt without a terminal record by handing the request on: `payload` (the
-    /// next request) is published to `publisher` with this request's id and trace context and
-    /// a [`properties::CONTINUES`] marker naming this attempt, for any replica to take the next
-    /// step. The records sent so far are stored first, so the next step's records follow
-    /// them. Once this returns, the request is acked; nothing may be sent after it.
-    pub async fn hand_off(
-        &mut self,
-        publisher: &dyn Publisher,
-        payload: Vec<u8>,
-    ) -> Result<(), SinkError> {
-        if self.ended {
-            return Err(SinkError::Ended);
-        }
-        self.flush().await?;
-        let mut props = BTreeMap::new();
-        for key in [
-            properties::ID,
-            properties::TRACEPARENT,
-            properties::TRACESTATE,
-            properties::REPLY_TO,
-        ] {
-            if let Some(v) = self.properties.get(key) {
-                props.insert(key.to_owned(), v.clone());
-            }
-        }
-        if let Some(attempt) = self.properties.get(properties::ATTEMPT) {
-            props.insert(properties::CONTINUES.to_owned(), attempt.clone());
-        }
-        let stored = match publisher
-            .send(Message {
-                payload: payload.into(),
-                properties: props,
-            })
-            .await
-        {
-            Ok(receipt) => receipt.await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = stored {
-            // Like a record that could not be stored: the request goes back to the broker
-            // for another attempt (and the processor waits for the broker), never a terminal
-            // error for what is the bus's trouble.
-            let reported = BusError::Unavailable(e.to_string());
-            self.failed.get_or_insert(e);
-            return Err(SinkError::Bus(reported));
-        }
-        self.ended = true;
-        self.handed_off = true;
-        Ok(())
-    }
-
-    /// The request goes back to the broker: its stream is no longer one to count (a later
-    /// attempt answers it, where the broker keeps requests).
-    fn retract(&self) {
-        if let Some((book, attempt)) = &self.book {
-            book.retract(attempt);
-        }
-    }
-
-    /// Whether the terminal record sent was an error.
-    pub fn ended_with_error(&self) -> bool {
-        self.ended_with_error
-    }
-
-    /// True once the terminal record is sent (or the request was handed off).
-    pub fn is_ended(&self) -> bool {
-        self.ended
-    }
-
-    /// Records sent so far.
-    pub fn records_sent(&self) -> u64 {
-        self.published
-    }
-
-    /// Waits until the broker has stored every record sent. A failure stays: once one record
-    /// (or a hand-off) was not stored, nothing more goes out for this attempt, so the
-    /// runtime hands the request back instead of publishing an error for it.
-    async fn flush(&mut self) -> Result<(), BusError> {
-        while let Some(result) = self.pending.next().await {
-            if let Err(e) = result {
-                self.failed.get_or_insert(e);
-            }
-        }
-        match &self.failed {
-            Some(e) => Err(BusError::Unavailable(e.to_string())),
-            None => Ok(()),
-        }
-    }
 }
 
 /// Runs a processor until `shutdown` is cancelled, then drains. Returns an error only when
@@ -431,6 +211,12 @@ pub async fn run<H: Handler>(
         .response_topic
         .starts_with("non-persistent://")
         .then(|| Arc::new(StreamBook::new(format!("{}-{}", config.name, short_id()))));
+    // One pacer per processor name in the process: the flows a process serves share its rate
+    // bound.
+    let pacer = config
+        .pacing
+        .applies_to(&config.response_topic)
+        .then(|| telemetry.metrics.pacer(&config.name, config.pacing));
     let shared = Arc::new(Shared {
         publisher: publisher.clone(),
         telemetry: telemetry.clone(),
@@ -438,6 +224,7 @@ pub async fn run<H: Handler>(
         cancels: cancels.clone(),
         store: store.clone(),
         book: book.clone(),
+        pacer: pacer.clone(),
     });
     let semaphore = Arc::new(Semaphore::new(concurrency));
     let waiting = Arc::new(AtomicBool::new(false));
@@ -531,6 +318,7 @@ pub async fn run<H: Handler>(
     if let Some(syncs) = syncs {
         let _ = syncs.await;
     }
+
     if let Some(listener) = cancel_listener {
         let _ = listener.await;
     }
@@ -653,6 +441,8 @@ struct Shared {
     cancels: CancelRegistry,
     store: StoreGuard,
     book: Option<Arc<StreamBook>>,
+    /// Set when the response records are paced.
+    pacer: Option<Arc<Pacer>>,
 }
 
 async fn handle_delivery<H: Handler>(
@@ -668,6 +458,7 @@ async fn handle_delivery<H: Handler>(
         cancels,
         store,
         book,
+        pacer,
     } = shared;
     let started = Instant::now();
     let metrics = &telemetry.metrics;
@@ -715,7 +506,13 @@ async fn handle_delivery<H: Handler>(
     }
     let span = info_span!("request", processor, request_id = %id, attempt = %attempt);
     metrics.in_flight(processor, 1);
-    let mut sink = ResponseSink::<H::Response>::new(publisher.clone(), props, book.clone());
+    let mut sink = ResponseSink::<H::Response>::new(
+        publisher.clone(),
+        props,
+        book.clone(),
+        pacer.clone(),
+        metrics.records_counter(processor),
+    );
     let in_flight = cancels.begin(&id);
     let outcome = async {
         let Some(in_flight) = in_flight else {
@@ -779,9 +576,9 @@ async fn handle_delivery<H: Handler>(
                 {
                     let _ = sink.send(H::Response::from_error(err)).await;
                 }
-                if sink.ended_with_error {
+                if sink.ended_with_error() {
                     Outcome::Error
-                } else if sink.handed_off {
+                } else if sink.handed_off() {
                     Outcome::Continued
                 } else {
                     Outcome::Success
@@ -797,7 +594,6 @@ async fn handle_delivery<H: Handler>(
         trace_span.fail(outcome.as_str());
     }
     trace_span.end();
-    metrics.records_published(processor, sink.records_sent());
     metrics.in_flight(processor, -1);
     let _enter = span.enter();
     // Where the broker keeps requests, a nack brings the request back for another attempt;
@@ -813,7 +609,7 @@ async fn handle_delivery<H: Handler>(
         Ok(()) => {
             warn!("no terminal record could be published; handing the request back");
             if requests_come_back {
-                sink.retract();
+                sink.retract().await;
             }
             delivery.nack();
             metrics.request_finished(processor, Outcome::Retried, 0.0);
@@ -824,7 +620,7 @@ async fn handle_delivery<H: Handler>(
             // already waiting for the broker, not calling the provider again.
             store.block(&e);
             if requests_come_back {
-                sink.retract();
+                sink.retract().await;
             }
             delivery.nack();
             metrics.request_finished(processor, Outcome::Retried, 0.0);

@@ -18,11 +18,16 @@ use std::{
 
 use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::{bus::Link, lock};
+use crate::{
+    bus::Link,
+    lock,
+    sink::{Pacer, Pacing},
+};
 
 /// Buckets for request durations: LLM requests run from milliseconds to minutes.
 const DURATION_BUCKETS: &[f64] = &[
@@ -89,6 +94,10 @@ pub struct RuntimeMetrics {
     config_version: IntGaugeVec,
     flows: IntGaugeVec,
     config_failures: IntCounterVec,
+    coalesced: IntCounterVec,
+    pace_interval: GaugeVec,
+    /// The process's pacer of each processor name (see [`crate::sink`]).
+    pacers: Arc<Mutex<std::collections::HashMap<String, Arc<Pacer>>>>,
 }
 
 impl RuntimeMetrics {
@@ -178,7 +187,23 @@ impl RuntimeMetrics {
             ),
             &["processor"],
         )?;
+        let coalesced = IntCounterVec::new(
+            Opts::new(
+                "sluice_processor_deltas_coalesced_total",
+                "Streamed deltas a paced processor merged into the record before them instead of publishing them as records of their own.",
+            ),
+            &["processor"],
+        )?;
+        let pace_interval = GaugeVec::new(
+            Opts::new(
+                "sluice_processor_pace_interval_seconds",
+                "The least time between two records of one stream of a paced processor now: the larger of --pace-interval-ms and open streams / --max-response-records-per-sec.",
+            ),
+            &["processor"],
+        )?;
+        registry.register(Box::new(pace_interval.clone()))?;
         for c in [
+            &coalesced,
             &requests,
             &records,
             &redelivered,
@@ -206,7 +231,31 @@ impl RuntimeMetrics {
             config_version,
             flows,
             config_failures,
+            coalesced,
+            pace_interval,
+            pacers: Arc::default(),
         })
+    }
+
+    /// The pacer of `processor`'s response records in this process, made with `pacing` the
+    /// first time (every flow of a processor has the same settings).
+    pub(crate) fn pacer(&self, processor: &str, pacing: Pacing) -> Arc<Pacer> {
+        lock(&self.pacers)
+            .entry(processor.to_owned())
+            .or_insert_with(|| {
+                Arc::new(Pacer::new(
+                    pacing,
+                    self.coalesced.with_label_values(&[processor]),
+                    self.pace_interval.with_label_values(&[processor]),
+                ))
+            })
+            .clone()
+    }
+
+    /// The counter of `processor`'s published response records, counted as each is
+    /// published (so `rate()` of it is the current record rate).
+    pub fn records_counter(&self, processor: &str) -> IntCounter {
+        self.records.with_label_values(&[processor])
     }
 
     /// Records the config version `processor` applied and how many flows it serves.
@@ -237,6 +286,9 @@ impl RuntimeMetrics {
         self.records.with_label_values(&[processor]);
         self.redelivered.with_label_values(&[processor]);
         self.store_blocked.with_label_values(&[processor]);
+        // Unpaced, these stay at 0; a pacer made later (see `pacer`) sets the interval.
+        self.coalesced.with_label_values(&[processor]);
+        self.pace_interval.with_label_values(&[processor]);
     }
 
     /// Whether `processor` is paused because the broker cannot store its records.
@@ -271,11 +323,6 @@ impl RuntimeMetrics {
     /// A request started (`delta` = 1) or ended (`delta` = -1).
     pub fn in_flight(&self, processor: &str, delta: i64) {
         self.in_flight.with_label_values(&[processor]).add(delta);
-    }
-
-    /// Response records were published.
-    pub fn records_published(&self, processor: &str, n: u64) {
-        self.records.with_label_values(&[processor]).inc_by(n);
     }
 
     /// A request arrived again after an earlier attempt.

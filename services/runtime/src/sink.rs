@@ -1,0 +1,835 @@
+//! The response sink: publishes one request's records in order, and paces them where the
+//! response topic loses what its consumers cannot keep up with.
+//!
+//! # Pacing (issue #28)
+//! On a non-persistent topic (TrustGraph's mapping) the broker drops every message a
+//! consumer has no permits for: a consumer that falls behind loses records, it is never
+//! slowed down. TrustGraph's own services read all of a service's answers through one
+//! Python consumer (receiver queue 1,000), and a sluice processor streaming hundreds of
+//! answers a token per record overruns it. So a paced sink publishes a stream's records at
+//! most once per *interval*: text deltas that arrive sooner are held and merged (see
+//! [`ResponseRecord::coalesce`]) into the next record, which goes out when the interval is
+//! over, whether or not another delta came. The interval is the larger of the configured
+//! minimum and `open streams / max records per second`, so the processor's intermediate
+//! records stay under its rate bound however many streams it answers.
+//!
+//! What pacing never changes: the first record of a stream and its terminal record go out
+//! at once (time to first token is untouched; a held delta is published just before the
+//! terminal record), and the text and token counts a client adds up are exactly those of
+//! the unpaced stream. Records that are not deltas (objects, actions, observations) are
+//! never held.
+
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Arc, Weak,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use futures::{FutureExt, StreamExt, stream::FuturesUnordered};
+use prometheus::{Gauge, IntCounter};
+use sluice_schema::{Error, ErrorKind, ResponseRecord, properties};
+use tokio::{sync::Mutex, time::Instant};
+
+use crate::{
+    bus::{BusError, Message, Publisher, Receipt},
+    sync::StreamBook,
+};
+
+/// When a processor paces its response records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PaceWhen {
+    /// On non-persistent response topics (TrustGraph's mapping), where a slow consumer loses
+    /// records; never on persistent ones, whose consumers the broker slows down instead.
+    #[default]
+    Auto,
+    /// Always.
+    On,
+    /// Never.
+    Off,
+}
+
+/// How a paced processor publishes: at most one record per stream per `min_interval`, and
+/// about `max_records_per_sec` intermediate records per second over all its streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pacing {
+    /// When pacing applies.
+    pub when: PaceWhen,
+    /// The least time between two records of one stream.
+    pub min_interval: Duration,
+    /// The processor's bound on intermediate records per second (first and terminal records
+    /// are not held back, so they come on top); `None` for no bound.
+    pub max_records_per_sec: Option<u32>,
+}
+
+/// The default least time between two records of one paced stream.
+pub const DEFAULT_PACE_INTERVAL: Duration = Duration::from_millis(100);
+/// The default bound on a paced processor's intermediate records per second.
+pub const DEFAULT_MAX_RECORDS_PER_SEC: u32 = 1_000;
+
+impl Default for Pacing {
+    fn default() -> Self {
+        Self {
+            when: PaceWhen::Auto,
+            min_interval: DEFAULT_PACE_INTERVAL,
+            max_records_per_sec: Some(DEFAULT_MAX_RECORDS_PER_SEC),
+        }
+    }
+}
+
+impl std::str::FromStr for PaceWhen {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "on" => Ok(Self::On),
+            "off" => Ok(Self::Off),
+            other => Err(format!("`{other}` is not one of auto, on, off")),
+        }
+    }
+}
+
+impl std::fmt::Display for PaceWhen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::On => "on",
+            Self::Off => "off",
+        })
+    }
+}
+
+impl Pacing {
+    /// Whether a processor answering on `response_topic` paces.
+    pub fn applies_to(&self, response_topic: &str) -> bool {
+        match self.when {
+            PaceWhen::Auto => response_topic.starts_with("non-persistent://"),
+            PaceWhen::On => true,
+            PaceWhen::Off => false,
+        }
+    }
+}
+
+/// What every paced stream of one processor shares.
+pub(crate) struct Pacer {
+    pacing: Pacing,
+    /// Paced streams open now: the rate bound is shared among them.
+    open: AtomicUsize,
+    coalesced: IntCounter,
+    interval_gauge: Gauge,
+}
+
+impl Pacer {
+    pub(crate) fn new(pacing: Pacing, coalesced: IntCounter, interval_gauge: Gauge) -> Self {
+        let pacer = Self {
+            pacing,
+            open: AtomicUsize::new(0),
+            coalesced,
+            interval_gauge,
+        };
+        pacer.interval();
+        pacer
+    }
+
+    /// The least time between two records of a stream now (also its gauge's value).
+    pub(crate) fn interval(&self) -> Duration {
+        let by_rate =
+            self.pacing
+                .max_records_per_sec
+                .filter(|r| *r > 0)
+                .map_or(Duration::ZERO, |rate| {
+                    let open = self.open.load(Ordering::Relaxed).max(1);
+                    Duration::from_secs_f64(open as f64 / f64::from(rate))
+                });
+        let interval = self.pacing.min_interval.max(by_rate);
+        self.interval_gauge.set(interval.as_secs_f64());
+        interval
+    }
+
+    fn opened(&self) {
+        self.open.fetch_add(1, Ordering::Relaxed);
+        self.interval();
+    }
+
+    fn closed(&self) {
+        self.open.fetch_sub(1, Ordering::Relaxed);
+        self.interval();
+    }
+}
+
+/// Why a record could not be sent.
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    /// The stream already has its terminal record; nothing may follow it.
+    #[error("the stream has ended")]
+    Ended,
+    /// The bus failed; the request will be attempted again.
+    #[error(transparent)]
+    Bus(#[from] BusError),
+}
+
+/// Publishes one request's response records, in order, with the request's properties.
+///
+/// The publishing state lives behind an async mutex because a paced stream's held delta is
+/// also published by a timer when no further record comes; unpaced, the lock is uncontended.
+pub struct ResponseSink<R: ResponseRecord> {
+    core: Arc<Mutex<Core<R>>>,
+    // Copies of the core's state as of the last call, for the synchronous accessors.
+    ended: bool,
+    ended_with_error: bool,
+    published: u64,
+    handed_off: bool,
+}
+
+/// Where a paced stream stands.
+struct Pace<R> {
+    pacer: Arc<Pacer>,
+    /// The delta held back (the merge of those that came within the interval).
+    held: Option<R>,
+    /// When the last record went out; `None` before the first.
+    last: Option<Instant>,
+    /// A timer will publish the held delta.
+    armed: bool,
+}
+
+struct Core<R> {
+    publisher: Arc<dyn Publisher>,
+    properties: BTreeMap<String, String>,
+    pending: FuturesUnordered<Receipt>,
+    failed: Option<BusError>,
+    ended: bool,
+    ended_with_error: bool,
+    published: u64,
+    /// On a non-persistent response topic: the processor's account for its syncs, and this
+    /// stream's attempt.
+    book: Option<(Arc<StreamBook>, String)>,
+    pace: Option<Pace<R>>,
+    /// The processor's count of records published.
+    records: IntCounter,
+}
+
+impl<R> Drop for Core<R> {
+    fn drop(&mut self) {
+        if let Some((book, attempt)) = &self.book {
+            book.close(attempt);
+        }
+        if let Some(pace) = &self.pace {
+            pace.pacer.closed();
+        }
+    }
+}
+
+impl<R: ResponseRecord> ResponseSink<R> {
+    pub(crate) fn new(
+        publisher: Arc<dyn Publisher>,
+        properties: BTreeMap<String, String>,
+        book: Option<Arc<StreamBook>>,
+        pacer: Option<Arc<Pacer>>,
+        records: IntCounter,
+    ) -> Self {
+        let book = book.and_then(|book| {
+            let id = properties.get(properties::ID)?;
+            let attempt = properties.get(properties::ATTEMPT)?;
+            book.open(id, attempt);
+            Some((book, attempt.clone()))
+        });
+        let pace = pacer.map(|pacer| {
+            pacer.opened();
+            Pace {
+                pacer,
+                held: None,
+                last: None,
+                armed: false,
+            }
+        });
+        Self {
+            core: Arc::new(Mutex::new(Core {
+                publisher,
+                properties,
+                pending: FuturesUnordered::new(),
+                failed: None,
+                ended: false,
+                ended_with_error: false,
+                published: 0,
+                book,
+                pace,
+                records,
+            })),
+            ended: false,
+            ended_with_error: false,
+            published: 0,
+            handed_off: false,
+        }
+    }
+
+    fn mirror(&mut self, core: &Core<R>) {
+        self.ended = core.ended || self.handed_off;
+        self.ended_with_error = core.ended_with_error;
+        self.published = core.published;
+    }
+
+    /// Sends a record. After a terminal record, or after a failure, every send fails.
+    ///
+    /// A record too large for the bus is not sent: the stream ends with a
+    /// `message-too-large` error instead, and this returns [`SinkError::Ended`]. On a paced
+    /// stream a delta may be held and merged into the next record (see the module docs);
+    /// it is published within the stream's interval all the same.
+    pub async fn send(&mut self, record: R) -> Result<(), SinkError> {
+        if self.handed_off {
+            return Err(SinkError::Ended);
+        }
+        let core = self.core.clone();
+        let mut guard = core.lock().await;
+        let result = guard.send(record, &self.core).await;
+        self.mirror(&guard);
+        result
+    }
+
+    /// Ends this attempt without a terminal record by handing the request on: `payload` (the
+    /// next request) is published to `publisher` with this request's id and trace context and
+    /// a [`properties::CONTINUES`] marker naming this attempt, for any replica to take the next
+    /// step. The records sent so far are stored first, so the next step's records follow
+    /// them. Once this returns, the request is acked; nothing may be sent after it.
+    pub async fn hand_off(
+        &mut self,
+        publisher: &dyn Publisher,
+        payload: Vec<u8>,
+    ) -> Result<(), SinkError> {
+        if self.ended {
+            return Err(SinkError::Ended);
+        }
+        let core = self.core.clone();
+        let mut guard = core.lock().await;
+        if guard.ended {
+            self.mirror(&guard);
+            return Err(SinkError::Ended);
+        }
+        let flushed = guard.flush().await;
+        self.mirror(&guard);
+        flushed?;
+        let mut props = BTreeMap::new();
+        for key in [
+            properties::ID,
+            properties::TRACEPARENT,
+            properties::TRACESTATE,
+            properties::REPLY_TO,
+        ] {
+            if let Some(v) = guard.properties.get(key) {
+                props.insert(key.to_owned(), v.clone());
+            }
+        }
+        if let Some(attempt) = guard.properties.get(properties::ATTEMPT) {
+            props.insert(properties::CONTINUES.to_owned(), attempt.clone());
+        }
+        let stored = match publisher
+            .send(Message {
+                payload: payload.into(),
+                properties: props,
+            })
+            .await
+        {
+            Ok(receipt) => receipt.await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = stored {
+            // Like a record that could not be stored: the request goes back to the broker
+            // for another attempt (and the processor waits for the broker), never a terminal
+            // error for what is the bus's trouble.
+            let reported = BusError::Unavailable(e.to_string());
+            guard.failed.get_or_insert(e);
+            return Err(SinkError::Bus(reported));
+        }
+        self.handed_off = true;
+        self.mirror(&guard);
+        Ok(())
+    }
+
+    /// The request goes back to the broker: its stream is no longer one to count (a later
+    /// attempt answers it, where the broker keeps requests).
+    pub(crate) async fn retract(&self) {
+        let guard = self.core.lock().await;
+        if let Some((book, attempt)) = &guard.book {
+            book.retract(attempt);
+        }
+    }
+
+    /// Whether the terminal record sent was an error.
+    pub fn ended_with_error(&self) -> bool {
+        self.ended_with_error
+    }
+
+    /// True once the terminal record is sent (or the request was handed off).
+    pub fn is_ended(&self) -> bool {
+        self.ended
+    }
+
+    /// Whether the request was handed on (see [`ResponseSink::hand_off`]).
+    pub(crate) fn handed_off(&self) -> bool {
+        self.handed_off
+    }
+
+    /// Records published so far (a held delta is not, until it goes out).
+    pub fn records_sent(&self) -> u64 {
+        self.published
+    }
+
+    /// Publishes a held delta and waits until the broker has stored every record sent. A
+    /// failure stays: once one record (or a hand-off) was not stored, nothing more goes out
+    /// for this attempt, so the runtime hands the request back instead of publishing an
+    /// error for it.
+    pub(crate) async fn flush(&mut self) -> Result<(), BusError> {
+        let core = self.core.clone();
+        let mut guard = core.lock().await;
+        let result = guard.flush().await;
+        self.mirror(&guard);
+        result
+    }
+}
+
+impl<R: ResponseRecord> Core<R> {
+    async fn send(&mut self, record: R, me: &Arc<Mutex<Core<R>>>) -> Result<(), SinkError> {
+        if self.ended {
+            return Err(SinkError::Ended);
+        }
+        if let Some(e) = &self.failed {
+            return Err(SinkError::Bus(BusError::Unavailable(e.to_string())));
+        }
+        if self.pace.as_ref().and_then(|p| p.last).is_none() {
+            // Unpaced, or the first record: at once, whatever it is.
+            return self.emit(record).await;
+        }
+        if record.is_terminal() {
+            self.release().await?;
+            return self.emit(record).await;
+        }
+        let candidate = match self.pace.as_mut().and_then(|p| p.held.take()) {
+            None => record,
+            Some(mut held) => match held.coalesce(record) {
+                Ok(()) => {
+                    if let Some(pace) = &self.pace {
+                        pace.pacer.coalesced.inc();
+                    }
+                    held
+                }
+                Err(record) => {
+                    // Not one record's worth: the held delta goes out first, in order.
+                    self.emit(held).await?;
+                    record
+                }
+            },
+        };
+        let now = Instant::now();
+        if let Some(pace) = self.pace.as_mut() {
+            let due = pace.last.map_or(now, |last| last + pace.pacer.interval());
+            if candidate.is_delta() && now < due {
+                pace.held = Some(candidate);
+                if !pace.armed {
+                    pace.armed = true;
+                    tokio::spawn(release_at(Arc::downgrade(me), due));
+                }
+                return Ok(());
+            }
+        }
+        self.emit(candidate).await
+    }
+
+    /// Publishes the held delta, if any.
+    async fn release(&mut self) -> Result<(), SinkError> {
+        match self.pace.as_mut().and_then(|p| p.held.take()) {
+            Some(held) => self.emit(held).await,
+            None => Ok(()),
+        }
+    }
+
+    async fn flush(&mut self) -> Result<(), BusError> {
+        if !self.ended && self.failed.is_none() {
+            // A stream handed back or ended by the runtime still gets what it was sent.
+            match self.release().await {
+                Err(SinkError::Bus(e)) => {
+                    self.failed.get_or_insert(e);
+                }
+                Err(SinkError::Ended) | Ok(()) => {}
+            }
+        }
+        while let Some(result) = self.pending.next().await {
+            if let Err(e) = result {
+                self.failed.get_or_insert(e);
+            }
+        }
+        match &self.failed {
+            Some(e) => Err(BusError::Unavailable(e.to_string())),
+            None => Ok(()),
+        }
+    }
+
+    /// Publishes `record` now, ending the stream when it is terminal, and in its place a
+    /// `message-too-large` error when the bus refuses it for its size.
+    async fn emit(&mut self, record: R) -> Result<(), SinkError> {
+        match self.publish(&record).await {
+            Ok(()) => {
+                if record.is_terminal() {
+                    self.ended = true;
+                    self.ended_with_error = record.error().is_some();
+                }
+                Ok(())
+            }
+            Err(BusError::TooLarge { size, limit }) => {
+                let error = R::from_error(Error::new(
+                    ErrorKind::MessageTooLarge,
+                    format!(
+                        "a response record of {size} bytes exceeds the bus limit of {limit} bytes; the stream ends here"
+                    ),
+                ));
+                self.publish(&error).await?;
+                self.ended = true;
+                self.ended_with_error = true;
+                Err(SinkError::Ended)
+            }
+            Err(e) => Err(SinkError::Bus(e)),
+        }
+    }
+
+    async fn publish(&mut self, record: &R) -> Result<(), BusError> {
+        let payload = serde_json::to_vec(record)
+            .map_err(|e| BusError::Config(format!("encoding a response record: {e}")))?;
+        let mut numbered = self.properties.clone();
+        // Numbered per attempt so that a client sees a record lost in transit (see
+        // `properties::SEQ`). A record refused as too large is not published and its number
+        // goes to the error record that replaces it.
+        numbered.insert(properties::SEQ.to_owned(), self.published.to_string());
+        let message = Message {
+            payload: payload.into(),
+            properties: numbered,
+        };
+        match self.publisher.send(message).await {
+            Ok(receipt) => {
+                self.pending.push(receipt);
+                self.published += 1;
+                self.records.inc();
+                if let Some(pace) = self.pace.as_mut() {
+                    pace.last = Some(Instant::now());
+                }
+                // Handed to the producer: any sync from now on goes out after this record.
+                if let Some((book, attempt)) = &self.book {
+                    book.published(attempt, self.published);
+                }
+                // Settle receipts that are already in, so memory stays flat on long streams
+                // and a failure is noticed early.
+                while let Some(Some(result)) = self.pending.next().now_or_never() {
+                    if let Err(e) = result {
+                        self.failed.get_or_insert(e);
+                    }
+                }
+                match &self.failed {
+                    Some(e) => Err(BusError::Unavailable(e.to_string())),
+                    None => Ok(()),
+                }
+            }
+            Err(e @ BusError::TooLarge { .. }) => Err(e),
+            Err(e) => {
+                let reported = BusError::Unavailable(e.to_string());
+                self.failed.get_or_insert(e);
+                Err(reported)
+            }
+        }
+    }
+}
+
+/// A paced stream's timer: publishes its held delta at `due`, unless a record sent since took
+/// it along; waits longer when more streams opened meanwhile (the interval grew). Ends when
+/// the stream is gone.
+async fn release_at<R: ResponseRecord>(core: Weak<Mutex<Core<R>>>, mut due: Instant) {
+    loop {
+        tokio::time::sleep_until(due).await;
+        let Some(core) = core.upgrade() else { return };
+        let mut guard = core.lock().await;
+        let over = guard.ended || guard.failed.is_some();
+        let Some(pace) = guard.pace.as_mut() else {
+            return;
+        };
+        if over || pace.held.is_none() {
+            pace.armed = false;
+            return;
+        }
+        if let Some(later) = pace
+            .last
+            .map(|last| last + pace.pacer.interval())
+            .filter(|later| *later > Instant::now())
+        {
+            due = later;
+            continue;
+        }
+        pace.armed = false;
+        // A failure is kept in the core: the handler's next send, or the runtime's flush,
+        // reports it.
+        let _ = guard.release().await;
+        return;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex as StdMutex;
+
+    use async_trait::async_trait;
+    use sluice_schema::{PromptResponse, TextCompletionResponse};
+
+    use super::*;
+
+    /// Keeps what is published, with the (paused) clock's time of publishing.
+    #[derive(Default)]
+    struct Recorder {
+        sent: StdMutex<Vec<(Duration, Message)>>,
+        start: StdMutex<Option<Instant>>,
+        refuse_larger_than: Option<usize>,
+    }
+
+    #[async_trait]
+    impl Publisher for Recorder {
+        async fn send(&self, message: Message) -> Result<Receipt, BusError> {
+            if let Some(limit) = self.refuse_larger_than
+                && message.payload.len() > limit
+            {
+                return Err(BusError::TooLarge {
+                    size: message.payload.len(),
+                    limit,
+                });
+            }
+            let start = *self.start.lock().unwrap().get_or_insert_with(Instant::now);
+            self.sent
+                .lock()
+                .unwrap()
+                .push((Instant::now() - start, message));
+            Ok(Receipt::ready(Ok(())))
+        }
+
+        fn topic(&self) -> &str {
+            "non-persistent://t/response/x"
+        }
+    }
+
+    impl Recorder {
+        fn records<R: ResponseRecord>(&self) -> Vec<(Duration, R)> {
+            self.sent
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(at, m)| (*at, serde_json::from_slice(&m.payload).unwrap()))
+                .collect()
+        }
+
+        fn seqs(&self) -> Vec<String> {
+            self.sent
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(_, m)| m.properties[properties::SEQ].clone())
+                .collect()
+        }
+    }
+
+    fn pacer(min_ms: u64, rate: Option<u32>) -> Arc<Pacer> {
+        let counter = IntCounter::new("coalesced", "test").unwrap();
+        let gauge = Gauge::new("interval", "test").unwrap();
+        Arc::new(Pacer::new(
+            Pacing {
+                when: PaceWhen::On,
+                min_interval: Duration::from_millis(min_ms),
+                max_records_per_sec: rate,
+            },
+            counter,
+            gauge,
+        ))
+    }
+
+    fn sink<R: ResponseRecord>(
+        publisher: &Arc<Recorder>,
+        pacer: Option<Arc<Pacer>>,
+    ) -> ResponseSink<R> {
+        let props = BTreeMap::from([
+            (properties::ID.to_owned(), "r1".to_owned()),
+            (properties::ATTEMPT.to_owned(), "a1".to_owned()),
+        ]);
+        ResponseSink::new(
+            publisher.clone(),
+            props,
+            None,
+            pacer,
+            IntCounter::new("records", "test").unwrap(),
+        )
+    }
+
+    fn delta(text: &str) -> TextCompletionResponse {
+        TextCompletionResponse {
+            response: text.into(),
+            out_token: Some(1),
+            ..Default::default()
+        }
+    }
+
+    fn end() -> TextCompletionResponse {
+        TextCompletionResponse {
+            in_token: Some(7),
+            end_of_stream: true,
+            ..Default::default()
+        }
+    }
+
+    /// Tokens 10 ms apart through a sink paced at 100 ms: the first at once, the rest merged
+    /// into one record per interval, the terminal record at once after the held text; the
+    /// text and token counts exactly the unpaced stream's.
+    #[tokio::test(start_paused = true)]
+    async fn a_paced_stream_merges_deltas_and_never_delays_its_first_or_last_record() {
+        let publisher = Arc::new(Recorder::default());
+        let pacer = pacer(100, None);
+        let mut sink = sink(&publisher, Some(pacer.clone()));
+        for i in 0..50 {
+            sink.send(delta(&format!("t{i} "))).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        sink.send(end()).await.unwrap();
+        sink.flush().await.unwrap();
+        let records = publisher.records::<TextCompletionResponse>();
+        let text: String = records.iter().map(|(_, r)| r.response.as_str()).collect();
+        let expected: String = (0..50).map(|i| format!("t{i} ")).collect();
+        assert_eq!(text, expected);
+        let out: u64 = records.iter().filter_map(|(_, r)| r.out_token).sum();
+        assert_eq!(out, 50, "every token counted once");
+        assert_eq!(records[0].0, Duration::ZERO, "the first record at once");
+        assert_eq!(records[0].1.response, "t0 ");
+        let (at_end, last) = records.last().unwrap();
+        assert!(last.end_of_stream);
+        assert_eq!(
+            *at_end,
+            Duration::from_millis(500),
+            "the last record at once"
+        );
+        assert!(
+            records.len() <= 8,
+            "one record per 100 ms and the ends, not 51: {}",
+            records.len()
+        );
+        for pair in records[..records.len() - 1].windows(2) {
+            assert!(
+                pair[1].0 - pair[0].0 >= Duration::from_millis(100),
+                "records of a stream 100 ms apart at least: {:?}",
+                records.iter().map(|(at, _)| *at).collect::<Vec<_>>()
+            );
+        }
+        let seqs = publisher.seqs();
+        let expected: Vec<String> = (0..records.len()).map(|i| i.to_string()).collect();
+        assert_eq!(seqs, expected, "numbered without gaps");
+        assert_eq!(sink.records_sent(), records.len() as u64);
+        assert_eq!(
+            pacer.coalesced.get() + records.len() as u64,
+            51,
+            "each delta either published or merged"
+        );
+    }
+
+    /// A delta held when the provider goes quiet goes out when the interval is over, not
+    /// with the next record.
+    #[tokio::test(start_paused = true)]
+    async fn a_held_delta_goes_out_at_the_interval_when_nothing_follows() {
+        let publisher = Arc::new(Recorder::default());
+        let mut sink = sink(&publisher, Some(pacer(100, None)));
+        sink.send(delta("a")).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        sink.send(delta("b")).await.unwrap();
+        assert_eq!(publisher.records::<TextCompletionResponse>().len(), 1);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let records = publisher.records::<TextCompletionResponse>();
+        assert_eq!(records.len(), 2);
+        assert_eq!(records[1].1.response, "b");
+        assert_eq!(records[1].0, Duration::from_millis(100));
+        sink.send(end()).await.unwrap();
+        assert_eq!(publisher.records::<TextCompletionResponse>().len(), 3);
+    }
+
+    /// The rate bound: with 10 streams open at 20 records/s, a stream's interval is 500 ms.
+    #[tokio::test(start_paused = true)]
+    async fn the_interval_grows_with_the_streams_open_under_a_rate_bound() {
+        let pacer = pacer(100, Some(20));
+        let publisher = Arc::new(Recorder::default());
+        let sinks: Vec<ResponseSink<TextCompletionResponse>> = (0..10)
+            .map(|_| sink(&publisher, Some(pacer.clone())))
+            .collect();
+        assert_eq!(pacer.interval(), Duration::from_millis(500));
+        assert_eq!(pacer.interval_gauge.get(), 0.5);
+        drop(sinks);
+        assert_eq!(
+            pacer.interval_gauge.get(),
+            0.1,
+            "the gauge follows the streams closed"
+        );
+        assert_eq!(pacer.interval(), Duration::from_millis(100));
+    }
+
+    /// Objects are never held or merged: each goes out as it comes.
+    #[tokio::test(start_paused = true)]
+    async fn records_that_are_not_deltas_are_never_held() {
+        let publisher = Arc::new(Recorder::default());
+        let mut sink = sink(&publisher, Some(pacer(100, None)));
+        for i in 0..5 {
+            sink.send(PromptResponse {
+                object: Some(format!("{{\"i\":{i}}}")),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        }
+        let records = publisher.records::<PromptResponse>();
+        assert_eq!(records.len(), 5);
+        assert!(records.iter().all(|(at, _)| *at == Duration::ZERO));
+    }
+
+    /// Unpaced, every delta is a record.
+    #[tokio::test(start_paused = true)]
+    async fn an_unpaced_sink_publishes_every_record() {
+        let publisher = Arc::new(Recorder::default());
+        let mut sink = sink(&publisher, None);
+        for i in 0..20 {
+            sink.send(delta(&i.to_string())).await.unwrap();
+        }
+        sink.send(end()).await.unwrap();
+        assert_eq!(publisher.records::<TextCompletionResponse>().len(), 21);
+    }
+
+    /// A held delta is still published when the stream ends without a terminal record of
+    /// the handler's (the runtime's flush), and a handed-back stream loses nothing it sent.
+    #[tokio::test(start_paused = true)]
+    async fn flush_publishes_the_held_delta() {
+        let publisher = Arc::new(Recorder::default());
+        let mut sink = sink(&publisher, Some(pacer(100, None)));
+        sink.send(delta("a")).await.unwrap();
+        sink.send(delta("b")).await.unwrap();
+        sink.flush().await.unwrap();
+        let records = publisher.records::<TextCompletionResponse>();
+        assert_eq!(records.len(), 2);
+        assert_eq!(records[1].1.response, "b");
+    }
+
+    /// A merged delta the bus refuses for its size ends the stream with the size error, also
+    /// when its timer publishes it.
+    #[tokio::test(start_paused = true)]
+    async fn a_held_delta_too_large_for_the_bus_ends_the_stream_with_the_size_error() {
+        let publisher = Arc::new(Recorder {
+            refuse_larger_than: Some(300),
+            ..Default::default()
+        });
+        let mut sink = sink(&publisher, Some(pacer(100, None)));
+        sink.send(delta("a")).await.unwrap();
+        sink.send(delta(&"x".repeat(200))).await.unwrap();
+        sink.send(delta(&"y".repeat(200))).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let records = publisher.records::<TextCompletionResponse>();
+        assert_eq!(records.len(), 2, "{records:?}");
+        let error = records[1].1.error.as_ref().unwrap();
+        assert_eq!(error.kind, ErrorKind::MessageTooLarge.as_str());
+        assert!(matches!(sink.send(delta("z")).await, Err(SinkError::Ended)));
+        assert!(sink.is_ended() && sink.ended_with_error());
+    }
+}
