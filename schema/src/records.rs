@@ -139,7 +139,9 @@ pub trait ResponseRecord: Serialize + DeserializeOwned + Send + Sync + 'static {
 
     /// Merges `next`, the record that follows this delta in the same stream, into this one,
     /// when one record says exactly what the two said: the text concatenated, the token
-    /// deltas summed, nothing else different. Gives `next` back when they cannot be merged.
+    /// deltas summed, nothing else different. `next` may be the stream's terminal record when
+    /// it ends without an error: the merge is then terminal (the delta's text rides on the
+    /// last record, as a whole answer's does). Gives `next` back when they cannot be merged.
     /// Default: never.
     fn coalesce(&mut self, next: Self) -> Result<(), Self> {
         Err(next)
@@ -357,8 +359,9 @@ impl ResponseRecord for TextCompletionResponse {
     }
 
     fn coalesce(&mut self, next: Self) -> Result<(), Self> {
+        let clean_end = next.end_of_stream && next.error.is_none() && next.models.is_empty();
         if !self.is_delta()
-            || !next.is_delta()
+            || !(next.is_delta() || clean_end)
             || self.model != next.model
             || self.response.len() + next.response.len() > COALESCE_MAX_BYTES
         {
@@ -367,6 +370,8 @@ impl ResponseRecord for TextCompletionResponse {
         self.response.push_str(&next.response);
         self.in_token = add_tokens(self.in_token, next.in_token);
         self.out_token = add_tokens(self.out_token, next.out_token);
+        self.end_of_stream = next.end_of_stream;
+        self.finish_reason = next.finish_reason;
         Ok(())
     }
 }
@@ -452,7 +457,12 @@ impl ResponseRecord for PromptResponse {
             a.text.as_ref().map_or(0, String::len) + b.text.as_ref().map_or(0, String::len)
                 <= COALESCE_MAX_BYTES
         };
-        if !self.is_delta() || !next.is_delta() || self.model != next.model || !fits(self, &next) {
+        let clean_end = next.end_of_stream && next.error.is_none() && next.object.is_none();
+        if !self.is_delta()
+            || !(next.is_delta() || clean_end)
+            || self.model != next.model
+            || !fits(self, &next)
+        {
             return Err(next);
         }
         if let (Some(text), Some(more)) = (self.text.as_mut(), next.text.as_deref()) {
@@ -460,6 +470,9 @@ impl ResponseRecord for PromptResponse {
         }
         self.in_token = add_tokens(self.in_token, next.in_token);
         self.out_token = add_tokens(self.out_token, next.out_token);
+        self.end_of_stream = next.end_of_stream;
+        self.objects_emitted = next.objects_emitted;
+        self.lines_skipped = next.lines_skipped;
         Ok(())
     }
 }
@@ -606,10 +619,10 @@ impl ResponseRecord for AgentResponse {
             && self.error.is_none()
     }
 
-    /// The next piece of the same message merges, its `end_of_message` included.
+    /// The next piece of the same message merges, its `end_of_message` and `end_of_dialog`
+    /// included.
     fn coalesce(&mut self, next: Self) -> Result<(), Self> {
         if !self.is_delta()
-            || next.end_of_dialog
             || next.error.is_some()
             || next.message_type != self.message_type
             || next.message_id != self.message_id
@@ -620,6 +633,7 @@ impl ResponseRecord for AgentResponse {
         }
         self.content.push_str(&next.content);
         self.end_of_message = next.end_of_message;
+        self.end_of_dialog = next.end_of_dialog;
         self.in_token = add_tokens(self.in_token, next.in_token);
         self.out_token = add_tokens(self.out_token, next.out_token);
         Ok(())
@@ -791,12 +805,9 @@ mod tests {
             held.in_token, None,
             "no count is made up where none was given"
         );
-        // A terminal record, an error, another model, a finish reason: never merged.
-        let end = TextCompletionResponse {
-            end_of_stream: true,
-            ..text("", Some(1))
-        };
-        assert_eq!(held.coalesce(end.clone()), Err(end));
+        // An error, another model, a finish reason on a delta: never merged.
+        let failed = TextCompletionResponse::from_error(Error::new(ErrorKind::Timeout, "t"));
+        assert_eq!(held.coalesce(failed.clone()), Err(failed));
         let other = TextCompletionResponse {
             model: Some("n".into()),
             ..text("x", None)
@@ -814,6 +825,18 @@ mod tests {
             "held text stays bounded"
         );
         assert_eq!(held.response, "Hello you");
+        // A clean end takes the held text along and stays the end.
+        let end = TextCompletionResponse {
+            end_of_stream: true,
+            finish_reason: Some("stop".into()),
+            ..text("", Some(1))
+        };
+        assert!(held.coalesce(end).is_ok());
+        assert!(held.end_of_stream && !held.is_delta());
+        assert_eq!(held.response, "Hello you");
+        assert_eq!(held.out_token, Some(4));
+        assert_eq!(held.finish_reason.as_deref(), Some("stop"));
+        assert_eq!(held.clone().coalesce(text("x", None)), Err(text("x", None)));
     }
 
     #[test]

@@ -14,8 +14,8 @@
 //! records stay under its rate bound however many streams it answers.
 //!
 //! What pacing never changes: the first record of a stream and its terminal record go out
-//! at once (time to first token is untouched; a held delta is published just before the
-//! terminal record), and the text and token counts a client adds up are exactly those of
+//! at once (time to first token is untouched; a held delta rides on the terminal record, or
+//! goes out just before it where the two cannot merge, e.g. an error), and the text and token counts a client adds up are exactly those of
 //! the unpaced stream. Records that are not deltas (objects, actions, observations) are
 //! never held.
 
@@ -66,6 +66,10 @@ pub struct Pacing {
 
 /// The default least time between two records of one paced stream.
 pub const DEFAULT_PACE_INTERVAL: Duration = Duration::from_millis(100);
+/// The longest a paced stream's interval grows under the rate bound (reached at 5,000 open
+/// streams with the default bound): past it the bound gives way rather than hold a stream's
+/// text for so long that its reader's inactivity timeout comes near.
+pub const MAX_PACE_INTERVAL: Duration = Duration::from_secs(5);
 /// The default bound on a paced processor's intermediate records per second.
 pub const DEFAULT_MAX_RECORDS_PER_SEC: u32 = 1_000;
 
@@ -144,7 +148,7 @@ impl Pacer {
                     let open = self.open.load(Ordering::Relaxed).max(1);
                     Duration::from_secs_f64(open as f64 / f64::from(rate))
                 });
-        let interval = self.pacing.min_interval.max(by_rate);
+        let interval = self.pacing.min_interval.max(by_rate.min(MAX_PACE_INTERVAL));
         self.interval_gauge.set(interval.as_secs_f64());
         interval
     }
@@ -310,6 +314,11 @@ impl<R: ResponseRecord> ResponseSink<R> {
         let flushed = guard.flush().await;
         self.mirror(&guard);
         flushed?;
+        if guard.ended {
+            // The held delta was too large for the bus: its error record ended the stream,
+            // and nothing may continue it.
+            return Err(SinkError::Ended);
+        }
         let mut props = BTreeMap::new();
         for key in [
             properties::ID,
@@ -402,8 +411,24 @@ impl<R: ResponseRecord> Core<R> {
             return self.emit(record).await;
         }
         if record.is_terminal() {
-            self.release().await?;
-            return self.emit(record).await;
+            // The held delta rides on the terminal record where the two merge (one record
+            // where synchronised streams would put two, at the same moment, on the topic),
+            // else goes out just before it.
+            return match self.pace.as_mut().and_then(|p| p.held.take()) {
+                None => self.emit(record).await,
+                Some(mut held) => match held.coalesce(record) {
+                    Ok(()) => {
+                        if let Some(pace) = &self.pace {
+                            pace.pacer.coalesced.inc();
+                        }
+                        self.emit(held).await
+                    }
+                    Err(record) => {
+                        self.emit(held).await?;
+                        self.emit(record).await
+                    }
+                },
+            };
         }
         let candidate = match self.pace.as_mut().and_then(|p| p.held.take()) {
             None => record,
@@ -649,6 +674,12 @@ mod tests {
         publisher: &Arc<Recorder>,
         pacer: Option<Arc<Pacer>>,
     ) -> ResponseSink<R> {
+        // Times are from the stream's start, not from its first record.
+        publisher
+            .start
+            .lock()
+            .unwrap()
+            .get_or_insert_with(Instant::now);
         let props = BTreeMap::from([
             (properties::ID.to_owned(), "r1".to_owned()),
             (properties::ATTEMPT.to_owned(), "a1".to_owned()),
@@ -707,6 +738,11 @@ mod tests {
             Duration::from_millis(500),
             "the last record at once"
         );
+        assert_eq!(
+            last.response, "t41 t42 t43 t44 t45 t46 t47 t48 t49 ",
+            "the held text rides on the terminal record"
+        );
+        assert_eq!(last.in_token, Some(7));
         assert!(
             records.len() <= 8,
             "one record per 100 ms and the ends, not 51: {}",
@@ -726,7 +762,7 @@ mod tests {
         assert_eq!(
             pacer.coalesced.get() + records.len() as u64,
             51,
-            "each delta either published or merged"
+            "each record either published or merged"
         );
     }
 
@@ -747,6 +783,26 @@ mod tests {
         assert_eq!(records[1].0, Duration::from_millis(100));
         sink.send(end()).await.unwrap();
         assert_eq!(publisher.records::<TextCompletionResponse>().len(), 3);
+    }
+
+    /// An error ends a stream as its own record, after the held delta.
+    #[tokio::test(start_paused = true)]
+    async fn an_error_never_absorbs_the_held_delta() {
+        let publisher = Arc::new(Recorder::default());
+        let mut sink = sink(&publisher, Some(pacer(100, None)));
+        sink.send(delta("a")).await.unwrap();
+        sink.send(delta("b")).await.unwrap();
+        sink.send(TextCompletionResponse::from_error(Error::new(
+            ErrorKind::Timeout,
+            "late",
+        )))
+        .await
+        .unwrap();
+        let records = publisher.records::<TextCompletionResponse>();
+        assert_eq!(records.len(), 3);
+        assert_eq!(records[1].1.response, "b");
+        assert!(records[2].1.error.is_some() && records[2].1.end_of_stream);
+        assert!(sink.ended_with_error());
     }
 
     /// The rate bound: with 10 streams open at 20 records/s, a stream's interval is 500 ms.
@@ -799,7 +855,7 @@ mod tests {
     }
 
     /// A held delta is still published when the stream ends without a terminal record of
-    /// the handler's (the runtime's flush), and a handed-back stream loses nothing it sent.
+    /// the handler's (the runtime's flush).
     #[tokio::test(start_paused = true)]
     async fn flush_publishes_the_held_delta() {
         let publisher = Arc::new(Recorder::default());
@@ -831,5 +887,63 @@ mod tests {
         assert_eq!(error.kind, ErrorKind::MessageTooLarge.as_str());
         assert!(matches!(sink.send(delta("z")).await, Err(SinkError::Ended)));
         assert!(sink.is_ended() && sink.ended_with_error());
+    }
+
+    /// A hand-off publishes the held delta first: the next step's records follow all of this
+    /// one's.
+    #[tokio::test(start_paused = true)]
+    async fn a_hand_off_publishes_the_held_delta_before_the_next_step() {
+        let publisher = Arc::new(Recorder::default());
+        let next = Arc::new(Recorder::default());
+        let mut sink = sink(&publisher, Some(pacer(100, None)));
+        sink.send(delta("a")).await.unwrap();
+        sink.send(delta("b")).await.unwrap();
+        sink.hand_off(&*next, b"{}".to_vec()).await.unwrap();
+        let records = publisher.records::<TextCompletionResponse>();
+        assert_eq!(
+            records.len(),
+            2,
+            "the held delta went out before the hand-off"
+        );
+        assert_eq!(records[1].1.response, "b");
+        assert_eq!(next.sent.lock().unwrap().len(), 1);
+        assert!(sink.is_ended());
+        assert!(matches!(sink.send(delta("c")).await, Err(SinkError::Ended)));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(publisher.records::<TextCompletionResponse>().len(), 2);
+    }
+
+    /// A held delta too large for the bus ends the stream at the hand-off: nothing continues
+    /// a stream that ended with an error.
+    #[tokio::test(start_paused = true)]
+    async fn a_hand_off_after_a_held_delta_too_large_is_refused() {
+        let publisher = Arc::new(Recorder {
+            refuse_larger_than: Some(300),
+            ..Default::default()
+        });
+        let next = Arc::new(Recorder::default());
+        let mut sink = sink(&publisher, Some(pacer(100, None)));
+        sink.send(delta("a")).await.unwrap();
+        sink.send(delta(&"x".repeat(400))).await.unwrap();
+        assert!(matches!(
+            sink.hand_off(&*next, b"{}".to_vec()).await,
+            Err(SinkError::Ended)
+        ));
+        assert!(next.sent.lock().unwrap().is_empty(), "no next step");
+        let records = publisher.records::<TextCompletionResponse>();
+        assert_eq!(records.len(), 2);
+        assert!(records[1].1.error.is_some() && records[1].1.end_of_stream);
+        assert!(sink.is_ended() && sink.ended_with_error());
+    }
+
+    /// The rate bound stops growing a stream's interval at MAX_PACE_INTERVAL.
+    #[tokio::test(start_paused = true)]
+    async fn the_interval_is_capped() {
+        let pacer = pacer(100, Some(1));
+        let publisher = Arc::new(Recorder::default());
+        let _sinks: Vec<ResponseSink<TextCompletionResponse>> = (0..100)
+            .map(|_| sink(&publisher, Some(pacer.clone())))
+            .collect();
+        assert_eq!(pacer.interval(), MAX_PACE_INTERVAL);
     }
 }

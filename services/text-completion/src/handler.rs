@@ -436,15 +436,23 @@ impl TextCompletionService {
             match outcome {
                 Ok(()) => {
                     let (in_token, out_token) = usage.take();
-                    sink.send(TextCompletionResponse {
-                        in_token,
-                        out_token,
-                        model: model_name.clone(),
-                        end_of_stream: true,
-                        finish_reason: finish_reason.take(),
-                        ..Default::default()
-                    })
-                    .await?;
+                    let ended = sink
+                        .send(TextCompletionResponse {
+                            in_token,
+                            out_token,
+                            model: model_name.clone(),
+                            end_of_stream: true,
+                            finish_reason: finish_reason.take(),
+                            ..Default::default()
+                        })
+                        .await;
+                    if let Err(SinkError::Ended) = ended {
+                        // A paced stream's held delta was too large for the bus and its error
+                        // record ended the stream before this record.
+                        self.finish(request, started, "error", &usage);
+                        return Ok(());
+                    }
+                    ended?;
                     self.finish(request, started, "success", &usage);
                     info!(event = "llm_request_completed", request_id = %ctx.id, provider, model,
                           duration_ms = started.elapsed().as_millis() as u64, total_chunks = published,
