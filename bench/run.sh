@@ -6,6 +6,7 @@
 #   bash bench/run.sh text-completion    # TTFT overhead, concurrent streams, tokens/s
 #   bash bench/run.sh gateway            # TTFT over HTTP through the gateway, requests/s
 #   bash bench/run.sh loss               # what TrustGraph's non-persistent mapping loses, and when it is seen
+#   bash bench/run.sh pacing             # TrustGraph's own client at 64 and 512 streams, unpaced and paced
 #   bash bench/run.sh soak --minutes 30  # the soak under chaos (its own broker on 6657)
 #   bash bench/run.sh soak --minutes 30 --cluster  # the same on the secured cluster, its faults
 set -euo pipefail
@@ -28,6 +29,10 @@ case " $* " in
     deploy/pulsar/cluster.sh start
     eval "$(deploy/pulsar/cluster.sh env)"
     ;;
+esac
+# The pacing scenario reads the answers with TrustGraph's own client (PyPI, in a venv).
+case " $* " in
+  *" pacing "*) TG_FLOW_VENV=$(bash scripts/tg-flow-venv.sh); export TG_FLOW_VENV ;;
 esac
 scenario="${1:-foundation}"
 [ $# -gt 0 ] && shift

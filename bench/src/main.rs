@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod loss;
+mod pacing;
 mod prompt;
 
 use std::{
@@ -92,6 +93,17 @@ enum Scenario {
         /// How long the stalled client's process stops (seconds).
         #[arg(long, default_value_t = 3)]
         stall_secs: u64,
+    },
+    /// Pacing on TrustGraph's mapping (issue #28): a `sluice text-completion` process read by
+    /// TrustGraph's own Python client, unpaced and paced, at each concurrency. Needs
+    /// TG_FLOW_VENV (bench/run.sh sets it).
+    Pacing {
+        /// Concurrent callers (and the processor's concurrency) per level.
+        #[arg(long, value_delimiter = ',', default_value = "64,512")]
+        concurrency: Vec<u64>,
+        /// Requests per caller at each level.
+        #[arg(long, default_value_t = 2)]
+        per_caller: u64,
     },
     /// The soak under chaos (issue #13.4): every processor kind as `sluice` processes on a
     /// broker of its own, mixed traffic, a replica killed every ~20 s, the broker restarted every
@@ -410,6 +422,11 @@ async fn spawn_text_completion_process(
             &resp,
             "--cancel-topic",
             &cancel,
+            // Unpaced on non-persistent topics too: these figures are of every record on the
+            // wire (the loss bench needs the drops pacing avoids); pacing is measured by
+            // services/cli/tests/trustgraph_pacing.rs.
+            "--response-pacing",
+            "off",
             "--concurrency",
             &concurrency.to_string(),
             "--metrics-addr",
@@ -1067,6 +1084,20 @@ async fn main() {
             )
             .unwrap();
             splice(&cli.readme, "loss", &md);
+            println!("{md}");
+        }
+        Scenario::Pacing {
+            concurrency,
+            per_caller,
+        } => {
+            let (md, json) = pacing::bench(&broker, &concurrency, per_caller).await;
+            std::fs::write(cli.out.join("pacing.md"), &md).unwrap();
+            std::fs::write(
+                cli.out.join("pacing.json"),
+                serde_json::to_string_pretty(&json).unwrap(),
+            )
+            .unwrap();
+            splice(&cli.readme, "pacing", &md);
             println!("{md}");
         }
         Scenario::Soak {
