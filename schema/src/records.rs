@@ -856,6 +856,24 @@ mod tests {
         };
         assert!(!object.is_delta());
         assert_eq!(held.coalesce(object.clone()), Err(object));
+        // A text template's end takes the held text along; a jsonl end (an object) does not.
+        let mut ended = held.clone();
+        ended
+            .coalesce(PromptResponse {
+                end_of_stream: true,
+                out_token: Some(3),
+                ..Default::default()
+            })
+            .unwrap();
+        assert!(ended.end_of_stream);
+        assert_eq!(ended.text.as_deref(), Some("ab"));
+        assert_eq!(ended.out_token, Some(3));
+        let object_end = PromptResponse {
+            end_of_stream: true,
+            object: Some("{}".into()),
+            ..Default::default()
+        };
+        assert_eq!(held.coalesce(object_end.clone()), Err(object_end));
     }
 
     #[test]
@@ -883,5 +901,21 @@ mod tests {
         assert_eq!(held.coalesce(answer.clone()), Err(answer));
         assert!(!piece(AgentMessageType::Action, "tool", false).is_delta());
         assert!(!piece(AgentMessageType::Observation, "seen", false).is_delta());
+        // The dialog's last record takes the held answer piece along, and ends the dialog.
+        let mut held = piece(AgentMessageType::Answer, "4", false);
+        let last = AgentResponse {
+            end_of_dialog: true,
+            ..piece(AgentMessageType::Answer, "2", true)
+        };
+        assert!(held.coalesce(last).is_ok());
+        assert_eq!(held.content, "42");
+        assert!(held.end_of_message && held.end_of_dialog && held.is_terminal());
+        // A thought never rides on the final answer.
+        let mut held = piece(AgentMessageType::Thought, "so", false);
+        let last = AgentResponse {
+            end_of_dialog: true,
+            ..piece(AgentMessageType::Answer, "", true)
+        };
+        assert_eq!(held.coalesce(last.clone()), Err(last));
     }
 }

@@ -15,9 +15,9 @@
 //!
 //! What pacing never changes: the first record of a stream and its terminal record go out
 //! at once (time to first token is untouched; a held delta rides on the terminal record, or
-//! goes out just before it where the two cannot merge, e.g. an error), and the text and token counts a client adds up are exactly those of
-//! the unpaced stream. Records that are not deltas (objects, actions, observations) are
-//! never held.
+//! goes out just before it where the two cannot merge, e.g. an error), and the text and
+//! token counts a client adds up are exactly those of the unpaced stream. Records that are
+//! not deltas (objects, actions, observations) are never held.
 
 use std::{
     collections::BTreeMap,
