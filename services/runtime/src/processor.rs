@@ -318,7 +318,6 @@ pub async fn run<H: Handler>(
     if let Some(syncs) = syncs {
         let _ = syncs.await;
     }
-
     if let Some(listener) = cancel_listener {
         let _ = listener.await;
     }

@@ -410,26 +410,6 @@ impl<R: ResponseRecord> Core<R> {
             // Unpaced, or the first record: at once, whatever it is.
             return self.emit(record).await;
         }
-        if record.is_terminal() {
-            // The held delta rides on the terminal record where the two merge (one record
-            // where synchronised streams would put two, at the same moment, on the topic),
-            // else goes out just before it.
-            return match self.pace.as_mut().and_then(|p| p.held.take()) {
-                None => self.emit(record).await,
-                Some(mut held) => match held.coalesce(record) {
-                    Ok(()) => {
-                        if let Some(pace) = &self.pace {
-                            pace.pacer.coalesced.inc();
-                        }
-                        self.emit(held).await
-                    }
-                    Err(record) => {
-                        self.emit(held).await?;
-                        self.emit(record).await
-                    }
-                },
-            };
-        }
         let candidate = match self.pace.as_mut().and_then(|p| p.held.take()) {
             None => record,
             Some(mut held) => match held.coalesce(record) {
@@ -446,6 +426,11 @@ impl<R: ResponseRecord> Core<R> {
                 }
             },
         };
+        // What is not a delta (a terminal record, the held text merged into a clean one, an
+        // object) goes out now: the held text rides on a clean terminal record (one record
+        // where synchronised streams would put two on the topic at the same moment), and
+        // precedes an error record.
+
         let now = Instant::now();
         if let Some(pace) = self.pace.as_mut() {
             let due = pace.last.map_or(now, |last| last + pace.pacer.interval());
