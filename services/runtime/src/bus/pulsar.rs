@@ -659,8 +659,31 @@ enum Exit {
     Resubscribe,
 }
 
+/// What a consumer's check found (see `Supervisor::alive`).
+enum Health {
+    /// The broker owning its topic serves it, with enough flow permits.
+    Served,
+    /// The broker does not know it, or does not answer: re-create it now.
+    Dead(String),
+    /// The broker knows it, but it cannot be receiving what its topic gets: it holds too few
+    /// flow permits, or it is attached to a broker that does not own its topic. Re-created
+    /// when two checks in a row find this (the first may see a message or a topic move on
+    /// its way).
+    Suspect(String),
+}
+
+/// The broker's permit count as it means it: a Java `int` that may be negative (more
+/// messages sent than granted), sign-extended into the protocol's unsigned field, so a
+/// negative count arrives as a number near 2^64; reinterpreting the bits gives it back.
+fn signed_permits(raw: u64) -> i64 {
+    raw as i64
+}
+
 /// How long a consumer's liveness check waits for the broker's answer.
 const CONSUMER_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a consumer's check waits for the lookup of its topic's owner.
+const OWNER_LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl Supervisor {
     async fn run(mut self, first: Consumer<Vec<u8>, TokioExecutor>) {
@@ -714,30 +737,87 @@ impl Supervisor {
         }
     }
 
-    /// Whether the broker still serves `consumer`: it answers a stats request for it.
+    /// Whether the broker still serves `consumer`: it answers a stats request for it, with
+    /// enough flow permits, and it is the broker that owns the consumer's topic. `batch` is
+    /// the consumer's flow permits (pulsar-rs's batch size).
     ///
-    /// Why: after a broker's SIGKILL, pulsar-rs 6.9 can be left with a consumer the broker
-    /// does not know (measured on the secured cluster: a processor's request consumer, a
-    /// processor's cancel consumer, a gateway's response consumer, each missing from the
-    /// topic's subscriptions for good) while its message stream neither yields nor ends, so
-    /// nothing else would ever re-create it: on a shared subscription the replica takes no
-    /// more requests, on a response subscription the client hears nothing. The broker
-    /// answers a stats request for a consumer id it does not know with `ConsumerNotFound`.
-    async fn alive(consumer: &mut Consumer<Vec<u8>, TokioExecutor>) -> Result<(), String> {
-        match tokio::time::timeout(CONSUMER_CHECK_TIMEOUT, consumer.get_stats()).await {
-            Err(_) => Err(format!(
-                "no answer to a stats request within {CONSUMER_CHECK_TIMEOUT:?}"
-            )),
-            Ok(Err(e)) => Err(format!("a stats request failed: {e}")),
-            Ok(Ok(stats)) => match stats.iter().find(|s| s.error_code.is_some()) {
-                Some(s) => Err(format!(
-                    "the broker answered a stats request with {:?}: {}",
-                    s.error_code,
-                    s.error_message.as_deref().unwrap_or("")
-                )),
-                None => Ok(()),
-            },
+    /// Why the stats request: after a broker's SIGKILL, pulsar-rs 6.9 can be left with a
+    /// consumer the broker does not know (measured on the secured cluster: a processor's
+    /// request consumer, a processor's cancel consumer, a gateway's response consumer, each
+    /// missing from the topic's subscriptions for good) while its message stream neither
+    /// yields nor ends, so nothing else would ever re-create it: on a shared subscription
+    /// the replica takes no more requests, on a response subscription the client hears
+    /// nothing. The broker answers a stats request for a consumer id it does not know with
+    /// `ConsumerNotFound`.
+    ///
+    /// Why the owner: after three namespace unloads in a row under load, a gateway's response
+    /// consumer was missing from its topic's subscriptions on the owning broker for good while
+    /// the broker its connection led to still answered its stats requests (measured on
+    /// TrustGraph's mapping, 2026-11-26: every later request timed out, for minutes, until a
+    /// broker's SIGKILL made pulsar-rs reconnect it). A fresh lookup names the owner; a
+    /// consumer connected elsewhere receives nothing.
+    ///
+    /// Why the permits: pulsar-rs tops a consumer's permits up to its batch size whenever
+    /// fewer than half are left, so an idle consumer in step with its broker has at least half
+    /// the batch granted. Fewer means the two counts drifted apart, and pulsar-rs, believing it
+    /// has enough, never asks for more: the broker drops (non-persistent) or withholds
+    /// (persistent) what it has no permits for, for good.
+    async fn alive(&self, consumer: &mut Consumer<Vec<u8>, TokioExecutor>, batch: u32) -> Health {
+        let stats = match tokio::time::timeout(CONSUMER_CHECK_TIMEOUT, consumer.get_stats()).await {
+            Err(_) => {
+                return Health::Dead(format!(
+                    "no answer to a stats request within {CONSUMER_CHECK_TIMEOUT:?}"
+                ));
+            }
+            Ok(Err(e)) => return Health::Dead(format!("a stats request failed: {e}")),
+            Ok(Ok(stats)) => stats,
+        };
+        if let Some(s) = stats.iter().find(|s| s.error_code.is_some()) {
+            return Health::Dead(format!(
+                "the broker answered a stats request with {:?}: {}",
+                s.error_code,
+                s.error_message.as_deref().unwrap_or("")
+            ));
         }
+        let least = stats
+            .iter()
+            .filter_map(|s| s.available_permits)
+            .map(signed_permits)
+            .min();
+        if let Some(permits) = least
+            && permits < i64::from(batch.div_ceil(2))
+        {
+            return Health::Suspect(format!(
+                "the broker holds {permits} flow permits for this idle consumer, which asked \
+                 for {batch} and must have at least {} left: the broker drops (non-persistent \
+                 topic) or withholds what it has no permits for",
+                batch.div_ceil(2)
+            ));
+        }
+        // The consumer's brokers against the topics' owners. A lookup or connection that does
+        // not answer says nothing here: the stats request above just went through.
+        let Ok(Ok(connected)) =
+            tokio::time::timeout(OWNER_LOOKUP_TIMEOUT, consumer.connections()).await
+        else {
+            return Health::Served;
+        };
+        for topic in consumer.topics() {
+            // Bounded short: the loop reads no message meanwhile, and a lookup that takes
+            // longer (no broker owns the topic yet) has nothing to say here.
+            if let Ok(Ok(owner)) =
+                tokio::time::timeout(OWNER_LOOKUP_TIMEOUT, self.client.lookup_topic(&topic)).await
+                && !connected.contains(&owner.url)
+            {
+                let connected: Vec<&str> = connected.iter().map(|u| u.as_str()).collect();
+                return Health::Suspect(format!(
+                    "{topic} is owned by {}, but this consumer is connected to {}: it \
+                     receives nothing",
+                    owner.url,
+                    connected.join(", ")
+                ));
+            }
+        }
+        Health::Served
     }
 
     /// Re-creates the consumer with backoff. Returns `None` when told to stop meanwhile.
@@ -799,6 +879,10 @@ impl Supervisor {
         // The topics (partitions) a message came from since the last check: proof that the
         // broker serves their consumers.
         let mut heard: HashSet<Arc<str>> = HashSet::new();
+        // The permits pulsar-rs asked for (see `Supervisor::alive`); whether the last check
+        // found the consumer suspect.
+        let batch = flow_permits(&self.spec.topic, self.spec.options.prefetch);
+        let mut suspect = false;
         loop {
             if !*paused && let Some(permit) = slot.take() {
                 match ready.pop_front() {
@@ -909,15 +993,34 @@ impl Supervisor {
                         .topics()
                         .iter()
                         .all(|t| heard.contains(t.as_str()));
+                    let none_heard = heard.is_empty();
                     heard.clear();
-                    if !all_heard
-                        && ready.is_empty()
-                        && !*paused
-                        && let Err(why) = Self::alive(consumer).await
-                    {
-                        warn!(topic = %self.spec.topic, subscription = %self.spec.subscription,
-                              reason = %why, "the broker no longer serves this consumer; re-subscribing");
-                        return Exit::Resubscribe;
+                    if all_heard || !ready.is_empty() || *paused {
+                        suspect = false;
+                        continue;
+                    }
+                    match self.alive(consumer, batch).await {
+                        Health::Served => suspect = false,
+                        Health::Dead(why) => {
+                            warn!(topic = %self.spec.topic, subscription = %self.spec.subscription,
+                                  reason = %why, "the broker no longer serves this consumer; re-subscribing");
+                            return Exit::Resubscribe;
+                        }
+                        // Only when every partition was silent: the answer has no partition
+                        // names to match against the ones heard from. Twice in a row: a
+                        // message on its way when the broker answered was counted against the
+                        // permits but not yet here, a topic may be moving; by the next check
+                        // the message has arrived (the consumer was not idle) or pulsar-rs
+                        // has followed the topic, else the fault is real.
+                        Health::Suspect(why) if none_heard => {
+                            if suspect {
+                                warn!(topic = %self.spec.topic, subscription = %self.spec.subscription,
+                                      reason = %why, "this consumer cannot be receiving its topic's messages; re-subscribing");
+                                return Exit::Resubscribe;
+                            }
+                            suspect = true;
+                        }
+                        Health::Suspect(_) => suspect = false,
                     }
                 },
             }
@@ -985,6 +1088,14 @@ mod tests {
         assert_eq!(t.observe(&id(1, 2)), 0);
         assert_eq!(t.observe(&id(1, 3)), 0, "capacity evicts the oldest");
         assert_eq!(t.seen.len(), 2);
+    }
+
+    #[test]
+    fn a_negative_permit_count_from_the_broker_reads_as_negative() {
+        assert_eq!(signed_permits(1_000), 1_000);
+        assert_eq!(signed_permits(0), 0);
+        // Java's `int` -3, sign-extended into the protocol's uint64.
+        assert_eq!(signed_permits(u64::MAX - 2), -3);
     }
 
     #[test]
