@@ -161,7 +161,8 @@ export SLUICE_CLUSTER_RESULTS="$PWD/bench/results"
 # brokers and ports are their own): its test binary directly, as cargo would (in its
 # package's directory), in the background, and the workspace run skips its tests by their
 # exact names. The soaks (services/cli/tests/soak.rs: ~4 min on a broker of their own, then
-# ~4.5 min on the secured cluster, one at a time) run alone after both: they and
+# ~4.5 min on the secured cluster, one at a time) and the pacing test (services/cli/tests/
+# trustgraph_pacing.rs, seconds) run alone after both: they and
 # the cluster suite restart JVMs and kill processes under load, and side by side on two cores
 # a graceful broker restart took 89 s and both failed (CI, 2026-11-25). One `cargo test
 # --workspace` for the rest, as in the build above: selecting packages would unify features
@@ -172,18 +173,20 @@ test_binaries=$(cargo test --workspace --locked --no-run --message-format=json |
 for line in sys.stdin:
     m = json.loads(line)
     if (m.get("reason") == "compiler-artifact" and m.get("executable")
-            and m["target"]["name"] in ("cluster", "soak") and "/services/cli" in m["manifest_path"]):
+            and m["target"]["name"] in ("cluster", "soak", "trustgraph_pacing")
+            and "/services/cli" in m["manifest_path"]):
         print(m["target"]["name"], m["executable"])')
 cluster_tests=$(echo "$test_binaries" | sed -n 's/^cluster //p')
 soak_tests=$(echo "$test_binaries" | sed -n 's/^soak //p')
-for t in "$cluster_tests" "$soak_tests"; do
-  [ -n "$t" ] && [ -x "$t" ] || { echo "no test binary for services/cli/tests/{cluster,soak}.rs: $test_binaries" >&2; exit 1; }
+pacing_tests=$(echo "$test_binaries" | sed -n 's/^trustgraph_pacing //p')
+for t in "$cluster_tests" "$soak_tests" "$pacing_tests"; do
+  [ -n "$t" ] && [ -x "$t" ] || { echo "no test binary for services/cli/tests/{cluster,soak,trustgraph_pacing}.rs: $test_binaries" >&2; exit 1; }
 done
 skip_apart=()
-for t in "$cluster_tests" "$soak_tests"; do
+for t in "$cluster_tests" "$soak_tests" "$pacing_tests"; do
   while read -r name; do skip_apart+=(--skip "$name"); done < <("$t" --list --format terse | sed -n 's/: test$//p')
 done
-[ "${#skip_apart[@]}" -ge 4 ] || { echo "services/cli/tests/{cluster,soak}.rs list too few tests: ${skip_apart[*]}" >&2; exit 1; }
+[ "${#skip_apart[@]}" -ge 6 ] || { echo "services/cli/tests/{cluster,soak,trustgraph_pacing}.rs list too few tests: ${skip_apart[*]}" >&2; exit 1; }
 cluster_tests_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/cluster-tests.log"
 (cd services/cli && exec "$cluster_tests") >"$cluster_tests_log" 2>&1 &
 cluster_tests_pid=$!
@@ -192,6 +195,11 @@ cargo test --workspace --locked --no-fail-fast -- --exact "${skip_apart[@]}" || 
 echo "== services/cli/tests/cluster.rs (ran beside the above; log: $cluster_tests_log)"
 wait "$cluster_tests_pid" || tests_failed=1
 cat "$cluster_tests_log"
+# The pacing test (seconds) measures whether a Python consumer keeps up with 512 streams:
+# beside the cluster suite's JVMs on two cores, its consumer once fell behind and lost 43
+# answers' last records (2026-11-26): alone, the load it meets is its own.
+echo "== services/cli/tests/trustgraph_pacing.rs (alone)"
+(cd services/cli && exec "$pacing_tests") || tests_failed=1
 echo "== services/cli/tests/soak.rs (alone)"
 (cd services/cli && exec "$soak_tests") || tests_failed=1
 [ "$tests_failed" = 0 ] || { echo "tests failed (above)" >&2; exit 1; }

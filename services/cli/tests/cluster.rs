@@ -817,7 +817,8 @@ async fn fault_series_on(
         }
         None => req.clone(),
     };
-    let reports = fault_series(cluster, &ts, &watched, &url).await;
+    let topics = mapped_topics(&ts, "text-completion", mapping);
+    let reports = fault_series(cluster, &ts, &watched, &url, &topics).await;
     write_report(title, &reports);
     if partitions.is_none() {
         every_consumer_is_served(cluster, &ts, mapping).await;
@@ -836,17 +837,7 @@ async fn fault_series_on(
             std::fs::write(path, p.stderr()).unwrap();
         }
         // And what the broker says of the topics: publishers, consumers, permits, drops.
-        let mut stats = String::new();
-        for topic in mapped_topics(&ts, "text-completion", mapping) {
-            let path = topic.replacen("://", "/", 1);
-            let (status, body) = cluster.admin_get(&format!("/admin/v2/{path}/stats")).await;
-            stats.push_str(&format!("{topic}\n{status} {body}\n\n"));
-        }
-        std::fs::write(
-            PathBuf::from(&dir).join(format!("{slug}-topic-stats.json")),
-            stats,
-        )
-        .unwrap();
+        save_topic_stats(cluster, &topics, &format!("{slug}-topic-stats")).await;
         for (name, port) in [("text-completion-a", a_port), ("text-completion-b", b_port)] {
             let path = PathBuf::from(&dir).join(format!("{slug}-{name}.metrics"));
             std::fs::write(path, common::scrape(port).await).unwrap();
@@ -901,8 +892,43 @@ async fn every_consumer_is_served(cluster: &Cluster, ts: &str, mapping: &str) {
     );
 }
 
-/// The faults of issue #21 part 3, one after another, each under 64 streaming callers.
-async fn fault_series(cluster: &Cluster, ts: &str, req: &str, url: &str) -> Vec<FaultReport> {
+/// With `SLUICE_CLUSTER_LOGS=DIR`, writes what the broker says of `topics` (publishers,
+/// consumers, their permits, drops) to `DIR/{name}.json`: taken after each fault, it shows the
+/// state a fault left behind before the next fault changes it.
+async fn save_topic_stats(cluster: &Cluster, topics: &[String], name: &str) {
+    let Ok(dir) = std::env::var("SLUICE_CLUSTER_LOGS") else {
+        return;
+    };
+    let mut stats = String::new();
+    for topic in topics {
+        let path = topic.replacen("://", "/", 1);
+        let (status, body) = cluster.admin_get(&format!("/admin/v2/{path}/stats")).await;
+        stats.push_str(&format!("{topic}\n{status} {body}\n\n"));
+    }
+    std::fs::write(PathBuf::from(dir).join(format!("{name}.json")), stats).unwrap();
+}
+
+/// Saves the topics' stats after the last fault of `reports` (see `save_topic_stats`).
+async fn save_stats_after(cluster: &Cluster, topics: &[String], reports: &[FaultReport]) {
+    if let Some(r) = reports.last() {
+        // Named by the flow's request topic too: each suite runs the series on its own.
+        let slug = format!("{}-after-{}", topics[0], r.fault)
+            .to_lowercase()
+            .replace(|c: char| !c.is_alphanumeric(), "-");
+        save_topic_stats(cluster, topics, &slug).await;
+    }
+}
+
+/// The faults of issue #21 part 3, one after another, each under 64 streaming callers;
+/// `topics` are the flow's topics, whose stats are saved after each fault (see
+/// `save_topic_stats`).
+async fn fault_series(
+    cluster: &Cluster,
+    ts: &str,
+    req: &str,
+    url: &str,
+    topics: &[String],
+) -> Vec<FaultReport> {
     let mut reports = Vec::new();
     reports.push(
         under_fault("namespace bundles unloaded 3 times", url, 64, || async {
@@ -914,6 +940,7 @@ async fn fault_series(cluster: &Cluster, ts: &str, req: &str, url: &str) -> Vec<
         })
         .await,
     );
+    save_stats_after(cluster, topics, &reports).await;
     let owner = cluster.owner(req).await;
     reports.push(
         under_fault(
@@ -928,6 +955,7 @@ async fn fault_series(cluster: &Cluster, ts: &str, req: &str, url: &str) -> Vec<
         )
         .await,
     );
+    save_stats_after(cluster, topics, &reports).await;
     reports.push(
         under_fault("rolling restart of both brokers", url, 64, || async {
             cluster.script(&["restart-broker", "1"]).await;
@@ -935,6 +963,7 @@ async fn fault_series(cluster: &Cluster, ts: &str, req: &str, url: &str) -> Vec<
         })
         .await,
     );
+    save_stats_after(cluster, topics, &reports).await;
     reports.push(
         under_fault("SIGKILL of one bookie", url, 64, || async {
             cluster.script(&["kill-bookie", "1"]).await;
@@ -943,6 +972,7 @@ async fn fault_series(cluster: &Cluster, ts: &str, req: &str, url: &str) -> Vec<
         })
         .await,
     );
+    save_stats_after(cluster, topics, &reports).await;
     reports
 }
 
@@ -977,8 +1007,10 @@ async fn on_trustgraphs_mapping_cluster_faults_end_affected_requests_with_a_clea
         return;
     };
     let _serial = SERIAL.lock().await;
-    // Streams that stall end at the inactivity timeout (see below): 30 s keeps the run short.
-    const INACTIVITY_SECS: u16 = 30;
+    // Streams that stall end at the inactivity timeout (see below). 45 s: a broker's SIGKILL
+    // leaves the topics without an owner for ~20-30 s (measured up to 29.8 s with the CPU
+    // busy), which callers wait out; a consumer stuck on the wrong broker stalls for minutes.
+    const INACTIVITY_SECS: u16 = 45;
     let title = "TrustGraph mapping, 64 streaming callers";
     for r in fault_series_on(&cluster, TRUSTGRAPH, None, INACTIVITY_SECS.into(), title).await {
         // Every request has its one terminal outcome: an answer or a clear error, never a
