@@ -8,11 +8,12 @@
 use std::fmt::Write as _;
 
 use serde_json::Value;
-use sluice_tests::Broker;
+use sluice_tests::{
+    Broker,
+    tg_load::{self, Flow},
+};
 
 use crate::{free_port, wait_ready};
-
-const MODEL: &str = "tokens-50-10-200";
 
 /// One process and one load: what TrustGraph's client saw.
 async fn run(
@@ -23,71 +24,26 @@ async fn run(
     concurrency: u64,
     requests: u64,
 ) -> Value {
-    let name = format!("bench-pace-{}", uuid::Uuid::new_v4().simple());
-    let (request, response) = (format!("request:tg:{name}"), format!("response:tg:{name}"));
+    let flow = Flow::unique("bench-pace");
     let exe = std::env::current_exe().unwrap().with_file_name("sluice");
     let port = free_port();
     let mut child = tokio::process::Command::new(exe)
-        .args([
-            "text-completion",
-            "--provider",
-            "openai-compatible",
-            "--base-url",
+        .args(tg_load::processor_args(
             &fake.base_url(),
-            "--model",
-            MODEL,
-            "--topic-mapping",
-            "trustgraph",
-            "--pulsar-url",
-            &broker.url,
-            "--pulsar-admin-url",
-            &broker.admin_url,
-            "--request-topic",
-            &request,
-            "--response-topic",
-            &response,
-            "--concurrency",
-            &concurrency.to_string(),
-            "--response-pacing",
+            broker,
+            &flow,
+            concurrency,
             pacing,
-            "--metrics-addr",
-            &format!("127.0.0.1:{port}"),
-        ])
+            port,
+        ))
         .env("SLUICE_LLM_API_KEY", "bench")
         .env("RUST_LOG", "warn")
         .kill_on_drop(true)
         .spawn()
         .expect("build the sluice binary first");
     wait_ready(&mut child, port).await;
-    let driver = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/py/tg/llm_load.py");
-    let out = tokio::process::Command::new(format!("{venv}/bin/python"))
-        .args([
-            driver,
-            "--pulsar-url",
-            &broker.url,
-            "--request-topic",
-            &request,
-            "--response-topic",
-            &response,
-            "--requests",
-            &requests.to_string(),
-            "--concurrency",
-            &concurrency.to_string(),
-            "--tokens",
-            "50",
-            "--idle-timeout",
-            "30",
-        ])
-        .output()
-        .await
-        .unwrap();
+    let mut row = tg_load::drive(venv, broker, &flow, requests, concurrency).await;
     let _ = child.kill().await;
-    assert!(
-        out.status.success(),
-        "the load driver failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut row: Value = serde_json::from_slice(&out.stdout).unwrap();
     row["pacing"] = pacing.into();
     row
 }

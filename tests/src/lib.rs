@@ -8,7 +8,9 @@
 //! - [`mcp_server`]: a real MCP server (the official SDK) with scripted tools, for the agent;
 //! - [`seed_streams`]: the seeds' model outputs for the prompt processor's built-in templates;
 //! - [`cluster`]: the secured multi-broker cluster the test command starts;
-//! - [`soak`]: the soak under chaos, every processor as a real process.
+//! - [`soak`]: the soak under chaos, every processor as a real process;
+//! - [`tg_load`]: TrustGraph's own client against a text-completion process on its mapping
+//!   (the pacing test and bench).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod cluster;
@@ -25,6 +27,7 @@ pub mod fake_otlp;
 pub mod mcp_server;
 pub mod seed_streams;
 pub mod soak;
+pub mod tg_load;
 
 use std::{sync::Arc, time::Duration};
 

@@ -9,16 +9,14 @@
 //! trustgraph_pacing` runs the same load with `--response-pacing off`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use serde_json::Value;
-use sluice_tests::{Broker, fake_openai::FakeOpenAi};
+use sluice_tests::{
+    Broker,
+    fake_openai::FakeOpenAi,
+    tg_load::{self, Flow, MODEL, TOKENS},
+};
 
 mod common;
 use common::{Sluice, free_port, scrape, value};
-
-/// The fake model: 50 one-word tokens 10 ms apart, the first after 200 ms (the load of the
-/// issue's report).
-const TOKENS: u64 = 50;
-const MODEL: &str = "tokens-50-10-200";
 
 #[tokio::test]
 async fn trustgraphs_own_client_gets_every_record_of_512_concurrent_streams() {
@@ -30,38 +28,13 @@ async fn trustgraphs_own_client_gets_every_record_of_512_concurrent_streams() {
     };
     let broker = Broker::from_env().await;
     let fake = FakeOpenAi::start().await;
-    let name = format!("tc-pace-{}", uuid::Uuid::new_v4().simple());
-    let (request, response) = (format!("request:tg:{name}"), format!("response:tg:{name}"));
+    let flow = Flow::unique("tc-pace");
     let port = free_port();
     let pacing = std::env::var("SLUICE_TEST_PACING").unwrap_or_else(|_| "auto".into());
-    let base_url = fake.base_url();
-    let metrics_addr = format!("127.0.0.1:{port}");
+    let args = tg_load::processor_args(&fake.base_url(), &broker, &flow, 512, &pacing, port);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut processor = Sluice::spawn(
-        &[
-            "text-completion",
-            "--provider",
-            "openai-compatible",
-            "--base-url",
-            &base_url,
-            "--model",
-            MODEL,
-            "--topic-mapping",
-            "trustgraph",
-            "--pulsar-url",
-            &broker.url,
-            "--pulsar-admin-url",
-            &broker.admin_url,
-            "--request-topic",
-            &request,
-            "--response-topic",
-            &response,
-            "--concurrency",
-            "512",
-            "--response-pacing",
-            &pacing,
-            "--metrics-addr",
-            &metrics_addr,
-        ],
+        &args,
         &[("SLUICE_LLM_API_KEY", "sk-test"), ("RUST_LOG", "warn")],
         &[],
     );
@@ -69,37 +42,7 @@ async fn trustgraphs_own_client_gets_every_record_of_512_concurrent_streams() {
         .ready(&format!("http://127.0.0.1:{port}/readyz"))
         .await;
 
-    let driver = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/py/tg/llm_load.py");
-    let out = tokio::process::Command::new(format!("{venv}/bin/python"))
-        .args([
-            driver,
-            "--pulsar-url",
-            &broker.url,
-            "--request-topic",
-            &request,
-            "--response-topic",
-            &response,
-            "--requests",
-            "1024",
-            "--concurrency",
-            "512",
-            "--tokens",
-            &TOKENS.to_string(),
-            "--idle-timeout",
-            "30",
-        ])
-        .kill_on_drop(true)
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the load driver failed: {}\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_str(stdout.trim()).unwrap();
+    let report = tg_load::drive(&venv, &broker, &flow, 1024, 512).await;
     eprintln!("pacing {pacing}: {report}");
     let metrics = scrape(port).await;
     let stopped = processor.stop().await;
