@@ -8,8 +8,10 @@
 //! - Retries (with the policy's backoff and the server's hints) happen only before the first
 //!   record is published. After that a failure is a terminal error carrying the usage so far.
 //! - Logs use seed 000's vocabulary (`llm_request_started`, `llm_response_chunk` at debug,
-//!   `llm_request_completed`, `llm_request_failed`, `llm_request_retry`) with the request id.
-//!   They never contain prompt text or keys.
+//!   `llm_request_completed`, `llm_request_failed`, `llm_request_retry`) with the request id,
+//!   and `llm_request_unpublished` when the provider answered but the broker did not store
+//!   the records (a broker outage, not a provider failure: the request goes back to the
+//!   broker). They never contain prompt text or keys.
 
 use std::sync::Arc;
 
@@ -32,6 +34,23 @@ use crate::{
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 ];
+
+/// The outcomes of `sluice_llm_requests_total`: the provider answered and the answer was
+/// published; the call failed (an error record went to the client); the provider answered
+/// but the broker did not store the records (the request goes back to the broker).
+pub const OUTCOMES: [&str; 3] = ["success", "error", "unpublished"];
+
+/// Why a streamed call stopped early: the provider failed, or publishing its records did.
+enum Stop {
+    Provider(ProviderError),
+    Unpublished(SinkError),
+}
+
+impl From<ProviderError> for Stop {
+    fn from(e: ProviderError) -> Self {
+        Self::Provider(e)
+    }
+}
 
 /// The provider-call metrics. Labels: provider and model (both from configuration, so
 /// low-cardinality), outcome or failure kind. Never a request id, a prompt or a key.
@@ -122,7 +141,7 @@ impl LlmMetrics {
     /// retries are rare, and an alert on their rate needs the series to exist before them.
     pub fn provider_configured(&self, provider: &str, model: &str) {
         let labels = [provider, model];
-        for outcome in ["success", "error"] {
+        for outcome in OUTCOMES {
             self.requests.with_label_values(&[provider, model, outcome]);
         }
         for direction in ["input", "output"] {
@@ -362,6 +381,46 @@ impl TextCompletionService {
             .inc_by(usage.last.output);
     }
 
+    /// What sending a call's terminal record came to: `Ok(true)` published; `Ok(false)`
+    /// refused for its size, the sink's error record ending the stream in its place (counted
+    /// as an error); `Err` the broker did not store it (see [`Self::unpublished`]).
+    fn terminal_sent(
+        &self,
+        sent: Result<(), SinkError>,
+        request: &TextCompletionRequest,
+        ctx: &RequestContext,
+        started: Instant,
+        usage: &UsageDeltas,
+    ) -> Result<bool, SinkError> {
+        match sent {
+            Ok(()) => Ok(true),
+            Err(SinkError::Ended) => {
+                self.finish(request, started, "error", usage);
+                Ok(false)
+            }
+            Err(e) => Err(self.unpublished(request, ctx, started, usage, e)),
+        }
+    }
+
+    /// The provider answered but the broker did not store the answer's records: not a
+    /// provider failure (counted as `outcome="unpublished"`, logged as
+    /// `llm_request_unpublished`). The error goes back to the runtime, which hands the
+    /// request back to the broker and waits until the broker stores again.
+    fn unpublished(
+        &self,
+        request: &TextCompletionRequest,
+        ctx: &RequestContext,
+        started: Instant,
+        usage: &UsageDeltas,
+        e: SinkError,
+    ) -> SinkError {
+        let [provider, model] = self.labels(request);
+        warn!(event = "llm_request_unpublished", request_id = %ctx.id, provider, model,
+              error = %e, "the answer's records could not be published");
+        self.finish(request, started, "unpublished", usage);
+        e
+    }
+
     fn note_failure(&self, request: &TextCompletionRequest, e: &ProviderError) {
         if e.kind == FailureKind::RateLimited {
             let [provider, model] = self.labels(request);
@@ -386,15 +445,15 @@ impl TextCompletionService {
             let mut usage = UsageDeltas::default();
             let mut published = 0u64;
             let mut finish_reason = None;
-            let outcome: Result<(), ProviderError> = async {
+            let outcome: Result<(), Stop> = async {
                 let mut chunks = tokio::select! {
                     s = self.provider.generate_stream(request) => s?,
-                    () = ctx.cancel.cancelled() => return Err(cancelled()),
+                    () = ctx.cancel.cancelled() => return Err(cancelled().into()),
                 };
                 loop {
                     let next = tokio::select! {
                         n = chunks.next() => n,
-                        () = ctx.cancel.cancelled() => return Err(cancelled()),
+                        () = ctx.cancel.cancelled() => return Err(cancelled().into()),
                     };
                     let Some(chunk) = next else { return Ok(()) };
                     let chunk = chunk?;
@@ -422,7 +481,7 @@ impl TextCompletionService {
                         ..Default::default()
                     })
                     .await
-                    .map_err(|e| ProviderError::new(FailureKind::Protocol, format!("sink: {e}")))?;
+                    .map_err(Stop::Unpublished)?;
                     published += 1;
                     debug!(event = "llm_response_chunk", request_id = %ctx.id, chunk_num = published);
                 }
@@ -446,20 +505,21 @@ impl TextCompletionService {
                             ..Default::default()
                         })
                         .await;
-                    if let Err(SinkError::Ended) = ended {
-                        // A paced stream's held delta was too large for the bus and its error
-                        // record ended the stream before this record.
-                        self.finish(request, started, "error", &usage);
+                    // Refused: a paced stream's held delta was too large for the bus and its
+                    // error record ended the stream before this record.
+                    if !self.terminal_sent(ended, request, ctx, started, &usage)? {
                         return Ok(());
                     }
-                    ended?;
                     self.finish(request, started, "success", &usage);
                     info!(event = "llm_request_completed", request_id = %ctx.id, provider, model,
                           duration_ms = started.elapsed().as_millis() as u64, total_chunks = published,
                           in_tokens = usage.last.input, out_tokens = usage.last.output);
                     return Ok(());
                 }
-                Err(e) => {
+                Err(Stop::Unpublished(e)) => {
+                    return Err(self.unpublished(request, ctx, started, &usage, e));
+                }
+                Err(Stop::Provider(e)) => {
                     self.note_failure(request, &e);
                     if published == 0 && self.backoff(request, ctx, retry, &e).await {
                         retry += 1;
@@ -499,16 +559,20 @@ impl TextCompletionService {
                         .with_label_values(&[provider, model])
                         .observe(started.elapsed().as_secs_f64());
                     let (in_token, out_token) = usage.take();
-                    sink.send(TextCompletionResponse {
-                        response: done.text,
-                        in_token,
-                        out_token,
-                        model: Some(model.to_owned()),
-                        end_of_stream: true,
-                        finish_reason: done.finish_reason.as_deref().map(finish_reason_word),
-                        ..Default::default()
-                    })
-                    .await?;
+                    let sent = sink
+                        .send(TextCompletionResponse {
+                            response: done.text,
+                            in_token,
+                            out_token,
+                            model: Some(model.to_owned()),
+                            end_of_stream: true,
+                            finish_reason: done.finish_reason.as_deref().map(finish_reason_word),
+                            ..Default::default()
+                        })
+                        .await;
+                    if !self.terminal_sent(sent, request, ctx, started, &usage)? {
+                        return Ok(());
+                    }
                     self.finish(request, started, "success", &usage);
                     info!(event = "llm_request_completed", request_id = %ctx.id, provider, model,
                           duration_ms = started.elapsed().as_millis() as u64, total_chunks = 1);
@@ -694,10 +758,11 @@ mod tests {
         );
     }
 
-    struct Named;
+    /// A provider named "test" serving "main": streams "a", "b" and counts its calls.
+    struct Answers(std::sync::atomic::AtomicUsize);
 
     #[async_trait]
-    impl Provider for Named {
+    impl Provider for Answers {
         fn name(&self) -> &'static str {
             "test"
         }
@@ -711,15 +776,153 @@ mod tests {
             &self,
             _: &TextCompletionRequest,
         ) -> Result<crate::provider::ChunkStream, ProviderError> {
-            Err(ProviderError::new(FailureKind::Protocol, "not called"))
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let chunks = ["a", "b"].map(|t| {
+                Ok(crate::provider::Chunk {
+                    text: t.to_owned(),
+                    ..Default::default()
+                })
+            });
+            Ok(futures::stream::iter(chunks).boxed())
         }
+    }
+
+    /// The in-process bus, except that its response topic stores nothing (a broker whose
+    /// bookie turned read-only).
+    struct UnstorableResponses {
+        inner: sluice_runtime::bus::memory::MemoryBus,
+        response: String,
+    }
+
+    struct Unstorable(String);
+
+    #[async_trait]
+    impl sluice_runtime::bus::Publisher for Unstorable {
+        async fn send(
+            &self,
+            _: sluice_runtime::bus::Message,
+        ) -> Result<sluice_runtime::bus::Receipt, sluice_runtime::bus::BusError> {
+            Err(sluice_runtime::bus::BusError::Unavailable(
+                "the bookie is read-only".into(),
+            ))
+        }
+        fn topic(&self) -> &str {
+            &self.0
+        }
+    }
+
+    #[async_trait]
+    impl sluice_runtime::bus::Bus for UnstorableResponses {
+        async fn publisher(
+            &self,
+            topic: &str,
+        ) -> Result<Arc<dyn sluice_runtime::bus::Publisher>, sluice_runtime::bus::BusError>
+        {
+            if topic == self.response {
+                return Ok(Arc::new(Unstorable(topic.to_owned())));
+            }
+            self.inner.publisher(topic).await
+        }
+        async fn subscribe(
+            &self,
+            topic: &str,
+            subscription: &str,
+            options: sluice_runtime::bus::SubscribeOptions,
+        ) -> Result<Box<dyn sluice_runtime::bus::Subscription>, sluice_runtime::bus::BusError>
+        {
+            self.inner.subscribe(topic, subscription, options).await
+        }
+        fn max_message_bytes(&self) -> usize {
+            self.inner.max_message_bytes()
+        }
+    }
+
+    /// A broker that takes requests but stores no answer is a broker outage, not a provider
+    /// failure: the call counts as `unpublished`, never as `error` (which alerts on the
+    /// provider), and the provider is not called again for it.
+    #[tokio::test]
+    async fn an_answer_the_broker_does_not_store_is_not_a_provider_failure() {
+        use sluice_runtime::{bus::Bus, processor, telemetry::Telemetry};
+        let telemetry = Telemetry::new().unwrap();
+        let provider = Arc::new(Answers(std::sync::atomic::AtomicUsize::new(0)));
+        let service = TextCompletionService::new(
+            provider.clone(),
+            RetryPolicy::default(),
+            LlmMetrics::register(&telemetry.registry).unwrap(),
+        );
+        let bus = Arc::new(UnstorableResponses {
+            inner: sluice_runtime::bus::memory::MemoryBus::new(1 << 20, 64),
+            response: "response".into(),
+        });
+        let config = processor::ProcessorConfig::new("text-completion", "request", "response");
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let running = tokio::spawn(processor::run(
+            bus.clone(),
+            config,
+            Arc::new(service),
+            telemetry.clone(),
+            shutdown.clone(),
+        ));
+        // The in-process bus keeps nothing for a topic nobody subscribes to yet.
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while telemetry.health.watched() == 0 {
+            assert!(Instant::now() < deadline, "the processor never subscribed");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let request = serde_json::to_vec(&TextCompletionRequest {
+            prompt: "hi".into(),
+            streaming: true,
+            ..TextCompletionRequest::default()
+        })
+        .unwrap();
+        let requests = bus.publisher("request").await.unwrap();
+        requests
+            .send(sluice_runtime::bus::Message::new(request).with_property("id", "r1"))
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        let outcome = |o: &str| {
+            telemetry
+                .render()
+                .lines()
+                .find(|l| {
+                    l.starts_with("sluice_llm_requests_total{")
+                        && l.contains(&format!("outcome=\"{o}\""))
+                })
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        while outcome("unpublished") < 1.0 {
+            assert!(Instant::now() < deadline, "{}", telemetry.render());
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(outcome("error"), 0.0, "{}", telemetry.render());
+        assert_eq!(outcome("success"), 0.0);
+        // The request goes back to the bus, and the processor waits for the broker to store
+        // again (its store guard, blocked before the request is handed back) instead of
+        // calling the provider in a loop.
+        while !telemetry
+            .render()
+            .contains("sluice_processor_store_blocked{processor=\"text-completion\"} 1")
+        {
+            assert!(Instant::now() < deadline, "{}", telemetry.render());
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            provider.0.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "the provider was called again for an answer it had given"
+        );
+        shutdown.cancel();
+        let _ = running.await;
     }
 
     #[test]
     fn requests_name_only_served_models_and_sane_settings() {
         let registry = Registry::new();
         let s = TextCompletionService::new(
-            Arc::new(Named),
+            Arc::new(Answers(std::sync::atomic::AtomicUsize::new(0))),
             RetryPolicy::default(),
             LlmMetrics::register(&registry).unwrap(),
         )
