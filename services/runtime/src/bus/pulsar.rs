@@ -803,9 +803,17 @@ impl Supervisor {
         };
         for topic in consumer.topics() {
             // Bounded short: the loop reads no message meanwhile, and a lookup that takes
-            // longer (no broker owns the topic yet) has nothing to say here.
-            if let Ok(Ok(owner)) =
-                tokio::time::timeout(OWNER_LOOKUP_TIMEOUT, self.client.lookup_topic(&topic)).await
+            // longer (no broker owns the topic yet) has nothing to say here. In a task of its
+            // own, left to finish when the wait gives up: a lookup connects to the owner, and
+            // pulsar-rs's first connector to a broker resolves the callers that queued behind
+            // it; dropped mid-connect, it would leave them (the consumer's own reconnect, the
+            // next subscribe) waiting for good.
+            let client = self.client.clone();
+            let lookup = tokio::spawn({
+                let topic = topic.clone();
+                async move { client.lookup_topic(topic).await }
+            });
+            if let Ok(Ok(Ok(owner))) = tokio::time::timeout(OWNER_LOOKUP_TIMEOUT, lookup).await
                 && !connected.contains(&owner.url)
             {
                 let connected: Vec<&str> = connected.iter().map(|u| u.as_str()).collect();
