@@ -2,8 +2,9 @@
 """Writes the seed corpora under corpus/<target>/ (run from fuzz/; the output is committed).
 
 Each seed is [selector, split, body...] (see src/lib.rs). The bodies are the wire formats of
-the fake providers (tests/src/fake_*.rs), the example streams of the seeds
-(../shared/seeds/002: SSE and NDJSON deltas) and the reference docs (../shared/reference/).
+the fake providers (tests/src/fake_*.rs), example streams of JSON lines split mid-token as SSE
+and NDJSON deltas (docs/protocol.md#streamed-json-lines) and the providers' documented wire
+formats.
 """
 import json, os, struct, zlib
 

@@ -1,4 +1,5 @@
-//! The request and response records of seed 003, JSON-compatible with TrustGraph 2.x.
+//! The request and response records, JSON-compatible with TrustGraph 2.x
+//! (docs/protocol.md#records).
 //!
 //! Rules every record here follows:
 //! - every field is written on output, `null` where there is no value;
@@ -164,7 +165,7 @@ fn add_tokens(a: Option<u64>, b: Option<u64>) -> Option<u64> {
 /// (TrustGraph 2.11): answered by one terminal record carrying `models`.
 pub const LIST_MODELS: &str = "list-models";
 
-/// A request to complete text (seed 003 `TextCompletionRequest`).
+/// A request to complete text (TrustGraph's `TextCompletionRequest`; docs/protocol.md#records).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TextCompletionRequest {
     /// TrustGraph 2.11's operation: `completion` (also when absent or `null`) or
@@ -273,7 +274,8 @@ impl TextCompletionRequest {
     }
 }
 
-/// One record of a text completion answer (seed 003 `TextCompletionResponse`).
+/// One record of a text completion answer (TrustGraph's `TextCompletionResponse`;
+/// docs/protocol.md#records).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TextCompletionResponse {
     /// Set on the terminal error record; nothing follows it.
@@ -376,7 +378,8 @@ impl ResponseRecord for TextCompletionResponse {
     }
 }
 
-/// A request to render a prompt template and complete it (seed 003 `PromptRequest`).
+/// A request to render a prompt template and complete it (TrustGraph's `PromptRequest`;
+/// docs/protocol.md#records).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PromptRequest {
     /// The template id.
@@ -391,7 +394,7 @@ pub struct PromptRequest {
     pub streaming: bool,
 }
 
-/// One record of a prompt answer (seed 003 `PromptResponse`).
+/// One record of a prompt answer (TrustGraph's `PromptResponse`; docs/protocol.md#records).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PromptResponse {
     /// Set on the terminal error record; nothing follows it.
@@ -477,7 +480,7 @@ impl ResponseRecord for PromptResponse {
     }
 }
 
-/// One step of an agent's history (seed 003 `AgentStep`).
+/// One step of an agent's history (TrustGraph's `AgentStep`; docs/protocol.md#records).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct AgentStep {
     /// The model's reasoning for this step.
@@ -497,7 +500,8 @@ pub struct AgentStep {
     pub step_type: Option<String>,
 }
 
-/// A question for the agent, or the next iteration of a dialog (seed 003 `AgentRequest`).
+/// A question for the agent, or the next iteration of a dialog (TrustGraph's `AgentRequest`;
+/// docs/protocol.md#records).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct AgentRequest {
     /// The user's question.
@@ -556,7 +560,7 @@ pub enum AgentMessageType {
     Unknown,
 }
 
-/// One record of an agent dialog (seed 003 Phase 4 `AgentResponse`).
+/// One record of an agent dialog (TrustGraph's `AgentResponse`; docs/protocol.md#agent-messages).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct AgentResponse {
     /// What `content` is. Older TrustGraph calls this `chunk_type`; both are read.

@@ -1,5 +1,6 @@
 //! `sluice invoke llm|prompt|agent`: call a running gateway and print the answer as it
-//! arrives (NDJSON, seed 004), or whole with `--no-streaming`.
+//! arrives (NDJSON, docs/protocol.md#gateway-events-ndjson-and-sse), or whole with
+//! `--no-streaming`.
 //!
 //! Answers go to stdout; agent thoughts, actions and observations, usage and errors go to
 //! stderr, so `sluice invoke ... > answer.txt` captures only the answer. An error event or
@@ -176,7 +177,8 @@ impl Printer {
         );
     }
 
-    /// Handles one seed 004 event; `Some` when the stream is over.
+    /// Handles one gateway event (docs/protocol.md#gateway-events-ndjson-and-sse); `Some` when
+    /// the stream is over.
     fn event(&mut self, e: &Value) -> Option<Result<(), InvokeError>> {
         let content = e.get("content").and_then(Value::as_str).unwrap_or("");
         match e.get("type").and_then(Value::as_str) {

@@ -1,8 +1,9 @@
-//! Seed 004's NDJSON event protocol: `status`, `token`, `done` and `error` events, one JSON
-//! object per line, each carrying `trace_id` and `session_id`.
+//! The gateway's NDJSON event protocol (docs/protocol.md#gateway-events-ndjson-and-sse):
+//! `status`, `token`, `done` and `error` events, one JSON object per line, each carrying
+//! `trace_id` and `session_id`.
 //!
-//! What sluice adds, as optional fields a seed 004 client ignores: `message_type` and
-//! `end_of_message` on agent tokens, `object` (the parsed JSON) on prompt objects, `usage`
+//! What sluice adds, as optional fields a client of the plain protocol ignores: `message_type`
+//! and `end_of_message` on agent tokens, `object` (the parsed JSON) on prompt objects, `usage`
 //! and `model` on `done` (and a `jsonl` prompt's `objects_emitted` and `lines_skipped`), and a `restarted` status when the processor handling the request
 //! went away and another one started the answer again (discard the tokens received so far).
 

@@ -1,4 +1,5 @@
-//! The REST routes: a whole answer as JSON, or a stream of seed 004 events as NDJSON or SSE.
+//! The REST routes: a whole answer as JSON, or a stream of gateway events as NDJSON or SSE
+//! (docs/protocol.md#gateway-events-ndjson-and-sse).
 
 use std::{collections::VecDeque, convert::Infallible, sync::Arc, time::Instant};
 
@@ -358,7 +359,8 @@ async fn whole<K: Kind>(mut stream: ResponseStream<K::Response>) -> Response {
     }
 }
 
-/// The state of one streamed answer: records in, seed 004 events out.
+/// The state of one streamed answer: records in, gateway events out
+/// (docs/protocol.md#gateway-events-ndjson-and-sse).
 struct EventStream<K: Kind> {
     stream: Option<ResponseStream<K::Response>>,
     state: StreamState,

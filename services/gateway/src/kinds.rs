@@ -1,5 +1,6 @@
 //! The three services the gateway fronts, as one trait: what their records are, how a
-//! record becomes seed 004 events, and how it looks in a TrustGraph WebSocket frame.
+//! record becomes gateway events (docs/protocol.md#gateway-events-ndjson-and-sse), and how it
+//! looks in a TrustGraph WebSocket frame.
 
 use serde::{Serialize, de::DeserializeOwned};
 use sluice_schema::{
@@ -148,7 +149,8 @@ impl Kind for Prompt {
         }
         if let Some(object) = &record.object {
             // The record carries the object JSON-encoded; the event carries it both ways, so
-            // a seed 004 client reading only `content` still gets it.
+            // a client reading only `content` still gets it
+            // (docs/protocol.md#gateway-events-ndjson-and-sse).
             let mut event = Event::token(object.clone());
             event.object = serde_json::from_str(object).ok();
             out.push(event);

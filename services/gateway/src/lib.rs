@@ -1,7 +1,8 @@
 //! sluice-gateway: HTTP in front of the processors.
 //!
 //! - `POST /api/v1/{service}` (`text-completion`, `prompt`, `agent`): the request record as
-//!   the body. `Accept: application/x-ndjson` streams seed 004's events, one JSON object per
+//!   the body. `Accept: application/x-ndjson` streams the gateway's events
+//!   (docs/protocol.md#gateway-events-ndjson-and-sse), one JSON object per
 //!   line, flushed per event; `Accept: text/event-stream` carries the same events as SSE;
 //!   anything else gets the final record as JSON (a non-streaming call).
 //! - `POST /api/v1/flow/{flow}/service/{service}`: TrustGraph's REST form; never streams.

@@ -1,13 +1,14 @@
-//! The built-in templates: the three NDJSON prompts of seeds 000/001 (a knowledge-base
-//! application that classifies journal blocks, rewords the knowledge, and decides where to
-//! integrate it), each with the JSON Schema of one output line and the corrections seed 002
-//! §3 makes to a line before validating it.
+//! The built-in templates: the three NDJSON prompts of a knowledge-base application (it
+//! classifies journal blocks, rewords the knowledge, and decides where to integrate it), each
+//! with the JSON Schema of one output line and the corrections made to a line before
+//! validating it: the classification, rewording and integration contracts of
+//! docs/protocol.md#structured-output-contracts.
 //!
-//! Which seed says what: field names, prompts and models are seed 000's (the newest contract,
-//! with Pydantic models); seed 001 (one day older) adds the integration action `skip` and its
-//! `skip_reason`; seed 002 (the oldest, with other field names: `page`, `target_id`,
+//! The application wrote three versions of its contracts. Field names, prompts and models are
+//! the newest's (with Pydantic models); the one a day older adds the integration action `skip`
+//! and its `skip_reason`; the oldest (with other field names: `page`, `target_id`,
 //! `target_title`, `refined_text`) contributes its validation and error-handling rules only,
-//! translated to seed 000's names.
+//! translated to the newest names.
 //!
 //! A normaliser must never quote the model's output in a warning or a skip reason (it is
 //! derived from user content): field names and enum values only. It must never drop an object
@@ -32,7 +33,8 @@ pub enum Normalised {
     },
 }
 
-/// Corrects an object in place before schema validation (seed 002 §3's rules).
+/// Corrects an object in place before schema validation (the rules of
+/// docs/protocol.md#structured-output-contracts).
 pub type Normaliser = fn(&mut Value) -> Normalised;
 
 /// A template shipped with sluice.
@@ -92,23 +94,24 @@ pub fn find(id: &str) -> Option<BuiltinTemplate> {
 // the same whether or not the environment sets `trim_blocks` / `lstrip_blocks`. Render with
 // auto-escaping off (minijinja's default for names without an `.html`-like extension).
 
-/// Seed 000 Phase 1 (knowledge block classification; seed 001 Phase 1 is the same exchange
-/// without `is_knowledge`). Renders "Analyze these journal blocks:" and each block as
-/// `Block ID: …` / `Content: …`, blocks separated by a blank line, then the NDJSON
-/// instruction.
+/// The classification contract (docs/protocol.md#structured-output-contracts; the older
+/// version is the same exchange without `is_knowledge`). Renders "Analyze these journal
+/// blocks:" and each block as `Block ID: …` / `Content: …`, blocks separated by a blank line,
+/// then the NDJSON instruction.
 ///
 /// Terms:
 /// - `blocks`: array of objects, the journal blocks to classify, each with
 ///   - `block_id`: string, the block's id (its `id::` property or content hash);
 ///   - `content`: string, the block's text with its children, as in the journal
-///     (continuation lines indented by two spaces in seed 000's example).
+///     (continuation lines indented by two spaces in the contract's example).
 ///
 /// Answer: one [`classification_schema`] object per line, for knowledge blocks only.
 pub const KNOWLEDGE_CLASSIFICATION: &str = "knowledge-classification";
 
-/// Seed 000 Phase 2 (content rewording; seed 001 Phase 2 is the same exchange). Renders
-/// "Reword these knowledge blocks:" and each block as `Block ID: …` /
-/// `Original Content: …`, separated by a blank line, then the NDJSON instruction.
+/// The rewording contract (docs/protocol.md#structured-output-contracts; the older version
+/// is the same exchange). Renders "Reword these knowledge blocks:" and each block as
+/// `Block ID: …` / `Original Content: …`, separated by a blank line, then the NDJSON
+/// instruction.
 ///
 /// Terms:
 /// - `blocks`: array of objects, the knowledge blocks to reword, each with
@@ -118,11 +121,12 @@ pub const KNOWLEDGE_CLASSIFICATION: &str = "knowledge-classification";
 /// Answer: one [`rewording_schema`] object per line, one per block.
 pub const CONTENT_REWORDING: &str = "content-rewording";
 
-/// Seed 000 Phase 3 (integration decisions; seed 001 Phase 3 also allows `skip`). Renders
-/// "Decide integration for these knowledge blocks and candidate pages:" and, per knowledge
-/// block, `Knowledge Block ID: …`, `Content: …`, `Original Context: …` (if given), then
-/// `Candidate Pages:` numbered from 1, each as `N. Page: …` with its `Existing Structure:`
-/// outline indented by three spaces; then the NDJSON instruction.
+/// The integration contract (docs/protocol.md#structured-output-contracts; the older version
+/// also allows `skip`). Renders "Decide integration for these knowledge blocks and candidate
+/// pages:" and, per knowledge block, `Knowledge Block ID: …`, `Content: …`,
+/// `Original Context: …` (if given), then `Candidate Pages:` numbered from 1, each as
+/// `N. Page: …` with its `Existing Structure:` outline indented by three spaces; then the
+/// NDJSON instruction.
 ///
 /// Terms:
 /// - `knowledge_blocks`: array of objects, each with
@@ -139,28 +143,31 @@ pub const CONTENT_REWORDING: &str = "content-rewording";
 /// Answer: one [`integration_schema`] object per line, for relevant pages only.
 pub const INTEGRATION_DECISIONS: &str = "integration-decisions";
 
-/// Seed 000 Phase 1's system prompt, verbatim.
+/// The classification contract's system prompt, verbatim
+/// (docs/protocol.md#structured-output-contracts).
 const CLASSIFICATION_SYSTEM: &str = "You are an AI assistant that identifies lasting knowledge in journal entries. Classify each block as either 'knowledge' (lasting insight worth preserving) or 'activity' (temporal event/task). For each block classified as knowledge, respond with a single-line JSON object containing: block_id (string), is_knowledge (boolean, always true for returned items), confidence (float 0-1), reason (string explaining why this is knowledge). Only return blocks that are knowledge - omit activity blocks from output. Output one JSON object per line (NDJSON format).";
 
-/// Seed 000 Phase 1's user message, from `blocks`.
+/// The classification contract's user message, from `blocks`.
 const CLASSIFICATION_PROMPT: &str = r#"Analyze these journal blocks:
 
 {% for block in blocks %}{% if not loop.first %}{{ "\n\n" }}{% endif %}Block ID: {{ block.block_id }}
 Content: {{ block.content }}{% endfor %}{{ "\n\n" }}Output one JSON object per line (NDJSON format), only for the blocks that are knowledge: no JSON array, no code fences, no other text."#;
 
-/// Seed 000 Phase 2's system prompt, verbatim.
+/// The rewording contract's system prompt, verbatim
+/// (docs/protocol.md#structured-output-contracts).
 const REWORDING_SYSTEM: &str = "You are an AI assistant that transforms journal-style content into evergreen knowledge. Remove temporal context (dates, 'today', 'yesterday'), convert first-person to third-person or neutral, and make the content timeless. Preserve all technical details and insights. For each block, respond with a single-line JSON object containing: block_id (string), reworded_content (string). Output one JSON object per line (NDJSON format).";
 
-/// Seed 000 Phase 2's user message, from `blocks`.
+/// The rewording contract's user message, from `blocks`.
 const REWORDING_PROMPT: &str = r#"Reword these knowledge blocks:
 
 {% for block in blocks %}{% if not loop.first %}{{ "\n\n" }}{% endif %}Block ID: {{ block.block_id }}
 Original Content: {{ block.content }}{% endfor %}{{ "\n\n" }}Output one JSON object per line (NDJSON format), one for each block: no JSON array, no code fences, no other text."#;
 
-/// Seed 000 Phase 3's system prompt, verbatim.
+/// The integration contract's system prompt, verbatim
+/// (docs/protocol.md#structured-output-contracts).
 const INTEGRATION_SYSTEM: &str = "You are an AI assistant that decides where to integrate knowledge into a knowledge base. For each (knowledge block, candidate page) pair, decide the best integration action. Actions: 'add_section' (create new top-level section), 'add_under' (add as child under existing block), 'replace' (replace existing block content). Only return decisions for relevant integrations - omit irrelevant candidate pages. Return at most 2 decisions per (knowledge block, target page) pair. For each relevant integration, respond with a single-line JSON object containing: knowledge_block_id (string), target_page (string), action (string: add_section|add_under|replace), target_block_id (string or null), target_block_title (string or null), confidence (float 0-1), reasoning (string). Output one JSON object per line (NDJSON format).";
 
-/// Seed 000 Phase 3's user message, from `knowledge_blocks`.
+/// The integration contract's user message, from `knowledge_blocks`.
 const INTEGRATION_PROMPT: &str = r#"Decide integration for these knowledge blocks and candidate pages:
 
 {% for block in knowledge_blocks %}{% if not loop.first %}{{ "\n\n" }}{% endif %}Knowledge Block ID: {{ block.block_id }}
@@ -171,8 +178,9 @@ Content: {{ block.content }}{% if block.original_context is defined and block.or
 
 const SCHEMA_DRAFT: &str = "https://json-schema.org/draft/2020-12/schema";
 
-/// One line of [`KNOWLEDGE_CLASSIFICATION`]: seed 000's `KnowledgeClassificationChunk`.
-/// Extra fields are allowed (Pydantic ignores them; seed 002 §3.1: "Unknown fields → Ignore").
+/// One line of [`KNOWLEDGE_CLASSIFICATION`]: the contract's `KnowledgeClassificationChunk`
+/// (docs/protocol.md#structured-output-contracts). Extra fields are allowed (Pydantic ignores
+/// them; the oldest contract's rule: "Unknown fields → Ignore").
 pub fn classification_schema() -> Value {
     json!({
         "$schema": SCHEMA_DRAFT,
@@ -196,8 +204,8 @@ pub fn classification_schema() -> Value {
     })
 }
 
-/// One line of [`CONTENT_REWORDING`]: seed 000's `ContentRewordingChunk`. Extra fields are
-/// allowed.
+/// One line of [`CONTENT_REWORDING`]: the contract's `ContentRewordingChunk`
+/// (docs/protocol.md#structured-output-contracts). Extra fields are allowed.
 pub fn rewording_schema() -> Value {
     json!({
         "$schema": SCHEMA_DRAFT,
@@ -216,9 +224,10 @@ pub fn rewording_schema() -> Value {
     })
 }
 
-/// One line of [`INTEGRATION_DECISIONS`]: seed 000's `IntegrationDecisionChunk`, with seed
-/// 001's `skip` action and optional `skip_reason` (seed 002 §3.2 also makes `skip` the
-/// default for an unknown action). Extra fields are allowed.
+/// One line of [`INTEGRATION_DECISIONS`]: the contract's `IntegrationDecisionChunk`, with the
+/// older version's `skip` action and optional `skip_reason` (the oldest's rules also make
+/// `skip` the default for an unknown action; docs/protocol.md#structured-output-contracts).
+/// Extra fields are allowed.
 pub fn integration_schema() -> Value {
     json!({
         "$schema": SCHEMA_DRAFT,
@@ -265,16 +274,18 @@ pub fn integration_schema() -> Value {
     })
 }
 
-/// The integration actions: seed 000's three, and seed 001's `skip`.
+/// The integration actions: the contract's three, and the older version's `skip`.
 const ACTIONS: [&str; 4] = ["add_section", "add_under", "replace", "skip"];
 
-/// Seed 002 §3 for [`KNOWLEDGE_CLASSIFICATION`] lines:
-/// - not a JSON object → drop (§2.1);
+/// The rules for [`KNOWLEDGE_CLASSIFICATION`] lines
+/// (docs/protocol.md#structured-output-contracts):
+/// - not a JSON object → drop (docs/protocol.md#streamed-json-lines);
 /// - a required field missing → drop; a required field of the wrong type (e.g. confidence
-///   `"high"`, is_knowledge `"true"`) → drop (§3.1);
-/// - `block_id` empty → drop (§3.1: must be a non-empty string);
-/// - `confidence` outside [0, 1] → clamp, warn (§3.2's rule; §3.1 states the range);
-/// - unknown fields → kept, ignored (§3.1).
+///   `"high"`, is_knowledge `"true"`) → drop;
+/// - `block_id` empty → drop (it must be a non-empty string);
+/// - `confidence` outside [0, 1] → clamp, warn (the decisions' rule; the classification
+///   contract states the range);
+/// - unknown fields → kept, ignored.
 pub fn normalise_classification(value: &mut Value) -> Normalised {
     outcome(classification_rules(value))
 }
@@ -300,15 +311,16 @@ fn classification_rules(value: &mut Value) -> Result<Vec<String>, String> {
     Ok(warnings)
 }
 
-/// Seed 002 §3.3 for [`CONTENT_REWORDING`] lines (its `refined_text` is `reworded_content`):
-/// - not a JSON object → drop (§2.1);
-/// - a required field missing or of the wrong type → drop (§3.3, §3.1);
-/// - `block_id` empty → drop (§3.1; an empty id matches no block, §3.3);
-/// - `reworded_content` empty or only whitespace → drop (§3.3);
+/// The rules for [`CONTENT_REWORDING`] lines (docs/protocol.md#structured-output-contracts;
+/// the oldest contract's `refined_text` is `reworded_content`):
+/// - not a JSON object → drop (docs/protocol.md#streamed-json-lines);
+/// - a required field missing or of the wrong type → drop;
+/// - `block_id` empty → drop (block ids are non-empty; an empty id matches no block);
+/// - `reworded_content` empty or only whitespace → drop;
 /// - `reworded_content` written as a bullet outline → flattened into plain continuation
-///   lines, warn (§3.3: plain block content, no bullet markers or indentation).
+///   lines, warn (plain block content, no bullet markers or indentation).
 ///
-/// §3.3's "block_id must match a block from Phase 1" and "preserve `[[links]]` and
+/// The rules "block_id must match a block from Phase 1" and "preserve `[[links]]` and
 /// `((refs))`" need the request, which a per-object normaliser does not see.
 pub fn normalise_rewording(value: &mut Value) -> Normalised {
     outcome(rewording_rules(value))
@@ -342,25 +354,26 @@ fn rewording_rules(value: &mut Value) -> Result<Vec<String>, String> {
     Ok(warnings)
 }
 
-/// Seed 002 §3.2 for [`INTEGRATION_DECISIONS`] lines (its `page`, `target_id`,
+/// The rules for [`INTEGRATION_DECISIONS`] lines
+/// (docs/protocol.md#structured-output-contracts; the oldest contract's `page`, `target_id`,
 /// `target_title` are `target_page`, `target_block_id`, `target_block_title`):
-/// - not a JSON object → drop (§2.1);
+/// - not a JSON object → drop (docs/protocol.md#streamed-json-lines);
 /// - a required field missing, or `knowledge_block_id`, `target_page`, `confidence`,
-///   `reasoning` of the wrong type → drop (§3.1's rules, applied to every phase);
-/// - `knowledge_block_id` empty → drop (§3.1: block ids are non-empty);
+///   `reasoning` of the wrong type → drop (the classification rules, applied to every phase);
+/// - `knowledge_block_id` empty → drop (block ids are non-empty);
 /// - `confidence` outside [0, 1] → clamp, warn;
 /// - `action` not one of `add_section`, `add_under`, `replace`, `skip` (or not a string) →
 ///   `skip`, warn;
 /// - `add_under` / `replace` without a `target_block_id` (absent, null, empty, not a string) →
 ///   `add_section` with both targets null, warn;
 /// - `add_under` / `replace` without a `target_block_title` → kept, warn (the title is for
-///   display only, and seed 000's model makes it optional);
+///   display only, and the contract's model makes it optional);
 /// - `skip` / `add_section` with a target → targets set to null, warn (they must be null);
 /// - `reasoning` empty → kept, warn ("should be non-empty, but parser won't fail").
 ///
-/// A `skip` decision is kept: it is an answer ("not relevant for this page", seed 001), not
-/// a dropped line. Seed 000's "at most 2 decisions per (knowledge block, target page) pair"
-/// spans lines, beyond a per-object normaliser.
+/// A `skip` decision is kept: it is an answer ("not relevant for this page", in the older
+/// version), not a dropped line. The contract's "at most 2 decisions per (knowledge block,
+/// target page) pair" spans lines, beyond a per-object normaliser.
 pub fn normalise_integration(value: &mut Value) -> Normalised {
     outcome(integration_rules(value))
 }
@@ -428,7 +441,8 @@ fn outcome(result: Result<Vec<String>, String>) -> Normalised {
     }
 }
 
-/// Seed 002 §2.1: a line that parses to anything but an object is skipped.
+/// A line that parses to anything but an object is skipped
+/// (docs/protocol.md#streamed-json-lines).
 fn as_object(value: &mut Value) -> Result<&mut Map<String, Value>, String> {
     value
         .as_object_mut()
@@ -465,7 +479,8 @@ impl FieldType {
     }
 }
 
-/// Seed 002 §3.1/§3.3: a missing required field, or one of the wrong type, drops the object.
+/// A missing required field, or one of the wrong type, drops the object
+/// (docs/protocol.md#structured-output-contracts).
 fn require(object: &Map<String, Value>, fields: &[(&str, FieldType)]) -> Result<(), String> {
     for (name, kind) in fields {
         match object.get(*name) {
@@ -494,7 +509,8 @@ fn non_blank_str(value: Option<&Value>) -> bool {
         .is_some_and(|s| !s.trim().is_empty())
 }
 
-/// Seed 002 §3.2: a confidence outside [0, 1] is clamped, with a warning.
+/// A confidence outside [0, 1] is clamped, with a warning
+/// (docs/protocol.md#structured-output-contracts).
 fn clamp_confidence(object: &mut Map<String, Value>, warnings: &mut Vec<String>) {
     let Some(confidence) = object.get("confidence").and_then(Value::as_f64) else {
         return;
@@ -525,10 +541,11 @@ fn clear_targets(object: &mut Map<String, Value>) -> bool {
     cleared
 }
 
-/// Seed 002 §3.3: content written as a bullet outline (any line, after its indentation,
-/// starting with a `- ` or `* ` marker) becomes plain block content: each line without its
-/// indentation and bullet marker, children flattened into continuation lines. `None` if
-/// the content has no bullet line (its indentation is then left alone: it may be code).
+/// Content written as a bullet outline (any line, after its indentation, starting with a `- `
+/// or `* ` marker) becomes plain block content (docs/protocol.md#structured-output-contracts):
+/// each line without its indentation and bullet marker, children flattened into continuation
+/// lines. `None` if the content has no bullet line (its indentation is then left alone: it
+/// may be code).
 fn plain_block_content(content: &str) -> Option<String> {
     fn bullet_text(line: &str) -> Option<&str> {
         let line = line.trim_start();

@@ -6,7 +6,8 @@
 //!   strict rendering;
 //! - [`store`]: the live set, reloaded on SIGHUP or file change;
 //! - [`output`]: the incremental JSON-lines parser and JSON extraction;
-//! - [`builtin`]: the templates of seeds 000/001 with their schemas and normalisation.
+//! - [`builtin`]: the built-in templates with their schemas and normalisation
+//!   (docs/protocol.md#structured-output-contracts).
 
 pub mod builtin;
 pub mod handler;

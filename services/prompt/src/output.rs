@@ -1,5 +1,6 @@
-//! Reading structured output out of a model's text: JSON lines as they complete (seed 002's
-//! incremental parser) and one JSON value from a whole answer.
+//! Reading structured output out of a model's text: JSON lines as they complete (the
+//! incremental parser of docs/protocol.md#streamed-json-lines) and one JSON value from a whole
+//! answer.
 
 use serde_json::Value;
 use sluice_runtime::ndjson::{LineError, LineSplitter};

@@ -1,4 +1,4 @@
-//! The incremental NDJSON line splitter the seeds specify (seed 002 §2), shared by the
+//! The incremental NDJSON line splitter (docs/protocol.md#streamed-json-lines), shared by the
 //! Ollama provider (NDJSON over HTTP), the prompt service's jsonl mode (NDJSON inside
 //! completion text), the gateway and the CLI.
 //!

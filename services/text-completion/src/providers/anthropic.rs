@@ -1,5 +1,5 @@
 //! Anthropic Messages: `POST {base}/v1/messages` with `x-api-key` and `anthropic-version`,
-//! answered with SSE named events and no `[DONE]` (providers.md).
+//! answered with SSE named events and no `[DONE]`.
 //!
 //! `message_start` carries the input tokens (plus cache creation and cache read tokens) and a
 //! first output count. `content_block_delta` / `text_delta` carries text. `message_delta`

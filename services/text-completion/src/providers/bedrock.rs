@@ -1,6 +1,6 @@
 //! AWS Bedrock Converse: `POST {base}/model/{modelId}/converse-stream`, answered with the
 //! binary `application/vnd.amazon.eventstream` framing, and `POST {base}/model/{modelId}/converse`,
-//! answered with one JSON document (providers.md).
+//! answered with one JSON document.
 //!
 //! Credentials are a Bedrock API key (`AWS_BEARER_TOKEN_BEDROCK`, sent as `Authorization:
 //! Bearer`, as the AWS SDKs do) or SigV4 keys (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,

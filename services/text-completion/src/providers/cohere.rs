@@ -1,4 +1,4 @@
-//! Cohere v2 chat: `POST {base}/v2/chat` with a bearer key, answered with SSE (providers.md).
+//! Cohere v2 chat: `POST {base}/v2/chat` with a bearer key, answered with SSE.
 //!
 //! Events: `message-start`, `content-start`, `content-delta` (text in
 //! `delta.message.content.text`), `content-end`, tool and citation events (ignored), and

@@ -1,5 +1,5 @@
 //! Google Gemini: AI Studio (`x-goog-api-key`) and Vertex AI (OAuth bearer token), one
-//! decoder (providers.md).
+//! decoder.
 //!
 //! `streamGenerateContent?alt=sse` sends `data:` lines only, with no `[DONE]`; the stream
 //! ends when the connection closes and the last chunk has `finishReason`. `usageMetadata` is

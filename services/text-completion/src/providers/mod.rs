@@ -61,7 +61,8 @@ pub struct HttpTimeouts {
     /// From sending the request to the response headers, and again from those to the first
     /// chunk (or the whole answer, non-streaming).
     pub first_token: Duration,
-    /// Between two chunks. Seeds 000/001 use 60 s, enough for local models on CPU.
+    /// Between two chunks. The contracts use 60 s (docs/protocol.md#structured-output-contracts),
+    /// enough for local models on CPU.
     pub between_chunks: Duration,
 }
 
@@ -192,7 +193,8 @@ pub enum SseStep {
 /// - the connection closing ends it normally only when `complete_on_close` and a chunk with a
 ///   `finish_reason` has been seen (Gemini has no end event; OpenAI-compatible servers may
 ///   omit `[DONE]`), otherwise it is a [`FailureKind::Truncated`] error saying `truncated`;
-/// - an unreadable event is skipped with a warning and the stream goes on (seed 002); any
+/// - an unreadable event is skipped with a warning and the stream goes on
+///   (docs/protocol.md#streamed-json-lines); any
 ///   other error from `decode` ends the stream with that error.
 pub fn sse_chunks(
     response: reqwest::Response,

@@ -1,10 +1,11 @@
-//! Ollama's native API: `POST {base}/api/chat`, answered with NDJSON (seed 001, providers.md).
+//! Ollama's native API: `POST {base}/api/chat`, answered with NDJSON
+//! (docs/protocol.md#streamed-json-lines).
 //!
 //! Each line is `{"message":{"content":"..."},"done":false}`. The last line has `done:true`
 //! with the totals: `prompt_eval_count` (missing when the prompt was cached, which reads as
 //! 0) and `eval_count`. Errors are `{"error":"..."}`, both as an HTTP error body and as a line
 //! after a 200. A stream that ends without `done:true` is truncated. `options` carries
-//! `temperature`, `num_ctx` (the context window; seed 001) and `num_predict`.
+//! `temperature`, `num_ctx` (the context window) and `num_predict`.
 
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -142,7 +143,8 @@ impl OllamaProvider {
 
 type Ready = std::collections::VecDeque<Result<(Chunk, bool), ProviderError>>;
 
-/// Decodes complete lines into the queue. An unreadable line is skipped, as seed 002 says,
+/// Decodes complete lines into the queue. An unreadable line is skipped, as
+/// docs/protocol.md#streamed-json-lines says,
 /// and the stream goes on; the provider's own error line ends the stream.
 fn queue_lines(lines: Vec<Result<sluice_runtime::ndjson::Line, LineError>>, ready: &mut Ready) {
     for line in lines {

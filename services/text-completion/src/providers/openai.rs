@@ -3,7 +3,7 @@
 //! One request builder and one SSE decoder serve them all. The dialects differ in URL, auth
 //! header, and whether `stream_options` may be sent.
 //!
-//! Wire facts (../shared/reference/providers.md): `data:` events ending with `data: [DONE]`.
+//! Wire facts: `data:` events ending with `data: [DONE]`.
 //! Usage comes once, in a final chunk with `choices: []` or `null`. Azure's first chunk often
 //! has empty choices and no usage, and its content-filter chunks may lack `delta`. A
 //! mid-stream error arrives as `data: {"error": ...}`. A stream with neither `[DONE]` nor a
