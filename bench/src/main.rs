@@ -512,7 +512,7 @@ async fn text_completion_bench(broker: &Broker, requests: u64, levels: &[u64]) -
         let service = sluice_text_completion::handler::TextCompletionService::new(
             provider,
             Default::default(),
-            sluice_text_completion::handler::LlmMetrics::register(&telemetry.registry).unwrap(),
+            sluice_text_completion::metrics::LlmMetrics::register(&telemetry.registry).unwrap(),
         );
         local = Some(
             RunningProcessor::start(broker.bus().await, echo_config(&req, &resp, 64), service)

@@ -482,8 +482,7 @@ pub fn openai_service(
     config: sluice_text_completion::providers::openai::OpenAiConfig,
 ) -> sluice_text_completion::handler::TextCompletionService {
     use sluice_text_completion::{
-        handler::{LlmMetrics, TextCompletionService},
-        providers::openai::OpenAiProvider,
+        handler::TextCompletionService, metrics::LlmMetrics, providers::openai::OpenAiProvider,
         retry::RetryPolicy,
     };
     let telemetry = Telemetry::new().unwrap();

@@ -10,7 +10,8 @@ use sluice_tests::{
     Broker, RunningProcessor, echo_config, fake_anthropic::FakeAnthropic, text_client, unique_topic,
 };
 use sluice_text_completion::{
-    handler::{LlmMetrics, TextCompletionService},
+    handler::TextCompletionService,
+    metrics::LlmMetrics,
     provider::{Chunk, FailureKind, Provider, ProviderError},
     providers::anthropic::{AnthropicConfig, AnthropicProvider},
     retry::RetryPolicy,

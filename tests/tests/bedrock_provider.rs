@@ -13,7 +13,8 @@ use sluice_tests::{
     text_client, unique_topic,
 };
 use sluice_text_completion::{
-    handler::{LlmMetrics, TextCompletionService},
+    handler::TextCompletionService,
+    metrics::LlmMetrics,
     provider::{Chunk, FailureKind, Provider, ProviderError, Usage},
     providers::bedrock::{BedrockConfig, BedrockCredentials, BedrockProvider},
     retry::RetryPolicy,

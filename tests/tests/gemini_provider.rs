@@ -10,7 +10,8 @@ use sluice_tests::{
     Broker, RunningProcessor, echo_config, fake_gemini::FakeGemini, text_client, unique_topic,
 };
 use sluice_text_completion::{
-    handler::{LlmMetrics, TextCompletionService},
+    handler::TextCompletionService,
+    metrics::LlmMetrics,
     provider::{FailureKind, Provider},
     providers::gemini::{GeminiConfig, GeminiEndpoint, GeminiProvider},
     retry::RetryPolicy,

@@ -9,7 +9,8 @@ use sluice_runtime::{client::Received, secret::Secret, telemetry::Telemetry};
 use sluice_schema::{TextCompletionRequest, TextCompletionResponse};
 use sluice_tests::{Broker, RunningProcessor, TextClient, echo_config, text_client, unique_topic};
 use sluice_text_completion::{
-    handler::{LlmMetrics, TextCompletionService},
+    handler::TextCompletionService,
+    metrics::LlmMetrics,
     providers::openai::{Dialect, OpenAiConfig, OpenAiProvider},
     retry::RetryPolicy,
 };

@@ -12,7 +12,8 @@ use sluice_tests::{
     metric_value, text_client, unique_topic,
 };
 use sluice_text_completion::{
-    handler::{LlmMetrics, TextCompletionService},
+    handler::TextCompletionService,
+    metrics::LlmMetrics,
     providers::openai::{Dialect, OpenAiConfig, OpenAiProvider},
     retry::RetryPolicy,
 };

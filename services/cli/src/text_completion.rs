@@ -12,7 +12,8 @@ use sluice_runtime::{
 };
 use sluice_schema::config::FlowDefinition;
 use sluice_text_completion::{
-    handler::{LlmMetrics, TextCompletionService},
+    handler::TextCompletionService,
+    metrics::LlmMetrics,
     provider::Provider,
     providers::{
         HttpTimeouts,

@@ -7,7 +7,8 @@
 //!   one. The sum over a stream equals the provider's totals.
 //! - Retries (with the policy's backoff and the server's hints) happen only before the first
 //!   record is published. After that a failure is a terminal error carrying the usage so far.
-//! - Logs use seed 000's vocabulary (`llm_request_started`, `llm_response_chunk` at debug,
+//! - Logs use the event names of docs/protocol.md#structured-output-contracts
+//!   (`llm_request_started`, `llm_response_chunk` at debug,
 //!   `llm_request_completed`, `llm_request_failed`, `llm_request_retry`) with the request id,
 //!   and `llm_request_unpublished` when the provider answered but the broker did not store
 //!   the records (a broker outage, not a provider failure: the request goes back to the
@@ -17,7 +18,6 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures::StreamExt;
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 use sluice_runtime::{
     processor::{Handler, RequestContext, ResponseSink, SinkError},
     trace,
@@ -27,18 +27,10 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::{
+    metrics::LlmMetrics,
     provider::{FailureKind, Provider, ProviderError, Usage},
     retry::RetryPolicy,
 };
-
-const LATENCY_BUCKETS: &[f64] = &[
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
-];
-
-/// The outcomes of `sluice_llm_requests_total`: the provider answered and the answer was
-/// published; the call failed (an error record went to the client); the provider answered
-/// but the broker did not store the records (the request goes back to the broker).
-pub const OUTCOMES: [&str; 3] = ["success", "error", "unpublished"];
 
 /// Why a streamed call stopped early: the provider failed, or publishing its records did.
 enum Stop {
@@ -49,117 +41,6 @@ enum Stop {
 impl From<ProviderError> for Stop {
     fn from(e: ProviderError) -> Self {
         Self::Provider(e)
-    }
-}
-
-/// The provider-call metrics. Labels: provider and model (both from configuration, so
-/// low-cardinality), outcome or failure kind. Never a request id, a prompt or a key.
-#[derive(Clone)]
-pub struct LlmMetrics {
-    requests: IntCounterVec,
-    ttft: HistogramVec,
-    duration: HistogramVec,
-    tokens: IntCounterVec,
-    retries: IntCounterVec,
-    rate_limited: IntCounterVec,
-    in_flight: IntGaugeVec,
-}
-
-impl LlmMetrics {
-    /// Registers the metrics in `registry`.
-    pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
-        let labels = &["provider", "model"];
-        let requests = IntCounterVec::new(
-            Opts::new(
-                "sluice_llm_requests_total",
-                "Provider calls finished, by outcome.",
-            ),
-            &["provider", "model", "outcome"],
-        )?;
-        let ttft = HistogramVec::new(
-            HistogramOpts::new(
-                "sluice_llm_time_to_first_token_seconds",
-                "From the start of a request to its first text chunk from the provider.",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
-            labels,
-        )?;
-        let duration = HistogramVec::new(
-            HistogramOpts::new(
-                "sluice_llm_request_duration_seconds",
-                "From the start of a request to its end, retries included.",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
-            labels,
-        )?;
-        let tokens = IntCounterVec::new(
-            Opts::new("sluice_llm_tokens_total", "Tokens reported by providers."),
-            &["provider", "model", "direction"],
-        )?;
-        let retries = IntCounterVec::new(
-            Opts::new(
-                "sluice_llm_retries_total",
-                "Provider calls retried, by failure kind.",
-            ),
-            &["provider", "model", "kind"],
-        )?;
-        let rate_limited = IntCounterVec::new(
-            Opts::new(
-                "sluice_llm_rate_limited_total",
-                "429 rate-limit answers received.",
-            ),
-            labels,
-        )?;
-        let in_flight = IntGaugeVec::new(
-            Opts::new(
-                "sluice_llm_in_flight_requests",
-                "Provider calls in progress.",
-            ),
-            labels,
-        )?;
-        for c in [&requests, &tokens, &retries, &rate_limited] {
-            registry.register(Box::new(c.clone()))?;
-        }
-        registry.register(Box::new(ttft.clone()))?;
-        registry.register(Box::new(duration.clone()))?;
-        registry.register(Box::new(in_flight.clone()))?;
-        Ok(Self {
-            requests,
-            ttft,
-            duration,
-            tokens,
-            retries,
-            rate_limited,
-            in_flight,
-        })
-    }
-}
-
-impl LlmMetrics {
-    /// Exports the series of `provider` and `model` at 0 before the first call: the outcomes,
-    /// token directions and the failure kinds that are retried by default. Rate limits and
-    /// retries are rare, and an alert on their rate needs the series to exist before them.
-    pub fn provider_configured(&self, provider: &str, model: &str) {
-        let labels = [provider, model];
-        for outcome in OUTCOMES {
-            self.requests.with_label_values(&[provider, model, outcome]);
-        }
-        for direction in ["input", "output"] {
-            self.tokens.with_label_values(&[provider, model, direction]);
-        }
-        for kind in [
-            FailureKind::Connect,
-            FailureKind::Timeout,
-            FailureKind::RateLimited,
-            FailureKind::Server,
-        ] {
-            self.retries
-                .with_label_values(&[provider, model, kind.as_str()]);
-        }
-        self.ttft.with_label_values(&labels);
-        self.duration.with_label_values(&labels);
-        self.rate_limited.with_label_values(&labels);
-        self.in_flight.with_label_values(&labels);
     }
 }
 
@@ -723,6 +604,7 @@ impl Handler for TextCompletionService {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prometheus::Registry;
 
     #[test]
     fn running_totals_become_deltas_that_sum_to_the_totals() {

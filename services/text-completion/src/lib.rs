@@ -4,11 +4,13 @@
 //!   `generate_stream`) and what a call yields;
 //! - [`providers`]: one file per provider family, sharing status classification and time limits;
 //! - [`retry`]: the retry policy and the servers' retry hints;
-//! - [`handler`]: the processor handler, turning provider chunks into records.
+//! - [`handler`]: the processor handler, turning provider chunks into records;
+//! - [`metrics`]: its metrics (`sluice_llm_*`).
 //!
 //! Nothing here logs a prompt, an answer or a key.
 
 pub mod handler;
+pub mod metrics;
 pub mod provider;
 pub mod providers;
 pub mod retry;

@@ -1,0 +1,125 @@
+//! The text-completion processor's metrics (`sluice_llm_*`): the provider calls, by provider
+//! and model. Labels come from configuration (provider, model), an outcome or a failure kind:
+//! never a request id, a prompt or a key.
+
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+
+use crate::provider::FailureKind;
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+/// The outcomes of `sluice_llm_requests_total`: the provider answered and the answer was
+/// published; the call failed (an error record went to the client); the provider answered
+/// but the broker did not store the records (the request goes back to the broker).
+pub const OUTCOMES: [&str; 3] = ["success", "error", "unpublished"];
+
+/// The provider-call metrics. Labels: provider and model (both from configuration, so
+/// low-cardinality), outcome or failure kind. Never a request id, a prompt or a key.
+#[derive(Clone)]
+pub struct LlmMetrics {
+    pub(crate) requests: IntCounterVec,
+    pub(crate) ttft: HistogramVec,
+    pub(crate) duration: HistogramVec,
+    pub(crate) tokens: IntCounterVec,
+    pub(crate) retries: IntCounterVec,
+    pub(crate) rate_limited: IntCounterVec,
+    pub(crate) in_flight: IntGaugeVec,
+}
+
+impl LlmMetrics {
+    /// Registers the metrics in `registry`.
+    pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let labels = &["provider", "model"];
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "sluice_llm_requests_total",
+                "Provider calls finished, by outcome.",
+            ),
+            &["provider", "model", "outcome"],
+        )?;
+        let ttft = HistogramVec::new(
+            HistogramOpts::new(
+                "sluice_llm_time_to_first_token_seconds",
+                "From the start of a request to its first text chunk from the provider.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            labels,
+        )?;
+        let duration = HistogramVec::new(
+            HistogramOpts::new(
+                "sluice_llm_request_duration_seconds",
+                "From the start of a request to its end, retries included.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            labels,
+        )?;
+        let tokens = IntCounterVec::new(
+            Opts::new("sluice_llm_tokens_total", "Tokens reported by providers."),
+            &["provider", "model", "direction"],
+        )?;
+        let retries = IntCounterVec::new(
+            Opts::new(
+                "sluice_llm_retries_total",
+                "Provider calls retried, by failure kind.",
+            ),
+            &["provider", "model", "kind"],
+        )?;
+        let rate_limited = IntCounterVec::new(
+            Opts::new(
+                "sluice_llm_rate_limited_total",
+                "429 rate-limit answers received.",
+            ),
+            labels,
+        )?;
+        let in_flight = IntGaugeVec::new(
+            Opts::new(
+                "sluice_llm_in_flight_requests",
+                "Provider calls in progress.",
+            ),
+            labels,
+        )?;
+        for c in [&requests, &tokens, &retries, &rate_limited] {
+            registry.register(Box::new(c.clone()))?;
+        }
+        registry.register(Box::new(ttft.clone()))?;
+        registry.register(Box::new(duration.clone()))?;
+        registry.register(Box::new(in_flight.clone()))?;
+        Ok(Self {
+            requests,
+            ttft,
+            duration,
+            tokens,
+            retries,
+            rate_limited,
+            in_flight,
+        })
+    }
+
+    /// Exports the series of `provider` and `model` at 0 before the first call: the outcomes,
+    /// token directions and the failure kinds that are retried by default. Rate limits and
+    /// retries are rare, and an alert on their rate needs the series to exist before them.
+    pub fn provider_configured(&self, provider: &str, model: &str) {
+        let labels = [provider, model];
+        for outcome in OUTCOMES {
+            self.requests.with_label_values(&[provider, model, outcome]);
+        }
+        for direction in ["input", "output"] {
+            self.tokens.with_label_values(&[provider, model, direction]);
+        }
+        for kind in [
+            FailureKind::Connect,
+            FailureKind::Timeout,
+            FailureKind::RateLimited,
+            FailureKind::Server,
+        ] {
+            self.retries
+                .with_label_values(&[provider, model, kind.as_str()]);
+        }
+        self.ttft.with_label_values(&labels);
+        self.duration.with_label_values(&labels);
+        self.rate_limited.with_label_values(&labels);
+        self.in_flight.with_label_values(&labels);
+    }
+}
