@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the benchmarks against a real Pulsar broker and writes their figures to
-# bench/results/ and into the README. Nothing here asserts on time.
+# bench/results/ and into the docs' tables (docs/*.md). Nothing here asserts on time.
 #   bash bench/run.sh                    # the foundation scenario with default sizes
 #   bash bench/run.sh foundation --round-trips 500 --requests 5000
 #   bash bench/run.sh text-completion    # TTFT overhead, concurrent streams, tokens/s
@@ -36,4 +36,4 @@ case " $* " in
 esac
 scenario="${1:-foundation}"
 [ $# -gt 0 ] && shift
-"$bin/sluice-bench" --out bench/results --readme README.md "$scenario" "$@"
+"$bin/sluice-bench" --out bench/results --docs docs "$scenario" "$@"

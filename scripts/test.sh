@@ -24,7 +24,7 @@ if [ "${free_gb:-0}" -lt 15 ]; then
 fi
 
 # Each stage's wall time, printed at the end and, when SLUICE_TEST_TIMES names a file, written
-# there as Markdown with the date, commit and cores (the README's test-command figures).
+# there as Markdown with the date, commit and cores (the figures of docs/testing.md).
 STAGE_NAME="" STAGE_START=$SECONDS
 STAGE_ROWS=()
 stage() {
@@ -52,7 +52,11 @@ k8s_build_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/k8s-build.log"
 mkdir -p "$(dirname "$k8s_build_log")"
 nice -n 19 deploy/k8s-local/cluster.sh build >"$k8s_build_log" 2>&1 &
 k8s_build_pid=$!
-trap 'kill "$k8s_build_pid" 2>/dev/null || true' EXIT
+# mdBook (cargo install, ~3 min of CPU once) for the documentation stage, the same way.
+docs_install_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/docs-install.log"
+nice -n 19 bash scripts/docs.sh install >"$docs_install_log" 2>&1 &
+docs_install_pid=$!
+trap 'kill "$k8s_build_pid" "$docs_install_pid" 2>/dev/null || true' EXIT
 
 # Downloads that wait on the network rather than the CPU (Pulsar's distribution from Maven
 # Central, the Python venvs from PyPI), fetched on a fresh machine while the first stages
@@ -66,7 +70,7 @@ prefetch_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/prefetch.log"
   bash scripts/tg-flow-venv.sh
 ) >"$prefetch_log" 2>&1 &
 prefetch_pid=$!
-trap 'kill "$k8s_build_pid" "$prefetch_pid" 2>/dev/null || true' EXIT
+trap 'kill "$k8s_build_pid" "$docs_install_pid" "$prefetch_pid" 2>/dev/null || true' EXIT
 
 stage "deployment files (kustomize + kubeconform, docker compose config; offline)"
 bash scripts/check-deploy.sh
@@ -93,7 +97,7 @@ deploy/local-llm/llama-server.sh start
 export SLUICE_LLM_URL=http://127.0.0.1:8766
 
 stop_brokers() {
-  kill "$k8s_build_pid" "$prefetch_pid" 2>/dev/null || true
+  kill "$k8s_build_pid" "$docs_install_pid" "$prefetch_pid" 2>/dev/null || true
   [ -z "${cluster_tests_pid:-}" ] || kill "$cluster_tests_pid" 2>/dev/null || true
   # The broker-restart test starts its own broker on 6652; never leave it behind.
   PULSAR_PORT=6652 PULSAR_HTTP_PORT=8082 PULSAR_BK_PORT=3183 deploy/pulsar/pulsar.sh stop || true
@@ -153,7 +157,7 @@ if ! wait "$cluster_pid"; then
   exit 1
 fi
 eval "$(deploy/pulsar/cluster.sh env)"
-# The fault tables of the cluster suite (README, "Production Pulsar").
+# The fault tables of the cluster suite (docs/production-pulsar.md).
 export SLUICE_CLUSTER_RESULTS="$PWD/bench/results"
 
 # The production-Pulsar suite (services/cli/tests/cluster.rs, ~10 min, mostly waiting on the
@@ -204,6 +208,16 @@ echo "== services/cli/tests/soak.rs (alone)"
 (cd services/cli && exec "$soak_tests") || tests_failed=1
 [ "$tests_failed" = 0 ] || { echo "tests failed (above)" >&2; exit 1; }
 
+# The book of docs/ built with mdBook, warnings failing it (its links and chapters were
+# checked by tests/tests/docs.rs above).
+stage "documentation (mdBook)"
+if ! wait "$docs_install_pid"; then
+  echo "installing mdBook failed; its log:" >&2
+  tail -n 40 "$docs_install_log" >&2
+  exit 1
+fi
+bash scripts/docs.sh
+
 # TrustGraph's own processes (PyPI trustgraph-flow, unmodified, in a venv) beside sluice's
 # --config-service processors, on the broker above (issue #14).
 stage "TrustGraph's processes with sluice's"
@@ -216,7 +230,7 @@ stage "the compose stack (docker)"
 # sluice's image: the Dockerfile's runtime stage with the tests' own build of the binary
 # (scripts/stack-images.sh): a release build in Docker's builder would add ~15 min of both
 # cores to a fresh machine's run, past CI's limit. `docker build -f deploy/docker/Dockerfile .`
-# builds the shipped image (README, "Docker").
+# builds the shipped image (docs/deploying.md).
 export SLUICE_IMAGE_BINARY="$CARGO_TARGET_DIR/debug/sluice"
 bash scripts/test-stack.sh
 

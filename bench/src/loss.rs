@@ -203,7 +203,7 @@ async fn load(
     row
 }
 
-/// Runs every load on both mappings; returns the README table and the figures as JSON.
+/// Runs every load on both mappings; returns the docs table and the figures as JSON.
 pub async fn bench(
     broker: &Broker,
     levels: &[u64],

@@ -1,4 +1,4 @@
-//! sluice benchmarks. Figures are written to `bench/results/` and spliced into the README
+//! sluice benchmarks. Figures are written to `bench/results/` and spliced into the docs
 //! between `<!-- bench:NAME -->` markers; nothing here asserts on time.
 //!
 //! Every figure is reported beside a baseline measured in the same run, because these
@@ -11,7 +11,7 @@ mod prompt;
 
 use std::{
     fmt::Write as _,
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -31,16 +31,17 @@ use sluice_tests::{
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
-#[command(about = "sluice benchmarks (results to bench/results and the README)")]
+#[command(about = "sluice benchmarks (results to bench/results and the docs' tables)")]
 struct Cli {
     #[command(subcommand)]
     scenario: Scenario,
     /// Where result files go.
     #[arg(long, default_value = "bench/results")]
     out: PathBuf,
-    /// README to splice the results table into (skipped if missing).
-    #[arg(long, default_value = "README.md")]
-    readme: PathBuf,
+    /// The documentation directory whose Markdown pages hold the results tables between
+    /// `<!-- bench:NAME -->` and `<!-- /bench:NAME -->` markers (skipped if missing).
+    #[arg(long, default_value = "docs")]
+    docs: PathBuf,
 }
 
 #[derive(Subcommand)]
@@ -117,13 +118,13 @@ enum Scenario {
         callers: usize,
         /// Seconds between broker restarts (on the cluster: between faults, each counted
         /// from the repair of the last; default 120 there). Other than 300 on the soak's own
-        /// broker, the figures go to soak-restarts.md / soak-restarts-rss.csv and the README's
+        /// broker, the figures go to soak-restarts.md / soak-restarts-rss.csv and the docs'
         /// `soak-restarts` block, leaving the standard run's alone.
         #[arg(long, alias = "fault-every-secs")]
         restart_every_secs: Option<u64>,
         /// Run on the secured cluster (`deploy/pulsar/cluster.sh`, its `env` exported; run.sh
         /// starts it) with its faults: namespace unloads, broker and bookie SIGKILLs, broker
-        /// restarts. Figures in soak-cluster.md / soak-cluster-rss.csv and the README's
+        /// restarts. Figures in soak-cluster.md / soak-cluster-rss.csv and the docs'
         /// `soak-cluster` block.
         #[arg(long)]
         cluster: bool,
@@ -331,20 +332,36 @@ async fn throughput(broker: &Broker, callers: u64, total: u64, system: &str) -> 
     )
 }
 
-fn splice(readme: &PathBuf, name: &str, table: &str) {
-    let Ok(text) = std::fs::read_to_string(readme) else {
-        return;
-    };
+/// Replaces the table between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->` in the one
+/// Markdown page under `docs` that has them (docs/benchmarks.md, docs/operations.md, ...).
+fn splice(docs: &Path, name: &str, table: &str) {
     let (start, end) = (
         format!("<!-- bench:{name} -->"),
         format!("<!-- /bench:{name} -->"),
     );
-    let (Some(a), Some(b)) = (text.find(&start), text.find(&end)) else {
-        eprintln!("README has no {start} … {end} markers; not spliced");
-        return;
-    };
-    let spliced = format!("{}{start}\n{table}{}", &text[..a], &text[b..]);
-    std::fs::write(readme, spliced).unwrap();
+    let pages = std::fs::read_dir(docs)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "md"))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    for page in pages {
+        let Ok(text) = std::fs::read_to_string(&page) else {
+            continue;
+        };
+        if let (Some(a), Some(b)) = (text.find(&start), text.find(&end)) {
+            let spliced = format!("{}{start}\n{table}{}", &text[..a], &text[b..]);
+            std::fs::write(&page, spliced).unwrap();
+            eprintln!("results table spliced into {}", page.display());
+            return;
+        }
+    }
+    eprintln!(
+        "no page under {} has {start} … {end} markers; not spliced",
+        docs.display()
+    );
 }
 
 /// Peak and current resident memory of a process, in MiB, from /proc.
@@ -999,7 +1016,7 @@ async fn gateway_bench(
     );
     let _ = writeln!(
         md,
-        "| ratio (OpenAI route / seed-004 NDJSON route) | {:.2}x | {:.2}x |",
+        "| ratio (OpenAI route / NDJSON events route) | {:.2}x | {:.2}x |",
         o50 / g50,
         o99 / g99
     );
@@ -1041,7 +1058,7 @@ async fn main() {
         Scenario::TextCompletion { requests, streams } => {
             let md = text_completion_bench(&broker, requests, &streams).await;
             std::fs::write(cli.out.join("text-completion.md"), &md).unwrap();
-            splice(&cli.readme, "text-completion", &md);
+            splice(&cli.docs, "text-completion", &md);
             println!("{md}");
         }
         Scenario::Prompt { requests, objects } => {
@@ -1052,7 +1069,7 @@ async fn main() {
                 serde_json::to_string_pretty(&json).unwrap(),
             )
             .unwrap();
-            splice(&cli.readme, "prompt", &md);
+            splice(&cli.docs, "prompt", &md);
             println!("{md}");
         }
         Scenario::Gateway {
@@ -1068,7 +1085,7 @@ async fn main() {
                 serde_json::to_string_pretty(&json).unwrap(),
             )
             .unwrap();
-            splice(&cli.readme, "gateway", &md);
+            splice(&cli.docs, "gateway", &md);
             println!("{md}");
         }
         Scenario::Loss {
@@ -1083,7 +1100,7 @@ async fn main() {
                 serde_json::to_string_pretty(&json).unwrap(),
             )
             .unwrap();
-            splice(&cli.readme, "loss", &md);
+            splice(&cli.docs, "loss", &md);
             println!("{md}");
         }
         Scenario::Pacing {
@@ -1097,7 +1114,7 @@ async fn main() {
                 serde_json::to_string_pretty(&json).unwrap(),
             )
             .unwrap();
-            splice(&cli.readme, "pacing", &md);
+            splice(&cli.docs, "pacing", &md);
             println!("{md}");
         }
         Scenario::Soak {
@@ -1148,7 +1165,7 @@ async fn main() {
                 let _ = writeln!(csv, "fault {fault},{t:.0},,");
             }
             std::fs::write(cli.out.join(format!("{name}-rss.csv")), csv).unwrap();
-            splice(&cli.readme, name, &md);
+            splice(&cli.docs, name, &md);
             println!("{md}");
             assert!(report.clean(), "the soak found problems");
         }
@@ -1250,7 +1267,7 @@ async fn main() {
                 serde_json::to_string_pretty(&json).unwrap(),
             )
             .unwrap();
-            splice(&cli.readme, "foundation", &md);
+            splice(&cli.docs, "foundation", &md);
             println!("{md}");
         }
     }
@@ -1268,20 +1285,20 @@ pub(crate) fn provenance() -> String {
     };
     format!(
         "{} by `{}`",
-        sluice_tests::measured_here(&["README.md"]),
+        sluice_tests::measured_here(&["docs"]),
         command_line(std::env::args().skip(1), profile)
     )
 }
 
-/// `bash bench/run.sh` with the scenario's arguments (not `--out` and `--readme`, which
+/// `bash bench/run.sh` with the scenario's arguments (not `--out` and `--docs`, which
 /// run.sh sets), prefixed with `BENCH_PROFILE=debug` for a debug build.
 fn command_line(args: impl Iterator<Item = String>, profile: &str) -> String {
     let mut kept = Vec::new();
     let mut args = args.peekable();
     while let Some(a) = args.next() {
-        if a == "--out" || a == "--readme" {
+        if a == "--out" || a == "--docs" {
             args.next();
-        } else if !(a.starts_with("--out=") || a.starts_with("--readme=")) {
+        } else if !(a.starts_with("--out=") || a.starts_with("--docs=")) {
             kept.push(a);
         }
     }
@@ -1309,7 +1326,7 @@ mod tests {
         };
         assert_eq!(
             command_line(
-                args(&["--out", "bench/results", "--readme", "README.md", "loss"]),
+                args(&["--out", "bench/results", "--docs", "docs", "loss"]),
                 "debug"
             ),
             "BENCH_PROFILE=debug bash bench/run.sh loss"

@@ -48,7 +48,7 @@ async fn run(
     row
 }
 
-/// Runs unpaced and paced at each concurrency; returns the README table and the rows as JSON.
+/// Runs unpaced and paced at each concurrency; returns the docs table and the rows as JSON.
 pub async fn bench(broker: &Broker, levels: &[u64], per_caller: u64) -> (String, Value) {
     let venv = std::env::var("TG_FLOW_VENV")
         .expect("TG_FLOW_VENV: the venv of scripts/tg-flow-venv.sh (bench/run.sh sets it)");

@@ -182,7 +182,7 @@ async fn llm_once(c: &TextClient, h: &mut Histogram<u64>) -> u64 {
     n
 }
 
-/// Runs the scenario and returns the README table.
+/// Runs the scenario and returns the docs table.
 pub async fn bench(broker: &Broker, requests: u64, objects: u64) -> (String, serde_json::Value) {
     let fake = FakeOpenAi::start().await;
     let dir = std::env::temp_dir().join(format!("sluice-bench-prompt-{}", std::process::id()));

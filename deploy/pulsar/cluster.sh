@@ -399,8 +399,8 @@ set_up_tenants() {
   for ns in request response notify flow; do
     admin_create "/admin/v2/namespaces/tg/$ns"
   done
-  # The least-privilege grants of the text-completion service's default topics (README,
-  # "Production Pulsar"); every other service follows the same pattern.
+  # The least-privilege grants of the text-completion service's default topics (docs/production-pulsar.md,
+  # "Grants"); every other service follows the same pattern.
   grant sluice-processor consume persistent://tg/request/text-completion
   grant sluice-processor consume persistent://tg/notify/text-completion-cancel
   grant sluice-processor produce persistent://tg/response/text-completion

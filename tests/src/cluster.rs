@@ -216,7 +216,7 @@ impl Cluster {
         .await;
     }
 
-    /// The least-privilege grants of one service's topics (README, Production Pulsar): the
+    /// The least-privilege grants of one service's topics (docs/production-pulsar.md, "Grants"): the
     /// processor consumes requests and cancels and produces answers; the gateway the opposite.
     pub async fn grant_service(&self, ts: &str, service: &str) {
         self.grant_mapped(ts, service, DURABLE).await;

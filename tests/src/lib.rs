@@ -631,7 +631,7 @@ mod tests {
 mod provenance_tests {
     #[test]
     fn a_results_header_names_the_date_commit_cores_and_build() {
-        let m = super::measured_here(&["README.md"]);
+        let m = super::measured_here(&["docs"]);
         assert!(m.starts_with("Measured 20"), "{m}");
         assert!(m.contains(" at commit "), "{m}");
         assert!(m.ends_with(" cores, debug build)"), "{m}");

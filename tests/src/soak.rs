@@ -32,8 +32,8 @@
 //! restarts, each repaired before the next.
 //!
 //! Used by `services/cli/tests/soak.rs` (3 minutes on a broker of its own and 3.5 on the
-//! cluster, in the test command) and `bash bench/run.sh soak` (30 minutes, figures for the
-//! README; `--cluster` for cluster mode).
+//! cluster, in the test command) and `bash bench/run.sh soak` (30 minutes, figures for
+//! docs/soak.md; `--cluster` for cluster mode).
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -342,7 +342,7 @@ impl SoakReport {
         self.violations.is_empty() && self.stuck_in_flight.is_empty()
     }
 
-    /// The report as Markdown (for bench/results and the README).
+    /// The report as Markdown (for bench/results and docs/soak.md).
     pub fn markdown(&self) -> String {
         let mut md = String::new();
         let _ = writeln!(

@@ -37,7 +37,7 @@ use crate::{
 /// The agent's tools and limits (shared by `agent` and `serve`).
 #[derive(Args, Debug, Clone)]
 pub struct AgentArgs {
-    /// The tools file (JSON, `{"tools": [...]}`; see the README). Without one the agent
+    /// The tools file (JSON, `{"tools": [...]}`; see docs/agent.md, "Tools"). Without one the agent
     /// answers from the model alone.
     #[arg(long, env = "SLUICE_TOOLS")]
     pub tools: Option<PathBuf>,

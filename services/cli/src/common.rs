@@ -96,7 +96,7 @@ pub struct ProcessorArgs {
     /// When to pace response records: `auto` on non-persistent response topics (TrustGraph's
     /// mapping, where the broker drops what a slow consumer has no room for), `on`, `off`.
     /// A paced stream publishes at most one record per interval, merging the text deltas
-    /// between; its first and last records are never delayed (README, "Pacing").
+    /// between; its first and last records are never delayed (docs/operations.md, "TrustGraph's mapping").
     #[arg(long, env = "SLUICE_RESPONSE_PACING", default_value_t = PaceWhen::Auto)]
     pub response_pacing: PaceWhen,
     /// The least time between two records of one paced stream, in milliseconds.

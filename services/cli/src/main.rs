@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use sluice_cli::ParseError;
 
 /// jemalloc: it gives memory back after a burst, where glibc's malloc kept every broker
-/// outage's peak (see the soak in the README), and it counts what is allocated.
+/// outage's peak (see docs/soak.md), and it counts what is allocated.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

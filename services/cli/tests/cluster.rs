@@ -309,7 +309,7 @@ impl Load {
     }
 }
 
-/// The figures of one fault, as the README's table reports them.
+/// The figures of one fault, as docs/production-pulsar.md's table reports them.
 #[derive(Debug)]
 struct FaultReport {
     fault: String,

@@ -1,4 +1,4 @@
-//! Observability, checked against the README's metrics table (read at test time):
+//! Observability, checked against the metrics table of docs/metrics.md (read at test time):
 //!
 //! - the Grafana dashboard and the Prometheus alert rules in `deploy/` parse as PromQL (with
 //!   `promql-parser`), use only defined dashboard variables, and name only documented
@@ -111,7 +111,7 @@ fn check_expr(place: &str, expr: &str, documented: &[DocumentedMetric]) -> BTree
     for name in &names {
         assert!(
             is_documented(name, documented) || FOREIGN_METRICS.contains(&name.as_str()),
-            "{place}: {name} is not in the README's metrics table:\n{expr}"
+            "{place}: {name} is not in the metrics table (docs/metrics.md):\n{expr}"
         );
     }
     names
@@ -252,7 +252,7 @@ fn the_dashboard_and_the_alert_rules_parse_and_name_only_documented_metrics() {
     }
 }
 
-/// The naming convention of the README: `sluice_<subsystem>_<name>_<unit>`, counters end in
+/// The naming convention of docs/metrics.md: `sluice_<subsystem>_<name>_<unit>`, counters end in
 /// `_total`, histograms are durations in `_seconds`, gauges do not end in `_total`.
 fn convention_broken(name: &str, kind: &str) -> Option<&'static str> {
     let parts: Vec<&str> = name.split('_').collect();
@@ -784,7 +784,7 @@ async fn every_service_exports_its_documented_metrics_and_no_secret() {
             let (name, kind) = (words.next().unwrap(), words.next().unwrap());
             assert!(
                 documented.iter().any(|d| d.name == name && d.kind == kind),
-                "{}: {name} ({kind}) is exported but not in the README's metrics table",
+                "{}: {name} ({kind}) is exported but not in the metrics table (docs/metrics.md)",
                 names[i]
             );
         }

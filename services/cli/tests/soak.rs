@@ -3,7 +3,7 @@
 //! gateway and on the bus, a replica killed with SIGKILL every ~20 s, two broker restarts
 //! (one graceful, one SIGKILL), and provider faults. Every request must end exactly once, with
 //! its whole answer or a clear error; nothing lost or duplicated; every in-flight gauge back to
-//! 0. The 30-minute run is `bash bench/run.sh soak` (figures in the README).
+//! 0. The 30-minute run is `bash bench/run.sh soak` (figures in docs/soak.md).
 //!
 //! Then the same on the secured multi-broker cluster the test command starts (issue #21.5):
 //! three and a half minutes with a namespace unload, a bookie SIGKILLed while written and the

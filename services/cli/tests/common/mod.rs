@@ -1,5 +1,5 @@
 //! What the CLI's process tests share: running `sluice` subcommands as child processes with
-//! their output captured, `sluice invoke`, and the README's metrics table.
+//! their output captured, `sluice invoke`, and the metrics table of `docs/metrics.md`.
 // Each test binary uses its own part of this module.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -206,7 +206,7 @@ pub async fn invoke(args: &[&str], env: &[(&str, &str)]) -> Invoked {
     }
 }
 
-/// One row of the README's metrics table.
+/// One row of the metrics table (`docs/metrics.md`).
 #[derive(Debug, Clone)]
 pub struct DocumentedMetric {
     /// The metric name.
@@ -215,16 +215,14 @@ pub struct DocumentedMetric {
     pub kind: String,
 }
 
-/// The README's metrics reference (section "Metrics"), read at test time so that the
-/// documentation and the code cannot drift apart.
+/// The metrics reference (`docs/metrics.md`), read at test time so that the documentation
+/// and the code cannot drift apart.
 pub fn documented_metrics() -> Vec<DocumentedMetric> {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
-    let section = readme
-        .split("\n## Metrics\n")
-        .nth(1)
-        .expect("the README has a Metrics section");
-    let section = section.split("\n## ").next().unwrap();
+    let section = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/metrics.md"
+    ))
+    .expect("docs/metrics.md is the metrics reference");
     let metrics: Vec<DocumentedMetric> = section
         .lines()
         .filter(|l| l.starts_with("| `sluice_"))

@@ -189,7 +189,7 @@ impl fmt::Display for Denial {
                 "the TLS handshake failed (the broker's certificate is not signed by a CA in SLUICE_PULSAR_TLS_CA_FILE or the system roots, or does not name the host)"
             }
             DenialCause::Authorization => {
-                "this role is not authorized (grant it with `pulsar-admin topics grant-permission`, see the README's Production Pulsar section)"
+                "this role is not authorized (grant it with `pulsar-admin topics grant-permission`, see docs/production-pulsar.md, \"Grants\")"
             }
         };
         write!(f, "{}: {advice}: {}", self.operation, self.detail)
