@@ -26,7 +26,8 @@ use pulsar::{Pulsar, TokioExecutor, message::proto::command_subscribe::SubType};
 use sluice_runtime::client::Received;
 use sluice_schema::TextCompletionRequest;
 use sluice_tests::{
-    Broker, EchoHandler, RunningProcessor, TextClient, echo_config, text_client, unique_topic,
+    Broker, EchoHandler, RunningProcessor, TextClient, echo_config, free_port, text_client,
+    unique_topic,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -700,15 +701,6 @@ fn sluice_process(args: &[&str]) -> tokio::process::Child {
         .kill_on_drop(true)
         .spawn()
         .expect("build the sluice binary first: cargo build --release -p sluice-cli")
-}
-
-/// A free loopback port (for a child's metrics address).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Stops a child with SIGTERM so that it drains and deletes its response subscription, as

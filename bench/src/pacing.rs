@@ -13,7 +13,8 @@ use sluice_tests::{
     tg_load::{self, Flow},
 };
 
-use crate::{free_port, wait_ready};
+use crate::wait_ready;
+use sluice_tests::free_port;
 
 /// One process and one load: what TrustGraph's client saw.
 async fn run(

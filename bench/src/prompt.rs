@@ -10,10 +10,11 @@
 
 use std::fmt::Write as _;
 
-use crate::{free_port, terminate, wait_ready};
+use crate::{terminate, wait_ready};
 use hdrhistogram::Histogram;
 use sluice_runtime::client::{ClientConfig, Received, RequestClient};
 use sluice_schema::{PromptRequest, PromptResponse, TextCompletionRequest};
+use sluice_tests::free_port;
 use sluice_tests::{Broker, TextClient, fake_openai::FakeOpenAi, text_client, unique_topic};
 
 type PromptClient = RequestClient<PromptRequest, PromptResponse>;

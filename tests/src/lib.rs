@@ -25,9 +25,12 @@ pub mod fake_ollama;
 pub mod fake_openai;
 pub mod fake_otlp;
 pub mod mcp_server;
+pub mod metrics_text;
 pub mod seed_streams;
 pub mod soak;
 pub mod tg_load;
+
+pub use metrics_text::{eventually_value, metric_value, scrape, value};
 
 use std::{sync::Arc, time::Duration};
 
@@ -314,6 +317,17 @@ pub fn unique_non_persistent_topic(name: &str) -> String {
 /// that settles a moment after the event a test waited for.
 pub async fn eventually<T>(
     timeout: Duration,
+    read: impl AsyncFnMut() -> T,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    eventually_every(Duration::from_millis(20), timeout, read, done).await
+}
+
+/// [`eventually`], reading every `interval`: for reads that cost something (an HTTP scrape,
+/// a broker's stats).
+pub async fn eventually_every<T>(
+    interval: Duration,
+    timeout: Duration,
     mut read: impl AsyncFnMut() -> T,
     done: impl Fn(&T) -> bool,
 ) -> T {
@@ -323,8 +337,33 @@ pub async fn eventually<T>(
         if done(&value) || tokio::time::Instant::now() >= deadline {
             return value;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(interval).await;
     }
+}
+
+/// A free loopback port: bound, then released for the caller to bind (another process could
+/// take it in between; the tests' ports are few and short-lived, so they do not collide).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("no free loopback port: {e}"))
+}
+
+/// Whether `url` answered 2xx (a process's `/readyz`, say) within `timeout`, asked every
+/// 100 ms.
+pub async fn http_ready(url: &str, timeout: Duration) -> bool {
+    eventually_every(
+        Duration::from_millis(100),
+        timeout,
+        async || {
+            reqwest::get(url)
+                .await
+                .is_ok_and(|r| r.status().is_success())
+        },
+        |up| *up,
+    )
+    .await
 }
 
 /// [`eventually`] for a metrics text, up to 10 s.
@@ -339,16 +378,6 @@ pub async fn wait_for_metrics(render: impl Fn() -> String, done: impl Fn(&str) -
         |text| done(text),
     )
     .await
-}
-
-/// The value of the first sample in a metrics text whose line starts with `prefix` (a
-/// metric name with its labels), or 0 when there is none.
-pub fn metric_value(text: &str, prefix: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .map(|v| v.parse::<f64>().unwrap())
-        .unwrap_or(0.0)
 }
 
 /// Logs to the test output when `RUST_LOG` is set.

@@ -404,13 +404,6 @@ impl SoakReport {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(0)
-}
-
 fn rss_mib(pid: u32) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
@@ -758,7 +751,7 @@ impl Fleet {
     async fn spawn(&mut self, role: Role, sentinel: bool) -> Result<(), String> {
         self.counter += 1;
         let name = format!("{}-{}", role.name(), self.counter);
-        let metrics_port = free_port();
+        let metrics_port = crate::free_port();
         let metrics = format!("127.0.0.1:{metrics_port}");
         let mut args: Vec<String> = vec![role.name().into()];
         let (url, admin_url) = (self.target.url(), self.target.admin_url());
@@ -1477,7 +1470,7 @@ async fn soak(config: &SoakConfig, target: Arc<Target>) -> Result<SoakReport, St
         config: config.clone(),
         target: target.clone(),
         fake_url: fake.base_url(),
-        gateway_port: free_port(),
+        gateway_port: crate::free_port(),
         tools,
         members: Vec::new(),
         counter: 0,

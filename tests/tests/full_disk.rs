@@ -182,15 +182,12 @@ impl Handler for Gated {
     }
 }
 
-async fn eventually(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + timeout;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not within {timeout:?}: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+/// Waits until `check` holds, reading it every 200 ms; fails the test with `what` after
+/// `timeout`.
+async fn eventually(what: &str, timeout: Duration, check: impl AsyncFnMut() -> bool) {
+    let held =
+        sluice_tests::eventually_every(Duration::from_millis(200), timeout, check, |ok| *ok).await;
+    assert!(held, "not within {timeout:?}: {what}");
 }
 
 fn metric(telemetry: &Telemetry, series: &str) -> Option<i64> {

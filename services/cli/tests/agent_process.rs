@@ -9,10 +9,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Sluice, free_port, scrape, value};
+use common::Sluice;
 use sluice_runtime::client::{ClientConfig, Received, RequestClient, ResponseStream};
 use sluice_schema::{AgentMessageType, AgentRequest, AgentResponse};
-use sluice_tests::{Broker, fake_openai::FakeOpenAi, mcp_server, unique_topic};
+use sluice_tests::{
+    Broker, fake_openai::FakeOpenAi, free_port, mcp_server, scrape, unique_topic, value,
+};
 
 struct Topics {
     agent: [String; 3],

@@ -18,7 +18,7 @@ use std::{
     time::Duration,
 };
 
-use common::{Sluice, free_port};
+use common::Sluice;
 use futures::StreamExt;
 use serde_json::{Value, json};
 use sluice_runtime::bus::{
@@ -30,6 +30,7 @@ use sluice_tests::{
     cluster::{Cluster, DURABLE, TRUSTGRAPH, mapped_topics, topics},
     fake_oauth2::FakeOAuth2,
     fake_openai::FakeOpenAi,
+    free_port,
 };
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -840,7 +841,7 @@ async fn fault_series_on(
         save_topic_stats(cluster, &topics, &format!("{slug}-topic-stats")).await;
         for (name, port) in [("text-completion-a", a_port), ("text-completion-b", b_port)] {
             let path = PathBuf::from(&dir).join(format!("{slug}-{name}.metrics"));
-            std::fs::write(path, common::scrape(port).await).unwrap();
+            std::fs::write(path, sluice_tests::scrape(port).await).unwrap();
         }
     }
     gw.stop().await;

@@ -7,13 +7,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Sluice, free_port, scrape, value};
+use common::Sluice;
 use serde_json::json;
 use sluice_runtime::client::{Received, RequestClient};
 use sluice_schema::{PromptRequest, PromptResponse, TextCompletionRequest};
 use sluice_tests::{
-    Broker, TextClient, fake_config::FakeConfigService, fake_openai::FakeOpenAi, text_client,
-    unique_topic,
+    Broker, TextClient, eventually_value, fake_config::FakeConfigService, fake_openai::FakeOpenAi,
+    free_port, scrape, text_client, unique_topic, value,
 };
 
 /// The whole text of one request's answer; panics on an error record.
@@ -41,15 +41,10 @@ async fn complete(client: &TextClient, request: TextCompletionRequest) -> (Strin
 
 /// Polls `port`'s metrics until `name{labels}` equals `want`.
 async fn until(process: &Sluice, port: u16, name: &str, labels: &[(&str, &str)], want: f64) {
-    for _ in 0..300 {
-        if value(&scrape(port).await, name, labels) == want {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!(
-        "{name}{labels:?} never reached {want}: {}\n{}",
-        value(&scrape(port).await, name, labels),
+    let now = eventually_value(port, name, labels, Duration::from_secs(30), |v| v == want).await;
+    assert!(
+        now == want,
+        "{name}{labels:?} never reached {want}: {now}\n{}",
         process.stderr()
     );
 }
@@ -146,15 +141,10 @@ async fn start_text_completion(
 
 /// Polls `port`'s metrics until `name` (summed over its labels) reaches `least`.
 async fn until_at_least(process: &Sluice, port: u16, name: &str, least: f64) {
-    for _ in 0..100 {
-        if value(&scrape(port).await, name, &[]) >= least {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!(
-        "{name} never reached {least}: {}\n{}",
-        value(&scrape(port).await, name, &[]),
+    let now = eventually_value(port, name, &[], Duration::from_secs(10), |v| v >= least).await;
+    assert!(
+        now >= least,
+        "{name} never reached {least}: {now}\n{}",
         process.stderr()
     );
 }

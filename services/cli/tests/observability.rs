@@ -16,14 +16,17 @@ mod common;
 
 use std::{collections::BTreeSet, time::Duration};
 
-use common::{DocumentedMetric, Sluice, documented_metrics, free_port, samples, scrape, value};
+use common::{DocumentedMetric, Sluice, documented_metrics};
 use futures::{SinkExt, StreamExt};
 use promql_parser::{
     label::MatchOp,
     parser::{Expr, VectorSelector},
 };
 use serde_json::{Value, json};
-use sluice_tests::{Broker, fake_openai::FakeOpenAi, fake_otlp::FakeCollector, mcp_server};
+use sluice_tests::{
+    Broker, eventually_value, fake_openai::FakeOpenAi, fake_otlp::FakeCollector, free_port,
+    mcp_server, metrics_text::samples, scrape, value,
+};
 use tokio_tungstenite::tungstenite::Message;
 
 const KEY: &str = "sk-obs-provider-key-8841";
@@ -361,13 +364,12 @@ fn exported(text: &str, m: &DocumentedMetric) -> bool {
 
 /// Polls `port`'s metrics until `name{labels}` reaches `at_least`.
 async fn wait_for(port: u16, name: &str, labels: &[(&str, &str)], at_least: f64) {
-    for _ in 0..300 {
-        if value(&scrape(port).await, name, labels) >= at_least {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!(
+    let now = eventually_value(port, name, labels, Duration::from_secs(30), |v| {
+        v >= at_least
+    })
+    .await;
+    assert!(
+        now >= at_least,
         "{name}{labels:?} stayed below {at_least}:\n{}",
         scrape(port).await
     );

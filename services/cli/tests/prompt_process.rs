@@ -7,8 +7,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Sluice, free_port, scrape, value};
-use sluice_tests::{Broker, unique_topic};
+use common::Sluice;
+use sluice_tests::{Broker, eventually_value, free_port, scrape, unique_topic, value};
 
 const ONE: &str = r#"{"templates": {"first": {"prompt": "{{ x }}"}}}"#;
 const TWO: &str =
@@ -20,15 +20,10 @@ async fn metric(port: u16, name: &str, labels: &[(&str, &str)]) -> f64 {
 
 /// Waits (up to 30 s) until `name{labels}` reads `want`; panics with the log otherwise.
 async fn until(process: &Sluice, port: u16, name: &str, labels: &[(&str, &str)], want: f64) {
-    for _ in 0..300 {
-        if metric(port, name, labels).await == want {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!(
-        "{name}{labels:?} never read {want} (now {}):\n{}",
-        metric(port, name, labels).await,
+    let now = eventually_value(port, name, labels, Duration::from_secs(30), |v| v == want).await;
+    assert!(
+        now == want,
+        "{name}{labels:?} never read {want} (now {now}):\n{}",
         process.stderr()
     );
 }

@@ -6,11 +6,13 @@ use std::{process::Stdio, time::Duration};
 
 use sluice_runtime::client::Received;
 use sluice_schema::TextCompletionRequest;
-use sluice_tests::{Broker, fake_openai::FakeOpenAi, text_client, unique_topic};
+use sluice_tests::{
+    Broker, fake_openai::FakeOpenAi, free_port, http_ready, text_client, unique_topic,
+};
 use tokio::{io::AsyncReadExt, process::Command};
 
 mod common;
-use common::{Sluice, free_port};
+use common::Sluice;
 
 const KEY: &str = "sk-from-the-environment-only";
 
@@ -51,20 +53,14 @@ async fn the_processor_process_streams_keeps_its_key_secret_and_drains_on_sigter
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let ready = format!("http://127.0.0.1:{port}/readyz");
-    let mut up = false;
-    for _ in 0..300 {
-        if reqwest::get(&ready)
-            .await
-            .map(|r| r.status().is_success())
-            .unwrap_or(false)
-        {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(up, "the processor became ready");
+    assert!(
+        http_ready(
+            &format!("http://127.0.0.1:{port}/readyz"),
+            Duration::from_secs(30)
+        )
+        .await,
+        "the processor became ready"
+    );
 
     let client = text_client(broker.bus().await, &req, &resp).await;
     let mut stream = client
@@ -206,20 +202,14 @@ async fn the_bedrock_processor_signs_with_sigv4_and_never_logs_its_credentials()
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let ready = format!("http://127.0.0.1:{port}/readyz");
-    let mut up = false;
-    for _ in 0..300 {
-        if reqwest::get(&ready)
-            .await
-            .map(|r| r.status().is_success())
-            .unwrap_or(false)
-        {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(up, "the processor became ready");
+    assert!(
+        http_ready(
+            &format!("http://127.0.0.1:{port}/readyz"),
+            Duration::from_secs(30)
+        )
+        .await,
+        "the processor became ready"
+    );
     let client = text_client(broker.bus().await, &req, &resp).await;
     let records = client
         .call(&TextCompletionRequest {

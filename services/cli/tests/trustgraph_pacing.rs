@@ -12,11 +12,13 @@
 use sluice_tests::{
     Broker,
     fake_openai::FakeOpenAi,
+    free_port, scrape,
     tg_load::{self, Flow, MODEL, TOKENS},
+    value,
 };
 
 mod common;
-use common::{Sluice, free_port, scrape, value};
+use common::Sluice;
 
 #[tokio::test]
 async fn trustgraphs_own_client_gets_every_record_of_512_concurrent_streams() {

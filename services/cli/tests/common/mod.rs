@@ -168,15 +168,6 @@ impl Sluice {
     }
 }
 
-/// A free loopback port (bound and released: good enough for a test).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// The result of one `sluice invoke`.
 pub struct Invoked {
     pub code: i32,
@@ -244,76 +235,4 @@ pub fn documented_metrics() -> Vec<DocumentedMetric> {
         );
     }
     metrics
-}
-
-/// The text of `/metrics` on loopback `port`.
-pub async fn scrape(port: u16) -> String {
-    reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
-/// One sample of the text exposition format: name, labels, value.
-pub type Sample = (String, Vec<(String, String)>, f64);
-
-/// Every sample of a `/metrics` text.
-pub fn samples(text: &str) -> Vec<Sample> {
-    let mut out = Vec::new();
-    for line in text
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-    {
-        let name_end = line.find(['{', ' ']).unwrap();
-        let name = line[..name_end].to_owned();
-        let mut labels = Vec::new();
-        let mut rest = &line[name_end..];
-        if let Some(r) = rest.strip_prefix('{') {
-            let mut chars = r.char_indices().peekable();
-            let mut key = String::new();
-            let mut end = 0;
-            while let Some((i, c)) = chars.next() {
-                match c {
-                    '}' => {
-                        end = i + 1;
-                        break;
-                    }
-                    ',' => {}
-                    '=' => {
-                        chars.next(); // the opening quote
-                        let mut value = String::new();
-                        while let Some((_, c)) = chars.next() {
-                            match c {
-                                '\\' => value.push(chars.next().unwrap().1),
-                                '"' => break,
-                                c => value.push(c),
-                            }
-                        }
-                        labels.push((std::mem::take(&mut key), value));
-                    }
-                    c => key.push(c),
-                }
-            }
-            rest = &r[end..];
-        }
-        let value = rest.trim().parse::<f64>().unwrap_or(f64::NAN);
-        out.push((name, labels, value));
-    }
-    out
-}
-
-/// The sum of `name`'s samples that carry all of `labels`.
-pub fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    samples(text)
-        .into_iter()
-        .filter(|(n, ls, _)| {
-            n == name
-                && labels
-                    .iter()
-                    .all(|(k, v)| ls.iter().any(|(lk, lv)| lk == k && lv == v))
-        })
-        .map(|(_, _, v)| v)
-        .sum()
 }
