@@ -10,8 +10,31 @@
 # Debian's packages), the Kubernetes manifests are applied to a real API server
 # (scripts/test-k8s.sh: kube-apiserver built from the Go module proxy, Debian's etcd), and
 # run on a two-node Kubernetes (scripts/test-k8s-run.sh, deploy/k8s-local/cluster.sh).
+#
+# Usage: bash scripts/test.sh [STAGE...]   (default: all, which is what CI runs)
+#   unit     the tests that need no broker and no network: every crate's unit tests and the
+#            documentation's checks (cargo test --lib --bins --test docs; about a minute)
+#   checks   the deployment files, formatting, clippy, fuzzing
+#   broker   both Pulsar brokers and the local LLM, then every cargo test
+#   docs     the book (mdBook)
+#   interop  TrustGraph's own processes beside sluice's (starts the broker)
+#   stack    the compose stack in Docker
+#   k8s      the Kubernetes manifests on a real API server, then on two nodes
+#   all      all of the above but `unit` (the broker stage runs those tests too)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+STAGES=" ${*:-all} "
+for s in $STAGES; do
+  case "$s" in
+    unit | checks | broker | docs | interop | stack | k8s | all) ;;
+    *) echo "unknown stage: $s (unit, checks, broker, docs, interop, stack, k8s or all)" >&2; exit 2 ;;
+  esac
+done
+# want STAGE: whether this run includes STAGE (`all` includes every stage but unit).
+want() {
+  [[ "$STAGES" == *" $1 "* ]] || { [ "$1" != unit ] && [[ "$STAGES" == *" all "* ]]; }
+}
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sluice/target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
@@ -48,30 +71,51 @@ prereqs protoc:protobuf-compiler curl:curl mvn:maven cmake:cmake ninja:ninja-bui
 # of CPU from nothing, seconds when cached) run from here at the lowest priority, in the time
 # the stages below leave idle (the tests mostly wait on brokers and processes); the
 # Kubernetes stages wait for them.
+k8s_build_pid="" docs_install_pid="" prefetch_pid=""
 k8s_build_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/k8s-build.log"
 mkdir -p "$(dirname "$k8s_build_log")"
-nice -n 19 deploy/k8s-local/cluster.sh build >"$k8s_build_log" 2>&1 &
-k8s_build_pid=$!
+if want k8s; then
+  nice -n 19 deploy/k8s-local/cluster.sh build >"$k8s_build_log" 2>&1 &
+  k8s_build_pid=$!
+fi
 # mdBook (cargo install, ~3 min of CPU once) for the documentation stage, the same way.
 docs_install_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/docs-install.log"
-nice -n 19 bash scripts/docs.sh install >"$docs_install_log" 2>&1 &
-docs_install_pid=$!
-trap 'kill "$k8s_build_pid" "$docs_install_pid" 2>/dev/null || true' EXIT
+if want docs; then
+  nice -n 19 bash scripts/docs.sh install >"$docs_install_log" 2>&1 &
+  docs_install_pid=$!
+fi
+# The background jobs above and below, stopped when this script ends early.
+stop_background() {
+  local pid
+  for pid in "$k8s_build_pid" "$docs_install_pid" "$prefetch_pid"; do
+    [ -z "$pid" ] || kill "$pid" 2>/dev/null || true
+  done
+}
+trap stop_background EXIT
 
 # Downloads that wait on the network rather than the CPU (Pulsar's distribution from Maven
 # Central, the Python venvs from PyPI), fetched on a fresh machine while the first stages
 # compile; the stages that use them wait for this first, and call the same idempotent
 # scripts again, which report any failure. Seconds when cached.
 prefetch_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/prefetch.log"
-(
-  deploy/pulsar/pulsar.sh dist
-  bash scripts/tg-cli-venv.sh
-  bash scripts/openai-venv.sh
-  bash scripts/tg-flow-venv.sh
-) >"$prefetch_log" 2>&1 &
-prefetch_pid=$!
-trap 'kill "$k8s_build_pid" "$docs_install_pid" "$prefetch_pid" 2>/dev/null || true' EXIT
+if want broker || want interop; then
+  (
+    deploy/pulsar/pulsar.sh dist
+    bash scripts/tg-cli-venv.sh
+    bash scripts/openai-venv.sh
+    bash scripts/tg-flow-venv.sh
+  ) >"$prefetch_log" 2>&1 &
+  prefetch_pid=$!
+fi
 
+if want unit; then
+  # No broker: the URLs name a closed port, so a test that reached for one would fail.
+  stage "unit tests and documentation checks (no broker, no network)"
+  PULSAR_URL=pulsar://127.0.0.1:1 PULSAR_ADMIN_URL=http://127.0.0.1:1 \
+    cargo test --workspace --locked --lib --bins --test docs
+fi
+
+if want checks; then
 stage "deployment files (kustomize + kubeconform, docker compose config; offline)"
 bash scripts/check-deploy.sh
 
@@ -81,23 +125,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 stage "fuzzing (AFL++ through cargo-afl, ${FUZZ_SECONDS:-20} s per target; fuzz/ is its own workspace)"
 bash scripts/fuzz.sh
-
-stage "Pulsar broker"
-# Both brokers start from empty data at every run (6 s and ~45 s, the latter in the background):
-# CI once failed because the cluster's data, left by a run the machine's restart cut short,
-# held a ledger that did not recover ("Error while recovering ledger error code: -10").
-wait "$prefetch_pid" || echo "prefetching downloads failed (its log: $prefetch_log); the stages below fetch again" >&2
-deploy/pulsar/pulsar.sh start-fresh
-export PULSAR_URL=pulsar://127.0.0.1:6650 PULSAR_ADMIN_URL=http://127.0.0.1:8080
-
-stage "local LLM (llama-server + SmolLM2-135M; built once, cached)"
-export SLUICE_LLM_API_KEY="${SLUICE_LLM_API_KEY:-sluice-test-$RANDOM$RANDOM}"
-deploy/local-llm/llama-server.sh stop || true   # restart so it takes this run's key
-deploy/local-llm/llama-server.sh start
-export SLUICE_LLM_URL=http://127.0.0.1:8766
+fi
 
 stop_brokers() {
-  kill "$k8s_build_pid" "$docs_install_pid" "$prefetch_pid" 2>/dev/null || true
+  stop_background
   [ -z "${cluster_tests_pid:-}" ] || kill "$cluster_tests_pid" 2>/dev/null || true
   # The broker-restart test starts its own broker on 6652; never leave it behind.
   PULSAR_PORT=6652 PULSAR_HTTP_PORT=8082 PULSAR_BK_PORT=3183 deploy/pulsar/pulsar.sh stop || true
@@ -107,7 +138,24 @@ stop_brokers() {
     deploy/pulsar/cluster.sh stop || true
   fi
 }
+
+if want broker || want interop; then
 trap stop_brokers EXIT
+stage "Pulsar broker"
+# Both brokers start from empty data at every run (6 s and ~45 s, the latter in the background):
+# CI once failed because the cluster's data, left by a run the machine's restart cut short,
+# held a ledger that did not recover ("Error while recovering ledger error code: -10").
+wait "$prefetch_pid" || echo "prefetching downloads failed (its log: $prefetch_log); the stages below fetch again" >&2
+deploy/pulsar/pulsar.sh start-fresh
+export PULSAR_URL=pulsar://127.0.0.1:6650 PULSAR_ADMIN_URL=http://127.0.0.1:8080
+fi
+
+if want broker; then
+stage "local LLM (llama-server + SmolLM2-135M; built once, cached)"
+export SLUICE_LLM_API_KEY="${SLUICE_LLM_API_KEY:-sluice-test-$RANDOM$RANDOM}"
+deploy/local-llm/llama-server.sh stop || true   # restart so it takes this run's key
+deploy/local-llm/llama-server.sh start
+export SLUICE_LLM_URL=http://127.0.0.1:8766
 
 # TrustGraph's own CLI (PyPI trustgraph-cli, in a venv): the gateway test runs the real
 # tg-list-models against sluice's gateway when it is there.
@@ -207,9 +255,18 @@ echo "== services/cli/tests/trustgraph_pacing.rs (alone)"
 echo "== services/cli/tests/soak.rs (alone)"
 (cd services/cli && exec "$soak_tests") || tests_failed=1
 [ "$tests_failed" = 0 ] || { echo "tests failed (above)" >&2; exit 1; }
+fi
+
+# The other stages run the `sluice` binary of the tests' build; without the broker stage,
+# the same build (cargo test --no-run: the same features, so nothing is built twice).
+if ! want broker && { want interop || want stack || want k8s; }; then
+  stage "the tests' build (for the sluice binary)"
+  cargo test --workspace --locked --no-run
+fi
 
 # The book of docs/ built with mdBook, warnings failing it (its links and chapters were
-# checked by tests/tests/docs.rs above).
+# checked by tests/tests/docs.rs, in the broker and unit stages).
+if want docs; then
 stage "documentation (mdBook)"
 if ! wait "$docs_install_pid"; then
   echo "installing mdBook failed; its log:" >&2
@@ -217,15 +274,19 @@ if ! wait "$docs_install_pid"; then
   exit 1
 fi
 bash scripts/docs.sh
+fi
 
 # TrustGraph's own processes (PyPI trustgraph-flow, unmodified, in a venv) beside sluice's
 # --config-service processors, on the broker above (issue #14).
+if want interop; then
 stage "TrustGraph's processes with sluice's"
 SLUICE_BIN="$CARGO_TARGET_DIR/debug/sluice" bash scripts/test-trustgraph.sh
+fi
 
 # The image built with the real Dockerfile (on bases made from Debian's packages: no image
 # registry here), the compose stack up with Prometheus, answers through the gateway
 # container, every dashboard panel's data, three replicas and a kill (issue #12).
+if want stack; then
 stage "the compose stack (docker)"
 # sluice's image: the Dockerfile's runtime stage with the tests' own build of the binary
 # (scripts/stack-images.sh): a release build in Docker's builder would add ~15 min of both
@@ -233,9 +294,11 @@ stage "the compose stack (docker)"
 # builds the shipped image (docs/deploying.md).
 export SLUICE_IMAGE_BINARY="$CARGO_TARGET_DIR/debug/sluice"
 bash scripts/test-stack.sh
+fi
 
 # The manifests applied to a real kube-apiserver (built from the Go module proxy) on Debian's
 # etcd, with Pod Security enforcing `restricted` and broken manifests refused (issue #12).
+if want k8s; then
 stage "Kubernetes: the manifests on a real API server"
 if ! wait "$k8s_build_pid"; then
   echo "building the Kubernetes binaries failed; its log:" >&2
@@ -250,13 +313,14 @@ bash scripts/test-k8s.sh
 # 64 streams, KEDA scaling text-completion on a backlog.
 stage "Kubernetes: deploy/k8s running on two nodes"
 SLUICE_BIN="$CARGO_TARGET_DIR/debug/sluice" bash scripts/test-k8s-run.sh
+fi
 
 stage ""
 skipped=$(grep -c . "$SLUICE_SKIP_LOG" || true)
 times=$(
   commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
   [ -z "$(git status --porcelain --untracked-files=no -- ":/" ":(top,exclude)bench/results" 2>/dev/null)" ] || commit="$commit with uncommitted changes"
-  echo "Measured $(date -u '+%Y-%m-%d %H:%M UTC') at commit $commit on this machine ($(nproc) cores), CI=${CI:-}, by \`bash scripts/test.sh\`: $((SECONDS / 60)) min $((SECONDS % 60)) s in all."
+  echo "Measured $(date -u '+%Y-%m-%d %H:%M UTC') at commit $commit on this machine ($(nproc) cores), CI=${CI:-}, by \`bash scripts/test.sh$(printf ' %s' "$@")\`: $((SECONDS / 60)) min $((SECONDS % 60)) s in all."
   echo
   echo "| stage | seconds |"
   echo "|---|---|"
@@ -264,7 +328,7 @@ times=$(
 )
 echo "$times"
 if [ -n "${SLUICE_TEST_TIMES:-}" ]; then echo "$times" >"$SLUICE_TEST_TIMES"; fi
-echo "== summary: every stage passed in $((SECONDS / 60)) min, ${skipped} check(s) skipped"
+echo "== summary: every stage passed ($(echo $STAGES)) in $((SECONDS / 60)) min, ${skipped} check(s) skipped"
 sed 's/^/  skipped: /' "$SLUICE_SKIP_LOG"
 if [ "${CI:-}" = "true" ] && [ "$skipped" -gt 0 ]; then
   echo "CI runs every check: ${skipped} skipped" >&2
