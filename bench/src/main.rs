@@ -464,20 +464,8 @@ async fn spawn_text_completion_process(
 /// (its own error is on stderr), instead of waiting forever.
 async fn wait_ready(child: &mut tokio::process::Child, port: u16) {
     let ready = format!("http://127.0.0.1:{port}/readyz");
-    loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("the sluice process exited before it was ready ({status}); see its error above");
-        }
-        let ok = tokio::process::Command::new("curl")
-            .args(["-sf", &ready])
-            .output()
-            .await
-            .map(|o| o.status.success())
-            .unwrap_or(false);
-        if ok {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    if let Err(e) = sluice_tests::process::ready(child, &ready, Duration::from_secs(120)).await {
+        panic!("the sluice process {e}; see its error above");
     }
 }
 
@@ -706,18 +694,7 @@ fn sluice_process(args: &[&str]) -> tokio::process::Child {
 /// Stops a child with SIGTERM so that it drains and deletes its response subscription, as
 /// a deployment would; SIGKILL if it has not exited after 10 s.
 async fn terminate(mut child: tokio::process::Child) {
-    if let Some(pid) = child.id() {
-        let _ = tokio::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .await;
-    }
-    if tokio::time::timeout(Duration::from_secs(10), child.wait())
-        .await
-        .is_err()
-    {
-        let _ = child.kill().await;
-    }
+    sluice_tests::process::terminate(&mut child, Duration::from_secs(10)).await;
 }
 
 /// `sluice text-completion` on its default topics (the ones `sluice gateway` routes to),

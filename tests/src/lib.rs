@@ -26,6 +26,7 @@ pub mod fake_openai;
 pub mod fake_otlp;
 pub mod mcp_server;
 pub mod metrics_text;
+pub mod process;
 pub mod seed_streams;
 pub mod soak;
 pub mod tg_load;

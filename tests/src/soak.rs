@@ -862,27 +862,9 @@ impl Fleet {
             .spawn()
             .map_err(|e| format!("starting {name}: {e}"))?;
         let ready = format!("http://127.0.0.1:{metrics_port}/readyz");
-        let http = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(format!(
-                    "{name} exited before it was ready ({status}); see its log"
-                ));
-            }
-            if http
-                .get(&ready)
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success())
-            {
-                break;
-            }
-            if Instant::now() > deadline {
-                return Err(format!("{name} not ready within 120 s"));
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        crate::process::ready(&mut child, &ready, Duration::from_secs(120))
+            .await
+            .map_err(|e| format!("{name}: {e}; see its log"))?;
         self.members.push(Member {
             role,
             name,

@@ -63,12 +63,10 @@ impl ProcessorProcess {
     }
 
     fn signal(&self, sig: &str) {
-        let pid = self.child.id().unwrap().to_string();
-        let status = std::process::Command::new("kill")
-            .args([sig, &pid])
-            .status()
-            .unwrap();
-        assert!(status.success());
+        assert!(sluice_tests::process::signal(
+            self.child.id().unwrap(),
+            sig.trim_start_matches('-')
+        ));
     }
 
     async fn readyz(&self) -> u16 {

@@ -92,14 +92,7 @@ async fn the_processor_process_streams_keeps_its_key_secret_and_drains_on_sigter
     assert!(metrics.contains("sluice_llm_requests_total"));
     assert!(!metrics.contains(KEY));
 
-    let pid = child.id().unwrap().to_string();
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    assert!(sluice_tests::process::signal(child.id().unwrap(), "TERM"));
     let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
         .await
         .unwrap()
@@ -232,14 +225,7 @@ async fn the_bedrock_processor_signs_with_sigv4_and_never_logs_its_credentials()
         .text()
         .await
         .unwrap();
-    let pid = child.id().unwrap().to_string();
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    assert!(sluice_tests::process::signal(child.id().unwrap(), "TERM"));
     let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
         .await
         .unwrap()

@@ -9,6 +9,7 @@ use std::{
     time::Duration,
 };
 
+use sluice_tests::process;
 use tokio::{
     io::{AsyncBufReadExt, AsyncRead, BufReader},
     process::{Child, Command},
@@ -104,21 +105,9 @@ impl Sluice {
     /// Waits until `url` (a /readyz) answers 2xx; panics with the log if the process exits
     /// first or is not ready within a minute.
     pub async fn ready(&mut self, url: &str) {
-        sluice_runtime::install_crypto_provider();
-        for _ in 0..600 {
-            if reqwest::get(url)
-                .await
-                .map(|r| r.status().is_success())
-                .unwrap_or(false)
-            {
-                return;
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("exited ({status}) before it was ready:\n{}", self.stderr());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Err(e) = process::ready(&mut self.child, url, Duration::from_secs(60)).await {
+            panic!("{e}:\n{}", self.stderr());
         }
-        panic!("not ready within a minute:\n{}", self.stderr());
     }
 
     /// The exit status once the process has exited (its output then read to the end), else
@@ -138,21 +127,12 @@ impl Sluice {
 
     /// Sends signal `name` (`HUP`, `TERM`, ...) to the process.
     pub fn signal(&self, name: &str) {
-        let pid = self.child.id().unwrap();
-        let sent = std::process::Command::new("kill")
-            .args([format!("-{name}"), pid.to_string()])
-            .status()
-            .unwrap();
-        assert!(sent.success());
+        assert!(process::signal(self.child.id().unwrap(), name));
     }
 
     /// SIGTERM, then the exit status and everything it wrote.
     pub async fn stop(mut self) -> Stopped {
-        let pid = self.child.id().unwrap();
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .unwrap();
+        assert!(process::signal(self.child.id().unwrap(), "TERM"));
         let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
             .await
             .expect("exits after SIGTERM")

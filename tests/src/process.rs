@@ -1,0 +1,54 @@
+//! Child processes in tests, benches and the soak: signals, readiness, a graceful stop. One
+//! version of each, so every suite waits and stops the same way.
+
+use std::{process::ExitStatus, time::Duration};
+
+use tokio::process::Child;
+
+/// Sends the signal `name` (as `kill` spells it: `TERM`, `KILL`, `HUP`, `STOP`, `CONT`) to
+/// `pid`; whether it was delivered.
+pub fn signal(pid: u32, name: &str) -> bool {
+    std::process::Command::new("kill")
+        .args([format!("-{name}"), pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Waits until `url` (a `/readyz`) answers 2xx, asking every 100 ms. Fails, saying which, if
+/// the child exits first or `timeout` passes: a process that cannot start has said why on
+/// its stderr, and waiting on would only hide it.
+pub async fn ready(child: &mut Child, url: &str, timeout: Duration) -> Result<(), String> {
+    sluice_runtime::install_crypto_provider();
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("exited before it was ready ({status})"));
+        }
+        if reqwest::get(url)
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!("not ready within {timeout:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Stops a child as a deployment would: SIGTERM (it drains, and deletes its response
+/// subscription), then SIGKILL if it has not exited within `grace`. The exit status, or
+/// `None` when it had to be killed.
+pub async fn terminate(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
+    if let Some(pid) = child.id() {
+        signal(pid, "TERM");
+    }
+    match tokio::time::timeout(grace, child.wait()).await {
+        Ok(status) => status.ok(),
+        Err(_) => {
+            let _ = child.kill().await;
+            None
+        }
+    }
+}
