@@ -2,17 +2,21 @@
 # deploy/k8s-local/cluster.sh). docker_up: starts dockerd when none answers (installing
 # Debian's docker.io when it is missing), logging to /var/log/sluice-dockerd.log, and sets
 # STARTED_DOCKERD to its pid so that the caller can stop it again; returns non-zero when it
-# does not come up within 60 s.
+# does not come up within 60 s. Uses scripts/lib.sh (sourced here when the caller has not).
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 STARTED_DOCKERD=""
+# docker_answers: the Docker engine answers (`docker info`, its output dropped).
+docker_answers() { docker info >/dev/null 2>&1; }
 docker_up() {
-  docker info >/dev/null 2>&1 && return 0
+  docker_answers && return 0
   if ! command -v dockerd >/dev/null 2>&1; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null
   fi
   echo "starting dockerd (log: /var/log/sluice-dockerd.log)" >&2
   nohup dockerd >/var/log/sluice-dockerd.log 2>&1 &
   STARTED_DOCKERD=$!
-  for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && return 0; sleep 1; done
+  WAIT_INTERVAL=1 wait_until 60 "dockerd to answer" docker_answers && return 0
   tail -n 30 /var/log/sluice-dockerd.log >&2
   return 1
 }
@@ -20,6 +24,6 @@ docker_up() {
 docker_down() {
   [ -n "$STARTED_DOCKERD" ] || return 0
   kill "$STARTED_DOCKERD" 2>/dev/null || true
-  for _ in $(seq 1 30); do kill -0 "$STARTED_DOCKERD" 2>/dev/null || break; sleep 1; done
+  WAIT_INTERVAL=1 wait_gone 30 "dockerd (pid $STARTED_DOCKERD) to exit" "$STARTED_DOCKERD" || true
   STARTED_DOCKERD=""
 }

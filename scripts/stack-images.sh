@@ -26,6 +26,8 @@
 # (`cargo chef cook`) until Cargo.toml or Cargo.lock change. Needs a running dockerd and root
 # (mmdebstrap's root mode).
 set -euo pipefail
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(dirname "$0")/.."
 
 MIRROR="${SLUICE_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
@@ -38,7 +40,7 @@ PULSAR_VERSION="${PULSAR_IMAGE##*:}"
 PROMETHEUS_IMAGE=sluice-local/prometheus:debian
 SLUICE_IMAGE="${SLUICE_IMAGE:-sluice:local}"
 
-log() { printf '[stack-images] %s\n' "$*" >&2; }
+LOG_TAG="stack-images"
 
 [ -n "$RUST_VERSION" ] && [ -n "$DEBIAN_RELEASE" ] && [ -n "$PULSAR_VERSION" ] || {
   log "could not read RUST_VERSION/DEBIAN_RELEASE from the Dockerfile or Pulsar's image from docker-compose.yml"

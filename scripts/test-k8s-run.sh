@@ -49,6 +49,8 @@
 # SLUICE_LLM_API_KEY must match one that is), Docker (started when none runs). Figures go to
 # stdout and, when SLUICE_K8S_FIGURES names a file, there.
 set -euo pipefail
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(dirname "$0")/.."
 . scripts/deploy-lib.sh
 . scripts/docker-lib.sh
@@ -66,7 +68,7 @@ export PULSAR_STATE_DIR="$WORK/pulsar"
 SLUICE_BIN="${SLUICE_BIN:-${CARGO_TARGET_DIR:-$HOME/.cache/sluice/target}/debug/sluice}"
 T0=$SECONDS
 FIGURES=()
-log() { printf '[k8s-run] %s\n' "$*" >&2; }
+LOG_TAG="k8s-run"
 fail() { log "FAILED: $*"; exit 1; }
 figure() { FIGURES+=("$1"); log "figure: $1"; }
 
@@ -140,8 +142,8 @@ fi
 FAKE_UPSTREAM_API_KEY="$SLUICE_LLM_API_KEY" python3 tests/py/fake_openai_sse.py --host 10.244.0.1 \
   --port 8796 --upstream "http://127.0.0.1:$LLM_PORT" >"$WORK/front.log" 2>&1 &
 front_pid=$!
-for _ in $(seq 1 50); do grep -q listening "$WORK/front.log" && break; sleep 0.1; done
-grep -q listening "$WORK/front.log" || fail "the provider front did not start: $(cat "$WORK/front.log")"
+WAIT_INTERVAL=0.1 wait_until 5 "the provider front to listen" grep -q listening "$WORK/front.log" ||
+  fail "the provider front did not start: $(cat "$WORK/front.log")"
 
 # -- 2. the example overlay, running ---------------------------------------------------------------
 # KEDA's CRDs came with KEDA; the PodMonitor's (no Prometheus Operator runs here) is applied
@@ -268,7 +270,7 @@ kubectl get podmonitors -A -o json | python3 tests/k8s/podmonitor_scrape.py \
 # On the node bridge's address, as the broker: KEDA's operator (a pod) reads it in 5b. The
 # files the configuration names are mounted at their own paths, read-only; root in the
 # container, as the token file is root's alone.
-PROM_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("10.244.0.1", 0)); print(s.getsockname()[1])')
+PROM_PORT=$(free_port 10.244.0.1)
 bash scripts/stack-images.sh prometheus >"$WORK/images.log" 2>&1 || { tail -n 30 "$WORK/images.log" >&2; fail "making the Prometheus image"; }
 prom_container="sluice-k8s-prometheus-$$"
 docker run -d --name "$prom_container" --network host --user 0 \
@@ -529,12 +531,12 @@ answers_start() {
   JAVA_HOME="$pulsar_java" "$pulsar_dist/bin/pulsar-client" --url "pulsar://$PULSAR_HOST:$PULSAR_PORT" \
     consume "$1" -s k8s-answers-check -n 0 >"$WORK/responses.log" 2>&1 &
   consume_pid=$!
-  for _ in $(seq 1 100); do
-    curl -sf -m 5 "http://$PULSAR_HOST:$PULSAR_HTTP_PORT/admin/v2/$kind/$path/stats" |
-      grep -q '"k8s-answers-check"' && return 0
-    sleep 0.3
-  done
-  fail "the answers' subscription on $1 was not made within 30 s"
+  WAIT_INTERVAL=0.3 wait_until 30 "the answers' subscription on $1" answers_subscribed "$kind/$path" ||
+    fail "the answers' subscription on $1 was not made within 30 s"
+}
+# answers_subscribed KIND/PATH: the topic's stats list answers_start's subscription.
+answers_subscribed() {
+  curl -sf -m 5 "http://$PULSAR_HOST:$PULSAR_HTTP_PORT/admin/v2/$1/stats" | grep -q '"k8s-answers-check"'
 }
 # answers_check N: the subscription saw N ends of stream and no error record.
 answers_check() {
@@ -684,8 +686,8 @@ tg_consumers() {
   curl -sf -m 5 "http://$PULSAR_HOST:$PULSAR_HTTP_PORT/admin/v2/non-persistent/tg/request/text-completion/stats" |
     python3 -c 'import json, sys; print(len(json.load(sys.stdin)["subscriptions"]["text-completion"]["consumers"]))' 2>/dev/null
 }
-for _ in $(seq 1 60); do [ "$(tg_consumers)" = 2 ] && break; sleep 1; done
-[ "$(tg_consumers)" = 2 ] ||
+two_tg_consumers() { [ "$(tg_consumers)" = 2 ]; }
+WAIT_INTERVAL=1 wait_until 60 "2 consumers of non-persistent://tg/request/text-completion" two_tg_consumers ||
   fail "text-completion's 2 replicas do not consume non-persistent://tg/request/text-completion (consumers: $(tg_consumers))"
 out=$("$SLUICE_BIN" invoke llm "Be terse." "[fake:echo] on TrustGraph's topics") ||
   fail "sluice invoke through the gateway on TrustGraph's mapping"

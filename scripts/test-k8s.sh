@@ -29,6 +29,8 @@
 # missing) and kubectl. SLUICE_CACHE moves the cache (default ~/.cache/sluice). The first run builds kube-apiserver (minutes; Go's build cache helps
 # later builds), later runs take seconds.
 set -euo pipefail
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(dirname "$0")/.."
 . scripts/deploy-lib.sh           # KUBERNETES_VERSION, KEDA_VERSION, ..., go_module_dir, k8s_binary
 . scripts/prereqs.sh
@@ -39,7 +41,7 @@ CACHE="${SLUICE_CACHE:-$HOME/.cache/sluice}/k8s"
 APISERVER="$CACHE/bin/kube-apiserver-v$KUBERNETES_VERSION"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/sluice-k8s.XXXXXX")
 T0=$SECONDS
-log() { printf '[k8s] %s\n' "$*" >&2; }
+LOG_TAG="k8s"
 fail() { log "FAILED: $*"; exit 1; }
 now_ms() { date +%s%3N; }
 secs() { awk -v ms="$1" 'BEGIN { printf "%.1f s", ms / 1000 }'; }
@@ -74,8 +76,6 @@ if [ ! -x "$APISERVER" ]; then
 fi
 [ "$("$APISERVER" --version)" = "Kubernetes v$KUBERNETES_VERSION" ] ||
   fail "$APISERVER is not v$KUBERNETES_VERSION"
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 # -- etcd ---------------------------------------------------------------------------------------
 etcd_port=$(free_port)

@@ -20,6 +20,8 @@
 # Figures (image size, start to /readyz, phase times) are printed at the end and written to
 # $SLUICE_STACK_FIGURES when set.
 set -euo pipefail
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(dirname "$0")/.."
 
 PROJECT="sluice-stack-$$"
@@ -31,7 +33,7 @@ export SLUICE_LLM_API_KEY="${SLUICE_LLM_API_KEY:-sluice-stack-$RANDOM$RANDOM}"
 T0=$SECONDS
 FIGURES=()
 
-log() { printf '[stack] %s\n' "$*" >&2; }
+LOG_TAG="stack"
 fail() { log "FAILED: $*"; exit 1; }
 figure() { FIGURES+=("$1"); log "figure: $1"; }
 
@@ -85,14 +87,14 @@ fi
 # reachable from the host and its containers only.
 BRIDGE_IP=$(ip -4 -o addr show dev docker0 2>/dev/null | awk '{ split($4, a, "/"); print a[1]; exit }')
 [ -n "$BRIDGE_IP" ] || fail "no IPv4 address on docker0"
-STACK_LLM_PORT=$(python3 -c "import socket; s=socket.socket(); s.bind(('$BRIDGE_IP', 0)); print(s.getsockname()[1])")
+STACK_LLM_PORT=$(free_port "$BRIDGE_IP")
 export STACK_LLM_PORT
 FAKE_UPSTREAM_API_KEY="$SLUICE_LLM_API_KEY" python3 tests/py/fake_openai_sse.py \
   --host "$BRIDGE_IP" --port "$STACK_LLM_PORT" --upstream "http://127.0.0.1:$LLM_PORT" \
   >"$WORK/front.log" 2>&1 &
 front_pid=$!
-for _ in $(seq 1 50); do grep -q listening "$WORK/front.log" && break; sleep 0.1; done
-grep -q listening "$WORK/front.log" || fail "the provider front did not start: $(cat "$WORK/front.log")"
+WAIT_INTERVAL=0.1 wait_until 5 "the provider front to listen" grep -q listening "$WORK/front.log" ||
+  fail "the provider front did not start: $(cat "$WORK/front.log")"
 
 # -- 2. up --------------------------------------------------------------------------------------
 t=$SECONDS
@@ -302,10 +304,8 @@ cid=$(docker run -d --rm --network "${PROJECT}_default" -p 127.0.0.1::8000 --rea
   sluice:local prompt --pulsar-url pulsar://pulsar:6650 --pulsar-admin-url http://pulsar:8080 \
   --metrics-addr 0.0.0.0:8000 --subscription readyz-probe)
 mport=$(docker port "$cid" 8000 | head -1 | sed 's/.*://')
-until curl -sf -m 1 "http://127.0.0.1:$mport/readyz" >/dev/null 2>&1; do
-  [ $(( ($(date +%s%N) - start_ns) / 1000000000 )) -lt 60 ] || { docker rm -f "$cid" >/dev/null; fail "no /readyz in 60 s"; }
-  sleep 0.02
-done
+WAIT_INTERVAL=0.02 wait_until 60 "the container's /readyz" curl -sf -m 1 -o /dev/null "http://127.0.0.1:$mport/readyz" ||
+  { docker rm -f "$cid" >/dev/null; fail "no /readyz in 60 s"; }
 ready_ms=$(( ($(date +%s%N) - start_ns) / 1000000 ))
 docker rm -f "$cid" >/dev/null
 figure "container start to /readyz (docker run -> 200, broker up): ${ready_ms} ms"

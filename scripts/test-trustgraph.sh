@@ -19,6 +19,8 @@
 # Settings: SLUICE_BIN (default $CARGO_TARGET_DIR/debug/sluice, built if missing),
 # TG_RUN_DIR (logs; default a fresh temporary directory, kept on failure).
 set -euo pipefail
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(dirname "$0")/.."
 export PULSAR_URL="${PULSAR_URL:-pulsar://127.0.0.1:6650}"
 export PULSAR_ADMIN_URL="${PULSAR_ADMIN_URL:-http://127.0.0.1:8080}"
@@ -34,7 +36,7 @@ tg="$venv/bin"
 fake_port="${FAKE_OPENAI_PORT:-8767}"
 metrics_base=8150
 
-log() { printf '[tg-test] %s\n' "$*" >&2; }
+LOG_TAG="tg-test"
 fail() {
   log "FAILED: $*"
   log "logs are in $run"
@@ -154,11 +156,9 @@ log "part 2: TrustGraph's text-completion, sluice's prompt and agent"
   --no-loki-enabled -P "$((metrics_base + 5))" --id text-completion -u "$OPENAI_BASE_URL" \
   -m fake-model > "$run/text-completion.log" 2>&1 &
 echo $! > "$run/text-completion.pid"
-waited=0
-until grep -qF "Started flow: default/default" "$run/text-completion.log"; do
-  [ "$waited" -lt 120 ] || fail "TrustGraph's text-completion did not start the flow"
-  sleep 1; waited=$((waited + 1))
-done
+WAIT_INTERVAL=1 wait_until 120 "TrustGraph's text-completion to start the flow" \
+  grep -qF "Started flow: default/default" "$run/text-completion.log" ||
+  fail "TrustGraph's text-completion did not start the flow"
 start_sluice prompt "$((metrics_base + 1))" prompt
 start_sluice agent "$((metrics_base + 2))" agent
 # TrustGraph's text-completion sends the system prompt and the prompt as one user message,

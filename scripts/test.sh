@@ -101,9 +101,8 @@ prefetch_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/prefetch.log"
 if want broker || want interop; then
   (
     deploy/pulsar/pulsar.sh dist
-    bash scripts/tg-cli-venv.sh
-    bash scripts/openai-venv.sh
     bash scripts/tg-flow-venv.sh
+    bash scripts/openai-venv.sh
   ) >"$prefetch_log" 2>&1 &
   prefetch_pid=$!
 fi
@@ -116,8 +115,9 @@ if want unit; then
 fi
 
 if want checks; then
-stage "deployment files (kustomize + kubeconform, docker compose config; offline)"
+stage "deployment files (kustomize + kubeconform, docker compose config; offline) and the scripts' library"
 bash scripts/check-deploy.sh
+bash scripts/lib-test.sh
 
 stage "formatting and lints"
 cargo fmt --all -- --check

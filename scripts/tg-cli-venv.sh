@@ -1,12 +1,10 @@
 #!/usr/bin/env bash
-# Makes a Python venv with TrustGraph's CLI (trustgraph-cli from PyPI, unmodified) under
-# ~/.cache/sluice/tg-venv and prints the path of its tg-list-models, for
-#   TG_LIST_MODELS=$(bash scripts/tg-cli-venv.sh) cargo test -p sluice-tests --test gateway list_models
+# Prints the path of TrustGraph's tg-list-models (trustgraph-cli from PyPI, unmodified), for
+#   TG_LIST_MODELS=$(bash scripts/tg-cli-venv.sh) cargo test --workspace --test gateway list_models
+# It is the CLI of the one TrustGraph venv, scripts/tg-flow-venv.sh's (every package pinned
+# there): a second venv would install the same trustgraph-cli again, with unpinned
+# dependencies.
 set -euo pipefail
-version="${TG_VERSION:-2.11.1}"
-venv="${TG_VENV:-$HOME/.cache/sluice/tg-venv}"
-if [ ! -x "$venv/bin/tg-list-models" ]; then
-  python3 -m venv "$venv" >&2
-  "$venv/bin/pip" install -q "trustgraph-cli==$version" >&2
-fi
+venv=$(bash "$(dirname "${BASH_SOURCE[0]}")/tg-flow-venv.sh")
+[ -x "$venv/bin/tg-list-models" ] || { echo "no tg-list-models in $venv" >&2; exit 1; }
 echo "$venv/bin/tg-list-models"

@@ -17,12 +17,13 @@
 # Settings (environment): TG_FLOW_VENV (default ~/.cache/sluice/tg-flow-venv),
 # PYTHON (default python3; TrustGraph wants 3.10 or newer; verified with 3.11).
 set -euo pipefail
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+LOG_TAG="tg-flow-venv"
 
 version=2.11.1
 venv="${TG_FLOW_VENV:-$HOME/.cache/sluice/tg-flow-venv}"
 python="${PYTHON:-python3}"
-
-log() { printf '[tg-flow-venv] %s\n' "$*" >&2; }
 
 # Pins, verified together on CPython 3.11 (pip constraints: a pin applies only if pip
 # installs that package).
@@ -113,7 +114,7 @@ import trustgraph.api
 EOF
 for cmd in api-gateway flow-svc no-auth-svc bootstrap text-completion-openai prompt-template \
            agent-manager-react tg-invoke-llm tg-invoke-prompt tg-invoke-agent \
-           tg-put-flow-blueprint tg-start-flow tg-show-flows; do
+           tg-put-flow-blueprint tg-start-flow tg-show-flows tg-list-models; do
   [ -x "$venv/bin/$cmd" ] || { log "missing $venv/bin/$cmd"; exit 1; }
 done
 touch "$stamp"

@@ -52,6 +52,8 @@
 # SLUICE_K8S_NODES (2).
 # Needs root. Only one such node runs at a time (fixed ports, one bridge).
 set -eEuo pipefail
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 cd "$(dirname "$0")/../.."
 . scripts/deploy-lib.sh
 . scripts/prereqs.sh
@@ -72,7 +74,7 @@ PAUSE_IMAGE=sluice.local/pause:3.10
 SOCK="$RUN/containerd.sock"
 export KUBECONFIG="$STATE/admin.kubeconfig"
 
-log() { printf '[k8s-local] %s\n' "$*" >&2; }
+LOG_TAG="k8s-local"
 fail() { log "FAILED: $*"; exit 1; }
 trap 'rc=$?; log "failed at line $LINENO (exit $rc): $BASH_COMMAND"' ERR
 
@@ -571,7 +573,7 @@ stop() {
   for c in "${components[@]}"; do
     p=$(pid_of "$c")
     [ -n "$p" ] || continue
-    for _ in $(seq 1 40); do kill -0 "$p" 2>/dev/null || break; sleep 0.25; done
+    WAIT_INTERVAL=0.25 wait_gone 10 "$c (pid $p) to exit" "$p" || true
     kill -9 "$p" 2>/dev/null || true
     rm -f "$STATE/$c.pid"
   done

@@ -11,6 +11,8 @@
 # The server's API key comes from SLUICE_LLM_API_KEY when set (never argv: it is passed
 # through llama-server's LLAMA_API_KEY environment variable).
 set -euo pipefail
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 
 LLAMA_CPP_PYTHON=0.3.36
 SMOLLM2=0.1.2
@@ -21,7 +23,7 @@ MODEL="$CACHE/smollm2-$SMOLLM2/SmolLM2-135M-Instruct.Q4_1.gguf"
 PORT="${LLM_PORT:-8766}"
 STATE="$CACHE/run-$PORT"
 
-log() { printf '[llm:%s] %s\n' "$PORT" "$*" >&2; }
+LOG_TAG="llm:$PORT"
 
 ready() { curl -sf -m 3 "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; }
 
@@ -79,7 +81,7 @@ stop() {
   pid=$(cat "$STATE/pid")
   kill "$pid" 2>/dev/null || true
   # Wait until it is gone, so that a following start cannot mistake it for a live server.
-  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+  WAIT_INTERVAL=0.2 wait_gone 10 "llama-server (pid $pid) to exit on SIGTERM" "$pid" || true
   kill -9 "$pid" 2>/dev/null || true
   rm -f "$STATE/pid"
 }

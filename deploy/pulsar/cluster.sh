@@ -40,6 +40,9 @@
 # PULSAR_CLUSTER_ENSEMBLE / _WRITE_QUORUM / _ACK_QUORUM (2 / 2 / 2, see below), PULSAR_CLUSTER_BROKER_HEAP
 # (384m), PULSAR_CLUSTER_BOOKIE_HEAP (256m).
 set -eEuo pipefail
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+LOG_TAG="pulsar-cluster"
 # Whatever stops the script says where: a start that fails in the background of the test
 # command must leave more than an empty log.
 trap 'log "failed (exit $?) at line $LINENO: $BASH_COMMAND"' ERR
@@ -63,9 +66,6 @@ BOOKIE_HEAP="${PULSAR_CLUSTER_BOOKIE_HEAP:-256m}"
 NAME=pulsar.sluice.test
 ZK=127.0.0.1:2191
 CLUSTER=sluice
-
-log() { printf '[pulsar-cluster] %s\n' "$*" >&2; }
-fail() { log "$*"; exit 1; }
 
 broker_ip() { echo "127.0.0.$(($1 + 1))"; }
 bookie_port() { echo "$((3190 + $1))"; }
@@ -328,6 +328,9 @@ bookie_session() {
     '/^0x/ { session = $1 } $1 == node { print session }' | tr -d ':'
 }
 
+# session_other_than N SESSION: bookie N's registration is not (or no longer) SESSION's.
+session_other_than() { [ "$(bookie_session "$1")" != "$2" ]; }
+
 # A bookie is writable once registered by a live process. A SIGKILLed bookie's node outlives
 # it until its ZooKeeper session expires: bookie_registered N OLD_SESSION waits for another.
 bookie_registered() {
@@ -384,9 +387,9 @@ stop_process() {
   pid=$(cat "$f")
   if kill -0 "$pid" 2>/dev/null; then
     kill -"$signal" "$pid" 2>/dev/null || true
-    for _ in $(seq 1 120); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    wait_gone 60 "$name (pid $pid) to exit on SIG$signal" "$pid" || true
     kill -9 "$pid" 2>/dev/null || true
-    while kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
+    WAIT_INTERVAL=0.2 wait_gone 30 "$name (pid $pid) to exit on SIGKILL" "$pid" || true
   fi
   rm -f "$f"
 }
@@ -524,8 +527,7 @@ case "${1:-}" in
     stale=""
     running "bookie-${2:?bookie 1 to 3}" || stale=$(bookie_session "$2")
     if [ -n "$stale" ]; then
-      for _ in $(seq 1 60); do [ "$(bookie_session "$2")" = "$stale" ] || break; sleep 1; done
-      [ "$(bookie_session "$2")" != "$stale" ] ||
+      WAIT_INTERVAL=1 wait_until 60 "bookie $2's stale registration to expire" session_other_than "$2" "$stale" ||
         fail "bookie $2: the registration of the killed process (session $stale) did not expire in 60 s"
     fi
     start_bookie "$2"

@@ -24,6 +24,8 @@
 # PULSAR_HOST (127.0.0.1: the address it binds, advertises and is reached at; the Kubernetes
 # test gives the node bridge's 10.244.0.1, which pods reach).
 set -euo pipefail
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 
 VERSION="${SLUICE_PULSAR_VERSION:-4.0.8}"
 CACHE="${SLUICE_CACHE:-$HOME/.cache/sluice}"
@@ -37,7 +39,7 @@ DIST="$CACHE/pulsar/apache-pulsar-$VERSION"
 HOST="${PULSAR_HOST:-127.0.0.1}"
 ADMIN="http://$HOST:$HTTP_PORT"
 
-log() { printf '[pulsar:%s] %s\n' "$PORT" "$*" >&2; }
+LOG_TAG="pulsar:$PORT"
 
 ready() {
   # Serving once the standalone's default namespace exists: topics can be used.
@@ -154,7 +156,7 @@ stop() {
     pid=$(cat "$STATE/pid")
     if kill -0 "$pid" 2>/dev/null; then
       kill "$pid"
-      for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+      WAIT_INTERVAL=1 wait_gone 60 "the broker (pid $pid) to exit on SIGTERM" "$pid" || true
       kill -9 "$pid" 2>/dev/null || true
       log "stopped"
     fi
@@ -172,7 +174,7 @@ case "${1:-}" in
     if [ -f "$STATE/pid" ] && kill -0 "$(cat "$STATE/pid")" 2>/dev/null; then
       pid=$(cat "$STATE/pid")
       kill -9 "$pid"
-      while kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
+      WAIT_INTERVAL=0.2 wait_gone 30 "the broker (pid $pid) to exit on SIGKILL" "$pid" || true
       log "killed (SIGKILL)"
     fi
     rm -f "$STATE/pid"

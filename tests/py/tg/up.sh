@@ -34,6 +34,8 @@
 #                    the fake server runs on FAKE_OPENAI_PORT (default 8767).
 #   TG_MODEL         model name sent upstream when the flow gives none (default fake-model)
 set -euo pipefail
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../../../scripts/lib.sh"
 
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../../.." && pwd)"
@@ -47,7 +49,7 @@ FAKE_PORT="${FAKE_OPENAI_PORT:-8767}"
 MODEL="${TG_MODEL:-fake-model}"
 READY_TIMEOUT="${TG_READY_TIMEOUT:-180}"
 
-log() { printf '[tg-up] %s\n' "$*" >&2; }
+LOG_TAG="tg-up"
 
 # Common flags of every TrustGraph processor: the broker, its admin API, no Loki log
 # shipping (on by default, to http://loki:3100), and a metrics port of its own.
@@ -155,11 +157,9 @@ EOF
 
   # api-gateway (started above) knows the flow once it logs this.
   wait_log api-gateway "Starting flow default/default"
-  local waited=0
-  until curl -s -o /dev/null "http://127.0.0.1:$GW_PORT/"; do
-    [ "$waited" -lt "$READY_TIMEOUT" ] || { log "api-gateway not listening"; return 1; }
-    sleep 1; waited=$((waited + 1))
-  done
+  WAIT_INTERVAL=1 wait_until "$READY_TIMEOUT" "api-gateway to listen on $GW_PORT" \
+    curl -s -o /dev/null "http://127.0.0.1:$GW_PORT/" ||
+    { log "api-gateway not listening"; return 1; }
   log "api-gateway listening on http://127.0.0.1:$GW_PORT/"
 }
 
@@ -170,7 +170,7 @@ stop() {
     pid=$(cat "$f")
     if kill -0 "$pid" 2>/dev/null; then
       kill "$pid" 2>/dev/null || true
-      for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+      wait_gone 10 "$(basename "$f" .pid) (pid $pid) to exit" "$pid" || true
       kill -9 "$pid" 2>/dev/null || true
       log "stopped $(basename "$f" .pid)"
     fi

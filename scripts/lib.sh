@@ -1,0 +1,55 @@
+# shellcheck shell=bash
+# The helpers every script shares (issue #24 §8). Sourced, never run:
+#   . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"          (from scripts/; adjust the path elsewhere)
+#   LOG_TAG=my-script
+# Safe under `set -euo pipefail` (and `set -E` with an ERR trap): nothing here fails outside
+# a condition, and no shell option is changed; wait_until runs its COMMAND with its arguments
+# as given (no eval, output not redirected) in a condition, so a failing COMMAND trips neither
+# `set -e` nor an ERR trap. A malformed SECONDS or a missing PID is logged and returns 2.
+# Checked by scripts/lib-test.sh.
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  echo "${BASH_SOURCE[0]} is sourced by scripts, not run" >&2
+  exit 2
+fi
+# Sourced twice (a library that sources it, after a script that did and then replaced `fail`
+# with its own): the first definitions stay.
+if declare -F wait_until >/dev/null; then return 0; fi
+
+# log MESSAGE...: prints "[$LOG_TAG] MESSAGE" on stderr (LOG_TAG unset: the script's file name).
+log() { printf '[%s] %s\n' "${LOG_TAG:-${0##*/}}" "$*" >&2; }
+
+# fail MESSAGE...: logs MESSAGE, then exits the script with status 1 (a script may redefine it after sourcing).
+fail() { log "$@"; exit 1; }
+
+# wait_until SECONDS DESCRIPTION COMMAND [ARG...]: runs COMMAND every ${WAIT_INTERVAL:-0.5} s until it returns 0 (returns 0) or more than SECONDS have passed (logs "timed out after SECONDS s waiting for DESCRIPTION", returns 1).
+wait_until() {
+  local secs="${1:-}" what="${2:-}" start=$SECONDS
+  [ $# -ge 3 ] || { log "wait_until: usage: wait_until SECONDS DESCRIPTION COMMAND [ARG...]"; return 2; }
+  case "$secs" in
+    '' | *[!0-9]*) log "wait_until: SECONDS must be a whole number, not '$secs'"; return 2 ;;
+  esac
+  shift 2
+  while :; do
+    if "$@"; then return 0; fi
+    if [ $((SECONDS - start)) -gt "$secs" ]; then
+      log "timed out after $secs s waiting for $what"
+      return 1
+    fi
+    sleep "${WAIT_INTERVAL:-0.5}"
+  done
+}
+
+# wait_gone SECONDS DESCRIPTION PID: as wait_until, for process PID to exit (`kill -0` fails): returns 0 once it has, 1 on timeout; sends no signal.
+wait_gone() {
+  local secs="${1:-}" what="${2:-}" pid="${3:-}"
+  [ -n "$pid" ] || { log "wait_gone: no PID given for $what"; return 2; }
+  wait_until "$secs" "$what" _lib_gone "$pid"
+}
+# _lib_gone PID: true once PID is no process (wait_gone's condition).
+_lib_gone() { ! kill -0 "$1" 2>/dev/null; }
+
+# free_port [HOST]: prints a TCP port free on HOST (default 127.0.0.1), which the kernel picked (bind to port 0).
+free_port() {
+  python3 -c 'import socket, sys; s = socket.socket(); s.bind((sys.argv[1], 0)); print(s.getsockname()[1])' \
+    "${1:-127.0.0.1}"
+}
