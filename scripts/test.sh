@@ -13,7 +13,7 @@
 #
 # Usage: bash scripts/test.sh [STAGE...]   (default: all, which is what CI runs)
 #   unit     the tests that need no broker and no network: every crate's unit tests and the
-#            documentation's checks (cargo test --lib --bins --test docs; about a minute)
+#            documentation's checks (cargo test --lib --bins --test docs; ~25 s once built)
 #   checks   the deployment files, formatting, clippy, fuzzing
 #   broker   both Pulsar brokers and the local LLM, then every cargo test
 #   docs     the book (mdBook)
@@ -132,7 +132,8 @@ stop_brokers() {
   [ -z "${cluster_tests_pid:-}" ] || kill "$cluster_tests_pid" 2>/dev/null || true
   # The broker-restart test starts its own broker on 6652; never leave it behind.
   PULSAR_PORT=6652 PULSAR_HTTP_PORT=8082 PULSAR_BK_PORT=3183 deploy/pulsar/pulsar.sh stop || true
-  deploy/local-llm/llama-server.sh stop || true
+  # Only a local LLM this run started (the interop stage alone starts none).
+  [ -z "${started_llm:-}" ] || deploy/local-llm/llama-server.sh stop || true
   if [ "${CI:-}" = "true" ]; then
     deploy/pulsar/pulsar.sh stop || true
     deploy/pulsar/cluster.sh stop || true
@@ -154,6 +155,7 @@ if want broker; then
 stage "local LLM (llama-server + SmolLM2-135M; built once, cached)"
 export SLUICE_LLM_API_KEY="${SLUICE_LLM_API_KEY:-sluice-test-$RANDOM$RANDOM}"
 deploy/local-llm/llama-server.sh stop || true   # restart so it takes this run's key
+started_llm=1
 deploy/local-llm/llama-server.sh start
 export SLUICE_LLM_URL=http://127.0.0.1:8766
 
@@ -264,18 +266,6 @@ if ! want broker && { want interop || want stack || want k8s; }; then
   cargo test --workspace --locked --no-run
 fi
 
-# The book of docs/ built with mdBook, warnings failing it (its links and chapters were
-# checked by tests/tests/docs.rs, in the broker and unit stages).
-if want docs; then
-stage "documentation (mdBook)"
-if ! wait "$docs_install_pid"; then
-  echo "installing mdBook failed; its log:" >&2
-  tail -n 40 "$docs_install_log" >&2
-  exit 1
-fi
-bash scripts/docs.sh
-fi
-
 # TrustGraph's own processes (PyPI trustgraph-flow, unmodified, in a venv) beside sluice's
 # --config-service processors, on the broker above (issue #14).
 if want interop; then
@@ -315,12 +305,25 @@ stage "Kubernetes: deploy/k8s running on two nodes"
 SLUICE_BIN="$CARGO_TARGET_DIR/debug/sluice" bash scripts/test-k8s-run.sh
 fi
 
+# The book of docs/ built with mdBook, warnings failing it (its links and chapters were
+# checked by tests/tests/docs.rs, in the broker and unit stages). Last: a failed install of
+# mdBook (crates.io) must not keep the stages above from running.
+if want docs; then
+stage "documentation (mdBook)"
+if ! wait "$docs_install_pid"; then
+  echo "installing mdBook failed; its log:" >&2
+  tail -n 40 "$docs_install_log" >&2
+  exit 1
+fi
+bash scripts/docs.sh
+fi
+
 stage ""
 skipped=$(grep -c . "$SLUICE_SKIP_LOG" || true)
 times=$(
   commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
   [ -z "$(git status --porcelain --untracked-files=no -- ":/" ":(top,exclude)bench/results" 2>/dev/null)" ] || commit="$commit with uncommitted changes"
-  echo "Measured $(date -u '+%Y-%m-%d %H:%M UTC') at commit $commit on this machine ($(nproc) cores), CI=${CI:-}, by \`bash scripts/test.sh$(printf ' %s' "$@")\`: $((SECONDS / 60)) min $((SECONDS % 60)) s in all."
+  echo "Measured $(date -u '+%Y-%m-%d %H:%M UTC') at commit $commit on this machine ($(nproc) cores), CI=${CI:-}, by \`bash scripts/test.sh${*:+ $*}\`: $((SECONDS / 60)) min $((SECONDS % 60)) s in all."
   echo
   echo "| stage | seconds |"
   echo "|---|---|"

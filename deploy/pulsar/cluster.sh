@@ -389,7 +389,12 @@ stop_process() {
     kill -"$signal" "$pid" 2>/dev/null || true
     wait_gone 60 "$name (pid $pid) to exit on SIG$signal" "$pid" || true
     kill -9 "$pid" 2>/dev/null || true
-    WAIT_INTERVAL=0.2 wait_gone 30 "$name (pid $pid) to exit on SIGKILL" "$pid" || true
+    # Still there after 30 s (stuck in the kernel): keep its pid file, so that no start
+    # runs beside it, and say so.
+    WAIT_INTERVAL=0.2 wait_gone 30 "$name (pid $pid) to exit on SIGKILL" "$pid" || {
+      log "$name (pid $pid) outlived SIGKILL by 30 s; its pid file $f stays"
+      return 1
+    }
   fi
   rm -f "$f"
 }

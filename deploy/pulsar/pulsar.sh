@@ -174,7 +174,10 @@ case "${1:-}" in
     if [ -f "$STATE/pid" ] && kill -0 "$(cat "$STATE/pid")" 2>/dev/null; then
       pid=$(cat "$STATE/pid")
       kill -9 "$pid"
-      WAIT_INTERVAL=0.2 wait_gone 30 "the broker (pid $pid) to exit on SIGKILL" "$pid" || true
+      # Still there after 30 s (stuck in the kernel): keep the pid file, so that no start
+      # runs beside it, and say so.
+      WAIT_INTERVAL=0.2 wait_gone 30 "the broker (pid $pid) to exit on SIGKILL" "$pid" ||
+        fail "the broker (pid $pid) outlived SIGKILL by 30 s; its pid file stays in $STATE"
       log "killed (SIGKILL)"
     fi
     rm -f "$STATE/pid"
