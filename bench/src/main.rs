@@ -334,29 +334,40 @@ async fn throughput(broker: &Broker, callers: u64, total: u64, system: &str) -> 
 }
 
 /// Replaces the table between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->` in the one
-/// Markdown page under `docs` that has them (docs/benchmarks.md, docs/operations.md, ...).
+/// Markdown page under `docs` (at any depth) that has them.
 fn splice(docs: &Path, name: &str, table: &str) {
+    // The docs test checks the pages against this list: a table missing from it would go
+    // unchecked.
+    assert!(
+        sluice_tests::BENCH_TABLES.contains(&name),
+        "bench table {name:?} is not in sluice_tests::BENCH_TABLES"
+    );
     let (start, end) = (
         format!("<!-- bench:{name} -->"),
         format!("<!-- /bench:{name} -->"),
     );
-    let pages = std::fs::read_dir(docs)
-        .map(|d| {
-            d.filter_map(Result::ok)
-                .map(|e| e.path())
-                .filter(|p| p.extension().is_some_and(|x| x == "md"))
-                .collect::<Vec<_>>()
-        })
-        .unwrap_or_default();
-    for page in pages {
-        let Ok(text) = std::fs::read_to_string(&page) else {
+    let mut dirs = vec![docs.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;
         };
-        if let (Some(a), Some(b)) = (text.find(&start), text.find(&end)) {
-            let spliced = format!("{}{start}\n{table}{}", &text[..a], &text[b..]);
-            std::fs::write(&page, spliced).unwrap();
-            eprintln!("results table spliced into {}", page.display());
-            return;
+        for page in entries.filter_map(Result::ok).map(|e| e.path()) {
+            if page.is_dir() {
+                dirs.push(page);
+                continue;
+            }
+            if page.extension().is_none_or(|x| x != "md") {
+                continue;
+            }
+            let Ok(text) = std::fs::read_to_string(&page) else {
+                continue;
+            };
+            if let (Some(a), Some(b)) = (text.find(&start), text.find(&end)) {
+                let spliced = format!("{}{start}\n{table}{}", &text[..a], &text[b..]);
+                std::fs::write(&page, spliced).unwrap();
+                eprintln!("results table spliced into {}", page.display());
+                return;
+            }
         }
     }
     eprintln!(

@@ -307,6 +307,21 @@ pub fn unique_topic(name: &str) -> String {
     )
 }
 
+/// The bench's result tables. `bench` splices each between `<!-- bench:NAME -->` and
+/// `<!-- /bench:NAME -->` in the one page under `docs/` that holds them, and
+/// `tests/tests/docs.rs` checks that exactly one page does.
+pub const BENCH_TABLES: [&str; 9] = [
+    "foundation",
+    "text-completion",
+    "gateway",
+    "prompt",
+    "loss",
+    "pacing",
+    "soak",
+    "soak-restarts",
+    "soak-cluster",
+];
+
 /// A fresh non-persistent topic in the test namespace: TrustGraph's mapping of its `request`
 /// and `response` classes, where the broker drops what a consumer has no permits for.
 pub fn unique_non_persistent_topic(name: &str) -> String {
@@ -349,22 +364,6 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .unwrap_or_else(|e| panic!("no free loopback port: {e}"))
-}
-
-/// Whether `url` answered 2xx (a process's `/readyz`, say) within `timeout`, asked every
-/// 100 ms.
-pub async fn http_ready(url: &str, timeout: Duration) -> bool {
-    eventually_every(
-        Duration::from_millis(100),
-        timeout,
-        async || {
-            reqwest::get(url)
-                .await
-                .is_ok_and(|r| r.status().is_success())
-        },
-        |up| *up,
-    )
-    .await
 }
 
 /// [`eventually`] for a metrics text, up to 10 s.

@@ -1,6 +1,7 @@
-//! Prometheus text exposition, as the tests and the benches read it: a page's samples, one
-//! series' value by name and labels or by the prefix of its line, and a scrape of a loopback
-//! `/metrics`. One parser for every suite, the soak and the bench.
+//! Prometheus text exposition, as the tests read it: a page's samples, one series' value by
+//! name and labels or by the prefix of its line, and a scrape of a loopback `/metrics`. The
+//! CLI's process suites, the broker suites and the bench read pages with it; the soak keeps
+//! its two readers (heap, in-flight), which must tell an unread page from a zero.
 
 /// One sample of the text exposition format: name, labels, value.
 pub type Sample = (String, Vec<(String, String)>, f64);
@@ -15,14 +16,17 @@ pub async fn scrape(port: u16) -> String {
         .unwrap()
 }
 
-/// Every sample of a `/metrics` text.
+/// Every sample of a `/metrics` text. A line that is not a sample (a page cut short, say)
+/// is skipped.
 pub fn samples(text: &str) -> Vec<Sample> {
     let mut out = Vec::new();
     for line in text
         .lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
     {
-        let name_end = line.find(['{', ' ']).unwrap();
+        let Some(name_end) = line.find(['{', ' ']) else {
+            continue;
+        };
         let name = line[..name_end].to_owned();
         let mut labels = Vec::new();
         let mut rest = &line[name_end..];
@@ -42,7 +46,11 @@ pub fn samples(text: &str) -> Vec<Sample> {
                         let mut value = String::new();
                         while let Some((_, c)) = chars.next() {
                             match c {
-                                '\\' => value.push(chars.next().unwrap().1),
+                                '\\' => {
+                                    if let Some((_, escaped)) = chars.next() {
+                                        value.push(escaped);
+                                    }
+                                }
                                 '"' => break,
                                 c => value.push(c),
                             }

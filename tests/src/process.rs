@@ -19,12 +19,20 @@ pub fn signal(pid: u32, name: &str) -> bool {
 /// its stderr, and waiting on would only hide it.
 pub async fn ready(child: &mut Child, url: &str, timeout: Duration) -> Result<(), String> {
     sluice_runtime::install_crypto_provider();
+    // Each ask bounded too: a process that takes the connection and never answers must not
+    // hold the wait past its deadline.
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .map_err(|e| format!("no HTTP client: {e}"))?;
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         if let Ok(Some(status)) = child.try_wait() {
             return Err(format!("exited before it was ready ({status})"));
         }
-        if reqwest::get(url)
+        if http
+            .get(url)
+            .send()
             .await
             .is_ok_and(|r| r.status().is_success())
         {

@@ -21,18 +21,7 @@ use std::path::{Component, Path, PathBuf};
 
 use pulldown_cmark::{Event, Options, Parser, Tag, TagEnd};
 
-/// The bench's result tables: `bench` splices each into the page that holds its markers.
-const BENCH_TABLES: [&str; 9] = [
-    "foundation",
-    "text-completion",
-    "gateway",
-    "prompt",
-    "loss",
-    "pacing",
-    "soak",
-    "soak-restarts",
-    "soak-cluster",
-];
+use sluice_tests::BENCH_TABLES;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -92,12 +81,27 @@ fn heading_id(text: &str) -> String {
         .collect()
 }
 
-fn parse(text: &str) -> Doc {
+/// How a file is read: a page of the book as mdBook 0.5.4 reads it (mdbook-markdown's
+/// default options: smart punctuation turns `--` into a dash that a heading's id drops), the
+/// README and the changelog as GitHub does.
+#[derive(Clone, Copy)]
+enum Reader {
+    MdBook,
+    GitHub,
+}
+
+fn parse(text: &str, reader: Reader) -> Doc {
     let mut options = Options::empty();
     options.insert(Options::ENABLE_TABLES);
     options.insert(Options::ENABLE_FOOTNOTES);
     options.insert(Options::ENABLE_STRIKETHROUGH);
+    options.insert(Options::ENABLE_TASKLISTS);
     options.insert(Options::ENABLE_HEADING_ATTRIBUTES);
+    if let Reader::MdBook = reader {
+        options.insert(Options::ENABLE_SMART_PUNCTUATION);
+        options.insert(Options::ENABLE_DEFINITION_LIST);
+        options.insert(Options::ENABLE_GFM);
+    }
     let line_of = |offset: usize| text[..offset].matches('\n').count() + 1;
     let mut links = Vec::new();
     let mut ids = HashSet::new();
@@ -167,7 +171,12 @@ fn every_link_of_the_documentation_leads_somewhere() {
         .map(|f| {
             let text =
                 std::fs::read_to_string(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
-            (f.clone(), parse(&text))
+            let reader = if f.starts_with(&docs_dir) {
+                Reader::MdBook
+            } else {
+                Reader::GitHub
+            };
+            (f.clone(), parse(&text, reader))
         })
         .collect();
     let mut broken = Vec::new();
@@ -237,7 +246,10 @@ fn nothing_points_outside_the_repository() {
 #[test]
 fn every_page_of_the_book_is_in_its_summary() {
     let docs_dir = root().join("docs");
-    let summary = parse(&std::fs::read_to_string(docs_dir.join("SUMMARY.md")).unwrap());
+    let summary = parse(
+        &std::fs::read_to_string(docs_dir.join("SUMMARY.md")).unwrap(),
+        Reader::MdBook,
+    );
     let chapters: HashSet<PathBuf> = summary
         .links
         .iter()
@@ -332,6 +344,9 @@ fn heading_ids_are_mdbooks() {
         heading_id("The gateway, `sluice serve`"),
         "the-gateway-sluice-serve"
     );
-    let doc = parse("# A\n\n## A\n\n## B {#custom}\n");
+    let doc = parse("# A\n\n## A\n\n## B {#custom}\n", Reader::GitHub);
     assert!(doc.ids.contains("a") && doc.ids.contains("a-1") && doc.ids.contains("custom"));
+    // In the book `--` is a dash, which the id drops; on GitHub it stays.
+    assert!(parse("## A -- B\n", Reader::MdBook).ids.contains("a--b"));
+    assert!(parse("## A -- B\n", Reader::GitHub).ids.contains("a----b"));
 }

@@ -6,9 +6,7 @@ use std::{process::Stdio, time::Duration};
 
 use sluice_runtime::client::Received;
 use sluice_schema::TextCompletionRequest;
-use sluice_tests::{
-    Broker, fake_openai::FakeOpenAi, free_port, http_ready, text_client, unique_topic,
-};
+use sluice_tests::{Broker, fake_openai::FakeOpenAi, free_port, text_client, unique_topic};
 use tokio::{io::AsyncReadExt, process::Command};
 
 mod common;
@@ -21,11 +19,7 @@ async fn the_processor_process_streams_keeps_its_key_secret_and_drains_on_sigter
     let broker = Broker::from_env().await;
     let fake = FakeOpenAi::start().await;
     let (req, resp) = (unique_topic("cli-tc-req"), unique_topic("cli-tc-resp"));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args([
             "text-completion",
@@ -53,14 +47,13 @@ async fn the_processor_process_streams_keeps_its_key_secret_and_drains_on_sigter
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    assert!(
-        http_ready(
-            &format!("http://127.0.0.1:{port}/readyz"),
-            Duration::from_secs(30)
-        )
-        .await,
-        "the processor became ready"
-    );
+    sluice_tests::process::ready(
+        &mut child,
+        &format!("http://127.0.0.1:{port}/readyz"),
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("the processor {e}"));
 
     let client = text_client(broker.bus().await, &req, &resp).await;
     let mut stream = client
@@ -153,11 +146,7 @@ async fn the_bedrock_processor_signs_with_sigv4_and_never_logs_its_credentials()
     let token_file = dir.join("token");
     std::fs::write(&token_file, TOKEN).unwrap();
     let (req, resp) = (unique_topic("cli-br-req"), unique_topic("cli-br-resp"));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args([
             "text-completion",
@@ -195,14 +184,13 @@ async fn the_bedrock_processor_signs_with_sigv4_and_never_logs_its_credentials()
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    assert!(
-        http_ready(
-            &format!("http://127.0.0.1:{port}/readyz"),
-            Duration::from_secs(30)
-        )
-        .await,
-        "the processor became ready"
-    );
+    sluice_tests::process::ready(
+        &mut child,
+        &format!("http://127.0.0.1:{port}/readyz"),
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("the processor {e}"));
     let client = text_client(broker.bus().await, &req, &resp).await;
     let records = client
         .call(&TextCompletionRequest {
