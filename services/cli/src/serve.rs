@@ -12,7 +12,7 @@ use sluice_runtime::{
     processor::{self, ProcessorConfig},
     telemetry::{Telemetry, shutdown_on_signals},
 };
-use sluice_schema::TopicMapping;
+use sluice_schema::{TopicMapping, topics::defaults};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -71,7 +71,9 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         ServiceKind::Prompt,
         ServiceKind::Agent,
     ];
-    let (gateway_config, mut topics) = args.gateway.config(&services, "tg", mapping)?;
+    let (gateway_config, mut topics) =
+        args.gateway
+            .config(&services, defaults::TOPICSPACE, mapping)?;
     let grace = Duration::from_secs(args.drain_grace_secs);
     let processor_config = |kind: ServiceKind| -> Result<ProcessorConfig, String> {
         let name = kind.as_str();
@@ -92,9 +94,9 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
     let agent_config = processor_config(ServiceKind::Agent)?;
     // The prompt processor reaches text-completion by the same default topics.
     let llm_service = LlmServiceArgs {
-        llm_request_topic: "request:tg:text-completion".into(),
-        llm_response_topic: "response:tg:text-completion".into(),
-        llm_cancel_topic: "notify:tg:text-completion-cancel".into(),
+        llm_request_topic: defaults::TEXT_COMPLETION_REQUEST.into(),
+        llm_response_topic: defaults::TEXT_COMPLETION_RESPONSE.into(),
+        llm_cancel_topic: defaults::TEXT_COMPLETION_CANCEL.into(),
         llm_inactivity_timeout_secs: args.gateway.inactivity_timeout_secs,
         llm_timeout_secs: args.gateway.request_timeout_secs,
     };
@@ -169,14 +171,14 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
     // The in-process bus delivers only what is published after a subscription exists: the
     // gateway opens once the processors are subscribed (the LLM client already watches one
     // link, each processor adds one).
-    while telemetry.health.watched() < 4 {
-        if let Some(done) = processors.try_join_next() {
+    tokio::select! {
+        () = telemetry.health.until_watched(4) => {}
+        done = processors.join_next() => {
             return match done {
-                Ok(Err(e)) => Err(format!("a processor could not start: {e}")),
+                Some(Ok(Err(e))) => Err(format!("a processor could not start: {e}")),
                 _ => Err("a processor stopped at start-up".into()),
             };
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let gateway = Gateway::start(bus, gateway_config, &telemetry)
         .await

@@ -894,12 +894,9 @@ mod tests {
             shutdown.clone(),
         ));
         // Let the processor subscribe before anything is published.
-        for _ in 0..100 {
-            if telemetry.health.watched() > 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        tokio::time::timeout(Duration::from_secs(5), telemetry.health.until_watched(1))
+            .await
+            .expect("the processor subscribes");
         Fixture {
             bus,
             responses,

@@ -353,6 +353,8 @@ impl RuntimeMetrics {
 #[derive(Clone, Default)]
 pub struct Health {
     links: Arc<Mutex<Vec<(String, Link)>>>,
+    /// Woken whenever a link is watched ([`Health::until_watched`]).
+    watched_more: Arc<tokio::sync::Notify>,
     conditions: Arc<Mutex<std::collections::BTreeMap<String, String>>>,
     draining: Arc<AtomicBool>,
 }
@@ -361,6 +363,24 @@ impl Health {
     /// Readiness depends on `link` from now on.
     pub fn watch(&self, name: impl Into<String>, link: Link) {
         lock(&self.links).push((name.into(), link));
+        self.watched_more.notify_waiters();
+    }
+
+    /// Returns once at least `n` links are watched: a processor watches its request
+    /// subscription as soon as it has it, so this is "the process's processors have
+    /// subscribed" (`sluice serve` opens its gateway then: the in-process bus delivers only
+    /// what is published after a subscription exists).
+    pub async fn until_watched(&self, n: usize) {
+        loop {
+            // Registered before the count is read, so a watch in between is not missed.
+            let more = self.watched_more.notified();
+            tokio::pin!(more);
+            more.as_mut().enable();
+            if self.watched() >= n {
+                return;
+            }
+            more.await;
+        }
     }
 
     /// Readiness no longer depends on the links watched under `name` (a flow that stopped).
@@ -606,6 +626,7 @@ pub fn shutdown_on_signals() -> CancellationToken {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn readiness_follows_links_and_draining() {
@@ -625,6 +646,28 @@ mod tests {
         assert!(h.readiness().is_ok());
         h.set_draining();
         assert_eq!(h.readiness().unwrap_err(), "draining");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn until_watched_returns_once_enough_links_are_watched() {
+        let h = Health::default();
+        h.watch("first", Link::new(true));
+        let waiting = tokio::spawn({
+            let h = h.clone();
+            async move { h.until_watched(2).await }
+        });
+        // One link of the two: still waiting, however long.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(!waiting.is_finished());
+        h.watch("second", Link::new(true));
+        tokio::time::timeout(Duration::from_secs(1), waiting)
+            .await
+            .expect("the second link ends the wait")
+            .unwrap();
+        // Already enough: at once.
+        tokio::time::timeout(Duration::from_millis(1), h.until_watched(2))
+            .await
+            .unwrap();
     }
 
     #[test]
