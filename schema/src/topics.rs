@@ -168,9 +168,73 @@ impl fmt::Display for TopicName {
     }
 }
 
+/// The default logical topics of the services, in TrustGraph's `tg` topicspace: the names
+/// the processors take when no topic flag is given, and their clients reach them by. One
+/// place, so that a processor and its callers cannot disagree.
+pub mod defaults {
+    /// text-completion's requests.
+    pub const TEXT_COMPLETION_REQUEST: &str = "request:tg:text-completion";
+    /// text-completion's responses.
+    pub const TEXT_COMPLETION_RESPONSE: &str = "response:tg:text-completion";
+    /// text-completion's client cancellations.
+    pub const TEXT_COMPLETION_CANCEL: &str = "notify:tg:text-completion-cancel";
+    /// The prompt service's requests.
+    pub const PROMPT_REQUEST: &str = "request:tg:prompt";
+    /// The prompt service's responses.
+    pub const PROMPT_RESPONSE: &str = "response:tg:prompt";
+    /// The prompt service's client cancellations.
+    pub const PROMPT_CANCEL: &str = "notify:tg:prompt-cancel";
+
+    /// TrustGraph's topicspace, the default.
+    pub const TOPICSPACE: &str = "tg";
+
+    /// Service `service`'s topic of class `class` (`request`, `response`) in [`TOPICSPACE`].
+    pub fn service_topic(class: &str, service: &str) -> String {
+        topic_in(class, TOPICSPACE, service)
+    }
+
+    /// Service `service`'s cancel topic in [`TOPICSPACE`].
+    pub fn cancel_topic(service: &str) -> String {
+        cancel_topic_in(TOPICSPACE, service)
+    }
+
+    /// Service `service`'s topic of class `class` in `topicspace`.
+    pub fn topic_in(class: &str, topicspace: &str, service: &str) -> String {
+        format!("{class}:{topicspace}:{service}")
+    }
+
+    /// Service `service`'s cancel topic in `topicspace`.
+    pub fn cancel_topic_in(topicspace: &str, service: &str) -> String {
+        format!("notify:{topicspace}:{service}-cancel")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_named_defaults_are_the_services_topics() {
+        use defaults::*;
+        for (service, [request, response, cancel]) in [
+            (
+                "text-completion",
+                [
+                    TEXT_COMPLETION_REQUEST,
+                    TEXT_COMPLETION_RESPONSE,
+                    TEXT_COMPLETION_CANCEL,
+                ],
+            ),
+            ("prompt", [PROMPT_REQUEST, PROMPT_RESPONSE, PROMPT_CANCEL]),
+        ] {
+            assert_eq!(request, service_topic("request", service));
+            assert_eq!(response, service_topic("response", service));
+            assert_eq!(cancel, cancel_topic(service));
+            for t in [request, response, cancel] {
+                assert!(t.parse::<TopicName>().is_ok(), "{t}");
+            }
+        }
+    }
 
     #[test]
     fn trustgraph_example_maps_as_trustgraph_does() {

@@ -23,6 +23,7 @@ use sluice_runtime::{
 };
 use sluice_schema::{
     PromptRequest, PromptResponse, TopicMapping, TopicName, config::FlowDefinition,
+    topics::defaults,
 };
 use tracing::warn;
 
@@ -62,13 +63,13 @@ pub struct AgentArgs {
           value_parser = clap::builder::PossibleValuesParser::new(PlainAnswer::NAMES))]
     pub plain_answer: String,
     /// The prompt service's request topic (for prompt tools).
-    #[arg(long, default_value = "request:tg:prompt")]
+    #[arg(long, default_value = defaults::PROMPT_REQUEST)]
     pub prompt_request_topic: String,
     /// The prompt service's response topic.
-    #[arg(long, default_value = "response:tg:prompt")]
+    #[arg(long, default_value = defaults::PROMPT_RESPONSE)]
     pub prompt_response_topic: String,
     /// The prompt service's cancel topic.
-    #[arg(long, default_value = "notify:tg:prompt-cancel")]
+    #[arg(long, default_value = defaults::PROMPT_CANCEL)]
     pub prompt_cancel_topic: String,
 }
 

@@ -23,7 +23,7 @@ use sluice_runtime::{
     },
     secret::Secret,
 };
-use sluice_schema::{TopicMapping, TopicName};
+use sluice_schema::{TopicMapping, TopicName, topics::defaults};
 
 /// The `--config` file of a processor subcommand. `config::expand` reads it before clap
 /// parses; the field is here for `--help` and for clap to accept the option.
@@ -204,7 +204,7 @@ pub fn processor_config(
     let parse = |given: &Option<String>, class: &str| -> Result<TopicName, String> {
         given
             .clone()
-            .unwrap_or_else(|| format!("{class}:tg:{name}"))
+            .unwrap_or_else(|| defaults::service_topic(class, name))
             .parse::<TopicName>()
             .map_err(|e| e.to_string())
     };
@@ -227,7 +227,7 @@ pub fn processor_config(
 /// The cancel topic of service `name`: `given`, or `notify:tg:<name>-cancel`.
 pub fn cancel_topic(name: &str, given: Option<&str>) -> Result<TopicName, String> {
     given
-        .map_or_else(|| format!("notify:tg:{name}-cancel"), str::to_owned)
+        .map_or_else(|| defaults::cancel_topic(name), str::to_owned)
         .parse::<TopicName>()
         .map_err(|e| e.to_string())
 }

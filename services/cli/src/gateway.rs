@@ -9,7 +9,7 @@ use sluice_runtime::{
     secret::Secret,
     telemetry::{Telemetry, shutdown_on_signals},
 };
-use sluice_schema::{TopicMapping, TopicName};
+use sluice_schema::{TopicMapping, TopicName, topics::defaults};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -58,9 +58,9 @@ impl GatewayArgs {
         for kind in services {
             let name = kind.as_str();
             let parse = |s: String| s.parse::<TopicName>().map_err(|e| e.to_string());
-            let request = parse(format!("request:{topicspace}:{name}"))?;
-            let response = parse(format!("response:{topicspace}:{name}"))?;
-            let cancel = cancel_topic(name, Some(&format!("notify:{topicspace}:{name}-cancel")))?;
+            let request = parse(defaults::topic_in("request", topicspace, name))?;
+            let response = parse(defaults::topic_in("response", topicspace, name))?;
+            let cancel = cancel_topic(name, Some(&defaults::cancel_topic_in(topicspace, name)))?;
             config.services.insert(
                 *kind,
                 ServiceTopics {
@@ -97,7 +97,7 @@ pub struct GatewayCommand {
     /// answers come from `response:<topicspace>:<service>`, cancels go to
     /// `notify:<topicspace>:<service>-cancel`. Processors started with matching topics can
     /// then share a broker with other deployments (each topicspace is a Pulsar tenant).
-    #[arg(long, env = "SLUICE_TOPICSPACE", default_value = "tg")]
+    #[arg(long, env = "SLUICE_TOPICSPACE", default_value = defaults::TOPICSPACE)]
     topicspace: String,
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "SLUICE_METRICS_ADDR", default_value = "0.0.0.0:8000")]

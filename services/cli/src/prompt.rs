@@ -18,7 +18,7 @@ use sluice_runtime::{
     processor::run_until_signalled,
     telemetry::Telemetry,
 };
-use sluice_schema::{TopicMapping, TopicName, config::FlowDefinition};
+use sluice_schema::{TopicMapping, TopicName, config::FlowDefinition, topics::defaults};
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{
@@ -47,13 +47,13 @@ pub struct TemplateArgs {
 #[derive(Args, Debug, Clone)]
 pub struct LlmServiceArgs {
     /// text-completion's request topic.
-    #[arg(long, default_value = "request:tg:text-completion")]
+    #[arg(long, default_value = defaults::TEXT_COMPLETION_REQUEST)]
     pub llm_request_topic: String,
     /// text-completion's response topic.
-    #[arg(long, default_value = "response:tg:text-completion")]
+    #[arg(long, default_value = defaults::TEXT_COMPLETION_RESPONSE)]
     pub llm_response_topic: String,
     /// text-completion's cancel topic.
-    #[arg(long, default_value = "notify:tg:text-completion-cancel")]
+    #[arg(long, default_value = defaults::TEXT_COMPLETION_CANCEL)]
     pub llm_cancel_topic: String,
     /// Seconds text-completion may stay silent.
     #[arg(long, default_value_t = 120)]
