@@ -13,7 +13,21 @@ use bytes::Bytes;
 use serde::Serialize;
 use sluice_schema::{AgentMessageType, Error, ErrorKind};
 
-use crate::kinds::UsageTotal;
+/// Usage summed over a stream's records (they carry deltas).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct UsageTotal {
+    /// Input tokens.
+    pub in_token: Option<u64>,
+    /// Output tokens.
+    pub out_token: Option<u64>,
+}
+
+impl UsageTotal {
+    pub(crate) fn add(&mut self, in_token: Option<u64>, out_token: Option<u64>) {
+        self.in_token = sluice_schema::add_tokens(self.in_token, in_token);
+        self.out_token = sluice_schema::add_tokens(self.out_token, out_token);
+    }
+}
 
 /// The event types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -8,7 +8,7 @@ use sluice_schema::{
     TextCompletionRequest, TextCompletionResponse,
 };
 
-use crate::events::{Event, Status};
+use crate::events::{Event, Status, UsageTotal};
 
 /// A service the gateway can route to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -41,22 +41,6 @@ impl ServiceKind {
     /// The service a name means.
     pub fn from_name(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|k| k.as_str() == name)
-    }
-}
-
-/// Usage summed over a stream's records (they carry deltas).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct UsageTotal {
-    /// Input tokens.
-    pub in_token: Option<u64>,
-    /// Output tokens.
-    pub out_token: Option<u64>,
-}
-
-impl UsageTotal {
-    fn add(&mut self, in_token: Option<u64>, out_token: Option<u64>) {
-        self.in_token = sluice_schema::add_tokens(self.in_token, in_token);
-        self.out_token = sluice_schema::add_tokens(self.out_token, out_token);
     }
 }
 
