@@ -267,7 +267,7 @@ pub fn integration_schema() -> Value {
             },
             "skip_reason": {
                 "type": ["string", "null"],
-                "description": "Why the page was skipped (seed 001, action 'skip')"
+                "description": "Why the page was skipped (action 'skip')"
             }
         },
         "additionalProperties": true
