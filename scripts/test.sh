@@ -92,6 +92,14 @@ stop_background() {
   done
 }
 trap stop_background EXIT
+# wait_job PID LOG WHAT: waits for a background job; if it failed, shows its log's tail and
+# ends the run.
+wait_job() {
+  wait "$1" && return 0
+  echo "$3 failed; its log:" >&2
+  tail -n 40 "$2" >&2
+  exit 1
+}
 
 # Downloads that wait on the network rather than the CPU (Pulsar's distribution from Maven
 # Central, the Python venvs from PyPI), fetched on a fresh machine while the first stages
@@ -290,11 +298,7 @@ fi
 # etcd, with Pod Security enforcing `restricted` and broken manifests refused (issue #12).
 if want k8s; then
 stage "Kubernetes: the manifests on a real API server"
-if ! wait "$k8s_build_pid"; then
-  echo "building the Kubernetes binaries failed; its log:" >&2
-  tail -n 40 "$k8s_build_log" >&2
-  exit 1
-fi
+wait_job "$k8s_build_pid" "$k8s_build_log" "building the Kubernetes binaries"
 bash scripts/test-k8s.sh
 
 # deploy/k8s running on a two-node Kubernetes made of upstream parts (issue #22): pods
@@ -310,11 +314,7 @@ fi
 # mdBook (crates.io) must not keep the stages above from running.
 if want docs; then
 stage "documentation (mdBook)"
-if ! wait "$docs_install_pid"; then
-  echo "installing mdBook failed; its log:" >&2
-  tail -n 40 "$docs_install_log" >&2
-  exit 1
-fi
+wait_job "$docs_install_pid" "$docs_install_log" "installing mdBook"
 bash scripts/docs.sh
 fi
 
