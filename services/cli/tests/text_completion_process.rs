@@ -14,6 +14,17 @@ use common::Sluice;
 
 const KEY: &str = "sk-from-the-environment-only";
 
+/// Waits up to 30 s for the processor's `/readyz` on `port`; fails if it exits first.
+async fn ready(child: &mut tokio::process::Child, port: u16) {
+    sluice_tests::process::ready(
+        child,
+        &format!("http://127.0.0.1:{port}/readyz"),
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("the processor {e}"));
+}
+
 #[tokio::test]
 async fn the_processor_process_streams_keeps_its_key_secret_and_drains_on_sigterm() {
     let broker = Broker::from_env().await;
@@ -47,13 +58,7 @@ async fn the_processor_process_streams_keeps_its_key_secret_and_drains_on_sigter
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    sluice_tests::process::ready(
-        &mut child,
-        &format!("http://127.0.0.1:{port}/readyz"),
-        Duration::from_secs(30),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("the processor {e}"));
+    ready(&mut child, port).await;
 
     let client = text_client(broker.bus().await, &req, &resp).await;
     let mut stream = client
@@ -184,13 +189,7 @@ async fn the_bedrock_processor_signs_with_sigv4_and_never_logs_its_credentials()
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    sluice_tests::process::ready(
-        &mut child,
-        &format!("http://127.0.0.1:{port}/readyz"),
-        Duration::from_secs(30),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("the processor {e}"));
+    ready(&mut child, port).await;
     let client = text_client(broker.bus().await, &req, &resp).await;
     let records = client
         .call(&TextCompletionRequest {
