@@ -1,5 +1,7 @@
 //! sluice-text-completion: the text-completion processor.
 //!
+//! - [`config`]: a provider described (kind, model, endpoint, limits) and built;
+//! - [`flows`]: the flows TrustGraph's config service assigns;
 //! - [`provider`]: the [`provider::Provider`] trait (`supports_streaming`, `generate`,
 //!   `generate_stream`) and what a call yields;
 //! - [`providers`]: one file per provider family, sharing status classification and time limits;
@@ -9,6 +11,8 @@
 //!
 //! Nothing here logs a prompt, an answer or a key.
 
+pub mod config;
+pub mod flows;
 pub mod handler;
 pub mod metrics;
 pub mod provider;
