@@ -14,31 +14,23 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use crate::de::null_default;
 
 /// What went wrong, as TrustGraph carries it: `{"type": "...", "message": "..."}`.
-///
-/// `type` is a free string on the wire so that types written by other implementations
-/// survive a round trip; [`ErrorKind`] names the ones sluice writes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Error {
-    /// The error's type string, e.g. `llm-error`.
+    /// The error's type, written as its wire string (e.g. `llm-error`).
     #[serde(rename = "type", default, deserialize_with = "null_default")]
-    pub kind: String,
+    pub kind: ErrorKind,
     /// A message for the operator or the user. Never contains secrets or prompt text.
     #[serde(default, deserialize_with = "null_default")]
     pub message: String,
 }
 
 impl Error {
-    /// An error of a kind sluice writes.
+    /// An error of `kind`.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
         Self {
-            kind: kind.as_str().to_owned(),
+            kind,
             message: message.into(),
         }
-    }
-
-    /// The kind, when it is one sluice knows.
-    pub fn known_kind(&self) -> Option<ErrorKind> {
-        ErrorKind::from_wire(&self.kind)
     }
 }
 
@@ -50,8 +42,11 @@ impl std::fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-/// The error types sluice writes into [`Error::kind`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// An error's type (docs/protocol.md#error-kinds).
+///
+/// The wire carries a free string, so a type written by another implementation (or a later
+/// sluice) reads as [`ErrorKind::Other`] and is written back unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum ErrorKind {
     /// The LLM provider failed or refused (TrustGraph: `llm-error`).
     Llm,
@@ -71,15 +66,19 @@ pub enum ErrorKind {
     Timeout,
     /// A bug or an unexpected condition inside sluice (sluice's addition).
     Internal,
-    /// The client went away or asked to stop before the answer was complete (sluice's addition).
+    /// The client went away or asked to stop before the answer was complete, or the processor
+    /// shut down before it was and could not hand the request back (sluice's addition).
     Cancelled,
     /// Records of the answer were lost in transit: the broker dropped them on a non-persistent
     /// topic (TrustGraph's mapping). Sending the request again may succeed (sluice's addition).
     RecordsLost,
+    /// A type sluice does not know, kept as it was read so that it survives a round trip
+    /// (empty when the record had none).
+    Other(String),
 }
 
 impl ErrorKind {
-    /// Every kind, for tables and tests.
+    /// Every kind sluice writes, for tables and tests.
     pub const ALL: [ErrorKind; 11] = [
         ErrorKind::Llm,
         ErrorKind::Agent,
@@ -95,7 +94,7 @@ impl ErrorKind {
     ];
 
     /// The string written on the wire.
-    pub fn as_str(self) -> &'static str {
+    pub fn as_str(&self) -> &str {
         match self {
             ErrorKind::Llm => "llm-error",
             ErrorKind::Agent => "agent-error",
@@ -108,12 +107,61 @@ impl ErrorKind {
             ErrorKind::Internal => "internal-error",
             ErrorKind::Cancelled => "cancelled",
             ErrorKind::RecordsLost => "records-lost",
+            ErrorKind::Other(s) => s,
         }
     }
 
-    /// The kind a wire string names, if sluice knows it.
-    pub fn from_wire(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    /// The kind a wire string names: a known one, else [`ErrorKind::Other`].
+    pub fn from_wire(s: &str) -> Self {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .unwrap_or_else(|| ErrorKind::Other(s.to_owned()))
+    }
+}
+
+/// A record without a type reads as an empty [`ErrorKind::Other`], written back as it was.
+impl Default for ErrorKind {
+    fn default() -> Self {
+        ErrorKind::Other(String::new())
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for ErrorKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for ErrorKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = std::borrow::Cow::<'de, str>::deserialize(d)?;
+        Ok(Self::from_wire(&s))
+    }
+}
+
+impl From<&str> for ErrorKind {
+    fn from(s: &str) -> Self {
+        Self::from_wire(s)
+    }
+}
+
+/// Compares with a wire string, so a test or a log filter can say `kind == "timeout"`.
+impl PartialEq<str> for ErrorKind {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for ErrorKind {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
     }
 }
 
@@ -772,9 +820,27 @@ mod tests {
     #[test]
     fn error_kinds_round_trip_through_their_wire_strings() {
         for k in ErrorKind::ALL {
-            assert_eq!(ErrorKind::from_wire(k.as_str()), Some(k));
+            assert_eq!(ErrorKind::from_wire(k.as_str()), k);
         }
-        assert_eq!(ErrorKind::from_wire("something-else"), None);
+        let other = ErrorKind::from_wire("something-else");
+        assert_eq!(other, ErrorKind::Other("something-else".into()));
+        // Another implementation's type survives a read and a write unchanged; a missing or
+        // null type reads as an empty Other and is written back as the empty string.
+        for (wire, kind) in [
+            (r#"{"type":"something-else","message":"m"}"#, other),
+            (r#"{"type":"timeout","message":"m"}"#, ErrorKind::Timeout),
+            (r#"{"type":null,"message":"m"}"#, ErrorKind::default()),
+        ] {
+            let e: Error = serde_json::from_str(wire).unwrap();
+            assert_eq!(e.kind, kind, "{wire}");
+            let back = serde_json::to_value(&e).unwrap();
+            assert_eq!(back["type"], kind.as_str(), "{wire}");
+        }
+        let e: Error = serde_json::from_str(r#"{"message":"m"}"#).unwrap();
+        assert_eq!(
+            (e.kind, e.message.as_str()),
+            (ErrorKind::Other(String::new()), "m")
+        );
     }
 
     #[test]

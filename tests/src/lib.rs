@@ -440,7 +440,7 @@ impl Handler for EchoHandler {
     async fn handle(
         &self,
         request: TextCompletionRequest,
-        ctx: RequestContext,
+        _ctx: RequestContext,
         sink: &mut ResponseSink<TextCompletionResponse>,
     ) -> Result<(), Error> {
         let script = EchoScript::parse(&request.system);
@@ -454,8 +454,8 @@ impl Handler for EchoHandler {
             })
             .await
             .map_err(send_err)?;
-            ctx.cancel.cancelled().await;
-            return Err(Error::new(ErrorKind::Internal, "cancelled"));
+            // Until the runtime drops this future: a client cancel, or the drain grace.
+            return std::future::pending().await;
         }
         if script.fail {
             return Err(Error::new(ErrorKind::Llm, "scripted failure"));

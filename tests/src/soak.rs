@@ -1059,7 +1059,7 @@ async fn bus_llm(clients: &Clients, text: &str, streaming: bool) -> Verdict {
             Some(Ok(Received::Restarted)) => answer.clear(),
             Some(Ok(Received::Record(r))) => {
                 if let Some(e) = &r.error {
-                    return clear(&e.kind, &e.message);
+                    return clear(e.kind.as_str(), &e.message);
                 }
                 answer.push_str(&r.response);
                 if r.end_of_stream {
@@ -1092,7 +1092,7 @@ async fn bus_prompt(clients: &Clients, n: u64) -> Verdict {
             Some(Ok(Received::Restarted)) => ids.clear(),
             Some(Ok(Received::Record(r))) => {
                 if let Some(e) = &r.error {
-                    return clear(&e.kind, &e.message);
+                    return clear(e.kind.as_str(), &e.message);
                 }
                 if let Some(o) = r.object.as_ref().filter(|o| !o.is_empty()) {
                     ids.push(block_id(&Value::String(o.clone())));
@@ -1134,7 +1134,7 @@ async fn bus_agent(clients: &Clients, n: u64) -> Verdict {
             Some(Ok(Received::Restarted)) => answer.clear(),
             Some(Ok(Received::Record(r))) => {
                 if let Some(e) = &r.error {
-                    return clear(&e.kind, &e.message);
+                    return clear(e.kind.as_str(), &e.message);
                 }
                 if r.message_type == AgentMessageType::Answer {
                     answer.push_str(&r.content);

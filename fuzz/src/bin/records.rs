@@ -82,7 +82,7 @@ fn response<T: ResponseRecord + Serialize + DeserializeOwned + PartialEq + std::
     if let Some(r) = round_trip::<T>(body) {
         let _ = r.is_terminal();
         if let Some(e) = r.error() {
-            let _ = e.known_kind();
+            let _ = e.kind.as_str();
         }
     }
 }

@@ -252,17 +252,7 @@ impl Dialog<'_> {
 }
 
 fn llm_error(e: &ClientError) -> Error {
-    match e {
-        ClientError::InactivityTimeout(_) | ClientError::TotalTimeout(_) => Error::new(
-            ErrorKind::Timeout,
-            format!("text-completion did not answer in time: {e}"),
-        ),
-        lost if lost.is_loss() => Error::new(
-            ErrorKind::RecordsLost,
-            format!("text-completion's answer was lost in transit: {lost}"),
-        ),
-        other => Error::new(ErrorKind::Agent, format!("text-completion failed: {other}")),
-    }
+    e.to_error("text-completion", ErrorKind::Agent)
 }
 
 fn now_ms() -> u64 {

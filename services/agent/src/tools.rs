@@ -24,7 +24,7 @@ use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
 use serde::Deserialize;
 use serde_json::Value;
 use sluice_runtime::{
-    client::{ClientError, Received, RequestClient, RequestOptions},
+    client::{ClientError, RequestClient, RequestOptions},
     secret::Secret,
 };
 use sluice_schema::{
@@ -488,26 +488,21 @@ fn failed(message: impl Into<String>) -> ToolError {
 }
 
 fn client_error(e: ClientError) -> ToolError {
-    match e {
-        ClientError::InactivityTimeout(_) | ClientError::TotalTimeout(_) => {
-            ToolError::TimedOut(e.to_string())
-        }
-        other => failed(other.to_string()),
+    if e.is_timeout() {
+        ToolError::TimedOut(e.to_string())
+    } else {
+        failed(e.to_string())
     }
 }
 
 async fn collect<R: ResponseRecord>(
     stream: Result<sluice_runtime::client::ResponseStream<R>, ClientError>,
 ) -> Result<Vec<R>, ToolError> {
-    let mut stream = stream.map_err(client_error)?;
-    let mut records = Vec::new();
-    while let Some(item) = stream.next().await {
-        match item.map_err(client_error)? {
-            Received::Record(r) => records.push(r),
-            Received::Restarted => records.clear(),
-        }
-    }
-    Ok(records)
+    stream
+        .map_err(client_error)?
+        .collect()
+        .await
+        .map_err(client_error)
 }
 
 /// The error a tool-configuration problem is reported as at start-up.

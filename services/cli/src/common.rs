@@ -9,12 +9,13 @@ use std::{
 
 use clap::Args;
 use sluice_runtime::{
+    backoff::Backoff,
     bus::{
         Bus, BusError,
         admin::{NamespacePolicy, PulsarAdmin},
         memory::MemoryBus,
         oauth2::OAuth2Config,
-        pulsar::{Backoff, PulsarBus, PulsarConfig},
+        pulsar::{PulsarBus, PulsarConfig},
         pulsar_security::PulsarAuth,
     },
     flows::{ConfigTopics, FlowsConfig},

@@ -148,7 +148,7 @@ impl Event {
     /// An `error` event.
     pub fn error(error: &Error) -> Self {
         let mut e = Self::new(EventType::Error, Some(error.message.clone()));
-        e.error_type = Some(error.kind.clone());
+        e.error_type = Some(error.kind.to_string());
         e
     }
 

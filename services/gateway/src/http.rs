@@ -15,14 +15,17 @@ use axum::{
 };
 use futures::Stream;
 use serde_json::json;
-use sluice_runtime::client::{Received, RequestClient, RequestOptions, ResponseStream};
+use sluice_runtime::{
+    client::{Received, RequestClient, RequestOptions, ResponseStream},
+    telemetry::ClientOutcome,
+};
 use sluice_schema::{Error, ErrorKind, ResponseRecord};
 
 use crate::{
     Clients, Inner, client_error,
     events::{Event, Reason, Status},
     kinds::{Agent, Kind, Prompt, ServiceKind, StreamState, TextCompletion},
-    server_span,
+    server_span, trace_outcome,
 };
 
 /// A service kind the gateway holds a client for.
@@ -71,16 +74,19 @@ fn mode(headers: &HeaderMap) -> Mode {
 }
 
 /// The HTTP status an error record's type maps to.
-pub(crate) fn status_for(kind: &str) -> StatusCode {
-    match ErrorKind::from_wire(kind) {
-        Some(ErrorKind::InvalidRequest) => StatusCode::BAD_REQUEST,
-        Some(ErrorKind::MessageTooLarge) => StatusCode::PAYLOAD_TOO_LARGE,
-        Some(ErrorKind::TooManyRequests) => StatusCode::TOO_MANY_REQUESTS,
-        Some(ErrorKind::Timeout) => StatusCode::GATEWAY_TIMEOUT,
-        Some(ErrorKind::NoConfiguration | ErrorKind::Internal) => StatusCode::INTERNAL_SERVER_ERROR,
-        Some(ErrorKind::Cancelled) => StatusCode::SERVICE_UNAVAILABLE,
-        Some(ErrorKind::Llm | ErrorKind::Agent | ErrorKind::Gateway | ErrorKind::RecordsLost)
-        | None => StatusCode::BAD_GATEWAY,
+pub(crate) fn status_for(kind: &ErrorKind) -> StatusCode {
+    match kind {
+        ErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
+        ErrorKind::MessageTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorKind::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
+        ErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
+        ErrorKind::NoConfiguration | ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorKind::Cancelled => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::Llm
+        | ErrorKind::Agent
+        | ErrorKind::Gateway
+        | ErrorKind::RecordsLost
+        | ErrorKind::Other(_) => StatusCode::BAD_GATEWAY,
     }
 }
 
@@ -250,7 +256,7 @@ async fn handle<K: Routed>(
             return counted(
                 &inner,
                 route,
-                error_response(StatusCode::SERVICE_UNAVAILABLE, &err.kind, &err.message),
+                error_response(StatusCode::SERVICE_UNAVAILABLE, err.kind.as_str(), &err.message),
             );
         }
     };
@@ -334,26 +340,22 @@ fn sse_response(events: impl Stream<Item = Event> + Send + 'static) -> Response 
 }
 
 /// Reads a non-streaming answer to its end: the final record, or an error.
-async fn whole<K: Kind>(mut stream: ResponseStream<K::Response>) -> Response {
-    let mut last = None;
-    while let Some(item) = stream.next().await {
-        match item {
-            Ok(Received::Record(r)) => last = Some(r),
-            Ok(Received::Restarted) => last = None,
-            Err(e) => {
-                let err = client_error(&e);
-                return error_response(status_for(&err.kind), &err.kind, &err.message);
-            }
+async fn whole<K: Kind>(stream: ResponseStream<K::Response>) -> Response {
+    let last = match stream.last().await {
+        Ok(last) => last,
+        Err(e) => {
+            let err = client_error(&e);
+            return error_response(status_for(&err.kind), err.kind.as_str(), &err.message);
         }
-    }
+    };
     match last {
         Some(r) => match r.error() {
-            Some(e) => error_response(status_for(&e.kind), &e.kind, &e.message),
+            Some(e) => error_response(status_for(&e.kind), e.kind.as_str(), &e.message),
             None => Json(r).into_response(),
         },
         None => error_response(
             StatusCode::BAD_GATEWAY,
-            "gateway-error",
+            ErrorKind::Gateway.as_str(),
             "the service ended the answer without a final record",
         ),
     }
@@ -369,7 +371,7 @@ struct EventStream<K: Kind> {
     session_id: Arc<str>,
     started: Instant,
     first_sent: bool,
-    outcome: Option<&'static str>,
+    outcome: Option<ClientOutcome>,
     inner: Arc<Inner>,
     /// Ends when the stream is dropped: at its end, or when the caller goes away.
     span: sluice_runtime::trace::Span,
@@ -400,7 +402,7 @@ impl<K: Kind> EventStream<K> {
                         K::events(&r, &mut self.state, &mut out);
                         self.pending.extend(out);
                         if r.is_terminal() {
-                            self.end(Reason::Success, "success");
+                            self.end(Reason::Success, ClientOutcome::Success);
                         }
                     }
                 }
@@ -424,16 +426,16 @@ impl<K: Kind> EventStream<K> {
     }
 
     fn fail(&mut self, err: Error) {
-        let (reason, outcome) = match err.known_kind() {
-            Some(ErrorKind::Cancelled) => (Reason::Cancelled, "cancelled"),
-            Some(ErrorKind::Timeout) => (Reason::Error, "timeout"),
-            _ => (Reason::Error, "error"),
+        let outcome = ClientOutcome::of_error(&err.kind);
+        let reason = match outcome {
+            ClientOutcome::Cancelled => Reason::Cancelled,
+            _ => Reason::Error,
         };
         self.pending.push_back(Event::error(&err));
         self.end(reason, outcome);
     }
 
-    fn end(&mut self, reason: Reason, outcome: &'static str) {
+    fn end(&mut self, reason: Reason, outcome: ClientOutcome) {
         let state = std::mem::take(&mut self.state);
         let mut done = Event::done(reason, state.usage, state.model);
         if let Some((objects, skipped)) = state.counts {
@@ -454,13 +456,10 @@ impl<K: Kind> Drop for EventStream<K> {
         // publishes the cancel.
         let outcome = match self.outcome {
             Some(o) if self.pending.is_empty() => o,
-            _ => "cancelled",
+            _ => ClientOutcome::Cancelled,
         };
         self.inner.metrics.stream_ended(route, outcome);
-        self.span.set("sluice.outcome", outcome);
-        if outcome != "success" {
-            self.span.fail(outcome);
-        }
+        trace_outcome(&mut self.span, outcome);
     }
 }
 
@@ -470,18 +469,14 @@ mod tests {
 
     #[test]
     fn every_error_type_has_a_fitting_status() {
-        assert_eq!(status_for("invalid-request"), StatusCode::BAD_REQUEST);
-        assert_eq!(
-            status_for("too-many-requests"),
-            StatusCode::TOO_MANY_REQUESTS
-        );
-        assert_eq!(status_for("timeout"), StatusCode::GATEWAY_TIMEOUT);
-        assert_eq!(status_for("llm-error"), StatusCode::BAD_GATEWAY);
-        assert_eq!(
-            status_for("message-too-large"),
-            StatusCode::PAYLOAD_TOO_LARGE
-        );
-        assert_eq!(status_for("from-the-future"), StatusCode::BAD_GATEWAY);
+        let status = |wire: &str| status_for(&ErrorKind::from_wire(wire));
+        assert_eq!(status("invalid-request"), StatusCode::BAD_REQUEST);
+        assert_eq!(status("too-many-requests"), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(status("timeout"), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(status("llm-error"), StatusCode::BAD_GATEWAY);
+        assert_eq!(status("message-too-large"), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(status("from-the-future"), StatusCode::BAD_GATEWAY);
+        assert_eq!(status(""), StatusCode::BAD_GATEWAY);
     }
 
     #[test]

@@ -35,7 +35,7 @@ use axum::{
 use sluice_runtime::{
     bus::Bus,
     client::{ClientConfig, ClientError, RequestClient},
-    telemetry::Telemetry,
+    telemetry::{ClientOutcome, Telemetry},
     trace,
 };
 use sluice_schema::{
@@ -274,43 +274,39 @@ impl NewClient<'_> {
 
 /// The error a client-side failure becomes.
 pub(crate) fn client_error(e: &ClientError) -> Error {
-    match e {
-        ClientError::InactivityTimeout(d) => Error::new(
-            ErrorKind::Timeout,
-            format!("no answer for {} s", d.as_secs()),
-        ),
-        ClientError::TotalTimeout(d) => Error::new(
-            ErrorKind::Timeout,
-            format!("the answer did not complete within {} s", d.as_secs()),
-        ),
-        ClientError::Closed => Error::new(ErrorKind::Gateway, "the gateway is shutting down"),
-        ClientError::Bus(e) => Error::new(
-            ErrorKind::Gateway,
-            format!("the message bus is unavailable: {e}"),
-        ),
-        ClientError::NotStored(e) => Error::new(
-            ErrorKind::Gateway,
-            format!("the message bus did not store the request; send it again later: {e}"),
-        ),
-        ClientError::Decode(e) => Error::new(
-            ErrorKind::Gateway,
-            format!("a response could not be decoded: {e}"),
-        ),
-        ClientError::Encode(e) => Error::new(ErrorKind::InvalidRequest, e.clone()),
-        ClientError::DuplicateId(id) => Error::new(
-            ErrorKind::InvalidRequest,
-            format!("request id {id:?} is already in flight"),
-        ),
+    // The gateway's own wording for its HTTP clients; the kind is the client's.
+    let message = match e {
+        ClientError::InactivityTimeout(d) => format!("no answer for {} s", d.as_secs()),
+        ClientError::TotalTimeout(d) => {
+            format!("the answer did not complete within {} s", d.as_secs())
+        }
+        ClientError::Closed => "the gateway is shutting down".to_owned(),
+        ClientError::Bus(e) => format!("the message bus is unavailable: {e}"),
+        ClientError::NotStored(e) => {
+            format!("the message bus did not store the request; send it again later: {e}")
+        }
+        ClientError::Decode(e) => format!("a response could not be decoded: {e}"),
+        ClientError::Encode(e) => e.clone(),
+        ClientError::DuplicateId(id) => format!("request id {id:?} is already in flight"),
         ClientError::RecordsLost { .. }
         | ClientError::StreamLost(_)
-        | ClientError::LostInTransit(_) => Error::new(ErrorKind::RecordsLost, e.to_string()),
-    }
+        | ClientError::LostInTransit(_) => e.to_string(),
+    };
+    Error::new(e.kind(ErrorKind::Gateway), message)
 }
 
 /// The gateway's server span for one request: a child of the caller's `traceparent` header
 /// when it is valid, else the start of a new trace. Its context goes on the bus.
 pub(crate) fn server_span(route: &str, incoming: Option<&str>) -> trace::Span {
     http_span("POST", &format!("/api/v1/{route}"), incoming)
+}
+
+/// Marks how a stream ended on its span: failed unless it succeeded.
+pub(crate) fn trace_outcome(span: &mut trace::Span, outcome: ClientOutcome) {
+    span.set("sluice.outcome", outcome.as_str());
+    if outcome != ClientOutcome::Success {
+        span.fail(outcome.as_str());
+    }
 }
 
 /// The server span of a request to `path`, continuing the caller's trace when it sent one.

@@ -1,6 +1,7 @@
 //! The gateway's Prometheus metrics (`sluice_gateway_*`).
 
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use sluice_runtime::telemetry::ClientOutcome;
 
 /// Buckets for time to the first streamed event: a few ms through the gateway and the bus,
 /// up to a cold local model's first token.
@@ -79,8 +80,8 @@ impl GatewayMetrics {
     /// Exports `route`'s stream series at 0 before its first stream, so that dashboards and
     /// alerts see every route the gateway serves from the start.
     pub fn route_served(&self, route: &str) {
-        for outcome in ["success", "error", "timeout", "cancelled"] {
-            self.streams.with_label_values(&[route, outcome]);
+        for outcome in ClientOutcome::STREAM {
+            self.streams.with_label_values(&[route, outcome.as_str()]);
         }
         self.first_event.with_label_values(&[route]);
         self.open_streams.with_label_values(&[route]);
@@ -94,8 +95,10 @@ impl GatewayMetrics {
     }
 
     /// Counts a finished stream.
-    pub fn stream_ended(&self, route: &str, outcome: &str) {
-        self.streams.with_label_values(&[route, outcome]).inc();
+    pub fn stream_ended(&self, route: &str, outcome: ClientOutcome) {
+        self.streams
+            .with_label_values(&[route, outcome.as_str()])
+            .inc();
     }
 
     /// Records the time to a stream's first answer event.

@@ -34,13 +34,16 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use serde_json::{Map, Value, json};
-use sluice_runtime::client::{Received, RequestOptions, ResponseStream};
+use sluice_runtime::{
+    client::{ClientError, Received, RequestOptions, ResponseStream},
+    telemetry::ClientOutcome,
+};
 use sluice_schema::{
     ChatMessage, ChatRole, Error, ErrorKind, LIST_MODELS, ModelInfo, ResponseRecord,
     TextCompletionRequest, TextCompletionResponse,
 };
 
-use crate::{Inner, client_error, http_span};
+use crate::{Inner, client_error, http_span, trace_outcome};
 
 /// The metrics label of `POST /v1/chat/completions`.
 pub(crate) const CHAT_ROUTE: &str = "openai-chat";
@@ -112,27 +115,25 @@ impl ApiError {
     /// The OpenAI error a sluice error record stands for. The code carries sluice's error
     /// type where OpenAI has no word of its own, so a caller can still tell them apart.
     fn from_error(e: &Error) -> Self {
-        let (status, kind, code) = match e.known_kind() {
-            Some(ErrorKind::InvalidRequest) => {
-                (StatusCode::BAD_REQUEST, "invalid_request_error", None)
-            }
-            Some(ErrorKind::MessageTooLarge) => (
+        let (status, kind, code) = match &e.kind {
+            ErrorKind::InvalidRequest => (StatusCode::BAD_REQUEST, "invalid_request_error", None),
+            ErrorKind::MessageTooLarge => (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "invalid_request_error",
                 Some("request_too_large"),
             ),
-            Some(ErrorKind::TooManyRequests) => (
+            ErrorKind::TooManyRequests => (
                 StatusCode::TOO_MANY_REQUESTS,
                 "requests",
                 Some("rate_limit_exceeded"),
             ),
-            Some(ErrorKind::Timeout) => (StatusCode::GATEWAY_TIMEOUT, "timeout", Some("timeout")),
-            Some(ErrorKind::Cancelled) => (
+            ErrorKind::Timeout => (StatusCode::GATEWAY_TIMEOUT, "timeout", Some("timeout")),
+            ErrorKind::Cancelled => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "server_error",
                 Some("cancelled"),
             ),
-            Some(ErrorKind::NoConfiguration | ErrorKind::Internal) => (
+            ErrorKind::NoConfiguration | ErrorKind::Internal => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "server_error",
                 Some(e.kind.as_str()),
@@ -664,19 +665,15 @@ async fn fetch_models(inner: &Inner) -> Result<Vec<ModelInfo>, ApiError> {
         operation: Some(LIST_MODELS.into()),
         ..TextCompletionRequest::default()
     };
-    let mut stream = client
+    let unanswered = |e: ClientError| ApiError::from_error(&client_error(&e));
+    let record = client
         .request_with(&request, RequestOptions::default())
         .await
-        .map_err(|e| ApiError::from_error(&client_error(&e)))?;
-    let mut last: Option<TextCompletionResponse> = None;
-    while let Some(item) = stream.next().await {
-        match item {
-            Ok(Received::Record(r)) => last = Some(r),
-            Ok(Received::Restarted) => last = None,
-            Err(e) => return Err(ApiError::from_error(&client_error(&e))),
-        }
-    }
-    let record = last.ok_or_else(|| {
+        .map_err(unanswered)?
+        .last()
+        .await
+        .map_err(unanswered)?;
+    let record = record.ok_or_else(|| {
         ApiError::from_error(&Error::new(
             ErrorKind::Gateway,
             "the text-completion service ended list-models without a final record",
@@ -841,7 +838,7 @@ pub(crate) async fn chat(
     let id = format!("chatcmpl-{}", uuid::Uuid::new_v4().simple());
     let created = now_secs();
     if !call.stream {
-        let resp = match whole(&mut stream).await {
+        let resp = match whole(stream).await {
             Ok((text, tokens, finish, model)) => Json(json!({
                 "id": id,
                 "object": "chat.completion",
@@ -946,31 +943,27 @@ fn request_id_header(resp: &mut Response, id: &str) {
 
 /// Reads a whole answer: its text, usage, finish reason and model, or the error.
 async fn whole(
-    stream: &mut ResponseStream<TextCompletionResponse>,
+    stream: ResponseStream<TextCompletionResponse>,
 ) -> Result<(String, Tokens, Option<String>, Option<String>), ApiError> {
+    // The records of the final attempt: a restart before the end costs nothing here.
+    let records = stream
+        .collect()
+        .await
+        .map_err(|e| ApiError::from_error(&client_error(&e)))?;
     let mut text = String::new();
     let mut tokens = Tokens::default();
     let mut model = None;
-    while let Some(item) = stream.next().await {
-        match item {
-            Ok(Received::Record(r)) => {
-                if let Some(e) = r.error() {
-                    return Err(ApiError::from_error(e));
-                }
-                tokens.add(&r);
-                text.push_str(&r.response);
-                if r.model.is_some() {
-                    model.clone_from(&r.model);
-                }
-                if r.is_terminal() {
-                    return Ok((text, tokens, r.finish_reason, model));
-                }
-            }
-            Ok(Received::Restarted) => {
-                text.clear();
-                tokens = Tokens::default();
-            }
-            Err(e) => return Err(ApiError::from_error(&client_error(&e))),
+    for r in records {
+        if let Some(e) = r.error() {
+            return Err(ApiError::from_error(e));
+        }
+        tokens.add(&r);
+        text.push_str(&r.response);
+        if r.model.is_some() {
+            model.clone_from(&r.model);
+        }
+        if r.is_terminal() {
+            return Ok((text, tokens, r.finish_reason, model));
         }
     }
     Err(ApiError::from_error(&Error::new(
@@ -988,7 +981,7 @@ struct ChunkStream {
     created: u64,
     include_usage: bool,
     tokens: Tokens,
-    outcome: Option<&'static str>,
+    outcome: Option<ClientOutcome>,
     inner: Arc<Inner>,
     span: sluice_runtime::trace::Span,
 }
@@ -1031,7 +1024,7 @@ impl ChunkStream {
             }
             self.pending
                 .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
-            self.outcome = Some("success");
+            self.outcome = Some(ClientOutcome::Success);
             self.stream = None;
         }
     }
@@ -1041,11 +1034,7 @@ impl ChunkStream {
     fn fail(&mut self, e: &Error) {
         let err = ApiError::from_error(e);
         self.push_data(&err.body());
-        self.outcome = Some(match e.known_kind() {
-            Some(ErrorKind::Timeout) => "timeout",
-            Some(ErrorKind::Cancelled) => "cancelled",
-            _ => "error",
-        });
+        self.outcome = Some(ClientOutcome::of_error(&e.kind));
         self.stream = None;
     }
 
@@ -1097,13 +1086,10 @@ impl Drop for ChunkStream {
         // publishes the cancel.
         let outcome = match self.outcome {
             Some(o) if self.pending.is_empty() => o,
-            _ => "cancelled",
+            _ => ClientOutcome::Cancelled,
         };
         self.inner.metrics.stream_ended(CHAT_ROUTE, outcome);
-        self.span.set("sluice.outcome", outcome);
-        if outcome != "success" {
-            self.span.fail(outcome);
-        }
+        trace_outcome(&mut self.span, outcome);
     }
 }
 

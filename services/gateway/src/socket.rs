@@ -12,7 +12,10 @@ use axum::{
     response::Response,
 };
 use serde_json::{Map, Value, json};
-use sluice_runtime::client::{Received, RequestOptions};
+use sluice_runtime::{
+    client::{Received, RequestOptions},
+    telemetry::ClientOutcome,
+};
 use sluice_schema::{Error, ErrorKind, ResponseRecord};
 use tokio::{sync::mpsc, task::JoinSet};
 use tracing::debug;
@@ -21,7 +24,7 @@ use crate::{
     Inner, client_error,
     http::Routed,
     kinds::{Agent, Prompt, ServiceKind, TextCompletion},
-    server_span,
+    server_span, trace_outcome,
 };
 
 /// Frames waiting for the socket; a slow reader slows its requests down rather than
@@ -293,20 +296,16 @@ async fn serve<K: Routed>(
     };
     inner.metrics.open_streams(ROUTE, 1);
     let mut first = true;
-    let mut outcome = "cancelled";
+    let mut outcome = ClientOutcome::Cancelled;
     while let Some(item) = stream.next().await {
         let frame = match item {
             Ok(Received::Record(r)) => {
                 if let Some(err) = r.error() {
-                    outcome = if err.known_kind() == Some(ErrorKind::Cancelled) {
-                        "cancelled"
-                    } else {
-                        "error"
-                    };
+                    outcome = ClientOutcome::of_error(&err.kind);
                     error_frame(Some(&id), err)
                 } else {
                     if r.is_terminal() {
-                        outcome = "success";
+                        outcome = ClientOutcome::Success;
                     }
                     json!({ "id": id, "response": response_object(&r), "complete": r.is_terminal() })
                         .to_string()
@@ -323,11 +322,7 @@ async fn serve<K: Routed>(
             }
             Err(e) => {
                 let err = client_error(&e);
-                outcome = if err.known_kind() == Some(ErrorKind::Timeout) {
-                    "timeout"
-                } else {
-                    "error"
-                };
+                outcome = ClientOutcome::of_error(&err.kind);
                 error_frame(Some(&id), &err)
             }
         };
@@ -338,16 +333,13 @@ async fn serve<K: Routed>(
                 .first_event(ROUTE, started.elapsed().as_secs_f64());
         }
         if !send(frame).await {
-            outcome = "cancelled";
+            outcome = ClientOutcome::Cancelled;
             break;
         }
     }
     inner.metrics.open_streams(ROUTE, -1);
     inner.metrics.stream_ended(ROUTE, outcome);
-    span.set("sluice.outcome", outcome);
-    if outcome != "success" {
-        span.fail(outcome);
-    }
+    trace_outcome(&mut span, outcome);
     span.end();
     id
 }

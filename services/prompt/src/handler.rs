@@ -75,20 +75,7 @@ fn with_usage(pending: &mut PendingUsage) -> PromptResponse {
 }
 
 fn client_error(e: &ClientError) -> Error {
-    match e {
-        ClientError::InactivityTimeout(_) | ClientError::TotalTimeout(_) => Error::new(
-            ErrorKind::Timeout,
-            format!("text-completion did not answer in time: {e}"),
-        ),
-        lost if lost.is_loss() => Error::new(
-            ErrorKind::RecordsLost,
-            format!("text-completion's answer was lost in transit: {lost}"),
-        ),
-        other => Error::new(
-            ErrorKind::Llm,
-            format!("text-completion could not be reached: {other}"),
-        ),
-    }
+    e.to_error("text-completion", ErrorKind::Llm)
 }
 
 fn restarted() -> Error {
@@ -415,3 +402,6 @@ async fn jsonl(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

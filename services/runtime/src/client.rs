@@ -42,7 +42,7 @@ use std::{
 };
 
 use serde::Serialize;
-use sluice_schema::{ResponseRecord, properties};
+use sluice_schema::{Error, ErrorKind, ResponseRecord, properties};
 use tokio::{sync::mpsc, task::JoinHandle, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
@@ -51,7 +51,7 @@ use crate::{
     bus::{Bus, BusError, Delivery, Link, Message, Origin, Publisher, SubscribeOptions},
     lock,
     sync::{SILENT_AFTER, SyncState, SyncWatch, UNLISTED_GRACE},
-    telemetry::RuntimeMetrics,
+    telemetry::{ClientOutcome, RuntimeMetrics},
 };
 
 /// Where a client sends requests and reads responses.
@@ -156,6 +156,43 @@ pub enum ClientError {
 }
 
 impl ClientError {
+    /// True when a time limit ran out ([`ClientError::InactivityTimeout`],
+    /// [`ClientError::TotalTimeout`]).
+    pub fn is_timeout(&self) -> bool {
+        matches!(
+            self,
+            ClientError::InactivityTimeout(_) | ClientError::TotalTimeout(_)
+        )
+    }
+
+    /// The error kind a caller reports this failure as: `timeout` for a time limit,
+    /// `records-lost` for a loss, `invalid-request` for a request that could not be sent as
+    /// it was (not encodable, or its id already in flight), and `unavailable` (the caller's
+    /// own kind: `llm-error` for the prompt service, `agent-error` for the agent,
+    /// `gateway-error` for the gateway) when the called service could not be reached or
+    /// answered in a way that could not be read.
+    pub fn kind(&self, unavailable: ErrorKind) -> ErrorKind {
+        match self {
+            e if e.is_timeout() => ErrorKind::Timeout,
+            e if e.is_loss() => ErrorKind::RecordsLost,
+            ClientError::Encode(_) | ClientError::DuplicateId(_) => ErrorKind::InvalidRequest,
+            _ => unavailable,
+        }
+    }
+
+    /// The error record a service that called `service` answers its own client with (see
+    /// [`ClientError::kind`]); the message names `service` and what happened.
+    pub fn to_error(&self, service: &str, unavailable: ErrorKind) -> Error {
+        let kind = self.kind(unavailable.clone());
+        let message = match &kind {
+            ErrorKind::Timeout => format!("{service} did not answer in time: {self}"),
+            ErrorKind::RecordsLost => format!("{service}'s answer was lost in transit: {self}"),
+            ErrorKind::InvalidRequest => format!("{service} could not be asked: {self}"),
+            _ => format!("{service} could not be reached: {self}"),
+        };
+        Error::new(kind, message)
+    }
+
     /// True for the losses a non-persistent topic causes ([`ClientError::RecordsLost`],
     /// [`ClientError::StreamLost`], [`ClientError::LostInTransit`]).
     pub fn is_loss(&self) -> bool {
@@ -471,15 +508,7 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
     /// Sends a request and waits for its terminal record, ignoring records of an abandoned
     /// attempt. For non-streaming calls.
     pub async fn call(&self, request: &Req) -> Result<Vec<Resp>, ClientError> {
-        let mut stream = self.request(request).await?;
-        let mut records = Vec::new();
-        while let Some(item) = stream.next().await {
-            match item? {
-                Received::Record(r) => records.push(r),
-                Received::Restarted => records.clear(),
-            }
-        }
-        Ok(records)
+        self.request(request).await?.collect().await
     }
 
     /// Stops routing and deletes this instance's response subscription. Streams still open
@@ -858,18 +887,27 @@ impl<R: ResponseRecord> ResponseStream<R> {
                 .min(loss_deadline.unwrap_or(total_deadline));
             let item = match tokio::time::timeout_at(deadline, self.rx.recv()).await {
                 Ok(Some(item)) => item,
-                Ok(None) => return self.finish("failed", Err(ClientError::Closed)),
+                Ok(None) => return self.finish(ClientOutcome::Failed, Err(ClientError::Closed)),
                 Err(_) => {
                     // The caller stops waiting: the service should stop working on it too.
                     if let Some(publisher) = self.cancel.take().and_then(|c| c.get().cloned()) {
                         crate::cancel::send_cancel(publisher, self.id.clone());
                     }
                     let (outcome, error) = if Some(deadline) == loss_deadline {
-                        ("lost", ClientError::StreamLost(self.loss_grace))
+                        (
+                            ClientOutcome::Lost,
+                            ClientError::StreamLost(self.loss_grace),
+                        )
                     } else if deadline == total_deadline {
-                        ("timeout", ClientError::TotalTimeout(self.total))
+                        (
+                            ClientOutcome::Timeout,
+                            ClientError::TotalTimeout(self.total),
+                        )
                     } else {
-                        ("timeout", ClientError::InactivityTimeout(self.inactivity))
+                        (
+                            ClientOutcome::Timeout,
+                            ClientError::InactivityTimeout(self.inactivity),
+                        )
                     };
                     return self.finish(outcome, Err(error));
                 }
@@ -888,22 +926,29 @@ impl<R: ResponseRecord> ResponseStream<R> {
                     if let Some(publisher) = self.cancel.take().and_then(|c| c.get().cloned()) {
                         crate::cancel::send_cancel(publisher, self.id.clone());
                     }
-                    self.finish("lost", Err(ClientError::RecordsLost { expected, received }))
+                    self.finish(
+                        ClientOutcome::Lost,
+                        Err(ClientError::RecordsLost { expected, received }),
+                    )
                 }
                 Routed::Restarted => Some(Ok(Received::Restarted)),
                 Routed::Gone(why) => {
                     if let Some(publisher) = self.cancel.take().and_then(|c| c.get().cloned()) {
                         crate::cancel::send_cancel(publisher, self.id.clone());
                     }
-                    self.finish("lost", Err(ClientError::LostInTransit(why)))
+                    self.finish(ClientOutcome::Lost, Err(ClientError::LostInTransit(why)))
                 }
-                Routed::Undecodable(e) => self.finish("failed", Err(ClientError::Decode(e))),
-                Routed::NotStored(e) => self.finish("failed", Err(ClientError::NotStored(e))),
+                Routed::Undecodable(e) => {
+                    self.finish(ClientOutcome::Failed, Err(ClientError::Decode(e)))
+                }
+                Routed::NotStored(e) => {
+                    self.finish(ClientOutcome::Failed, Err(ClientError::NotStored(e)))
+                }
                 Routed::Record(r) if r.is_terminal() => {
                     let outcome = if r.error().is_some() {
-                        "error"
+                        ClientOutcome::Error
                     } else {
-                        "success"
+                        ClientOutcome::Success
                     };
                     self.finish(outcome, Ok(Received::Record(r)))
                 }
@@ -914,7 +959,7 @@ impl<R: ResponseRecord> ResponseStream<R> {
 
     fn finish(
         &mut self,
-        outcome: &str,
+        outcome: ClientOutcome,
         item: Result<Received<R>, ClientError>,
     ) -> Option<Result<Received<R>, ClientError>> {
         self.done = true;
@@ -923,6 +968,32 @@ impl<R: ResponseRecord> ResponseStream<R> {
             m.client_request(&self.service, outcome);
         }
         Some(item)
+    }
+
+    /// The records of the answer's final attempt, once the stream has ended: those of an
+    /// attempt that was started over are dropped at its restart.
+    pub async fn collect(mut self) -> Result<Vec<R>, ClientError> {
+        let mut records = Vec::new();
+        while let Some(item) = self.next().await {
+            match item? {
+                Received::Record(r) => records.push(r),
+                Received::Restarted => records.clear(),
+            }
+        }
+        Ok(records)
+    }
+
+    /// The answer's last record (its terminal one, unless the stream ended without it), once
+    /// the stream has ended, holding no other record meanwhile.
+    pub async fn last(mut self) -> Result<Option<R>, ClientError> {
+        let mut last = None;
+        while let Some(item) = self.next().await {
+            match item? {
+                Received::Record(r) => last = Some(r),
+                Received::Restarted => last = None,
+            }
+        }
+        Ok(last)
     }
 
     /// Adapts this into a `futures::Stream`.
@@ -938,7 +1009,7 @@ impl<R> Drop for ResponseStream<R> {
         if !self.done {
             lock(&self.routes).remove(&self.id);
             if let Some(m) = &self.metrics {
-                m.client_request(&self.service, "cancelled");
+                m.client_request(&self.service, ClientOutcome::Cancelled);
             }
             if let Some(publisher) = self.cancel.take().and_then(|c| c.get().cloned()) {
                 crate::cancel::send_cancel(publisher, self.id.clone());
@@ -955,6 +1026,51 @@ mod tests {
     use crate::bus::{Subscription, memory::MemoryBus};
 
     type Client = RequestClient<TextCompletionRequest, TextCompletionResponse>;
+
+    /// A service that calls another reports the client's failure with the kind it stands
+    /// for, and its own kind where the other service could not be reached.
+    #[test]
+    fn client_errors_know_the_kind_they_are_reported_as() {
+        let second = Duration::from_secs(1);
+        for (e, kind) in [
+            (ClientError::InactivityTimeout(second), ErrorKind::Timeout),
+            (ClientError::TotalTimeout(second), ErrorKind::Timeout),
+            (ClientError::StreamLost(second), ErrorKind::RecordsLost),
+            (
+                ClientError::RecordsLost {
+                    expected: 1,
+                    received: 2,
+                },
+                ErrorKind::RecordsLost,
+            ),
+            (
+                ClientError::LostInTransit("x".into()),
+                ErrorKind::RecordsLost,
+            ),
+            (ClientError::Encode("x".into()), ErrorKind::InvalidRequest),
+            (
+                ClientError::DuplicateId("x".into()),
+                ErrorKind::InvalidRequest,
+            ),
+            (ClientError::Closed, ErrorKind::Agent),
+            (ClientError::Decode("x".into()), ErrorKind::Agent),
+            (ClientError::NotStored("x".into()), ErrorKind::Agent),
+            (
+                ClientError::Bus(BusError::Unavailable("x".into())),
+                ErrorKind::Agent,
+            ),
+        ] {
+            assert_eq!(e.kind(ErrorKind::Agent), kind, "{e}");
+            let record = e.to_error("text-completion", ErrorKind::Agent);
+            assert_eq!(record.kind, kind, "{e}");
+            assert!(
+                record.message.starts_with("text-completion")
+                    && record.message.ends_with(&e.to_string()),
+                "{}",
+                record.message
+            );
+        }
+    }
 
     async fn setup() -> (MemoryBus, Box<dyn Subscription>, Client) {
         let bus = MemoryBus::default();

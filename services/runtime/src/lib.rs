@@ -12,6 +12,7 @@
 //!
 //! Nothing in this crate logs a payload: payloads carry prompts and answers.
 
+pub mod backoff;
 pub mod bus;
 pub mod cancel;
 pub mod client;
@@ -20,6 +21,7 @@ pub mod ndjson;
 pub mod processor;
 pub mod secret;
 pub mod sink;
+mod store;
 pub mod sync;
 pub mod telemetry;
 pub mod trace;

@@ -16,7 +16,9 @@
 //! - a request its client cancels (see [`crate::cancel`]) stops at once: the handler, and
 //!   with it the provider call, is dropped, and a `cancelled` error ends the stream;
 //! - on SIGTERM/SIGINT it stops taking requests, lets in-flight ones finish within the grace
-//!   period, hands back what did not finish, and returns.
+//!   period, and returns. What did not finish is handed back to the broker for another
+//!   replica: its handler is dropped and no error record is published for it (the request is
+//!   not failed, it is moved), so its stream restarts there under a new attempt id.
 //!
 //! It never logs payloads: they carry prompts.
 
@@ -48,6 +50,7 @@ use crate::{
     bus::{Bus, BusError, Delivery, Message, Publisher, SubscribeOptions},
     cancel::{self, CancelRegistry},
     sink::Pacer,
+    store::StoreGuard,
     sync::StreamBook,
     telemetry::{Outcome, Telemetry},
     trace,
@@ -119,8 +122,6 @@ pub struct RequestContext {
     pub redelivery_count: u32,
     /// The caller's W3C `traceparent`, if any.
     pub traceparent: Option<String>,
-    /// Cancelled when the processor gives up on the request (drain grace expired).
-    pub cancel: CancellationToken,
 }
 
 /// A service's business: turn one request into a stream of response records.
@@ -243,7 +244,8 @@ pub async fn run<H: Handler>(
             stop_syncs.clone(),
         ))
     });
-    // Cancelled if the drain grace runs out, so handlers can stop provider calls.
+    // Cancelled if the drain grace runs out: each unfinished request task drops its handler
+    // (and with it the provider call) and hands its request back.
     let abandon = CancellationToken::new();
     let mut tasks = JoinSet::new();
     loop {
@@ -310,7 +312,14 @@ pub async fn run<H: Handler>(
         warn!(processor = %config.name, abandoned = tasks.len(),
               "drain grace expired; handing unfinished requests back to the broker");
         abandon.cancel();
-        tasks.shutdown().await;
+        let handed_back = tokio::time::timeout(HAND_BACK_BOUND, async {
+            while tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if handed_back.is_err() {
+            // Stuck on the broker: dropped unacked, the broker redelivers them all the same.
+            tasks.shutdown().await;
+        }
     }
     subscription.close().await;
     stop_cancels.cancel();
@@ -428,6 +437,19 @@ fn client_cancelled() -> Error {
     Error::new(ErrorKind::Cancelled, "the client cancelled the request")
 }
 
+/// How long unfinished requests get, once the drain grace has run out, to be handed back
+/// (their held records flushed, their streams retracted, a nack sent) before their tasks are
+/// dropped. Short: the handler is already gone, only the broker is waited for.
+const HAND_BACK_BOUND: Duration = Duration::from_secs(5);
+
+/// Whether a nacked request comes back. Where the broker keeps requests, a nack brings the
+/// request back for another attempt; on a non-persistent request topic it is gone, and its
+/// stream stays listed (finished, with what was published) so that its client sees the loss
+/// at once.
+fn requests_come_back(config: &ProcessorConfig) -> bool {
+    !config.request_topic.starts_with("non-persistent://")
+}
+
 fn short_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..8].to_owned()
 }
@@ -448,7 +470,7 @@ async fn handle_delivery<H: Handler>(
     handler: &H,
     delivery: Delivery,
     shared: &Shared,
-    cancel: CancellationToken,
+    abandon: CancellationToken,
 ) {
     let Shared {
         publisher,
@@ -539,29 +561,39 @@ async fn handle_delivery<H: Handler>(
                     attempt: attempt.clone(),
                     redelivery_count: delivery.redelivery_count(),
                     traceparent,
-                    cancel,
                 };
-                // Dropping the handler's future on a client cancel drops its provider call
-                // (and closes that connection) wherever it is waiting.
+                // Dropping the handler's future on a client cancel, or when the drain grace
+                // runs out, drops its provider call (and closes that connection) wherever it
+                // is waiting.
                 let result = tokio::select! {
                     r = AssertUnwindSafe(handler.handle(request, ctx, &mut sink)).catch_unwind() => Some(r),
-                    () = in_flight.token().cancelled() => None,
-                };
-                let Some(result) = result else {
-                    debug!("cancelled by its client");
-                    if !sink.is_ended() {
-                        let _ = sink.send(H::Response::from_error(client_cancelled())).await;
+                    () = in_flight.token().cancelled() => {
+                        debug!("cancelled by its client");
+                        if !sink.is_ended() {
+                            let _ = sink.send(H::Response::from_error(client_cancelled())).await;
+                        }
+                        return Outcome::Cancelled;
                     }
-                    return Outcome::Cancelled;
+                    () = abandon.cancelled() => None,
                 };
                 let failure = match result {
-                    Ok(Ok(())) if sink.is_ended() => None,
-                    Ok(Ok(())) => Some(Error::new(
+                    // The drain grace ran out after the answer was complete: it stands.
+                    None if sink.is_ended() => None,
+                    // Not failed but moved: handed back below, with no error record.
+                    None if requests_come_back(config) => return Outcome::Retried,
+                    // A nack would lose the request (non-persistent topic): answer it.
+                    None => Some(Error::new(
+                        ErrorKind::Cancelled,
+                        "the processor shut down before the answer was complete (its drain \
+                         grace ran out); send the request again",
+                    )),
+                    Some(Ok(Ok(()))) if sink.is_ended() => None,
+                    Some(Ok(Ok(()))) => Some(Error::new(
                         ErrorKind::Internal,
                         "the handler finished without a terminal record",
                     )),
-                    Ok(Err(e)) => Some(e),
-                    Err(_) => {
+                    Some(Ok(Err(e))) => Some(e),
+                    Some(Err(_)) => {
                         // A panic must not become a redelivery loop: answer and ack.
                         error!("handler panicked");
                         Some(Error::new(
@@ -595,15 +627,20 @@ async fn handle_delivery<H: Handler>(
     trace_span.end();
     metrics.in_flight(processor, -1);
     let _enter = span.enter();
-    // Where the broker keeps requests, a nack brings the request back for another attempt;
-    // on a non-persistent request topic it is gone, and its stream stays listed (finished,
-    // with what was published) so that its client sees the loss at once.
-    let requests_come_back = !config.request_topic.starts_with("non-persistent://");
+    let requests_come_back = requests_come_back(config);
     match flushed {
         Ok(()) if sink.is_ended() => {
             delivery.ack();
             metrics.request_finished(processor, outcome, started.elapsed().as_secs_f64());
             debug!(records = sink.records_sent(), "request done");
+        }
+        Ok(()) if outcome == Outcome::Retried => {
+            warn!("unfinished when the drain grace ran out; handing the request back");
+            if requests_come_back {
+                sink.retract().await;
+            }
+            delivery.nack();
+            metrics.request_finished(processor, Outcome::Retried, 0.0);
         }
         Ok(()) => {
             warn!("no terminal record could be published; handing the request back");
@@ -627,105 +664,6 @@ async fn handle_delivery<H: Handler>(
     }
 }
 
-/// Whether the broker stores what this processor publishes.
-///
-/// After a publish fails (a bookie turned read-only by a full disk, a quota, a topic that
-/// refuses writes), every request taken would be answered by the provider and then handed
-/// back unanswered, again and again: provider calls paid for nothing. So the processor takes
-/// no new request, says why on `/readyz` and in `sluice_processor_store_blocked`, and probes
-/// the broker with backoff until it stores again. Requests stay unacked on the broker
-/// meanwhile; nothing is lost.
-#[derive(Clone)]
-struct StoreGuard {
-    processor: String,
-    telemetry: Telemetry,
-    blocked: Arc<std::sync::atomic::AtomicBool>,
-}
-
-/// The [`crate::telemetry::Health`] condition a blocked store sets.
-const STORE_CONDITION: &str = "store";
-
-/// Longest wait between probes of a broker that cannot store.
-const STORE_PROBE_MAX_BACKOFF: Duration = Duration::from_secs(15);
-
-/// How long a probe waits for the broker's receipt.
-const STORE_PROBE_TIMEOUT: Duration = Duration::from_secs(30);
-
-impl StoreGuard {
-    fn new(processor: String, telemetry: Telemetry) -> Self {
-        Self {
-            processor,
-            telemetry,
-            blocked: Arc::default(),
-        }
-    }
-
-    fn is_blocked(&self) -> bool {
-        self.blocked.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    fn block(&self, error: &BusError) {
-        // The gauge first: whoever sees /readyz change can count on the metric saying so too.
-        self.telemetry.metrics.store_blocked(&self.processor, true);
-        self.telemetry.health.fail(
-            STORE_CONDITION,
-            format!("the broker cannot store this processor's records: {error}"),
-        );
-        if !self.blocked.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            warn!(processor = %self.processor, error = %error,
-                  "the broker cannot store records: taking no new request until it can");
-        }
-    }
-
-    fn unblock(&self) {
-        self.telemetry.metrics.store_blocked(&self.processor, false);
-        self.telemetry.health.clear(STORE_CONDITION);
-        if self
-            .blocked
-            .swap(false, std::sync::atomic::Ordering::SeqCst)
-        {
-            info!(processor = %self.processor, "the broker stores records again: taking requests");
-        }
-    }
-
-    /// Probes until the broker stores a sync message on the response topic (which every
-    /// client skips). Returns false when `shutdown` comes first.
-    async fn wait_until_stored(
-        &self,
-        publisher: &dyn Publisher,
-        shutdown: &CancellationToken,
-    ) -> bool {
-        let mut backoff = crate::bus::pulsar::Backoff::new(STORE_PROBE_MAX_BACKOFF);
-        loop {
-            let probe = Message::new(&b"{}"[..])
-                .with_property(properties::ID, properties::SYNC)
-                .with_property(properties::SYNC, self.processor.as_str());
-            let stored = tokio::select! {
-                () = shutdown.cancelled() => return false,
-                r = tokio::time::timeout(STORE_PROBE_TIMEOUT, async {
-                    publisher.send(probe).await?.await
-                }) => r.unwrap_or_else(|_| Err(BusError::Unavailable(format!(
-                    "no receipt within {STORE_PROBE_TIMEOUT:?}"
-                )))),
-            };
-            match stored {
-                Ok(()) => {
-                    self.unblock();
-                    return true;
-                }
-                Err(e) => {
-                    self.block(&e);
-                    debug!(processor = %self.processor, error = %e, "store probe failed");
-                }
-            }
-            tokio::select! {
-                () = shutdown.cancelled() => return false,
-                () = tokio::time::sleep(backoff.next_delay()) => {}
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -740,10 +678,14 @@ mod tests {
     /// Counts handler futures of "hang" requests that were dropped.
     static HANGS_DROPPED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-    struct OnDrop;
+    /// Counts handler futures of "linger" requests that were dropped (a counter of its own:
+    /// tests run in parallel).
+    static LINGERS_DROPPED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+    struct OnDrop(&'static std::sync::atomic::AtomicUsize);
     impl Drop for OnDrop {
         fn drop(&mut self) {
-            HANGS_DROPPED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
     }
 
@@ -761,8 +703,13 @@ mod tests {
             match request.prompt.as_str() {
                 "panic" => panic!("boom"),
                 "forget" => return Ok(()),
-                "hang" => {
-                    let _guard = OnDrop;
+                "hang" | "linger" | "stall" => {
+                    // Each test that counts drops has a prompt of its own.
+                    let _guard = match request.prompt.as_str() {
+                        "hang" => Some(OnDrop(&HANGS_DROPPED)),
+                        "linger" => Some(OnDrop(&LINGERS_DROPPED)),
+                        _ => None,
+                    };
                     let _ = sink
                         .send(TextCompletionResponse {
                             response: "started".into(),
@@ -950,7 +897,7 @@ mod tests {
         bus.publisher("req")
             .await
             .unwrap()
-            .send(Message::new(r#"{"prompt":"hang"}"#).with_property(properties::ID, "r1"))
+            .send(Message::new(r#"{"prompt":"stall"}"#).with_property(properties::ID, "r1"))
             .await
             .unwrap();
         let busy = loop {
@@ -1037,7 +984,9 @@ mod tests {
         f.task.await.unwrap().unwrap();
     }
 
-    #[tokio::test]
+    // The clock is paused so that the wait for the early cancel to be read is exact: a
+    // sleep then ends only once every other task (the cancel listener too) is idle.
+    #[tokio::test(start_paused = true)]
     async fn a_cancel_drops_the_handler_and_ends_the_stream_with_cancelled() {
         let mut f = start().await;
         let cancels = f.bus.publisher("cancel").await.unwrap();
@@ -1066,7 +1015,7 @@ mod tests {
 
         // A cancel that arrives before its request: the request is answered, not handled.
         cancels.send(cancel::cancel_message("early")).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
         let out = ask(&mut f, Some("early"), r#"{"prompt":"hang"}"#).await;
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].error.as_ref().unwrap().kind, "cancelled");
@@ -1076,6 +1025,104 @@ mod tests {
         ));
         f.shutdown.cancel();
         f.task.await.unwrap().unwrap();
+    }
+
+    /// When the drain grace runs out, an unfinished request is not failed but moved: its
+    /// handler is dropped, no record is published for it, and the broker has it again, for
+    /// another replica (which starts its stream over under a new attempt id).
+    #[tokio::test]
+    async fn a_request_unfinished_when_the_drain_grace_runs_out_is_handed_back_without_an_error() {
+        let mut f = start().await;
+        f.bus
+            .publisher("req")
+            .await
+            .unwrap()
+            .send(Message::new(r#"{"prompt":"linger"}"#).with_property(properties::ID, "l1"))
+            .await
+            .unwrap();
+        let d = f.responses.next().await.unwrap().unwrap();
+        let first: TextCompletionResponse = serde_json::from_slice(d.payload()).unwrap();
+        d.ack();
+        assert_eq!(first.response, "started");
+        f.shutdown.cancel();
+        f.task.await.unwrap().unwrap();
+        assert_eq!(LINGERS_DROPPED.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // The processor has stopped: anything it published is already on the topic.
+        assert!(
+            f.responses.next().now_or_never().is_none(),
+            "no error record ends the stream"
+        );
+        let text = f.telemetry.render();
+        for line in [
+            r#"sluice_processor_requests_total{outcome="retried",processor="echo"} 1"#,
+            r#"sluice_processor_requests_total{outcome="error",processor="echo"} 0"#,
+            r#"sluice_processor_requests_total{outcome="cancelled",processor="echo"} 0"#,
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
+        }
+        let mut again = f
+            .bus
+            .subscribe("req", "echo", SubscribeOptions::shared(1))
+            .await
+            .unwrap();
+        let d = tokio::time::timeout(Duration::from_secs(5), again.next())
+            .await
+            .expect("the request is back on the broker")
+            .unwrap()
+            .unwrap();
+        assert_eq!(d.property(properties::ID), Some("l1"));
+        assert_eq!(d.redelivery_count(), 1);
+    }
+
+    /// On a non-persistent request topic a nack would lose the request, so one still running
+    /// when the drain grace runs out is answered instead: a `cancelled` error saying to send
+    /// it again.
+    #[tokio::test]
+    async fn on_a_non_persistent_request_topic_an_unfinished_request_is_answered_at_the_grace() {
+        let bus = MemoryBus::new(2048, 1000);
+        let mut responses = bus
+            .subscribe("resp", "test", SubscribeOptions::exclusive(100))
+            .await
+            .unwrap();
+        let telemetry = Telemetry::new().unwrap();
+        let shutdown = CancellationToken::new();
+        let req = "non-persistent://t/ns/req";
+        let mut config = ProcessorConfig::new("echo", req, "resp");
+        config.drain_grace = Duration::from_millis(100);
+        let task = tokio::spawn(run(
+            Arc::new(bus.clone()),
+            config,
+            Arc::new(Echo),
+            telemetry.clone(),
+            shutdown.clone(),
+        ));
+        tokio::time::timeout(Duration::from_secs(5), telemetry.health.until_watched(1))
+            .await
+            .expect("the processor subscribes");
+        bus.publisher(req)
+            .await
+            .unwrap()
+            .send(Message::new(r#"{"prompt":"stall"}"#).with_property(properties::ID, "s1"))
+            .await
+            .unwrap();
+        let mut next = async || {
+            let d = tokio::time::timeout(Duration::from_secs(5), responses.next())
+                .await
+                .expect("a record")
+                .unwrap()
+                .unwrap();
+            let r: TextCompletionResponse = serde_json::from_slice(d.payload()).unwrap();
+            d.ack();
+            r
+        };
+        assert_eq!(next().await.response, "started");
+        shutdown.cancel();
+        task.await.unwrap().unwrap();
+        let last = next().await;
+        assert!(last.end_of_stream);
+        let error = last.error.unwrap();
+        assert_eq!(error.kind, ErrorKind::Cancelled);
+        assert!(error.message.contains("send the request again"), "{error}");
     }
 
     #[tokio::test]

@@ -21,6 +21,7 @@ use prometheus::{
     Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
     Registry, TextEncoder,
 };
+use sluice_schema::ErrorKind;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -44,7 +45,8 @@ pub enum Outcome {
     Error,
     /// The request record could not be decoded; answered with an error when it had an id.
     Malformed,
-    /// Publishing failed; the request was handed back to the broker for another attempt.
+    /// The request was handed back to the broker for another attempt: publishing failed, or
+    /// the drain grace ran out before it was answered.
     Retried,
     /// The client cancelled the request; the handler was stopped.
     Cancelled,
@@ -76,8 +78,67 @@ const OUTCOMES: [Outcome; 6] = [
     Outcome::Continued,
 ];
 
-/// How a client request can end, as counted in `sluice_client_requests_total`.
-const CLIENT_OUTCOMES: [&str; 6] = ["success", "error", "timeout", "failed", "cancelled", "lost"];
+/// How a request ended for the one who asked: the request/response client's
+/// `sluice_client_requests_total` counts every one, the gateway's `sluice_gateway_streams_total`
+/// the first four ([`ClientOutcome::STREAM`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientOutcome {
+    /// The terminal record arrived without an error.
+    Success,
+    /// The terminal record carried an error.
+    Error,
+    /// A time limit ran out.
+    Timeout,
+    /// The caller went away or asked to stop.
+    Cancelled,
+    /// The answer could not be received: the bus closed, a record could not be decoded, the
+    /// request could not be stored.
+    Failed,
+    /// Records of the answer were lost in transit (TrustGraph's non-persistent mapping).
+    Lost,
+}
+
+impl ClientOutcome {
+    /// Every client outcome, for exporting each at 0.
+    pub const ALL: [ClientOutcome; 6] = [
+        ClientOutcome::Success,
+        ClientOutcome::Error,
+        ClientOutcome::Timeout,
+        ClientOutcome::Failed,
+        ClientOutcome::Cancelled,
+        ClientOutcome::Lost,
+    ];
+
+    /// The outcomes a streamed answer ends with, as the gateway counts them.
+    pub const STREAM: [ClientOutcome; 4] = [
+        ClientOutcome::Success,
+        ClientOutcome::Error,
+        ClientOutcome::Timeout,
+        ClientOutcome::Cancelled,
+    ];
+
+    /// The `outcome` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientOutcome::Success => "success",
+            ClientOutcome::Error => "error",
+            ClientOutcome::Timeout => "timeout",
+            ClientOutcome::Failed => "failed",
+            ClientOutcome::Cancelled => "cancelled",
+            ClientOutcome::Lost => "lost",
+        }
+    }
+
+    /// How the gateway counts a stream that ended with an error of `kind`: a `timeout` or
+    /// `cancelled` record as those, any other as an error.
+    pub fn of_error(kind: &ErrorKind) -> Self {
+        match kind {
+            ErrorKind::Timeout => ClientOutcome::Timeout,
+            ErrorKind::Cancelled => ClientOutcome::Cancelled,
+            _ => ClientOutcome::Error,
+        }
+    }
+}
 
 /// The metrics of the processor runtime and the request/response client.
 #[derive(Clone)]
@@ -301,8 +362,9 @@ impl RuntimeMetrics {
     /// Exports a request/response client's series for `service` at 0 (see
     /// [`RuntimeMetrics::processor_started`]).
     pub fn client_started(&self, service: &str) {
-        for outcome in CLIENT_OUTCOMES {
-            self.client_requests.with_label_values(&[service, outcome]);
+        for outcome in ClientOutcome::ALL {
+            self.client_requests
+                .with_label_values(&[service, outcome.as_str()]);
         }
         self.client_unroutable.with_label_values(&[service]);
         self.client_dropped.with_label_values(&[service]);
@@ -330,10 +392,10 @@ impl RuntimeMetrics {
         self.redelivered.with_label_values(&[processor]).inc();
     }
 
-    /// A client request ended with `outcome` (one of [`CLIENT_OUTCOMES`]).
-    pub fn client_request(&self, service: &str, outcome: &str) {
+    /// A client request ended with `outcome`.
+    pub fn client_request(&self, service: &str, outcome: ClientOutcome) {
         self.client_requests
-            .with_label_values(&[service, outcome])
+            .with_label_values(&[service, outcome.as_str()])
             .inc();
     }
 

@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::{
-    metrics::LlmMetrics,
+    metrics::{CallOutcome, LlmMetrics},
     provider::{FailureKind, Provider, ProviderError, Usage},
     retry::RetryPolicy,
 };
@@ -230,23 +230,23 @@ impl TextCompletionService {
             .inc();
         warn!(event = "llm_request_retry", request_id = %ctx.id, provider, model,
               error_type = e.kind.as_str(), delay_ms = delay.as_millis() as u64, "retrying");
-        tokio::select! {
-            () = tokio::time::sleep(delay) => true,
-            () = ctx.cancel.cancelled() => false,
-        }
+        // A client cancel or the end of the drain grace drops this future (see
+        // sluice_runtime::processor), so the wait needs no cancellation of its own.
+        tokio::time::sleep(delay).await;
+        true
     }
 
     fn finish(
         &self,
         request: &TextCompletionRequest,
         started: Instant,
-        outcome: &str,
+        outcome: CallOutcome,
         usage: &UsageDeltas,
     ) {
         let [provider, model] = self.labels(request);
         self.metrics
             .requests
-            .with_label_values(&[provider, model, outcome])
+            .with_label_values(&[provider, model, outcome.as_str()])
             .inc();
         self.metrics
             .duration
@@ -276,7 +276,7 @@ impl TextCompletionService {
         match sent {
             Ok(()) => Ok(true),
             Err(SinkError::Ended) => {
-                self.finish(request, started, "error", usage);
+                self.finish(request, started, CallOutcome::Error, usage);
                 Ok(false)
             }
             Err(e) => Err(self.unpublished(request, ctx, started, usage, e)),
@@ -298,7 +298,7 @@ impl TextCompletionService {
         let [provider, model] = self.labels(request);
         warn!(event = "llm_request_unpublished", request_id = %ctx.id, provider, model,
               error = %e, "the answer's records could not be published");
-        self.finish(request, started, "unpublished", usage);
+        self.finish(request, started, CallOutcome::Unpublished, usage);
         e
     }
 
@@ -327,16 +327,9 @@ impl TextCompletionService {
             let mut published = 0u64;
             let mut finish_reason = None;
             let outcome: Result<(), Stop> = async {
-                let mut chunks = tokio::select! {
-                    s = self.provider.generate_stream(request) => s?,
-                    () = ctx.cancel.cancelled() => return Err(cancelled().into()),
-                };
+                let mut chunks = self.provider.generate_stream(request).await?;
                 loop {
-                    let next = tokio::select! {
-                        n = chunks.next() => n,
-                        () = ctx.cancel.cancelled() => return Err(cancelled().into()),
-                    };
-                    let Some(chunk) = next else { return Ok(()) };
+                    let Some(chunk) = chunks.next().await else { return Ok(()) };
                     let chunk = chunk?;
                     if let Some(u) = chunk.usage {
                         usage.observe(u);
@@ -370,7 +363,7 @@ impl TextCompletionService {
             .await;
             if sink.is_ended() {
                 // The sink ended the stream itself (a record too large for the bus).
-                self.finish(request, started, "error", &usage);
+                self.finish(request, started, CallOutcome::Error, &usage);
                 return Ok(());
             }
             match outcome {
@@ -391,7 +384,7 @@ impl TextCompletionService {
                     if !self.terminal_sent(ended, request, ctx, started, &usage)? {
                         return Ok(());
                     }
-                    self.finish(request, started, "success", &usage);
+                    self.finish(request, started, CallOutcome::Success, &usage);
                     info!(event = "llm_request_completed", request_id = %ctx.id, provider, model,
                           duration_ms = started.elapsed().as_millis() as u64, total_chunks = published,
                           in_tokens = usage.last.input, out_tokens = usage.last.output);
@@ -408,8 +401,10 @@ impl TextCompletionService {
                     }
                     warn!(event = "llm_request_failed", request_id = %ctx.id, provider, model,
                           error_type = e.kind.as_str(), error_message = %e.message, chunks_received = published);
-                    self.finish(request, started, "error", &usage);
-                    return sink.send(self.error_record(request, &e, &mut usage)).await;
+                    // Counted once sent: a call dropped meanwhile counts as cancelled only.
+                    let sent = sink.send(self.error_record(request, &e, &mut usage)).await;
+                    self.finish(request, started, CallOutcome::Error, &usage);
+                    return sent;
                 }
             }
         }
@@ -425,10 +420,7 @@ impl TextCompletionService {
         let [provider, model] = self.labels(request);
         let mut retry = 0;
         loop {
-            let result = tokio::select! {
-                r = self.provider.generate(request) => r,
-                () = ctx.cancel.cancelled() => Err(cancelled()),
-            };
+            let result = self.provider.generate(request).await;
             let mut usage = UsageDeltas::default();
             match result {
                 Ok(done) => {
@@ -454,7 +446,7 @@ impl TextCompletionService {
                     if !self.terminal_sent(sent, request, ctx, started, &usage)? {
                         return Ok(());
                     }
-                    self.finish(request, started, "success", &usage);
+                    self.finish(request, started, CallOutcome::Success, &usage);
                     info!(event = "llm_request_completed", request_id = %ctx.id, provider, model,
                           duration_ms = started.elapsed().as_millis() as u64, total_chunks = 1);
                     return Ok(());
@@ -467,8 +459,9 @@ impl TextCompletionService {
                     }
                     warn!(event = "llm_request_failed", request_id = %ctx.id, provider, model,
                           error_type = e.kind.as_str(), error_message = %e.message, chunks_received = 0);
-                    self.finish(request, started, "error", &usage);
-                    return sink.send(self.error_record(request, &e, &mut usage)).await;
+                    let sent = sink.send(self.error_record(request, &e, &mut usage)).await;
+                    self.finish(request, started, CallOutcome::Error, &usage);
+                    return sent;
                 }
             }
         }
@@ -498,13 +491,6 @@ pub fn finish_reason_word(raw: &str) -> String {
         _ => return lower,
     };
     word.to_owned()
-}
-
-fn cancelled() -> ProviderError {
-    ProviderError::new(
-        FailureKind::Timeout,
-        "the processor is shutting down; the call was cancelled",
-    )
 }
 
 #[async_trait]
@@ -564,8 +550,7 @@ impl Handler for TextCompletionService {
         let streaming = request.streaming && self.provider.supports_streaming();
         info!(event = "llm_request_started", request_id = %ctx.id, provider, model, streaming,
               attempt = %ctx.attempt);
-        let gauge = self.metrics.in_flight.with_label_values(&[provider, model]);
-        gauge.inc();
+        let mut in_flight = InFlight::new(&self.metrics, provider, model);
         // The provider call's client span; its context goes out as the HTTP `traceparent`
         // header (providers::send reads it from the task), so a provider that traces sees
         // itself inside this request's trace.
@@ -590,13 +575,51 @@ impl Handler for TextCompletionService {
             call.fail("error");
         }
         call.end();
-        gauge.dec();
+        in_flight.ended();
         match result {
             Ok(()) | Err(SinkError::Ended) => Ok(()),
             Err(e) => Err(Error::new(
                 ErrorKind::Internal,
                 format!("publishing failed: {e}"),
             )),
+        }
+    }
+}
+
+/// A provider call on `sluice_llm_in_flight_requests` while it lives. The runtime drops the
+/// handler's future when the client cancels or the drain grace runs out, so the call may end
+/// at any await: dropped before [`InFlight::ended`], it is counted as `cancelled` (every
+/// other end is counted where it happens).
+struct InFlight {
+    gauge: prometheus::IntGauge,
+    cancelled: Option<prometheus::IntCounter>,
+}
+
+impl InFlight {
+    fn new(metrics: &LlmMetrics, provider: &str, model: &str) -> Self {
+        let gauge = metrics.in_flight.with_label_values(&[provider, model]);
+        gauge.inc();
+        let cancelled =
+            metrics
+                .requests
+                .with_label_values(&[provider, model, CallOutcome::Cancelled.as_str()]);
+        Self {
+            gauge,
+            cancelled: Some(cancelled),
+        }
+    }
+
+    /// The call ended (and was counted) without being dropped.
+    fn ended(&mut self) {
+        self.cancelled = None;
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.gauge.dec();
+        if let Some(cancelled) = self.cancelled.take() {
+            cancelled.inc();
         }
     }
 }
@@ -656,7 +679,7 @@ mod tests {
         }
         async fn generate_stream(
             &self,
-            _: &TextCompletionRequest,
+            request: &TextCompletionRequest,
         ) -> Result<crate::provider::ChunkStream, ProviderError> {
             self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let chunks = ["a", "b"].map(|t| {
@@ -665,6 +688,13 @@ mod tests {
                     ..Default::default()
                 })
             });
+            if request.prompt == "hang" {
+                // The first chunk, then a provider that never says more.
+                let [first, _] = chunks;
+                return Ok(futures::stream::iter([first])
+                    .chain(futures::stream::pending())
+                    .boxed());
+            }
             Ok(futures::stream::iter(chunks).boxed())
         }
     }
@@ -746,11 +776,13 @@ mod tests {
             shutdown.clone(),
         ));
         // The in-process bus keeps nothing for a topic nobody subscribes to yet.
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            telemetry.health.until_watched(1),
+        )
+        .await
+        .expect("the processor subscribes");
         let deadline = Instant::now() + std::time::Duration::from_secs(10);
-        while telemetry.health.watched() == 0 {
-            assert!(Instant::now() < deadline, "the processor never subscribed");
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
         let request = serde_json::to_vec(&TextCompletionRequest {
             prompt: "hi".into(),
             streaming: true,
@@ -796,6 +828,109 @@ mod tests {
             1,
             "the provider was called again for an answer it had given"
         );
+        shutdown.cancel();
+        let _ = running.await;
+    }
+
+    /// The value of the first sample of `name` whose labels contain each of `labels`.
+    fn sample(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+        text.lines()
+            .find(|l| {
+                l.starts_with(&format!("{name}{{")) && labels.iter().all(|want| l.contains(want))
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    }
+
+    /// A call its client cancels is dropped mid-stream by the runtime: it leaves the
+    /// in-flight gauge and counts as `cancelled`, not as a provider error (which alerts).
+    #[tokio::test]
+    async fn a_cancelled_call_leaves_the_gauge_and_counts_as_cancelled() {
+        use sluice_runtime::{
+            bus::{Bus, SubscribeOptions, memory::MemoryBus},
+            cancel, processor,
+            telemetry::Telemetry,
+        };
+        let telemetry = Telemetry::new().unwrap();
+        let service = TextCompletionService::new(
+            Arc::new(Answers(std::sync::atomic::AtomicUsize::new(0))),
+            RetryPolicy::default(),
+            LlmMetrics::register(&telemetry.registry).unwrap(),
+        );
+        let bus = MemoryBus::new(1 << 20, 64);
+        let mut responses = bus
+            .subscribe("response", "test", SubscribeOptions::exclusive(16))
+            .await
+            .unwrap();
+        let mut config = processor::ProcessorConfig::new("text-completion", "request", "response");
+        config.cancel_topic = Some("cancel".into());
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let running = tokio::spawn(processor::run(
+            Arc::new(bus.clone()),
+            config,
+            Arc::new(service),
+            telemetry.clone(),
+            shutdown.clone(),
+        ));
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            telemetry.health.until_watched(1),
+        )
+        .await
+        .expect("the processor subscribes");
+        let request = serde_json::to_vec(&TextCompletionRequest {
+            prompt: "hang".into(),
+            streaming: true,
+            ..TextCompletionRequest::default()
+        })
+        .unwrap();
+        bus.publisher("request")
+            .await
+            .unwrap()
+            .send(sluice_runtime::bus::Message::new(request).with_property("id", "c1"))
+            .await
+            .unwrap();
+        let mut next = async || {
+            let d = tokio::time::timeout(std::time::Duration::from_secs(10), responses.next())
+                .await
+                .expect("a record")
+                .unwrap()
+                .unwrap();
+            let r = serde_json::from_slice::<TextCompletionResponse>(d.payload()).unwrap();
+            d.ack();
+            r
+        };
+        assert_eq!(next().await.response, "a");
+        let gauge = || sample(&telemetry.render(), "sluice_llm_in_flight_requests", &[]);
+        assert_eq!(gauge(), Some(1.0), "the call is in flight");
+        // The processor's cancel listener subscribes beside its consume loop; a cancel sent
+        // before it has is not seen, so send again until the answer ends.
+        let cancels = bus.publisher("cancel").await.unwrap();
+        let mut last = None;
+        for _ in 0..50 {
+            cancels.send(cancel::cancel_message("c1")).await.unwrap();
+            let wait = std::time::Duration::from_millis(200);
+            if let Ok(d) = tokio::time::timeout(wait, responses.next()).await {
+                let d = d.unwrap().unwrap();
+                last = Some(serde_json::from_slice::<TextCompletionResponse>(d.payload()).unwrap());
+                d.ack();
+                break;
+            }
+        }
+        let last = last.expect("the cancelled record");
+        assert!(last.end_of_stream);
+        assert_eq!(last.error.unwrap().kind, ErrorKind::Cancelled);
+        // The runtime drops the handler before it publishes the cancelled record.
+        let text = telemetry.render();
+        assert_eq!(gauge(), Some(0.0), "{text}");
+        let requests = |outcome: &str| {
+            sample(
+                &text,
+                "sluice_llm_requests_total",
+                &[&format!("outcome=\"{outcome}\"")],
+            )
+        };
+        assert_eq!(requests("cancelled"), Some(1.0), "{text}");
+        assert_eq!(requests("error"), Some(0.0), "{text}");
         shutdown.cancel();
         let _ = running.await;
     }

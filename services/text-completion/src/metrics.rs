@@ -10,10 +10,40 @@ const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 ];
 
-/// The outcomes of `sluice_llm_requests_total`: the provider answered and the answer was
-/// published; the call failed (an error record went to the client); the provider answered
-/// but the broker did not store the records (the request goes back to the broker).
-pub const OUTCOMES: [&str; 3] = ["success", "error", "unpublished"];
+/// How a provider call ended, as `sluice_llm_requests_total` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallOutcome {
+    /// The provider answered and the answer was published.
+    Success,
+    /// The call failed (an error record went to the client).
+    Error,
+    /// The provider answered but the broker did not store the records: not a provider
+    /// failure; the request goes back to the broker.
+    Unpublished,
+    /// The call was stopped before it ended: its client cancelled the request, or the
+    /// processor's drain grace ran out (the request then goes back to the broker).
+    Cancelled,
+}
+
+impl CallOutcome {
+    /// Every outcome, for exporting each at 0.
+    pub const ALL: [CallOutcome; 4] = [
+        CallOutcome::Success,
+        CallOutcome::Error,
+        CallOutcome::Unpublished,
+        CallOutcome::Cancelled,
+    ];
+
+    /// The `outcome` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallOutcome::Success => "success",
+            CallOutcome::Error => "error",
+            CallOutcome::Unpublished => "unpublished",
+            CallOutcome::Cancelled => "cancelled",
+        }
+    }
+}
 
 /// The provider-call metrics. Labels: provider and model (both from configuration, so
 /// low-cardinality), outcome or failure kind. Never a request id, a prompt or a key.
@@ -102,8 +132,9 @@ impl LlmMetrics {
     /// retries are rare, and an alert on their rate needs the series to exist before them.
     pub fn provider_configured(&self, provider: &str, model: &str) {
         let labels = [provider, model];
-        for outcome in OUTCOMES {
-            self.requests.with_label_values(&[provider, model, outcome]);
+        for outcome in CallOutcome::ALL {
+            self.requests
+                .with_label_values(&[provider, model, outcome.as_str()]);
         }
         for direction in ["input", "output"] {
             self.tokens.with_label_values(&[provider, model, direction]);

@@ -1,0 +1,294 @@
+//! The prompt handler's behaviour on the in-process bus, with text-completion played by the
+//! test: it reads the requests the prompt service sends and answers them record by record,
+//! under attempt ids of its choosing, so restarts, errors and silence are exact.
+
+use std::time::Duration;
+
+use futures::FutureExt;
+use sluice_runtime::{
+    bus::{Bus, Message, SubscribeOptions, Subscription, memory::MemoryBus},
+    client::ClientConfig,
+    processor::{self, ProcessorConfig},
+    telemetry::Telemetry,
+};
+use sluice_schema::{ErrorKind, PromptRequest, ResponseRecord, properties};
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+use crate::templates::TemplateSet;
+
+const TEMPLATES: &str = r#"{
+    "templates": {
+        "say": {"prompt": "Say {{ what }}"},
+        "facts": {"prompt": "Facts about {{ topic }}", "response-type": "jsonl",
+                  "schema": {"type": "object", "required": ["fact"],
+                             "properties": {"fact": {"type": "string"}}}},
+        "one": {"prompt": "One object about {{ topic }}", "response-type": "json"}
+    }
+}"#;
+
+/// The prompt processor on the in-process bus, text-completion's side held by the test.
+struct Rig {
+    bus: MemoryBus,
+    /// The requests the prompt service sends to text-completion.
+    llm_requests: Box<dyn Subscription>,
+    prompt: RequestClient<PromptRequest, PromptResponse>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), sluice_runtime::bus::BusError>>,
+}
+
+impl Rig {
+    /// `inactivity`: how long the prompt service waits for a text-completion record.
+    async fn start(inactivity: Duration) -> Rig {
+        let bus = MemoryBus::new(1 << 20, 1000);
+        let shared: Arc<dyn Bus> = Arc::new(bus.clone());
+        let telemetry = Telemetry::new().unwrap();
+        let llm_requests = bus
+            .subscribe("tc-req", "stub", SubscribeOptions::shared(16))
+            .await
+            .unwrap();
+        let mut llm = ClientConfig::new("text-completion", "tc-req", "tc-resp");
+        llm.inactivity_timeout = inactivity;
+        let llm = RequestClient::start(shared.clone(), llm, None)
+            .await
+            .unwrap();
+        let metrics = PromptMetrics::register(&telemetry.registry).unwrap();
+        let store = TemplateStore::with_metrics(
+            TemplateSet::from_json(TEMPLATES, false).unwrap(),
+            metrics.clone(),
+        );
+        let service = PromptService::new(store, Arc::new(llm), metrics);
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(processor::run(
+            shared.clone(),
+            ProcessorConfig::new("prompt", "p-req", "p-resp"),
+            Arc::new(service),
+            telemetry.clone(),
+            shutdown.clone(),
+        ));
+        tokio::time::timeout(Duration::from_secs(10), telemetry.health.until_watched(1))
+            .await
+            .expect("the prompt processor subscribes");
+        let prompt =
+            RequestClient::start(shared, ClientConfig::new("prompt", "p-req", "p-resp"), None)
+                .await
+                .unwrap();
+        Rig {
+            bus,
+            llm_requests,
+            prompt,
+            shutdown,
+            task,
+        }
+    }
+
+    async fn ask(
+        &self,
+        template: &str,
+        terms: &[(&str, &str)],
+        streaming: bool,
+    ) -> ResponseStream<PromptResponse> {
+        let request = PromptRequest {
+            id: template.to_owned(),
+            terms: terms
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            streaming,
+        };
+        self.prompt.request(&request).await.unwrap()
+    }
+
+    /// The next request the prompt service sent to text-completion, and its id.
+    async fn llm_request(&mut self) -> (String, TextCompletionRequest) {
+        let d = tokio::time::timeout(Duration::from_secs(10), self.llm_requests.next())
+            .await
+            .expect("a text-completion request")
+            .unwrap()
+            .unwrap();
+        let id = d.property(properties::ID).unwrap().to_owned();
+        let request = serde_json::from_slice(d.payload()).unwrap();
+        d.ack();
+        (id, request)
+    }
+
+    /// Publishes text-completion's record `r` for request `id`, as attempt `attempt`.
+    async fn answer(&self, id: &str, attempt: &str, r: TextCompletionResponse) {
+        self.bus
+            .publisher("tc-resp")
+            .await
+            .unwrap()
+            .send(
+                Message::new(serde_json::to_vec(&r).unwrap())
+                    .with_property(properties::ID, id)
+                    .with_property(properties::ATTEMPT, attempt),
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+fn piece(text: &str) -> TextCompletionResponse {
+    TextCompletionResponse {
+        response: text.to_owned(),
+        model: Some("m".into()),
+        ..TextCompletionResponse::default()
+    }
+}
+
+fn last(text: &str, in_token: u64, out_token: u64) -> TextCompletionResponse {
+    TextCompletionResponse {
+        response: text.to_owned(),
+        in_token: Some(in_token),
+        out_token: Some(out_token),
+        model: Some("m".into()),
+        end_of_stream: true,
+        ..TextCompletionResponse::default()
+    }
+}
+
+/// Every record of a stream, restarts marked as `None`.
+async fn records(mut stream: ResponseStream<PromptResponse>) -> Vec<Option<PromptResponse>> {
+    let mut out = Vec::new();
+    while let Some(item) = stream.next().await {
+        match item.unwrap() {
+            Received::Record(r) => out.push(Some(r)),
+            Received::Restarted => out.push(None),
+        }
+    }
+    out
+}
+
+/// A text template streams the model's pieces as they come, rendered with the request's
+/// terms, and ends with the usage the model reported.
+#[tokio::test]
+async fn a_text_answer_streams_its_pieces_and_ends_with_the_usage() {
+    let mut rig = Rig::start(Duration::from_secs(30)).await;
+    let stream = rig.ask("say", &[("what", "hello")], true).await;
+    let (id, request) = rig.llm_request().await;
+    assert_eq!(request.prompt, "Say hello");
+    assert!(request.streaming);
+    rig.answer(&id, "a1", piece("Hel")).await;
+    rig.answer(&id, "a1", piece("lo")).await;
+    rig.answer(&id, "a1", last("", 3, 2)).await;
+    let got: Vec<PromptResponse> = records(stream).await.into_iter().flatten().collect();
+    let texts: Vec<_> = got.iter().map(|r| r.text.as_deref()).collect();
+    assert_eq!(texts, [Some("Hel"), Some("lo"), Some("")]);
+    let end = got.last().unwrap();
+    assert!(end.end_of_stream && end.error.is_none());
+    let in_total: u64 = got.iter().filter_map(|r| r.in_token).sum();
+    let out_total: u64 = got.iter().filter_map(|r| r.out_token).sum();
+    assert_eq!((in_total, out_total), (3, 2));
+    rig.stop().await;
+}
+
+/// Text-completion starting its answer over before anything was published is absorbed:
+/// the caller sees one clean answer. After something was published it cannot be taken
+/// back, so the answer ends with an error saying to send the request again.
+#[tokio::test]
+async fn a_restart_is_absorbed_before_the_first_record_and_an_error_after() {
+    let mut rig = Rig::start(Duration::from_secs(30)).await;
+    // json: nothing is published before the whole answer, so a restart is absorbed.
+    let stream = rig.ask("one", &[("topic", "x")], false).await;
+    let (id, _) = rig.llm_request().await;
+    rig.answer(&id, "a1", piece(r#"{"half":"#)).await;
+    rig.answer(&id, "a2", piece(r#"{"whole": true}"#)).await;
+    rig.answer(&id, "a2", last("", 1, 1)).await;
+    let got = records(stream).await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    let end = got[0].as_ref().unwrap();
+    assert_eq!(end.object.as_deref(), Some(r#"{"whole":true}"#), "{end:?}");
+
+    // text, streamed: the first piece went out, then the restart.
+    let stream = rig.ask("say", &[("what", "x")], true).await;
+    let (id, _) = rig.llm_request().await;
+    rig.answer(&id, "b1", piece("first")).await;
+    rig.answer(&id, "b2", piece("again")).await;
+    let got: Vec<PromptResponse> = records(stream).await.into_iter().flatten().collect();
+    assert_eq!(got[0].text.as_deref(), Some("first"));
+    let end = got.last().unwrap();
+    let error = end.error.as_ref().expect("an error ends the stream");
+    assert_eq!(error.kind, ErrorKind::Llm);
+    assert!(error.message.contains("send the request again"), "{error}");
+    rig.stop().await;
+}
+
+/// jsonl: objects go out as their lines complete, a line that is not JSON or breaks the
+/// schema is skipped and counted, and the terminal record carries both counts.
+#[tokio::test]
+async fn jsonl_objects_stream_as_lines_complete_and_bad_lines_are_counted() {
+    let mut rig = Rig::start(Duration::from_secs(30)).await;
+    let stream = rig.ask("facts", &[("topic", "tea")], true).await;
+    let (id, request) = rig.llm_request().await;
+    assert!(request.streaming, "jsonl is always streamed from the model");
+    rig.answer(&id, "a1", piece("{\"fact\": \"gr")).await;
+    rig.answer(&id, "a1", piece("een\"}\nnot json\n{\"other\": 1}\n"))
+        .await;
+    rig.answer(&id, "a1", last("{\"fact\": \"black\"}", 5, 9))
+        .await;
+    let got: Vec<PromptResponse> = records(stream).await.into_iter().flatten().collect();
+    let objects: Vec<_> = got.iter().filter_map(|r| r.object.as_deref()).collect();
+    assert_eq!(objects, [r#"{"fact":"green"}"#, r#"{"fact":"black"}"#]);
+    let end = got.last().unwrap();
+    assert!(end.end_of_stream && end.error.is_none(), "{end:?}");
+    assert_eq!((end.objects_emitted, end.lines_skipped), (Some(2), Some(2)));
+    rig.stop().await;
+}
+
+/// An unknown template is the caller's mistake, said at once, and text-completion is never
+/// called; a text-completion error is passed on with its kind.
+#[tokio::test]
+async fn an_unknown_template_and_a_model_error_end_the_stream_with_their_kind() {
+    let mut rig = Rig::start(Duration::from_secs(30)).await;
+    let got = records(rig.ask("nope", &[], true).await).await;
+    let error = got[0].as_ref().unwrap().error.clone().unwrap();
+    assert_eq!(error.kind, ErrorKind::InvalidRequest);
+    assert!(
+        error.message.contains("unknown template \"nope\""),
+        "{error}"
+    );
+
+    let stream = rig.ask("say", &[("what", "x")], true).await;
+    let (id, _) = rig.llm_request().await;
+    rig.answer(
+        &id,
+        "a1",
+        TextCompletionResponse::from_error(Error::new(ErrorKind::TooManyRequests, "slow down")),
+    )
+    .await;
+    let got = records(stream).await;
+    let error = got[0].as_ref().unwrap().error.clone().unwrap();
+    assert_eq!(
+        (error.kind, error.message.as_str()),
+        (ErrorKind::TooManyRequests, "slow down")
+    );
+    assert!(
+        rig.llm_requests.next().now_or_never().is_none(),
+        "text-completion was asked once only"
+    );
+    rig.stop().await;
+}
+
+/// Text-completion saying nothing for the inactivity timeout ends the answer with a
+/// `timeout` error naming it (the clock is tokio's, paused: no real wait).
+#[tokio::test(start_paused = true)]
+async fn text_completion_saying_nothing_ends_the_answer_with_a_timeout() {
+    let mut rig = Rig::start(Duration::from_secs(45)).await;
+    let stream = rig.ask("say", &[("what", "x")], true).await;
+    let _ = rig.llm_request().await;
+    let got = records(stream).await;
+    let error = got[0].as_ref().unwrap().error.clone().unwrap();
+    assert_eq!(error.kind, ErrorKind::Timeout);
+    assert!(
+        error
+            .message
+            .starts_with("text-completion did not answer in time"),
+        "{error}"
+    );
+    rig.stop().await;
+}
