@@ -4,7 +4,7 @@
 //! - [`flows`]: the flows TrustGraph's config service assigns;
 //! - [`provider`]: the [`provider::Provider`] trait (`supports_streaming`, `generate`,
 //!   `generate_stream`) and what a call yields;
-//! - [`providers`]: one file per provider family, sharing status classification and time limits;
+//! - [`providers`]: one module per provider family, sharing status classification and time limits;
 //! - [`retry`]: the retry policy and the servers' retry hints;
 //! - [`handler`]: the processor handler, turning provider chunks into records;
 //! - [`metrics`]: its metrics (`sluice_llm_*`).

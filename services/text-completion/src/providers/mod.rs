@@ -1,4 +1,4 @@
-//! The providers, one file each, and what they share: HTTP status classification,
+//! The providers, one module each, and what they share: HTTP status classification,
 //! transport errors, and the first-token / between-chunks time limits.
 
 pub mod anthropic;
