@@ -256,7 +256,11 @@ async fn handle<K: Routed>(
             return counted(
                 &inner,
                 route,
-                error_response(StatusCode::SERVICE_UNAVAILABLE, err.kind.as_str(), &err.message),
+                error_response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    err.kind.as_str(),
+                    &err.message,
+                ),
             );
         }
     };
