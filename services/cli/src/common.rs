@@ -97,15 +97,16 @@ pub struct ProcessorArgs {
     /// When to pace response records: `auto` on non-persistent response topics (TrustGraph's
     /// mapping, where the broker drops what a slow consumer has no room for), `on`, `off`.
     /// A paced stream publishes at most one record per interval, merging the text deltas
-    /// between; its first and last records are never delayed (docs/operations.md, "TrustGraph's mapping").
+    /// between; under the rate bound its first and last records are never delayed
+    /// (docs/operations.md, "TrustGraph's mapping").
     #[arg(long, env = "SLUICE_RESPONSE_PACING", default_value_t = PaceWhen::Auto)]
     pub response_pacing: PaceWhen,
     /// The least time between two records of one paced stream, in milliseconds.
     #[arg(long, env = "SLUICE_PACE_INTERVAL_MS", default_value_t = DEFAULT_PACE_INTERVAL.as_millis() as u64)]
     pub pace_interval_ms: u64,
-    /// A paced processor's intermediate records per second over all its streams, at most (a
-    /// stream's interval grows with the streams open); 0 for no bound. First and terminal
-    /// records come on top.
+    /// A paced processor's records per second over all its streams, at most, first and
+    /// terminal records included (a stream's interval grows with the streams open, and a
+    /// record over the bound waits its turn, 5 s at most); 0 for no bound.
     #[arg(long, env = "SLUICE_MAX_RESPONSE_RECORDS_PER_SEC", default_value_t = DEFAULT_MAX_RECORDS_PER_SEC)]
     pub max_response_records_per_sec: u32,
 }

@@ -6,18 +6,29 @@
 //! consumer has no permits for: a consumer that falls behind loses records, it is never
 //! slowed down. TrustGraph's own services read all of a service's answers through one
 //! Python consumer (receiver queue 1,000), and a sluice processor streaming hundreds of
-//! answers a token per record overruns it. So a paced sink publishes a stream's records at
-//! most once per *interval*: text deltas that arrive sooner are held and merged (see
-//! [`ResponseRecord::coalesce`]) into the next record, which goes out when the interval is
-//! over, whether or not another delta came. The interval is the larger of the configured
-//! minimum and `open streams / max records per second`, so the processor's intermediate
-//! records stay under its rate bound however many streams it answers.
+//! answers a token per record overruns it. So a paced processor does two things:
 //!
-//! What pacing never changes: the first record of a stream and its terminal record go out
-//! at once (time to first token is untouched; a held delta rides on the terminal record, or
-//! goes out just before it where the two cannot merge, e.g. an error), and the text and
-//! token counts a client adds up are exactly those of the unpaced stream. Records that are
-//! not deltas (objects, actions, observations) are never held.
+//! - **Per stream**, it publishes a stream's records at most once per *interval*: text
+//!   deltas that arrive sooner are held and merged (see [`ResponseRecord::coalesce`]) into
+//!   the next record, which goes out when the interval is over, whether or not another delta
+//!   came. The interval is the larger of the configured minimum and `open streams / max
+//!   records per second`, so that, spread evenly, the streams' records fit the rate bound.
+//! - **Over all its streams**, it publishes at most *max records per second*, first and
+//!   terminal records included: a record whose turn has not come waits for it (a generic
+//!   cell rate schedule that lets [`RATE_BURST`] worth of records through at once). Without
+//!   this, the first and terminal records of many short streams starting and ending together
+//!   came on top of the bound, at over twice its rate, and a consumer on a busy host lost
+//!   records (CI, 2026-11-27: 172 of 1,024 streams). A stream waiting for its turn holds its
+//!   later deltas back meanwhile, which merges them.
+//!
+//! What pacing never changes: the text and token counts a client adds up are exactly those
+//! of the unpaced stream. Under the rate bound's burst (a few streams, or a steady load under
+//! the bound) a stream's first record and its terminal record go out at once, so time to
+//! first token is untouched; over it they wait their turn, as they would have waited in the
+//! consumer's full queue, never longer than [`MAX_PACE_INTERVAL`]. A held delta rides on the
+//! terminal record, or goes out just before it where the two cannot merge (an error).
+//! Records that are not deltas (objects, actions, observations) are never held by the
+//! interval, but they count against the rate bound.
 
 use std::{
     collections::BTreeMap,
@@ -59,8 +70,8 @@ pub struct Pacing {
     pub when: PaceWhen,
     /// The least time between two records of one stream.
     pub min_interval: Duration,
-    /// The processor's bound on intermediate records per second (first and terminal records
-    /// are not held back, so they come on top); `None` for no bound.
+    /// The processor's bound on records per second, over all its paced streams and every kind
+    /// of record; `None` for no bound.
     pub max_records_per_sec: Option<u32>,
 }
 
@@ -70,11 +81,15 @@ pub const DEFAULT_PACE_INTERVAL: Duration = Duration::from_millis(100);
 /// streams with the default bound): past it the bound gives way rather than hold a stream's
 /// text for so long that its reader's inactivity timeout comes near.
 pub const MAX_PACE_INTERVAL: Duration = Duration::from_secs(5);
+/// How far ahead of the rate bound's schedule a record may go: records that come together go
+/// out at once up to this much of the bound's rate (100 records at 500 per second), so a
+/// processor under its bound never delays a first or terminal record.
+pub const RATE_BURST: Duration = Duration::from_millis(200);
 /// The default bound on a paced processor's intermediate records per second. Half of what
-/// TrustGraph's Python consumer holds (a receiver queue of 1,000): first and terminal records
-/// come on top, and a consumer that stalls for a moment must still have room. At 1,000, that
-/// consumer lost a record in 1 of 12 runs of 512 concurrent streams on an idle 2-core machine
-/// (and in a CI run); at 500, none in 16.
+/// TrustGraph's Python consumer holds (a receiver queue of 1,000), so a consumer that stalls
+/// for a moment still has room. (When this bound left first and terminal records out, at 1,000
+/// that consumer lost a record in 1 of 12 runs of 512 concurrent streams on an idle 2-core
+/// machine; at 500, none in 16 idle, but some on a busy one.)
 pub const DEFAULT_MAX_RECORDS_PER_SEC: u32 = 500;
 
 impl Default for Pacing {
@@ -126,17 +141,29 @@ pub(crate) struct Pacer {
     pacing: Pacing,
     /// Paced streams open now: the rate bound is shared among them.
     open: AtomicUsize,
+    /// The rate bound's schedule: when the next record's turn comes if none goes ahead of
+    /// it (`None` before the first record).
+    next_turn: std::sync::Mutex<Option<Instant>>,
     coalesced: IntCounter,
     interval_gauge: Gauge,
+    /// Records that waited for their turn under the rate bound.
+    delayed: IntCounter,
 }
 
 impl Pacer {
-    pub(crate) fn new(pacing: Pacing, coalesced: IntCounter, interval_gauge: Gauge) -> Self {
+    pub(crate) fn new(
+        pacing: Pacing,
+        coalesced: IntCounter,
+        interval_gauge: Gauge,
+        delayed: IntCounter,
+    ) -> Self {
         let pacer = Self {
             pacing,
             open: AtomicUsize::new(0),
+            next_turn: std::sync::Mutex::new(None),
             coalesced,
             interval_gauge,
+            delayed,
         };
         pacer.interval();
         pacer
@@ -155,6 +182,33 @@ impl Pacer {
         let interval = self.pacing.min_interval.max(by_rate.min(MAX_PACE_INTERVAL));
         self.interval_gauge.set(interval.as_secs_f64());
         interval
+    }
+
+    /// Waits for a record's turn under the rate bound: records go out at most `rate` per
+    /// second, though up to [`RATE_BURST`] of them together go at once; none waits longer than
+    /// [`MAX_PACE_INTERVAL`] (past that the bound gives way, as the interval's does).
+    async fn turn(&self) {
+        let Some(rate) = self.pacing.max_records_per_sec.filter(|r| *r > 0) else {
+            return;
+        };
+        let spacing = Duration::from_secs_f64(1.0 / f64::from(rate));
+        let at = {
+            let mut next = crate::lock(&self.next_turn);
+            let now = Instant::now();
+            let scheduled = next.map_or(now, |n| n.max(now));
+            let at = scheduled
+                .checked_sub(RATE_BURST)
+                .map_or(now, |early| early.max(now))
+                .min(now + MAX_PACE_INTERVAL);
+            // Capped, the schedule moves back too: the records after this one wait from here,
+            // not from an ever growing backlog.
+            *next = Some((scheduled + spacing).min(at + RATE_BURST + spacing));
+            at
+        };
+        if at > Instant::now() {
+            self.delayed.inc();
+            tokio::time::sleep_until(at).await;
+        }
     }
 
     fn opened(&self) {
@@ -509,6 +563,11 @@ impl<R: ResponseRecord> Core<R> {
     async fn publish(&mut self, record: &R) -> Result<(), BusError> {
         let payload = serde_json::to_vec(record)
             .map_err(|e| BusError::Config(format!("encoding a response record: {e}")))?;
+        if let Some(pace) = &self.pace {
+            // The stream's lock is held meanwhile: its handler's next send waits, and what it
+            // sends after is merged into fewer records.
+            pace.pacer.turn().await;
+        }
         let mut numbered = self.properties.clone();
         // Numbered per attempt so that a client sees a record lost in transit (see
         // `properties::SEQ`). A record refused as too large is not published and its number
@@ -648,6 +707,7 @@ mod tests {
     fn pacer(min_ms: u64, rate: Option<u32>) -> Arc<Pacer> {
         let counter = IntCounter::new("coalesced", "test").unwrap();
         let gauge = Gauge::new("interval", "test").unwrap();
+        let delayed = IntCounter::new("delayed", "test").unwrap();
         Arc::new(Pacer::new(
             Pacing {
                 when: PaceWhen::On,
@@ -656,6 +716,7 @@ mod tests {
             },
             counter,
             gauge,
+            delayed,
         ))
     }
 
@@ -700,11 +761,12 @@ mod tests {
 
     /// Tokens 10 ms apart through a sink paced at 100 ms: the first at once, the rest merged
     /// into one record per interval, the terminal record at once after the held text; the
-    /// text and token counts exactly the unpaced stream's.
+    /// text and token counts exactly the unpaced stream's. Under the default rate bound,
+    /// which one stream stays far below.
     #[tokio::test(start_paused = true)]
     async fn a_paced_stream_merges_deltas_and_never_delays_its_first_or_last_record() {
         let publisher = Arc::new(Recorder::default());
-        let pacer = pacer(100, None);
+        let pacer = pacer(100, Some(DEFAULT_MAX_RECORDS_PER_SEC));
         let mut sink = sink(&publisher, Some(pacer.clone()));
         for i in 0..50 {
             sink.send(delta(&format!("t{i} "))).await.unwrap();
@@ -752,6 +814,95 @@ mod tests {
             pacer.coalesced.get() + records.len() as u64,
             51,
             "each record either published or merged"
+        );
+        assert_eq!(
+            pacer.delayed.get(),
+            0,
+            "no record waited for the rate bound"
+        );
+    }
+
+    /// Streams that start and end together: `n` sinks each send a first delta at once and
+    /// their terminal record 50 ms later. Returns every record's time of publishing, sorted,
+    /// and checks that each stream's text arrived whole.
+    async fn streams_together(pacer: &Arc<Pacer>, n: usize) -> Vec<Duration> {
+        let publisher = Arc::new(Recorder::default());
+        let tasks: Vec<_> = (0..n)
+            .map(|i| {
+                let mut sink = sink::<TextCompletionResponse>(&publisher, Some(pacer.clone()));
+                tokio::spawn(async move {
+                    sink.send(delta(&format!("s{i} "))).await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    sink.send(end()).await.unwrap();
+                    sink.flush().await.unwrap();
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let records = publisher.records::<TextCompletionResponse>();
+        assert_eq!(
+            records.len(),
+            2 * n,
+            "a first and a terminal record per stream"
+        );
+        for i in 0..n {
+            assert_eq!(
+                records
+                    .iter()
+                    .filter(|(_, r)| r.response == format!("s{i} "))
+                    .count(),
+                1
+            );
+        }
+        let mut times: Vec<Duration> = records.iter().map(|(at, _)| *at).collect();
+        times.sort();
+        times
+    }
+
+    /// The rate bound covers first and terminal records too: 60 streams starting and ending
+    /// together at 100 records/s go out at most 100 per second, after a burst of 200 ms'
+    /// worth (21 records) at once. Before, all 120 went out within 50 ms.
+    #[tokio::test(start_paused = true)]
+    async fn the_rate_bound_holds_over_first_and_terminal_records() {
+        let pacer = pacer(100, Some(100));
+        let times = streams_together(&pacer, 60).await;
+        let burst = 21;
+        assert_eq!(
+            times.iter().filter(|at| at.is_zero()).count(),
+            burst,
+            "the burst at once: {times:?}"
+        );
+        for (i, at) in times.iter().enumerate().skip(burst) {
+            let turn = Duration::from_millis(10 * (i - burst + 1) as u64);
+            assert!(
+                *at >= turn,
+                "record {i} at {at:?}, before its turn {turn:?}"
+            );
+        }
+        let last = *times.last().unwrap();
+        assert!(
+            last <= Duration::from_millis(10 * (120 - burst as u64) + 20),
+            "no record waited longer than its turn: the last at {last:?}"
+        );
+        assert_eq!(pacer.delayed.get(), (120 - burst) as u64);
+    }
+
+    /// However many records are waiting, none waits longer than MAX_PACE_INTERVAL: past it
+    /// the bound gives way.
+    #[tokio::test(start_paused = true)]
+    async fn no_record_waits_longer_than_the_cap() {
+        let pacer = pacer(100, Some(1));
+        let times = streams_together(&pacer, 20).await;
+        let last = *times.last().unwrap();
+        assert!(
+            last <= MAX_PACE_INTERVAL + Duration::from_millis(50) + MAX_PACE_INTERVAL,
+            "a first record waits at most the cap, and its terminal record the cap again: {last:?}"
+        );
+        assert!(
+            times.iter().any(|at| *at >= MAX_PACE_INTERVAL),
+            "the bound did hold records back: {times:?}"
         );
     }
 

@@ -157,6 +157,7 @@ pub struct RuntimeMetrics {
     config_failures: IntCounterVec,
     coalesced: IntCounterVec,
     pace_interval: GaugeVec,
+    pace_delayed: IntCounterVec,
     /// The process's pacer of each processor name (see [`crate::sink`]).
     pacers: Arc<Mutex<std::collections::HashMap<String, Arc<Pacer>>>>,
 }
@@ -263,8 +264,16 @@ impl RuntimeMetrics {
             &["processor"],
         )?;
         registry.register(Box::new(pace_interval.clone()))?;
+        let pace_delayed = IntCounterVec::new(
+            Opts::new(
+                "sluice_processor_records_delayed_total",
+                "Response records a paced processor held back for their turn under --max-response-records-per-sec.",
+            ),
+            &["processor"],
+        )?;
         for c in [
             &coalesced,
+            &pace_delayed,
             &requests,
             &records,
             &redelivered,
@@ -294,6 +303,7 @@ impl RuntimeMetrics {
             config_failures,
             coalesced,
             pace_interval,
+            pace_delayed,
             pacers: Arc::default(),
         })
     }
@@ -308,6 +318,7 @@ impl RuntimeMetrics {
                     pacing,
                     self.coalesced.with_label_values(&[processor]),
                     self.pace_interval.with_label_values(&[processor]),
+                    self.pace_delayed.with_label_values(&[processor]),
                 ))
             })
             .clone()
@@ -350,6 +361,7 @@ impl RuntimeMetrics {
         // Unpaced, these stay at 0; a pacer made later (see `pacer`) sets the interval.
         self.coalesced.with_label_values(&[processor]);
         self.pace_interval.with_label_values(&[processor]);
+        self.pace_delayed.with_label_values(&[processor]);
     }
 
     /// Whether `processor` is paused because the broker cannot store its records.
