@@ -8,6 +8,8 @@
 # statistics are missing, has tested nothing, whatever it found).
 #   FUZZ_SECONDS=60 scripts/fuzz.sh            all targets, a minute each
 #   scripts/fuzz.sh sse bedrock                 some targets
+#   scripts/fuzz.sh build                       only installs and builds (the test command
+#                                               runs this in the background, early)
 #   FUZZ_RESULTS=bench/results/fuzz.md FUZZ_SECONDS=100 scripts/fuzz.sh
 #                                               also writes the figures there (Markdown, with
 #                                               the date, commit, cores and command)
@@ -20,6 +22,8 @@ CACHE="$HOME/.cache/sluice"
 SECONDS_EACH="${FUZZ_SECONDS:-20}"
 MIN_EXECS="${FUZZ_MIN_EXECS:-1000}"
 TARGETS=(records sse ollama bedrock jsonl react mcp gateway config tgconfig socket)
+BUILD_ONLY=""
+if [ "${1:-}" = build ]; then BUILD_ONLY=1; shift; fi
 if [ $# -gt 0 ]; then TARGETS=("$@"); fi
 CARGO_AFL_VERSION=0.18.2
 
@@ -44,6 +48,7 @@ export CARGO_TARGET_DIR="$CACHE/target-fuzz-afl"
 export CARGO_INCREMENTAL=0
 (cd fuzz && cargo afl build --release --locked --bins)
 BIN="$CARGO_TARGET_DIR/release"
+[ -z "$BUILD_ONLY" ] || exit 0
 
 # Containers: no CPU frequency governor, a core-pattern AFL cannot check, no terminal, and
 # cores shared with other work (no pinning).

@@ -65,13 +65,16 @@ export SLUICE_SKIP_LOG
 . scripts/prereqs.sh
 # protoc: pulsar-rs generates its protocol code at build time; maven fetches Pulsar;
 # cmake, ninja and unzip build llama-server, the local LLM.
-prereqs protoc:protobuf-compiler curl:curl mvn:maven cmake:cmake ninja:ninja-build unzip:unzip
+# make and a C compiler build AFL++ for the fuzzing (scripts/fuzz.sh): installed here, before
+# the background jobs below, so that no two of them run apt at once.
+prereqs protoc:protobuf-compiler curl:curl mvn:maven cmake:cmake ninja:ninja-build unzip:unzip \
+  make:make cc:gcc
 
 # The Kubernetes stages' Go builds (kube-apiserver, kubelet, ..., KEDA, metrics-server: ~25 min
 # of CPU from nothing, seconds when cached) run from here at the lowest priority, in the time
 # the stages below leave idle (the tests mostly wait on brokers and processes); the
 # Kubernetes stages wait for them.
-k8s_build_pid="" docs_install_pid="" prefetch_pid=""
+k8s_build_pid="" docs_install_pid="" prefetch_pid="" fuzz_build_pid="" llm_build_pid=""
 k8s_build_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/k8s-build.log"
 mkdir -p "$(dirname "$k8s_build_log")"
 if want k8s; then
@@ -84,10 +87,24 @@ if want docs; then
   nice -n 19 bash scripts/docs.sh install >"$docs_install_log" 2>&1 &
   docs_install_pid=$!
 fi
+# The fuzzing's build (cargo-afl, AFL++ and the instrumented fuzz workspace: ~15 min of both
+# cores from nothing, seconds when cached) and llama-server's (~7 min), the same way: on a
+# fresh machine they ran in front of the tests and took the run past CI's 90 minutes
+# (2026-11-27). The stages that need them wait for them.
+fuzz_build_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/fuzz-build.log"
+if want checks; then
+  nice -n 19 bash scripts/fuzz.sh build >"$fuzz_build_log" 2>&1 &
+  fuzz_build_pid=$!
+fi
+llm_build_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/llm-build.log"
+if want broker; then
+  nice -n 19 deploy/local-llm/llama-server.sh build >"$llm_build_log" 2>&1 &
+  llm_build_pid=$!
+fi
 # The background jobs above and below, stopped when this script ends early.
 stop_background() {
   local pid
-  for pid in "$k8s_build_pid" "$docs_install_pid" "$prefetch_pid"; do
+  for pid in "$k8s_build_pid" "$docs_install_pid" "$prefetch_pid" "$fuzz_build_pid" "$llm_build_pid"; do
     [ -z "$pid" ] || kill "$pid" 2>/dev/null || true
   done
 }
@@ -130,9 +147,6 @@ bash scripts/lib-test.sh
 stage "formatting and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
-
-stage "fuzzing (AFL++ through cargo-afl, ${FUZZ_SECONDS:-20} s per target; fuzz/ is its own workspace)"
-bash scripts/fuzz.sh
 fi
 
 stop_brokers() {
@@ -160,12 +174,6 @@ export PULSAR_URL=pulsar://127.0.0.1:6650 PULSAR_ADMIN_URL=http://127.0.0.1:8080
 fi
 
 if want broker; then
-stage "local LLM (llama-server + SmolLM2-135M; built once, cached)"
-export SLUICE_LLM_API_KEY="${SLUICE_LLM_API_KEY:-sluice-test-$RANDOM$RANDOM}"
-deploy/local-llm/llama-server.sh stop || true   # restart so it takes this run's key
-started_llm=1
-deploy/local-llm/llama-server.sh start
-export SLUICE_LLM_URL=http://127.0.0.1:8766
 
 # TrustGraph's own CLI (PyPI trustgraph-cli, in a venv): the gateway test runs the real
 # tg-list-models against sluice's gateway when it is there.
@@ -218,6 +226,15 @@ eval "$(deploy/pulsar/cluster.sh env)"
 # The fault tables of the cluster suite (docs/production-pulsar.md).
 export SLUICE_CLUSTER_RESULTS="$PWD/bench/results"
 
+# Its build ran in the background since the start (above); the tests need it from here.
+stage "local LLM (llama-server + SmolLM2-135M; built once, cached)"
+wait_job "$llm_build_pid" "$llm_build_log" "building llama-server"
+export SLUICE_LLM_API_KEY="${SLUICE_LLM_API_KEY:-sluice-test-$RANDOM$RANDOM}"
+deploy/local-llm/llama-server.sh stop || true   # restart so it takes this run's key
+started_llm=1
+deploy/local-llm/llama-server.sh start
+export SLUICE_LLM_URL=http://127.0.0.1:8766
+
 # The production-Pulsar suite (services/cli/tests/cluster.rs, ~10 min, mostly waiting on the
 # cluster's brokers and bookies through its faults) runs beside the others (~7 min; their
 # brokers and ports are their own): its test binary directly, as cargo would (in its
@@ -265,6 +282,13 @@ echo "== services/cli/tests/trustgraph_pacing.rs (alone)"
 echo "== services/cli/tests/soak.rs (alone)"
 (cd services/cli && exec "$soak_tests") || tests_failed=1
 [ "$tests_failed" = 0 ] || { echo "tests failed (above)" >&2; exit 1; }
+fi
+
+# After the tests, whose load would take the fuzzers' CPU; built in the background (above).
+if want checks; then
+stage "fuzzing (AFL++ through cargo-afl, ${FUZZ_SECONDS:-20} s per target; fuzz/ is its own workspace)"
+wait_job "$fuzz_build_pid" "$fuzz_build_log" "building the fuzz targets"
+bash scripts/fuzz.sh
 fi
 
 # The other stages run the `sluice` binary of the tests' build; without the broker stage,
