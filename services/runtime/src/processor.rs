@@ -823,16 +823,26 @@ mod tests {
     }
 
     async fn start() -> Fixture {
+        let mut config = ProcessorConfig::new("echo", "req", "resp");
+        config.drain_grace = Duration::from_millis(200);
+        config.cancel_topic = Some("cancel".into());
+        start_with(config).await
+    }
+
+    /// A processor of `config` answering with [`Echo`] on an in-process bus, subscribed to
+    /// before anything is published, with a subscription to its response topic.
+    async fn start_with(config: ProcessorConfig) -> Fixture {
         let bus = MemoryBus::new(2048, 1000);
         let responses = bus
-            .subscribe("resp", "test", SubscribeOptions::exclusive(100))
+            .subscribe(
+                &config.response_topic,
+                "test",
+                SubscribeOptions::exclusive(100),
+            )
             .await
             .unwrap();
         let telemetry = Telemetry::new().unwrap();
         let shutdown = CancellationToken::new();
-        let mut config = ProcessorConfig::new("echo", "req", "resp");
-        config.drain_grace = Duration::from_millis(200);
-        config.cancel_topic = Some("cancel".into());
         let task = tokio::spawn(run(
             Arc::new(bus.clone()),
             config,
@@ -858,23 +868,16 @@ mod tests {
     /// takes requests (with one slot: yes while idle, no while that slot is busy).
     #[tokio::test]
     async fn on_a_non_persistent_topic_syncs_list_the_streams_and_whether_requests_are_taken() {
-        let bus = MemoryBus::new(2048, 1000);
-        let resp = "non-persistent://t/ns/resp";
-        let mut responses = bus
-            .subscribe(resp, "test", SubscribeOptions::exclusive(100))
-            .await
-            .unwrap();
-        let shutdown = CancellationToken::new();
-        let mut config = ProcessorConfig::new("echo", "req", resp);
+        let mut config = ProcessorConfig::new("echo", "req", "non-persistent://t/ns/resp");
         config.concurrency = 1;
         config.drain_grace = Duration::from_millis(100);
-        let task = tokio::spawn(run(
-            Arc::new(bus.clone()),
-            config,
-            Arc::new(Echo),
-            Telemetry::new().unwrap(),
-            shutdown.clone(),
-        ));
+        let Fixture {
+            bus,
+            mut responses,
+            shutdown,
+            task,
+            ..
+        } = start_with(config).await;
         let mut next_sync = async || loop {
             let d = tokio::time::timeout(Duration::from_secs(5), responses.next())
                 .await
@@ -1079,26 +1082,16 @@ mod tests {
     /// it again.
     #[tokio::test]
     async fn on_a_non_persistent_request_topic_an_unfinished_request_is_answered_at_the_grace() {
-        let bus = MemoryBus::new(2048, 1000);
-        let mut responses = bus
-            .subscribe("resp", "test", SubscribeOptions::exclusive(100))
-            .await
-            .unwrap();
-        let telemetry = Telemetry::new().unwrap();
-        let shutdown = CancellationToken::new();
         let req = "non-persistent://t/ns/req";
         let mut config = ProcessorConfig::new("echo", req, "resp");
         config.drain_grace = Duration::from_millis(100);
-        let task = tokio::spawn(run(
-            Arc::new(bus.clone()),
-            config,
-            Arc::new(Echo),
-            telemetry.clone(),
-            shutdown.clone(),
-        ));
-        tokio::time::timeout(Duration::from_secs(5), telemetry.health.until_watched(1))
-            .await
-            .expect("the processor subscribes");
+        let Fixture {
+            bus,
+            mut responses,
+            shutdown,
+            task,
+            ..
+        } = start_with(config).await;
         bus.publisher(req)
             .await
             .unwrap()
