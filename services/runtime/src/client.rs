@@ -1638,7 +1638,9 @@ mod tests {
         assert!(whole.next().await.is_none());
     }
 
-    #[tokio::test]
+    // The paused clock: the syncs' grace periods pass at once (a sync's wall-clock stamp
+    // and its reading are still real time apart, a few microseconds).
+    #[tokio::test(start_paused = true)]
     async fn a_request_no_processor_lists_ends_once_every_processor_took_requests_for_the_grace() {
         let (bus, _requests, client) = setup().await;
         let mut dropped = patient(&client).await;
@@ -1673,7 +1675,9 @@ mod tests {
     /// An attempt the stream moved on from (a restart, an agent's earlier step) stays listed for
     /// a while after its end; its count is not the stream's, and a stream whose processor
     /// listed it as finished does not depend on that processor any more.
-    #[tokio::test]
+    // The paused clock: the syncs' grace periods pass at once (a sync's wall-clock stamp
+    // and its reading are still real time apart, a few microseconds).
+    #[tokio::test(start_paused = true)]
     async fn only_the_attempt_being_read_is_counted_and_only_an_open_stream_needs_its_processor() {
         let (bus, _requests, client) = setup().await;
         let mut s = patient(&client).await;
@@ -1715,7 +1719,9 @@ mod tests {
         );
     }
 
-    #[tokio::test]
+    // The paused clock: the syncs' grace periods pass at once (a sync's wall-clock stamp
+    // and its reading are still real time apart, a few microseconds).
+    #[tokio::test(start_paused = true)]
     async fn with_a_processor_that_does_not_sync_on_the_topic_an_unlisted_request_waits() {
         let (bus, _requests, client) = setup().await;
         let mut other = client
@@ -1745,7 +1751,9 @@ mod tests {
         ));
     }
 
-    #[tokio::test]
+    // The paused clock: the syncs' grace periods pass at once (a sync's wall-clock stamp
+    // and its reading are still real time apart, a few microseconds).
+    #[tokio::test(start_paused = true)]
     async fn a_stream_whose_processor_stopped_syncing_ends_while_another_syncs() {
         let (bus, _requests, client) = setup().await;
         let mut s = patient(&client).await;
