@@ -56,35 +56,9 @@ impl FlowService for TextCompletionFlows {
 mod tests {
     use prometheus::Registry;
     use serde_json::json;
-    use sluice_schema::TextCompletionRequest;
 
     use super::*;
-    use crate::{
-        metrics::LlmMetrics,
-        provider::{ChunkStream, Provider, ProviderError},
-        retry::RetryPolicy,
-    };
-
-    struct Named;
-
-    #[async_trait]
-    impl Provider for Named {
-        fn name(&self) -> &'static str {
-            "test"
-        }
-        fn model(&self) -> &str {
-            "main"
-        }
-        fn supports_streaming(&self) -> bool {
-            true
-        }
-        async fn generate_stream(
-            &self,
-            _: &TextCompletionRequest,
-        ) -> Result<ChunkStream, ProviderError> {
-            Ok(Box::pin(futures::stream::empty()))
-        }
-    }
+    use crate::{metrics::LlmMetrics, retry::RetryPolicy, testing::Answers};
 
     fn definition(parameters: serde_json::Value) -> FlowDefinition {
         serde_json::from_value(json!({ "topics": {}, "parameters": parameters })).unwrap()
@@ -95,7 +69,7 @@ mod tests {
     #[tokio::test]
     async fn a_flow_serves_its_model_and_refuses_a_bad_temperature() {
         let service = TextCompletionService::new(
-            Arc::new(Named),
+            Arc::new(Answers::default()),
             RetryPolicy::default(),
             LlmMetrics::register(&Registry::new()).unwrap(),
         );

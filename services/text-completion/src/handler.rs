@@ -627,6 +627,7 @@ impl Drop for InFlight {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::Answers;
     use prometheus::Registry;
 
     #[test]
@@ -661,42 +662,6 @@ mod tests {
                 output: 15
             }
         );
-    }
-
-    /// A provider named "test" serving "main": streams "a", "b" and counts its calls.
-    struct Answers(std::sync::atomic::AtomicUsize);
-
-    #[async_trait]
-    impl Provider for Answers {
-        fn name(&self) -> &'static str {
-            "test"
-        }
-        fn model(&self) -> &str {
-            "main"
-        }
-        fn supports_streaming(&self) -> bool {
-            true
-        }
-        async fn generate_stream(
-            &self,
-            request: &TextCompletionRequest,
-        ) -> Result<crate::provider::ChunkStream, ProviderError> {
-            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let chunks = ["a", "b"].map(|t| {
-                Ok(crate::provider::Chunk {
-                    text: t.to_owned(),
-                    ..Default::default()
-                })
-            });
-            if request.prompt == "hang" {
-                // The first chunk, then a provider that never says more.
-                let [first, _] = chunks;
-                return Ok(futures::stream::iter([first])
-                    .chain(futures::stream::pending())
-                    .boxed());
-            }
-            Ok(futures::stream::iter(chunks).boxed())
-        }
     }
 
     /// The in-process bus, except that its response topic stores nothing (a broker whose
@@ -749,27 +714,27 @@ mod tests {
         }
     }
 
-    /// A broker that takes requests but stores no answer is a broker outage, not a provider
-    /// failure: the call counts as `unpublished`, never as `error` (which alerts on the
-    /// provider), and the provider is not called again for it.
-    #[tokio::test]
-    async fn an_answer_the_broker_does_not_store_is_not_a_provider_failure() {
-        use sluice_runtime::{bus::Bus, processor, telemetry::Telemetry};
+    /// A text-completion processor answering with `provider` on `bus` (requests on `request`,
+    /// records on `response`, cancels on `cancel`), subscribed before this returns.
+    struct Running {
+        telemetry: sluice_runtime::telemetry::Telemetry,
+        shutdown: tokio_util::sync::CancellationToken,
+        task: tokio::task::JoinHandle<Result<(), sluice_runtime::bus::BusError>>,
+    }
+
+    async fn run_on(bus: Arc<dyn sluice_runtime::bus::Bus>, provider: Arc<Answers>) -> Running {
+        use sluice_runtime::{processor, telemetry::Telemetry};
         let telemetry = Telemetry::new().unwrap();
-        let provider = Arc::new(Answers(std::sync::atomic::AtomicUsize::new(0)));
         let service = TextCompletionService::new(
-            provider.clone(),
+            provider,
             RetryPolicy::default(),
             LlmMetrics::register(&telemetry.registry).unwrap(),
         );
-        let bus = Arc::new(UnstorableResponses {
-            inner: sluice_runtime::bus::memory::MemoryBus::new(1 << 20, 64),
-            response: "response".into(),
-        });
-        let config = processor::ProcessorConfig::new("text-completion", "request", "response");
+        let mut config = processor::ProcessorConfig::new("text-completion", "request", "response");
+        config.cancel_topic = Some("cancel".into());
         let shutdown = tokio_util::sync::CancellationToken::new();
-        let running = tokio::spawn(processor::run(
-            bus.clone(),
+        let task = tokio::spawn(processor::run(
+            bus,
             config,
             Arc::new(service),
             telemetry.clone(),
@@ -782,6 +747,29 @@ mod tests {
         )
         .await
         .expect("the processor subscribes");
+        Running {
+            telemetry,
+            shutdown,
+            task,
+        }
+    }
+
+    /// A broker that takes requests but stores no answer is a broker outage, not a provider
+    /// failure: the call counts as `unpublished`, never as `error` (which alerts on the
+    /// provider), and the provider is not called again for it.
+    #[tokio::test]
+    async fn an_answer_the_broker_does_not_store_is_not_a_provider_failure() {
+        use sluice_runtime::bus::Bus;
+        let provider = Arc::new(Answers::default());
+        let bus = Arc::new(UnstorableResponses {
+            inner: sluice_runtime::bus::memory::MemoryBus::new(1 << 20, 64),
+            response: "response".into(),
+        });
+        let Running {
+            telemetry,
+            shutdown,
+            task,
+        } = run_on(bus.clone(), provider.clone()).await;
         let deadline = Instant::now() + std::time::Duration::from_secs(10);
         let request = serde_json::to_vec(&TextCompletionRequest {
             prompt: "hi".into(),
@@ -797,15 +785,13 @@ mod tests {
             .await
             .unwrap();
         let outcome = |o: &str| {
-            telemetry
-                .render()
-                .lines()
-                .find(|l| {
-                    l.starts_with("sluice_llm_requests_total{")
-                        && l.contains(&format!("outcome=\"{o}\""))
-                })
-                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .unwrap_or(0.0)
+            let text = telemetry.render();
+            sample(
+                &text,
+                "sluice_llm_requests_total",
+                &[&format!("outcome=\"{o}\"")],
+            )
+            .unwrap_or(0.0)
         };
         while outcome("unpublished") < 1.0 {
             assert!(Instant::now() < deadline, "{}", telemetry.render());
@@ -824,12 +810,12 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         assert_eq!(
-            provider.0.load(std::sync::atomic::Ordering::SeqCst),
+            provider.calls(),
             1,
             "the provider was called again for an answer it had given"
         );
         shutdown.cancel();
-        let _ = running.await;
+        let _ = task.await;
     }
 
     /// The value of the first sample of `name` whose labels contain each of `labels`.
@@ -847,36 +833,18 @@ mod tests {
     async fn a_cancelled_call_leaves_the_gauge_and_counts_as_cancelled() {
         use sluice_runtime::{
             bus::{Bus, SubscribeOptions, memory::MemoryBus},
-            cancel, processor,
-            telemetry::Telemetry,
+            cancel,
         };
-        let telemetry = Telemetry::new().unwrap();
-        let service = TextCompletionService::new(
-            Arc::new(Answers(std::sync::atomic::AtomicUsize::new(0))),
-            RetryPolicy::default(),
-            LlmMetrics::register(&telemetry.registry).unwrap(),
-        );
         let bus = MemoryBus::new(1 << 20, 64);
         let mut responses = bus
             .subscribe("response", "test", SubscribeOptions::exclusive(16))
             .await
             .unwrap();
-        let mut config = processor::ProcessorConfig::new("text-completion", "request", "response");
-        config.cancel_topic = Some("cancel".into());
-        let shutdown = tokio_util::sync::CancellationToken::new();
-        let running = tokio::spawn(processor::run(
-            Arc::new(bus.clone()),
-            config,
-            Arc::new(service),
-            telemetry.clone(),
-            shutdown.clone(),
-        ));
-        tokio::time::timeout(
-            std::time::Duration::from_secs(10),
-            telemetry.health.until_watched(1),
-        )
-        .await
-        .expect("the processor subscribes");
+        let Running {
+            telemetry,
+            shutdown,
+            task,
+        } = run_on(Arc::new(bus.clone()), Arc::new(Answers::default())).await;
         let request = serde_json::to_vec(&TextCompletionRequest {
             prompt: "hang".into(),
             streaming: true,
@@ -932,14 +900,14 @@ mod tests {
         assert_eq!(requests("cancelled"), Some(1.0), "{text}");
         assert_eq!(requests("error"), Some(0.0), "{text}");
         shutdown.cancel();
-        let _ = running.await;
+        let _ = task.await;
     }
 
     #[test]
     fn requests_name_only_served_models_and_sane_settings() {
         let registry = Registry::new();
         let s = TextCompletionService::new(
-            Arc::new(Answers(std::sync::atomic::AtomicUsize::new(0))),
+            Arc::new(Answers::default()),
             RetryPolicy::default(),
             LlmMetrics::register(&registry).unwrap(),
         )

@@ -18,3 +18,5 @@ pub mod metrics;
 pub mod provider;
 pub mod providers;
 pub mod retry;
+#[cfg(test)]
+mod testing;
