@@ -612,3 +612,6 @@ impl Handler for AgentService {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

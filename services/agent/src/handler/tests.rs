@@ -1,0 +1,485 @@
+//! The agent handler's behaviour on the in-process bus, with text-completion played by the
+//! test: it reads what the agent sends (model calls, and the calls of a text-completion
+//! tool, told apart by the tool's system prompt) and answers them, so each step of a dialog
+//! is exact. The hand-off to the next step goes through the agent's own request topic, as
+//! on the broker.
+
+use std::time::Duration;
+
+use sluice_runtime::{
+    bus::{Bus, Message, SubscribeOptions, Subscription, memory::MemoryBus},
+    client::{ClientConfig, ResponseStream},
+    processor::{self, ProcessorConfig},
+    telemetry::Telemetry,
+};
+use sluice_schema::properties;
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+use crate::{
+    metrics::AgentMetrics,
+    tools::{Backend, ToolConfig, ToolKind},
+};
+
+/// The system prompt of the test's tool, which marks its calls to text-completion.
+const TOOL_SYSTEM: &str = "you are the lookup tool";
+
+/// The agent processor on the in-process bus, text-completion's side held by the test.
+struct Rig {
+    bus: MemoryBus,
+    /// What the agent sends to text-completion: its model calls and its tool's calls.
+    llm_requests: Box<dyn Subscription>,
+    agent: RequestClient<AgentRequest, AgentResponse>,
+    telemetry: Telemetry,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), sluice_runtime::bus::BusError>>,
+}
+
+impl Rig {
+    /// An agent with one tool, `lookup` (a text completion with [`TOOL_SYSTEM`]).
+    async fn start(limits: AgentLimits) -> Rig {
+        let bus = MemoryBus::new(1 << 20, 1000);
+        let shared: Arc<dyn Bus> = Arc::new(bus.clone());
+        let telemetry = Telemetry::new().unwrap();
+        let llm_requests = bus
+            .subscribe("tc-req", "stub", SubscribeOptions::shared(16))
+            .await
+            .unwrap();
+        let llm = Arc::new(
+            RequestClient::start(
+                shared.clone(),
+                ClientConfig::new("text-completion", "tc-req", "tc-resp"),
+                None,
+            )
+            .await
+            .unwrap(),
+        );
+        let tool = Tool {
+            config: ToolConfig {
+                name: "lookup".into(),
+                description: "Looks a fact up.".into(),
+                arguments: Vec::new(),
+                group: vec!["default".into()],
+                applicable_states: None,
+                next_state: None,
+                kind: ToolKind::TextCompletion {
+                    system: Some(TOOL_SYSTEM.into()),
+                },
+            },
+            backend: Backend::TextCompletion(llm.clone()),
+        };
+        let service = AgentService::new(
+            llm,
+            vec![Arc::new(tool)],
+            shared.publisher("a-req").await.unwrap(),
+            DEFAULT_REACT_TEMPLATE,
+            limits,
+            AgentMetrics::register(&telemetry.registry).unwrap(),
+        )
+        .unwrap();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(processor::run(
+            shared.clone(),
+            ProcessorConfig::new("agent", "a-req", "a-resp"),
+            Arc::new(service),
+            telemetry.clone(),
+            shutdown.clone(),
+        ));
+        tokio::time::timeout(Duration::from_secs(10), telemetry.health.until_watched(1))
+            .await
+            .expect("the agent processor subscribes");
+        let agent =
+            RequestClient::start(shared, ClientConfig::new("agent", "a-req", "a-resp"), None)
+                .await
+                .unwrap();
+        Rig {
+            bus,
+            llm_requests,
+            agent,
+            telemetry,
+            shutdown,
+            task,
+        }
+    }
+
+    async fn ask(&self, request: AgentRequest) -> ResponseStream<AgentResponse> {
+        self.agent.request(&request).await.unwrap()
+    }
+
+    /// The next request the agent sent to text-completion, and its id.
+    async fn llm_request(&mut self) -> (String, TextCompletionRequest) {
+        let d = tokio::time::timeout(Duration::from_secs(10), self.llm_requests.next())
+            .await
+            .expect("a text-completion request")
+            .unwrap()
+            .unwrap();
+        let id = d.property(properties::ID).unwrap().to_owned();
+        let request = serde_json::from_slice(d.payload()).unwrap();
+        d.ack();
+        (id, request)
+    }
+
+    /// The next model call (not a tool's), and its id.
+    async fn model_call(&mut self) -> (String, TextCompletionRequest) {
+        let (id, request) = self.llm_request().await;
+        assert_ne!(request.system, TOOL_SYSTEM, "a tool call, not a model call");
+        assert!(request.streaming, "the agent streams its model calls");
+        (id, request)
+    }
+
+    /// Answers request `id` with `pieces`, the last one ending the stream with `tokens` (in,
+    /// out).
+    async fn answer(&self, id: &str, pieces: &[&str], tokens: (u64, u64)) {
+        let publisher = self.bus.publisher("tc-resp").await.unwrap();
+        for (i, piece) in pieces.iter().enumerate() {
+            let end = i + 1 == pieces.len();
+            let r = TextCompletionResponse {
+                response: (*piece).to_owned(),
+                end_of_stream: end,
+                in_token: end.then_some(tokens.0),
+                out_token: end.then_some(tokens.1),
+                model: Some("m".into()),
+                ..TextCompletionResponse::default()
+            };
+            publisher
+                .send(
+                    Message::new(serde_json::to_vec(&r).unwrap())
+                        .with_property(properties::ID, id)
+                        .with_property(properties::ATTEMPT, "a1"),
+                )
+                .await
+                .unwrap();
+        }
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+fn question(text: &str, streaming: bool) -> AgentRequest {
+    AgentRequest {
+        question: text.to_owned(),
+        streaming,
+        ..AgentRequest::default()
+    }
+}
+
+/// Every record of a dialog, to its end.
+async fn dialog(stream: ResponseStream<AgentResponse>) -> Vec<AgentResponse> {
+    let records = tokio::time::timeout(Duration::from_secs(20), stream.collect())
+        .await
+        .expect("the dialog ends")
+        .unwrap();
+    assert!(
+        records.last().is_some_and(|r| r.end_of_dialog),
+        "ends with end_of_dialog: {records:?}"
+    );
+    assert_eq!(
+        records.iter().filter(|r| r.end_of_dialog).count(),
+        1,
+        "one terminal record: {records:?}"
+    );
+    records
+}
+
+/// The concatenated content of the records of one type.
+fn content(records: &[AgentResponse], kind: AgentMessageType) -> String {
+    records
+        .iter()
+        .filter(|r| r.message_type == kind)
+        .map(|r| r.content.as_str())
+        .collect()
+}
+
+/// A final answer streams as it is parsed: thought pieces, the thought's end, answer pieces,
+/// and a last record ending the dialog, with the model's usage.
+#[tokio::test]
+async fn a_final_answer_streams_its_thought_and_answer_and_ends_the_dialog() {
+    let mut rig = Rig::start(AgentLimits::default()).await;
+    let stream = rig
+        .ask(question("What is the capital of France?", true))
+        .await;
+    let (id, call) = rig.model_call().await;
+    assert!(
+        call.prompt
+            .contains("Question: What is the capital of France?")
+    );
+    assert!(
+        call.prompt.contains("- lookup: Looks a fact up."),
+        "{}",
+        call.prompt
+    );
+    rig.answer(
+        &id,
+        &["Thought: I know", " it.\nFinal Answer: Pa", "ris\n"],
+        (30, 9),
+    )
+    .await;
+    let records = dialog(stream).await;
+    assert!(records.iter().all(|r| r.error.is_none()), "{records:?}");
+    assert_eq!(
+        content(&records, AgentMessageType::Thought).trim(),
+        "I know it."
+    );
+    assert_eq!(content(&records, AgentMessageType::Answer).trim(), "Paris");
+    assert!(
+        records
+            .iter()
+            .any(|r| r.message_type == AgentMessageType::Thought && r.end_of_message),
+        "the thought's end is marked: {records:?}"
+    );
+    let last = records.last().unwrap();
+    assert_eq!(last.message_type, AgentMessageType::Answer);
+    let tokens: (u64, u64) = records.iter().fold((0, 0), |(i, o), r| {
+        (i + r.in_token.unwrap_or(0), o + r.out_token.unwrap_or(0))
+    });
+    assert_eq!(tokens, (30, 9), "the model's usage, counted once");
+    rig.stop().await;
+}
+
+/// Not streamed: the same message types, each whole.
+#[tokio::test]
+async fn a_request_that_does_not_stream_gets_each_message_whole() {
+    let mut rig = Rig::start(AgentLimits::default()).await;
+    let stream = rig.ask(question("Capital?", false)).await;
+    let (id, _) = rig.model_call().await;
+    rig.answer(&id, &["Thought: easy\nFinal Answer: ", "Paris"], (5, 2))
+        .await;
+    let records = dialog(stream).await;
+    let kinds: Vec<_> = records.iter().map(|r| r.message_type).collect();
+    assert_eq!(
+        kinds,
+        [AgentMessageType::Thought, AgentMessageType::Answer],
+        "{records:?}"
+    );
+    assert_eq!(records[0].content, "easy");
+    assert_eq!(records[1].content, "Paris");
+    rig.stop().await;
+}
+
+/// An action calls the tool with the model's arguments, publishes the action and the tool's
+/// observation, and hands the next step on through the agent's request topic: the next
+/// model call sees the observation in its history, and the same dialog goes on to its answer.
+#[tokio::test]
+async fn an_action_calls_the_tool_and_the_next_step_sees_its_observation() {
+    let mut rig = Rig::start(AgentLimits::default()).await;
+    let stream = rig
+        .ask(question("What is the capital of France?", true))
+        .await;
+    let (id, _) = rig.model_call().await;
+    rig.answer(
+        &id,
+        &["Thought: look it up\nAction: lookup\nArgs: {\"question\": \"capital of France\"}\n"],
+        (30, 12),
+    )
+    .await;
+    let (tool_id, tool_call) = rig.llm_request().await;
+    assert_eq!(tool_call.system, TOOL_SYSTEM);
+    assert_eq!(
+        tool_call.prompt, "capital of France",
+        "the model's argument"
+    );
+    rig.answer(&tool_id, &["Paris"], (4, 1)).await;
+    let (next_id, next) = rig.model_call().await;
+    assert_ne!(next_id, id, "the next step is a call of its own");
+    assert!(
+        next.prompt.contains("Action: lookup") && next.prompt.contains("Observation: Paris"),
+        "the history carries the step: {}",
+        next.prompt
+    );
+    rig.answer(&next_id, &["Thought: done\nFinal Answer: Paris"], (50, 6))
+        .await;
+    let records = dialog(stream).await;
+    let action = records
+        .iter()
+        .find(|r| r.message_type == AgentMessageType::Action)
+        .expect("an action record");
+    let action: serde_json::Value = serde_json::from_str(&action.content).unwrap();
+    assert_eq!(action["name"], "lookup");
+    assert_eq!(action["arguments"]["question"], "capital of France");
+    assert_eq!(content(&records, AgentMessageType::Observation), "Paris");
+    assert_eq!(content(&records, AgentMessageType::Answer).trim(), "Paris");
+    let order: Vec<_> = records
+        .iter()
+        .map(|r| r.message_type)
+        .filter(|t| *t != AgentMessageType::Thought)
+        .collect();
+    let first_answer = order
+        .iter()
+        .position(|t| *t == AgentMessageType::Answer)
+        .unwrap();
+    assert!(
+        order[..first_answer].ends_with(&[AgentMessageType::Action, AgentMessageType::Observation]),
+        "action, observation, then the answer: {order:?}"
+    );
+    let text = rig.telemetry.render();
+    for counted in [
+        r#"sluice_agent_tool_calls_total{kind="text-completion",outcome="success",tool="lookup"} 1"#,
+        r#"sluice_agent_iterations_total{outcome="action"} 1"#,
+        r#"sluice_agent_iterations_total{outcome="answer"} 1"#,
+        r#"sluice_agent_dialogs_total{outcome="answer"} 1"#,
+    ] {
+        assert!(text.contains(counted), "{counted} in {text}");
+    }
+    rig.stop().await;
+}
+
+/// A tool the model makes up is not called: the observation says which tools there are,
+/// and the dialog goes on.
+#[tokio::test]
+async fn an_unknown_tool_becomes_an_observation_naming_the_tools() {
+    let mut rig = Rig::start(AgentLimits::default()).await;
+    let stream = rig.ask(question("Capital?", true)).await;
+    let (id, _) = rig.model_call().await;
+    rig.answer(
+        &id,
+        &["Thought: x\nAction: search\nArgs: {\"q\": \"a\"}\n"],
+        (1, 1),
+    )
+    .await;
+    let (next_id, next) = rig.model_call().await;
+    assert!(
+        next.prompt
+            .contains("There is no tool called \"search\". The tools are: lookup."),
+        "{}",
+        next.prompt
+    );
+    rig.answer(&next_id, &["Thought: ok\nFinal Answer: Paris"], (1, 1))
+        .await;
+    let records = dialog(stream).await;
+    assert!(
+        content(&records, AgentMessageType::Observation).starts_with("There is no tool"),
+        "{records:?}"
+    );
+    rig.stop().await;
+}
+
+/// The iteration limit ends a dialog that keeps calling tools with an `agent` error, at the
+/// step that would pass it, without another model call.
+#[tokio::test]
+async fn the_iteration_limit_ends_the_dialog_with_an_agent_error() {
+    let mut rig = Rig::start(AgentLimits {
+        max_iterations: 1,
+        ..AgentLimits::default()
+    })
+    .await;
+    let stream = rig.ask(question("Capital?", true)).await;
+    let (id, _) = rig.model_call().await;
+    rig.answer(
+        &id,
+        &["Thought: x\nAction: lookup\nArgs: {\"question\": \"q\"}\n"],
+        (1, 1),
+    )
+    .await;
+    let (tool_id, _) = rig.llm_request().await;
+    rig.answer(&tool_id, &["an observation"], (1, 1)).await;
+    let records = dialog(stream).await;
+    let error = records.last().unwrap().error.clone().expect("an error");
+    assert_eq!(error.kind, ErrorKind::Agent);
+    assert!(
+        error.message.contains("no final answer after 1 iterations"),
+        "{error}"
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), rig.llm_requests.next())
+            .await
+            .is_err(),
+        "no model call after the limit"
+    );
+    rig.stop().await;
+}
+
+/// Output that cannot be read gets one corrective retry that says what was wrong; read
+/// wrong again (strict ReAct), the dialog ends with an `agent` error.
+#[tokio::test]
+async fn output_that_cannot_be_read_twice_ends_with_an_agent_error() {
+    let mut rig = Rig::start(AgentLimits {
+        plain_answer: PlainAnswer::Error,
+        ..AgentLimits::default()
+    })
+    .await;
+    let stream = rig.ask(question("Capital?", true)).await;
+    let (id, _) = rig.model_call().await;
+    rig.answer(&id, &["Paris, I think."], (1, 1)).await;
+    let (retry_id, retry) = rig.model_call().await;
+    assert!(
+        retry.prompt.contains("Paris, I think.")
+            && retry.prompt.contains("That answer could not be read"),
+        "the correction shows the answer and why: {}",
+        retry.prompt
+    );
+    rig.answer(&retry_id, &["Still Paris."], (1, 1)).await;
+    let records = dialog(stream).await;
+    let error = records.last().unwrap().error.clone().expect("an error");
+    assert_eq!(error.kind, ErrorKind::Agent);
+    assert!(error.message.contains("could not be read twice"), "{error}");
+    rig.stop().await;
+}
+
+/// By default, prose that stays prose after the correction is the answer: the first prose,
+/// which answered the question.
+#[tokio::test]
+async fn prose_after_the_correction_is_taken_as_the_answer() {
+    let mut rig = Rig::start(AgentLimits::default()).await;
+    let stream = rig.ask(question("Capital?", true)).await;
+    let (id, _) = rig.model_call().await;
+    rig.answer(&id, &["Paris is the capital."], (1, 1)).await;
+    let (retry_id, _) = rig.model_call().await;
+    rig.answer(&retry_id, &["As I said."], (1, 1)).await;
+    let records = dialog(stream).await;
+    let last = records.last().unwrap();
+    assert!(last.error.is_none(), "{records:?}");
+    assert_eq!(last.message_type, AgentMessageType::Answer);
+    assert_eq!(last.content, "Paris is the capital.");
+    rig.stop().await;
+}
+
+/// A dialog whose deadline has passed (a step handed on late) ends with a `timeout` at
+/// once, without a model call.
+#[tokio::test]
+async fn a_dialog_past_its_deadline_ends_with_a_timeout_without_a_model_call() {
+    let mut rig = Rig::start(AgentLimits::default()).await;
+    let mut late = question("Capital?", true);
+    late.deadline_ms = Some(now_ms().saturating_sub(1_000));
+    let records = dialog(rig.ask(late).await).await;
+    let error = records.last().unwrap().error.clone().expect("an error");
+    assert_eq!(error.kind, ErrorKind::Timeout);
+    assert!(error.message.contains("did not finish within"), "{error}");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), rig.llm_requests.next())
+            .await
+            .is_err(),
+        "no model call"
+    );
+    rig.stop().await;
+}
+
+/// A model that fails ends the dialog with the model's error, and its usage so far.
+#[tokio::test]
+async fn a_model_error_ends_the_dialog_with_that_error() {
+    let mut rig = Rig::start(AgentLimits::default()).await;
+    let stream = rig.ask(question("Capital?", true)).await;
+    let (id, _) = rig.model_call().await;
+    let failed = TextCompletionResponse::from_error(Error::new(
+        ErrorKind::TooManyRequests,
+        "the provider is busy",
+    ));
+    rig.bus
+        .publisher("tc-resp")
+        .await
+        .unwrap()
+        .send(
+            Message::new(serde_json::to_vec(&failed).unwrap())
+                .with_property(properties::ID, id.as_str())
+                .with_property(properties::ATTEMPT, "a1"),
+        )
+        .await
+        .unwrap();
+    let records = dialog(stream).await;
+    let error = records.last().unwrap().error.clone().expect("an error");
+    assert_eq!(error.kind, ErrorKind::TooManyRequests, "{error}");
+    assert!(error.message.contains("the provider is busy"), "{error}");
+    rig.stop().await;
+}
