@@ -343,3 +343,6 @@ async fn serve<K: Routed>(
     span.end();
     id
 }
+
+#[cfg(test)]
+mod tests;
