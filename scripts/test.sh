@@ -13,7 +13,7 @@
 #
 # Usage: bash scripts/test.sh [STAGE...]   (default: all, which is what CI runs)
 #   unit     the tests that need no broker and no network: every crate's unit tests and the
-#            documentation's checks (cargo test --lib --bins --test docs; ~25 s once built)
+#            documentation's checks (cargo test --lib --bins --test docs; ~5 s once built)
 #   checks   the deployment files, formatting, clippy, fuzzing
 #   broker   both Pulsar brokers and the local LLM, then every cargo test
 #   docs     the book (mdBook)
