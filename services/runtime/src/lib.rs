@@ -24,6 +24,8 @@ pub mod sink;
 mod store;
 pub mod sync;
 pub mod telemetry;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 pub mod trace;
 
 /// Locks a std mutex, recovering the data if a panicking thread poisoned it. Every

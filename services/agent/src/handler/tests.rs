@@ -7,12 +7,12 @@
 use std::time::Duration;
 
 use sluice_runtime::{
-    bus::{Bus, Message, SubscribeOptions, Subscription, memory::MemoryBus},
+    bus::{Bus, memory::MemoryBus},
     client::{ClientConfig, ResponseStream},
     processor::{self, ProcessorConfig},
     telemetry::Telemetry,
+    testkit::ServiceStub,
 };
-use sluice_schema::properties;
 use tokio_util::sync::CancellationToken;
 
 use super::*;
@@ -26,9 +26,8 @@ const TOOL_SYSTEM: &str = "you are the lookup tool";
 
 /// The agent processor on the in-process bus, text-completion's side held by the test.
 struct Rig {
-    bus: MemoryBus,
-    /// What the agent sends to text-completion: its model calls and its tool's calls.
-    llm_requests: Box<dyn Subscription>,
+    /// Text-completion, as the agent sees it: its model calls and its tool's calls.
+    llm: ServiceStub,
     agent: RequestClient<AgentRequest, AgentResponse>,
     telemetry: Telemetry,
     shutdown: CancellationToken,
@@ -41,10 +40,7 @@ impl Rig {
         let bus = MemoryBus::new(1 << 20, 1000);
         let shared: Arc<dyn Bus> = Arc::new(bus.clone());
         let telemetry = Telemetry::new().unwrap();
-        let llm_requests = bus
-            .subscribe("tc-req", "stub", SubscribeOptions::shared(16))
-            .await
-            .unwrap();
+        let llm_stub = ServiceStub::start(&bus, "tc-req", "tc-resp").await;
         let llm = Arc::new(
             RequestClient::start(
                 shared.clone(),
@@ -93,8 +89,7 @@ impl Rig {
                 .await
                 .unwrap();
         Rig {
-            bus,
-            llm_requests,
+            llm: llm_stub,
             agent,
             telemetry,
             shutdown,
@@ -108,15 +103,7 @@ impl Rig {
 
     /// The next request the agent sent to text-completion, and its id.
     async fn llm_request(&mut self) -> (String, TextCompletionRequest) {
-        let d = tokio::time::timeout(Duration::from_secs(10), self.llm_requests.next())
-            .await
-            .expect("a text-completion request")
-            .unwrap()
-            .unwrap();
-        let id = d.property(properties::ID).unwrap().to_owned();
-        let request = serde_json::from_slice(d.payload()).unwrap();
-        d.ack();
-        (id, request)
+        self.llm.request().await
     }
 
     /// The next model call (not a tool's), and its id.
@@ -130,7 +117,6 @@ impl Rig {
     /// Answers request `id` with `pieces`, the last one ending the stream with `tokens` (in,
     /// out).
     async fn answer(&self, id: &str, pieces: &[&str], tokens: (u64, u64)) {
-        let publisher = self.bus.publisher("tc-resp").await.unwrap();
         for (i, piece) in pieces.iter().enumerate() {
             let end = i + 1 == pieces.len();
             let r = TextCompletionResponse {
@@ -141,14 +127,7 @@ impl Rig {
                 model: Some("m".into()),
                 ..TextCompletionResponse::default()
             };
-            publisher
-                .send(
-                    Message::new(serde_json::to_vec(&r).unwrap())
-                        .with_property(properties::ID, id)
-                        .with_property(properties::ATTEMPT, "a1"),
-                )
-                .await
-                .unwrap();
+            self.llm.answer(id, "a1", &r).await;
         }
     }
 
@@ -383,9 +362,7 @@ async fn the_iteration_limit_ends_the_dialog_with_an_agent_error() {
         "{error}"
     );
     assert!(
-        tokio::time::timeout(Duration::from_millis(300), rig.llm_requests.next())
-            .await
-            .is_err(),
+        rig.llm.none_within(Duration::from_millis(300)).await,
         "no model call after the limit"
     );
     rig.stop().await;
@@ -448,9 +425,7 @@ async fn a_dialog_past_its_deadline_ends_with_a_timeout_without_a_model_call() {
     assert_eq!(error.kind, ErrorKind::Timeout);
     assert!(error.message.contains("did not finish within"), "{error}");
     assert!(
-        tokio::time::timeout(Duration::from_millis(300), rig.llm_requests.next())
-            .await
-            .is_err(),
+        rig.llm.none_within(Duration::from_millis(300)).await,
         "no model call"
     );
     rig.stop().await;
@@ -466,17 +441,7 @@ async fn a_model_error_ends_the_dialog_with_that_error() {
         ErrorKind::TooManyRequests,
         "the provider is busy",
     ));
-    rig.bus
-        .publisher("tc-resp")
-        .await
-        .unwrap()
-        .send(
-            Message::new(serde_json::to_vec(&failed).unwrap())
-                .with_property(properties::ID, id.as_str())
-                .with_property(properties::ATTEMPT, "a1"),
-        )
-        .await
-        .unwrap();
+    rig.llm.answer(&id, "a1", &failed).await;
     let records = dialog(stream).await;
     let error = records.last().unwrap().error.clone().expect("an error");
     assert_eq!(error.kind, ErrorKind::TooManyRequests, "{error}");

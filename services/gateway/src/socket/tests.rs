@@ -6,9 +6,10 @@ use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 
 use futures::{SinkExt, StreamExt};
 use sluice_runtime::{
-    bus::{Bus, Message as BusMessage, SubscribeOptions, Subscription, memory::MemoryBus},
+    bus::{Bus, SubscribeOptions, Subscription, memory::MemoryBus},
     secret::Secret,
     telemetry::Telemetry,
+    testkit::ServiceStub,
 };
 use sluice_schema::{TextCompletionRequest, TextCompletionResponse, properties};
 use tokio_tungstenite::{
@@ -23,9 +24,8 @@ type Socket = WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
 
 /// A gateway serving text-completion on the in-process bus, its other side held by the test.
 struct Rig {
-    bus: MemoryBus,
-    /// The requests the gateway sends to text-completion.
-    requests: Box<dyn Subscription>,
+    /// Text-completion, as the gateway sees it.
+    llm: ServiceStub,
     /// The cancels it sends.
     cancels: Box<dyn Subscription>,
     addr: SocketAddr,
@@ -36,10 +36,7 @@ struct Rig {
 impl Rig {
     async fn start(token: Option<&str>) -> Rig {
         let bus = MemoryBus::new(1 << 20, 1000);
-        let requests = bus
-            .subscribe("tc-req", "stub", SubscribeOptions::shared(16))
-            .await
-            .unwrap();
+        let llm = ServiceStub::start(&bus, "tc-req", "tc-resp").await;
         let cancels = bus
             .subscribe("tc-cancel", "stub", SubscribeOptions::shared(16))
             .await
@@ -64,8 +61,7 @@ impl Rig {
             .await
             .unwrap();
         Rig {
-            bus,
-            requests,
+            llm,
             cancels,
             addr,
             telemetry,
@@ -82,15 +78,7 @@ impl Rig {
 
     /// The next request the gateway sent to text-completion, and its bus id.
     async fn request(&mut self) -> (String, TextCompletionRequest) {
-        let d = tokio::time::timeout(Duration::from_secs(10), self.requests.next())
-            .await
-            .expect("a text-completion request")
-            .unwrap()
-            .unwrap();
-        let id = d.property(properties::ID).unwrap().to_owned();
-        let request = serde_json::from_slice(d.payload()).unwrap();
-        d.ack();
-        (id, request)
+        self.llm.request().await
     }
 
     /// Publishes text-completion's record for bus id `id`.
@@ -100,17 +88,7 @@ impl Rig {
             end_of_stream: end,
             ..TextCompletionResponse::default()
         };
-        self.bus
-            .publisher("tc-resp")
-            .await
-            .unwrap()
-            .send(
-                BusMessage::new(serde_json::to_vec(&r).unwrap())
-                    .with_property(properties::ID, id)
-                    .with_property(properties::ATTEMPT, "a1"),
-            )
-            .await
-            .unwrap();
+        self.llm.answer(id, "a1", &r).await;
     }
 }
 

@@ -4,14 +4,14 @@
 
 use std::time::Duration;
 
-use futures::FutureExt;
 use sluice_runtime::{
-    bus::{Bus, Message, SubscribeOptions, Subscription, memory::MemoryBus},
+    bus::{Bus, memory::MemoryBus},
     client::ClientConfig,
     processor::{self, ProcessorConfig},
     telemetry::Telemetry,
+    testkit::ServiceStub,
 };
-use sluice_schema::{ErrorKind, PromptRequest, ResponseRecord, properties};
+use sluice_schema::{ErrorKind, PromptRequest, ResponseRecord};
 use tokio_util::sync::CancellationToken;
 
 use super::*;
@@ -29,9 +29,8 @@ const TEMPLATES: &str = r#"{
 
 /// The prompt processor on the in-process bus, text-completion's side held by the test.
 struct Rig {
-    bus: MemoryBus,
-    /// The requests the prompt service sends to text-completion.
-    llm_requests: Box<dyn Subscription>,
+    /// Text-completion, as the prompt service sees it.
+    llm: ServiceStub,
     prompt: RequestClient<PromptRequest, PromptResponse>,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<Result<(), sluice_runtime::bus::BusError>>,
@@ -43,10 +42,7 @@ impl Rig {
         let bus = MemoryBus::new(1 << 20, 1000);
         let shared: Arc<dyn Bus> = Arc::new(bus.clone());
         let telemetry = Telemetry::new().unwrap();
-        let llm_requests = bus
-            .subscribe("tc-req", "stub", SubscribeOptions::shared(16))
-            .await
-            .unwrap();
+        let llm_stub = ServiceStub::start(&bus, "tc-req", "tc-resp").await;
         let mut llm = ClientConfig::new("text-completion", "tc-req", "tc-resp");
         llm.inactivity_timeout = inactivity;
         let llm = RequestClient::start(shared.clone(), llm, None)
@@ -74,8 +70,7 @@ impl Rig {
                 .await
                 .unwrap();
         Rig {
-            bus,
-            llm_requests,
+            llm: llm_stub,
             prompt,
             shutdown,
             task,
@@ -101,30 +96,12 @@ impl Rig {
 
     /// The next request the prompt service sent to text-completion, and its id.
     async fn llm_request(&mut self) -> (String, TextCompletionRequest) {
-        let d = tokio::time::timeout(Duration::from_secs(10), self.llm_requests.next())
-            .await
-            .expect("a text-completion request")
-            .unwrap()
-            .unwrap();
-        let id = d.property(properties::ID).unwrap().to_owned();
-        let request = serde_json::from_slice(d.payload()).unwrap();
-        d.ack();
-        (id, request)
+        self.llm.request().await
     }
 
     /// Publishes text-completion's record `r` for request `id`, as attempt `attempt`.
     async fn answer(&self, id: &str, attempt: &str, r: TextCompletionResponse) {
-        self.bus
-            .publisher("tc-resp")
-            .await
-            .unwrap()
-            .send(
-                Message::new(serde_json::to_vec(&r).unwrap())
-                    .with_property(properties::ID, id)
-                    .with_property(properties::ATTEMPT, attempt),
-            )
-            .await
-            .unwrap();
+        self.llm.answer(id, attempt, &r).await;
     }
 
     async fn stop(self) {
@@ -268,7 +245,7 @@ async fn an_unknown_template_and_a_model_error_end_the_stream_with_their_kind() 
         (ErrorKind::TooManyRequests, "slow down")
     );
     assert!(
-        rig.llm_requests.next().now_or_never().is_none(),
+        rig.llm.none_within(Duration::ZERO).await,
         "text-completion was asked once only"
     );
     rig.stop().await;
