@@ -169,16 +169,17 @@ impl Pacer {
         pacer
     }
 
+    /// The bound on records per second, if there is one (0 is none).
+    fn rate(&self) -> Option<u32> {
+        self.pacing.max_records_per_sec.filter(|r| *r > 0)
+    }
+
     /// The least time between two records of a stream now (also its gauge's value).
     pub(crate) fn interval(&self) -> Duration {
-        let by_rate =
-            self.pacing
-                .max_records_per_sec
-                .filter(|r| *r > 0)
-                .map_or(Duration::ZERO, |rate| {
-                    let open = self.open.load(Ordering::Relaxed).max(1);
-                    Duration::from_secs_f64(open as f64 / f64::from(rate))
-                });
+        let by_rate = self.rate().map_or(Duration::ZERO, |rate| {
+            let open = self.open.load(Ordering::Relaxed).max(1);
+            Duration::from_secs_f64(open as f64 / f64::from(rate))
+        });
         let interval = self.pacing.min_interval.max(by_rate.min(MAX_PACE_INTERVAL));
         self.interval_gauge.set(interval.as_secs_f64());
         interval
@@ -188,7 +189,7 @@ impl Pacer {
     /// second, though up to [`RATE_BURST`] of them together go at once; none waits longer than
     /// [`MAX_PACE_INTERVAL`] (past that the bound gives way, as the interval's does).
     async fn turn(&self) {
-        let Some(rate) = self.pacing.max_records_per_sec.filter(|r| *r > 0) else {
+        let Some(rate) = self.rate() else {
             return;
         };
         let spacing = Duration::from_secs_f64(1.0 / f64::from(rate));

@@ -110,6 +110,11 @@ async fn next(socket: &mut Socket) -> Value {
     }
 }
 
+/// An error frame's message (empty when the frame has none).
+fn message(frame: &Value) -> &str {
+    frame["error"]["message"].as_str().unwrap_or_default()
+}
+
 fn ask(id: &str, prompt: &str) -> Value {
     json!({
         "id": id,
@@ -179,12 +184,7 @@ async fn a_socket_authenticates_before_its_requests() {
     let refused = next(&mut socket).await;
     assert_eq!(refused["id"], "early");
     assert_eq!(refused["error"]["type"], "invalid-request");
-    assert!(
-        refused["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("not authenticated")
-    );
+    assert!(message(&refused).contains("not authenticated"));
     send(&mut socket, json!({"type": "auth", "token": "wrong"})).await;
     assert_eq!(next(&mut socket).await["type"], "auth-failed");
     send(&mut socket, json!({"type": "auth", "token": "s3cret"})).await;
@@ -222,44 +222,26 @@ async fn bad_frames_get_error_frames_and_the_socket_goes_on() {
         .await
         .unwrap();
     let e = next(&mut socket).await;
-    assert!(
-        e["error"]["message"].as_str().unwrap().contains("binary"),
-        "{e}"
-    );
+    assert!(message(&e).contains("binary"), "{e}");
     send(
         &mut socket,
         json!({"service": "text-completion", "request": {}}),
     )
     .await;
     let e = next(&mut socket).await;
-    assert!(
-        e["error"]["message"].as_str().unwrap().contains("`id`"),
-        "{e}"
-    );
+    assert!(message(&e).contains("`id`"), "{e}");
     let mut unknown = ask("u1", "x");
     unknown["service"] = json!("graph-rag");
     send(&mut socket, unknown).await;
     let e = next(&mut socket).await;
     assert_eq!(e["id"], "u1");
-    assert!(
-        e["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("unknown service"),
-        "{e}"
-    );
+    assert!(message(&e).contains("unknown service"), "{e}");
     let mut elsewhere = ask("f1", "x");
     elsewhere["flow"] = json!("other");
     send(&mut socket, elsewhere).await;
     let e = next(&mut socket).await;
     assert_eq!(e["id"], "f1");
-    assert!(
-        e["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("unknown flow"),
-        "{e}"
-    );
+    assert!(message(&e).contains("unknown flow"), "{e}");
     let mut undecodable = ask("d1", "x");
     undecodable["request"] = json!({"prompt": 7});
     send(&mut socket, undecodable).await;
@@ -275,13 +257,7 @@ async fn bad_frames_get_error_frames_and_the_socket_goes_on() {
     send(&mut socket, ask("same", "again")).await;
     let e = next(&mut socket).await;
     assert_eq!(e["id"], "same");
-    assert!(
-        e["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("already in flight"),
-        "{e}"
-    );
+    assert!(message(&e).contains("already in flight"), "{e}");
     rig.answer(&id, "fine", true).await;
     let done = next(&mut socket).await;
     assert_eq!(

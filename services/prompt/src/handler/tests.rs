@@ -245,7 +245,7 @@ async fn an_unknown_template_and_a_model_error_end_the_stream_with_their_kind() 
         (ErrorKind::TooManyRequests, "slow down")
     );
     assert!(
-        rig.llm.none_within(Duration::ZERO).await,
+        rig.llm.no_request_waiting(),
         "text-completion was asked once only"
     );
     rig.stop().await;
