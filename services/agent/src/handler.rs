@@ -26,8 +26,9 @@ use minijinja::{Environment, UndefinedBehavior};
 use serde_json::json;
 use sluice_runtime::{
     bus::Publisher,
-    client::{ClientError, Received, RequestClient, RequestOptions},
+    client::{ClientError, RequestClient, RequestOptions},
     processor::{Handler, RequestContext, ResponseSink},
+    reader::{OnRestart, Piece, ReadPolicy},
     trace,
 };
 use sluice_schema::{
@@ -251,8 +252,21 @@ impl Dialog<'_> {
     }
 }
 
-fn llm_error(e: &ClientError) -> Error {
-    e.to_error("text-completion", ErrorKind::Agent)
+fn restarted() -> Error {
+    Error::new(
+        ErrorKind::Agent,
+        "text-completion restarted its answer midway; ask again",
+    )
+}
+
+/// How the agent reads the model's answers: a restart ends the step (the ReAct parser has
+/// already acted on the abandoned attempt); a client-side failure is reported with the agent's
+/// kind.
+fn read_policy() -> ReadPolicy {
+    ReadPolicy {
+        on_restart: OnRestart::Fail(restarted()),
+        client_error: |e: &ClientError| e.to_error("text-completion", ErrorKind::Agent),
+    }
 }
 
 fn now_ms() -> u64 {
@@ -293,32 +307,29 @@ impl AgentService {
             total_timeout: Some(remaining),
             ..RequestOptions::default()
         };
-        let mut stream = match self.llm.request_with(&request, options).await {
-            Ok(s) => s,
-            Err(e) => return Ok(Step::Failed(llm_error(&e))),
-        };
-        // The call's total time limit is what is left of the dialog's.
-        let failed = |e: &ClientError| match e {
-            ClientError::TotalTimeout(_) => Step::Deadline,
-            other => Step::Failed(llm_error(other)),
+        let mut reader = match self.llm.read(&request, options, read_policy()).await {
+            Ok(r) => r,
+            Err(f) => return Ok(Step::Failed(f.error)),
         };
         let mut parser = ReactParser::new();
         let mut text = String::new();
-        while let Some(item) = stream.next().await {
-            let r = match item {
-                Ok(Received::Record(r)) => r,
-                Ok(Received::Restarted) => {
-                    return Ok(Step::Failed(Error::new(
-                        ErrorKind::Agent,
-                        "text-completion restarted its answer midway; ask again",
-                    )));
+        while let Some(piece) = reader.next().await {
+            let r = match piece {
+                Piece::Record(r) => r,
+                Piece::Failed(f) => {
+                    if let Some(r) = &f.record {
+                        dialog.usage.add(r);
+                    }
+                    // The call's total time limit is what is left of the dialog's.
+                    if matches!(f.client, Some(ClientError::TotalTimeout(_))) {
+                        return Ok(Step::Deadline);
+                    }
+                    return Ok(Step::Failed(f.error));
                 }
-                Err(e) => return Ok(failed(&e)),
+                // Not given under `OnRestart::Fail`.
+                Piece::Restarted => return Ok(Step::Failed(restarted())),
             };
             dialog.usage.add(&r);
-            if let Some(e) = r.error {
-                return Ok(Step::Failed(e));
-            }
             text.push_str(&r.response);
             let mut events = parser.push(&r.response);
             if r.end_of_stream {

@@ -16,16 +16,17 @@ use axum::{
 use futures::Stream;
 use serde_json::json;
 use sluice_runtime::{
-    client::{Received, RequestClient, RequestOptions, ResponseStream},
+    client::{RequestClient, RequestOptions},
+    reader::{Piece, Reader},
     telemetry::ClientOutcome,
 };
 use sluice_schema::{Error, ErrorKind, ResponseRecord};
 
 use crate::{
-    Clients, Inner, client_error,
+    Clients, Inner,
     events::{Event, Reason, Status},
     kinds::{Agent, Kind, Prompt, ServiceKind, StreamState, TextCompletion},
-    server_span, trace_outcome,
+    reporting, server_span, trace_outcome,
 };
 
 /// A service kind the gateway holds a client for.
@@ -249,10 +250,10 @@ async fn handle<K: Routed>(
         traceparent: Some(tp),
         ..RequestOptions::default()
     };
-    let stream = match client.request_with(&request, options).await {
-        Ok(s) => s,
-        Err(e) => {
-            let err = client_error(&e);
+    let reader = match client.read(&request, options, reporting()).await {
+        Ok(r) => r,
+        Err(f) => {
+            let err = f.error;
             return counted(
                 &inner,
                 route,
@@ -267,7 +268,7 @@ async fn handle<K: Routed>(
     match mode {
         Mode::Json => {
             let mut span = span;
-            let resp = whole::<K>(stream).await;
+            let resp = whole::<K>(reader).await;
             if !resp.status().is_success() {
                 span.fail(resp.status().as_str().to_owned());
             }
@@ -277,7 +278,7 @@ async fn handle<K: Routed>(
         Mode::Ndjson | Mode::Sse => {
             inner.metrics.request(route, 200);
             let events = EventStream::<K> {
-                stream: Some(stream),
+                reader: Some(reader),
                 state: StreamState::default(),
                 pending: VecDeque::from([Event::status(Status::Thinking)]),
                 trace_id: Arc::from(trace_id),
@@ -344,23 +345,13 @@ fn sse_response(events: impl Stream<Item = Event> + Send + 'static) -> Response 
 }
 
 /// Reads a non-streaming answer to its end: the final record, or an error.
-async fn whole<K: Kind>(stream: ResponseStream<K::Response>) -> Response {
-    let last = match stream.last().await {
-        Ok(last) => last,
-        Err(e) => {
-            let err = client_error(&e);
-            return error_response(status_for(&err.kind), err.kind.as_str(), &err.message);
-        }
-    };
-    match last {
-        Some(r) => match r.error() {
-            Some(e) => error_response(status_for(&e.kind), e.kind.as_str(), &e.message),
-            None => Json(r).into_response(),
-        },
-        None => error_response(
-            StatusCode::BAD_GATEWAY,
-            ErrorKind::Gateway.as_str(),
-            "the service ended the answer without a final record",
+async fn whole<K: Kind>(reader: Reader<K::Response>) -> Response {
+    match reader.last().await {
+        Ok(r) => Json(r).into_response(),
+        Err(f) => error_response(
+            status_for(&f.error.kind),
+            f.error.kind.as_str(),
+            &f.error.message,
         ),
     }
 }
@@ -368,7 +359,7 @@ async fn whole<K: Kind>(stream: ResponseStream<K::Response>) -> Response {
 /// The state of one streamed answer: records in, gateway events out
 /// (docs/protocol.md#gateway-events-ndjson-and-sse).
 struct EventStream<K: Kind> {
-    stream: Option<ResponseStream<K::Response>>,
+    reader: Option<Reader<K::Response>>,
     state: StreamState,
     pending: VecDeque<Event>,
     trace_id: Arc<str>,
@@ -395,27 +386,28 @@ impl<K: Kind> EventStream<K> {
                 }
                 return Some(e);
             }
-            let stream = self.stream.as_mut()?;
-            match stream.next().await {
-                Some(Ok(Received::Record(r))) => {
+            let reader = self.reader.as_mut()?;
+            match reader.next().await {
+                Some(Piece::Record(r)) => {
                     K::note(&r, &mut self.state);
-                    if let Some(err) = r.error() {
-                        self.fail(err.clone());
-                    } else {
-                        let mut out = Vec::new();
-                        K::events(&r, &mut self.state, &mut out);
-                        self.pending.extend(out);
-                        if r.is_terminal() {
-                            self.end(Reason::Success, ClientOutcome::Success);
-                        }
+                    let mut out = Vec::new();
+                    K::events(&r, &mut self.state, &mut out);
+                    self.pending.extend(out);
+                    if r.is_terminal() {
+                        self.end(Reason::Success, ClientOutcome::Success);
                     }
                 }
-                Some(Ok(Received::Restarted)) => {
+                Some(Piece::Failed(f)) => {
+                    if let Some(r) = &f.record {
+                        K::note(r, &mut self.state);
+                    }
+                    self.fail(f.error);
+                }
+                Some(Piece::Restarted) => {
                     // Another replica starts the answer over; the caller discards what it has.
                     self.state = StreamState::default();
                     self.pending.push_back(Event::status(Status::Restarted));
                 }
-                Some(Err(e)) => self.fail(client_error(&e)),
                 None => {
                     if self.outcome.is_none() {
                         self.fail(Error::new(
@@ -423,7 +415,7 @@ impl<K: Kind> EventStream<K> {
                             "the answer ended without a final record",
                         ));
                     }
-                    self.stream = None;
+                    self.reader = None;
                 }
             }
         }
@@ -448,7 +440,7 @@ impl<K: Kind> EventStream<K> {
         }
         self.pending.push_back(done);
         self.outcome = Some(outcome);
-        self.stream = None;
+        self.reader = None;
     }
 }
 

@@ -35,6 +35,7 @@ use axum::{
 use sluice_runtime::{
     bus::Bus,
     client::{ClientConfig, ClientError, RequestClient},
+    reader::{OnRestart, ReadPolicy},
     telemetry::{ClientOutcome, Telemetry},
     trace,
 };
@@ -269,6 +270,15 @@ impl NewClient<'_> {
             .health
             .watch(format!("{} responses", self.name), c.link());
         Ok(c)
+    }
+}
+
+/// How a route that shows a restart to its caller reads an answer (the NDJSON and SSE events'
+/// `restarted` status, TrustGraph's WebSocket): it passes the restart on and reads on.
+pub(crate) fn reporting() -> ReadPolicy {
+    ReadPolicy {
+        on_restart: OnRestart::Report,
+        client_error,
     }
 }
 

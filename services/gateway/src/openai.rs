@@ -35,7 +35,8 @@ use axum::{
 };
 use serde_json::{Map, Value, json};
 use sluice_runtime::{
-    client::{ClientError, Received, RequestOptions, ResponseStream},
+    client::RequestOptions,
+    reader::{Failure, OnRestart, Piece, ReadPolicy, Reader},
     telemetry::ClientOutcome,
 };
 use sluice_schema::{
@@ -665,23 +666,14 @@ async fn fetch_models(inner: &Inner) -> Result<Vec<ModelInfo>, ApiError> {
         operation: Some(LIST_MODELS.into()),
         ..TextCompletionRequest::default()
     };
-    let unanswered = |e: ClientError| ApiError::from_error(&client_error(&e));
+    let unanswered = |f: Failure<TextCompletionResponse>| ApiError::from_error(&f.error);
     let record = client
-        .request_with(&request, RequestOptions::default())
+        .read(&request, RequestOptions::default(), chat_policy())
         .await
         .map_err(unanswered)?
         .last()
         .await
         .map_err(unanswered)?;
-    let record = record.ok_or_else(|| {
-        ApiError::from_error(&Error::new(
-            ErrorKind::Gateway,
-            "the text-completion service ended list-models without a final record",
-        ))
-    })?;
-    if let Some(e) = record.error() {
-        return Err(ApiError::from_error(e));
-    }
     let ids: Vec<String> = record.models.iter().map(|m| m.id.clone()).collect();
     *inner.models.lock().await = Some((Instant::now(), ids));
     Ok(record.models)
@@ -826,10 +818,10 @@ pub(crate) async fn chat(
         traceparent: Some(span.traceparent()),
         ..RequestOptions::default()
     };
-    let mut stream = match client.request_with(&call.request, options).await {
-        Ok(s) => s,
-        Err(e) => {
-            let mut err = ApiError::from_error(&client_error(&e));
+    let mut reader = match client.read(&call.request, options, chat_policy()).await {
+        Ok(r) => r,
+        Err(f) => {
+            let mut err = ApiError::from_error(&f.error);
             err.status = StatusCode::SERVICE_UNAVAILABLE;
             span.fail("503");
             return counted(&inner, CHAT_ROUTE, err.into_response());
@@ -838,7 +830,7 @@ pub(crate) async fn chat(
     let id = format!("chatcmpl-{}", uuid::Uuid::new_v4().simple());
     let created = now_secs();
     if !call.stream {
-        let resp = match whole(stream).await {
+        let resp = match whole(reader).await {
             Ok((text, tokens, finish, model)) => Json(json!({
                 "id": id,
                 "object": "chat.completion",
@@ -869,22 +861,17 @@ pub(crate) async fn chat(
     // HTTP error with its proper status.
     let mut tokens = Tokens::default();
     let first = loop {
-        match stream.next().await {
-            Some(Ok(Received::Record(r))) => {
-                if let Some(e) = r.error() {
-                    let err = ApiError::from_error(e);
-                    span.fail(err.status.as_str().to_owned());
-                    return counted(&inner, CHAT_ROUTE, err.into_response());
-                }
+        match reader.next().await {
+            Some(Piece::Record(r)) => {
                 tokens.add(&r);
                 if !r.response.is_empty() || r.is_terminal() {
                     break r;
                 }
             }
             // Nothing was sent yet, so the new attempt simply starts the answer.
-            Some(Ok(Received::Restarted)) => tokens = Tokens::default(),
-            Some(Err(e)) => {
-                let err = ApiError::from_error(&client_error(&e));
+            Some(Piece::Restarted) => tokens = Tokens::default(),
+            Some(Piece::Failed(f)) => {
+                let err = ApiError::from_error(&f.error);
                 span.fail(err.status.as_str().to_owned());
                 return counted(&inner, CHAT_ROUTE, err.into_response());
             }
@@ -903,8 +890,10 @@ pub(crate) async fn chat(
         .metrics
         .first_event(CHAT_ROUTE, started.elapsed().as_secs_f64());
     inner.metrics.open_streams(CHAT_ROUTE, 1);
+    // From here the answer is on its way to the caller: a restart ends it (see chat_policy).
+    reader.commit();
     let mut chunks = ChunkStream {
-        stream: Some(stream),
+        reader: Some(reader),
         pending: VecDeque::new(),
         model: first.model.clone().unwrap_or_else(|| call.model.clone()),
         id: id.clone(),
@@ -941,22 +930,38 @@ fn request_id_header(resp: &mut Response, id: &str) {
     }
 }
 
+/// A restart after the answer's first chunk went out: OpenAI's stream has no way to take back
+/// the text already sent, so the caller learns the answer broke and may send it again.
+fn mid_answer_restart() -> Error {
+    Error::new(
+        ErrorKind::Gateway,
+        "the processor answering this request went away mid-answer and another started it \
+         over; the text so far is incomplete, send the request again",
+    )
+}
+
+/// How the OpenAI routes read text-completion's answers: a restart starts the answer over
+/// until its first chunk went out (`Reader::commit`), and ends it after that.
+fn chat_policy() -> ReadPolicy {
+    ReadPolicy {
+        on_restart: OnRestart::StartOver(mid_answer_restart()),
+        client_error,
+    }
+}
+
 /// Reads a whole answer: its text, usage, finish reason and model, or the error.
 async fn whole(
-    stream: ResponseStream<TextCompletionResponse>,
+    reader: Reader<TextCompletionResponse>,
 ) -> Result<(String, Tokens, Option<String>, Option<String>), ApiError> {
     // The records of the final attempt: a restart before the end costs nothing here.
-    let records = stream
+    let records = reader
         .collect()
         .await
-        .map_err(|e| ApiError::from_error(&client_error(&e)))?;
+        .map_err(|f| ApiError::from_error(&f.error))?;
     let mut text = String::new();
     let mut tokens = Tokens::default();
     let mut model = None;
     for r in records {
-        if let Some(e) = r.error() {
-            return Err(ApiError::from_error(e));
-        }
         tokens.add(&r);
         text.push_str(&r.response);
         if r.model.is_some() {
@@ -974,7 +979,7 @@ async fn whole(
 
 /// One streamed answer: records in, SSE `chat.completion.chunk` events out.
 struct ChunkStream {
-    stream: Option<ResponseStream<TextCompletionResponse>>,
+    reader: Option<Reader<TextCompletionResponse>>,
     pending: VecDeque<Bytes>,
     model: String,
     id: String,
@@ -1025,7 +1030,7 @@ impl ChunkStream {
             self.pending
                 .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
             self.outcome = Some(ClientOutcome::Success);
-            self.stream = None;
+            self.reader = None;
         }
     }
 
@@ -1035,7 +1040,7 @@ impl ChunkStream {
         let err = ApiError::from_error(e);
         self.push_data(&err.body());
         self.outcome = Some(ClientOutcome::of_error(&e.kind));
-        self.stream = None;
+        self.reader = None;
     }
 
     async fn next_bytes(&mut self) -> Option<Bytes> {
@@ -1043,33 +1048,20 @@ impl ChunkStream {
             if let Some(b) = self.pending.pop_front() {
                 return Some(b);
             }
-            let stream = self.stream.as_mut()?;
-            let item = match tokio::time::timeout(KEEP_ALIVE, stream.next()).await {
+            let reader = self.reader.as_mut()?;
+            let piece = match tokio::time::timeout(KEEP_ALIVE, reader.next()).await {
                 Ok(item) => item,
                 // An SSE comment: clients skip it, proxies see traffic.
                 Err(_) => return Some(Bytes::from_static(b": keep-alive\n\n")),
             };
-            match item {
-                Some(Ok(Received::Record(r))) => {
-                    if let Some(e) = r.error() {
-                        let e = e.clone();
-                        self.fail(&e);
-                    } else {
-                        self.tokens.add(&r);
-                        self.take(r);
-                    }
+            match piece {
+                Some(Piece::Record(r)) => {
+                    self.tokens.add(&r);
+                    self.take(r);
                 }
-                Some(Ok(Received::Restarted)) => {
-                    // OpenAI's stream has no way to take back the text already sent, so the
-                    // caller learns the answer broke and may send the request again.
-                    self.fail(&Error::new(
-                        ErrorKind::Gateway,
-                        "the processor answering this request went away mid-answer and \
-                         another started it over; the text so far is incomplete, send the \
-                         request again",
-                    ));
-                }
-                Some(Err(e)) => self.fail(&client_error(&e)),
+                Some(Piece::Failed(f)) => self.fail(&f.error),
+                // Not given once committed (see chat_policy).
+                Some(Piece::Restarted) => self.fail(&mid_answer_restart()),
                 None => self.fail(&Error::new(
                     ErrorKind::Gateway,
                     "the answer ended without a final record",

@@ -12,19 +12,16 @@ use axum::{
     response::Response,
 };
 use serde_json::{Map, Value, json};
-use sluice_runtime::{
-    client::{Received, RequestOptions},
-    telemetry::ClientOutcome,
-};
+use sluice_runtime::{client::RequestOptions, reader::Piece, telemetry::ClientOutcome};
 use sluice_schema::{Error, ErrorKind, ResponseRecord};
 use tokio::{sync::mpsc, task::JoinSet};
 use tracing::debug;
 
 use crate::{
-    Inner, client_error,
+    Inner,
     http::Routed,
     kinds::{Agent, Prompt, ServiceKind, TextCompletion},
-    server_span, trace_outcome,
+    reporting, server_span, trace_outcome,
 };
 
 /// Frames waiting for the socket; a slow reader slows its requests down rather than
@@ -287,31 +284,26 @@ async fn serve<K: Routed>(
         traceparent: Some(span.traceparent()),
         ..RequestOptions::default()
     };
-    let mut stream = match client.request_with(&request, options).await {
-        Ok(s) => s,
-        Err(e) => {
-            send(error_frame(Some(&id), &client_error(&e))).await;
+    let mut reader = match client.read(&request, options, reporting()).await {
+        Ok(r) => r,
+        Err(f) => {
+            send(error_frame(Some(&id), &f.error)).await;
             return id;
         }
     };
     inner.metrics.open_streams(ROUTE, 1);
     let mut first = true;
     let mut outcome = ClientOutcome::Cancelled;
-    while let Some(item) = stream.next().await {
-        let frame = match item {
-            Ok(Received::Record(r)) => {
-                if let Some(err) = r.error() {
-                    outcome = ClientOutcome::of_error(&err.kind);
-                    error_frame(Some(&id), err)
-                } else {
-                    if r.is_terminal() {
-                        outcome = ClientOutcome::Success;
-                    }
-                    json!({ "id": id, "response": response_object(&r), "complete": r.is_terminal() })
-                        .to_string()
+    while let Some(piece) = reader.next().await {
+        let frame = match piece {
+            Piece::Record(r) => {
+                if r.is_terminal() {
+                    outcome = ClientOutcome::Success;
                 }
+                json!({ "id": id, "response": response_object(&r), "complete": r.is_terminal() })
+                    .to_string()
             }
-            Ok(Received::Restarted) => {
+            Piece::Restarted => {
                 // sluice's addition: an empty response object flagged `restarted`; older
                 // clients append nothing and read on.
                 let mut obj = response_object(&K::Response::default());
@@ -320,10 +312,9 @@ async fn serve<K: Routed>(
                 }
                 json!({ "id": id, "response": obj, "complete": false }).to_string()
             }
-            Err(e) => {
-                let err = client_error(&e);
-                outcome = ClientOutcome::of_error(&err.kind);
-                error_frame(Some(&id), &err)
+            Piece::Failed(f) => {
+                outcome = ClientOutcome::of_error(&f.error.kind);
+                error_frame(Some(&id), &f.error)
             }
         };
         if first {

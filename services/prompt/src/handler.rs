@@ -24,8 +24,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::Value;
 use sluice_runtime::{
-    client::{ClientError, Received, RequestClient, RequestOptions, ResponseStream},
+    client::{ClientError, RequestClient, RequestOptions},
     processor::{Handler, RequestContext, ResponseSink},
+    reader::{Failure, OnRestart, Piece, ReadPolicy, Reader},
 };
 use sluice_schema::{
     Error, ErrorKind, PendingUsage, PromptRequest, PromptResponse, TextCompletionRequest,
@@ -74,15 +75,20 @@ fn with_usage(pending: &mut PendingUsage) -> PromptResponse {
     }
 }
 
-fn client_error(e: &ClientError) -> Error {
-    e.to_error("text-completion", ErrorKind::Llm)
-}
+/// A text-completion answer as the prompt service reads it.
+type LlmReader = Reader<TextCompletionResponse>;
 
-fn restarted() -> Error {
-    Error::new(
-        ErrorKind::Llm,
-        "text-completion restarted its answer after part of it was published; send the request again",
-    )
+/// How the prompt service reads text-completion's answers: a restart starts the answer over
+/// while nothing of it was published, and ends it after that (a published record cannot be
+/// taken back); a client-side failure is reported with the prompt service's kind.
+fn read_policy() -> ReadPolicy {
+    ReadPolicy {
+        on_restart: OnRestart::StartOver(Error::new(
+            ErrorKind::Llm,
+            "text-completion restarted its answer after part of it was published; send the request again",
+        )),
+        client_error: |e: &ClientError| e.to_error("text-completion", ErrorKind::Llm),
+    }
 }
 
 /// The state of one answer.
@@ -91,12 +97,10 @@ struct Answer<'a> {
     pending: PendingUsage,
     template: Arc<Template>,
     metrics: &'a PromptMetrics,
-    published: bool,
 }
 
 impl Answer<'_> {
     async fn send(&mut self, record: PromptResponse) -> Result<(), Error> {
-        self.published = true;
         self.sink
             .send(record)
             .await
@@ -113,6 +117,19 @@ impl Answer<'_> {
             r.lines_skipped = Some(skipped);
         }
         self.send(r).await
+    }
+
+    /// Ends the stream as text-completion's answer failed: its error, with the usage its
+    /// error record carried.
+    async fn failed(
+        &mut self,
+        f: Failure<TextCompletionResponse>,
+        counts: Option<(u64, u64)>,
+    ) -> Result<(), Error> {
+        if let Some(r) = &f.record {
+            self.pending.add(r);
+        }
+        self.fail(f.error, counts).await
     }
 
     /// Corrects and validates `value`; `Err` is why it is dropped (and the metric's reason).
@@ -197,44 +214,45 @@ impl Handler for PromptService {
             ..RequestOptions::default()
         };
         debug!(template = %request.id, ?mode, "rendered; calling text-completion");
-        let stream = self
+        let reader = self
             .llm
-            .request_with(&completion, options)
+            .read(&completion, options, read_policy())
             .await
-            .map_err(|e| client_error(&e))?;
+            .map_err(|f| f.error)?;
         let mut answer = Answer {
             sink,
             pending: PendingUsage::default(),
             template: rendered.template,
             metrics: &self.metrics,
-            published: false,
         };
         match mode {
-            ResponseType::Text => text(&mut answer, stream).await,
-            ResponseType::Json => json(&mut answer, stream).await,
-            ResponseType::Jsonl => jsonl(&mut answer, stream, request.streaming).await,
+            ResponseType::Text => text(&mut answer, reader).await,
+            ResponseType::Json => json(&mut answer, reader).await,
+            ResponseType::Jsonl => jsonl(&mut answer, reader, request.streaming).await,
         }
     }
 }
 
-async fn text(
-    a: &mut Answer<'_>,
-    mut stream: ResponseStream<TextCompletionResponse>,
-) -> Result<(), Error> {
-    while let Some(item) = stream.next().await {
-        let r = match item {
-            Ok(Received::Record(r)) => r,
-            Ok(Received::Restarted) if a.published => return a.fail(restarted(), None).await,
-            Ok(Received::Restarted) => {
+/// A stream the reader ended without its terminal record: a guard, not a path (a reader's last
+/// piece is its terminal record or a failure).
+fn unfinished() -> Error {
+    Error::new(
+        ErrorKind::Internal,
+        "the text-completion stream ended without a final record",
+    )
+}
+
+async fn text(a: &mut Answer<'_>, mut reader: LlmReader) -> Result<(), Error> {
+    while let Some(piece) = reader.next().await {
+        let r = match piece {
+            Piece::Record(r) => r,
+            Piece::Restarted => {
                 a.pending = PendingUsage::default();
                 continue;
             }
-            Err(e) => return a.fail(client_error(&e), None).await,
+            Piece::Failed(f) => return a.failed(f, None).await,
         };
         a.pending.add(&r);
-        if let Some(e) = r.error {
-            return a.fail(e, None).await;
-        }
         if r.end_of_stream {
             let mut last = with_usage(&mut a.pending);
             last.text = Some(r.response);
@@ -245,61 +263,32 @@ async fn text(
             let mut rec = with_usage(&mut a.pending);
             rec.text = Some(r.response);
             a.send(rec).await?;
+            reader.commit();
         }
     }
-    a.fail(
-        Error::new(
-            ErrorKind::Internal,
-            "the text-completion stream ended without a final record",
-        ),
-        None,
-    )
-    .await
+    a.fail(unfinished(), None).await
 }
 
-/// Reads the whole completion; `Err` when it failed (already answered).
-async fn whole(
-    a: &mut Answer<'_>,
-    mut stream: ResponseStream<TextCompletionResponse>,
-) -> Result<Option<String>, Error> {
+async fn json(a: &mut Answer<'_>, mut reader: LlmReader) -> Result<(), Error> {
+    // Nothing is passed on before the whole answer: a restart starts it over.
     let mut text = String::new();
-    while let Some(item) = stream.next().await {
-        let r = match item {
-            Ok(Received::Record(r)) => r,
-            Ok(Received::Restarted) => {
+    loop {
+        match reader.next().await {
+            Some(Piece::Record(r)) => {
+                a.pending.add(&r);
+                text.push_str(&r.response);
+                if r.end_of_stream {
+                    break;
+                }
+            }
+            Some(Piece::Restarted) => {
                 text.clear();
                 a.pending = PendingUsage::default();
-                continue;
             }
-            Err(e) => return a.fail(client_error(&e), None).await.map(|()| None),
-        };
-        a.pending.add(&r);
-        if let Some(e) = r.error {
-            return a.fail(e, None).await.map(|()| None);
-        }
-        text.push_str(&r.response);
-        if r.end_of_stream {
-            return Ok(Some(text));
+            Some(Piece::Failed(f)) => return a.failed(f, None).await,
+            None => return a.fail(unfinished(), None).await,
         }
     }
-    a.fail(
-        Error::new(
-            ErrorKind::Internal,
-            "the text-completion stream ended without a final record",
-        ),
-        None,
-    )
-    .await
-    .map(|()| None)
-}
-
-async fn json(
-    a: &mut Answer<'_>,
-    stream: ResponseStream<TextCompletionResponse>,
-) -> Result<(), Error> {
-    let Some(text) = whole(a, stream).await? else {
-        return Ok(());
-    };
     let id = a.template.id.clone();
     let mut value = match extract_json(&text) {
         Ok(v) => v,
@@ -324,41 +313,24 @@ async fn json(
     a.send(last).await
 }
 
-async fn jsonl(
-    a: &mut Answer<'_>,
-    mut stream: ResponseStream<TextCompletionResponse>,
-    streaming: bool,
-) -> Result<(), Error> {
+async fn jsonl(a: &mut Answer<'_>, mut reader: LlmReader, streaming: bool) -> Result<(), Error> {
     let mut parser = JsonlParser::default();
     let (mut emitted, mut skipped) = (0u64, 0u64);
     let mut collected: Vec<Value> = Vec::new();
     let id = a.template.id.clone();
-    loop {
-        let Some(item) = stream.next().await else {
-            let e = Error::new(
-                ErrorKind::Internal,
-                "the text-completion stream ended without a final record",
-            );
-            return a.fail(e, Some((emitted, skipped))).await;
-        };
-        let r = match item {
-            Ok(Received::Record(r)) => r,
-            Ok(Received::Restarted) if a.published => {
-                return a.fail(restarted(), Some((emitted, skipped))).await;
-            }
-            Ok(Received::Restarted) => {
+    while let Some(piece) = reader.next().await {
+        let r = match piece {
+            Piece::Record(r) => r,
+            Piece::Restarted => {
                 parser = JsonlParser::default();
                 (emitted, skipped) = (0, 0);
                 collected.clear();
                 a.pending = PendingUsage::default();
                 continue;
             }
-            Err(e) => return a.fail(client_error(&e), Some((emitted, skipped))).await,
+            Piece::Failed(f) => return a.failed(f, Some((emitted, skipped))).await,
         };
         a.pending.add(&r);
-        if let Some(e) = r.error {
-            return a.fail(e, Some((emitted, skipped))).await;
-        }
         let mut items = parser.push(&r.response);
         if r.end_of_stream {
             items.extend(parser.finish());
@@ -385,6 +357,7 @@ async fn jsonl(
                 let mut rec = with_usage(&mut a.pending);
                 rec.object = Some(value.to_string());
                 a.send(rec).await?;
+                reader.commit();
             } else {
                 collected.push(value);
             }
@@ -401,6 +374,7 @@ async fn jsonl(
             return a.send(last).await;
         }
     }
+    a.fail(unfinished(), Some((emitted, skipped))).await
 }
 
 #[cfg(test)]

@@ -983,19 +983,6 @@ impl<R: ResponseRecord> ResponseStream<R> {
         Ok(records)
     }
 
-    /// The answer's last record (its terminal one, unless the stream ended without it), once
-    /// the stream has ended, holding no other record meanwhile.
-    pub async fn last(mut self) -> Result<Option<R>, ClientError> {
-        let mut last = None;
-        while let Some(item) = self.next().await {
-            match item? {
-                Received::Record(r) => last = Some(r),
-                Received::Restarted => last = None,
-            }
-        }
-        Ok(last)
-    }
-
     /// Adapts this into a `futures::Stream`.
     pub fn into_stream(self) -> impl futures::Stream<Item = Result<Received<R>, ClientError>> {
         futures::stream::unfold(self, |mut s| async move { s.next().await.map(|i| (i, s)) })

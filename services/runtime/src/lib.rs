@@ -4,6 +4,7 @@
 //! - [`processor`]: the consume loop a service plugs its handler into;
 //! - [`sink`]: the response sink, which publishes a request's records and paces them;
 //! - [`client`]: the request/response client for calling a service over the bus;
+//! - [`reader`]: reading a response stream under a restart policy, failures as error records;
 //! - [`flows`]: flows assigned by TrustGraph's config service (`--config-service`);
 //! - [`cancel`]: client cancellation over the bus;
 //! - [`ndjson`]: the incremental NDJSON line splitter of the seeds;
@@ -19,6 +20,7 @@ pub mod client;
 pub mod flows;
 pub mod ndjson;
 pub mod processor;
+pub mod reader;
 pub mod secret;
 pub mod sink;
 mod store;

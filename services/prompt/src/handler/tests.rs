@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use sluice_runtime::{
     bus::{Bus, memory::MemoryBus},
-    client::ClientConfig,
+    client::{ClientConfig, Received, ResponseStream},
     processor::{self, ProcessorConfig},
     telemetry::Telemetry,
     testkit::ServiceStub,
