@@ -23,7 +23,11 @@ use sluice_runtime::{
 };
 use sluice_tests::{Broker, TextClient};
 
-use crate::{Durability, hist, spawn_text_completion_process, stream_req};
+use crate::{
+    procs::{Durability, spawn_text_completion_process},
+    report::hist,
+    text_completion::stream_req,
+};
 
 /// Records per answer: 50 tokens and the terminal record.
 const RECORDS: usize = 51;
@@ -197,7 +201,7 @@ async fn load(
         }
     }
     if row.lost > 0 {
-        row.detect_p50_ms = crate::ms(&detect, 0.5);
+        row.detect_p50_ms = crate::report::ms(&detect, 0.5);
         row.detect_max_ms = detect.max() as f64 / 1000.0;
     }
     row
@@ -235,7 +239,7 @@ pub async fn bench(
     let _ = writeln!(
         md,
         "{}: Pulsar standalone on loopback; one `sluice text-completion` process, 51-record answers from the fake OpenAI server, one client on its own runtime, callers in a closed loop ({per_caller} requests each).\n",
-        crate::provenance()
+        crate::report::provenance()
     );
     let _ = writeln!(
         md,

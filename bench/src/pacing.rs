@@ -13,7 +13,7 @@ use sluice_tests::{
     tg_load::{self, Flow},
 };
 
-use crate::wait_ready;
+use crate::procs::wait_ready;
 use sluice_tests::free_port;
 
 /// One process and one load: what TrustGraph's client saw.
@@ -65,7 +65,7 @@ pub async fn bench(broker: &Broker, levels: &[u64], per_caller: u64) -> (String,
     let _ = writeln!(
         md,
         "{}: Pulsar standalone on loopback; one `sluice text-completion --topic-mapping trustgraph` process (default pacing settings when paced: 100 ms, 1,000 records/s); the fake model streams 50 tokens 10 ms apart after 200 ms; TrustGraph's own client (trustgraph-base 2.11.1 `RequestResponseClient`, one consumer, receiver queue 1,000; `tests/py/tg/llm_load.py`), callers in a closed loop ({per_caller} requests each), a record gap of 30 s ends a request as timed out.\n",
-        crate::provenance()
+        crate::report::provenance()
     );
     let _ = writeln!(
         md,

@@ -10,7 +10,7 @@
 
 use std::fmt::Write as _;
 
-use crate::{terminate, wait_ready};
+use crate::procs::{terminate, wait_ready};
 use hdrhistogram::Histogram;
 use sluice_runtime::client::{ClientConfig, Received, RequestClient};
 use sluice_schema::{PromptRequest, PromptResponse, TextCompletionRequest};
@@ -245,19 +245,19 @@ pub async fn bench(broker: &Broker, requests: u64, objects: u64) -> (String, ser
     let _ = writeln!(
         md,
         "{}: Pulsar standalone on loopback, `sluice prompt` and `sluice text-completion` as processes, fake OpenAI server.\n",
-        crate::provenance()
+        crate::report::provenance()
     );
     let _ = writeln!(
         md,
         "| a line's last token leaving the provider → its record at a client | p50 ms | p99 ms |"
     );
     let _ = writeln!(md, "|---|---|---|");
-    crate::quantile_row(
+    crate::report::quantile_row(
         &mut md,
         "text-completion record carrying the token (client → text-completion directly)",
         &direct,
     );
-    crate::quantile_row(
+    crate::report::quantile_row(
         &mut md,
         "prompt `object` record (client → prompt → text-completion)",
         &via_prompt,
@@ -265,7 +265,7 @@ pub async fn bench(broker: &Broker, requests: u64, objects: u64) -> (String, ser
     let _ = writeln!(
         md,
         "| what the prompt hop adds (p50 difference) | {:.2} | |",
-        crate::ms(&via_prompt, 0.5) - crate::ms(&direct, 0.5)
+        crate::report::ms(&via_prompt, 0.5) - crate::report::ms(&direct, 0.5)
     );
     let _ = writeln!(
         md,
@@ -282,8 +282,8 @@ pub async fn bench(broker: &Broker, requests: u64, objects: u64) -> (String, ser
     );
     let json = serde_json::json!({
         "line_to_record_ms": {
-            "direct": {"p50": crate::ms(&direct, 0.5), "p99": crate::ms(&direct, 0.99)},
-            "prompt": {"p50": crate::ms(&via_prompt, 0.5), "p99": crate::ms(&via_prompt, 0.99)},
+            "direct": {"p50": crate::report::ms(&direct, 0.5), "p99": crate::report::ms(&direct, 0.99)},
+            "prompt": {"p50": crate::report::ms(&via_prompt, 0.5), "p99": crate::report::ms(&via_prompt, 0.99)},
         },
         "objects_per_s": objects_per_s,
         "text_completion_records_per_s": records_per_s,

@@ -1,0 +1,312 @@
+//! The gateway scenario: the gateway's routes (NDJSON, OpenAI's) over the broker against
+//! calling the fake provider directly.
+
+use std::{
+    fmt::Write as _, sync::Arc, sync::atomic::AtomicU64, sync::atomic::Ordering, time::Duration,
+    time::Instant,
+};
+
+use futures::StreamExt;
+use sluice_tests::{Broker, free_port};
+
+use crate::{procs::*, report::*};
+
+/// POSTs one NDJSON request to the gateway and reads its stream to the end. Returns the time
+/// to the first `token` line and whether the stream ended with a successful `done`.
+pub(crate) async fn gateway_call(http: &reqwest::Client, url: &str) -> (Option<Duration>, bool) {
+    let t0 = Instant::now();
+    let resp = http
+        .post(url)
+        .header("accept", "application/x-ndjson")
+        .json(&serde_json::json!({"prompt": "bench"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        resp.status().is_success(),
+        "gateway answered {}",
+        resp.status()
+    );
+    let mut body = resp.bytes_stream();
+    let (mut buf, mut first, mut ok) = (Vec::new(), None, false);
+    while let Some(bytes) = body.next().await {
+        buf.extend_from_slice(&bytes.unwrap());
+        while let Some(end) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=end).collect();
+            let event: serde_json::Value = serde_json::from_slice(&line).unwrap();
+            match event["type"].as_str() {
+                Some("token") if first.is_none() => first = Some(t0.elapsed()),
+                Some("done") => ok = event["reason"] == "success",
+                _ => {}
+            }
+        }
+    }
+    (first, ok)
+}
+
+/// POSTs one streaming request to the gateway's OpenAI route and reads its SSE to the end.
+/// Returns the time to the first chunk carrying content and whether `[DONE]` arrived.
+pub(crate) async fn openai_route_call(
+    http: &reqwest::Client,
+    url: &str,
+    model: &str,
+) -> (Option<Duration>, bool) {
+    let t0 = Instant::now();
+    let resp = http
+        .post(url)
+        .json(&serde_json::json!({"model": model, "stream": true,
+            "messages": [{"role": "user", "content": "bench"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        resp.status().is_success(),
+        "the OpenAI route answered {}",
+        resp.status()
+    );
+    let mut body = resp.bytes_stream();
+    let (mut buf, mut first, mut ok) = (Vec::new(), None, false);
+    while let Some(bytes) = body.next().await {
+        buf.extend_from_slice(&bytes.unwrap());
+        while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = buf.drain(..end + 2).collect();
+            let event = String::from_utf8_lossy(&event);
+            // The role chunk carries `"content":""`; the first token is the first non-empty one.
+            if first.is_none()
+                && event.contains("\"content\"")
+                && !event.contains("\"content\":\"\"")
+            {
+                first = Some(t0.elapsed());
+            }
+            ok |= event.contains("[DONE]");
+        }
+    }
+    (first, ok)
+}
+
+/// Calls the fake OpenAI server directly, streaming, as a provider SDK would. Returns the time
+/// to the first SSE event carrying content and whether `[DONE]` arrived.
+pub(crate) async fn direct_call(
+    http: &reqwest::Client,
+    url: &str,
+    model: &str,
+) -> (Option<Duration>, bool) {
+    let t0 = Instant::now();
+    let resp = http
+        .post(url)
+        .json(&serde_json::json!({"model": model, "stream": true,
+            "messages": [{"role": "user", "content": "bench"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        resp.status().is_success(),
+        "fake answered {}",
+        resp.status()
+    );
+    let mut body = resp.bytes_stream();
+    let (mut buf, mut first, mut ok) = (Vec::new(), None, false);
+    while let Some(bytes) = body.next().await {
+        buf.extend_from_slice(&bytes.unwrap());
+        while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = buf.drain(..end + 2).collect();
+            let event = String::from_utf8_lossy(&event);
+            if first.is_none() && event.contains("\"content\"") {
+                first = Some(t0.elapsed());
+            }
+            ok |= event.contains("[DONE]");
+        }
+    }
+    (first, ok)
+}
+
+/// Requests per second through the gateway with `streams` concurrent HTTP streams, and how
+/// many of the `total` requests ended with a successful `done`.
+pub(crate) async fn gateway_throughput(url: &str, streams: u64, total: u64) -> (f64, u64) {
+    let http = reqwest::Client::new();
+    let remaining = Arc::new(AtomicU64::new(total));
+    let succeeded = Arc::new(AtomicU64::new(0));
+    let t0 = Instant::now();
+    let workers: Vec<_> = (0..streams)
+        .map(|_| {
+            let (http, url, remaining, succeeded) = (
+                http.clone(),
+                url.to_owned(),
+                remaining.clone(),
+                succeeded.clone(),
+            );
+            tokio::spawn(async move {
+                while remaining
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_sub(1))
+                    .is_ok()
+                {
+                    if gateway_call(&http, &url).await.1 {
+                        succeeded.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.unwrap();
+    }
+    (
+        total as f64 / t0.elapsed().as_secs_f64(),
+        succeeded.load(Ordering::Relaxed),
+    )
+}
+
+pub(crate) async fn gateway_bench(
+    broker: &Broker,
+    requests: u64,
+    levels: &[u64],
+    throughput_requests: u64,
+) -> (String, serde_json::Value) {
+    sluice_runtime::install_crypto_provider();
+    let fake = sluice_tests::fake_openai::FakeOpenAi::start().await;
+    let fake_url = format!("{}/v1/chat/completions", fake.base_url());
+    // The gateway as deployed: its own process on the default topics, where the processor
+    // process answers.
+    let metrics_port = free_port();
+    let mut gateway = sluice_process(&[
+        "gateway",
+        "--services",
+        "text-completion",
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-addr",
+        &format!("127.0.0.1:{metrics_port}"),
+        "--pulsar-url",
+        &broker.url,
+        "--pulsar-admin-url",
+        &broker.admin_url,
+    ]);
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(
+        gateway.stdout.take().unwrap(),
+    ));
+    let addr = loop {
+        let line = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("the gateway exited before it listened; see its error above");
+        if let Some(addr) = line.strip_prefix("gateway listening on ") {
+            break addr.trim().to_owned();
+        }
+    };
+    wait_ready(&mut gateway, metrics_port).await;
+    let url = format!("http://{addr}/api/v1/text-completion");
+    let openai_url = format!("http://{addr}/v1/chat/completions");
+
+    // (1) Time to first token, interleaved: the fake called directly vs through the gateway.
+    // The fake's first token comes 2 ms after the request, as in the text-completion scenario.
+    let model = "tokens-5-2";
+    let processor = gateway_processor(broker, &fake.base_url(), model).await;
+    let http = reqwest::Client::new();
+    let (mut h_direct, mut h_gateway, mut h_openai) = (hist(), hist(), hist());
+    for i in 0..requests + 50 {
+        let (d, d_ok) = direct_call(&http, &fake_url, model).await;
+        let (g, g_ok) = gateway_call(&http, &url).await;
+        let (o, o_ok) = openai_route_call(&http, &openai_url, model).await;
+        assert!(d_ok && g_ok && o_ok, "a stream did not complete");
+        if i >= 50 {
+            h_direct.record(d.unwrap().as_micros() as u64).unwrap();
+            h_gateway.record(g.unwrap().as_micros() as u64).unwrap();
+            h_openai.record(o.unwrap().as_micros() as u64).unwrap();
+        }
+    }
+    terminate(processor).await;
+
+    // (2) Requests/s with short streams (5 tokens, no delay) at each concurrency.
+    let processor = gateway_processor(broker, &fake.base_url(), "tokens-5-0").await;
+    // Warm-up, unrecorded: the broker's JIT and the connection pools.
+    let _ = gateway_throughput(&url, 64, throughput_requests / 5).await;
+    let mut rps = Vec::new();
+    for &streams in levels {
+        let n = if streams == 1 {
+            throughput_requests / 10
+        } else {
+            throughput_requests
+        };
+        eprintln!("gateway throughput with {streams} concurrent streams …");
+        let (r, ok) = gateway_throughput(&url, streams, n).await;
+        rps.push((streams, r, ok, n));
+    }
+    terminate(processor).await;
+    terminate(gateway).await;
+
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "{}: Pulsar standalone on loopback, fake OpenAI server over HTTP; `sluice gateway` and `sluice text-completion` as processes.\n",
+        provenance()
+    );
+    let (d50, d99, g50, g99) = (
+        ms(&h_direct, 0.5),
+        ms(&h_direct, 0.99),
+        ms(&h_gateway, 0.5),
+        ms(&h_gateway, 0.99),
+    );
+    let _ = writeln!(
+        md,
+        "| time to first token (NDJSON `token` line vs first SSE content event) | p50 ms | p99 ms |\n|---|---|---|"
+    );
+    let _ = writeln!(
+        md,
+        "| fake provider called directly (reqwest, streaming) | {d50:.2} | {d99:.2} |"
+    );
+    let _ = writeln!(
+        md,
+        "| HTTP → `sluice gateway` → broker → `sluice text-completion` → provider → broker → gateway → HTTP | {g50:.2} | {g99:.2} |"
+    );
+    let (o50, o99) = (ms(&h_openai, 0.5), ms(&h_openai, 0.99));
+    let _ = writeln!(
+        md,
+        "| the same through the OpenAI route (`POST /v1/chat/completions`, SSE chunks) | {o50:.2} | {o99:.2} |"
+    );
+    let _ = writeln!(
+        md,
+        "| ratio (gateway / direct) | {:.2}x | {:.2}x |",
+        g50 / d50,
+        g99 / d99
+    );
+    let _ = writeln!(
+        md,
+        "| ratio (OpenAI route / direct) | {:.2}x | {:.2}x |",
+        o50 / d50,
+        o99 / d99
+    );
+    let _ = writeln!(
+        md,
+        "| ratio (OpenAI route / NDJSON events route) | {:.2}x | {:.2}x |",
+        o50 / g50,
+        o99 / g99
+    );
+    let _ = writeln!(
+        md,
+        "| overhead (difference) | {:.2} | {:.2} |\n",
+        g50 - d50,
+        g99 - d99
+    );
+    let _ = writeln!(
+        md,
+        "| concurrent HTTP streams (5 tokens each, no delay) | requests/s | completed |\n|---|---|---|"
+    );
+    for (streams, r, ok, n) in &rps {
+        let _ = writeln!(md, "| {streams} | {r:.0} | {ok}/{n} |");
+    }
+    let json = serde_json::json!({
+        "ttft_ms": {
+            "direct": {"p50": d50, "p99": d99},
+            "gateway": {"p50": g50, "p99": g99},
+            "openai_route": {"p50": o50, "p99": o99},
+            "openai_route_vs_gateway": {"p50": o50 / g50, "p99": o99 / g99},
+            "ratio": {"p50": g50 / d50, "p99": g99 / d99},
+            "overhead": {"p50": g50 - d50, "p99": g99 - d99},
+        },
+        "requests_per_s": rps.iter().map(|(c, r, ok, n)| (c.to_string(),
+            serde_json::json!({"requests_per_s": r, "completed": ok, "requests": n})))
+            .collect::<std::collections::BTreeMap<_, _>>(),
+    });
+    (md, json)
+}
