@@ -78,13 +78,13 @@ k8s_build_pid="" docs_install_pid="" prefetch_pid="" fuzz_build_pid="" llm_build
 k8s_build_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/k8s-build.log"
 mkdir -p "$(dirname "$k8s_build_log")"
 if want k8s; then
-  nice -n 19 deploy/k8s-local/cluster.sh build >"$k8s_build_log" 2>&1 &
+  setsid -w nice -n 19 deploy/k8s-local/cluster.sh build >"$k8s_build_log" 2>&1 &
   k8s_build_pid=$!
 fi
 # mdBook (cargo install, ~3 min of CPU once) for the documentation stage, the same way.
 docs_install_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/docs-install.log"
 if want docs; then
-  nice -n 19 bash scripts/docs.sh install >"$docs_install_log" 2>&1 &
+  setsid -w nice -n 19 bash scripts/docs.sh install >"$docs_install_log" 2>&1 &
   docs_install_pid=$!
 fi
 # The fuzzing's build (cargo-afl, AFL++ and the instrumented fuzz workspace: ~15 min of both
@@ -93,25 +93,33 @@ fi
 # (2026-11-27). The stages that need them wait for them.
 fuzz_build_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/fuzz-build.log"
 if want checks; then
-  nice -n 19 bash scripts/fuzz.sh build >"$fuzz_build_log" 2>&1 &
+  setsid -w nice -n 19 bash scripts/fuzz.sh build >"$fuzz_build_log" 2>&1 &
   fuzz_build_pid=$!
 fi
 llm_build_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/llm-build.log"
 if want broker; then
-  nice -n 19 deploy/local-llm/llama-server.sh build >"$llm_build_log" 2>&1 &
+  setsid -w nice -n 19 deploy/local-llm/llama-server.sh build >"$llm_build_log" 2>&1 &
   llm_build_pid=$!
 fi
+# The background builds above run under `setsid`, each in a process group of its own whose id
+# is its pid: wait_job raises the priority of all of it, and stop_background ends all of it.
 # The background jobs above and below, stopped when this script ends early.
 stop_background() {
   local pid
-  for pid in "$k8s_build_pid" "$docs_install_pid" "$prefetch_pid" "$fuzz_build_pid" "$llm_build_pid"; do
-    [ -z "$pid" ] || kill "$pid" 2>/dev/null || true
+  for pid in "$k8s_build_pid" "$docs_install_pid" "$fuzz_build_pid" "$llm_build_pid"; do
+    [ -z "$pid" ] || kill -- "-$pid" 2>/dev/null || kill "$pid" 2>/dev/null || true
   done
+  [ -z "$prefetch_pid" ] || kill "$prefetch_pid" 2>/dev/null || true
 }
 trap stop_background EXIT
 # wait_job PID LOG WHAT: waits for a background job; if it failed, shows its log's tail and
-# ends the run.
+# ends the run. The run has nothing else to do meanwhile, so the job (its process group, the
+# compilers it starts included) goes on at normal priority: at nice 19 it shared the CPU with
+# the other background builds while the run waited (from nothing, llama-server's build held
+# the local-LLM stage for many minutes that way, 2026-11-27). Without the right to raise a
+# priority (not root), it goes on as it was.
 wait_job() {
+  renice -n 0 -g "$1" >/dev/null 2>&1 || true
   wait "$1" && return 0
   echo "$3 failed; its log:" >&2
   tail -n 40 "$2" >&2
