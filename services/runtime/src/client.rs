@@ -1006,13 +1006,13 @@ impl<R> Drop for ResponseStream<R> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use sluice_schema::{TextCompletionRequest, TextCompletionResponse};
 
     use super::*;
     use crate::bus::{Subscription, memory::MemoryBus};
 
-    type Client = RequestClient<TextCompletionRequest, TextCompletionResponse>;
+    pub(crate) type Client = RequestClient<TextCompletionRequest, TextCompletionResponse>;
 
     /// A service that calls another reports the client's failure with the kind it stands
     /// for, and its own kind where the other service could not be reached.
@@ -1059,7 +1059,10 @@ mod tests {
         }
     }
 
-    async fn setup() -> (MemoryBus, Box<dyn Subscription>, Client) {
+    /// A client of service `svc` on the in-process bus (requests on `req`, answers on `resp`,
+    /// 300 ms inactivity timeout) and the service's request subscription; the reader's tests
+    /// use it too.
+    pub(crate) async fn setup() -> (MemoryBus, Box<dyn Subscription>, Client) {
         let bus = MemoryBus::default();
         let requests = bus
             .subscribe("req", "svc", SubscribeOptions::shared(10))

@@ -1,26 +1,8 @@
-use std::{sync::Arc, time::Duration};
-
 use sluice_schema::{Error, ErrorKind, TextCompletionRequest, TextCompletionResponse, properties};
 
 use super::*;
-use crate::bus::{Bus, Message, SubscribeOptions, Subscription, memory::MemoryBus};
-use crate::client::{ClientConfig, RequestClient};
-
-type Client = RequestClient<TextCompletionRequest, TextCompletionResponse>;
-
-async fn setup() -> (MemoryBus, Box<dyn Subscription>, Client) {
-    let bus = MemoryBus::default();
-    let requests = bus
-        .subscribe("req", "svc", SubscribeOptions::shared(10))
-        .await
-        .unwrap();
-    let mut config = ClientConfig::new("test", "req", "resp");
-    config.inactivity_timeout = Duration::from_millis(300);
-    let client = Client::start(Arc::new(bus.clone()), config, None)
-        .await
-        .unwrap();
-    (bus, requests, client)
-}
+use crate::bus::{Bus, Message, memory::MemoryBus};
+use crate::client::tests::{Client, setup};
 
 /// Publishes a record of attempt `attempt` of request `id`.
 async fn reply(bus: &MemoryBus, id: &str, attempt: &str, r: TextCompletionResponse) {
