@@ -43,7 +43,11 @@ use std::{
 
 use serde::Serialize;
 use sluice_schema::{Error, ErrorKind, ResponseRecord, properties};
-use tokio::{sync::mpsc, task::JoinHandle, time::Instant};
+use tokio::{
+    sync::{mpsc, watch},
+    task::JoinHandle,
+    time::Instant,
+};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
@@ -332,14 +336,49 @@ impl ProducerSequences {
 
 type Routes<R> = Arc<Mutex<HashMap<String, Route<R>>>>;
 
-/// The publisher of cancels, once it exists.
-type CancelPublisher = Arc<std::sync::OnceLock<Arc<dyn Publisher>>>;
+/// The publisher of cancels: `None` until it exists. Its sender is dropped without a value if
+/// it cannot be made.
+type CancelPublisher = watch::Receiver<Option<Arc<dyn Publisher>>>;
+
+/// How long a cancel waits for the cancel publisher that is still being made: beyond it, the
+/// request it stands for has most likely ended anyway.
+const CANCEL_PUBLISHER_WAIT: Duration = Duration::from_secs(30);
+
+/// Publishes a cancel for `id` once the cancel publisher exists, without waiting: a stream
+/// dropped while the publisher was still being made (the first seconds after start-up, on a
+/// broker slow to look the topic up) is cancelled when it exists, not forgotten.
+fn cancel_when_ready(publisher: Option<CancelPublisher>, id: String) {
+    let Some(mut publisher) = publisher else {
+        return;
+    };
+    let ready = publisher.borrow().clone();
+    if let Some(p) = ready {
+        crate::cancel::send_cancel(p, id);
+        return;
+    }
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        let ready =
+            tokio::time::timeout(CANCEL_PUBLISHER_WAIT, publisher.wait_for(Option::is_some))
+                .await
+                .ok()
+                .and_then(|r| r.ok().and_then(|p| p.clone()));
+        match ready {
+            Some(p) => crate::cancel::send_cancel(p, id),
+            None => warn!(request_id = %id,
+                          "a cancel was not published: there is no cancel publisher"),
+        }
+    });
+}
 
 /// A request/response client for one service. Cheap to share behind an `Arc`.
 pub struct RequestClient<Req, Resp: ResponseRecord> {
     config: ClientConfig,
     publisher: Arc<dyn Publisher>,
-    cancel: CancelPublisher,
+    /// `None`: no cancel topic.
+    cancel: Option<CancelPublisher>,
     routes: Routes<Resp>,
     metrics: Option<RuntimeMetrics>,
     link: Link,
@@ -359,20 +398,23 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
         // The cancel publisher is a convenience: it must not hold up start-up (a missing
         // namespace makes the broker lookup retry for a long time). Wait briefly, then let it
         // finish in the background; until it exists, dropped streams are not cancelled.
-        let cancel: CancelPublisher = Arc::default();
-        if let Some(topic) = config.cancel_topic.clone() {
-            let (slot, bus, service) = (cancel.clone(), bus.clone(), config.service.clone());
+        let cancel = if let Some(topic) = config.cancel_topic.clone() {
+            let (slot, cancel) = watch::channel(None);
+            let (bus, service) = (bus.clone(), config.service.clone());
             let create = tokio::spawn(async move {
                 match bus.publisher(&topic).await {
                     Ok(p) => {
-                        let _ = slot.set(p);
+                        let _ = slot.send(Some(p));
                     }
                     Err(e) => warn!(service = %service, topic = %topic, error = %e,
                                     "cancels cannot be published: requests abandoned by their caller run to the end"),
                 }
             });
             let _ = tokio::time::timeout(Duration::from_secs(2), create).await;
-        }
+            Some(cancel)
+        } else {
+            None
+        };
         let mut options = SubscribeOptions::exclusive(1000);
         options.consumer_name = Some(config.subscription.clone());
         let subscription = bus
@@ -456,7 +498,7 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
             id: id.clone(),
             rx,
             routes: self.routes.clone(),
-            cancel: Some(self.cancel.clone()),
+            cancel: self.cancel.clone(),
             metrics: self.metrics.clone(),
             service: self.config.service.clone(),
             inactivity: options
@@ -890,9 +932,7 @@ impl<R: ResponseRecord> ResponseStream<R> {
                 Ok(None) => return self.finish(ClientOutcome::Failed, Err(ClientError::Closed)),
                 Err(_) => {
                     // The caller stops waiting: the service should stop working on it too.
-                    if let Some(publisher) = self.cancel.take().and_then(|c| c.get().cloned()) {
-                        crate::cancel::send_cancel(publisher, self.id.clone());
-                    }
+                    cancel_when_ready(self.cancel.take(), self.id.clone());
                     let (outcome, error) = if Some(deadline) == loss_deadline {
                         (
                             ClientOutcome::Lost,
@@ -923,9 +963,7 @@ impl<R: ResponseRecord> ResponseStream<R> {
                     continue;
                 }
                 Routed::Lost { expected, received } => {
-                    if let Some(publisher) = self.cancel.take().and_then(|c| c.get().cloned()) {
-                        crate::cancel::send_cancel(publisher, self.id.clone());
-                    }
+                    cancel_when_ready(self.cancel.take(), self.id.clone());
                     self.finish(
                         ClientOutcome::Lost,
                         Err(ClientError::RecordsLost { expected, received }),
@@ -933,9 +971,7 @@ impl<R: ResponseRecord> ResponseStream<R> {
                 }
                 Routed::Restarted => Some(Ok(Received::Restarted)),
                 Routed::Gone(why) => {
-                    if let Some(publisher) = self.cancel.take().and_then(|c| c.get().cloned()) {
-                        crate::cancel::send_cancel(publisher, self.id.clone());
-                    }
+                    cancel_when_ready(self.cancel.take(), self.id.clone());
                     self.finish(ClientOutcome::Lost, Err(ClientError::LostInTransit(why)))
                 }
                 Routed::Undecodable(e) => {
@@ -998,9 +1034,7 @@ impl<R> Drop for ResponseStream<R> {
             if let Some(m) = &self.metrics {
                 m.client_request(&self.service, ClientOutcome::Cancelled);
             }
-            if let Some(publisher) = self.cancel.take().and_then(|c| c.get().cloned()) {
-                crate::cancel::send_cancel(publisher, self.id.clone());
-            }
+            cancel_when_ready(self.cancel.take(), self.id.clone());
         }
     }
 }
@@ -1811,5 +1845,73 @@ pub(crate) mod tests {
                 .unwrap(),
             ClientError::Closed
         ));
+    }
+
+    /// A bus whose publisher for the topic "cancel" comes only once the test opens its gate:
+    /// a broker slow to look the cancel topic up at start-up.
+    struct SlowCancelTopic {
+        inner: MemoryBus,
+        gate: watch::Receiver<bool>,
+    }
+
+    #[async_trait::async_trait]
+    impl Bus for SlowCancelTopic {
+        async fn publisher(&self, topic: &str) -> Result<Arc<dyn Publisher>, BusError> {
+            if topic == "cancel" {
+                let _ = self.gate.clone().wait_for(|open| *open).await;
+            }
+            self.inner.publisher(topic).await
+        }
+
+        async fn subscribe(
+            &self,
+            topic: &str,
+            subscription: &str,
+            options: SubscribeOptions,
+        ) -> Result<Box<dyn Subscription>, BusError> {
+            self.inner.subscribe(topic, subscription, options).await
+        }
+
+        fn max_message_bytes(&self) -> usize {
+            self.inner.max_message_bytes()
+        }
+    }
+
+    /// A caller that goes away in the client's first seconds, before the cancel publisher
+    /// exists, still stops the service's work: the cancel goes out once the publisher does.
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_dropped_before_the_cancel_publisher_exists_is_cancelled_once_it_does() {
+        let bus = MemoryBus::default();
+        let mut cancels = bus
+            .subscribe("cancel", "watch", SubscribeOptions::shared(10))
+            .await
+            .unwrap();
+        let _requests = bus
+            .subscribe("req", "svc", SubscribeOptions::shared(10))
+            .await
+            .unwrap();
+        let (open, gate) = watch::channel(false);
+        let slow = SlowCancelTopic {
+            inner: bus.clone(),
+            gate,
+        };
+        let mut config = ClientConfig::new("test", "req", "resp");
+        config.cancel_topic = Some("cancel".into());
+        // Start-up waits 2 s for the cancel publisher, then goes on without it.
+        let client = Client::start(Arc::new(slow), config, None).await.unwrap();
+        let s = client
+            .request(&TextCompletionRequest::default())
+            .await
+            .unwrap();
+        let id = s.id().to_owned();
+        drop(s);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        open.send(true).unwrap();
+        let cancel = tokio::time::timeout(Duration::from_secs(10), cancels.next())
+            .await
+            .expect("no cancel was published")
+            .unwrap()
+            .unwrap();
+        assert_eq!(cancel.property(properties::ID), Some(id.as_str()));
     }
 }
