@@ -14,7 +14,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{de::null_default, records::Error};
+use crate::{
+    de::null_default,
+    records::{Error, ResponseRecord},
+};
 
 /// The config topics' names (logical; map them with a [`crate::TopicMapping`]).
 pub const CONFIG_REQUEST_TOPIC: &str = "request:tg:config";
@@ -126,6 +129,24 @@ pub struct ConfigResponse {
     /// Set when the operation failed.
     #[serde(default)]
     pub error: Option<Error>,
+}
+
+/// One answer per request: every answer is the last of its request.
+impl ResponseRecord for ConfigResponse {
+    fn is_terminal(&self) -> bool {
+        true
+    }
+
+    fn from_error(error: Error) -> Self {
+        Self {
+            error: Some(error),
+            ..Self::default()
+        }
+    }
+
+    fn error(&self) -> Option<&Error> {
+        self.error.as_ref()
+    }
 }
 
 /// Workspaces created or deleted, announced with a [`ConfigPush`].

@@ -6,8 +6,8 @@
 //! parameters, and it hears of changes on the config push topic. This module does that for
 //! any sluice processor:
 //!
-//! - [`ConfigClient`] asks the config service over the bus (request/response, correlated by
-//!   the `id` property, as TrustGraph's own processors ask);
+//! - [`ConfigClient`] asks the config service over the bus through the runtime's
+//!   [`RequestClient`] (correlated by the `id` property, as TrustGraph's own processors ask);
 //! - [`run_flows`] serves every flow the config names, several at once in one process, each
 //!   a [`crate::processor::run`] consumer with its own topics; it starts and stops flows as
 //!   pushes arrive, restarts a flow whose definition changed, and hands the service other
@@ -19,19 +19,17 @@
 //! `retry` until it succeeds, and `/readyz` fails until the first read succeeded.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet},
     fmt,
-    sync::{Arc, Mutex},
+    sync::Arc,
 };
 
 use async_trait::async_trait;
 use sluice_schema::{
     TopicMapping, TopicName,
     config::{ConfigPush, ConfigRequest, ConfigResponse, FlowDefinition},
-    properties,
 };
 use tokio::{
-    sync::oneshot,
     task::{JoinHandle, JoinSet},
     time::{Duration, Instant},
 };
@@ -39,7 +37,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::{
-    bus::{Bus, BusError, Message, Publisher, SubscribeOptions, Subscription},
+    bus::{Bus, BusError, SubscribeOptions, Subscription},
+    client::{ClientConfig, ClientError, RequestClient},
     processor::{self, Handler, ProcessorConfig},
     telemetry::Telemetry,
 };
@@ -74,90 +73,65 @@ pub enum ConfigError {
     /// The client was closed.
     #[error("the config client is closed")]
     Closed,
+    /// The answer could not be read, or the request not sent as it was.
+    #[error(transparent)]
+    Answer(ClientError),
 }
 
-type Pending = Arc<Mutex<HashMap<String, oneshot::Sender<ConfigResponse>>>>;
+impl ConfigError {
+    fn from_client(e: ClientError, timeout: Duration) -> Self {
+        match e {
+            ClientError::Bus(e) => ConfigError::Bus(e),
+            e if e.is_timeout() => ConfigError::Timeout(timeout),
+            ClientError::Closed => ConfigError::Closed,
+            e => ConfigError::Answer(e),
+        }
+    }
+}
 
-/// Asks TrustGraph's config service over the bus. One response subscription of its own
-/// (exclusive, from now on), removed by [`ConfigClient::close`].
+/// Asks TrustGraph's config service over the bus: the runtime's request client, with a
+/// response subscription of its own (exclusive, from now on) removed by
+/// [`ConfigClient::close`], and answers correlated by the `id` property as TrustGraph's own
+/// processors ask. Every client of the config service reads every answer; the others' are
+/// acked and dropped.
 pub struct ConfigClient {
-    publisher: Arc<dyn Publisher>,
-    pending: Pending,
+    client: RequestClient<ConfigRequest, ConfigResponse>,
     timeout: Duration,
-    stop: CancellationToken,
-    reader: JoinHandle<()>,
 }
 
 impl ConfigClient {
-    /// Subscribes to the response topic, then opens the request topic. `name` names the
-    /// subscription (suffixed to be unique).
+    /// Opens the request topic and subscribes to the response topic. `name` names the
+    /// subscription (suffixed to be unique). An answer must arrive within `timeout`.
     pub async fn connect(
         bus: &Arc<dyn Bus>,
         topics: &ConfigTopics,
         name: &str,
         timeout: Duration,
     ) -> Result<Self, BusError> {
-        let subscription_name = format!("{name}-config-{}", short_id());
-        let mut options = SubscribeOptions::exclusive(1000);
-        options.consumer_name = Some(subscription_name.clone());
-        let subscription = bus
-            .subscribe(&topics.response, &subscription_name, options)
-            .await?;
-        let publisher = match bus.publisher(&topics.request).await {
-            Ok(p) => p,
-            Err(e) => {
-                subscription.unsubscribe().await;
-                return Err(e);
-            }
-        };
-        let pending: Pending = Arc::default();
-        let stop = CancellationToken::new();
-        let reader = tokio::spawn(read_answers(subscription, pending.clone(), stop.clone()));
-        Ok(Self {
-            publisher,
-            pending,
-            timeout,
-            stop,
-            reader,
-        })
+        let mut config = ClientConfig::new("config", &topics.request, &topics.response);
+        config.subscription = format!("{name}-config-{}", short_id());
+        config.inactivity_timeout = timeout;
+        config.total_timeout = timeout;
+        let client = RequestClient::start(bus.clone(), config, None)
+            .await
+            .map_err(|e| match e {
+                ClientError::Bus(e) => e,
+                e => BusError::Config(e.to_string()),
+            })?;
+        Ok(Self { client, timeout })
     }
 
     /// Sends `request` and waits for its answer; an answer carrying an error is an error.
     pub async fn request(&self, request: &ConfigRequest) -> Result<ConfigResponse, ConfigError> {
-        let id = uuid::Uuid::new_v4().to_string();
-        let (tx, rx) = oneshot::channel();
-        crate::lock(&self.pending).insert(id.clone(), tx);
-        let result = self.exchange(&id, request, rx).await;
-        crate::lock(&self.pending).remove(&id);
-        let response = result?;
+        let answer = async { self.client.request(request).await?.collect().await };
+        let response = answer
+            .await
+            .map_err(|e| ConfigError::from_client(e, self.timeout))?
+            .pop()
+            .ok_or(ConfigError::Closed)?;
         match response.error {
             Some(e) => Err(ConfigError::Refused(e)),
             None => Ok(response),
-        }
-    }
-
-    async fn exchange(
-        &self,
-        id: &str,
-        request: &ConfigRequest,
-        rx: oneshot::Receiver<ConfigResponse>,
-    ) -> Result<ConfigResponse, ConfigError> {
-        let payload = serde_json::to_vec(request)
-            .map_err(|e| BusError::Config(format!("cannot encode a config request: {e}")))?;
-        let message = Message::new(payload).with_property(properties::ID, id);
-        let deadline = Instant::now() + self.timeout;
-        let stored = tokio::time::timeout_at(deadline, async {
-            self.publisher.send(message).await?.await
-        })
-        .await;
-        match stored {
-            Ok(r) => r?,
-            Err(_) => return Err(ConfigError::Timeout(self.timeout)),
-        }
-        match tokio::time::timeout_at(deadline, rx).await {
-            Ok(Ok(response)) => Ok(response),
-            Ok(Err(_)) => Err(ConfigError::Closed),
-            Err(_) => Err(ConfigError::Timeout(self.timeout)),
         }
     }
 
@@ -201,46 +175,8 @@ impl ConfigClient {
 
     /// Stops reading answers and removes the response subscription.
     pub async fn close(self) {
-        self.stop.cancel();
-        let _ = self.reader.await;
+        self.client.close().await;
     }
-}
-
-/// Routes each answer to the request waiting for it; answers to other clients (every
-/// client of the config service reads every answer) are acked and dropped.
-async fn read_answers(
-    mut subscription: Box<dyn Subscription>,
-    pending: Pending,
-    stop: CancellationToken,
-) {
-    loop {
-        let delivery = tokio::select! {
-            () = stop.cancelled() => break,
-            d = subscription.next() => d,
-        };
-        let delivery = match delivery {
-            Some(Ok(d)) => d,
-            Some(Err(e)) => {
-                warn!(error = %e, "reading the config service's answers failed");
-                continue;
-            }
-            None => break,
-        };
-        let waiting = delivery
-            .property(properties::ID)
-            .and_then(|id| crate::lock(&pending).remove(id));
-        if let Some(tx) = waiting {
-            match serde_json::from_slice::<ConfigResponse>(delivery.payload()) {
-                Ok(response) => {
-                    let _ = tx.send(response);
-                }
-                // Dropping `tx` fails the request as closed; the caller retries.
-                Err(e) => warn!(error = %e, "an answer of the config service could not be read"),
-            }
-        }
-        delivery.ack();
-    }
-    subscription.unsubscribe().await;
 }
 
 /// One flow: a workspace and the flow's name in it.
@@ -872,3 +808,6 @@ pub async fn run_flows_until_signalled<S: FlowService>(
 fn short_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..8].to_owned()
 }
+
+#[cfg(test)]
+mod tests;
