@@ -53,3 +53,20 @@ free_port() {
   python3 -c 'import socket, sys; s = socket.socket(); s.bind((sys.argv[1], 0)); print(s.getsockname()[1])' \
     "${1:-127.0.0.1}"
 }
+
+# fake_openai_bin: prints the path of fake-openai, the fake OpenAI-compatible server scripted
+# by the prompt (sluice-tests' src/bin/fake-openai.rs): $SLUICE_FAKE_OPENAI, else the tests'
+# build's in $CARGO_TARGET_DIR (default ~/.cache/sluice/target), built when missing as the
+# test command builds it (one `cargo test --workspace --no-run`: selecting a package would
+# unify features differently and rebuild dependencies). Returns 1 if it cannot be had.
+fake_openai_bin() {
+  local target="${CARGO_TARGET_DIR:-$HOME/.cache/sluice/target}"
+  local bin="${SLUICE_FAKE_OPENAI:-$target/debug/fake-openai}"
+  if [ ! -x "$bin" ] && [ -z "${SLUICE_FAKE_OPENAI:-}" ]; then
+    log "building fake-openai (cargo test --workspace --no-run)"
+    (cd "$(dirname "${BASH_SOURCE[0]}")/.." &&
+      CARGO_TARGET_DIR="$target" cargo test --workspace --locked --no-run -q) >&2 || return 1
+  fi
+  [ -x "$bin" ] || { log "no fake-openai binary at $bin"; return 1; }
+  printf '%s\n' "$bin"
+}

@@ -6,7 +6,7 @@
 #
 #  1. both nodes Ready; sluice:local (scripts/stack-images.sh, the real Dockerfile) imported
 #     into their containerd; a Pulsar standalone on the node bridge (10.244.0.1:6670, fresh
-#     state) and the scripted provider front of the local LLM (tests/py/fake_openai_sse.py,
+#     state) and the scripted provider front of the local LLM (fake-openai, tests/src/bin/fake-openai.rs,
 #     10.244.0.1:8796, relaying unscripted prompts to llama-server);
 #  2. the example overlay as shipped, through tests/k8s/overlay (image, broker address,
 #     provider: nothing else), applied server-side; every Deployment rolls out and every pod
@@ -139,7 +139,8 @@ if ! curl -sf -m 3 "http://127.0.0.1:$LLM_PORT/health" >/dev/null 2>&1; then
 elif [ "$KEY_GIVEN" != 1 ]; then
   fail "a local LLM already serves on $LLM_PORT: export its SLUICE_LLM_API_KEY, or stop it (deploy/local-llm/llama-server.sh stop)"
 fi
-FAKE_UPSTREAM_API_KEY="$SLUICE_LLM_API_KEY" python3 tests/py/fake_openai_sse.py --host 10.244.0.1 \
+fake_openai=$(fake_openai_bin) || fail "no fake-openai binary"
+FAKE_UPSTREAM_API_KEY="$SLUICE_LLM_API_KEY" "$fake_openai" --host 10.244.0.1 \
   --port 8796 --upstream "http://127.0.0.1:$LLM_PORT" >"$WORK/front.log" 2>&1 &
 front_pid=$!
 WAIT_INTERVAL=0.1 wait_until 5 "the provider front to listen" grep -q listening "$WORK/front.log" ||

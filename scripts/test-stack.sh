@@ -89,7 +89,8 @@ BRIDGE_IP=$(ip -4 -o addr show dev docker0 2>/dev/null | awk '{ split($4, a, "/"
 [ -n "$BRIDGE_IP" ] || fail "no IPv4 address on docker0"
 STACK_LLM_PORT=$(free_port "$BRIDGE_IP")
 export STACK_LLM_PORT
-FAKE_UPSTREAM_API_KEY="$SLUICE_LLM_API_KEY" python3 tests/py/fake_openai_sse.py \
+fake_openai=$(fake_openai_bin) || fail "no fake-openai binary"
+FAKE_UPSTREAM_API_KEY="$SLUICE_LLM_API_KEY" "$fake_openai" \
   --host "$BRIDGE_IP" --port "$STACK_LLM_PORT" --upstream "http://127.0.0.1:$LLM_PORT" \
   >"$WORK/front.log" 2>&1 &
 front_pid=$!

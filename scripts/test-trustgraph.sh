@@ -5,7 +5,7 @@
 # config service (tests/py/tg_config_svc.py: its own code, Cassandra replaced by memory),
 # IAM (no-auth-svc), flow service and api-gateway run as tests/py/tg/up.sh starts them; the
 # flow `default` comes from the blueprint in tests/py/tg/seed.json, started by TrustGraph's
-# bootstrapper. The model is tests/py/fake_openai_sse.py.
+# bootstrapper. The model is fake-openai (tests/src/bin/fake-openai.rs).
 #
 # Part 1: sluice's text-completion (--config-service) serves the flow; TrustGraph's prompt
 #   service and agent call it. TrustGraph's CLI, through TrustGraph's api-gateway:

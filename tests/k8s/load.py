@@ -6,7 +6,7 @@ load (scripts/test-k8s-run.sh): rolling updates, a pod deleted mid-stream, a dra
 
 Each of --streams callers sends one request after another through the gateway's NDJSON
 route until the file DIR/stop appears, then finishes the request it is in and stops. Callers
-take turns over three kinds (the scripted provider, tests/py/fake_openai_sse.py, makes every
+take turns over three kinds (the scripted provider, fake-openai (tests/src/bin/fake-openai.rs), makes every
 answer known in advance):
   * text-completion, "[fake:slow]": 200 chunks 100 ms apart, about 20 s per answer;
   * prompt, template `knowledge-classification` (built in) for one block named after the

@@ -17,7 +17,7 @@
 #   text-completion  text-completion-openai  --id text-completion  (TG_PROCESSORS)
 #   prompt           prompt-template         --id prompt           (TG_PROCESSORS)
 #   agent-manager    agent-manager-react     --id agent-manager    (TG_PROCESSORS)
-#   fake-openai      tests/py/fake_openai_sse.py, unless OPENAI_BASE_URL is set
+#   fake-openai      fake-openai (tests/src/bin/fake-openai.rs), unless OPENAI_BASE_URL is set
 #
 # Settings (environment):
 #   PULSAR_URL (pulsar://127.0.0.1:6650), PULSAR_ADMIN_URL (http://127.0.0.1:8080)
@@ -103,7 +103,8 @@ start() {
 EOF
 
   if [ -z "${OPENAI_BASE_URL:-}" ]; then
-    launch fake-openai "$venv/bin/python" "$here/../fake_openai_sse.py" --port "$FAKE_PORT"
+    fake_openai=$(fake_openai_bin) || fail "no fake-openai binary"
+    launch fake-openai "$fake_openai" --port "$FAKE_PORT"
     wait_log fake-openai "fake-openai listening"
     export OPENAI_BASE_URL="http://127.0.0.1:$FAKE_PORT/v1"
   fi
