@@ -145,3 +145,6 @@ pub async fn run(args: TextCompletionArgs) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;
