@@ -2,8 +2,8 @@
 //! exact text, for a fake LLM to emit token by token to the prompt processor's built-in
 //! `jsonl` templates, with what a correct parser and validator makes of each.
 //!
-//! Plain data: this module must never depend on `sluice-prompt` (the prompt crate's own tests
-//! include this file by path to check [`expected`] against the real normalisers and schemas).
+//! Plain data; this module's tests check [`expected`] against the prompt crate's real
+//! built-in templates (normalisers and schemas).
 //!
 //! # How a stream is counted
 //!
@@ -421,7 +421,28 @@ pub fn tokens(text: &str, n: usize) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use serde_json::Value;
+    use sluice_prompt::{
+        normalise::Normalised,
+        templates::{Template, TemplateSet},
+    };
+
     use super::*;
+
+    /// A built-in template of the prompt crate, as the prompt processor loads it.
+    fn builtin(id: &str) -> Arc<Template> {
+        TemplateSet::from_json("{}", true)
+            .unwrap()
+            .get(id)
+            .unwrap()
+            .clone()
+    }
+
+    fn normalise(id: &str, value: &mut Value) -> Normalised {
+        (builtin(id).normalise.unwrap())(value)
+    }
 
     /// The lines a counter looks at: trimmed, neither blank nor a fence.
     fn counted_lines(text: &str) -> Vec<&str> {
@@ -438,8 +459,8 @@ mod tests {
         )
     }
 
-    // Parse level only: whether a parsed object survives normalisation and the schema needs
-    // the prompt crate, whose tests run every stream through the real normalisers and schemas.
+    // Parse level only; `seed_streams_meet_their_expected_counts` runs every stream through
+    // the real normalisers and schemas.
     #[test]
     fn line_counts_match_expected() {
         for case in CASES {
@@ -524,5 +545,98 @@ mod tests {
             let text = stream(name).unwrap();
             assert_eq!(tokens(text, 7).concat(), text);
         }
+    }
+
+    // Every object of the seeds' clean streams (seed 000 and seed 001) validates as it is,
+    // and the normaliser keeps it without a warning.
+    #[test]
+    fn seed_example_objects_validate_unchanged() {
+        for (stream, id) in [
+            ("classification", CLASSIFICATION),
+            ("rewording", REWORDING),
+            ("rewording-spaced", REWORDING),
+            ("integration", INTEGRATION),
+            ("integration-with-skip", INTEGRATION),
+        ] {
+            let template = builtin(id);
+            let validator = template.validator.as_ref().unwrap();
+            let text = super::stream(stream).unwrap();
+            for line in text.lines() {
+                let mut value: Value = serde_json::from_str(line).unwrap();
+                let before = value.clone();
+                assert!(validator.is_valid(&value), "{stream}: {line}");
+                assert_eq!(
+                    normalise(id, &mut value),
+                    Normalised::Keep { warnings: vec![] },
+                    "{stream}"
+                );
+                assert_eq!(value, before);
+            }
+        }
+    }
+
+    /// A reference jsonl consumer, counting as `seed_streams` documents: split at `\n`, trim,
+    /// ignore blank and fence lines, parse, normalise, validate.
+    fn consume(id: &str, text: &str) -> (Vec<Value>, usize, usize) {
+        let template = builtin(id);
+        let validator = template.validator.as_ref().unwrap();
+        let (mut objects, mut skipped, mut warned) = (Vec::new(), 0, 0);
+        for line in text.split('\n').map(str::trim) {
+            if line.is_empty() || line.starts_with("```") {
+                continue;
+            }
+            let Ok(mut value) = serde_json::from_str::<Value>(line) else {
+                skipped += 1;
+                continue;
+            };
+            match (template.normalise.unwrap())(&mut value) {
+                Normalised::Keep { warnings } if validator.is_valid(&value) => {
+                    warned += usize::from(!warnings.is_empty());
+                    objects.push(value);
+                }
+                _ => skipped += 1,
+            }
+        }
+        (objects, skipped, warned)
+    }
+
+    #[test]
+    fn seed_streams_meet_their_expected_counts() {
+        for name in super::names() {
+            let expected = super::expected(name).unwrap();
+            let (objects, skipped, warned) =
+                consume(expected.template, super::stream(name).unwrap());
+            assert_eq!(
+                (objects.len(), skipped),
+                (expected.objects, expected.skipped),
+                "{name}"
+            );
+            // Objects are corrected (with a warning) exactly in the `-normalised` streams,
+            // apart from the extra field of `classification-normalised`, which is no error.
+            let corrected = match name {
+                "classification-normalised" => 2,
+                n if n.ends_with("-normalised") => objects.len(),
+                _ => 0,
+            };
+            assert_eq!(warned, corrected, "{name}");
+        }
+        // The corrected values, not just the counts.
+        let (objects, _, _) = consume(
+            INTEGRATION,
+            super::stream("integration-normalised").unwrap(),
+        );
+        let actions: Vec<_> = objects.iter().map(|o| o["action"].clone()).collect();
+        assert_eq!(
+            actions,
+            [
+                "add_section",
+                "add_section",
+                "skip",
+                "add_section",
+                "add_under"
+            ]
+        );
+        assert_eq!(objects[3]["target_block_id"], Value::Null);
+        assert_eq!(objects[4]["confidence"], 1.0);
     }
 }

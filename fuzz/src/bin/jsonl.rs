@@ -2,7 +2,7 @@
 //! extraction from a whole answer, and the built-in templates' normalisers run on what they
 //! find. Properties: no panic; the same items however the text is split.
 
-use sluice_prompt::{builtin, output};
+use sluice_prompt::{normalise, output};
 
 fn items(pieces: &[&str]) -> Vec<output::LineItem> {
     let mut parser = output::JsonlParser::default();
@@ -17,9 +17,9 @@ fn items(pieces: &[&str]) -> Vec<output::LineItem> {
 fn normalise(selector: u8, value: &serde_json::Value) {
     let mut v = value.clone();
     let _ = match selector % 3 {
-        0 => builtin::normalise_classification(&mut v),
-        1 => builtin::normalise_rewording(&mut v),
-        _ => builtin::normalise_integration(&mut v),
+        0 => normalise::normalise_classification(&mut v),
+        1 => normalise::normalise_rewording(&mut v),
+        _ => normalise::normalise_integration(&mut v),
     };
 }
 

@@ -36,8 +36,8 @@ use tracing::{debug, warn};
 
 use crate::{
     ResponseType,
-    builtin::Normalised,
     metrics::PromptMetrics,
+    normalise::Normalised,
     output::{JsonlParser, LineItem, extract_json},
     store::TemplateStore,
     templates::{RenderError, Template},

@@ -6,12 +6,15 @@
 //!   strict rendering;
 //! - [`store`]: the live set, reloaded on SIGHUP or file change;
 //! - [`output`]: the incremental JSON-lines parser and JSON extraction;
-//! - [`builtin`]: the built-in templates with their schemas and normalisation
-//!   (docs/protocol.md#structured-output-contracts).
+//! - [`builtin`]: the built-in templates (data files under `services/prompt/builtin/`) with
+//!   their schemas (docs/protocol.md#structured-output-contracts);
+//! - [`normalise`]: the normalisers a template names, which correct its output objects before
+//!   validation.
 
 pub mod builtin;
 pub mod handler;
 pub mod metrics;
+pub mod normalise;
 pub mod output;
 pub mod store;
 pub mod templates;

@@ -16,8 +16,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::{
-    ResponseType,
-    builtin::{self, Normaliser},
+    ResponseType, builtin,
+    normalise::{self, Normaliser},
 };
 
 /// One template, compiled.
@@ -32,7 +32,7 @@ pub struct Template {
     pub schema: Option<Value>,
     /// The compiled schema.
     pub validator: Option<jsonschema::Validator>,
-    /// Corrections applied before validation (built-in templates).
+    /// Corrections applied before validation (the normaliser the template names).
     pub normalise: Option<Normaliser>,
     /// Where it came from: `built-in` or the file.
     pub origin: String,
@@ -138,6 +138,10 @@ struct FileTemplate {
     response_type: ResponseType,
     #[serde(default)]
     schema: Option<Value>,
+    /// The name of a normaliser ([`normalise::by_name`]): a file template that replaces a
+    /// built-in keeps its corrections by naming the built-in's.
+    #[serde(default)]
+    normaliser: Option<String>,
 }
 
 /// Reads a TrustGraph config value that may be JSON-encoded into a string.
@@ -169,13 +173,22 @@ fn parse_file(path: &Path, text: &str) -> Result<(Option<String>, Vec<Source>), 
     let mut sources = Vec::new();
     let mut add = |id: &str, v: Value| -> Result<(), LoadError> {
         let t: FileTemplate = decoded(v).map_err(|e| err(format!("template {id:?}: {e}")))?;
+        let normalise = match &t.normaliser {
+            None => None,
+            Some(name) => Some(normalise::by_name(name).ok_or_else(|| {
+                err(format!(
+                    "template {id:?}: unknown normaliser {name:?}; the normalisers are: {}",
+                    normalise::names().collect::<Vec<_>>().join(", ")
+                ))
+            })?),
+        };
         sources.push(Source {
             id: id.to_owned(),
             prompt: t.prompt,
             system: t.system,
             response_type: t.response_type,
             schema: t.schema,
-            normalise: None,
+            normalise,
             origin: origin.clone(),
         });
         Ok(())
@@ -210,19 +223,24 @@ fn parse_file(path: &Path, text: &str) -> Result<(Option<String>, Vec<Source>), 
     Ok((system, sources))
 }
 
-fn builtin_sources() -> Vec<Source> {
-    builtin::all()
+fn builtin_sources() -> Result<Vec<Source>, LoadError> {
+    let templates = builtin::all().map_err(|e| LoadError::Template {
+        id: e.id.to_owned(),
+        origin: "built-in".into(),
+        message: e.message,
+    })?;
+    Ok(templates
         .into_iter()
         .map(|b| Source {
             id: b.id.to_owned(),
             prompt: b.prompt.to_owned(),
-            system: b.system.map(str::to_owned),
+            system: Some(b.system.to_owned()),
             response_type: b.response_type,
-            schema: Some((b.schema)()),
+            schema: Some(b.schema),
             normalise: b.normalise,
             origin: "built-in".into(),
         })
-        .collect()
+        .collect())
 }
 
 impl TemplateSet {
@@ -277,7 +295,7 @@ impl TemplateSet {
         builtins: bool,
     ) -> Result<Self, LoadError> {
         let mut sources = if builtins {
-            builtin_sources()
+            builtin_sources()?
         } else {
             Vec::new()
         };
@@ -499,9 +517,43 @@ mod tests {
                 "template \"a\"",
             ),
             ("not json", "not valid"),
+            (
+                r#"{"templates": {"a": {"prompt": "x", "normaliser": "tidy"}}}"#,
+                "unknown normaliser \"tidy\"; the normalisers are: knowledge-classification, content-rewording, integration-decisions",
+            ),
         ] {
             let e = TemplateSet::from_json(text, false).unwrap_err().to_string();
             assert!(e.contains(expect), "{text}: {e}");
+        }
+    }
+
+    /// A file template that replaces a built-in keeps its corrections by naming the built-in's
+    /// normaliser; without one it has none. Built-ins name theirs.
+    #[test]
+    fn a_file_template_names_its_normaliser() {
+        let file = r#"{"templates": {
+            "knowledge-classification": {"prompt": "Mine: {{ blocks }}", "response-type": "jsonl",
+                                         "normaliser": "knowledge-classification"},
+            "plain": {"prompt": "x", "response-type": "jsonl"}
+        }}"#;
+        let set = TemplateSet::from_json(file, true).unwrap();
+        let replaced = set.get("knowledge-classification").unwrap();
+        assert_eq!(replaced.origin, "<inline>");
+        let normalise = replaced.normalise.unwrap();
+        let mut line = serde_json::json!({"block_id": "a", "is_knowledge": true, "confidence": 7, "reason": "r"});
+        assert!(matches!(
+            normalise(&mut line),
+            crate::normalise::Normalised::Keep { .. }
+        ));
+        assert_eq!(line["confidence"], 1.0);
+        assert!(set.get("plain").unwrap().normalise.is_none());
+        for id in ["content-rewording", "integration-decisions"] {
+            let builtin = set.get(id).unwrap();
+            assert_eq!(builtin.origin, "built-in");
+            assert!(
+                builtin.normalise.is_some() && builtin.validator.is_some(),
+                "{id}"
+            );
         }
     }
 }

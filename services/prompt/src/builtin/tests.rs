@@ -1,0 +1,647 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use minijinja::{Environment, UndefinedBehavior};
+use serde_json::json;
+
+use super::*;
+use crate::normalise::{ACTIONS, Normalised};
+
+fn template(id: &str) -> BuiltinTemplate {
+    find(id).unwrap().unwrap()
+}
+
+/// Renders as the engine does (strict undefined), with or without block trimming.
+fn render_with(id: &str, terms: &Value, trim: bool) -> Result<String, minijinja::Error> {
+    let template = template(id);
+    let mut env = Environment::new();
+    env.set_undefined_behavior(UndefinedBehavior::Strict);
+    env.set_trim_blocks(trim);
+    env.set_lstrip_blocks(trim);
+    env.add_template(template.id, template.prompt)?;
+    env.get_template(template.id)?.render(terms)
+}
+
+/// Renders, and checks the output does not depend on block trimming.
+fn render(id: &str, terms: &Value) -> Result<String, minijinja::Error> {
+    let plain = render_with(id, terms, false)?;
+    assert_eq!(render_with(id, terms, true)?, plain, "{id}: trim_blocks");
+    Ok(plain)
+}
+
+fn validator(id: &str) -> jsonschema::Validator {
+    jsonschema::validator_for(&template(id).schema).unwrap()
+}
+
+fn normalise(id: &str, value: &mut Value) -> Normalised {
+    (template(id).normalise.unwrap())(value)
+}
+
+fn keep(warnings: &[&str]) -> Normalised {
+    Normalised::Keep {
+        warnings: warnings.iter().map(|w| (*w).to_owned()).collect(),
+    }
+}
+
+fn skip(reason: &str) -> Normalised {
+    Normalised::Skip {
+        reason: reason.to_owned(),
+    }
+}
+
+/// Seed 000 Phase 1's "Formatted Blocks Example" as terms.
+fn classification_terms() -> Value {
+    json!({"blocks": [
+        {"block_id": "abc123", "content": "- Learned that Python's asyncio.Queue is thread-safe\n  This is important for background tasks in Textual"},
+        {"block_id": "def456", "content": "- Had lunch with Sarah\n  Discussed project timeline"},
+        {"block_id": "ghi789", "content": "- Discovered that ChromaDB requires sentence-transformers\n  It downloads a 90MB model on first run"},
+    ]})
+}
+
+/// Seed 000 Phase 3's "Formatted Knowledge and Candidates Example" as terms.
+fn integration_terms() -> Value {
+    json!({"knowledge_blocks": [{
+        "block_id": "abc123",
+        "content": "Python's asyncio.Queue is thread-safe, making it suitable for communication between background tasks and the main thread in Textual applications.",
+        "original_context": "[[Python]] [[Textual]] [[Concurrency]]",
+        "candidate_pages": [
+            {"page_name": "Python/Concurrency", "structure": "- Threading vs Asyncio\n  - Threading uses locks for shared state\n  - Asyncio uses coroutines\n\n- Common Patterns\n  id:: pattern-section-123"},
+            {"page_name": "Textual/Architecture", "structure": "- Widget Lifecycle\n- Message Passing\n  id:: message-section-456\n\n- Worker Threads\n  id:: worker-section-789"},
+            {"page_name": "Python/Data Structures", "structure": "- Lists and Tuples\n- Dictionaries\n- Sets"},
+        ],
+    }]})
+}
+
+#[test]
+fn all_three_are_jsonl_with_valid_schemas_and_normalisers() {
+    let ids: Vec<_> = all().unwrap().iter().map(|t| t.id).collect();
+    assert_eq!(
+        ids,
+        [
+            "knowledge-classification",
+            "content-rewording",
+            "integration-decisions"
+        ]
+    );
+    for t in all().unwrap() {
+        assert_eq!(t.response_type, ResponseType::Jsonl);
+        assert!(t.normalise.is_some());
+        let schema = t.schema.clone();
+        assert_eq!(
+            schema["$schema"],
+            "https://json-schema.org/draft/2020-12/schema"
+        );
+        assert!(jsonschema::meta::is_valid(&schema), "{}", t.id);
+        assert!(jsonschema::validator_for(&schema).is_ok(), "{}", t.id);
+        // Both the system prompt and the user prompt ask for NDJSON.
+        assert!(t.system.contains("one JSON object per line"));
+        assert!(
+            t.prompt
+                .contains("Output one JSON object per line (NDJSON format)")
+        );
+    }
+    assert!(find("nope").unwrap().is_none());
+}
+
+/// The files' final newline (editors add one) is not part of the text: the prompts end with
+/// their last sentence, as the contracts' prompts do.
+#[test]
+fn a_files_final_newline_is_not_text() {
+    for (files, t) in FILES.iter().zip(all().unwrap()) {
+        assert_eq!(files.id, t.id);
+        for (file, text) in [(files.system, t.system), (files.prompt, t.prompt)] {
+            assert!(!text.ends_with('\n'), "{}", t.id);
+            assert!(file.starts_with(text), "{}", t.id);
+            assert!(file.len() - text.len() <= 1, "{}", t.id);
+        }
+        assert!(t.prompt.ends_with("no other text."), "{}", t.id);
+    }
+    assert_eq!(text("a\n\n"), "a\n");
+    assert_eq!(text("a"), "a");
+}
+
+/// The integration schema's actions are the ones the normaliser keeps (it turns any other into
+/// `skip`, which the schema must then accept).
+#[test]
+fn the_integration_schemas_actions_are_the_normalisers() {
+    let schema = template(INTEGRATION_DECISIONS).schema;
+    assert_eq!(schema["properties"]["action"]["enum"], json!(ACTIONS));
+}
+
+#[test]
+fn each_builtin_names_a_registered_normaliser() {
+    let names: Vec<_> = crate::normalise::names().collect();
+    assert_eq!(names.len(), 3);
+    for files in &FILES {
+        assert!(names.contains(&files.normaliser), "{}", files.id);
+        assert!(crate::normalise::by_name(files.normaliser).is_some());
+    }
+    assert!(crate::normalise::by_name("nope").is_none());
+}
+
+#[test]
+fn classification_renders_seed_000_formatted_blocks() {
+    let out = render(KNOWLEDGE_CLASSIFICATION, &classification_terms()).unwrap();
+    let seed = "Analyze these journal blocks:\n\n\
+        Block ID: abc123\n\
+        Content: - Learned that Python's asyncio.Queue is thread-safe\n  This is important for background tasks in Textual\n\n\
+        Block ID: def456\n\
+        Content: - Had lunch with Sarah\n  Discussed project timeline\n\n\
+        Block ID: ghi789\n\
+        Content: - Discovered that ChromaDB requires sentence-transformers\n  It downloads a 90MB model on first run";
+    assert_eq!(
+        out,
+        format!(
+            "{seed}\n\nOutput one JSON object per line (NDJSON format), only for the blocks that are knowledge: no JSON array, no code fences, no other text."
+        )
+    );
+}
+
+#[test]
+fn rewording_renders_seed_000_formatted_blocks() {
+    let terms = json!({"blocks": [
+        {"block_id": "abc123", "content": "- Learned today that Python's asyncio.Queue is thread-safe\n  This is important for background tasks in Textual\n  I should remember this when designing concurrent systems"},
+        {"block_id": "ghi789", "content": "- Yesterday discovered that ChromaDB requires sentence-transformers\n  It downloads a 90MB model on first run"},
+    ]});
+    let out = render(CONTENT_REWORDING, &terms).unwrap();
+    let seed = "Reword these knowledge blocks:\n\n\
+        Block ID: abc123\n\
+        Original Content: - Learned today that Python's asyncio.Queue is thread-safe\n  This is important for background tasks in Textual\n  I should remember this when designing concurrent systems\n\n\
+        Block ID: ghi789\n\
+        Original Content: - Yesterday discovered that ChromaDB requires sentence-transformers\n  It downloads a 90MB model on first run";
+    assert_eq!(
+        out,
+        format!(
+            "{seed}\n\nOutput one JSON object per line (NDJSON format), one for each block: no JSON array, no code fences, no other text."
+        )
+    );
+}
+
+#[test]
+fn integration_renders_seed_000_knowledge_and_candidates() {
+    let out = render(INTEGRATION_DECISIONS, &integration_terms()).unwrap();
+    // Seed 000's example, byte for byte (up to its closing fence).
+    let seed = "Decide integration for these knowledge blocks and candidate pages:
+
+Knowledge Block ID: abc123
+Content: Python's asyncio.Queue is thread-safe, making it suitable for communication between background tasks and the main thread in Textual applications.
+Original Context: [[Python]] [[Textual]] [[Concurrency]]
+
+Candidate Pages:
+
+1. Page: Python/Concurrency
+   Existing Structure:
+
+   - Threading vs Asyncio
+     - Threading uses locks for shared state
+     - Asyncio uses coroutines
+
+   - Common Patterns
+     id:: pattern-section-123
+
+2. Page: Textual/Architecture
+   Existing Structure:
+
+   - Widget Lifecycle
+   - Message Passing
+     id:: message-section-456
+
+   - Worker Threads
+     id:: worker-section-789
+
+3. Page: Python/Data Structures
+   Existing Structure:
+
+   - Lists and Tuples
+   - Dictionaries
+   - Sets";
+    assert_eq!(
+        out,
+        format!(
+            "{seed}\n\nOutput one JSON object per line (NDJSON format), only for the relevant integrations: no JSON array, no code fences, no other text."
+        )
+    );
+}
+
+#[test]
+fn integration_original_context_is_optional_and_blocks_are_separated() {
+    let mut terms = integration_terms();
+    let block = terms["knowledge_blocks"][0].clone();
+    let mut second = block.clone();
+    second["block_id"] = json!("ghi789");
+    second["original_context"] = Value::Null;
+    second["candidate_pages"] = json!([{"page_name": "ChromaDB", "structure": "- Setup"}]);
+    let mut third = block.clone();
+    third.as_object_mut().unwrap().remove("original_context");
+    third["block_id"] = json!("jkl012");
+    terms["knowledge_blocks"] = json!([block, second, third]);
+    let out = render(INTEGRATION_DECISIONS, &terms).unwrap();
+    assert_eq!(out.matches("Original Context:").count(), 1);
+    assert!(out.contains(
+        "\n\nKnowledge Block ID: ghi789\nContent: Python's asyncio.Queue is thread-safe, making it suitable for communication between background tasks and the main thread in Textual applications.\n\nCandidate Pages:\n\n1. Page: ChromaDB\n   Existing Structure:\n\n   - Setup\n\nKnowledge Block ID: jkl012\n"
+    ));
+}
+
+#[test]
+fn a_missing_term_fails_rendering() {
+    for (id, terms) in [
+        (KNOWLEDGE_CLASSIFICATION, json!({})),
+        (
+            KNOWLEDGE_CLASSIFICATION,
+            json!({"blocks": [{"block_id": "abc123"}]}),
+        ),
+        (CONTENT_REWORDING, json!({"items": []})),
+        (CONTENT_REWORDING, json!({"blocks": [{"content": "x"}]})),
+        (INTEGRATION_DECISIONS, json!({"blocks": []})),
+        (
+            INTEGRATION_DECISIONS,
+            json!({"knowledge_blocks": [{"block_id": "a", "content": "x"}]}),
+        ),
+        (
+            INTEGRATION_DECISIONS,
+            json!({"knowledge_blocks": [{"block_id": "a", "content": "x",
+                "candidate_pages": [{"page_name": "P"}]}]}),
+        ),
+    ] {
+        let err = render_with(id, &terms, false).unwrap_err();
+        assert_eq!(
+            err.kind(),
+            minijinja::ErrorKind::UndefinedError,
+            "{id}: {terms}"
+        );
+    }
+}
+
+// Seed 002's objects use older field names (`page`, `target_id`, `refined_text`, no
+// `reason`); they are not valid lines of these templates.
+#[test]
+fn seed_002_field_names_are_not_this_contract() {
+    let decision = json!({"page": "Microservices", "action": "add_under", "target_id": "block-uuid-123", "target_title": "Benefits", "confidence": 0.91, "reasoning": "Fits under Benefits"});
+    assert!(!validator(INTEGRATION_DECISIONS).is_valid(&decision));
+    let rewording = json!({"block_id": "abc123", "refined_text": "Bounded contexts matter more than service size."});
+    assert!(!validator(CONTENT_REWORDING).is_valid(&rewording));
+    let classification = json!({"block_id": "abc123", "is_knowledge": true, "confidence": 0.85});
+    assert!(!validator(KNOWLEDGE_CLASSIFICATION).is_valid(&classification));
+}
+
+#[test]
+fn schemas_reject_what_the_models_reject() {
+    let c = validator(KNOWLEDGE_CLASSIFICATION);
+    let ok = json!({"block_id": "a", "is_knowledge": true, "confidence": 0.5, "reason": "r", "extra": 1});
+    assert!(c.is_valid(&ok));
+    for (field, bad) in [
+        ("confidence", json!(1.5)),
+        ("confidence", json!("high")),
+        ("is_knowledge", json!("true")),
+        ("block_id", json!(7)),
+        ("reason", Value::Null),
+    ] {
+        let mut v = ok.clone();
+        v[field] = bad;
+        assert!(!c.is_valid(&v), "{field}");
+    }
+    let r = validator(CONTENT_REWORDING);
+    assert!(!r.is_valid(&json!({"block_id": "a", "reworded_content": ""})));
+    let i = validator(INTEGRATION_DECISIONS);
+    let ok = json!({"knowledge_block_id": "a", "target_page": "P", "action": "skip", "confidence": 0.1, "reasoning": "r"});
+    assert!(i.is_valid(&ok));
+    let mut v = ok.clone();
+    v["action"] = json!("merge");
+    assert!(!i.is_valid(&v));
+    let mut v = ok.clone();
+    v["target_block_title"] = json!(3);
+    assert!(!i.is_valid(&v));
+}
+
+fn classification_line() -> Value {
+    json!({"block_id": "abc123", "is_knowledge": true, "confidence": 0.9, "reason": "Lasting insight."})
+}
+
+fn decision(action: &str) -> Value {
+    json!({"knowledge_block_id": "abc123", "target_page": "Python/Concurrency", "action": action,
+        "target_block_id": "pattern-section-123", "target_block_title": "Common Patterns",
+        "confidence": 0.9, "reasoning": "Fits."})
+}
+
+/// Normalises, and checks that a kept object then passes the schema.
+fn normalised(id: &str, mut value: Value) -> (Normalised, Value) {
+    let outcome = normalise(id, &mut value);
+    if matches!(outcome, Normalised::Keep { .. }) {
+        assert!(validator(id).is_valid(&value), "{id}: {value}");
+    }
+    (outcome, value)
+}
+
+#[test]
+fn rule_not_an_object_is_dropped() {
+    for id in [
+        KNOWLEDGE_CLASSIFICATION,
+        CONTENT_REWORDING,
+        INTEGRATION_DECISIONS,
+    ] {
+        for value in [json!([classification_line()]), json!("text"), json!(3)] {
+            assert_eq!(normalised(id, value).0, skip("not a JSON object"));
+        }
+    }
+}
+
+#[test]
+fn rule_missing_required_field_is_dropped() {
+    for field in ["block_id", "is_knowledge", "confidence", "reason"] {
+        let mut v = classification_line();
+        v.as_object_mut().unwrap().remove(field);
+        assert_eq!(
+            normalised(KNOWLEDGE_CLASSIFICATION, v).0,
+            skip(&format!("missing required field `{field}`"))
+        );
+    }
+    assert_eq!(
+        normalised(CONTENT_REWORDING, json!({"block_id": "a"})).0,
+        skip("missing required field `reworded_content`")
+    );
+    assert_eq!(
+        normalised(CONTENT_REWORDING, json!({"reworded_content": "x"})).0,
+        skip("missing required field `block_id`")
+    );
+    for field in [
+        "knowledge_block_id",
+        "target_page",
+        "action",
+        "confidence",
+        "reasoning",
+    ] {
+        let mut v = decision("add_section");
+        v.as_object_mut().unwrap().remove(field);
+        assert_eq!(
+            normalised(INTEGRATION_DECISIONS, v).0,
+            skip(&format!("missing required field `{field}`"))
+        );
+    }
+}
+
+#[test]
+fn rule_invalid_type_is_dropped() {
+    for (field, bad, kind) in [
+        ("confidence", json!("high"), "a number"),
+        ("is_knowledge", json!("true"), "a boolean"),
+        ("block_id", json!(123), "a string"),
+        ("reason", Value::Null, "a string"),
+    ] {
+        let mut v = classification_line();
+        v[field] = bad;
+        assert_eq!(
+            normalised(KNOWLEDGE_CLASSIFICATION, v).0,
+            skip(&format!("field `{field}` is not {kind}"))
+        );
+    }
+    assert_eq!(
+        normalised(
+            CONTENT_REWORDING,
+            json!({"block_id": "a", "reworded_content": ["x"]})
+        )
+        .0,
+        skip("field `reworded_content` is not a string")
+    );
+    for (field, bad, kind) in [
+        ("confidence", json!("high"), "a number"),
+        ("reasoning", json!(42), "a string"),
+        ("target_page", json!(null), "a string"),
+    ] {
+        let mut v = decision("add_section");
+        v[field] = bad;
+        assert_eq!(
+            normalised(INTEGRATION_DECISIONS, v).0,
+            skip(&format!("field `{field}` is not {kind}"))
+        );
+    }
+}
+
+#[test]
+fn rule_empty_block_id_is_dropped() {
+    let mut v = classification_line();
+    v["block_id"] = json!("");
+    assert_eq!(
+        normalised(KNOWLEDGE_CLASSIFICATION, v).0,
+        skip("field `block_id` is empty")
+    );
+    assert_eq!(
+        normalised(
+            CONTENT_REWORDING,
+            json!({"block_id": "  ", "reworded_content": "x"})
+        )
+        .0,
+        skip("field `block_id` is empty")
+    );
+    let mut v = decision("add_section");
+    v["knowledge_block_id"] = json!("");
+    assert_eq!(
+        normalised(INTEGRATION_DECISIONS, v).0,
+        skip("field `knowledge_block_id` is empty")
+    );
+}
+
+#[test]
+fn rule_confidence_is_clamped() {
+    for (id, line) in [
+        (KNOWLEDGE_CLASSIFICATION, classification_line()),
+        (INTEGRATION_DECISIONS, decision("add_under")),
+    ] {
+        for (raw, clamped, warning) in [
+            (json!(1.3), 1.0, "confidence above 1 clamped to 1"),
+            (json!(2), 1.0, "confidence above 1 clamped to 1"),
+            (json!(-0.2), 0.0, "confidence below 0 clamped to 0"),
+        ] {
+            let mut v = line.clone();
+            v["confidence"] = raw;
+            let (outcome, v) = normalised(id, v);
+            assert_eq!(outcome, keep(&[warning]), "{id}");
+            assert_eq!(v["confidence"].as_f64(), Some(clamped));
+        }
+        for edge in [json!(0), json!(1.0), json!(0.5)] {
+            let mut v = line.clone();
+            v["confidence"] = edge.clone();
+            let (outcome, v) = normalised(id, v);
+            assert_eq!(outcome, keep(&[]));
+            assert_eq!(v["confidence"], edge);
+        }
+    }
+}
+
+#[test]
+fn rule_unknown_fields_are_kept() {
+    let mut v = classification_line();
+    v["extra_field"] = json!(["tag"]);
+    let (outcome, after) = normalised(KNOWLEDGE_CLASSIFICATION, v.clone());
+    assert_eq!(outcome, keep(&[]));
+    assert_eq!(after, v);
+    // is_knowledge false (seed 002's activity lines) is a valid answer, kept as is.
+    let mut v = classification_line();
+    v["is_knowledge"] = json!(false);
+    assert_eq!(normalised(KNOWLEDGE_CLASSIFICATION, v).0, keep(&[]));
+}
+
+#[test]
+fn rule_empty_reworded_content_is_dropped() {
+    for content in ["", "   ", "\n\t"] {
+        assert_eq!(
+            normalised(
+                CONTENT_REWORDING,
+                json!({"block_id": "a", "reworded_content": content})
+            )
+            .0,
+            skip("field `reworded_content` is empty")
+        );
+    }
+}
+
+#[test]
+fn rule_reworded_content_is_plain_block_content() {
+    let warning = "reworded_content was a bullet outline; bullet markers and indentation removed";
+    for (raw, plain) in [
+        (
+            "- Bounded contexts matter more than service size.\n  - Each context should have clear ownership.\n  - Avoid sharing databases across contexts.",
+            "Bounded contexts matter more than service size.\nEach context should have clear ownership.\nAvoid sharing databases across contexts.",
+        ),
+        (
+            "* Main point.\n  continuation [[Link]] ((ref))",
+            "Main point.\ncontinuation [[Link]] ((ref))",
+        ),
+        ("- Single bullet", "Single bullet"),
+    ] {
+        let (outcome, v) = normalised(
+            CONTENT_REWORDING,
+            json!({"block_id": "a", "reworded_content": raw}),
+        );
+        assert_eq!(outcome, keep(&[warning]));
+        assert_eq!(v["reworded_content"], plain);
+    }
+    // No bullet line: untouched, indentation included.
+    for raw in [
+        "Main point.\nSupporting detail.",
+        "Use:\n    let x = -1;\n-5 degrees is cold; --- is a rule; **bold**",
+    ] {
+        let (outcome, v) = normalised(
+            CONTENT_REWORDING,
+            json!({"block_id": "a", "reworded_content": raw}),
+        );
+        assert_eq!(outcome, keep(&[]));
+        assert_eq!(v["reworded_content"], raw);
+    }
+}
+
+#[test]
+fn rule_unknown_action_becomes_skip() {
+    for bad in [json!("merge"), json!("ADD_UNDER"), json!(3), Value::Null] {
+        let mut v = decision("x");
+        v["action"] = bad;
+        let (outcome, v) = normalised(INTEGRATION_DECISIONS, v);
+        assert_eq!(
+            outcome,
+            keep(&[
+                "unknown action replaced by `skip`",
+                "targets cleared: `skip` takes no target block"
+            ])
+        );
+        assert_eq!(v["action"], "skip");
+        assert!(v["target_block_id"].is_null() && v["target_block_title"].is_null());
+    }
+}
+
+#[test]
+fn rule_targeted_action_without_target_becomes_add_section() {
+    for action in ["add_under", "replace"] {
+        for target in [
+            Some(Value::Null),
+            Some(json!("")),
+            Some(json!(" ")),
+            Some(json!(7)),
+            None,
+        ] {
+            let mut v = decision(action);
+            match &target {
+                Some(t) => v["target_block_id"] = t.clone(),
+                None => {
+                    v.as_object_mut().unwrap().remove("target_block_id");
+                }
+            }
+            let (outcome, v) = normalised(INTEGRATION_DECISIONS, v);
+            assert_eq!(
+                outcome,
+                keep(&[&format!(
+                    "`{action}` without target_block_id changed to `add_section`"
+                )]),
+                "{action} {target:?}"
+            );
+            assert_eq!(v["action"], "add_section");
+            assert!(v["target_block_title"].is_null());
+            assert!(v.get("target_block_id").is_none_or(Value::is_null));
+        }
+    }
+}
+
+#[test]
+fn rule_targeted_action_without_title_is_kept_with_a_warning() {
+    for action in ["add_under", "replace"] {
+        let mut v = decision(action);
+        v["target_block_title"] = Value::Null;
+        let (outcome, after) = normalised(INTEGRATION_DECISIONS, v.clone());
+        assert_eq!(
+            outcome,
+            keep(&[&format!("`{action}` has no target_block_title")])
+        );
+        assert_eq!(after, v);
+    }
+}
+
+#[test]
+fn rule_untargeted_action_has_null_targets() {
+    for action in ["add_section", "skip"] {
+        let (outcome, v) = normalised(INTEGRATION_DECISIONS, decision(action));
+        assert_eq!(
+            outcome,
+            keep(&[&format!(
+                "targets cleared: `{action}` takes no target block"
+            )])
+        );
+        assert_eq!(v["action"], action);
+        assert!(v["target_block_id"].is_null() && v["target_block_title"].is_null());
+        // Already null or absent: nothing to say.
+        let mut v = decision(action);
+        v["target_block_id"] = Value::Null;
+        v.as_object_mut().unwrap().remove("target_block_title");
+        assert_eq!(normalised(INTEGRATION_DECISIONS, v).0, keep(&[]));
+    }
+}
+
+#[test]
+fn rule_empty_reasoning_is_kept_with_a_warning() {
+    let mut v = decision("add_under");
+    v["reasoning"] = json!("");
+    assert_eq!(
+        normalised(INTEGRATION_DECISIONS, v).0,
+        keep(&["reasoning is empty"])
+    );
+}
+
+#[test]
+fn warnings_and_reasons_do_not_quote_content() {
+    let secret = "SECRET-USER-TEXT";
+    let mut lines = vec![
+        json!({"block_id": secret, "is_knowledge": secret, "confidence": 0.5, "reason": secret}),
+        json!({"block_id": secret, "reworded_content": format!("- {secret}")}),
+    ];
+    let mut d = decision(secret);
+    d["target_block_id"] = json!(secret);
+    d["confidence"] = json!(9);
+    lines.push(d);
+    for (id, mut v) in [
+        KNOWLEDGE_CLASSIFICATION,
+        CONTENT_REWORDING,
+        INTEGRATION_DECISIONS,
+    ]
+    .into_iter()
+    .zip(lines)
+    {
+        let text = format!("{:?}", normalise(id, &mut v));
+        assert!(!text.contains(secret), "{id}: {text}");
+    }
+}

@@ -1,0 +1,350 @@
+//! The normalisers: corrections a template's output objects get before they are validated
+//! against its schema, one per structured-output contract (the classification, rewording and
+//! integration contracts of docs/protocol.md#structured-output-contracts). A template names
+//! its normaliser (`normaliser` in a template file; the built-ins name theirs), so a file
+//! template that replaces a built-in can keep its rules.
+//!
+//! A normaliser must never quote the model's output in a warning or a skip reason (it is
+//! derived from user content): field names and enum values only. It must never drop an object
+//! that a rule says to correct, nor keep one that a rule says to drop.
+
+use serde_json::{Map, Value, json};
+
+/// What normalising one object decided.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Normalised {
+    /// Keep the (possibly corrected) object; each warning says what was corrected.
+    Keep {
+        /// What was corrected, one sentence each, without quoting user content.
+        warnings: Vec<String>,
+    },
+    /// Drop the object.
+    Skip {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Corrects an object in place before schema validation (the rules of
+/// docs/protocol.md#structured-output-contracts).
+pub type Normaliser = fn(&mut Value) -> Normalised;
+
+/// The normaliser of the classification contract ([`normalise_classification`]).
+pub const KNOWLEDGE_CLASSIFICATION: &str = "knowledge-classification";
+/// The normaliser of the rewording contract ([`normalise_rewording`]).
+pub const CONTENT_REWORDING: &str = "content-rewording";
+/// The normaliser of the integration contract ([`normalise_integration`]).
+pub const INTEGRATION_DECISIONS: &str = "integration-decisions";
+
+/// Every normaliser, by the name a template gives.
+const REGISTRY: [(&str, Normaliser); 3] = [
+    (KNOWLEDGE_CLASSIFICATION, normalise_classification),
+    (CONTENT_REWORDING, normalise_rewording),
+    (INTEGRATION_DECISIONS, normalise_integration),
+];
+
+/// The normaliser a template names, if there is one by that name.
+pub fn by_name(name: &str) -> Option<Normaliser> {
+    REGISTRY
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, normaliser)| *normaliser)
+}
+
+/// The names of every normaliser, for error messages.
+pub fn names() -> impl Iterator<Item = &'static str> {
+    REGISTRY.iter().map(|(name, _)| *name)
+}
+
+/// The integration actions: the contract's three, and the older version's `skip` (the
+/// integration schema's `action` enum; a test keeps them equal).
+pub const ACTIONS: [&str; 4] = ["add_section", "add_under", "replace", "skip"];
+
+/// The rules for [`KNOWLEDGE_CLASSIFICATION`] lines
+/// (docs/protocol.md#structured-output-contracts):
+/// - not a JSON object → drop (docs/protocol.md#streamed-json-lines);
+/// - a required field missing → drop; a required field of the wrong type (e.g. confidence
+///   `"high"`, is_knowledge `"true"`) → drop;
+/// - `block_id` empty → drop (it must be a non-empty string);
+/// - `confidence` outside [0, 1] → clamp, warn (the decisions' rule; the classification
+///   contract states the range);
+/// - unknown fields → kept, ignored.
+pub fn normalise_classification(value: &mut Value) -> Normalised {
+    outcome(classification_rules(value))
+}
+
+fn classification_rules(value: &mut Value) -> Result<Vec<String>, String> {
+    let object = as_object(value)?;
+    // Rules "missing required field → skip" and "invalid type → skip".
+    require(
+        object,
+        &[
+            ("block_id", FieldType::String),
+            ("is_knowledge", FieldType::Boolean),
+            ("confidence", FieldType::Number),
+            ("reason", FieldType::String),
+        ],
+    )?;
+    // Rule "block_id must be non-empty".
+    require_non_empty(object, "block_id")?;
+    let mut warnings = Vec::new();
+    // Rule "invalid confidence range → clamp".
+    clamp_confidence(object, &mut warnings);
+    // Rule "unknown fields → ignore": left in place; the schema allows them.
+    Ok(warnings)
+}
+
+/// The rules for [`CONTENT_REWORDING`] lines (docs/protocol.md#structured-output-contracts;
+/// the oldest contract's `refined_text` is `reworded_content`):
+/// - not a JSON object → drop (docs/protocol.md#streamed-json-lines);
+/// - a required field missing or of the wrong type → drop;
+/// - `block_id` empty → drop (block ids are non-empty; an empty id matches no block);
+/// - `reworded_content` empty or only whitespace → drop;
+/// - `reworded_content` written as a bullet outline → flattened into plain continuation
+///   lines, warn (plain block content, no bullet markers or indentation).
+///
+/// The rules "block_id must match a block from Phase 1" and "preserve `[[links]]` and
+/// `((refs))`" need the request, which a per-object normaliser does not see.
+pub fn normalise_rewording(value: &mut Value) -> Normalised {
+    outcome(rewording_rules(value))
+}
+
+fn rewording_rules(value: &mut Value) -> Result<Vec<String>, String> {
+    let object = as_object(value)?;
+    // Rules "missing required field → skip" and "invalid type → skip".
+    require(
+        object,
+        &[
+            ("block_id", FieldType::String),
+            ("reworded_content", FieldType::String),
+        ],
+    )?;
+    // Rule "block_id must be non-empty".
+    require_non_empty(object, "block_id")?;
+    // Rule "empty refined_text → skip".
+    require_non_empty(object, "reworded_content")?;
+    let mut warnings = Vec::new();
+    // Rule "plain block content (no bullet markers or indentation)".
+    if let Some(Value::String(content)) = object.get_mut("reworded_content")
+        && let Some(plain) = plain_block_content(content)
+    {
+        *content = plain;
+        warnings.push(
+            "reworded_content was a bullet outline; bullet markers and indentation removed"
+                .to_owned(),
+        );
+    }
+    Ok(warnings)
+}
+
+/// The rules for [`INTEGRATION_DECISIONS`] lines
+/// (docs/protocol.md#structured-output-contracts; the oldest contract's `page`, `target_id`,
+/// `target_title` are `target_page`, `target_block_id`, `target_block_title`):
+/// - not a JSON object → drop (docs/protocol.md#streamed-json-lines);
+/// - a required field missing, or `knowledge_block_id`, `target_page`, `confidence`,
+///   `reasoning` of the wrong type → drop (the classification rules, applied to every phase);
+/// - `knowledge_block_id` empty → drop (block ids are non-empty);
+/// - `confidence` outside [0, 1] → clamp, warn;
+/// - `action` not one of `add_section`, `add_under`, `replace`, `skip` (or not a string) →
+///   `skip`, warn;
+/// - `add_under` / `replace` without a `target_block_id` (absent, null, empty, not a string) →
+///   `add_section` with both targets null, warn;
+/// - `add_under` / `replace` without a `target_block_title` → kept, warn (the title is for
+///   display only, and the contract's model makes it optional);
+/// - `skip` / `add_section` with a target → targets set to null, warn (they must be null);
+/// - `reasoning` empty → kept, warn ("should be non-empty, but parser won't fail").
+///
+/// A `skip` decision is kept: it is an answer ("not relevant for this page", in the older
+/// version), not a dropped line. The contract's "at most 2 decisions per (knowledge block,
+/// target page) pair" spans lines, beyond a per-object normaliser.
+pub fn normalise_integration(value: &mut Value) -> Normalised {
+    outcome(integration_rules(value))
+}
+
+fn integration_rules(value: &mut Value) -> Result<Vec<String>, String> {
+    let object = as_object(value)?;
+    // Rules "missing required field → skip" and "invalid type → skip" (an action of
+    // any type is corrected below rather than dropped).
+    require(
+        object,
+        &[
+            ("knowledge_block_id", FieldType::String),
+            ("target_page", FieldType::String),
+            ("action", FieldType::Any),
+            ("confidence", FieldType::Number),
+            ("reasoning", FieldType::String),
+        ],
+    )?;
+    // Rule "block ids must be non-empty".
+    require_non_empty(object, "knowledge_block_id")?;
+    let mut warnings = Vec::new();
+    // Rule "invalid confidence range → clamp".
+    clamp_confidence(object, &mut warnings);
+    // Rule "invalid action value → default to skip".
+    let known = object
+        .get("action")
+        .and_then(Value::as_str)
+        .and_then(|action| ACTIONS.iter().find(|a| **a == action).copied());
+    let action = match known {
+        Some(action) => action,
+        None => {
+            object.insert("action".to_owned(), json!("skip"));
+            warnings.push("unknown action replaced by `skip`".to_owned());
+            "skip"
+        }
+    };
+    if action == "add_under" || action == "replace" {
+        let has_target = non_blank_str(object.get("target_block_id"));
+        if !has_target {
+            // Rule "missing target_id when required → add_section".
+            object.insert("action".to_owned(), json!("add_section"));
+            clear_targets(object);
+            warnings.push(format!(
+                "`{action}` without target_block_id changed to `add_section`"
+            ));
+        } else if !non_blank_str(object.get("target_block_title")) {
+            // Rule "add_under/replace need a non-null target_title": warn only.
+            warnings.push(format!("`{action}` has no target_block_title"));
+        }
+    } else if clear_targets(object) {
+        // Rule "skip/add_section: target_id and target_title must be null".
+        warnings.push(format!("targets cleared: `{action}` takes no target block"));
+    }
+    // Rule "reasoning should be non-empty (but parser won't fail if empty)".
+    if !non_blank_str(object.get("reasoning")) {
+        warnings.push("reasoning is empty".to_owned());
+    }
+    Ok(warnings)
+}
+
+fn outcome(result: Result<Vec<String>, String>) -> Normalised {
+    match result {
+        Ok(warnings) => Normalised::Keep { warnings },
+        Err(reason) => Normalised::Skip { reason },
+    }
+}
+
+/// A line that parses to anything but an object is skipped
+/// (docs/protocol.md#streamed-json-lines).
+fn as_object(value: &mut Value) -> Result<&mut Map<String, Value>, String> {
+    value
+        .as_object_mut()
+        .ok_or_else(|| "not a JSON object".to_owned())
+}
+
+/// The JSON type a required field must have.
+#[derive(Debug, Clone, Copy)]
+enum FieldType {
+    String,
+    Boolean,
+    Number,
+    /// Present, of any type (a later rule corrects it).
+    Any,
+}
+
+impl FieldType {
+    fn accepts(self, value: &Value) -> bool {
+        match self {
+            FieldType::String => value.is_string(),
+            FieldType::Boolean => value.is_boolean(),
+            FieldType::Number => value.is_number(),
+            FieldType::Any => true,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            FieldType::String => "a string",
+            FieldType::Boolean => "a boolean",
+            FieldType::Number => "a number",
+            FieldType::Any => "a value",
+        }
+    }
+}
+
+/// A missing required field, or one of the wrong type, drops the object
+/// (docs/protocol.md#structured-output-contracts).
+fn require(object: &Map<String, Value>, fields: &[(&str, FieldType)]) -> Result<(), String> {
+    for (name, kind) in fields {
+        match object.get(*name) {
+            None => return Err(format!("missing required field `{name}`")),
+            Some(value) if !kind.accepts(value) => {
+                return Err(format!("field `{name}` is not {}", kind.name()));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// Drops the object if the (string) field is empty or only whitespace.
+fn require_non_empty(object: &Map<String, Value>, field: &str) -> Result<(), String> {
+    if non_blank_str(object.get(field)) {
+        Ok(())
+    } else {
+        Err(format!("field `{field}` is empty"))
+    }
+}
+
+fn non_blank_str(value: Option<&Value>) -> bool {
+    value
+        .and_then(Value::as_str)
+        .is_some_and(|s| !s.trim().is_empty())
+}
+
+/// A confidence outside [0, 1] is clamped, with a warning
+/// (docs/protocol.md#structured-output-contracts).
+fn clamp_confidence(object: &mut Map<String, Value>, warnings: &mut Vec<String>) {
+    let Some(confidence) = object.get("confidence").and_then(Value::as_f64) else {
+        return;
+    };
+    let (clamped, warning) = if confidence < 0.0 {
+        (0.0, "confidence below 0 clamped to 0")
+    } else if confidence > 1.0 {
+        (1.0, "confidence above 1 clamped to 1")
+    } else {
+        return;
+    };
+    object.insert("confidence".to_owned(), json!(clamped));
+    warnings.push(warning.to_owned());
+}
+
+/// Sets `target_block_id` and `target_block_title` to null where they are present and not
+/// null; says whether it changed anything.
+fn clear_targets(object: &mut Map<String, Value>) -> bool {
+    let mut cleared = false;
+    for field in ["target_block_id", "target_block_title"] {
+        if let Some(value) = object.get_mut(field)
+            && !value.is_null()
+        {
+            *value = Value::Null;
+            cleared = true;
+        }
+    }
+    cleared
+}
+
+/// Content written as a bullet outline (any line, after its indentation, starting with a `- `
+/// or `* ` marker) becomes plain block content (docs/protocol.md#structured-output-contracts):
+/// each line without its indentation and bullet marker, children flattened into continuation
+/// lines. `None` if the content has no bullet line (its indentation is then left alone: it
+/// may be code).
+fn plain_block_content(content: &str) -> Option<String> {
+    fn bullet_text(line: &str) -> Option<&str> {
+        let line = line.trim_start();
+        if line == "-" || line == "*" {
+            return Some("");
+        }
+        line.strip_prefix("- ")
+            .or_else(|| line.strip_prefix("* "))
+            .map(str::trim_start)
+    }
+    if !content.lines().any(|line| bullet_text(line).is_some()) {
+        return None;
+    }
+    let plain: Vec<&str> = content
+        .lines()
+        .map(|line| bullet_text(line).unwrap_or_else(|| line.trim_start()))
+        .collect();
+    Some(plain.join("\n"))
+}
