@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checks scripts/lib.sh (log, fail, wait_until, wait_gone, free_port) under the options every
+# Checks scripts/lib.sh (log, fail, wait_until, wait_gone, wait_ready, free_port) under the options every
 # script runs with (`set -euo pipefail`, and `set -E` with an ERR trap as the cluster scripts
 # have). About 10 s; no network, no broker. Prints "lib.sh: all checks passed" or exits non-zero.
 #
@@ -113,6 +113,39 @@ check "wait_gone on a pid that is gone returns 0" "$(outcome "$rc" 0 0 0 0)"
 rc=0; err=$(wait_gone 1 "nothing" "" 2>&1) || rc=$?
 [ "$rc" = 2 ] && r=ok || r="returned $rc: '$err'"
 check "wait_gone without PID returns 2" "$r"
+
+# wait_ready: ready while the process lives; the process exits first; a timeout; usage.
+logf=$(mktemp "${TMPDIR:-/tmp}/lib-test.XXXXXX")
+printf 'line %s\n' $(seq 1 50) >"$logf"
+flag=$(mktemp -u "${TMPDIR:-/tmp}/lib-test.XXXXXX")
+sleep 30 &
+pid=$!
+(sleep 1; touch "$flag") &
+t=$(now_ms); rc=0; err=$(wait_ready 10 "the flag" "$pid" "$logf" test -e "$flag" 2>&1) || rc=$?
+check "wait_ready: ready after ~1 s while the process lives returns 0, logs nothing" "$(outcome "$rc" 0 $(($(now_ms) - t)) 700 4000)"
+[ -z "$err" ] && r=ok || r="logged '$err'"
+check "wait_ready logs nothing when ready" "$r"
+rm -f "$flag"
+sleep 1 &
+gone=$!
+t=$(now_ms); rc=0; err=$(wait_ready 20 "never ready" "$pid $gone" "$logf" false 2>&1) || rc=$?
+check "wait_ready: one of two processes exits after 1 s: returns 1 then, not at the timeout" "$(outcome "$rc" 1 $(($(now_ms) - t)) 700 5000)"
+[[ "$err" == "[lib-test] never ready: process $gone exited"$'\n'"[lib-test] the last lines of $logf:"$'\n'"line 11"$'\n'* ]] &&
+  [[ "$err" == *$'\n'"line 50" ]] && r=ok || r="logged '$err'"
+check "wait_ready names the process that exited and shows the log's last 40 lines" "$r"
+t=$(now_ms); rc=0; err=$(wait_ready 1 "slow" "$pid" "" false 2>&1) || rc=$?
+check "wait_ready 1 with a live process that never gets ready returns 1 after 1-2 s" "$(outcome "$rc" 1 $(($(now_ms) - t)) 900 4500)"
+[ "$err" = "[lib-test] timed out after 1 s waiting for slow" ] && r=ok || r="logged '$err'"
+check "wait_ready's timeout without a log file logs the timeout only" "$r"
+rc=0; err=$(wait_ready 1 "nothing" "" "" true 2>&1) || rc=$?
+[ "$rc" = 2 ] && r=ok || r="returned $rc: '$err'"
+check "wait_ready without PID returns 2" "$r"
+rc=0; err=$(wait_ready 1 "x" "$pid" "" 2>&1) || rc=$?
+[ "$rc" = 2 ] && r=ok || r="returned $rc: '$err'"
+check "wait_ready without COMMAND returns 2" "$r"
+kill "$pid"; wait "$pid" 2>/dev/null || true
+wait
+rm -f "$logf"
 
 # free_port: a port number that can be bound.
 port=$(free_port)

@@ -48,6 +48,42 @@ wait_gone() {
 # _lib_gone PID: true once PID is no process (wait_gone's condition).
 _lib_gone() { ! kill -0 "$1" 2>/dev/null; }
 
+# wait_ready SECONDS DESCRIPTION PIDS LOGFILE COMMAND [ARG...]: as wait_until, for a process
+# that is starting: returns 0 once COMMAND succeeds. If a process of PIDS (one or more, space-
+# separated) exits first, logs "DESCRIPTION: process PID exited", or on timeout logs as
+# wait_until does; either way then logs LOGFILE's last 40 lines (when LOGFILE is a file) and
+# returns 1. Sends no signal.
+wait_ready() {
+  local secs="${1:-}" what="${2:-}" pids="${3:-}" logfile="${4:-}"
+  [ $# -ge 5 ] || { log "wait_ready: usage: wait_ready SECONDS DESCRIPTION PIDS LOGFILE COMMAND [ARG...]"; return 2; }
+  [ -n "${pids// /}" ] || { log "wait_ready: no PID given for $what"; return 2; }
+  shift 4
+  _LIB_EXITED=""
+  if wait_until "$secs" "$what" _lib_ready "$pids" "$@"; then
+    [ -z "$_LIB_EXITED" ] && return 0
+    log "$what: process $_LIB_EXITED exited"
+  fi
+  if [ -n "$logfile" ] && [ -f "$logfile" ]; then
+    log "the last lines of $logfile:"
+    tail -n 40 "$logfile" >&2 || true
+  fi
+  return 1
+}
+# _lib_ready PIDS COMMAND...: wait_ready's condition: true when COMMAND succeeds, or when a
+# process of PIDS is gone (noted in _LIB_EXITED).
+_lib_ready() {
+  local pids="$1" pid
+  shift
+  if "$@"; then return 0; fi
+  for pid in $pids; do
+    if ! kill -0 "$pid" 2>/dev/null; then _LIB_EXITED=$pid; return 0; fi
+  done
+  return 1
+}
+
+# quietly COMMAND [ARG...]: runs COMMAND with its stdout and stderr discarded; its status.
+quietly() { "$@" >/dev/null 2>&1; }
+
 # free_port [HOST]: prints a TCP port free on HOST (default 127.0.0.1), which the kernel picked (bind to port 0).
 free_port() {
   python3 -c 'import socket, sys; s = socket.socket(); s.bind((sys.argv[1], 0)); print(s.getsockname()[1])' \

@@ -10,6 +10,7 @@
 # (about 20 minutes on 2 cores); later runs take seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 . scripts/prereqs.sh
 
 PROMPT="${1:-Why is the sky blue? Answer in two sentences.}"
@@ -50,12 +51,8 @@ echo "== sluice serve (log: $LOG)" >&2
 "$SLUICE" serve --config deploy/serve/local-llm.toml --base-url "http://127.0.0.1:$LLM_PORT" \
   --listen "$GATEWAY" --metrics-addr "$METRICS" >"$LOG" 2>&1 &
 serve_pid=$!
-for _ in $(seq 1 100); do
-  if curl -sf -m 2 "http://$METRICS/readyz" >/dev/null 2>&1; then break; fi
-  if ! kill -0 "$serve_pid" 2>/dev/null; then cat "$LOG" >&2; exit 1; fi
-  sleep 0.2
-done
-curl -sf -m 2 "http://$METRICS/readyz" >/dev/null || { echo "sluice serve did not become ready" >&2; cat "$LOG" >&2; exit 1; }
+WAIT_INTERVAL=0.2 wait_ready 20 "sluice serve's /readyz" "$serve_pid" "$LOG" \
+  quietly curl -sf -m 2 "http://$METRICS/readyz" || exit 1
 
 echo "== sluice invoke llm (streamed)" >&2
 "$SLUICE" invoke --url "http://$GATEWAY" --show-usage llm "$SYSTEM" "$PROMPT"

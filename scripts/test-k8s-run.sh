@@ -192,8 +192,9 @@ for d in items:
 if waiting:
     sys.exit("; ".join(waiting))'
 }
-for _ in $(seq 1 120); do settled 2>/dev/null && break; sleep 1; done
-settled || fail "the Deployments did not settle at their autoscalers' minimums in 120 s"
+# On a timeout, settled runs once more with its output: what is still waited for.
+WAIT_INTERVAL=1 wait_until 120 "every Deployment at its autoscaler's minimum" quietly settled || settled ||
+  fail "the Deployments did not settle at their autoscalers' minimums in 120 s"
 figure "kubectl apply to every Deployment at its autoscaler's minimum, all pods Ready: $((SECONDS - t)) s"
 kubectl get pods -n "$NS" -o json | python3 -c 'import json, sys
 pods = json.load(sys.stdin)["items"]
@@ -292,12 +293,9 @@ load_start() {
     --control "$WORK/load-$1" 2>"$WORK/load-$1/log" &
   load_pid=$!
   # The change begins once every caller is in a stream (the driver says so).
-  for _ in $(seq 1 600); do
-    [ -e "$WORK/load-$1/streaming" ] && return 0
-    kill -0 "$load_pid" 2>/dev/null || fail "$1: the load driver exited: $(tail -n 5 "$WORK/load-$1/log")"
-    sleep 0.1
-  done
-  fail "$1: the 64 callers were not all streaming within 60 s"
+  WAIT_INTERVAL=0.1 wait_ready 60 "$1: the load driver's 64 callers all streaming" "$load_pid" \
+    "$WORK/load-$1/log" test -e "$WORK/load-$1/streaming" ||
+    fail "$1: the 64 callers were not all streaming within 60 s (or the load driver exited)"
 }
 load_stop() {
   touch "$WORK/load-$1/stop"
@@ -344,10 +342,11 @@ serving() {
     -o jsonpath='{range .items[?(@.status.phase=="Running")]}{.metadata.name} {.metadata.deletionTimestamp}{"\n"}{end}' |
     awk 'NF == 1 { print $1 }'
 }
-for _ in $(seq 1 60); do
-  [ "$(kubectl get pods -n "$NS" -l app.kubernetes.io/component=text-completion -o name | wc -l)" -eq 2 ] && break
-  sleep 1
-done
+two_text_completion_pods() {
+  [ "$(kubectl get pods -n "$NS" -l app.kubernetes.io/component=text-completion -o name | wc -l)" -eq 2 ]
+}
+# Not a failure by itself: the check below is whether one serves.
+WAIT_INTERVAL=1 wait_until 60 "two text-completion pods" two_text_completion_pods || true
 victim=$(serving | head -n 1)
 [ -n "$victim" ] || fail "no serving text-completion pod to delete"
 t=$SECONDS
@@ -476,13 +475,11 @@ IFS='|' read -r early_name early_started early_restarts early_running <<<"$early
   fail "the agent pod $early_name, started during the outage: running since '${early_running}', started=$early_started, restarts=$early_restarts (it should run, waiting for the broker, with the startup probe holding)"
 deploy/pulsar/pulsar.sh start
 t=$SECONDS
-back_at=""
-for _ in $(seq 1 180); do
-  # At least as many as before: the autoscalers may have added pods meanwhile.
-  [ "$(ready_pods)" -ge "$total" ] && { back_at=$((SECONDS - t)); break; }
-  sleep 1
-done
-[ -n "$back_at" ] || fail "180 s after the broker came back only $(ready_pods) of $total pods are Ready"
+# At least as many as before: the autoscalers may have added pods meanwhile.
+all_ready_again() { [ "$(ready_pods)" -ge "$total" ]; }
+WAIT_INTERVAL=1 wait_until 180 "every pod Ready after the broker came back" all_ready_again ||
+  fail "180 s after the broker came back only $(ready_pods) of $total pods are Ready"
+back_at=$((SECONDS - t))
 [ "$(restarts_of)" = "$r0" ] || fail "a container was restarted across the broker's outage"
 out=$("$SLUICE_BIN" invoke llm "Be terse." "[fake:echo] after the outage") || fail "sluice invoke after the broker's outage"
 grep -q 'after the outage' <<<"$out" || fail "sluice invoke after the broker's outage: $out"
@@ -505,10 +502,10 @@ BACKLOG=400
 replicas() { kubectl get deployment text-completion -n "$NS" -o jsonpath='{.spec.replicas} {.status.readyReplicas}'; }
 # at_minimum BEFORE: text-completion back at its minimum of 2 (the load before may have scaled
 # it on CPU, the second trigger), waited for up to 180 s.
+at_two_replicas() { local spec; read -r spec _ <<<"$(replicas)"; [ "$spec" -eq 2 ]; }
 at_minimum() {
-  local spec
-  for _ in $(seq 1 90); do read -r spec _ <<<"$(replicas)"; [ "$spec" -eq 2 ] && return 0; sleep 2; done
-  fail "text-completion is at $spec replicas before $1, not its minimum 2"
+  WAIT_INTERVAL=2 wait_until 180 "text-completion at its minimum of 2 replicas" at_two_replicas ||
+    fail "text-completion is at $(replicas) replicas (spec, ready) before $1, not its minimum 2"
 }
 at_minimum "the backlog"
 # The backlog per replica as the HPA KEDA made sees it: the external metric, read through
@@ -623,14 +620,9 @@ scale_up() {
 }
 # scale_down SINCE: back to the minimum of 2 within 240 s; sets down_at (seconds since `t`).
 scale_down() {
-  down_at=""
-  local deadline=$((SECONDS + 240)) spec ready
-  while [ "$SECONDS" -lt "$deadline" ]; do
-    read -r spec ready <<<"$(replicas)"
-    [ "$spec" -eq 2 ] && { down_at=$((SECONDS - t)); return 0; }
-    sleep 2
-  done
-  fail "KEDA did not scale text-completion back to 2 within 240 s of $1 (replicas $(replicas))"
+  WAIT_INTERVAL=2 wait_until 240 "text-completion back at 2 replicas" at_two_replicas ||
+    fail "KEDA did not scale text-completion back to 2 within 240 s of $1 (replicas $(replicas))"
+  down_at=$((SECONDS - t))
 }
 answers_start persistent://tg/response/text-completion
 t=$SECONDS
@@ -675,12 +667,12 @@ log "every Deployment rolled out on TrustGraph's mapping in $((SECONDS - t)) s"
 # old pods are gone, an old gateway still takes requests on the old (durable) topics, where
 # no processor listens any more, and ends them with an error when its drain ends ("the
 # gateway is shutting down", seen twice when the request below met one). Wait for them.
-for _ in $(seq 1 120); do
+# none_terminating: sets $terminating to the names of the pods still terminating.
+none_terminating() {
   terminating=$(kubectl get pods -n "$NS" -o jsonpath='{.items[?(@.metadata.deletionTimestamp)].metadata.name}')
-  [ -z "$terminating" ] && break
-  sleep 1
-done
-[ -z "$terminating" ] || fail "pods of the durable mapping still terminating 120 s after the rollout: $terminating"
+  [ -z "$terminating" ]
+}
+WAIT_INTERVAL=1 wait_until 120 "the durable mapping's pods gone" none_terminating || fail "pods of the durable mapping still terminating 120 s after the rollout: $terminating"
 log "the durable mapping's pods are gone $((SECONDS - t)) s after the change"
 # The processors consume TrustGraph's topics now, and the gateway answers through them.
 tg_consumers() {
@@ -695,8 +687,8 @@ out=$("$SLUICE_BIN" invoke llm "Be terse." "[fake:echo] on TrustGraph's topics")
 grep -q "on TrustGraph's topics" <<<"$out" || fail "sluice invoke on TrustGraph's mapping: $out"
 # KEDA reads the trigger from Prometheus before anything is asked of it (0 in flight): the
 # HPA has the external metric.
-for _ in $(seq 1 90); do [ -n "$(external_metric)" ] && break; sleep 2; done
-[ -n "$(external_metric)" ] ||
+has_external_metric() { [ -n "$(external_metric)" ]; }
+WAIT_INTERVAL=2 wait_until 180 "the in-flight metric from KEDA on the HPA" has_external_metric ||
   fail "the HPA has no in-flight metric from KEDA's prometheus trigger within 180 s: $(kubectl get hpa -n "$NS" keda-hpa-text-completion -o jsonpath='{.status.conditions}')"
 at_minimum "the burst"
 answers_start non-persistent://tg/response/text-completion
@@ -705,12 +697,9 @@ publish non-persistent://tg/request/text-completion "$BURST"
 scale_up "a burst of $BURST requests on a non-persistent topic" 192
 figure "KEDA on TrustGraph's mapping (non-persistent topics, prometheus trigger on the in-flight gauge): a burst of $BURST requests -> a third text-completion pod Ready in ${up_at} s (the HPA saw $seen in flight per replica)"
 # Every request of the burst is answered (30 s each), then the replicas go back to 2.
-answered_at="" deadline=$((SECONDS + 240))
-while [ "$SECONDS" -lt "$deadline" ]; do
-  [ "$(grep -c '"end_of_stream":true' "$WORK/responses.log")" -ge "$BURST" ] && { answered_at=$((SECONDS - t)); break; }
-  sleep 2
-done
-[ -n "$answered_at" ] || fail "the burst was not answered within 240 s ($(grep -c '"end_of_stream":true' "$WORK/responses.log") ends of $BURST)"
+burst_answered() { [ "$(grep -c '"end_of_stream":true' "$WORK/responses.log")" -ge "$BURST" ]; }
+WAIT_INTERVAL=2 wait_until 240 "every request of the burst answered" burst_answered || fail "the burst was not answered within 240 s ($(grep -c '"end_of_stream":true' "$WORK/responses.log") ends of $BURST)"
+answered_at=$((SECONDS - t))
 scale_down "the answered burst"
 figure "KEDA on TrustGraph's mapping: the burst answered ${answered_at} s after publishing (up to $most replicas); back to the minimum of 2 $((down_at - answered_at)) s later"
 answers_check "$BURST"

@@ -131,14 +131,9 @@ contexts:
     context: {cluster: test, user: admin}
 current-context: test
 EOF
-ready=""
-for _ in $(seq 1 240); do
-  kubectl get --raw /readyz >/dev/null 2>&1 && { ready=$(secs $(($(now_ms) - t))); break; }
-  kill -0 "${pids[0]}" 2>/dev/null || fail "etcd exited"
-  kill -0 "${pids[1]}" 2>/dev/null || fail "kube-apiserver exited"
-  sleep 0.25
-done
-[ -n "$ready" ] || fail "kube-apiserver not ready after 60 s"
+WAIT_INTERVAL=0.25 wait_ready 60 "kube-apiserver's /readyz (process ${pids[0]} etcd, ${pids[1]} kube-apiserver)" \
+  "${pids[0]} ${pids[1]}" "" quietly kubectl get --raw /readyz || fail "kube-apiserver not ready"
+ready=$(secs $(($(now_ms) - t)))
 log "kube-apiserver v$KUBERNETES_VERSION ready in $ready (etcd $etcd_version; loopback :$api_port)"
 
 # -- CRDs -----------------------------------------------------------------------------------------

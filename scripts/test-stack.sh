@@ -168,8 +168,8 @@ cancelled() {
 cancelled_before=$(cancelled)
 curl -s -m 2 -N -H 'Accept: application/x-ndjson' -d '{"system":"s","prompt":"[fake:slow] go away"}' \
   "http://$GW/api/v1/text-completion" >/dev/null || true
-for _ in $(seq 1 100); do [ "$(cancelled)" -gt "$cancelled_before" ] && break; sleep 0.2; done
-[ "$(cancelled)" -gt "$cancelled_before" ] ||
+cancel_counted() { [ "$(cancelled)" -gt "$cancelled_before" ]; }
+WAIT_INTERVAL=0.2 wait_until 20 "the processor counting a cancelled request" cancel_counted ||
   fail "a caller went away mid-stream and the processor did not cancel the request (cancelled: $(cancelled))"
 log "a caller that went away cancelled its request on the processor"
 # TrustGraph's own client over the gateway's WebSocket (when its venv can be made).
@@ -233,14 +233,16 @@ curl -sf -m 120 -N -H 'Accept: application/x-ndjson' \
   -d '{"system":"s","prompt":"[fake:slow] survive a kill"}' \
   "http://$GW/api/v1/text-completion" >"$WORK/slow.ndjson" &
 slow_pid=$!
+# find_victim: sets $victim to a replica with a request in flight.
 victim=
-for _ in $(seq 1 100); do
+find_victim() {
+  local r
   for r in "${replicas[@]}"; do
-    if [ "$(metric "$r" sluice_processor_in_flight_requests)" -gt 0 ]; then victim=$r; break 2; fi
+    if [ "$(metric "$r" sluice_processor_in_flight_requests)" -gt 0 ]; then victim=$r; return 0; fi
   done
-  sleep 0.1
-done
-[ -n "$victim" ] || fail "no replica took the slow request"
+  return 1
+}
+WAIT_INTERVAL=0.1 wait_until 10 "a replica taking the slow request" find_victim || fail "no replica took the slow request"
 sleep 1   # mid-stream: tokens are flowing
 docker kill -s KILL "$victim" >/dev/null
 log "killed replica ${victim:0:12} mid-stream"

@@ -68,6 +68,9 @@ for port in "$fake_port" 8888; do
   fi
 done
 
+# serves_one_flow PORT: whether the sluice process with metrics on PORT serves one flow.
+serves_one_flow() { curl -sf "http://127.0.0.1:$1/metrics" | grep -q '^sluice_config_flows{[^}]*} 1$'; }
+
 # Starts `sluice ARGS` in the background, its log in $run/NAME.log, and waits for its
 # /readyz and for its first flow.
 start_sluice() { # name, metrics port, args...
@@ -77,14 +80,11 @@ start_sluice() { # name, metrics port, args...
     --pulsar-url "$PULSAR_URL" --metrics-addr "127.0.0.1:$port" > "$run/sluice-$name.log" 2>&1 &
   sluice_pids+=($!)
   echo $! > "$run/sluice-$name.spid"
-  local waited=0
-  until curl -sf "http://127.0.0.1:$port/metrics" | grep -q '^sluice_config_flows{[^}]*} 1$'; do
-    kill -0 "$(cat "$run/sluice-$name.spid")" 2>/dev/null || fail "sluice $name exited"
-    [ "$waited" -lt 120 ] || fail "sluice $name did not take up flow default/default"
-    sleep 1; waited=$((waited + 1))
-  done
+  local t0=$SECONDS
+  WAIT_INTERVAL=1 wait_ready 120 "sluice $name taking up flow default/default" "$(cat "$run/sluice-$name.spid")" \
+    "$run/sluice-$name.log" serves_one_flow "$port" || fail "sluice $name did not take up flow default/default"
   curl -sf "http://127.0.0.1:$port/readyz" > /dev/null || fail "sluice $name is not ready"
-  log "sluice $name serves flow default/default (${waited}s)"
+  log "sluice $name serves flow default/default ($((SECONDS - t0))s)"
 }
 
 stop_sluice() { # name

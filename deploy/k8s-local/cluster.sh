@@ -118,22 +118,27 @@ launch() {
 }
 
 # wait_for WHAT SECONDS COMMAND...: until COMMAND succeeds; fails naming WHAT, with the
-# log of every component that has exited.
+# log of a component that has exited.
 wait_for() {
-  local what="$1" secs="$2" i c
+  local what="$1" secs="$2"
   shift 2
-  for ((i = 0; i < secs * 4; i++)); do
-    "$@" >/dev/null 2>&1 && return 0
-    for c in "${components[@]}"; do
-      if [ -f "$STATE/$c.pid" ] && ! alive "$c"; then
-        log "$c exited; the last lines of its log:"
-        tail -n 30 "$STATE/$c.log" >&2
-        fail "$what: $c exited"
-      fi
-    done
-    sleep 0.25
+  exited=""
+  WAIT_INTERVAL=0.25 wait_until "$secs" "$what" up_or_exited "$@" || fail "$what: not within ${secs}s"
+  if [ -n "$exited" ]; then
+    log "$exited exited; the last lines of its log:"
+    tail -n 30 "$STATE/$exited.log" >&2
+    fail "$what: $exited exited"
+  fi
+}
+# up_or_exited COMMAND...: wait_for's condition: COMMAND succeeds (its output discarded), or a
+# launched component is no longer running (its name in $exited).
+up_or_exited() {
+  local c
+  quietly "$@" && return 0
+  for c in "${components[@]}"; do
+    if [ -f "$STATE/$c.pid" ] && ! alive "$c"; then exited=$c; return 0; fi
   done
-  fail "$what: not within ${secs}s"
+  return 1
 }
 
 binaries() {

@@ -67,12 +67,8 @@ start() {
       > "$STATE/server.log" 2>&1 &
     echo $! > "$STATE/pid"
   )
-  for _ in $(seq 1 120); do
-    if ready; then log "ready: http://127.0.0.1:$PORT"; return 0; fi
-    kill -0 "$(cat "$STATE/pid")" 2>/dev/null || { tail -20 "$STATE/server.log" >&2; exit 1; }
-    sleep 0.5
-  done
-  log "not ready in 60s"; tail -20 "$STATE/server.log" >&2; exit 1
+  wait_ready 60 "llama-server's start-up" "$(cat "$STATE/pid")" "$STATE/server.log" ready || exit 1
+  log "ready: http://127.0.0.1:$PORT"
 }
 
 stop() {

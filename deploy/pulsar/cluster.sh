@@ -260,24 +260,14 @@ launch() {
   )
 }
 
-# wait_for NAME WHAT CHECK...: waits until CHECK succeeds, or fails with the process's log.
+# wait_for NAME WHAT CHECK...: waits until CHECK succeeds (its output discarded), or fails with
+# the process's log (it exited, or READY_TIMEOUT passed).
 wait_for() {
-  local name="$1" what="$2" waited=0
+  local name="$1" what="$2" pid
   shift 2
-  until "$@" >/dev/null 2>&1; do
-    if ! running "$name"; then
-      log "$name exited while starting; last lines of its log:"
-      tail -n 40 "$STATE/logs/$name/stdout.log" >&2 || true
-      exit 1
-    fi
-    if [ "$waited" -ge "$READY_TIMEOUT" ]; then
-      log "$name: $what not within ${READY_TIMEOUT}s; last lines of its log:"
-      tail -n 40 "$STATE/logs/$name/stdout.log" >&2 || true
-      exit 1
-    fi
-    sleep 1
-    waited=$((waited + 1))
-  done
+  pid=$(cat "$(pidfile "$name")") || exit 1
+  WAIT_INTERVAL=1 wait_ready "$READY_TIMEOUT" "$name: $what" "$pid" \
+    "$STATE/logs/$name/stdout.log" quietly "$@" || exit 1
 }
 
 # admin_curl METHOD PATH [CURL ARGS...]: one admin request as the superuser over HTTPS; prints

@@ -131,23 +131,10 @@ start() {
       > "$STATE/logs/stdout.log" 2>&1 &
     echo $! > "$STATE/pid"
   )
-  local pid waited=0
-  pid=$(cat "$STATE/pid")
-  until ready; do
-    if ! kill -0 "$pid" 2>/dev/null; then
-      log "broker exited during start-up; last lines of its log:"
-      tail -n 40 "$STATE/logs/stdout.log" >&2 || true
-      exit 1
-    fi
-    if [ "$waited" -ge "$READY_TIMEOUT" ]; then
-      log "not ready after ${READY_TIMEOUT}s; last lines of its log:"
-      tail -n 40 "$STATE/logs/stdout.log" >&2 || true
-      exit 1
-    fi
-    sleep 1
-    waited=$((waited + 1))
-  done
-  log "ready after ${waited}s: pulsar://$HOST:$PORT, admin $ADMIN"
+  local t0=$SECONDS
+  WAIT_INTERVAL=1 wait_ready "$READY_TIMEOUT" "the broker's start-up" "$(cat "$STATE/pid")" \
+    "$STATE/logs/stdout.log" ready || exit 1
+  log "ready after $((SECONDS - t0))s: pulsar://$HOST:$PORT, admin $ADMIN"
 }
 
 stop() {

@@ -66,19 +66,10 @@ launch() { # name, command...
 }
 
 wait_log() { # name, fixed string that marks readiness
-  local name="$1" pattern="$2" waited=0 pid
-  pid=$(cat "$RUN/$name.pid")
-  until grep -qF -- "$pattern" "$RUN/$name.log" 2>/dev/null; do
-    if ! kill -0 "$pid" 2>/dev/null; then
-      log "$name exited; last lines of its log:"; tail -n 30 "$RUN/$name.log" >&2; return 1
-    fi
-    if [ "$waited" -ge "$READY_TIMEOUT" ]; then
-      log "$name not ready after ${READY_TIMEOUT}s (waiting for: $pattern)"
-      tail -n 30 "$RUN/$name.log" >&2; return 1
-    fi
-    sleep 1; waited=$((waited + 1))
-  done
-  log "$name ready (${waited}s): $pattern"
+  local name="$1" pattern="$2" t0=$SECONDS
+  WAIT_INTERVAL=1 wait_ready "$READY_TIMEOUT" "$name (waiting for: $pattern)" "$(cat "$RUN/$name.pid")" \
+    "$RUN/$name.log" grep -sqF -- "$pattern" "$RUN/$name.log" || return 1
+  log "$name ready ($((SECONDS - t0))s): $pattern"
 }
 
 start() {
