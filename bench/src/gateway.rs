@@ -11,112 +11,78 @@ use sluice_tests::{Broker, free_port};
 
 use crate::{procs::*, report::*};
 
+/// Sends `request` and hands each frame of its streamed answer (the bytes up to and including
+/// `separator`) to `frame`, in order, to the end of the stream. Panics (a bench) unless the
+/// answer is a success; `who` names the server in that message.
+async fn stream_frames(
+    request: reqwest::RequestBuilder,
+    who: &str,
+    separator: &[u8],
+    mut frame: impl FnMut(&[u8]),
+) {
+    let resp = request.send().await.unwrap();
+    assert!(
+        resp.status().is_success(),
+        "{who} answered {}",
+        resp.status()
+    );
+    let mut body = resp.bytes_stream();
+    let mut buf = Vec::new();
+    while let Some(bytes) = body.next().await {
+        buf.extend_from_slice(&bytes.unwrap());
+        while let Some(end) = buf.windows(separator.len()).position(|w| w == separator) {
+            let framed: Vec<u8> = buf.drain(..end + separator.len()).collect();
+            frame(&framed);
+        }
+    }
+}
+
 /// POSTs one NDJSON request to the gateway and reads its stream to the end. Returns the time
 /// to the first `token` line and whether the stream ended with a successful `done`.
 pub(crate) async fn gateway_call(http: &reqwest::Client, url: &str) -> (Option<Duration>, bool) {
     let t0 = Instant::now();
-    let resp = http
+    let (mut first, mut ok) = (None, false);
+    let request = http
         .post(url)
         .header("accept", "application/x-ndjson")
-        .json(&serde_json::json!({"prompt": "bench"}))
-        .send()
-        .await
-        .unwrap();
-    assert!(
-        resp.status().is_success(),
-        "gateway answered {}",
-        resp.status()
-    );
-    let mut body = resp.bytes_stream();
-    let (mut buf, mut first, mut ok) = (Vec::new(), None, false);
-    while let Some(bytes) = body.next().await {
-        buf.extend_from_slice(&bytes.unwrap());
-        while let Some(end) = buf.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = buf.drain(..=end).collect();
-            let event: serde_json::Value = serde_json::from_slice(&line).unwrap();
-            match event["type"].as_str() {
-                Some("token") if first.is_none() => first = Some(t0.elapsed()),
-                Some("done") => ok = event["reason"] == "success",
-                _ => {}
-            }
+        .json(&serde_json::json!({"prompt": "bench"}));
+    stream_frames(request, "the gateway", b"\n", |line| {
+        let event: serde_json::Value = serde_json::from_slice(line).unwrap();
+        match event["type"].as_str() {
+            Some("token") if first.is_none() => first = Some(t0.elapsed()),
+            Some("done") => ok = event["reason"] == "success",
+            _ => {}
         }
-    }
+    })
+    .await;
     (first, ok)
 }
 
-/// POSTs one streaming request to the gateway's OpenAI route and reads its SSE to the end.
-/// Returns the time to the first chunk carrying content and whether `[DONE]` arrived.
-pub(crate) async fn openai_route_call(
+/// POSTs one streaming chat completion to an OpenAI-compatible server (the gateway's OpenAI
+/// route, or the fake provider called directly as a provider SDK would) and reads its SSE to
+/// the end. Returns the time to the first event carrying non-empty content (OpenAI's first
+/// chunk, which the route sends too, carries only the role and `"content":""`) and whether
+/// `[DONE]` arrived. `who` names the server in a failure.
+pub(crate) async fn openai_call(
     http: &reqwest::Client,
     url: &str,
     model: &str,
+    who: &str,
 ) -> (Option<Duration>, bool) {
     let t0 = Instant::now();
-    let resp = http
+    let (mut first, mut ok) = (None, false);
+    let request = http
         .post(url)
         .json(&serde_json::json!({"model": model, "stream": true,
-            "messages": [{"role": "user", "content": "bench"}]}))
-        .send()
-        .await
-        .unwrap();
-    assert!(
-        resp.status().is_success(),
-        "the OpenAI route answered {}",
-        resp.status()
-    );
-    let mut body = resp.bytes_stream();
-    let (mut buf, mut first, mut ok) = (Vec::new(), None, false);
-    while let Some(bytes) = body.next().await {
-        buf.extend_from_slice(&bytes.unwrap());
-        while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
-            let event: Vec<u8> = buf.drain(..end + 2).collect();
-            let event = String::from_utf8_lossy(&event);
-            // The role chunk carries `"content":""`; the first token is the first non-empty one.
-            if first.is_none()
-                && event.contains("\"content\"")
-                && !event.contains("\"content\":\"\"")
-            {
-                first = Some(t0.elapsed());
-            }
-            ok |= event.contains("[DONE]");
+            "messages": [{"role": "user", "content": "bench"}]}));
+    stream_frames(request, who, b"\n\n", |event| {
+        let event = String::from_utf8_lossy(event);
+        if first.is_none() && event.contains("\"content\"") && !event.contains("\"content\":\"\"") {
+            first = Some(t0.elapsed());
         }
-    }
-    (first, ok)
-}
-
-/// Calls the fake OpenAI server directly, streaming, as a provider SDK would. Returns the time
-/// to the first SSE event carrying content and whether `[DONE]` arrived.
-pub(crate) async fn direct_call(
-    http: &reqwest::Client,
-    url: &str,
-    model: &str,
-) -> (Option<Duration>, bool) {
-    let t0 = Instant::now();
-    let resp = http
-        .post(url)
-        .json(&serde_json::json!({"model": model, "stream": true,
-            "messages": [{"role": "user", "content": "bench"}]}))
-        .send()
-        .await
-        .unwrap();
-    assert!(
-        resp.status().is_success(),
-        "fake answered {}",
-        resp.status()
-    );
-    let mut body = resp.bytes_stream();
-    let (mut buf, mut first, mut ok) = (Vec::new(), None, false);
-    while let Some(bytes) = body.next().await {
-        buf.extend_from_slice(&bytes.unwrap());
-        while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
-            let event: Vec<u8> = buf.drain(..end + 2).collect();
-            let event = String::from_utf8_lossy(&event);
-            if first.is_none() && event.contains("\"content\"") {
-                first = Some(t0.elapsed());
-            }
-            ok |= event.contains("[DONE]");
-        }
-    }
+        ok |= event.contains("[DONE]");
+    })
+    .await;
     (first, ok)
 }
 
@@ -205,9 +171,9 @@ pub(crate) async fn gateway_bench(
     let http = reqwest::Client::new();
     let (mut h_direct, mut h_gateway, mut h_openai) = (hist(), hist(), hist());
     for i in 0..requests + 50 {
-        let (d, d_ok) = direct_call(&http, &fake_url, model).await;
+        let (d, d_ok) = openai_call(&http, &fake_url, model, "the fake provider").await;
         let (g, g_ok) = gateway_call(&http, &url).await;
-        let (o, o_ok) = openai_route_call(&http, &openai_url, model).await;
+        let (o, o_ok) = openai_call(&http, &openai_url, model, "the OpenAI route").await;
         assert!(d_ok && g_ok && o_ok, "a stream did not complete");
         if i >= 50 {
             h_direct.record(d.unwrap().as_micros() as u64).unwrap();

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use sluice_tests::{Broker, TextClient, free_port, text_client, unique_topic};
+use sluice_tests::{
+    Broker, TextClient, free_port, text_client, unique_non_persistent_topic, unique_topic,
+};
 
 /// Peak and current resident memory of a process, in MiB, from /proc.
 pub(crate) fn rss_mib(pid: u32) -> (f64, f64) {
@@ -53,9 +55,7 @@ pub(crate) async fn spawn_text_completion_process(
 ) -> (tokio::process::Child, String, String) {
     let topic = |name: &str| match durability {
         Durability::Persistent => unique_topic(name),
-        Durability::NonPersistent => {
-            unique_topic(name).replacen("persistent://", "non-persistent://", 1)
-        }
+        Durability::NonPersistent => unique_non_persistent_topic(name),
     };
     let (req, resp) = (topic("tcb-req"), topic("tcb-resp"));
     // Its own cancel topic too: the default one lives in a namespace (`tg/notify`) that this
