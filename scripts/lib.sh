@@ -93,15 +93,16 @@ free_port() {
 # fake_openai_bin: prints the path of fake-openai, the fake OpenAI-compatible server scripted
 # by the prompt (sluice-tests' src/bin/fake-openai.rs): $SLUICE_FAKE_OPENAI, else the tests'
 # build's in $CARGO_TARGET_DIR (default ~/.cache/sluice/target), built when missing as the
-# test command builds it (one `cargo test --workspace --no-run`: selecting a package would
-# unify features differently and rebuild dependencies). Returns 1 if it cannot be had.
+# test command builds it (`cargo test --workspace --no-run --lib --bins --test '*'`: selecting a
+# package would unify features differently and rebuild dependencies). Returns 1 if it cannot
+# be had.
 fake_openai_bin() {
   local target="${CARGO_TARGET_DIR:-$HOME/.cache/sluice/target}"
   local bin="${SLUICE_FAKE_OPENAI:-$target/debug/fake-openai}"
   if [ ! -x "$bin" ] && [ -z "${SLUICE_FAKE_OPENAI:-}" ]; then
-    log "building fake-openai (cargo test --workspace --no-run)"
+    log "building fake-openai (the tests' build)"
     (cd "$(dirname "${BASH_SOURCE[0]}")/.." &&
-      CARGO_TARGET_DIR="$target" cargo test --workspace --locked --no-run -q) >&2 || return 1
+      CARGO_TARGET_DIR="$target" cargo test --workspace --locked --no-run --lib --bins --test '*' -q) >&2 || return 1
   fi
   [ -x "$bin" ] || { log "no fake-openai binary at $bin"; return 1; }
   printf '%s\n' "$bin"
