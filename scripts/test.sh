@@ -13,9 +13,10 @@
 #
 # Usage: bash scripts/test.sh [STAGE...]   (default: all, which is what CI runs)
 #   unit     the tests that need no broker and no network: every crate's unit tests and the
-#            documentation's checks (cargo test --lib --bins --test docs; ~5 s once built)
+#            documentation's checks: plain `cargo test` (~5 s of tests once built), as the
+#            integration suites are `test = false` in their manifests
 #   checks   the deployment files, formatting, clippy, fuzzing
-#   broker   both Pulsar brokers and the local LLM, then every cargo test
+#   broker   both Pulsar brokers and the local LLM, then every test (--lib --bins --test '*')
 #   docs     the book (mdBook)
 #   interop  TrustGraph's own processes beside sluice's (starts the broker)
 #   stack    the compose stack in Docker
@@ -75,17 +76,40 @@ prereqs protoc:protobuf-compiler curl:curl mvn:maven cmake:cmake ninja:ninja-bui
 # the stages below leave idle (the tests mostly wait on brokers and processes); the
 # Kubernetes stages wait for them.
 k8s_build_pid="" docs_install_pid="" prefetch_pid="" fuzz_build_pid="" llm_build_pid=""
+# low_priority PID: background job PID's session at the lowest priority. With the kernel's
+# autogroups (/proc/sys/kernel/sched_autogroup_enabled, 1 on these machines) the CPU is shared
+# between sessions first and nice counts only inside one: each job below is a session of its
+# own (`setsid`), so `nice -n 19` alone left it an equal share beside the run (from nothing,
+# 2026-11-27: clippy's build of the dependencies got about a fifth of the CPU beside four
+# background builds). The session's own nice value (/proc/PID/autogroup) is what ranks it;
+# without autogroups the file is absent and nice does the job alone. Written only once the job
+# leads a session of its own: before its setsid() it still shares this run's, which the value
+# would rank instead.
+low_priority() {
+  local i session
+  for i in $(seq 1 50); do
+    [ -e "/proc/$1" ] || return 0
+    session=$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | awk '{print $4}')
+    if [ "$session" = "$1" ]; then
+      { echo 19 >"/proc/$1/autogroup"; } 2>/dev/null || true
+      return 0
+    fi
+    sleep 0.02
+  done
+}
 k8s_build_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/k8s-build.log"
 mkdir -p "$(dirname "$k8s_build_log")"
 if want k8s; then
   setsid -w nice -n 19 deploy/k8s-local/cluster.sh build >"$k8s_build_log" 2>&1 &
   k8s_build_pid=$!
+  low_priority "$k8s_build_pid"
 fi
 # mdBook (cargo install, ~3 min of CPU once) for the documentation stage, the same way.
 docs_install_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/docs-install.log"
 if want docs; then
   setsid -w nice -n 19 bash scripts/docs.sh install >"$docs_install_log" 2>&1 &
   docs_install_pid=$!
+  low_priority "$docs_install_pid"
 fi
 # The fuzzing's build (cargo-afl, AFL++ and the instrumented fuzz workspace: ~15 min of both
 # cores from nothing, seconds when cached) and llama-server's (~7 min), the same way: on a
@@ -95,11 +119,13 @@ fuzz_build_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/fuzz-build.log"
 if want checks; then
   setsid -w nice -n 19 bash scripts/fuzz.sh build >"$fuzz_build_log" 2>&1 &
   fuzz_build_pid=$!
+  low_priority "$fuzz_build_pid"
 fi
 llm_build_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/llm-build.log"
 if want broker; then
   setsid -w nice -n 19 deploy/local-llm/llama-server.sh build >"$llm_build_log" 2>&1 &
   llm_build_pid=$!
+  low_priority "$llm_build_pid"
 fi
 # The background builds above run under `setsid`, each in a process group of its own whose id
 # is its pid: wait_job raises the priority of all of it, and stop_background ends all of it.
@@ -114,12 +140,14 @@ stop_background() {
 trap stop_background EXIT
 # wait_job PID LOG WHAT: waits for a background job; if it failed, shows its log's tail and
 # ends the run. The run has nothing else to do meanwhile, so the job (its process group, the
-# compilers it starts included) goes on at normal priority: at nice 19 it shared the CPU with
+# compilers it starts included; its session, see low_priority) goes on at normal priority: at
+# nice 19 it shared the CPU with
 # the other background builds while the run waited (from nothing, llama-server's build held
 # the local-LLM stage for many minutes that way, 2026-11-27). Without the right to raise a
 # priority (not root), it goes on as it was.
 wait_job() {
   renice -n 0 -g "$1" >/dev/null 2>&1 || true
+  { echo 0 >"/proc/$1/autogroup"; } 2>/dev/null || true
   wait "$1" && return 0
   echo "$3 failed; its log:" >&2
   tail -n 40 "$2" >&2
@@ -143,8 +171,9 @@ fi
 if want unit; then
   # No broker: the URLs name a closed port, so a test that reached for one would fail.
   stage "unit tests and documentation checks (no broker, no network)"
+  # Plain `cargo test`: the integration suites are `test = false` in their manifests.
   PULSAR_URL=pulsar://127.0.0.1:1 PULSAR_ADMIN_URL=http://127.0.0.1:1 \
-    cargo test --workspace --locked --lib --bins --test docs
+    cargo test --workspace --locked
 fi
 
 if want checks; then
@@ -155,6 +184,9 @@ bash scripts/lib-test.sh
 stage "formatting and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The integration suites too: `test = false` leaves them out of --all-targets, and --all-targets
+# with --test '*' selects only the former's targets (cargo 1.95).
+cargo clippy --workspace --test '*' --locked -- -D warnings
 fi
 
 stop_brokers() {
@@ -224,7 +256,10 @@ cluster_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/cluster-start.log"
 mkdir -p "$(dirname "$cluster_log")"
 deploy/pulsar/cluster.sh start-fresh > "$cluster_log" 2>&1 &
 cluster_pid=$!
-cargo test --workspace --locked --no-run
+# Every test target: the unit tests (--lib --bins) and the integration suites, which are
+# `test = false` in their manifests so that plain `cargo test` is the fast tier (--test '*';
+# with --tests instead of --lib --bins, cargo 1.95 selects only --tests' targets).
+cargo test --workspace --locked --no-run --lib --bins --test '*'
 if ! wait "$cluster_pid"; then
   echo "the secured Pulsar cluster did not start; its log:" >&2
   tail -n 60 "$cluster_log" >&2
@@ -255,7 +290,7 @@ export SLUICE_LLM_URL=http://127.0.0.1:8766
 # --workspace` for the rest, as in the build above: selecting packages would unify features
 # differently and rebuild dependencies.
 stage "tests (the production-Pulsar suite beside the others, then the soak)"
-test_binaries=$(cargo test --workspace --locked --no-run --message-format=json |
+test_binaries=$(cargo test --workspace --locked --no-run --lib --bins --test '*' --message-format=json |
   python3 -c 'import json, sys
 for line in sys.stdin:
     m = json.loads(line)
@@ -278,7 +313,7 @@ cluster_tests_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/cluster-tests.log"
 (cd services/cli && exec "$cluster_tests") >"$cluster_tests_log" 2>&1 &
 cluster_tests_pid=$!
 tests_failed=0
-cargo test --workspace --locked --no-fail-fast -- --exact "${skip_apart[@]}" || tests_failed=1
+cargo test --workspace --locked --no-fail-fast --lib --bins --test '*' -- --exact "${skip_apart[@]}" || tests_failed=1
 echo "== services/cli/tests/cluster.rs (ran beside the above; log: $cluster_tests_log)"
 wait "$cluster_tests_pid" || tests_failed=1
 cat "$cluster_tests_log"
