@@ -63,6 +63,7 @@ stage() {
 SLUICE_SKIP_LOG=$(mktemp)
 export SLUICE_SKIP_LOG
 
+. scripts/lib.sh
 . scripts/prereqs.sh
 # protoc: pulsar-rs generates its protocol code at build time; maven fetches Pulsar;
 # cmake, ninja and unzip build llama-server, the local LLM.
@@ -86,16 +87,14 @@ k8s_build_pid="" docs_install_pid="" prefetch_pid="" fuzz_build_pid="" llm_build
 # leads a session of its own: before its setsid() it still shares this run's, which the value
 # would rank instead.
 low_priority() {
-  local i session
-  for i in $(seq 1 50); do
-    [ -e "/proc/$1" ] || return 0
-    session=$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | awk '{print $4}')
-    if [ "$session" = "$1" ]; then
-      { echo 19 >"/proc/$1/autogroup"; } 2>/dev/null || true
-      return 0
-    fi
-    sleep 0.02
-  done
+  WAIT_INTERVAL=0.02 wait_until 1 "background job $1 in a session of its own" \
+    own_session_or_gone "$1" || return 0
+  { echo 19 >"/proc/$1/autogroup"; } 2>/dev/null || true
+}
+# own_session_or_gone PID: whether PID leads its own session (its session id, the 4th field of
+# /proc/PID/stat after the command name, is its pid), or is gone.
+own_session_or_gone() {
+  [ ! -e "/proc/$1" ] || [ "$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | awk '{print $4}')" = "$1" ]
 }
 k8s_build_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/k8s-build.log"
 mkdir -p "$(dirname "$k8s_build_log")"
