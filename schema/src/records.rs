@@ -546,6 +546,9 @@ pub struct AgentStep {
     /// TrustGraph's step type, when set.
     #[serde(default)]
     pub step_type: Option<String>,
+    /// Seed 003's (older TrustGraph's) user of the step, passed through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
 
 /// A question for the agent, or the next iteration of a dialog (TrustGraph's `AgentRequest`;
@@ -586,6 +589,13 @@ pub struct AgentRequest {
     /// its first iteration and carried through the next ones (sluice's addition).
     #[serde(default)]
     pub deadline_ms: Option<u64>,
+    /// Input tokens of earlier steps not yet published (a non-streaming dialog publishes
+    /// only its answer), carried to the next step (sluice's addition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_in_token: Option<u64>,
+    /// Output tokens of earlier steps not yet published, as `pending_in_token`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_out_token: Option<u64>,
 }
 
 /// What an agent response record carries.
@@ -609,35 +619,105 @@ pub enum AgentMessageType {
 }
 
 /// One record of an agent dialog (TrustGraph's `AgentResponse`; docs/protocol.md#agent-messages).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+///
+/// The type field is written twice, as `message_type` (TrustGraph 2.x) and as `chunk_type`
+/// (seed 003's streaming spec, older TrustGraph), so a client of either reads it; both names
+/// are read, `message_type` first when a record has both.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(from = "AgentResponseIn")]
 pub struct AgentResponse {
-    /// What `content` is. Older TrustGraph calls this `chunk_type`; both are read.
-    #[serde(alias = "chunk_type", default, deserialize_with = "null_default")]
+    /// What `content` is.
     pub message_type: AgentMessageType,
     /// The content: a token run, a tool name with arguments, a tool result, an answer.
-    #[serde(default, deserialize_with = "null_default")]
     pub content: String,
     /// True on the last piece of the current thought, action, observation or answer.
-    #[serde(default, deserialize_with = "null_default")]
     pub end_of_message: bool,
     /// True on the last record of the dialog.
-    #[serde(default, deserialize_with = "null_default")]
     pub end_of_dialog: bool,
     /// Identifies the message the piece belongs to.
-    #[serde(default)]
     pub message_id: Option<String>,
     /// Set on the terminal error record.
-    #[serde(default)]
     pub error: Option<Error>,
     /// Input tokens, as a delta.
-    #[serde(default)]
     pub in_token: Option<u64>,
     /// Output tokens, as a delta.
-    #[serde(default)]
     pub out_token: Option<u64>,
     /// The model used.
-    #[serde(default)]
     pub model: Option<String>,
+}
+
+/// An [`AgentResponse`] as read: either name of the type field.
+#[derive(Deserialize)]
+struct AgentResponseIn {
+    #[serde(default)]
+    message_type: Option<AgentMessageType>,
+    #[serde(default)]
+    chunk_type: Option<AgentMessageType>,
+    #[serde(default, deserialize_with = "null_default")]
+    content: String,
+    #[serde(default, deserialize_with = "null_default")]
+    end_of_message: bool,
+    #[serde(default, deserialize_with = "null_default")]
+    end_of_dialog: bool,
+    #[serde(default)]
+    message_id: Option<String>,
+    #[serde(default)]
+    error: Option<Error>,
+    #[serde(default)]
+    in_token: Option<u64>,
+    #[serde(default)]
+    out_token: Option<u64>,
+    #[serde(default)]
+    model: Option<String>,
+}
+
+impl From<AgentResponseIn> for AgentResponse {
+    fn from(r: AgentResponseIn) -> Self {
+        Self {
+            message_type: r.message_type.or(r.chunk_type).unwrap_or_default(),
+            content: r.content,
+            end_of_message: r.end_of_message,
+            end_of_dialog: r.end_of_dialog,
+            message_id: r.message_id,
+            error: r.error,
+            in_token: r.in_token,
+            out_token: r.out_token,
+            model: r.model,
+        }
+    }
+}
+
+/// An [`AgentResponse`] as written: borrowed, so writing a record copies nothing.
+#[derive(Serialize)]
+struct AgentResponseOut<'a> {
+    message_type: AgentMessageType,
+    chunk_type: AgentMessageType,
+    content: &'a str,
+    end_of_message: bool,
+    end_of_dialog: bool,
+    message_id: &'a Option<String>,
+    error: &'a Option<Error>,
+    in_token: Option<u64>,
+    out_token: Option<u64>,
+    model: &'a Option<String>,
+}
+
+impl Serialize for AgentResponse {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        AgentResponseOut {
+            message_type: self.message_type,
+            chunk_type: self.message_type,
+            content: &self.content,
+            end_of_message: self.end_of_message,
+            end_of_dialog: self.end_of_dialog,
+            message_id: &self.message_id,
+            error: &self.error,
+            in_token: self.in_token,
+            out_token: self.out_token,
+            model: &self.model,
+        }
+        .serialize(serializer)
+    }
 }
 
 impl ResponseRecord for AgentResponse {
@@ -773,9 +853,19 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(r.message_type, AgentMessageType::Observation);
+        // Written under both names: seed 003's clients read `chunk_type`, TrustGraph 2.x's
+        // `message_type`; and a record with both reads back the same.
         let out = serde_json::to_value(&r).unwrap();
         assert_eq!(out["message_type"], "observation");
-        assert!(out.get("chunk_type").is_none());
+        assert_eq!(out["chunk_type"], "observation");
+        assert_eq!(serde_json::from_value::<AgentResponse>(out).unwrap(), r);
+        let both: AgentResponse =
+            serde_json::from_value(json!({"message_type": "answer", "chunk_type": "thought"}))
+                .unwrap();
+        assert_eq!(both.message_type, AgentMessageType::Answer);
+        let null: AgentResponse =
+            serde_json::from_value(json!({"message_type": null, "chunk_type": "action"})).unwrap();
+        assert_eq!(null.message_type, AgentMessageType::Action);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sluice_agent::{
-    handler::{AgentLimits, AgentService, DEFAULT_REACT_TEMPLATE, PlainAnswer},
+    handler::{AgentLimits, AgentService, DEFAULT_REACT_TEMPLATE, NonStreaming, PlainAnswer},
     mcp::{McpClient, McpTimeouts},
     metrics::AgentMetrics,
     tools::{self, AnyResponse, Backend, Tool, ToolKind},
@@ -486,25 +486,11 @@ async fn a_tool_call_streams_thought_action_observation_then_the_answer() {
     assert_eq!(out.iter().filter_map(|r| r.in_token).sum::<u64>(), 18);
     assert_eq!(s.mcp.calls(), 1);
 
-    // Not streaming: the same types, each whole.
+    // Not streaming: seed 003's single response, with both model calls' usage.
     let out = s.ask(false).await;
-    assert_eq!(
-        shape(&out),
-        [
-            "thought.",
-            "action.",
-            "observation.",
-            "thought.",
-            "answer.!"
-        ],
-        "{out:#?}"
-    );
-    assert_eq!(
-        out.iter()
-            .filter(|r| r.message_type == AgentMessageType::Thought)
-            .count(),
-        2
-    );
+    assert_eq!(shape(&out), ["answer.!"], "{out:#?}");
+    assert_eq!(out[0].content, "The sum is 5.");
+    assert_eq!(out[0].in_token, Some(18));
     // Both dialogs, counted on the agent processor's own /metrics.
     assert_metrics_soon(
         || s.metrics(),
@@ -519,6 +505,31 @@ async fn a_tool_call_streams_thought_action_observation_then_the_answer() {
         ],
     )
     .await;
+    s.stop().await;
+
+    // Not streaming, with `--non-streaming steps`: TrustGraph 2.x's multipart reply, the
+    // same types as the stream, each whole.
+    let fake = FakeOpenAi::start().await;
+    let mut config = OpenAiConfig::new(Dialect::OpenAi, fake.base_url(), "react-tool");
+    config.api_key = Some(Secret::new("sk-test"));
+    let limits = AgentLimits {
+        non_streaming: NonStreaming::Steps,
+        ..AgentLimits::default()
+    };
+    let s = Setup::with_limits(config, fake, limits).await;
+    let out = s.ask(false).await;
+    assert_eq!(
+        shape(&out),
+        [
+            "thought.",
+            "action.",
+            "observation.",
+            "thought.",
+            "answer.!"
+        ],
+        "{out:#?}"
+    );
+    assert_eq!(out.iter().filter_map(|r| r.in_token).sum::<u64>(), 18);
     s.stop().await;
 }
 

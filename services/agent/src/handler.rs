@@ -6,8 +6,9 @@
 //! `end_of_dialog`, or one `action` record (the tool and its arguments, as JSON), the tool's
 //! `observation`, and a hand-off: the request, its history one step longer, is re-published
 //! on the agent's own request topic with the same id, so any replica takes the next step and
-//! a crash costs at most one iteration. Non-streaming requests get the same message types,
-//! each whole.
+//! a crash costs at most one iteration. A non-streaming request gets one record, the answer
+//! (seed 003), with the whole dialog's usage; [`NonStreaming::Steps`] gives TrustGraph 2.x's
+//! multipart reply instead: the same message types as a stream, each whole.
 //!
 //! Limits: a maximum number of iterations and a total dialog time (a terminal `agent-error`);
 //! a tool error or an unknown tool becomes the observation; output that cannot be parsed gets
@@ -93,6 +94,38 @@ impl std::str::FromStr for PlainAnswer {
     }
 }
 
+/// What a non-streaming request (`streaming: false`) gets. Seed 003 says one response with
+/// the complete answer; TrustGraph 2.x's agent sends each thought, action and observation
+/// whole before the answer, and its `tg-invoke-agent --no-streaming -v` shows them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NonStreaming {
+    /// One record: the answer (or the terminal error), with the whole dialog's usage.
+    #[default]
+    Answer,
+    /// Every step's messages, each whole, then the answer.
+    Steps,
+}
+
+impl NonStreaming {
+    /// Every value's name, for options and messages.
+    pub const NAMES: [&'static str; 2] = ["answer", "steps"];
+}
+
+impl std::str::FromStr for NonStreaming {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "answer" => Ok(NonStreaming::Answer),
+            "steps" => Ok(NonStreaming::Steps),
+            other => Err(format!(
+                "unknown non-streaming reply {other:?}; expected one of {}",
+                Self::NAMES.join(", ")
+            )),
+        }
+    }
+}
+
 /// The agent's limits.
 #[derive(Debug, Clone)]
 pub struct AgentLimits {
@@ -104,6 +137,8 @@ pub struct AgentLimits {
     pub tool_timeout: Duration,
     /// What to do with an answer in plain prose.
     pub plain_answer: PlainAnswer,
+    /// What a non-streaming request gets.
+    pub non_streaming: NonStreaming,
 }
 
 impl Default for AgentLimits {
@@ -113,6 +148,7 @@ impl Default for AgentLimits {
             dialog_timeout: Duration::from_secs(600),
             tool_timeout: Duration::from_secs(120),
             plain_answer: PlainAnswer::default(),
+            non_streaming: NonStreaming::default(),
         }
     }
 }
@@ -213,6 +249,8 @@ struct Dialog<'a> {
     sink: &'a mut ResponseSink<AgentResponse>,
     usage: PendingUsage,
     streaming: bool,
+    /// Whether thoughts, actions and observations are published (streamed, or whole).
+    steps: bool,
 }
 
 impl Dialog<'_> {
@@ -387,10 +425,17 @@ impl Handler for AgentService {
             )
         });
         let remaining = Duration::from_millis(deadline.saturating_sub(now_ms()));
+        // The usage of earlier steps that published nothing goes out with this one's records.
+        let usage = PendingUsage {
+            in_token: request.pending_in_token.take(),
+            out_token: request.pending_out_token.take(),
+            model: None,
+        };
         let mut dialog = Dialog {
             sink,
-            usage: PendingUsage::default(),
+            usage,
             streaming: request.streaming,
+            steps: request.streaming || self.limits.non_streaming == NonStreaming::Steps,
         };
         if remaining.is_zero() {
             self.metrics.dialog(DialogOutcome::Deadline);
@@ -497,7 +542,7 @@ impl Handler for AgentService {
                 self.metrics.iteration(IterationOutcome::Answer);
                 self.metrics.dialog(DialogOutcome::Answer);
                 if !dialog.streaming {
-                    if !thought.is_empty() {
+                    if dialog.steps && !thought.is_empty() {
                         dialog
                             .send(AgentMessageType::Thought, thought, true, false)
                             .await?;
@@ -517,15 +562,17 @@ impl Handler for AgentService {
                 arguments,
             } => {
                 self.metrics.iteration(IterationOutcome::Action);
-                if !dialog.streaming && !thought.is_empty() {
+                if !dialog.streaming && dialog.steps && !thought.is_empty() {
                     dialog
                         .send(AgentMessageType::Thought, thought.clone(), true, false)
                         .await?;
                 }
-                let action = json!({"name": name, "arguments": arguments}).to_string();
-                dialog
-                    .send(AgentMessageType::Action, action, true, false)
-                    .await?;
+                if dialog.steps {
+                    let action = json!({"name": name, "arguments": arguments}).to_string();
+                    dialog
+                        .send(AgentMessageType::Action, action, true, false)
+                        .await?;
+                }
                 let tool = available.iter().find(|t| t.config.name == name);
                 let (observation, next_state) = match tool {
                     None => {
@@ -589,21 +636,26 @@ impl Handler for AgentService {
                         (observation, t.config.next_state.clone())
                     }
                 };
-                dialog
-                    .send(
-                        AgentMessageType::Observation,
-                        observation.clone(),
-                        true,
-                        false,
-                    )
-                    .await?;
+                if dialog.steps {
+                    dialog
+                        .send(
+                            AgentMessageType::Observation,
+                            observation.clone(),
+                            true,
+                            false,
+                        )
+                        .await?;
+                }
                 request.history.push(AgentStep {
                     thought,
                     action: name,
                     arguments: arguments.into_iter().collect::<BTreeMap<_, _>>(),
                     observation,
                     step_type: Some("react".into()),
+                    user: request.user.clone(),
                 });
+                // What no record published yet rides on to the next step.
+                (request.pending_in_token, request.pending_out_token) = dialog.usage.take();
                 if next_state.is_some() {
                     request.state = next_state;
                 }

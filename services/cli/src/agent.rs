@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use clap::Args;
 use serde_json::Value;
 use sluice_agent::{
-    handler::{AgentLimits, AgentService, DEFAULT_REACT_TEMPLATE, PlainAnswer},
+    handler::{AgentLimits, AgentService, DEFAULT_REACT_TEMPLATE, NonStreaming, PlainAnswer},
     mcp::{McpClient, McpTimeouts},
     metrics::AgentMetrics,
     tools::{self, AnyResponse, Backend, Tool, ToolKind},
@@ -62,6 +62,12 @@ pub struct AgentArgs {
     #[arg(long, env = "SLUICE_PLAIN_ANSWER", default_value = "retry-final",
           value_parser = clap::builder::PossibleValuesParser::new(PlainAnswer::NAMES))]
     pub plain_answer: String,
+    /// What a non-streaming request (`streaming: false`) gets: `answer`, one record with the
+    /// answer and the whole dialog's usage (seed 003); `steps`, every thought, action and
+    /// observation whole before the answer (TrustGraph 2.x's multipart reply).
+    #[arg(long, env = "SLUICE_AGENT_NON_STREAMING", default_value = "answer",
+          value_parser = clap::builder::PossibleValuesParser::new(NonStreaming::NAMES))]
+    pub non_streaming: String,
     /// The prompt service's request topic (for prompt tools).
     #[arg(long, default_value = defaults::PROMPT_REQUEST)]
     pub prompt_request_topic: String,
@@ -214,6 +220,7 @@ async fn build_agent(
         dialog_timeout: Duration::from_secs(args.dialog_timeout_secs),
         tool_timeout: Duration::from_secs(args.tool_timeout_secs),
         plain_answer: args.plain_answer.parse()?,
+        non_streaming: args.non_streaming.parse()?,
     };
     let service = AgentService::new(llm, tools, next_step, template, limits, metrics)
         .map_err(|e| e.to_string())?;

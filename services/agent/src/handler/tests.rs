@@ -26,6 +26,8 @@ const TOOL_SYSTEM: &str = "you are the lookup tool";
 
 /// The agent processor on the in-process bus, text-completion's side held by the test.
 struct Rig {
+    /// The in-process bus, for a test that watches a topic.
+    bus: MemoryBus,
     /// Text-completion, as the agent sees it: its model calls and its tool's calls.
     llm: ServiceStub,
     agent: RequestClient<AgentRequest, AgentResponse>,
@@ -89,6 +91,7 @@ impl Rig {
                 .await
                 .unwrap();
         Rig {
+            bus,
             llm: llm_stub,
             agent,
             telemetry,
@@ -225,10 +228,61 @@ async fn a_final_answer_streams_its_thought_and_answer_and_ends_the_dialog() {
     rig.stop().await;
 }
 
-/// Not streamed: the same message types, each whole.
+/// Not streamed, by default: seed 003's single response, the answer, carrying the usage of
+/// every step (the first step's counts ride in the handed-off request), and the steps the
+/// agent adds keep the request's `user`.
 #[tokio::test]
-async fn a_request_that_does_not_stream_gets_each_message_whole() {
+async fn a_request_that_does_not_stream_gets_one_answer_with_the_whole_usage() {
     let mut rig = Rig::start(AgentLimits::default()).await;
+    let mut requests = ServiceStub::start(&rig.bus, "a-req", "a-watch").await;
+    let mut request = question("What is the capital of France?", false);
+    request.user = Some("alice".into());
+    let stream = rig.ask(request).await;
+    let (id, _) = rig.model_call().await;
+    rig.answer(
+        &id,
+        &["Thought: look it up\nAction: lookup\nArgs: {\"question\": \"capital\"}\n"],
+        (30, 12),
+    )
+    .await;
+    let (tool_id, _) = rig.llm_request().await;
+    rig.answer(&tool_id, &["Paris"], (4, 1)).await;
+    let (next_id, _) = rig.model_call().await;
+    rig.answer(&next_id, &["Thought: done\nFinal Answer: Paris"], (50, 6))
+        .await;
+    let records = dialog(stream).await;
+    assert_eq!(records.len(), 1, "one record: {records:?}");
+    let answer = &records[0];
+    assert_eq!(answer.message_type, AgentMessageType::Answer);
+    assert_eq!(answer.content, "Paris");
+    assert!(answer.end_of_message && answer.end_of_dialog && answer.error.is_none());
+    assert_eq!(
+        (answer.in_token, answer.out_token),
+        (Some(80), Some(18)),
+        "both model calls' usage"
+    );
+    let (_, first): (_, AgentRequest) = requests.request().await;
+    assert!(first.history.is_empty());
+    let (_, handed): (_, AgentRequest) = requests.request().await;
+    assert_eq!(handed.history.len(), 1);
+    assert_eq!(handed.history[0].user.as_deref(), Some("alice"));
+    assert_eq!(handed.user.as_deref(), Some("alice"));
+    assert_eq!(
+        (handed.pending_in_token, handed.pending_out_token),
+        (Some(30), Some(12))
+    );
+    rig.stop().await;
+}
+
+/// Not streamed, with `NonStreaming::Steps`: TrustGraph 2.x's multipart reply, the same
+/// message types as a stream, each whole.
+#[tokio::test]
+async fn a_request_that_does_not_stream_gets_each_message_whole_when_asked() {
+    let mut rig = Rig::start(AgentLimits {
+        non_streaming: NonStreaming::Steps,
+        ..AgentLimits::default()
+    })
+    .await;
     let stream = rig.ask(question("Capital?", false)).await;
     let (id, _) = rig.model_call().await;
     rig.answer(&id, &["Thought: easy\nFinal Answer: ", "Paris"], (5, 2))
