@@ -538,6 +538,8 @@ pub struct GatewayStack {
     pub gateway: sluice_gateway::Gateway,
     /// Cancel to stop the gateway's listener.
     pub stop: CancellationToken,
+    /// The text-completion processor's topics.
+    pub topics: sluice_gateway::ServiceTopics,
 }
 
 impl GatewayStack {
@@ -578,7 +580,7 @@ impl GatewayStack {
         let processor = RunningProcessor::start(broker.bus().await, pc, service).await;
         let mut gc = sluice_gateway::GatewayConfig::new();
         gc.services
-            .insert(sluice_gateway::ServiceKind::TextCompletion, topics);
+            .insert(sluice_gateway::ServiceKind::TextCompletion, topics.clone());
         configure(&mut gc);
         let ServedGateway {
             gateway,
@@ -593,6 +595,7 @@ impl GatewayStack {
             addr,
             gateway,
             stop,
+            topics,
         }
     }
 

@@ -163,9 +163,8 @@ async fn sse_carries_the_same_events() {
 async fn json_answers_whole_and_errors_map_to_statuses() {
     let s = Stack::start("normal", |_| {}).await;
     let c = http();
-    // Streaming asked for in the body, but a JSON caller gets the whole answer.
     let mut body = request();
-    body["streaming"] = json!(true);
+    body["streaming"] = json!(false);
     let resp = c
         .post(s.url("/api/v1/text-completion"))
         .json(&body)
@@ -805,5 +804,350 @@ async fn list_models_answers_on_the_socket_rest_and_get() {
         let models: Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(models, json!([{"id": "smollm2-test"}]));
     }
+    s.stop().await;
+}
+
+/// Reads an SSE body to its end: each event's name and data.
+async fn sse_events(resp: reqwest::Response) -> Vec<(String, String)> {
+    use eventsource_stream::Eventsource;
+    let mut events = resp.bytes_stream().eventsource();
+    let mut out = Vec::new();
+    while let Some(e) = events.next().await {
+        let e = e.unwrap();
+        out.push((e.event, e.data));
+    }
+    out
+}
+
+/// Seed 003's REST streaming: with no `Accept` that names a stream, the body's
+/// `streaming: true` gets SSE whose events' data are the response records themselves, the
+/// last with `end_of_stream` and the usage; a failure is the error record ending the stream.
+/// An `Accept` header still picks the events, and TrustGraph's REST form, which never
+/// streams, still answers whole.
+#[tokio::test]
+async fn the_bodys_streaming_flag_streams_the_records_as_sse() {
+    let s = Stack::start("normal", |_| {}).await;
+    let c = http();
+    let mut body = request();
+    body["streaming"] = json!(true);
+    {
+        let path = "/api/v1/text-completion";
+        let resp = c.post(s.url(path)).json(&body).send().await.unwrap();
+        assert_eq!(resp.status(), 200, "{path}");
+        assert!(
+            resp.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/event-stream")
+        );
+        let events = sse_events(resp).await;
+        let records: Vec<Value> = events
+            .iter()
+            .map(|(name, data)| {
+                assert_eq!(name, "message", "unnamed events: {events:?}");
+                serde_json::from_str(data).unwrap()
+            })
+            .collect();
+        let text: String = records
+            .iter()
+            .map(|r| r["response"].as_str().unwrap())
+            .collect();
+        assert_eq!(text, "Hello world!", "{records:#?}");
+        assert!(records.len() > 1, "streamed in pieces: {records:#?}");
+        let last = records.last().unwrap();
+        assert_eq!(last["end_of_stream"], true);
+        assert!(
+            records[..records.len() - 1]
+                .iter()
+                .all(|r| r["end_of_stream"] == false)
+        );
+        let tokens: (u64, u64) = records.iter().fold((0, 0), |(i, o), r| {
+            (
+                i + r["in_token"].as_u64().unwrap_or(0),
+                o + r["out_token"].as_u64().unwrap_or(0),
+            )
+        });
+        assert_eq!(tokens, (11, 3));
+        assert_eq!(last["model"], "normal");
+    }
+    let resp = c
+        .post(s.url("/api/v1/flow/default/service/text-completion"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let whole: Value = resp.json().await.unwrap();
+    assert_eq!(whole["response"], "Hello world!");
+    assert_eq!(whole["end_of_stream"], true);
+    // An Accept header still decides: the events.
+    let resp = c
+        .post(s.url("/api/v1/text-completion"))
+        .header("accept", "application/x-ndjson")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let events = ndjson_lines(&resp.bytes().await.unwrap());
+    assert_eq!(events.last().unwrap()["type"], "done");
+    s.stop().await;
+
+    let s = Stack::start("unauthorized", |_| {}).await;
+    let resp = c
+        .post(s.url("/api/v1/text-completion"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "the stream had started");
+    let events = sse_events(resp).await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    let record: Value = serde_json::from_str(&events[0].1).unwrap();
+    assert_eq!(record["error"]["type"], "llm-error");
+    assert_eq!(record["end_of_stream"], true);
+    s.stop().await;
+}
+
+/// Seed 004's own test, exactly as written: `curl .../v1/chat/completions -H 'Content-Type:
+/// application/json' -d '{"prompt":"Hello","stream":true}'`, no `Accept` header, answers
+/// with NDJSON `status`/`token`/`done` events. An OpenAI conversation sent with `Accept:
+/// application/x-ndjson` gets the events too, and OpenAI's dialect on the same path is
+/// untouched.
+#[tokio::test]
+async fn seed_004s_curl_on_the_chat_path_gets_ndjson_events() {
+    let s = Stack::start("normal", |_| {}).await;
+    let c = http();
+    let resp = c
+        .post(s.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(r#"{"prompt":"Hello","stream":true}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "application/x-ndjson");
+    let events = ndjson_lines(&resp.bytes().await.unwrap());
+    let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        types,
+        ["status", "token", "token", "token", "done"],
+        "{events:#?}"
+    );
+    assert_eq!(events[0]["status"], "thinking");
+    let text: String = events[1..4]
+        .iter()
+        .map(|e| e["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, "Hello world!");
+    assert_eq!(events[4]["reason"], "success");
+    assert_eq!(events[4]["content"], Value::Null);
+    for e in &events {
+        assert_eq!(e["trace_id"].as_str().unwrap().len(), 32);
+    }
+    // Not streamed: the whole record.
+    let resp = c
+        .post(s.url("/v1/chat/completions"))
+        .json(&json!({"prompt": "Hello"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.json::<Value>().await.unwrap()["response"],
+        "Hello world!"
+    );
+    // An OpenAI body asking for NDJSON.
+    let resp = c
+        .post(s.url("/v1/chat/completions"))
+        .header("accept", "application/x-ndjson")
+        .json(&json!({"model": "normal", "stream": true,
+                      "messages": [{"role": "user", "content": "Hello"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let events = ndjson_lines(&resp.bytes().await.unwrap());
+    assert_eq!(events.first().unwrap()["type"], "status");
+    assert_eq!(events.last().unwrap()["reason"], "success");
+    // OpenAI's dialect, unchanged.
+    let resp = c
+        .post(s.url("/v1/chat/completions"))
+        .json(&json!({"model": "normal",
+                      "messages": [{"role": "user", "content": "Hello"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["content"], "Hello world!");
+    s.stop().await;
+}
+
+/// Errors before the stream (400, 401, 404, 413) reach a caller that asked for NDJSON as
+/// NDJSON: an `error` event and a `done` with reason `error`, under the HTTP status the error
+/// maps to. A JSON caller still gets the JSON error.
+#[tokio::test]
+async fn errors_before_the_stream_are_ndjson_events_for_an_ndjson_caller() {
+    let s = Stack::start("normal", |c| c.auth = Auth::new(Some(Secret::new(TOKEN)))).await;
+    let c = http();
+    let refused = |status: u16, error_type: &'static str| {
+        move |resp: reqwest::Response| async move {
+            assert_eq!(resp.status(), status);
+            assert_eq!(resp.headers()["content-type"], "application/x-ndjson");
+            let events = ndjson_lines(&resp.bytes().await.unwrap());
+            assert_eq!(events.len(), 2, "{events:#?}");
+            assert_eq!(events[0]["type"], "error");
+            assert_eq!(events[0]["error_type"], error_type);
+            assert!(events[0]["content"].as_str().is_some_and(|m| !m.is_empty()));
+            assert_eq!(events[1]["type"], "done");
+            assert_eq!(events[1]["reason"], "error");
+            assert_eq!(events[1]["session_id"], events[0]["session_id"]);
+            events
+        }
+    };
+    // 401, on the REST route and on seed 004's request on the chat path.
+    let resp = c
+        .post(s.url("/api/v1/text-completion"))
+        .header("accept", "application/x-ndjson")
+        .header("x-session-id", "s-401")
+        .json(&request())
+        .send()
+        .await
+        .unwrap();
+    let events = refused(401, "unauthorized")(resp).await;
+    assert_eq!(events[0]["session_id"], "s-401");
+    let resp = c
+        .post(s.url("/v1/chat/completions"))
+        .json(&json!({"prompt": "Hello", "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    refused(401, "unauthorized")(resp).await;
+    // 400: a body that is not a request (nothing of it echoed).
+    let resp = c
+        .post(s.url("/api/v1/text-completion"))
+        .header("accept", "application/x-ndjson")
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .body(r#"{"prompt": 42, "x": "do-not-echo"}"#)
+        .send()
+        .await
+        .unwrap();
+    let events = refused(400, "invalid-request")(resp).await;
+    assert!(!events[0].to_string().contains("do-not-echo"));
+    // 404: a service this gateway does not route, and one it does not serve.
+    for path in ["/api/v1/nonsense", "/api/v1/prompt"] {
+        let resp = c
+            .post(s.url(path))
+            .header("accept", "application/x-ndjson")
+            .bearer_auth(TOKEN)
+            .json(&json!({"id": "t"}))
+            .send()
+            .await
+            .unwrap();
+        let kind = if path.ends_with("prompt") {
+            "no-configuration"
+        } else {
+            "invalid-request"
+        };
+        refused(404, kind)(resp).await;
+    }
+    // 413.
+    let resp = c
+        .post(s.url("/api/v1/text-completion"))
+        .header("accept", "application/x-ndjson")
+        .bearer_auth(TOKEN)
+        .json(&json!({"prompt": "x".repeat(2 * 1024 * 1024)}))
+        .send()
+        .await
+        .unwrap();
+    refused(413, "message-too-large")(resp).await;
+    // A JSON caller: the JSON error.
+    let resp = c
+        .post(s.url("/api/v1/text-completion"))
+        .json(&request())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    assert_eq!(
+        resp.json::<Value>().await.unwrap()["error"]["type"],
+        "unauthorized"
+    );
+    s.stop().await;
+}
+
+/// A request cancelled by someone else (a cancel on the service's cancel topic, as `sluice`
+/// or another client of the same request sends it) while its caller is still reading: the
+/// caller gets the `cancelled` error event and a `done` with reason `cancelled`, and the
+/// provider's connection is closed.
+#[tokio::test]
+async fn a_cancel_reaches_a_caller_still_connected_as_done_cancelled() {
+    use sluice_runtime::bus::{Message, SubscribeOptions};
+    use sluice_schema::properties;
+    let s = Stack::start("gated", |_| {}).await;
+    let broker = sluice_tests::Broker::from_env().await;
+    let bus = broker.bus().await;
+    let mut requests = bus
+        .subscribe(&s.topics.request, "watch", SubscribeOptions::shared(10))
+        .await
+        .unwrap();
+    let resp = http()
+        .post(s.url("/api/v1/text-completion"))
+        .header("accept", "application/x-ndjson")
+        .json(&request())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.bytes_stream();
+    let mut bytes = Vec::new();
+    while !String::from_utf8_lossy(&bytes).contains(r#""type":"token""#) {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), body.next())
+            .await
+            .expect("the first token")
+            .unwrap()
+            .unwrap();
+        bytes.extend_from_slice(&chunk);
+    }
+    let request = tokio::time::timeout(Duration::from_secs(10), requests.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let id = request.property(properties::ID).unwrap().to_owned();
+    let cancel = s.topics.cancel.clone().unwrap();
+    bus.publisher(&cancel)
+        .await
+        .unwrap()
+        .send(Message::new(Vec::new()).with_property(properties::ID, id.as_str()))
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(10), body.next())
+        .await
+        .expect("the stream ends after the cancel")
+    {
+        bytes.extend_from_slice(&chunk.unwrap());
+    }
+    let events = ndjson_lines(&bytes);
+    let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["status", "token", "error", "done"], "{events:#?}");
+    assert_eq!(events[2]["error_type"], "cancelled");
+    assert_eq!(events[3]["reason"], "cancelled");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while s.fake.abandoned_streams() == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the provider's connection was not closed after the cancel"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cancelled =
+        r#"sluice_gateway_streams_total{outcome="cancelled",route="text-completion"} 1"#;
+    let metrics = wait_for_metrics(|| s.telemetry.render(), |m| m.contains(cancelled)).await;
+    assert!(metrics.contains(cancelled), "{metrics}");
     s.stop().await;
 }

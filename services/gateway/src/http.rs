@@ -1,5 +1,13 @@
-//! The REST routes: a whole answer as JSON, or a stream of gateway events as NDJSON or SSE
-//! (docs/protocol.md#gateway-events-ndjson-and-sse).
+//! The REST routes: a whole answer as JSON, a stream of gateway events as NDJSON or SSE
+//! (docs/protocol.md#gateway-events-ndjson-and-sse), or seed 003's stream of the records
+//! themselves as SSE.
+//!
+//! What is sent: the `Accept` header decides when it names a stream (`application/x-ndjson`,
+//! `text/event-stream`: the gateway's events); without one, the body's `streaming: true`
+//! gets seed 003's REST streaming (SSE, each event's data one response record), and anything
+//! else one JSON answer. A request refused before its stream starts, by a caller that asked
+//! for NDJSON, gets its error as NDJSON events too (`error`, then `done`), with the HTTP
+//! status the error maps to.
 
 use std::{collections::VecDeque, convert::Infallible, sync::Arc, time::Instant};
 
@@ -52,25 +60,60 @@ impl Routed for Agent {
     }
 }
 
-/// How the caller wants the answer.
+/// How the caller gets the answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
+pub(crate) enum Mode {
+    /// One JSON answer: the final record, or an error.
     Json,
+    /// The gateway's events, one JSON object per line.
     Ndjson,
+    /// The gateway's events as SSE, each named by its type.
     Sse,
+    /// Seed 003's REST streaming: SSE whose events' data are the response records.
+    Records,
 }
 
-fn mode(headers: &HeaderMap) -> Mode {
+/// The stream the `Accept` header names, if it names one.
+pub(crate) fn accepted(headers: &HeaderMap) -> Option<Mode> {
     let accept = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     if accept.contains("application/x-ndjson") {
-        Mode::Ndjson
+        Some(Mode::Ndjson)
     } else if accept.contains("text/event-stream") {
-        Mode::Sse
+        Some(Mode::Sse)
     } else {
-        Mode::Json
+        None
+    }
+}
+
+/// What a caller asked for, as far as it is known before the body is read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ask {
+    /// The stream asked for before the body is read (the `Accept` header), which also says
+    /// how a request refused before that is answered.
+    pub(crate) accept: Option<Mode>,
+    /// The stream a body that asks to stream gets when `accept` names none.
+    pub(crate) streamed: Mode,
+}
+
+impl Ask {
+    /// The REST routes' rule: the `Accept` header, else the body's flag (seed 003's SSE).
+    fn rest(headers: &HeaderMap) -> Self {
+        Self {
+            accept: accepted(headers),
+            streamed: Mode::Records,
+        }
+    }
+
+    /// The mode, once the body said whether it streams.
+    fn mode(self, body_streams: bool) -> Mode {
+        match self.accept {
+            Some(m) => m,
+            None if body_streams => self.streamed,
+            None => Mode::Json,
+        }
     }
 }
 
@@ -104,6 +147,50 @@ fn error_response(status: StatusCode, kind: &str, message: &str) -> Response {
     resp
 }
 
+/// A refusal before the stream started: NDJSON `error` and `done` events when the caller
+/// asked for NDJSON (a seed 004 client reads the body's lines whatever the status), else the
+/// JSON error; the HTTP status is the error's either way.
+pub(crate) fn refuse(
+    mode: Option<Mode>,
+    headers: &HeaderMap,
+    status: StatusCode,
+    kind: &str,
+    message: &str,
+) -> Response {
+    if mode != Some(Mode::Ndjson) {
+        return error_response(status, kind, message);
+    }
+    let trace_id = headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .and_then(sluice_runtime::trace::TraceContext::parse)
+        .unwrap_or_else(sluice_runtime::trace::TraceContext::root)
+        .trace_id();
+    let session_id = headers
+        .get("x-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned);
+    let (trace_id, session_id): (Arc<str>, Arc<str>) = (Arc::from(trace_id), Arc::from(session_id));
+    let mut error = Event::error(&Error::new(ErrorKind::from_wire(kind), message));
+    let mut done = Event::done(Reason::Error, Default::default(), None);
+    for e in [&mut error, &mut done] {
+        e.trace_id = trace_id.clone();
+        e.session_id = session_id.clone();
+    }
+    let mut body = error.to_line().to_vec();
+    body.extend_from_slice(&done.to_line());
+    let mut resp = (status, body).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ndjson"),
+    );
+    if status == StatusCode::UNAUTHORIZED {
+        resp.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    resp
+}
+
 fn counted(inner: &Inner, route: &str, resp: Response) -> Response {
     inner.metrics.request(route, resp.status().as_u16());
     resp
@@ -116,11 +203,13 @@ pub(crate) async fn service(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let mode = mode(&headers);
-    dispatch(inner, &service, headers, body, mode).await
+    let ask = Ask::rest(&headers);
+    dispatch(inner, &service, headers, body, ask).await
 }
 
-/// `POST /api/v1/flow/{flow}/service/{service}`: TrustGraph's REST, always a whole answer.
+/// `POST /api/v1/flow/{flow}/service/{service}`: TrustGraph's REST, a whole answer whatever
+/// the body's `streaming` says (TrustGraph's REST never streams), unless the `Accept` header
+/// names a stream (no TrustGraph client sends one; `sluice invoke -f` does).
 pub(crate) async fn flow_service(
     State(inner): State<Arc<Inner>>,
     Path((flow, service)): Path<(String, String)>,
@@ -132,20 +221,31 @@ pub(crate) async fn flow_service(
             "unknown flow {flow:?}; this gateway serves flow {:?}",
             inner.config.flow
         );
-        return counted(
-            &inner,
-            "flow",
-            error_response(StatusCode::NOT_FOUND, "invalid-request", &message),
+        let resp = refuse(
+            accepted(&headers),
+            &headers,
+            StatusCode::NOT_FOUND,
+            "invalid-request",
+            &message,
         );
+        return counted(&inner, "flow", resp);
     }
-    dispatch(inner, &service, headers, body, Mode::Json).await
+    let ask = Ask {
+        accept: accepted(&headers),
+        streamed: Mode::Json,
+    };
+    dispatch(inner, &service, headers, body, ask).await
 }
 
 /// `GET /api/v1/models`: the models the text-completion processor serves, as the final
 /// record of a `list-models` request (`{"models": [{"id": ...}], ...}`).
 pub(crate) async fn models(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response {
     let body = Bytes::from_static(br#"{"operation":"list-models"}"#);
-    dispatch(inner, "text-completion", headers, Ok(body), Mode::Json).await
+    let ask = Ask {
+        accept: None,
+        streamed: Mode::Json,
+    };
+    dispatch(inner, "text-completion", headers, Ok(body), ask).await
 }
 
 /// Unknown paths get a JSON 404 like every other error.
@@ -162,34 +262,49 @@ async fn dispatch(
     service: &str,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-    mode: Mode,
+    ask: Ask,
 ) -> Response {
     let Some(kind) = ServiceKind::from_name(service) else {
         let message =
             format!("unknown service {service:?}: expected text-completion, prompt or agent");
-        return counted(
-            &inner,
-            "unknown",
-            error_response(StatusCode::NOT_FOUND, "invalid-request", &message),
+        let resp = refuse(
+            ask.accept,
+            &headers,
+            StatusCode::NOT_FOUND,
+            "invalid-request",
+            &message,
         );
+        return counted(&inner, "unknown", resp);
     };
     match kind {
-        ServiceKind::TextCompletion => handle::<TextCompletion>(inner, headers, body, mode).await,
-        ServiceKind::Prompt => handle::<Prompt>(inner, headers, body, mode).await,
-        ServiceKind::Agent => handle::<Agent>(inner, headers, body, mode).await,
+        ServiceKind::TextCompletion => {
+            handle::<TextCompletion>(inner, headers, body, ask, record).await
+        }
+        ServiceKind::Prompt => handle::<Prompt>(inner, headers, body, ask, record).await,
+        ServiceKind::Agent => handle::<Agent>(inner, headers, body, ask, record).await,
     }
 }
 
-async fn handle<K: Routed>(
+/// A request body read as the service's request record.
+pub(crate) fn record<R: serde::de::DeserializeOwned>(body: &Bytes) -> Result<R, String> {
+    sluice_schema::decode(body).map_err(|e| e.to_string())
+}
+
+/// Serves one request of service `K`: `decode` reads the body (its error names the field and
+/// the expected type, never a value: the body may hold a prompt).
+pub(crate) async fn handle<K: Routed>(
     inner: Arc<Inner>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-    mode: Mode,
+    ask: Ask,
+    decode: impl FnOnce(&Bytes) -> Result<K::Request, String>,
 ) -> Response {
     let route = K::KIND.as_str();
     let started = Instant::now();
     if !inner.config.auth.accepts_headers(&headers) {
-        let resp = error_response(
+        let resp = refuse(
+            ask.accept,
+            &headers,
             StatusCode::UNAUTHORIZED,
             "unauthorized",
             "a valid `Authorization: Bearer <token>` header is required",
@@ -213,27 +328,34 @@ async fn handle<K: Routed>(
             } else {
                 "invalid-request"
             };
-            return counted(&inner, route, error_response(status, kind, &message));
+            let resp = refuse(ask.accept, &headers, status, kind, &message);
+            return counted(&inner, route, resp);
         }
     };
-    // The field and the expected type, never a value: the body may hold a prompt.
-    let mut request: K::Request = match sluice_schema::decode(&body) {
+    let mut request: K::Request = match decode(&body) {
         Ok(r) => r,
         Err(e) => {
-            return counted(
-                &inner,
-                route,
-                error_response(StatusCode::BAD_REQUEST, "invalid-request", &e.to_string()),
+            let resp = refuse(
+                ask.accept,
+                &headers,
+                StatusCode::BAD_REQUEST,
+                "invalid-request",
+                &e,
             );
+            return counted(&inner, route, resp);
         }
     };
+    let mode = ask.mode(K::streaming(&request));
     let Some(client) = K::client(&inner.clients) else {
         let message = format!("the {route} service is not enabled on this gateway");
-        return counted(
-            &inner,
-            route,
-            error_response(StatusCode::NOT_FOUND, "no-configuration", &message),
+        let resp = refuse(
+            Some(mode),
+            &headers,
+            StatusCode::NOT_FOUND,
+            "no-configuration",
+            &message,
         );
+        return counted(&inner, route, resp);
     };
     K::set_streaming(&mut request, mode != Mode::Json);
     let incoming = headers.get("traceparent").and_then(|v| v.to_str().ok());
@@ -254,15 +376,14 @@ async fn handle<K: Routed>(
         Ok(r) => r,
         Err(f) => {
             let err = f.error;
-            return counted(
-                &inner,
-                route,
-                error_response(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    err.kind.as_str(),
-                    &err.message,
-                ),
+            let resp = refuse(
+                Some(mode),
+                &headers,
+                StatusCode::SERVICE_UNAVAILABLE,
+                err.kind.as_str(),
+                &err.message,
             );
+            return counted(&inner, route, resp);
         }
     };
     match mode {
@@ -275,6 +396,23 @@ async fn handle<K: Routed>(
             span.end();
             counted(&inner, route, resp)
         }
+        Mode::Records => {
+            inner.metrics.request(route, 200);
+            let records = RecordStream::<K> {
+                reader: Some(reader),
+                ended: false,
+                tally: Tally::open(inner.clone(), route, started, span),
+                _kind: std::marker::PhantomData,
+            };
+            let events = futures::stream::unfold(records, |mut s| async move {
+                s.next_event().await.map(|e| (Ok::<_, Infallible>(e), s))
+            });
+            let mut resp = Sse::new(events)
+                .keep_alive(KeepAlive::default())
+                .into_response();
+            no_buffering(&mut resp);
+            resp
+        }
         Mode::Ndjson | Mode::Sse => {
             inner.metrics.request(route, 200);
             let events = EventStream::<K> {
@@ -283,13 +421,8 @@ async fn handle<K: Routed>(
                 pending: VecDeque::from([Event::status(Status::Thinking)]),
                 trace_id: Arc::from(trace_id),
                 session_id: Arc::from(session_id),
-                started,
-                first_sent: false,
-                outcome: None,
-                inner: inner.clone(),
-                span,
+                tally: Tally::open(inner.clone(), route, started, span),
             };
-            inner.metrics.open_streams(route, 1);
             let events = futures::stream::unfold(events, |mut s| async move {
                 s.next_event().await.map(|e| (e, s))
             });
@@ -356,6 +489,126 @@ async fn whole<K: Kind>(reader: Reader<K::Response>) -> Response {
     }
 }
 
+/// What one streamed answer counts: the open stream, the time to its first event, how it
+/// ended (a stream dropped before its end was given up by its caller), and its span.
+struct Tally {
+    inner: Arc<Inner>,
+    route: &'static str,
+    started: Instant,
+    first_sent: bool,
+    /// How the answer ended, once it did.
+    outcome: Option<ClientOutcome>,
+    /// Whether the caller was given everything, the end included.
+    delivered: bool,
+    /// Ends when the stream is dropped: at its end, or when the caller goes away.
+    span: sluice_runtime::trace::Span,
+}
+
+impl Tally {
+    fn open(
+        inner: Arc<Inner>,
+        route: &'static str,
+        started: Instant,
+        span: sluice_runtime::trace::Span,
+    ) -> Self {
+        inner.metrics.open_streams(route, 1);
+        Self {
+            inner,
+            route,
+            started,
+            first_sent: false,
+            outcome: None,
+            delivered: false,
+            span,
+        }
+    }
+
+    /// An event that says something (not a status) goes out.
+    fn said(&mut self) {
+        if !self.first_sent {
+            self.first_sent = true;
+            self.inner
+                .metrics
+                .first_event(self.route, self.started.elapsed().as_secs_f64());
+        }
+    }
+}
+
+impl Drop for Tally {
+    fn drop(&mut self) {
+        self.inner.metrics.open_streams(self.route, -1);
+        // Dropped before its end: the caller went away. The response stream's own drop
+        // publishes the cancel.
+        let outcome = match self.outcome {
+            Some(o) if self.delivered => o,
+            _ => ClientOutcome::Cancelled,
+        };
+        self.inner.metrics.stream_ended(self.route, outcome);
+        trace_outcome(&mut self.span, outcome);
+    }
+}
+
+/// Seed 003's REST streaming: each response record as one SSE event's data, an error as the
+/// error record that ends the stream. A restart (another replica starts the answer over) is
+/// an event named `restarted`: discard what arrived so far.
+struct RecordStream<K: Kind> {
+    reader: Option<Reader<K::Response>>,
+    ended: bool,
+    tally: Tally,
+    _kind: std::marker::PhantomData<K>,
+}
+
+impl<K: Kind> RecordStream<K> {
+    async fn next_event(&mut self) -> Option<sse::Event> {
+        if self.ended {
+            self.tally.delivered = true;
+            return None;
+        }
+        let record = match self.reader.as_mut()?.next().await {
+            Some(Piece::Record(r)) => {
+                if r.is_terminal() {
+                    self.finish(ClientOutcome::Success);
+                }
+                r
+            }
+            Some(Piece::Failed(f)) => {
+                self.finish(ClientOutcome::of_error(&f.error.kind));
+                match f.record {
+                    Some(r) if r.error().is_some() => r,
+                    _ => K::Response::from_error(f.error),
+                }
+            }
+            Some(Piece::Restarted) => {
+                return Some(sse::Event::default().event("restarted").data("{}"));
+            }
+            None => {
+                self.finish(ClientOutcome::of_error(&ErrorKind::Gateway));
+                K::Response::from_error(Error::new(
+                    ErrorKind::Gateway,
+                    "the answer ended without a final record",
+                ))
+            }
+        };
+        self.tally.said();
+        let data = serde_json::to_string(&record).unwrap_or_else(|e| {
+            // Serialising a record cannot fail; if it ever does, end with an error record.
+            self.finish(ClientOutcome::of_error(&ErrorKind::Internal));
+            serde_json::to_string(&K::Response::from_error(Error::new(
+                ErrorKind::Internal,
+                e.to_string(),
+            )))
+            .unwrap_or_default()
+        });
+        Some(sse::Event::default().data(data))
+    }
+
+    fn finish(&mut self, outcome: ClientOutcome) {
+        self.tally.outcome = Some(outcome);
+        self.ended = true;
+        self.reader = None;
+    }
+}
+
 /// The state of one streamed answer: records in, gateway events out
 /// (docs/protocol.md#gateway-events-ndjson-and-sse).
 struct EventStream<K: Kind> {
@@ -364,12 +617,7 @@ struct EventStream<K: Kind> {
     pending: VecDeque<Event>,
     trace_id: Arc<str>,
     session_id: Arc<str>,
-    started: Instant,
-    first_sent: bool,
-    outcome: Option<ClientOutcome>,
-    inner: Arc<Inner>,
-    /// Ends when the stream is dropped: at its end, or when the caller goes away.
-    span: sluice_runtime::trace::Span,
+    tally: Tally,
 }
 
 impl<K: Kind> EventStream<K> {
@@ -378,12 +626,10 @@ impl<K: Kind> EventStream<K> {
             if let Some(mut e) = self.pending.pop_front() {
                 e.trace_id = self.trace_id.clone();
                 e.session_id = self.session_id.clone();
-                if !self.first_sent && e.kind != crate::events::EventType::Status {
-                    self.first_sent = true;
-                    self.inner
-                        .metrics
-                        .first_event(K::KIND.as_str(), self.started.elapsed().as_secs_f64());
+                if e.kind != crate::events::EventType::Status {
+                    self.tally.said();
                 }
+                self.tally.delivered = self.tally.outcome.is_some() && self.pending.is_empty();
                 return Some(e);
             }
             let reader = self.reader.as_mut()?;
@@ -409,7 +655,7 @@ impl<K: Kind> EventStream<K> {
                     self.pending.push_back(Event::status(Status::Restarted));
                 }
                 None => {
-                    if self.outcome.is_none() {
+                    if self.tally.outcome.is_none() {
                         self.fail(Error::new(
                             ErrorKind::Gateway,
                             "the answer ended without a final record",
@@ -439,23 +685,8 @@ impl<K: Kind> EventStream<K> {
             done.lines_skipped = Some(skipped);
         }
         self.pending.push_back(done);
-        self.outcome = Some(outcome);
+        self.tally.outcome = Some(outcome);
         self.reader = None;
-    }
-}
-
-impl<K: Kind> Drop for EventStream<K> {
-    fn drop(&mut self) {
-        let route = K::KIND.as_str();
-        self.inner.metrics.open_streams(route, -1);
-        // Dropped before its end: the caller went away. The response stream's own drop
-        // publishes the cancel.
-        let outcome = match self.outcome {
-            Some(o) if self.pending.is_empty() => o,
-            _ => ClientOutcome::Cancelled,
-        };
-        self.inner.metrics.stream_ended(route, outcome);
-        trace_outcome(&mut self.span, outcome);
     }
 }
 
@@ -476,18 +707,59 @@ mod tests {
     }
 
     #[test]
-    fn accept_picks_the_mode() {
+    fn accept_picks_the_mode_and_else_the_bodys_flag() {
         let mut h = HeaderMap::new();
-        assert_eq!(mode(&h), Mode::Json);
+        assert_eq!(Ask::rest(&h).mode(false), Mode::Json);
+        assert_eq!(Ask::rest(&h).mode(true), Mode::Records, "seed 003's SSE");
+        h.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
+        assert_eq!(Ask::rest(&h).mode(true), Mode::Records);
         h.insert(
             header::ACCEPT,
             HeaderValue::from_static("application/x-ndjson"),
         );
-        assert_eq!(mode(&h), Mode::Ndjson);
+        assert_eq!(Ask::rest(&h).mode(false), Mode::Ndjson, "Accept wins");
         h.insert(
             header::ACCEPT,
             HeaderValue::from_static("text/event-stream"),
         );
-        assert_eq!(mode(&h), Mode::Sse);
+        assert_eq!(Ask::rest(&h).mode(true), Mode::Sse);
+    }
+
+    #[tokio::test]
+    async fn a_refusal_to_an_ndjson_caller_is_an_error_and_a_done_event() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "traceparent",
+            HeaderValue::from_static("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+        );
+        let resp = refuse(
+            Some(Mode::Ndjson),
+            &h,
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "no token",
+        );
+        assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(resp.headers()[header::CONTENT_TYPE], "application/x-ndjson");
+        assert_eq!(resp.headers()[header::WWW_AUTHENTICATE], "Bearer");
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let lines: Vec<serde_json::Value> = std::str::from_utf8(&body)
+            .unwrap()
+            .split_terminator('\n')
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert_eq!(lines[0]["type"], "error");
+        assert_eq!(lines[0]["content"], "no token");
+        assert_eq!(lines[0]["error_type"], "unauthorized");
+        assert_eq!(lines[1]["type"], "done");
+        assert_eq!(lines[1]["reason"], "error");
+        for l in &lines {
+            assert_eq!(l["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
+        }
+        let json = refuse(None, &h, StatusCode::NOT_FOUND, "invalid-request", "no");
+        assert_eq!(json.headers()[header::CONTENT_TYPE], "application/json");
     }
 }

@@ -69,6 +69,9 @@ pub trait Kind: Send + Sync + 'static {
     /// Asks for a streamed or a whole answer.
     fn set_streaming(request: &mut Self::Request, streaming: bool);
 
+    /// Whether the request asks for a streamed answer (its `streaming` flag).
+    fn streaming(request: &Self::Request) -> bool;
+
     /// The session id a request carries, if any (the agent's `session_id`).
     fn session_id(_request: &Self::Request) -> Option<String> {
         None
@@ -92,6 +95,10 @@ impl Kind for TextCompletion {
 
     fn set_streaming(request: &mut Self::Request, streaming: bool) {
         request.streaming = streaming;
+    }
+
+    fn streaming(request: &Self::Request) -> bool {
+        request.streaming
     }
 
     fn events(record: &Self::Response, state: &mut StreamState, out: &mut Vec<Event>) {
@@ -123,6 +130,10 @@ impl Kind for Prompt {
         request.streaming = streaming;
     }
 
+    fn streaming(request: &Self::Request) -> bool {
+        request.streaming
+    }
+
     fn events(record: &Self::Response, state: &mut StreamState, out: &mut Vec<Event>) {
         state.usage.add(record.in_token, record.out_token);
         if record.model.is_some() {
@@ -152,6 +163,10 @@ impl Kind for Agent {
 
     fn set_streaming(request: &mut Self::Request, streaming: bool) {
         request.streaming = streaming;
+    }
+
+    fn streaming(request: &Self::Request) -> bool {
+        request.streaming
     }
 
     fn session_id(request: &Self::Request) -> Option<String> {

@@ -14,6 +14,12 @@
 //! refused with OpenAI's error shape and status, never silently ignored. Unknown parameters
 //! are refused as OpenAI refuses them.
 //!
+//! Seed 004's event protocol shares the path: a body with `prompt` and no `messages` (seed
+//! 004's own test sends `{"prompt":"Hello","stream":true}`, which is not an OpenAI chat
+//! request), or any body sent with `Accept: application/x-ndjson`, is answered as
+//! `POST /api/v1/text-completion` answers it: `status`/`token`/`done` events when it streams,
+//! its errors as `error` and `done` events.
+//!
 //! A streamed call answers its HTTP status only once the first record arrives, so an error
 //! before the first token (429, a bad model, a provider refusal) is an HTTP error, as
 //! OpenAI's own API does it; an error after that is an SSE `data: {"error": ...}` event and
@@ -44,7 +50,13 @@ use sluice_schema::{
     TextCompletionRequest, TextCompletionResponse,
 };
 
-use crate::{Inner, client_error, http_span, trace_outcome};
+use crate::{
+    Inner, client_error,
+    http::{self, Ask, Mode},
+    http_span,
+    kinds::TextCompletion,
+    trace_outcome,
+};
 
 /// The metrics label of `POST /v1/chat/completions`.
 pub(crate) const CHAT_ROUTE: &str = "openai-chat";
@@ -779,12 +791,70 @@ impl Tokens {
     }
 }
 
+/// The top-level fields of a chat body that tell seed 004's requests from OpenAI's.
+#[derive(Default, serde::Deserialize)]
+struct Seed004Fields {
+    #[serde(default)]
+    prompt: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    messages: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    streaming: Option<bool>,
+}
+
+impl Seed004Fields {
+    fn of(body: &[u8]) -> Self {
+        serde_json::from_slice(body).unwrap_or_default()
+    }
+}
+
+/// Whether a `/v1/chat/completions` call asks for seed 004's events rather than OpenAI's
+/// dialect, and if so what it asks for: `Accept: application/x-ndjson`, or a body with
+/// `prompt` and no `messages`.
+fn seed_004(headers: &HeaderMap, body: Option<&Bytes>) -> Option<Ask> {
+    let accept = http::accepted(headers);
+    let fields = body.map(|b| Seed004Fields::of(b)).unwrap_or_default();
+    let prompt_only = fields.prompt.is_some() && fields.messages.is_none();
+    if accept != Some(Mode::Ndjson) && !prompt_only {
+        return None;
+    }
+    let streams = fields.stream.or(fields.streaming).unwrap_or(false);
+    Some(Ask {
+        // Known before the body is decoded, so a refusal comes as the events asked for.
+        accept: accept.or(streams.then_some(Mode::Ndjson)),
+        streamed: Mode::Ndjson,
+    })
+}
+
+/// A seed 004 body as a text-completion request: `prompt` (and `system`) as the REST route
+/// reads them, `stream` as `streaming`; an OpenAI conversation (`messages`) as the OpenAI
+/// route reads it.
+fn seed_004_request(body: &Bytes) -> Result<TextCompletionRequest, String> {
+    let fields = Seed004Fields::of(body);
+    if fields.messages.is_some() {
+        let call = parse_chat(body).map_err(|e| e.message)?;
+        let mut request = call.request;
+        request.streaming = call.stream;
+        return Ok(request);
+    }
+    let mut request: TextCompletionRequest = http::record(body)?;
+    if fields.stream == Some(true) {
+        request.streaming = true;
+    }
+    Ok(request)
+}
+
 /// `POST /v1/chat/completions`.
 pub(crate) async fn chat(
     State(inner): State<Arc<Inner>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    if let Some(ask) = seed_004(&headers, body.as_ref().ok()) {
+        return http::handle::<TextCompletion>(inner, headers, body, ask, seed_004_request).await;
+    }
     let started = Instant::now();
     if !inner.config.auth.accepts_headers(&headers) {
         return counted(&inner, CHAT_ROUTE, unauthorized().into_response());
