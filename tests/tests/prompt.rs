@@ -260,8 +260,13 @@ async fn json_is_one_validated_object_even_when_streaming() {
         err.message
     );
     assert!(
-        err.message.contains("/answer"),
-        "names the field: {}",
+        err.message.contains("/answer is not of type integer"),
+        "names the field and the rule: {}",
+        err.message
+    );
+    assert!(
+        !err.message.contains("forty-two"),
+        "never quotes the model's value: {}",
         err.message
     );
     let out = s.ask("one", "I cannot answer that.", true).await;

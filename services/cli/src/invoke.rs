@@ -33,6 +33,11 @@ pub struct InvokeArgs {
     /// is visible to other users of the machine (`ps`).
     #[arg(short = 't', long, global = true, hide_env_values = true)]
     token: Option<String>,
+    /// The flow to call (TrustGraph's `-f`): the gateway's route for that flow, which
+    /// answers `unknown flow` when the gateway serves another. Without it, the flow the
+    /// gateway serves.
+    #[arg(short = 'f', long, env = "SLUICE_FLOW", global = true)]
+    flow: Option<String>,
     /// Wait for the whole answer instead of streaming it.
     #[arg(long, global = true)]
     no_streaming: bool,
@@ -225,6 +230,24 @@ impl Printer {
     }
 }
 
+/// The gateway's URL for `service`, on `flow`'s route when one is named (each segment
+/// percent-encoded: a flow id is the user's text).
+fn route(base: &str, flow: Option<&str>, service: &str) -> Result<String, InvokeError> {
+    let mut url = reqwest::Url::parse(base)
+        .map_err(|e| InvokeError::Other(format!("the gateway URL {base:?}: {e}")))?;
+    {
+        let mut path = url
+            .path_segments_mut()
+            .map_err(|()| InvokeError::Other(format!("the gateway URL {base:?} has no path")))?;
+        path.pop_if_empty().extend(["api", "v1"]);
+        match flow {
+            Some(flow) => path.extend(["flow", flow, "service", service]),
+            None => path.push(service),
+        };
+    }
+    Ok(url.into())
+}
+
 /// Runs an invocation.
 pub async fn run(args: InvokeArgs) -> Result<(), InvokeError> {
     if args.token.is_some() {
@@ -264,7 +287,7 @@ pub async fn run(args: InvokeArgs) -> Result<(), InvokeError> {
     let client = reqwest::Client::builder()
         .build()
         .map_err(|e| InvokeError::Other(format!("HTTP client: {e}")))?;
-    let url = format!("{}/api/v1/{service}", args.url.trim_end_matches('/'));
+    let url = route(&args.url, args.flow.as_deref(), service)?;
     let mut request = client.post(&url).json(&body);
     if let Some(t) = &token {
         request = request.bearer_auth(t.expose());
@@ -296,6 +319,16 @@ pub async fn run(args: InvokeArgs) -> Result<(), InvokeError> {
             InvokeError::Other(format!("reading the answer failed: {}", without_url(&e)))
         })?;
         let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        // A refusal to a streaming caller comes as NDJSON events: an `error`, then `done`.
+        if let Some(e) = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|e| e.get("type").and_then(Value::as_str) == Some("error"))
+        {
+            if let Some(Err(err)) = printer.event(&e) {
+                return Err(err);
+            }
+        }
         if let Some(err) = value.get("error").filter(|e| !e.is_null()) {
             return Err(InvokeError::Answer {
                 kind: err
@@ -395,4 +428,26 @@ fn without_url(e: &reqwest::Error) -> String {
         e.truncate(i);
     }
     e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_flow_picks_the_route() {
+        assert_eq!(
+            route("http://gw:8088", None, "agent").unwrap(),
+            "http://gw:8088/api/v1/agent"
+        );
+        assert_eq!(
+            route("http://gw:8088/", Some("default"), "text-completion").unwrap(),
+            "http://gw:8088/api/v1/flow/default/service/text-completion"
+        );
+        assert_eq!(
+            route("http://gw:8088/base", Some("a b/c"), "prompt").unwrap(),
+            "http://gw:8088/base/api/v1/flow/a%20b%2Fc/service/prompt"
+        );
+        assert!(route("not a url", None, "agent").is_err());
+    }
 }

@@ -99,6 +99,26 @@ async fn serve_streams_to_invoke_and_errors_exit_non_zero_with_a_readable_messag
     assert_eq!(out.stdout, "Hello world!\n");
     assert_eq!(fake.last_body()["stream"], false);
 
+    // Seed 003's `-f FLOW`: the flow the gateway serves answers, streamed or whole; another
+    // flow is a clear error.
+    for extra in [&[][..], &["--no-streaming"][..]] {
+        let mut args = vec!["-u", url.as_str(), "-f", "default"];
+        args.extend_from_slice(extra);
+        args.extend(["llm", "be brief", "say hello"]);
+        let out = invoke(&args, &[]).await;
+        assert_eq!(out.code, 0, "{extra:?}: {}", out.stderr);
+        assert_eq!(out.stdout, "Hello world!\n");
+        assert_eq!(fake.last_body()["stream"], extra.is_empty());
+    }
+    let out = invoke(&["-u", &url, "--flow", "other", "llm", "s", "p"], &[]).await;
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stderr
+            .starts_with("sluice: invalid-request: unknown flow \"other\""),
+        "{}",
+        out.stderr
+    );
+
     // The prompt service runs too, with the file's templates beside the built-in ones.
     // SLUICE_URL works like -u.
     let out = invoke(&["prompt", "say", "x=1"], &[("SLUICE_URL", &url)]).await;
@@ -201,9 +221,15 @@ async fn a_provider_error_and_the_gateway_token_reach_the_cli_user() {
     .await;
     let url = s.url.clone();
 
+    // Refused before the stream: the gateway's NDJSON error event, read as such.
     let out = invoke(&["-u", &url, "llm", "s", "p"], &[]).await;
     assert_eq!(out.code, 1);
-    assert!(out.stderr.contains("unauthorized"), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .starts_with("sluice: unauthorized: a valid `Authorization: Bearer <token>`"),
+        "{}",
+        out.stderr
+    );
 
     for extra in [&[][..], &["--no-streaming"][..]] {
         let mut args = vec!["-u", url.as_str()];

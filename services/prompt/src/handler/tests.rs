@@ -269,3 +269,53 @@ async fn text_completion_saying_nothing_ends_the_answer_with_a_timeout() {
     );
     rig.stop().await;
 }
+
+/// A schema failure is described by where and which rule, never by the model's value: the
+/// same words go to the log and to the error record, and logs never carry content.
+#[test]
+fn a_schema_problem_never_quotes_the_value() {
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "confidence": {"type": "number", "maximum": 5},
+            "label": {"type": "string"},
+            "kind": {"enum": ["a", "b"]},
+            "text": {"type": "string", "minLength": 1, "pattern": "^[a-z]+$"}
+        },
+        "required": ["confidence", "needed"],
+        "additionalProperties": false
+    });
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let value = serde_json::json!({
+        "confidence": 7.25, "label": 12345, "kind": "zzz-secret-kind",
+        "text": "SECRET", "leaked-key-name": "s3cr3t"
+    });
+    let problems: Vec<String> = validator
+        .iter_errors(&value)
+        .map(|e| schema_problem(&e))
+        .collect();
+    assert!(problems.len() >= 5, "{problems:?}");
+    for p in &problems {
+        for content in [
+            "7.25",
+            "12345",
+            "zzz-secret-kind",
+            "SECRET",
+            "s3cr3t",
+            "leaked-key-name",
+        ] {
+            assert!(!p.contains(content), "{p:?} quotes {content:?}");
+        }
+    }
+    let all = problems.join("; ");
+    for says in [
+        "/confidence is greater than the maximum of 5",
+        "/label is not of type string",
+        r#"/kind is not one of ["a","b"]"#,
+        r#"/text does not match the pattern "^[a-z]+$""#,
+        r#"/ lacks the required property "needed""#,
+        "/ has 1 property the schema does not allow",
+    ] {
+        assert!(all.contains(says), "{says:?} in {all}");
+    }
+}
