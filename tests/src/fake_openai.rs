@@ -399,7 +399,7 @@ async fn chat(
                 .split_once("[tag:")
                 .and_then(|(_, rest)| rest.split_once(']'))
                 .map_or("", |(t, _)| t);
-            let text = crate::seed_streams::stream(m.trim_start_matches("seed-tagged-"))
+            let text = crate::seed_streams::stream(m.strip_prefix("seed-tagged-").unwrap_or(m))
                 .unwrap_or("")
                 .replace("\"block_id\":\"", &format!("\"block_id\":\"{tag}-"))
                 .replace("\"block_id\": \"", &format!("\"block_id\": \"{tag}-"));
@@ -408,7 +408,7 @@ async fn chat(
         m if m.starts_with("seed-") => {
             // A seed's example answer (tests/src/seed_streams.rs) in 3-byte tokens.
             streamed(
-                crate::seed_streams::stream(m.trim_start_matches("seed-")).unwrap_or(""),
+                crate::seed_streams::stream(m.strip_prefix("seed-").unwrap_or(m)).unwrap_or(""),
                 3,
             )
         }

@@ -45,6 +45,10 @@ struct Case {
 const CLASSIFICATION: &str = "knowledge-classification";
 const REWORDING: &str = "content-rewording";
 const INTEGRATION: &str = "integration-decisions";
+const CLASSIFICATION_001: &str = "knowledge-classification-seed-001";
+const CLASSIFICATION_002: &str = "knowledge-classification-seed-002";
+const REWORDING_002: &str = "content-rewording-seed-002";
+const INTEGRATION_002: &str = "integration-decisions-seed-002";
 
 const fn expect(template: &'static str, objects: usize, skipped: usize) -> Expected {
     Expected {
@@ -96,9 +100,8 @@ const CASES: &[Case] = &[
         expected: expect(CLASSIFICATION, 2, 0),
         not_objects: 0,
     },
-    // Seed 001 Phase 1's expected output, exactly: its older prompt asks for no
-    // `is_knowledge`, which seed 000's model requires, so both lines are dropped (missing
-    // required field, seed 002 §3.1).
+    // Seed 001 Phase 1's expected output, exactly: its prompt asks for no `is_knowledge`, and
+    // seed 001's own template keeps both lines as written (seed 000's would drop them).
     Case {
         name: "classification-without-is-knowledge",
         text: concat!(
@@ -107,7 +110,7 @@ const CASES: &[Case] = &[
             r#"{"block_id": "ghi789", "confidence": 0.92, "reason": "Documents a specific ChromaDB requirement that is useful for future project setup."}"#,
             "\n",
         ),
-        expected: expect(CLASSIFICATION, 0, 2),
+        expected: expect(CLASSIFICATION_001, 2, 0),
         not_objects: 0,
     },
     // Seed 002 §4.1's three malformed lines (verbatim: unquoted key, trailing comma,
@@ -364,6 +367,118 @@ const CASES: &[Case] = &[
         expected: expect(INTEGRATION, 1, 5),
         not_objects: 0,
     },
+    // Seed 002 §5.1, verbatim: three blocks classified, one of them activity
+    // (`is_knowledge: false` is an answer, kept): "Classified 3/3 blocks".
+    Case {
+        name: "seed-002-extraction",
+        text: concat!(
+            r#"{"block_id": "abc123", "is_knowledge": true, "confidence": 0.92}"#,
+            "\n",
+            r#"{"block_id": "def456", "is_knowledge": false, "confidence": 0.95}"#,
+            "\n",
+            r#"{"block_id": "ghi789", "is_knowledge": true, "confidence": 0.88}"#,
+            "\n",
+        ),
+        expected: expect(CLASSIFICATION_002, 3, 0),
+        not_objects: 0,
+    },
+    // Seed 002 §5.3, verbatim: three valid lines, the fourth malformed (unquoted key), then
+    // the stream ends: 3 objects, 1 line skipped.
+    Case {
+        name: "seed-002-error-recovery",
+        text: concat!(
+            r#"{"block_id": "block-1", "is_knowledge": true, "confidence": 0.85}"#,
+            "\n",
+            r#"{"block_id": "block-2", "is_knowledge": false, "confidence": 0.92}"#,
+            "\n",
+            r#"{"block_id": "block-3", "is_knowledge": true, "confidence": 0.78}"#,
+            "\n",
+            r#"{"block_id": "block-4", is_knowledge: true, "confidence": 0.88}"#,
+            "\n",
+        ),
+        expected: expect(CLASSIFICATION_002, 3, 1),
+        not_objects: 1,
+    },
+    // Seed 002 §1.1's expected output, §2.3's Phase 1 lines and §3.1's example.
+    Case {
+        name: "seed-002-classification-examples",
+        text: concat!(
+            r#"{"block_id": "abc123", "is_knowledge": true, "confidence": 0.85}"#,
+            "\n",
+            r#"{"block_id": "def456", "is_knowledge": false, "confidence": 0.92}"#,
+            "\n",
+            r#"{"block_id": "ghi789", "is_knowledge": true, "confidence": 0.78}"#,
+            "\n",
+            r#"{"block_id": "abc123", "is_knowledge": true, "confidence": 0.85}"#,
+            "\n",
+            r#"{"block_id": "def456", "is_knowledge": false, "confidence": 0.92}"#,
+            "\n",
+            r#"{"block_id": "abc123", "is_knowledge": true, "confidence": 0.85}"#,
+            "\n",
+        ),
+        expected: expect(CLASSIFICATION_002, 6, 0),
+        not_objects: 0,
+    },
+    // Seed 002 §5.2, verbatim: add_section to Software Architecture, skip Microservices.
+    Case {
+        name: "seed-002-decisions",
+        text: concat!(
+            r#"{"page": "Software Architecture", "action": "add_section", "target_id": null, "target_title": null, "confidence": 0.88, "reasoning": "Core architectural principle that deserves its own section"}"#,
+            "\n",
+            r#"{"page": "Microservices", "action": "skip", "target_id": null, "target_title": null, "confidence": 0.93, "reasoning": "Already covered under 'Common Misconceptions' section"}"#,
+            "\n",
+        ),
+        expected: expect(INTEGRATION_002, 2, 0),
+        not_objects: 0,
+    },
+    // Seed 002 §1.2's expected output, §2.3's Phase 3.1 lines, and §3.2's two examples (one
+    // line each).
+    Case {
+        name: "seed-002-decision-examples",
+        text: concat!(
+            r#"{"page": "Software Architecture", "action": "add_section", "target_id": null, "target_title": null, "confidence": 0.88, "reasoning": "New root section"}"#,
+            "\n",
+            r#"{"page": "Microservices", "action": "add_under", "target_id": "block-uuid-123", "target_title": "Benefits", "confidence": 0.91, "reasoning": "Fits under Benefits"}"#,
+            "\n",
+            r#"{"page": "Docker", "action": "skip", "target_id": null, "target_title": null, "confidence": 0.95, "reasoning": "Already covered"}"#,
+            "\n",
+            r#"{"page": "Software Architecture", "action": "add_section", "target_id": null, "target_title": null, "confidence": 0.88, "reasoning": "..."}"#,
+            "\n",
+            r#"{"page": "Microservices", "action": "skip", "target_id": null, "target_title": null, "confidence": 0.95, "reasoning": "..."}"#,
+            "\n",
+            r#"{"page": "Software Architecture", "action": "add_section", "target_id": null, "target_title": null, "confidence": 0.88, "reasoning": "This knowledge belongs as a new root-level section on the page"}"#,
+            "\n",
+            r#"{"page": "Microservices", "action": "add_under", "target_id": "block-uuid-123", "target_title": "Benefits and Tradeoffs", "confidence": 0.91, "reasoning": "This insight fits naturally under the existing 'Benefits' section"}"#,
+            "\n",
+        ),
+        expected: expect(INTEGRATION_002, 7, 0),
+        not_objects: 0,
+    },
+    // Seed 002 §1.3's expected output and §3.3's example (one line; its `\n` are continuation
+    // lines inside the string). §2.3's rewording line (`"- Bounded contexts..."`) is a bullet
+    // outline: kept, flattened.
+    Case {
+        name: "seed-002-rewording-examples",
+        text: concat!(
+            r#"{"block_id": "abc123", "refined_text": "Bounded contexts matter more than service size.\nEach context should have clear ownership."}"#,
+            "\n",
+            r#"{"block_id": "def456", "refined_text": "HNSW provides O(log n) nearest neighbor search.\nTrade-off between recall and speed via ef_construction parameter."}"#,
+            "\n",
+            r#"{"block_id": "abc123", "refined_text": "Bounded contexts matter more than service size.\nEach context should have clear ownership.\nAvoid sharing databases across contexts."}"#,
+            "\n",
+        ),
+        expected: expect(REWORDING_002, 3, 0),
+        not_objects: 0,
+    },
+    Case {
+        name: "seed-002-rewording-normalised",
+        text: concat!(
+            r#"{"block_id": "abc123", "refined_text": "- Bounded contexts..."}"#,
+            "\n",
+        ),
+        expected: expect(REWORDING_002, 1, 0),
+        not_objects: 0,
+    },
 ];
 
 /// Every stream name, in a stable order.
@@ -384,7 +499,13 @@ pub fn names() -> Vec<&'static str> {
 /// `rewording-rejected` (empty content). For `integration-decisions`: `integration`
 /// (seed 000), `integration-with-skip` (seed 001), `integration-fenced` (a json code fence),
 /// `integration-truncated`, `integration-normalised` (actions and targets corrected),
-/// `integration-rejected` (invalid types, missing fields). See [`expected`] for the counts.
+/// `integration-rejected` (invalid types, missing fields). For seed 001's and seed 002's own
+/// templates (`...-seed-001`, `...-seed-002`): `classification-without-is-knowledge` (seed
+/// 001, 2 objects), `seed-002-extraction` (§5.1, 3), `seed-002-error-recovery` (§5.3, 3 and 1
+/// skipped), `seed-002-classification-examples` (§1.1, §2.3, §3.1), `seed-002-decisions`
+/// (§5.2, 2), `seed-002-decision-examples` (§1.2, §2.3, §3.2), `seed-002-rewording-examples`
+/// (§1.3, §3.3), `seed-002-rewording-normalised` (§2.3's bullet line, flattened). See
+/// [`expected`] for the counts.
 pub fn stream(name: &str) -> Option<&'static str> {
     CASES.iter().find(|c| c.name == name).map(|c| c.text)
 }
@@ -440,10 +561,6 @@ mod tests {
             .clone()
     }
 
-    fn normalise(id: &str, value: &mut Value) -> Normalised {
-        (builtin(id).normalise.unwrap())(value)
-    }
-
     /// The lines a counter looks at: trimmed, neither blank nor a fence.
     fn counted_lines(text: &str) -> Vec<&str> {
         text.split('\n')
@@ -495,14 +612,25 @@ mod tests {
         sorted.sort_unstable();
         sorted.dedup();
         assert_eq!(sorted.len(), names.len());
+        let templates = TemplateSet::from_json("{}", true).unwrap();
         for name in names {
             let e = expected(name).unwrap();
-            assert!([CLASSIFICATION, REWORDING, INTEGRATION].contains(&e.template));
-            assert!(name.starts_with(match e.template {
-                CLASSIFICATION => "classification",
-                REWORDING => "rewording",
-                _ => "integration",
-            }));
+            assert!(templates.get(e.template).is_some(), "{name}");
+            let phase = e
+                .template
+                .trim_end_matches("-seed-001")
+                .trim_end_matches("-seed-002");
+            assert!(
+                name.contains(match phase {
+                    CLASSIFICATION => "classification",
+                    REWORDING => "rewording",
+                    INTEGRATION => "decision",
+                    other => panic!("{other}"),
+                }) || (phase == INTEGRATION && name.starts_with("integration"))
+                    || name == "seed-002-extraction"
+                    || name == "seed-002-error-recovery",
+                "{name}"
+            );
             assert!(stream(name).is_some());
         }
         assert!(stream("nope").is_none() && expected("nope").is_none());
@@ -553,6 +681,12 @@ mod tests {
     fn seed_example_objects_validate_unchanged() {
         for (stream, id) in [
             ("classification", CLASSIFICATION),
+            ("classification-without-is-knowledge", CLASSIFICATION_001),
+            ("seed-002-extraction", CLASSIFICATION_002),
+            ("seed-002-classification-examples", CLASSIFICATION_002),
+            ("seed-002-decisions", INTEGRATION_002),
+            ("seed-002-decision-examples", INTEGRATION_002),
+            ("seed-002-rewording-examples", REWORDING_002),
             ("rewording", REWORDING),
             ("rewording-spaced", REWORDING),
             ("integration", INTEGRATION),
@@ -560,13 +694,14 @@ mod tests {
         ] {
             let template = builtin(id);
             let validator = template.validator.as_ref().unwrap();
+            let normalise = template.normalise.unwrap();
             let text = super::stream(stream).unwrap();
             for line in text.lines() {
                 let mut value: Value = serde_json::from_str(line).unwrap();
                 let before = value.clone();
                 assert!(validator.is_valid(&value), "{stream}: {line}");
                 assert_eq!(
-                    normalise(id, &mut value),
+                    normalise(&mut value),
                     Normalised::Keep { warnings: vec![] },
                     "{stream}"
                 );

@@ -387,12 +387,33 @@ async fn templates_reload_on_file_change_without_disturbing_requests_in_flight()
 /// Terms that render each built-in template (the fake ignores the prompt and answers with
 /// the seed's example stream).
 fn builtin_terms(template: &str) -> std::collections::BTreeMap<String, String> {
-    let blocks = json!([{"block_id": "b1", "content": "Rust traits are like interfaces"}]);
+    let blocks = json!([{"block_id": "b1", "content": "Rust traits are like interfaces",
+                         "hierarchy": "- Rust"}]);
     match template {
-        "integration-decisions" => [(
+        "integration-decisions-seed-002" => [
+            (
+                "knowledge_block".to_owned(),
+                json!({"block_id": "b1", "content": "x", "hierarchical_text": "- x"}).to_string(),
+            ),
+            (
+                "candidate_pages".to_owned(),
+                json!([{"page_name": "Rust", "similarity_score": 0.8,
+                        "chunks": [{"target_id": "1", "content": "Traits", "title": "Traits"}]}])
+                .to_string(),
+            ),
+        ]
+        .into(),
+        t if t.starts_with("integration-decisions") => [(
             "knowledge_blocks".to_owned(),
             json!([{"block_id": "b1", "content": "x", "original_context": null,
                     "candidate_pages": [{"page_name": "Rust", "structure": "- Traits\n  id:: 1"}]}])
+            .to_string(),
+        )]
+        .into(),
+        "content-rewording-seed-002" => [(
+            "decisions".to_owned(),
+            json!([{"knowledge_block_id": "b1", "page": "Rust", "action": "add_section",
+                    "full_text": "x", "hierarchical_text": "- x"}])
             .to_string(),
         )]
         .into(),

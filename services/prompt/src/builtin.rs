@@ -28,7 +28,11 @@ use crate::{
     normalise::{self, Normaliser},
 };
 
-pub use crate::normalise::{CONTENT_REWORDING, INTEGRATION_DECISIONS, KNOWLEDGE_CLASSIFICATION};
+pub use crate::normalise::{
+    CONTENT_REWORDING, CONTENT_REWORDING_SEED_002, INTEGRATION_DECISIONS,
+    INTEGRATION_DECISIONS_SEED_002, KNOWLEDGE_CLASSIFICATION, KNOWLEDGE_CLASSIFICATION_SEED_001,
+    KNOWLEDGE_CLASSIFICATION_SEED_002,
+};
 
 /// A template shipped with sluice.
 #[derive(Debug, Clone)]
@@ -45,6 +49,8 @@ pub struct BuiltinTemplate {
     pub schema: Value,
     /// Corrections applied before validation.
     pub normalise: Option<Normaliser>,
+    /// The sampling temperature its calls ask for (the phase's, as the seeds set it).
+    pub temperature: Option<f64>,
 }
 
 /// Why a built-in template's files do not make a template: only a broken build (the files are
@@ -66,35 +72,75 @@ struct Files {
     schema: &'static str,
     response_type: ResponseType,
     normaliser: &'static str,
+    temperature: Option<f64>,
 }
 
-/// The files of the built-in template `$id` (the directory `services/prompt/builtin/$id`).
+/// A built-in template: its id, the directories under `services/prompt/builtin/` its
+/// `system.txt`, `prompt.jinja` and `schema.json` come from (versions of a contract share
+/// the files they have in common), its normaliser and its temperature. Every built-in is a
+/// `jsonl` template.
 macro_rules! files {
-    ($id:literal, $response_type:expr, $normaliser:expr) => {
+    ($id:literal, system: $system:literal, prompt: $prompt:literal, schema: $schema:literal,
+     $normaliser:expr, $temperature:expr) => {
         Files {
             id: $id,
-            system: include_str!(concat!("../builtin/", $id, "/system.txt")),
-            prompt: include_str!(concat!("../builtin/", $id, "/prompt.jinja")),
-            schema: include_str!(concat!("../builtin/", $id, "/schema.json")),
-            response_type: $response_type,
+            system: include_str!(concat!("../builtin/", $system, "/system.txt")),
+            prompt: include_str!(concat!("../builtin/", $prompt, "/prompt.jinja")),
+            schema: include_str!(concat!("../builtin/", $schema, "/schema.json")),
+            response_type: ResponseType::Jsonl,
             normaliser: $normaliser,
+            temperature: $temperature,
         }
     };
 }
 
-/// Every built-in template, in the order the docs list them.
-const FILES: [Files; 3] = [
-    files!(
-        "knowledge-classification",
-        ResponseType::Jsonl,
-        KNOWLEDGE_CLASSIFICATION
-    ),
-    files!("content-rewording", ResponseType::Jsonl, CONTENT_REWORDING),
-    files!(
-        "integration-decisions",
-        ResponseType::Jsonl,
-        INTEGRATION_DECISIONS
-    ),
+/// The phases' temperatures, as seeds 000 and 001 set them (seed 002 sets none).
+const CLASSIFICATION_TEMPERATURE: Option<f64> = Some(0.3);
+const REWORDING_TEMPERATURE: Option<f64> = Some(0.5);
+const INTEGRATION_TEMPERATURE: Option<f64> = Some(0.4);
+
+/// Every built-in template, in the order the docs list them: sluice's three (seed 000's
+/// prompts with one sentence added, which small local models need to keep to the format),
+/// then each seed's own, its prompt text verbatim (seed 002 has none: its templates ask for
+/// its shapes in words of ours) and its line shape.
+const FILES: [Files; 12] = [
+    files!("knowledge-classification", system: "knowledge-classification",
+           prompt: "knowledge-classification", schema: "knowledge-classification",
+           KNOWLEDGE_CLASSIFICATION, CLASSIFICATION_TEMPERATURE),
+    files!("content-rewording", system: "content-rewording", prompt: "content-rewording",
+           schema: "content-rewording", CONTENT_REWORDING, REWORDING_TEMPERATURE),
+    files!("integration-decisions", system: "integration-decisions",
+           prompt: "integration-decisions", schema: "integration-decisions",
+           INTEGRATION_DECISIONS, INTEGRATION_TEMPERATURE),
+    files!("knowledge-classification-seed-000", system: "knowledge-classification",
+           prompt: "knowledge-classification-seed-000", schema: "knowledge-classification",
+           KNOWLEDGE_CLASSIFICATION, CLASSIFICATION_TEMPERATURE),
+    files!("content-rewording-seed-000", system: "content-rewording",
+           prompt: "content-rewording-seed-000", schema: "content-rewording",
+           CONTENT_REWORDING, REWORDING_TEMPERATURE),
+    files!("integration-decisions-seed-000", system: "integration-decisions",
+           prompt: "integration-decisions-seed-000", schema: "integration-decisions",
+           INTEGRATION_DECISIONS, INTEGRATION_TEMPERATURE),
+    files!("knowledge-classification-seed-001", system: "knowledge-classification-seed-001",
+           prompt: "knowledge-classification-seed-000",
+           schema: "knowledge-classification-seed-001",
+           KNOWLEDGE_CLASSIFICATION_SEED_001, CLASSIFICATION_TEMPERATURE),
+    files!("content-rewording-seed-001", system: "content-rewording-seed-001",
+           prompt: "content-rewording-seed-000", schema: "content-rewording",
+           CONTENT_REWORDING, REWORDING_TEMPERATURE),
+    files!("integration-decisions-seed-001", system: "integration-decisions-seed-001",
+           prompt: "integration-decisions-seed-000", schema: "integration-decisions",
+           INTEGRATION_DECISIONS, INTEGRATION_TEMPERATURE),
+    files!("knowledge-classification-seed-002", system: "knowledge-classification-seed-002",
+           prompt: "knowledge-classification-seed-002",
+           schema: "knowledge-classification-seed-002",
+           KNOWLEDGE_CLASSIFICATION_SEED_002, None),
+    files!("content-rewording-seed-002", system: "content-rewording-seed-002",
+           prompt: "content-rewording-seed-002", schema: "content-rewording-seed-002",
+           CONTENT_REWORDING_SEED_002, None),
+    files!("integration-decisions-seed-002", system: "integration-decisions-seed-002",
+           prompt: "integration-decisions-seed-002", schema: "integration-decisions-seed-002",
+           INTEGRATION_DECISIONS_SEED_002, None),
 ];
 
 /// A file's text without its final newline.
@@ -119,6 +165,7 @@ impl Files {
             response_type: self.response_type,
             schema,
             normalise: Some(normalise),
+            temperature: self.temperature,
         })
     }
 }

@@ -207,6 +207,8 @@ impl Handler for PromptService {
             },
             response_format: None,
             schema: None,
+            temperature: rendered.template.sampling.temperature,
+            max_tokens: rendered.template.sampling.max_tokens,
             ..TextCompletionRequest::default()
         };
         let options = RequestOptions {

@@ -35,12 +35,35 @@ pub const KNOWLEDGE_CLASSIFICATION: &str = "knowledge-classification";
 pub const CONTENT_REWORDING: &str = "content-rewording";
 /// The normaliser of the integration contract ([`normalise_integration`]).
 pub const INTEGRATION_DECISIONS: &str = "integration-decisions";
+/// Seed 001's classification lines: no `is_knowledge` ([`normalise_classification_seed_001`]).
+pub const KNOWLEDGE_CLASSIFICATION_SEED_001: &str = "knowledge-classification-seed-001";
+/// Seed 002's classification lines: one per block, `is_knowledge` true or false, no `reason`
+/// ([`normalise_classification_seed_002`]).
+pub const KNOWLEDGE_CLASSIFICATION_SEED_002: &str = "knowledge-classification-seed-002";
+/// Seed 002's rewording lines: `refined_text` ([`normalise_rewording_seed_002`]).
+pub const CONTENT_REWORDING_SEED_002: &str = "content-rewording-seed-002";
+/// Seed 002's decision lines: `page`, `target_id`, `target_title`, one knowledge block per
+/// request ([`normalise_integration_seed_002`]).
+pub const INTEGRATION_DECISIONS_SEED_002: &str = "integration-decisions-seed-002";
 
 /// Every normaliser, by the name a template gives.
-const REGISTRY: [(&str, Normaliser); 3] = [
+const REGISTRY: [(&str, Normaliser); 7] = [
     (KNOWLEDGE_CLASSIFICATION, normalise_classification),
     (CONTENT_REWORDING, normalise_rewording),
     (INTEGRATION_DECISIONS, normalise_integration),
+    (
+        KNOWLEDGE_CLASSIFICATION_SEED_001,
+        normalise_classification_seed_001,
+    ),
+    (
+        KNOWLEDGE_CLASSIFICATION_SEED_002,
+        normalise_classification_seed_002,
+    ),
+    (CONTENT_REWORDING_SEED_002, normalise_rewording_seed_002),
+    (
+        INTEGRATION_DECISIONS_SEED_002,
+        normalise_integration_seed_002,
+    ),
 ];
 
 /// The normaliser a template names, if there is one by that name.
@@ -70,21 +93,63 @@ pub const ACTIONS: [&str; 4] = ["add_section", "add_under", "replace", "skip"];
 ///   contract states the range);
 /// - unknown fields → kept, ignored.
 pub fn normalise_classification(value: &mut Value) -> Normalised {
-    outcome(classification_rules(value))
-}
-
-fn classification_rules(value: &mut Value) -> Result<Vec<String>, String> {
-    let object = as_object(value)?;
-    // Rules "missing required field → skip" and "invalid type → skip".
-    require(
-        object,
+    outcome(classification_rules(
+        value,
         &[
             ("block_id", FieldType::String),
             ("is_knowledge", FieldType::Boolean),
             ("confidence", FieldType::Number),
             ("reason", FieldType::String),
         ],
-    )?;
+        &[],
+    ))
+}
+
+/// Seed 001's classification lines, `{"block_id","confidence","reason"}`: the rules of
+/// [`normalise_classification`] without `is_knowledge` (seed 001 returns only the knowledge
+/// blocks and has no such field); one written anyway must be a boolean.
+pub fn normalise_classification_seed_001(value: &mut Value) -> Normalised {
+    outcome(classification_rules(
+        value,
+        &[
+            ("block_id", FieldType::String),
+            ("confidence", FieldType::Number),
+            ("reason", FieldType::String),
+        ],
+        &[("is_knowledge", FieldType::Boolean)],
+    ))
+}
+
+/// Seed 002's classification lines, `{"block_id","is_knowledge","confidence"}` (§3.1): one
+/// per block, `is_knowledge` false kept (it is the answer for an activity block); the rules
+/// of [`normalise_classification`] without `reason`, which must be a string if written.
+pub fn normalise_classification_seed_002(value: &mut Value) -> Normalised {
+    outcome(classification_rules(
+        value,
+        &[
+            ("block_id", FieldType::String),
+            ("is_knowledge", FieldType::Boolean),
+            ("confidence", FieldType::Number),
+        ],
+        &[("reason", FieldType::String)],
+    ))
+}
+
+fn classification_rules(
+    value: &mut Value,
+    required: &[(&str, FieldType)],
+    optional: &[(&str, FieldType)],
+) -> Result<Vec<String>, String> {
+    let object = as_object(value)?;
+    // Rules "missing required field → skip" and "invalid type → skip".
+    require(object, required)?;
+    for (name, kind) in optional {
+        if let Some(v) = object.get(*name)
+            && !kind.accepts(v)
+        {
+            return Err(format!("field `{name}` is not {}", kind.name()));
+        }
+    }
     // Rule "block_id must be non-empty".
     require_non_empty(object, "block_id")?;
     let mut warnings = Vec::new();
@@ -106,33 +171,35 @@ fn classification_rules(value: &mut Value) -> Result<Vec<String>, String> {
 /// The rules "block_id must match a block from Phase 1" and "preserve `[[links]]` and
 /// `((refs))`" need the request, which a per-object normaliser does not see.
 pub fn normalise_rewording(value: &mut Value) -> Normalised {
-    outcome(rewording_rules(value))
+    outcome(rewording_rules(value, "reworded_content"))
 }
 
-fn rewording_rules(value: &mut Value) -> Result<Vec<String>, String> {
+/// Seed 002's rewording lines, `{"block_id","refined_text"}` (§3.3): the rules of
+/// [`normalise_rewording`] on `refined_text`.
+pub fn normalise_rewording_seed_002(value: &mut Value) -> Normalised {
+    outcome(rewording_rules(value, "refined_text"))
+}
+
+fn rewording_rules(value: &mut Value, text: &str) -> Result<Vec<String>, String> {
     let object = as_object(value)?;
     // Rules "missing required field → skip" and "invalid type → skip".
     require(
         object,
-        &[
-            ("block_id", FieldType::String),
-            ("reworded_content", FieldType::String),
-        ],
+        &[("block_id", FieldType::String), (text, FieldType::String)],
     )?;
     // Rule "block_id must be non-empty".
     require_non_empty(object, "block_id")?;
     // Rule "empty refined_text → skip".
-    require_non_empty(object, "reworded_content")?;
+    require_non_empty(object, text)?;
     let mut warnings = Vec::new();
     // Rule "plain block content (no bullet markers or indentation)".
-    if let Some(Value::String(content)) = object.get_mut("reworded_content")
+    if let Some(Value::String(content)) = object.get_mut(text)
         && let Some(plain) = plain_block_content(content)
     {
         *content = plain;
-        warnings.push(
-            "reworded_content was a bullet outline; bullet markers and indentation removed"
-                .to_owned(),
-        );
+        warnings.push(format!(
+            "{text} was a bullet outline; bullet markers and indentation removed"
+        ));
     }
     Ok(warnings)
 }
@@ -158,25 +225,57 @@ fn rewording_rules(value: &mut Value) -> Result<Vec<String>, String> {
 /// version), not a dropped line. The contract's "at most 2 decisions per (knowledge block,
 /// target page) pair" spans lines, beyond a per-object normaliser.
 pub fn normalise_integration(value: &mut Value) -> Normalised {
-    outcome(integration_rules(value))
+    outcome(integration_rules(value, &DECISION_FIELDS))
 }
 
-fn integration_rules(value: &mut Value) -> Result<Vec<String>, String> {
+/// Seed 002's decision lines, `{"page","action","target_id","target_title","confidence",
+/// "reasoning"}` (§3.2, one knowledge block per request, so no block id): the rules of
+/// [`normalise_integration`] under those names.
+pub fn normalise_integration_seed_002(value: &mut Value) -> Normalised {
+    outcome(integration_rules(value, &DECISION_FIELDS_SEED_002))
+}
+
+/// The field names of one version of the decision contract.
+struct DecisionFields {
+    /// The knowledge block's id, when the lines carry it.
+    block: Option<&'static str>,
+    page: &'static str,
+    target_id: &'static str,
+    target_title: &'static str,
+}
+
+const DECISION_FIELDS: DecisionFields = DecisionFields {
+    block: Some("knowledge_block_id"),
+    page: "target_page",
+    target_id: "target_block_id",
+    target_title: "target_block_title",
+};
+
+const DECISION_FIELDS_SEED_002: DecisionFields = DecisionFields {
+    block: None,
+    page: "page",
+    target_id: "target_id",
+    target_title: "target_title",
+};
+
+fn integration_rules(value: &mut Value, names: &DecisionFields) -> Result<Vec<String>, String> {
     let object = as_object(value)?;
     // Rules "missing required field → skip" and "invalid type → skip" (an action of
     // any type is corrected below rather than dropped).
-    require(
-        object,
-        &[
-            ("knowledge_block_id", FieldType::String),
-            ("target_page", FieldType::String),
-            ("action", FieldType::Any),
-            ("confidence", FieldType::Number),
-            ("reasoning", FieldType::String),
-        ],
-    )?;
+    let mut required = vec![
+        (names.page, FieldType::String),
+        ("action", FieldType::Any),
+        ("confidence", FieldType::Number),
+        ("reasoning", FieldType::String),
+    ];
+    if let Some(block) = names.block {
+        required.insert(0, (block, FieldType::String));
+    }
+    require(object, &required)?;
     // Rule "block ids must be non-empty".
-    require_non_empty(object, "knowledge_block_id")?;
+    if let Some(block) = names.block {
+        require_non_empty(object, block)?;
+    }
     let mut warnings = Vec::new();
     // Rule "invalid confidence range → clamp".
     clamp_confidence(object, &mut warnings);
@@ -194,19 +293,20 @@ fn integration_rules(value: &mut Value) -> Result<Vec<String>, String> {
         }
     };
     if action == "add_under" || action == "replace" {
-        let has_target = non_blank_str(object.get("target_block_id"));
+        let has_target = non_blank_str(object.get(names.target_id));
         if !has_target {
             // Rule "missing target_id when required → add_section".
             object.insert("action".to_owned(), json!("add_section"));
-            clear_targets(object);
+            clear_targets(object, names);
             warnings.push(format!(
-                "`{action}` without target_block_id changed to `add_section`"
+                "`{action}` without {} changed to `add_section`",
+                names.target_id
             ));
-        } else if !non_blank_str(object.get("target_block_title")) {
+        } else if !non_blank_str(object.get(names.target_title)) {
             // Rule "add_under/replace need a non-null target_title": warn only.
-            warnings.push(format!("`{action}` has no target_block_title"));
+            warnings.push(format!("`{action}` has no {}", names.target_title));
         }
-    } else if clear_targets(object) {
+    } else if clear_targets(object, names) {
         // Rule "skip/add_section: target_id and target_title must be null".
         warnings.push(format!("targets cleared: `{action}` takes no target block"));
     }
@@ -311,9 +411,9 @@ fn clamp_confidence(object: &mut Map<String, Value>, warnings: &mut Vec<String>)
 
 /// Sets `target_block_id` and `target_block_title` to null where they are present and not
 /// null; says whether it changed anything.
-fn clear_targets(object: &mut Map<String, Value>) -> bool {
+fn clear_targets(object: &mut Map<String, Value>, names: &DecisionFields) -> bool {
     let mut cleared = false;
-    for field in ["target_block_id", "target_block_title"] {
+    for field in [names.target_id, names.target_title] {
         if let Some(value) = object.get_mut(field)
             && !value.is_null()
         {

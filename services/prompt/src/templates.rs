@@ -34,8 +34,32 @@ pub struct Template {
     pub validator: Option<jsonschema::Validator>,
     /// Corrections applied before validation (the normaliser the template names).
     pub normalise: Option<Normaliser>,
+    /// The sampling settings its calls to text-completion ask for.
+    pub sampling: Sampling,
     /// Where it came from: `built-in` or the file.
     pub origin: String,
+}
+
+/// A template's sampling settings, sent with each of its calls (each overrides the
+/// text-completion processor's own setting; absent leaves it).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Sampling {
+    /// The temperature, 0 to 2.
+    pub temperature: Option<f64>,
+    /// The most output tokens.
+    pub max_tokens: Option<u32>,
+}
+
+impl Sampling {
+    fn check(&self) -> Result<(), String> {
+        match self.temperature {
+            Some(t) if !(0.0..=2.0).contains(&t) => {
+                Err(format!("temperature {t} is outside 0 to 2"))
+            }
+            _ if self.max_tokens == Some(0) => Err("max-tokens must be at least 1".into()),
+            _ => Ok(()),
+        }
+    }
 }
 
 impl fmt::Debug for Template {
@@ -142,6 +166,12 @@ struct FileTemplate {
     /// built-in keeps its corrections by naming the built-in's.
     #[serde(default)]
     normaliser: Option<String>,
+    /// The sampling temperature its calls ask for.
+    #[serde(default)]
+    temperature: Option<f64>,
+    /// The most output tokens its calls ask for.
+    #[serde(default, rename = "max-tokens", alias = "max_tokens")]
+    max_tokens: Option<u32>,
 }
 
 /// Reads a TrustGraph config value that may be JSON-encoded into a string.
@@ -159,6 +189,7 @@ struct Source {
     response_type: ResponseType,
     schema: Option<Value>,
     normalise: Option<Normaliser>,
+    sampling: Sampling,
     origin: String,
 }
 
@@ -182,6 +213,13 @@ fn parse_file(path: &Path, text: &str) -> Result<(Option<String>, Vec<Source>), 
                 ))
             })?),
         };
+        let sampling = Sampling {
+            temperature: t.temperature,
+            max_tokens: t.max_tokens,
+        };
+        sampling
+            .check()
+            .map_err(|m| err(format!("template {id:?}: {m}")))?;
         sources.push(Source {
             id: id.to_owned(),
             prompt: t.prompt,
@@ -189,6 +227,7 @@ fn parse_file(path: &Path, text: &str) -> Result<(Option<String>, Vec<Source>), 
             response_type: t.response_type,
             schema: t.schema,
             normalise,
+            sampling,
             origin: origin.clone(),
         });
         Ok(())
@@ -238,6 +277,10 @@ fn builtin_sources() -> Result<Vec<Source>, LoadError> {
             response_type: b.response_type,
             schema: Some(b.schema),
             normalise: b.normalise,
+            sampling: Sampling {
+                temperature: b.temperature,
+                max_tokens: None,
+            },
             origin: "built-in".into(),
         })
         .collect())
@@ -338,6 +381,7 @@ impl TemplateSet {
                     schema: s.schema,
                     validator,
                     normalise: s.normalise,
+                    sampling: s.sampling,
                     origin: s.origin,
                 }),
             );
@@ -519,7 +563,19 @@ mod tests {
             ("not json", "not valid"),
             (
                 r#"{"templates": {"a": {"prompt": "x", "normaliser": "tidy"}}}"#,
-                "unknown normaliser \"tidy\"; the normalisers are: knowledge-classification, content-rewording, integration-decisions",
+                "unknown normaliser \"tidy\"; the normalisers are: knowledge-classification, content-rewording, integration-decisions, knowledge-classification-seed-001",
+            ),
+            (
+                r#"{"templates": {"a": {"prompt": "x", "temperature": 2.5}}}"#,
+                "template \"a\": temperature 2.5 is outside 0 to 2",
+            ),
+            (
+                r#"{"templates": {"a": {"prompt": "x", "max-tokens": 0}}}"#,
+                "template \"a\": max-tokens must be at least 1",
+            ),
+            (
+                r#"{"templates": {"a": {"prompt": "x", "temperature": "warm"}}}"#,
+                "template \"a\"",
             ),
         ] {
             let e = TemplateSet::from_json(text, false).unwrap_err().to_string();

@@ -71,17 +71,21 @@ fn integration_terms() -> Value {
     }]})
 }
 
+/// sluice's three and each seed's own.
+const SLUICES: [&str; 3] = [
+    "knowledge-classification",
+    "content-rewording",
+    "integration-decisions",
+];
+
 #[test]
-fn all_three_are_jsonl_with_valid_schemas_and_normalisers() {
+fn every_builtin_is_jsonl_with_a_valid_schema_a_normaliser_and_its_phases_temperature() {
     let ids: Vec<_> = all().unwrap().iter().map(|t| t.id).collect();
-    assert_eq!(
-        ids,
-        [
-            "knowledge-classification",
-            "content-rewording",
-            "integration-decisions"
-        ]
-    );
+    let mut expected: Vec<String> = SLUICES.iter().map(|s| (*s).to_owned()).collect();
+    for seed in ["000", "001", "002"] {
+        expected.extend(SLUICES.iter().map(|s| format!("{s}-seed-{seed}")));
+    }
+    assert_eq!(ids, expected);
     for t in all().unwrap() {
         assert_eq!(t.response_type, ResponseType::Jsonl);
         assert!(t.normalise.is_some());
@@ -92,12 +96,25 @@ fn all_three_are_jsonl_with_valid_schemas_and_normalisers() {
         );
         assert!(jsonschema::meta::is_valid(&schema), "{}", t.id);
         assert!(jsonschema::validator_for(&schema).is_ok(), "{}", t.id);
-        // Both the system prompt and the user prompt ask for NDJSON.
-        assert!(t.system.contains("one JSON object per line"));
-        assert!(
+        // The system prompt asks for NDJSON; sluice's user prompts say it again.
+        assert!(t.system.contains("one JSON object per line"), "{}", t.id);
+        assert_eq!(
             t.prompt
-                .contains("Output one JSON object per line (NDJSON format)")
+                .contains("Output one JSON object per line (NDJSON format)"),
+            SLUICES.contains(&t.id),
+            "{}",
+            t.id
         );
+        // Seeds 000 and 001 set each phase's temperature; seed 002 sets none.
+        let phase = if t.id.starts_with("knowledge-classification") {
+            0.3
+        } else if t.id.starts_with("content-rewording") {
+            0.5
+        } else {
+            0.4
+        };
+        let expected = (!t.id.ends_with("-seed-002")).then_some(phase);
+        assert_eq!(t.temperature, expected, "{}", t.id);
     }
     assert!(find("nope").unwrap().is_none());
 }
@@ -113,7 +130,9 @@ fn a_files_final_newline_is_not_text() {
             assert!(file.starts_with(text), "{}", t.id);
             assert!(file.len() - text.len() <= 1, "{}", t.id);
         }
-        assert!(t.prompt.ends_with("no other text."), "{}", t.id);
+        if SLUICES.contains(&t.id) {
+            assert!(t.prompt.ends_with("no other text."), "{}", t.id);
+        }
     }
     assert_eq!(text("a\n\n"), "a\n");
     assert_eq!(text("a"), "a");
@@ -123,14 +142,24 @@ fn a_files_final_newline_is_not_text() {
 /// `skip`, which the schema must then accept).
 #[test]
 fn the_integration_schemas_actions_are_the_normalisers() {
-    let schema = template(INTEGRATION_DECISIONS).schema;
-    assert_eq!(schema["properties"]["action"]["enum"], json!(ACTIONS));
+    for id in [
+        INTEGRATION_DECISIONS,
+        "integration-decisions-seed-001",
+        INTEGRATION_DECISIONS_SEED_002,
+    ] {
+        let schema = template(id).schema;
+        assert_eq!(
+            schema["properties"]["action"]["enum"],
+            json!(ACTIONS),
+            "{id}"
+        );
+    }
 }
 
 #[test]
 fn each_builtin_names_a_registered_normaliser() {
     let names: Vec<_> = crate::normalise::names().collect();
-    assert_eq!(names.len(), 3);
+    assert_eq!(names.len(), 7);
     for files in &FILES {
         assert!(names.contains(&files.normaliser), "{}", files.id);
         assert!(crate::normalise::by_name(files.normaliser).is_some());
@@ -271,16 +300,194 @@ fn a_missing_term_fails_rendering() {
     }
 }
 
-// Seed 002's objects use older field names (`page`, `target_id`, `refined_text`, no
-// `reason`); they are not valid lines of these templates.
+// Seed 002's objects use other field names (`page`, `target_id`, `refined_text`, no
+// `reason`): not valid lines of seed 000's templates, and exactly the lines of seed 002's,
+// kept as written (its section 1 examples: 3, 3 and 2 objects).
 #[test]
-fn seed_002_field_names_are_not_this_contract() {
-    let decision = json!({"page": "Microservices", "action": "add_under", "target_id": "block-uuid-123", "target_title": "Benefits", "confidence": 0.91, "reasoning": "Fits under Benefits"});
-    assert!(!validator(INTEGRATION_DECISIONS).is_valid(&decision));
-    let rewording = json!({"block_id": "abc123", "refined_text": "Bounded contexts matter more than service size."});
-    assert!(!validator(CONTENT_REWORDING).is_valid(&rewording));
-    let classification = json!({"block_id": "abc123", "is_knowledge": true, "confidence": 0.85});
-    assert!(!validator(KNOWLEDGE_CLASSIFICATION).is_valid(&classification));
+fn seed_002s_lines_are_its_own_templates_lines() {
+    let decisions = [
+        json!({"page": "Software Architecture", "action": "add_section", "target_id": null, "target_title": null, "confidence": 0.88, "reasoning": "New root section"}),
+        json!({"page": "Microservices", "action": "add_under", "target_id": "block-uuid-123", "target_title": "Benefits", "confidence": 0.91, "reasoning": "Fits under Benefits"}),
+        json!({"page": "Docker", "action": "skip", "target_id": null, "target_title": null, "confidence": 0.95, "reasoning": "Already covered"}),
+    ];
+    let rewordings = [
+        json!({"block_id": "abc123", "refined_text": "Bounded contexts matter more than service size.\nEach context should have clear ownership."}),
+        json!({"block_id": "def456", "refined_text": "HNSW provides O(log n) nearest neighbor search.\nTrade-off between recall and speed via ef_construction parameter."}),
+    ];
+    let classifications = [
+        json!({"block_id": "abc123", "is_knowledge": true, "confidence": 0.85}),
+        json!({"block_id": "def456", "is_knowledge": false, "confidence": 0.92}),
+        json!({"block_id": "ghi789", "is_knowledge": true, "confidence": 0.78}),
+    ];
+    for (lines, ours, theirs) in [
+        (
+            &decisions[..],
+            INTEGRATION_DECISIONS,
+            INTEGRATION_DECISIONS_SEED_002,
+        ),
+        (
+            &rewordings[..],
+            CONTENT_REWORDING,
+            CONTENT_REWORDING_SEED_002,
+        ),
+        (
+            &classifications[..],
+            KNOWLEDGE_CLASSIFICATION,
+            KNOWLEDGE_CLASSIFICATION_SEED_002,
+        ),
+    ] {
+        for line in lines {
+            assert!(!validator(ours).is_valid(line), "{ours}: {line}");
+            let (outcome, value) = normalised(theirs, line.clone());
+            assert_eq!(outcome, keep(&[]), "{theirs}: {line}");
+            assert_eq!(&value, line, "kept as written");
+        }
+    }
+}
+
+/// Seed 001's classification lines have no `is_knowledge`: its own template keeps them (seed
+/// 000's drops them), and one that writes `is_knowledge` anyway must write a boolean.
+#[test]
+fn seed_001s_classification_lines_are_its_own_templates_lines() {
+    let lines = [
+        json!({"block_id": "abc123", "confidence": 0.85, "reason": "This block contains a technical insight about Python's asyncio.Queue that is evergreen and worth preserving for future reference."}),
+        json!({"block_id": "ghi789", "confidence": 0.92, "reason": "Documents a specific ChromaDB requirement that is useful for future project setup."}),
+    ];
+    for line in &lines {
+        let (outcome, _) = normalised(KNOWLEDGE_CLASSIFICATION, line.clone());
+        assert_eq!(outcome, skip("missing required field `is_knowledge`"));
+        let (outcome, value) = normalised(KNOWLEDGE_CLASSIFICATION_SEED_001, line.clone());
+        assert_eq!(outcome, keep(&[]));
+        assert_eq!(&value, line);
+    }
+    let mut stringly = lines[0].clone();
+    stringly["is_knowledge"] = json!("true");
+    let (outcome, _) = normalised(KNOWLEDGE_CLASSIFICATION_SEED_001, stringly);
+    assert_eq!(outcome, skip("field `is_knowledge` is not a boolean"));
+    let mut no_reason = lines[0].clone();
+    no_reason.as_object_mut().unwrap().remove("reason");
+    let (outcome, _) = normalised(KNOWLEDGE_CLASSIFICATION_SEED_001, no_reason);
+    assert_eq!(outcome, skip("missing required field `reason`"));
+}
+
+/// Seed 002's decision rules under its names: a missing `target_id` for `add_under` makes it
+/// `add_section`, an unknown action `skip`, confidence is clamped.
+#[test]
+fn seed_002s_decision_rules_apply_to_its_names() {
+    let (outcome, value) = normalised(
+        INTEGRATION_DECISIONS_SEED_002,
+        json!({"page": "Microservices", "action": "add_under", "target_id": null, "target_title": "Benefits", "confidence": 1.3, "reasoning": "Fits."}),
+    );
+    assert_eq!(
+        outcome,
+        keep(&[
+            "confidence above 1 clamped to 1",
+            "`add_under` without target_id changed to `add_section`"
+        ])
+    );
+    assert_eq!(value["action"], "add_section");
+    assert_eq!(value["target_title"], Value::Null);
+    let (outcome, value) = normalised(
+        INTEGRATION_DECISIONS_SEED_002,
+        json!({"page": "Docker", "action": "merge", "confidence": 0.5, "reasoning": "?"}),
+    );
+    assert_eq!(outcome, keep(&["unknown action replaced by `skip`"]));
+    assert_eq!(value["action"], "skip");
+    let (outcome, _) = normalised(
+        INTEGRATION_DECISIONS_SEED_002,
+        json!({"action": "skip", "confidence": 0.5, "reasoning": "no page"}),
+    );
+    assert_eq!(outcome, skip("missing required field `page`"));
+    let (outcome, _) = normalised(
+        CONTENT_REWORDING_SEED_002,
+        json!({"block_id": "abc123", "refined_text": "  "}),
+    );
+    assert_eq!(outcome, skip("field `refined_text` is empty"));
+}
+
+/// Seed 000's and 001's prompts verbatim: the user message is exactly the seed's (sluice's
+/// own adds one sentence), the system prompts are the seeds'.
+#[test]
+fn the_seeds_own_templates_send_the_seeds_text() {
+    let sluice = render(KNOWLEDGE_CLASSIFICATION, &classification_terms()).unwrap();
+    for id in [
+        "knowledge-classification-seed-000",
+        "knowledge-classification-seed-001",
+    ] {
+        let verbatim = render(id, &classification_terms()).unwrap();
+        assert!(verbatim.starts_with("Analyze these journal blocks:\n\nBlock ID: abc123\n"));
+        assert!(
+            verbatim.ends_with("It downloads a 90MB model on first run"),
+            "{id}"
+        );
+        assert!(sluice.starts_with(&verbatim), "{id}");
+    }
+    assert_eq!(
+        template("knowledge-classification-seed-000").system,
+        template(KNOWLEDGE_CLASSIFICATION).system
+    );
+    let seed_001 = template("knowledge-classification-seed-001").system;
+    assert!(seed_001.starts_with("You are an AI assistant that identifies lasting knowledge in journal entries. Analyze the provided blocks and return ONLY those"));
+    assert!(
+        seed_001.ends_with("reason (string explaining why this is knowledge worth preserving).")
+    );
+    assert!(
+        template("integration-decisions-seed-001")
+            .system
+            .contains("or 'skip' (not relevant for this page)")
+    );
+    assert!(
+        template("content-rewording-seed-001")
+            .system
+            .ends_with("Each object must have: block_id (string), reworded_content (string).")
+    );
+}
+
+/// Seed 002's inputs: blocks with `hierarchy`; one `knowledge_block` with `candidate_pages`
+/// and their `chunks`; the accepted `decisions`, each knowledge block reworded once.
+#[test]
+fn seed_002s_inputs_render() {
+    let out = render(
+        KNOWLEDGE_CLASSIFICATION_SEED_002,
+        &json!({"blocks": [
+            {"block_id": "abc123", "content": "Read paper on vector databases", "hierarchy": "- Reading"},
+            {"block_id": "def456", "content": "Dentist appointment at 3pm", "hierarchy": ""},
+        ]}),
+    )
+    .unwrap();
+    assert_eq!(
+        out,
+        "Classify these journal blocks:\n\nBlock ID: abc123\nContent: Read paper on vector databases\nContext: - Reading\n\nBlock ID: def456\nContent: Dentist appointment at 3pm"
+    );
+    let out = render(
+        INTEGRATION_DECISIONS_SEED_002,
+        &json!({
+            "knowledge_block": {"block_id": "abc123", "content": "Bounded contexts matter",
+                                "hierarchical_text": "- Bounded contexts matter\n  - more than size"},
+            "candidate_pages": [
+                {"page_name": "Microservices", "similarity_score": 0.9, "chunks": [
+                    {"target_id": "block-uuid-123", "content": "Benefits of services", "title": "Benefits"}]},
+                {"page_name": "Docker", "similarity_score": 0.4, "chunks": []},
+            ]}),
+    )
+    .unwrap();
+    assert_eq!(
+        out,
+        "Decide where this knowledge goes:\n\nKnowledge Block ID: abc123\nContent: - Bounded contexts matter\n  - more than size\n\nCandidate Pages:\n\n1. Page: Microservices\n   - Block ID: block-uuid-123\n     Title: Benefits\n     Content: Benefits of services\n\n2. Page: Docker"
+    );
+    let out = render(
+        CONTENT_REWORDING_SEED_002,
+        &json!({"decisions": [
+            {"knowledge_block_id": "abc123", "page": "A", "action": "add_section", "full_text": "Today I learned X", "hierarchical_text": ""},
+            {"knowledge_block_id": "def456", "page": "A", "action": "add_under", "full_text": "Y [[Link]]", "hierarchical_text": "- Y [[Link]]"},
+            {"knowledge_block_id": "abc123", "page": "B", "action": "replace", "full_text": "Today I learned X", "hierarchical_text": ""},
+        ]}),
+    )
+    .unwrap();
+    assert_eq!(
+        out,
+        "Reword these knowledge blocks:\n\nBlock ID: abc123\nContent: Today I learned X\n\nBlock ID: def456\nContent: - Y [[Link]]"
+    );
 }
 
 #[test]

@@ -23,7 +23,8 @@ const TEMPLATES: &str = r#"{
         "facts": {"prompt": "Facts about {{ topic }}", "response-type": "jsonl",
                   "schema": {"type": "object", "required": ["fact"],
                              "properties": {"fact": {"type": "string"}}}},
-        "one": {"prompt": "One object about {{ topic }}", "response-type": "json"}
+        "one": {"prompt": "One object about {{ topic }}", "response-type": "json"},
+        "warm": {"prompt": "Warm {{ x }}", "temperature": 0.7, "max-tokens": 64}
     }
 }"#;
 
@@ -318,4 +319,24 @@ fn a_schema_problem_never_quotes_the_value() {
     ] {
         assert!(all.contains(says), "{says:?} in {all}");
     }
+}
+
+/// A template's sampling settings go with each of its calls; a template without them leaves
+/// the processor's own.
+#[tokio::test]
+async fn a_templates_temperature_and_max_tokens_go_with_its_calls() {
+    let mut rig = Rig::start(Duration::from_secs(30)).await;
+    let stream = rig.ask("warm", &[("x", "up")], false).await;
+    let (id, request) = rig.llm_request().await;
+    assert_eq!(request.prompt, "Warm up");
+    assert_eq!(request.temperature, Some(0.7));
+    assert_eq!(request.max_tokens, Some(64));
+    rig.answer(&id, "a1", last("ok", 1, 1)).await;
+    records(stream).await;
+    let stream = rig.ask("say", &[("what", "hi")], false).await;
+    let (id, request) = rig.llm_request().await;
+    assert_eq!((request.temperature, request.max_tokens), (None, None));
+    rig.answer(&id, "a1", last("ok", 1, 1)).await;
+    records(stream).await;
+    rig.stop().await;
 }
