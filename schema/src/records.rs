@@ -473,6 +473,18 @@ pub struct PromptResponse {
     /// (sluice's addition).
     #[serde(default)]
     pub lines_skipped: Option<u64>,
+    /// `jsonl` templates whose contract names the request's items (the built-ins), on the
+    /// terminal record: how many distinct items the request named (sluice's addition, written
+    /// only when set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub items_expected: Option<u64>,
+    /// As `items_expected`: how many of them the answer's objects cover.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub items_answered: Option<u64>,
+    /// As `items_expected`, where every item expects an object (rewording, seed 002's
+    /// classification): the ids of the items without one, for the caller to retry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub items_pending: Option<Vec<String>>,
 }
 
 impl ResponseRecord for PromptResponse {
@@ -524,6 +536,9 @@ impl ResponseRecord for PromptResponse {
         self.end_of_stream = next.end_of_stream;
         self.objects_emitted = next.objects_emitted;
         self.lines_skipped = next.lines_skipped;
+        self.items_expected = next.items_expected;
+        self.items_answered = next.items_answered;
+        self.items_pending = next.items_pending;
         Ok(())
     }
 }

@@ -38,7 +38,11 @@ const TEMPLATES: &str = r#"{
     "one": {"prompt": "{{ out }}", "response-type": "json",
             "schema": {"type": "object", "required": ["answer"],
                        "properties": {"answer": {"type": "integer"}}}},
-    "needs": {"prompt": "{{ out }} {{ missing_var }}"}
+    "needs": {"prompt": "{{ out }} {{ missing_var }}"},
+    "classify": {"prompt": "{{ out }}", "response-type": "jsonl",
+                 "normaliser": "knowledge-classification-seed-002"},
+    "decide": {"prompt": "{{ out }}", "response-type": "jsonl",
+               "normaliser": "integration-decisions"}
   }
 }"#;
 
@@ -116,9 +120,25 @@ impl Setup {
     }
 
     async fn ask(&self, id: &str, out: &str, streaming: bool) -> Vec<PromptResponse> {
+        self.ask_with(id, out, streaming, &[]).await
+    }
+
+    /// As [`Setup::ask`], with more terms (JSON values).
+    async fn ask_with(
+        &self,
+        id: &str,
+        out: &str,
+        streaming: bool,
+        more: &[(&str, Value)],
+    ) -> Vec<PromptResponse> {
+        let mut terms: std::collections::BTreeMap<String, String> =
+            [("out".to_owned(), serde_json::to_string(out).unwrap())].into();
+        for (k, v) in more {
+            terms.insert((*k).to_owned(), v.to_string());
+        }
         let request = PromptRequest {
             id: id.into(),
-            terms: [("out".to_owned(), serde_json::to_string(out).unwrap())].into(),
+            terms,
             streaming,
         };
         let mut s = self.client.request(&request).await.unwrap();
@@ -386,38 +406,61 @@ async fn templates_reload_on_file_change_without_disturbing_requests_in_flight()
 
 /// Terms that render each built-in template (the fake ignores the prompt and answers with
 /// the seed's example stream).
-fn builtin_terms(template: &str) -> std::collections::BTreeMap<String, String> {
-    let blocks = json!([{"block_id": "b1", "content": "Rust traits are like interfaces",
-                         "hierarchy": "- Rust"}]);
+/// The ids a stream's objects name (`block_id`, `knowledge_block_id`, `page`), so the request
+/// can name them as its items: every field `"NAME": "VALUE"` of the text, JSON or not.
+fn ids_in(text: &str, name: &str) -> Vec<String> {
+    let mut ids = Vec::new();
+    let key = format!("\"{name}\"");
+    let mut rest = text;
+    while let Some(at) = rest.find(&key) {
+        rest = &rest[at + key.len()..];
+        let value = rest.trim_start().strip_prefix(':').map(str::trim_start);
+        if let Some(v) = value.and_then(|v| v.strip_prefix('"'))
+            && let Some(end) = v.find('"')
+            && !ids.iter().any(|i| i == &v[..end])
+        {
+            ids.push(v[..end].to_owned());
+        }
+    }
+    ids
+}
+
+/// Terms for a built-in template whose items are the ids `stream` answers (so no object is
+/// dropped as answering an item the request does not name).
+fn builtin_terms_for(template: &str, stream: &str) -> std::collections::BTreeMap<String, String> {
+    let items = |name: &str, id_field: &str| {
+        let list: Vec<Value> = ids_in(stream, name)
+            .into_iter()
+            .map(|id| json!({id_field: id, "content": "x", "full_text": "x", "page_name": id, "chunks": []}))
+            .collect();
+        Value::Array(list).to_string()
+    };
     match template {
         "integration-decisions-seed-002" => [
             (
                 "knowledge_block".to_owned(),
-                json!({"block_id": "b1", "content": "x", "hierarchical_text": "- x"}).to_string(),
+                json!({"block_id": "b1", "content": "x"}).to_string(),
             ),
-            (
-                "candidate_pages".to_owned(),
-                json!([{"page_name": "Rust", "similarity_score": 0.8,
-                        "chunks": [{"target_id": "1", "content": "Traits", "title": "Traits"}]}])
-                .to_string(),
-            ),
+            ("candidate_pages".to_owned(), items("page", "page_name")),
         ]
         .into(),
-        t if t.starts_with("integration-decisions") => [(
-            "knowledge_blocks".to_owned(),
-            json!([{"block_id": "b1", "content": "x", "original_context": null,
-                    "candidate_pages": [{"page_name": "Rust", "structure": "- Traits\n  id:: 1"}]}])
-            .to_string(),
-        )]
-        .into(),
+        t if t.starts_with("integration-decisions") => {
+            let blocks: Vec<Value> = ids_in(stream, "knowledge_block_id")
+                .into_iter()
+                .map(|id| json!({"block_id": id, "content": "x", "candidate_pages": []}))
+                .collect();
+            [(
+                "knowledge_blocks".to_owned(),
+                Value::Array(blocks).to_string(),
+            )]
+            .into()
+        }
         "content-rewording-seed-002" => [(
             "decisions".to_owned(),
-            json!([{"knowledge_block_id": "b1", "page": "Rust", "action": "add_section",
-                    "full_text": "x", "hierarchical_text": "- x"}])
-            .to_string(),
+            items("block_id", "knowledge_block_id"),
         )]
         .into(),
-        _ => [("blocks".to_owned(), blocks.to_string())].into(),
+        _ => [("blocks".to_owned(), items("block_id", "block_id"))].into(),
     }
 }
 
@@ -433,7 +476,7 @@ async fn the_seed_streams_through_the_builtin_templates() {
         let s = Setup::with(&format!("seed-{name}"), r#"{"templates": {}}"#, true).await;
         let request = PromptRequest {
             id: expected.template.into(),
-            terms: builtin_terms(expected.template),
+            terms: builtin_terms_for(expected.template, seed_streams::stream(name).unwrap()),
             streaming: true,
         };
         let mut st = s.client.request(&request).await.unwrap();
@@ -486,6 +529,76 @@ async fn a_cancel_passes_through_the_prompt_processor_to_the_provider_call() {
             "the provider call was not cancelled"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    s.stop().await;
+}
+
+/// The rules that need the request, through the real processor: an object for a block the
+/// request does not name is dropped; the terminal record says how many of the request's items
+/// the answer covered and (where every item expects one) which are pending, seed 002's
+/// "Classified 2/3 blocks, 1 pending"; decisions are held per knowledge block and at most two
+/// per block and page are kept, streamed or whole.
+#[tokio::test]
+async fn request_rules_drop_strangers_and_count_the_pending_items() {
+    let s = Setup::new("replay-8", TEMPLATES).await;
+    let blocks = json!([{"block_id": "a", "content": "x"}, {"block_id": "b", "content": "y"},
+                        {"block_id": "c", "content": "z"}]);
+    let answer = concat!(
+        r#"{"block_id": "a", "is_knowledge": true, "confidence": 0.9}"#,
+        "\n",
+        r#"{"block_id": "invented", "is_knowledge": true, "confidence": 0.9}"#,
+        "\n",
+        r#"{"block_id": "b", "is_knowledge": false, "confidence": 0.8}"#,
+        "\n",
+    );
+    for streaming in [true, false] {
+        let out = s
+            .ask_with("classify", answer, streaming, &[("blocks", blocks.clone())])
+            .await;
+        let last = out.last().unwrap();
+        assert!(last.error.is_none(), "{last:?}");
+        assert_eq!(last.objects_emitted, Some(2), "streaming {streaming}");
+        assert_eq!(last.lines_skipped, Some(1));
+        assert_eq!(last.items_expected, Some(3));
+        assert_eq!(last.items_answered, Some(2));
+        assert_eq!(last.items_pending, Some(vec!["c".to_owned()]));
+    }
+    let knowledge = json!([{"block_id": "k1", "content": "x", "candidate_pages": []},
+                           {"block_id": "k2", "content": "y", "candidate_pages": []}]);
+    let d = |k: &str, page: &str| {
+        format!(
+            r#"{{"knowledge_block_id": "{k}", "target_page": "{page}", "action": "add_section", "confidence": 0.5, "reasoning": "r"}}"#
+        )
+    };
+    let answer = [
+        d("k1", "P"),
+        d("k1", "P"),
+        d("k1", "P"),
+        d("k1", "Q"),
+        d("k2", "P"),
+    ]
+    .join("\n");
+    let out = s
+        .ask_with("decide", &answer, true, &[("knowledge_blocks", knowledge)])
+        .await;
+    let objects = objects(&out);
+    assert_eq!(objects.len(), 4, "the third (k1, P) dropped: {out:#?}");
+    let last = out.last().unwrap();
+    assert_eq!(last.lines_skipped, Some(1));
+    assert_eq!(
+        (last.items_expected, last.items_answered),
+        (Some(2), Some(2))
+    );
+    assert_eq!(
+        last.items_pending, None,
+        "not every block expects a decision"
+    );
+    let m = s.metrics.render();
+    for line in [
+        r#"sluice_prompt_lines_skipped_total{reason="unmatched",template="classify"} 2"#,
+        r#"sluice_prompt_lines_skipped_total{reason="over-limit",template="decide"} 1"#,
+    ] {
+        assert!(m.contains(line), "{line} in {m}");
     }
     s.stop().await;
 }

@@ -14,13 +14,14 @@ fn items(pieces: &[&str]) -> Vec<output::LineItem> {
     out
 }
 
+/// Runs the normaliser `selector` picks among every registered one (each seed's included).
 fn normalise(selector: u8, value: &serde_json::Value) {
-    let mut v = value.clone();
-    let _ = match selector % 3 {
-        0 => normalise::normalise_classification(&mut v),
-        1 => normalise::normalise_rewording(&mut v),
-        _ => normalise::normalise_integration(&mut v),
-    };
+    let names: Vec<&str> = normalise::names().collect();
+    let name = names[usize::from(selector) % names.len()];
+    if let Some(normaliser) = normalise::by_name(name) {
+        let mut v = value.clone();
+        let _ = normaliser(&mut v);
+    }
 }
 
 fn main() {

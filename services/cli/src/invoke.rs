@@ -404,6 +404,22 @@ fn whole(printer: &mut Printer, record: &Value) -> Result<(), InvokeError> {
 /// a script does not take "nothing printed" for "nothing found".
 fn counts(v: &Value) -> Result<(), InvokeError> {
     let n = |k: &str| v.get(k).and_then(Value::as_u64);
+    // Seed 002's "Classified 8/10 blocks. 2 pending.": the request's items the answer left
+    // out, for the user to ask again.
+    if let (Some(expected), Some(answered)) = (n("items_expected"), n("items_answered")) {
+        let pending: Vec<&str> = v
+            .get("items_pending")
+            .and_then(Value::as_array)
+            .map(|p| p.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        if !pending.is_empty() {
+            eprintln!(
+                "sluice: answered {answered} of {expected} items; {} pending: {}",
+                pending.len(),
+                pending.join(", ")
+            );
+        }
+    }
     let (Some(objects), Some(skipped)) = (n("objects_emitted"), n("lines_skipped")) else {
         return Ok(());
     };

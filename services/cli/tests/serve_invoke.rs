@@ -158,6 +158,39 @@ async fn serve_streams_to_invoke_and_errors_exit_non_zero_with_a_readable_messag
         );
         assert_eq!(out.stdout.trim(), if streaming { "" } else { "[]" });
     }
+    // Seed 002's accounting: a built-in whose every block expects a line, answered with no
+    // JSON at all: the done event and the CLI say which blocks are pending.
+    let blocks = r#"blocks=[{"block_id":"b1","content":"x"},{"block_id":"b2","content":"y"}]"#;
+    let events = reqwest::Client::new()
+        .post(format!("{url}/api/v1/prompt"))
+        .header("accept", "application/x-ndjson")
+        .json(&serde_json::json!({"id": "knowledge-classification-seed-002",
+            "terms": {"blocks": r#"[{"block_id":"b1","content":"x"},{"block_id":"b2","content":"y"}]"#}}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let done: serde_json::Value = serde_json::from_str(events.lines().last().unwrap()).unwrap();
+    assert_eq!(done["items_expected"], 2, "{events}");
+    assert_eq!(done["items_answered"], 0, "{events}");
+    assert_eq!(
+        done["items_pending"],
+        serde_json::json!(["b1", "b2"]),
+        "{events}"
+    );
+    let out = invoke(
+        &["prompt", "knowledge-classification-seed-002", blocks],
+        &[("SLUICE_URL", &url)],
+    )
+    .await;
+    assert!(
+        out.stderr
+            .contains("sluice: answered 0 of 2 items; 2 pending: b1, b2"),
+        "{}",
+        out.stderr
+    );
     let out = invoke(&["prompt", "some-template", "x=1"], &[("SLUICE_URL", &url)]).await;
     assert_eq!(out.code, 1);
     assert!(out.stderr.contains("invalid-request"), "{}", out.stderr);

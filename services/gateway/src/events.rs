@@ -107,6 +107,15 @@ pub struct Event {
     /// `done` events of `jsonl` prompts: the answer's lines skipped as malformed or invalid.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lines_skipped: Option<u64>,
+    /// `done` events of `jsonl` prompts whose contract names the request's items: how many.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub items_expected: Option<u64>,
+    /// As `items_expected`: how many the answer covered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub items_answered: Option<u64>,
+    /// As `items_expected`, where every item expects an object: the ids without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub items_pending: Option<Vec<String>>,
     /// The request's W3C trace id.
     pub trace_id: Arc<str>,
     /// The caller's session.
@@ -128,6 +137,9 @@ impl Event {
             model: None,
             objects_emitted: None,
             lines_skipped: None,
+            items_expected: None,
+            items_answered: None,
+            items_pending: None,
             trace_id: Arc::from(""),
             session_id: Arc::from(""),
         }

@@ -680,6 +680,11 @@ impl<K: Kind> EventStream<K> {
     fn end(&mut self, reason: Reason, outcome: ClientOutcome) {
         let state = std::mem::take(&mut self.state);
         let mut done = Event::done(reason, state.usage, state.model);
+        if let Some((expected, answered, pending)) = state.items {
+            done.items_expected = Some(expected);
+            done.items_answered = Some(answered);
+            done.items_pending = pending;
+        }
         if let Some((objects, skipped)) = state.counts {
             done.objects_emitted = Some(objects);
             done.lines_skipped = Some(skipped);

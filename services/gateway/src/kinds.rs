@@ -55,6 +55,8 @@ pub struct StreamState {
     pub status: Option<Status>,
     /// `jsonl` prompts: the objects and skipped lines the terminal record counts.
     pub counts: Option<(u64, u64)>,
+    /// `jsonl` prompts whose contract names the request's items: expected, answered, pending.
+    pub items: Option<(u64, u64, Option<Vec<String>>)>,
 }
 
 /// A service's records, as the gateway needs them.
@@ -123,6 +125,9 @@ impl Kind for Prompt {
     fn note(record: &Self::Response, state: &mut StreamState) {
         if let (Some(objects), Some(skipped)) = (record.objects_emitted, record.lines_skipped) {
             state.counts = Some((objects, skipped));
+        }
+        if let (Some(expected), Some(answered)) = (record.items_expected, record.items_answered) {
+            state.items = Some((expected, answered, record.items_pending.clone()));
         }
     }
 

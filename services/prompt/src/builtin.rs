@@ -49,6 +49,8 @@ pub struct BuiltinTemplate {
     pub schema: Value,
     /// Corrections applied before validation.
     pub normalise: Option<Normaliser>,
+    /// The rules that need the request, which come with the normaliser.
+    pub answers: Option<&'static normalise::Answers>,
     /// The sampling temperature its calls ask for (the phase's, as the seeds set it).
     pub temperature: Option<f64>,
 }
@@ -165,6 +167,7 @@ impl Files {
             response_type: self.response_type,
             schema,
             normalise: Some(normalise),
+            answers: normalise::answers(self.normaliser),
             temperature: self.temperature,
         })
     }

@@ -19,7 +19,7 @@
 //! and message), an answer that is not the JSON the template asks for (`llm-error`).
 //! Nothing of the prompt or the answer is logged.
 
-use std::sync::Arc;
+use std::{collections::BTreeMap, sync::Arc};
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -36,8 +36,9 @@ use tracing::{debug, warn};
 
 use crate::{
     ResponseType,
+    coverage::{Coverage, Verdict},
     metrics::PromptMetrics,
-    normalise::Normalised,
+    normalise::{Answers, Normalised},
     output::{JsonlParser, LineItem, extract_json},
     store::TemplateStore,
     templates::{RenderError, Template},
@@ -230,7 +231,9 @@ impl Handler for PromptService {
         match mode {
             ResponseType::Text => text(&mut answer, reader).await,
             ResponseType::Json => json(&mut answer, reader).await,
-            ResponseType::Jsonl => jsonl(&mut answer, reader, request.streaming).await,
+            ResponseType::Jsonl => {
+                jsonl(&mut answer, reader, request.streaming, &request.terms).await
+            }
         }
     }
 }
@@ -354,22 +357,96 @@ fn schema_problem(e: &jsonschema::ValidationError<'_>) -> String {
     format!("{at} {what}")
 }
 
-async fn jsonl(a: &mut Answer<'_>, mut reader: LlmReader, streaming: bool) -> Result<(), Error> {
+/// A `jsonl` answer's state: what was published and skipped, the objects collected for a
+/// non-streaming caller, and the request rules' tracker.
+struct Lines {
+    emitted: u64,
+    skipped: u64,
+    collected: Vec<Value>,
+    coverage: Option<Coverage>,
+}
+
+impl Lines {
+    fn new(rules: Option<&'static Answers>, terms: &BTreeMap<String, String>) -> Self {
+        Self {
+            emitted: 0,
+            skipped: 0,
+            collected: Vec::new(),
+            coverage: Coverage::new(rules, terms),
+        }
+    }
+
+    /// Puts the counts and the coverage on the terminal record.
+    fn finish(&self, last: &mut PromptResponse) {
+        last.objects_emitted = Some(self.emitted);
+        last.lines_skipped = Some(self.skipped);
+        if let Some(c) = &self.coverage {
+            let (expected, answered, pending) = c.tally();
+            last.items_expected = Some(expected);
+            last.items_answered = Some(answered);
+            last.items_pending = pending;
+        }
+    }
+}
+
+impl Answer<'_> {
+    /// Publishes `objects` (streaming: one record each; else collected for the last record).
+    async fn publish(
+        &mut self,
+        lines: &mut Lines,
+        objects: Vec<Value>,
+        streaming: bool,
+        reader: &mut LlmReader,
+    ) -> Result<(), Error> {
+        for value in objects {
+            self.metrics.object(&self.template.id);
+            lines.emitted += 1;
+            if streaming {
+                let mut rec = with_usage(&mut self.pending);
+                rec.object = Some(value.to_string());
+                self.send(rec).await?;
+                reader.commit();
+            } else {
+                lines.collected.push(value);
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn jsonl(
+    a: &mut Answer<'_>,
+    mut reader: LlmReader,
+    streaming: bool,
+    terms: &BTreeMap<String, String>,
+) -> Result<(), Error> {
     let mut parser = JsonlParser::default();
-    let (mut emitted, mut skipped) = (0u64, 0u64);
-    let mut collected: Vec<Value> = Vec::new();
+    let rules = a.template.answers;
+    let mut lines = Lines::new(rules, terms);
     let id = a.template.id.clone();
     while let Some(piece) = reader.next().await {
         let r = match piece {
             Piece::Record(r) => r,
             Piece::Restarted => {
                 parser = JsonlParser::default();
-                (emitted, skipped) = (0, 0);
-                collected.clear();
+                lines = Lines::new(rules, terms);
                 a.pending = PendingUsage::default();
                 continue;
             }
-            Piece::Failed(f) => return a.failed(f, Some((emitted, skipped))).await,
+            Piece::Failed(f) => {
+                // What was held back is an answer all the same: published before the error.
+                if let Some(held) = lines.coverage.as_mut().map(Coverage::release) {
+                    a.publish(&mut lines, held, streaming, &mut reader).await?;
+                }
+                if let Some(r) = &f.record {
+                    a.pending.add(r);
+                }
+                let mut last = with_usage(&mut a.pending);
+                last.error = Some(f.error);
+                last.end_of_stream = true;
+                lines.finish(&mut last);
+                return a.send(last).await;
+            }
         };
         a.pending.add(&r);
         let mut items = parser.push(&r.response);
@@ -382,40 +459,60 @@ async fn jsonl(a: &mut Answer<'_>, mut reader: LlmReader, streaming: bool) -> Re
                 LineItem::Malformed { line, reason } => {
                     warn!(template = %id, line, reason = %reason, "jsonl line skipped: malformed");
                     a.metrics.skipped(&id, "malformed");
-                    skipped += 1;
+                    lines.skipped += 1;
                     continue;
                 }
             };
             if let Err((kind, why)) = a.check(&mut value, line) {
                 warn!(template = %id, line, reason = %why, "jsonl line skipped: {kind}");
                 a.metrics.skipped(&id, kind);
-                skipped += 1;
+                lines.skipped += 1;
                 continue;
             }
-            a.metrics.object(&id);
-            emitted += 1;
-            if streaming {
-                let mut rec = with_usage(&mut a.pending);
-                rec.object = Some(value.to_string());
-                a.send(rec).await?;
-                reader.commit();
-            } else {
-                collected.push(value);
-            }
+            let objects = match lines.coverage.as_mut() {
+                None => vec![value],
+                Some(c) => {
+                    let mut lost = 0;
+                    match c.admit(value, &mut lost) {
+                        Verdict::Publish(objects) => {
+                            if lost > 0 {
+                                warn!(template = %id, line, lost, "object kept, but it lost links of its item");
+                            }
+                            objects
+                        }
+                        Verdict::Drop(kind, why) => {
+                            warn!(template = %id, line, reason = %why, "jsonl line skipped: {kind}");
+                            a.metrics.skipped(&id, kind);
+                            lines.skipped += 1;
+                            continue;
+                        }
+                    }
+                }
+            };
+            a.publish(&mut lines, objects, streaming, &mut reader)
+                .await?;
         }
         if r.end_of_stream {
+            if let Some(held) = lines.coverage.as_mut().map(Coverage::release) {
+                a.publish(&mut lines, held, streaming, &mut reader).await?;
+            }
             let mut last = with_usage(&mut a.pending);
             last.end_of_stream = true;
-            last.objects_emitted = Some(emitted);
-            last.lines_skipped = Some(skipped);
+            lines.finish(&mut last);
             if !streaming {
-                last.object = Some(Value::Array(collected).to_string());
+                last.object = Some(Value::Array(std::mem::take(&mut lines.collected)).to_string());
             }
-            debug!(template = %id, emitted, skipped, "jsonl answer complete");
+            debug!(
+                template = %id,
+                emitted = lines.emitted,
+                skipped = lines.skipped,
+                "jsonl answer complete"
+            );
             return a.send(last).await;
         }
     }
-    a.fail(unfinished(), Some((emitted, skipped))).await
+    a.fail(unfinished(), Some((lines.emitted, lines.skipped)))
+        .await
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@
 //!   validation.
 
 pub mod builtin;
+pub mod coverage;
 pub mod handler;
 pub mod metrics;
 pub mod normalise;

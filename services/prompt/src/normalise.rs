@@ -66,6 +66,116 @@ const REGISTRY: [(&str, Normaliser); 7] = [
     ),
 ];
 
+/// The rules of a contract that need the request or the other lines of the answer: which ids
+/// the request names and which object field answers each, and what follows from that. A
+/// template gets them with its normaliser (the same name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Answers {
+    /// The term listing the request's items (a JSON array).
+    pub term: &'static str,
+    /// The field of each item holding its id.
+    pub item_id: &'static str,
+    /// The object field naming the item it answers: an id the request does not name drops
+    /// the object.
+    pub field: &'static str,
+    /// Whether every item expects an object (the ones without are reported as pending), or
+    /// only some do (classification returns only the knowledge blocks).
+    pub every: bool,
+    /// At most this many objects per item and value of this field (seed 000: at most 2
+    /// decisions per knowledge block and target page); later ones are dropped.
+    pub per_pair: Option<(&'static str, usize)>,
+    /// An item's objects are held until the answer moves on to another item, then published
+    /// together (seed 000 Phase 3: all decisions of a block before any is shown).
+    pub grouped: bool,
+    /// The object's text field that must keep the `[[links]]` and `((refs))` of the item's
+    /// text fields (rewording): a lost one is a warning.
+    pub links: Option<(&'static str, &'static [&'static str])>,
+}
+
+const CLASSIFICATION_ANSWERS: Answers = Answers {
+    term: "blocks",
+    item_id: "block_id",
+    field: "block_id",
+    every: false,
+    per_pair: None,
+    grouped: false,
+    links: None,
+};
+
+/// Every request rule set, by normaliser name.
+const ANSWERS: [(&str, Answers); 7] = [
+    (KNOWLEDGE_CLASSIFICATION, CLASSIFICATION_ANSWERS),
+    (KNOWLEDGE_CLASSIFICATION_SEED_001, CLASSIFICATION_ANSWERS),
+    (
+        KNOWLEDGE_CLASSIFICATION_SEED_002,
+        Answers {
+            every: true,
+            ..CLASSIFICATION_ANSWERS
+        },
+    ),
+    (
+        CONTENT_REWORDING,
+        Answers {
+            every: true,
+            links: Some(("reworded_content", &["content"])),
+            ..CLASSIFICATION_ANSWERS
+        },
+    ),
+    (
+        CONTENT_REWORDING_SEED_002,
+        Answers {
+            term: "decisions",
+            item_id: "knowledge_block_id",
+            every: true,
+            links: Some(("refined_text", &["full_text", "hierarchical_text"])),
+            ..CLASSIFICATION_ANSWERS
+        },
+    ),
+    (
+        INTEGRATION_DECISIONS,
+        Answers {
+            term: "knowledge_blocks",
+            field: "knowledge_block_id",
+            per_pair: Some(("target_page", 2)),
+            grouped: true,
+            ..CLASSIFICATION_ANSWERS
+        },
+    ),
+    (
+        INTEGRATION_DECISIONS_SEED_002,
+        Answers {
+            term: "candidate_pages",
+            item_id: "page_name",
+            field: "page",
+            every: true,
+            ..CLASSIFICATION_ANSWERS
+        },
+    ),
+];
+
+/// The request rules that come with the normaliser `name`, if any.
+pub fn answers(name: &str) -> Option<&'static Answers> {
+    ANSWERS.iter().find(|(n, _)| *n == name).map(|(_, a)| a)
+}
+
+/// The `[[links]]` and `((refs))` in `text`, each with its brackets.
+pub fn links(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    for (open, close) in [("[[", "]]"), ("((", "))")] {
+        let mut rest = text;
+        while let Some(start) = rest.find(open) {
+            let after = &rest[start + open.len()..];
+            let Some(end) = after.find(close) else { break };
+            let whole = &rest[start..start + open.len() + end + close.len()];
+            if end > 0 {
+                out.push(whole);
+            }
+            rest = &rest[start + whole.len()..];
+        }
+    }
+    out
+}
+
 /// The normaliser a template names, if there is one by that name.
 pub fn by_name(name: &str) -> Option<Normaliser> {
     REGISTRY

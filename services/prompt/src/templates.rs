@@ -34,6 +34,8 @@ pub struct Template {
     pub validator: Option<jsonschema::Validator>,
     /// Corrections applied before validation (the normaliser the template names).
     pub normalise: Option<Normaliser>,
+    /// The rules that need the request, which come with the normaliser.
+    pub answers: Option<&'static normalise::Answers>,
     /// The sampling settings its calls to text-completion ask for.
     pub sampling: Sampling,
     /// Where it came from: `built-in` or the file.
@@ -189,6 +191,7 @@ struct Source {
     response_type: ResponseType,
     schema: Option<Value>,
     normalise: Option<Normaliser>,
+    answers: Option<&'static normalise::Answers>,
     sampling: Sampling,
     origin: String,
 }
@@ -227,6 +230,7 @@ fn parse_file(path: &Path, text: &str) -> Result<(Option<String>, Vec<Source>), 
             response_type: t.response_type,
             schema: t.schema,
             normalise,
+            answers: t.normaliser.as_deref().and_then(normalise::answers),
             sampling,
             origin: origin.clone(),
         });
@@ -277,6 +281,7 @@ fn builtin_sources() -> Result<Vec<Source>, LoadError> {
             response_type: b.response_type,
             schema: Some(b.schema),
             normalise: b.normalise,
+            answers: b.answers,
             sampling: Sampling {
                 temperature: b.temperature,
                 max_tokens: None,
@@ -381,6 +386,7 @@ impl TemplateSet {
                     schema: s.schema,
                     validator,
                     normalise: s.normalise,
+                    answers: s.answers,
                     sampling: s.sampling,
                     origin: s.origin,
                 }),
