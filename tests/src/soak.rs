@@ -965,8 +965,12 @@ struct Clients {
 /// A prompt request whose answer is the seed's classification example with every block id
 /// prefixed by `soak{n}-` (the fake's `seed-tagged-` model): each object names its request.
 fn seed_prompt(n: u64) -> (PromptRequest, usize) {
-    let blocks = json!([{"block_id": "b1",
-        "content": format!("[model:seed-tagged-classification] [tag:soak{n}] soak {n}")}]);
+    // The request names the blocks the tagged answer classifies (the seed's abc123 and
+    // ghi789): an object for a block the request does not name would be dropped.
+    let blocks = json!([
+        {"block_id": format!("soak{n}-abc123"),
+         "content": format!("[model:seed-tagged-classification] [tag:soak{n}] soak {n}")},
+        {"block_id": format!("soak{n}-ghi789"), "content": "x"}]);
     let mut terms = BTreeMap::new();
     terms.insert("blocks".to_owned(), blocks.to_string());
     let request = PromptRequest {

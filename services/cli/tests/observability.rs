@@ -663,8 +663,13 @@ async fn every_service_exports_its_documented_metrics_and_no_secret() {
         let (status, body) = gw
             .post(
                 "/api/v1/prompt",
+                // The blocks the seed streams answer (an object for a block the request does
+                // not name is dropped).
                 json!({"id": "knowledge-classification", "streaming": true, "terms": {
-                    "blocks": [{"block_id": "b1", "content": format!("[model:seed-{seed}]")}]}}),
+                    "blocks": [{"block_id": "abc123", "content": format!("[model:seed-{seed}]")},
+                               {"block_id": "def456", "content": "x"},
+                               {"block_id": "ghi789", "content": "y"},
+                               {"block_id": "jkl012", "content": "z"}]}}),
                 true,
             )
             .await;
