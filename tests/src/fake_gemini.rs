@@ -1,5 +1,7 @@
-//! A fake Gemini server (AI Studio `streamGenerateContent?alt=sse`) over real HTTP, scripted
-//! by model name (the path's `{model}`):
+//! A fake Gemini server (AI Studio's `/v1beta/models/{model}:streamGenerateContent?alt=sse`
+//! with `x-goog-api-key`, and Vertex AI's
+//! `/v1/projects/{project}/locations/{location}/publishers/google/models/{model}:...` with a
+//! bearer token) over real HTTP, scripted by model name:
 //!
 //! | model | behaviour |
 //! |---|---|
@@ -31,6 +33,8 @@ pub type FakeGemini = Fake<GeminiSeen>;
 pub struct GeminiSeen {
     calls: Calls,
     keys: Vec<Option<String>>,
+    /// Vertex calls: the project, the location and the `Authorization` header.
+    vertex: Vec<(String, String, Option<String>)>,
 }
 
 impl Fake<GeminiSeen> {
@@ -39,6 +43,10 @@ impl Fake<GeminiSeen> {
         Self::serve(|seen| {
             Router::new()
                 .route("/v1beta/models/{call}", post(generate))
+                .route(
+                    "/v1/projects/{project}/locations/{location}/publishers/google/models/{call}",
+                    post(generate_vertex),
+                )
                 .with_state(seen)
         })
         .await
@@ -53,6 +61,11 @@ impl Fake<GeminiSeen> {
     pub fn last_key(&self) -> Option<String> {
         self.seen().keys.last().cloned().flatten()
     }
+
+    /// The last Vertex call's project, location and `Authorization` header.
+    pub fn last_vertex(&self) -> Option<(String, String, Option<String>)> {
+        self.seen().vertex.last().cloned()
+    }
 }
 
 fn data(v: Value) -> String {
@@ -66,23 +79,45 @@ fn first() -> String {
     )
 }
 
+fn header(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
 async fn generate(
     State(seen): State<Arc<Mutex<GeminiSeen>>>,
     Path(call): Path<String>,
     headers: HeaderMap,
     Json(_body): Json<Value>,
 ) -> Response {
-    let model = call.split(':').next().unwrap_or("").to_owned();
-    let n = {
+    seen.lock()
+        .unwrap()
+        .keys
+        .push(header(&headers, "x-goog-api-key"));
+    answer(&seen, &call)
+}
+
+async fn generate_vertex(
+    State(seen): State<Arc<Mutex<GeminiSeen>>>,
+    Path((project, location, call)): Path<(String, String, String)>,
+    headers: HeaderMap,
+    Json(_body): Json<Value>,
+) -> Response {
+    {
         let mut s = seen.lock().unwrap();
-        s.keys.push(
-            headers
-                .get("x-goog-api-key")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned),
-        );
-        s.calls.count(&model)
-    };
+        s.keys.push(header(&headers, "x-goog-api-key"));
+        s.vertex
+            .push((project, location, header(&headers, "authorization")));
+    }
+    answer(&seen, &call)
+}
+
+/// The scripted answer to `call` (`{model}:streamGenerateContent`).
+fn answer(seen: &Mutex<GeminiSeen>, call: &str) -> Response {
+    let model = call.split(':').next().unwrap_or("").to_owned();
+    let n = seen.lock().unwrap().calls.count(&model);
     let error = |status: StatusCode, body: Value| (status, Json(body)).into_response();
     match (model.as_str(), n) {
         ("bad_key", _) => {

@@ -105,3 +105,43 @@ async fn through_the_broker_snapshots_become_deltas_and_the_body_hint_is_honoure
     }
     assert_eq!(fake.calls("rate_limited_once"), 2);
 }
+
+/// Vertex AI's Gemini streams the same way: the project and location in the path, the access
+/// token as a bearer token (never an API key header), snapshots read as deltas, through the
+/// broker.
+#[tokio::test]
+async fn vertex_streams_with_a_bearer_token_through_the_broker() {
+    let broker = Broker::from_env().await;
+    let fake = FakeGemini::start().await;
+    let mut c = GeminiConfig::new(
+        GeminiEndpoint::Vertex {
+            project: "proj-7".into(),
+            location: "europe-west4".into(),
+        },
+        fake.base_url(),
+        "normal",
+    );
+    c.credential = Some(Secret::new("ya29.vertex-test-token"));
+    let telemetry = Telemetry::new().unwrap();
+    let service = TextCompletionService::new(
+        Arc::new(GeminiProvider::new(c).unwrap()),
+        RetryPolicy::default(),
+        LlmMetrics::register(&telemetry.registry).unwrap(),
+    );
+    let (rq, rs) = (unique_topic("vtx-req"), unique_topic("vtx-resp"));
+    let p = RunningProcessor::start(broker.bus().await, echo_config(&rq, &rs, 4), service).await;
+    let client = text_client(broker.bus().await, &rq, &rs).await;
+    let records = client.call(&req(true)).await.unwrap();
+    let texts: Vec<_> = records.iter().map(|r| r.response.as_str()).collect();
+    assert_eq!(texts, ["The", " sky is blue.", ""]);
+    assert!(records.last().unwrap().end_of_stream);
+    let (project, location, auth) = fake.last_vertex().expect("a Vertex call");
+    assert_eq!(
+        (project.as_str(), location.as_str()),
+        ("proj-7", "europe-west4")
+    );
+    assert_eq!(auth.as_deref(), Some("Bearer ya29.vertex-test-token"));
+    assert_eq!(fake.last_key(), None, "no API key header was sent");
+    client.close().await;
+    p.stop().await;
+}

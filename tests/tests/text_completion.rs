@@ -14,6 +14,7 @@ use sluice_tests::{
 use sluice_text_completion::{
     handler::TextCompletionService,
     metrics::LlmMetrics,
+    provider::{ChunkStream, Completion, Provider, ProviderError},
     providers::openai::{Dialect, OpenAiConfig, OpenAiProvider},
     retry::RetryPolicy,
 };
@@ -29,6 +30,11 @@ struct Setup {
 
 impl Setup {
     async fn new(model: &str) -> Self {
+        Self::wrapped(model, |p| Arc::new(p)).await
+    }
+
+    /// A processor whose provider is the fake's OpenAI provider as `wrap` makes it.
+    async fn wrapped(model: &str, wrap: impl FnOnce(OpenAiProvider) -> Arc<dyn Provider>) -> Self {
         init_logging();
         let broker = Broker::from_env().await;
         let fake = FakeOpenAi::start().await;
@@ -36,7 +42,7 @@ impl Setup {
         config.api_key = Some(Secret::new(KEY));
         config.api_key_source = "OPENAI_API_KEY".into();
         config.timeouts.between_chunks = Duration::from_secs(2);
-        let provider = Arc::new(OpenAiProvider::new(config).unwrap());
+        let provider = wrap(OpenAiProvider::new(config).unwrap());
         let telemetry = Telemetry::new().unwrap();
         let metrics = LlmMetrics::register(&telemetry.registry).unwrap();
         let service = TextCompletionService::new(provider, RetryPolicy::default(), metrics);
@@ -139,6 +145,52 @@ async fn a_non_streaming_request_gets_exactly_one_record() {
     assert!(r.end_of_stream);
     assert_eq!((r.in_token, r.out_token), (Some(11), Some(3)));
     assert_eq!(s.fake.last_body()["stream"], false);
+    s.stop().await;
+}
+
+/// A provider that cannot stream (seed 003: `supports_streaming` false, the processor falls
+/// back): a streaming request still gets its answer, as one whole record ending the stream,
+/// from one non-streaming provider call, with the usage.
+#[tokio::test]
+async fn a_provider_that_cannot_stream_answers_a_streaming_request_with_one_record() {
+    struct Whole(OpenAiProvider);
+    #[async_trait::async_trait]
+    impl Provider for Whole {
+        fn name(&self) -> &'static str {
+            self.0.name()
+        }
+        fn model(&self) -> &str {
+            self.0.model()
+        }
+        fn supports_streaming(&self) -> bool {
+            false
+        }
+        async fn generate_stream(
+            &self,
+            request: &TextCompletionRequest,
+        ) -> Result<ChunkStream, ProviderError> {
+            self.0.generate_stream(request).await
+        }
+        async fn generate(
+            &self,
+            request: &TextCompletionRequest,
+        ) -> Result<Completion, ProviderError> {
+            self.0.generate(request).await
+        }
+    }
+    let s = Setup::wrapped("normal", |p| Arc::new(Whole(p))).await;
+    let records = s.ask(true).await;
+    assert_eq!(records.len(), 1, "{records:?}");
+    let r = &records[0];
+    assert_eq!(r.response, "Hello world!");
+    assert!(r.end_of_stream && r.error.is_none());
+    assert_eq!((r.in_token, r.out_token), (Some(11), Some(3)));
+    assert_eq!(
+        s.fake.last_body()["stream"],
+        false,
+        "one non-streaming call"
+    );
+    assert_eq!(s.fake.calls("normal"), 1);
     s.stop().await;
 }
 
