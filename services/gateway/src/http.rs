@@ -140,11 +140,24 @@ fn error_response(status: StatusCode, kind: &str, message: &str) -> Response {
         Json(json!({ "error": { "type": kind, "message": message } })),
     )
         .into_response();
-    if status == StatusCode::UNAUTHORIZED {
+    challenge(&mut resp);
+    resp
+}
+
+/// A 401 names the scheme the caller must use.
+fn challenge(resp: &mut Response) {
+    if resp.status() == StatusCode::UNAUTHORIZED {
         resp.headers_mut()
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     }
-    resp
+}
+
+/// The caller's session: its `x-session-id` header, if any.
+fn session_header(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get("x-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
 }
 
 /// A refusal before the stream started: NDJSON `error` and `done` events when the caller
@@ -166,10 +179,7 @@ pub(crate) fn refuse(
         .and_then(sluice_runtime::trace::TraceContext::parse)
         .unwrap_or_else(sluice_runtime::trace::TraceContext::root)
         .trace_id();
-    let session_id = headers
-        .get("x-session-id")
-        .and_then(|v| v.to_str().ok())
-        .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned);
+    let session_id = session_header(headers).unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let (trace_id, session_id): (Arc<str>, Arc<str>) = (Arc::from(trace_id), Arc::from(session_id));
     let mut error = Event::error(&Error::new(ErrorKind::from_wire(kind), message));
     let mut done = Event::done(Reason::Error, Default::default(), None);
@@ -184,10 +194,7 @@ pub(crate) fn refuse(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/x-ndjson"),
     );
-    if status == StatusCode::UNAUTHORIZED {
-        resp.headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    }
+    challenge(&mut resp);
     resp
 }
 
@@ -362,10 +369,7 @@ pub(crate) async fn handle<K: Routed>(
     let span = server_span(route, incoming);
     let tp = span.traceparent();
     let trace_id = span.context().trace_id();
-    let session_id = headers
-        .get("x-session-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
+    let session_id = session_header(&headers)
         .or_else(|| K::session_id(&request))
         .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let options = RequestOptions {
@@ -400,7 +404,6 @@ pub(crate) async fn handle<K: Routed>(
             inner.metrics.request(route, 200);
             let records = RecordStream::<K> {
                 reader: Some(reader),
-                ended: false,
                 tally: Tally::open(inner.clone(), route, started, span),
                 _kind: std::marker::PhantomData,
             };
@@ -552,19 +555,19 @@ impl Drop for Tally {
 /// error record that ends the stream. A restart (another replica starts the answer over) is
 /// an event named `restarted`: discard what arrived so far.
 struct RecordStream<K: Kind> {
+    /// `None` once the stream has ended.
     reader: Option<Reader<K::Response>>,
-    ended: bool,
     tally: Tally,
     _kind: std::marker::PhantomData<K>,
 }
 
 impl<K: Kind> RecordStream<K> {
     async fn next_event(&mut self) -> Option<sse::Event> {
-        if self.ended {
+        let Some(reader) = self.reader.as_mut() else {
             self.tally.delivered = true;
             return None;
-        }
-        let record = match self.reader.as_mut()?.next().await {
+        };
+        let record = match reader.next().await {
             Some(Piece::Record(r)) => {
                 if r.is_terminal() {
                     self.finish(ClientOutcome::Success);
@@ -604,7 +607,6 @@ impl<K: Kind> RecordStream<K> {
 
     fn finish(&mut self, outcome: ClientOutcome) {
         self.tally.outcome = Some(outcome);
-        self.ended = true;
         self.reader = None;
     }
 }

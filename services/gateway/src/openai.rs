@@ -792,7 +792,7 @@ impl Tokens {
 }
 
 /// The top-level fields of a chat body that tell seed 004's requests from OpenAI's.
-#[derive(Default, serde::Deserialize)]
+#[derive(Clone, Copy, Default, serde::Deserialize)]
 struct Seed004Fields {
     #[serde(default)]
     prompt: Option<serde::de::IgnoredAny>,
@@ -808,31 +808,40 @@ impl Seed004Fields {
     fn of(body: &[u8]) -> Self {
         serde_json::from_slice(body).unwrap_or_default()
     }
+
+    /// Not an OpenAI chat request: a `prompt` and no `messages` (seed 004's own body).
+    fn prompt_only(body: &[u8]) -> bool {
+        let fields = Self::of(body);
+        fields.prompt.is_some() && fields.messages.is_none()
+    }
 }
 
-/// Whether a `/v1/chat/completions` call asks for seed 004's events rather than OpenAI's
-/// dialect, and if so what it asks for: `Accept: application/x-ndjson`, or a body with
-/// `prompt` and no `messages`.
-fn seed_004(headers: &HeaderMap, body: Option<&Bytes>) -> Option<Ask> {
-    let accept = http::accepted(headers);
-    let fields = body.map(|b| Seed004Fields::of(b)).unwrap_or_default();
-    let prompt_only = fields.prompt.is_some() && fields.messages.is_none();
-    if accept != Some(Mode::Ndjson) && !prompt_only {
-        return None;
-    }
+/// Answers a `/v1/chat/completions` call in seed 004's events, as `POST
+/// /api/v1/text-completion` answers it. The body's fields are read once, here: whether it
+/// streams (known before it is decoded, so a refusal comes as the events asked for) and how
+/// it is decoded.
+async fn seed_004(
+    inner: Arc<Inner>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    accept: Option<Mode>,
+) -> Response {
+    let fields = body
+        .as_ref()
+        .map(|b| Seed004Fields::of(b))
+        .unwrap_or_default();
     let streams = fields.stream.or(fields.streaming).unwrap_or(false);
-    Some(Ask {
-        // Known before the body is decoded, so a refusal comes as the events asked for.
+    let ask = Ask {
         accept: accept.or(streams.then_some(Mode::Ndjson)),
         streamed: Mode::Ndjson,
-    })
+    };
+    http::handle::<TextCompletion>(inner, headers, body, ask, |b| seed_004_request(b, fields)).await
 }
 
 /// A seed 004 body as a text-completion request: `prompt` (and `system`) as the REST route
 /// reads them, `stream` as `streaming`; an OpenAI conversation (`messages`) as the OpenAI
 /// route reads it.
-fn seed_004_request(body: &Bytes) -> Result<TextCompletionRequest, String> {
-    let fields = Seed004Fields::of(body);
+fn seed_004_request(body: &Bytes, fields: Seed004Fields) -> Result<TextCompletionRequest, String> {
     if fields.messages.is_some() {
         let call = parse_chat(body).map_err(|e| e.message)?;
         let mut request = call.request;
@@ -852,11 +861,18 @@ pub(crate) async fn chat(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    if let Some(ask) = seed_004(&headers, body.as_ref().ok()) {
-        return http::handle::<TextCompletion>(inner, headers, body, ask, seed_004_request).await;
+    // Seed 004's requests: asked for by the header, or a body the OpenAI dialect refuses
+    // (no `messages`) that is seed 004's. Its fields are read only then, so an OpenAI request
+    // pays for no second reading of its body.
+    let accept = http::accepted(&headers);
+    if accept == Some(Mode::Ndjson) {
+        return seed_004(inner, headers, body, accept).await;
     }
     let started = Instant::now();
     if !inner.config.auth.accepts_headers(&headers) {
+        if body.as_ref().is_ok_and(|b| Seed004Fields::prompt_only(b)) {
+            return seed_004(inner, headers, body, accept).await;
+        }
         return counted(&inner, CHAT_ROUTE, unauthorized().into_response());
     }
     let body = match body {
@@ -868,6 +884,9 @@ pub(crate) async fn chat(
     };
     let call = match parse_chat(&body) {
         Ok(c) => c,
+        Err(_) if Seed004Fields::prompt_only(&body) => {
+            return seed_004(inner, headers, Ok(body), accept).await;
+        }
         Err(e) => return counted(&inner, CHAT_ROUTE, e.into_response()),
     };
     let Some(client) = inner.clients.text_completion.as_ref() else {
