@@ -16,9 +16,9 @@ fn items(pieces: &[&str]) -> Vec<output::LineItem> {
 
 /// Runs the normaliser `selector` picks among every registered one (each seed's included).
 fn normalise(selector: u8, value: &serde_json::Value) {
-    let names: Vec<&str> = normalise::names().collect();
-    let name = names[usize::from(selector) % names.len()];
-    if let Some(normaliser) = normalise::by_name(name) {
+    let count = normalise::names().count();
+    let name = normalise::names().nth(usize::from(selector) % count);
+    if let Some(normaliser) = name.and_then(normalise::by_name) {
         let mut v = value.clone();
         let _ = normaliser(&mut v);
     }

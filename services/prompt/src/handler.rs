@@ -108,14 +108,13 @@ impl Answer<'_> {
             .map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))
     }
 
-    /// Ends the stream with `error`, the usage so far, and (jsonl) the counts.
-    async fn fail(&mut self, error: Error, counts: Option<(u64, u64)>) -> Result<(), Error> {
+    /// Ends the stream with `error`, the usage so far, and (jsonl) the counts and coverage.
+    async fn fail(&mut self, error: Error, lines: Option<&Lines>) -> Result<(), Error> {
         let mut r = with_usage(&mut self.pending);
         r.error = Some(error);
         r.end_of_stream = true;
-        if let Some((objects, skipped)) = counts {
-            r.objects_emitted = Some(objects);
-            r.lines_skipped = Some(skipped);
+        if let Some(lines) = lines {
+            lines.finish(&mut r);
         }
         self.send(r).await
     }
@@ -125,12 +124,12 @@ impl Answer<'_> {
     async fn failed(
         &mut self,
         f: Failure<TextCompletionResponse>,
-        counts: Option<(u64, u64)>,
+        lines: Option<&Lines>,
     ) -> Result<(), Error> {
         if let Some(r) = &f.record {
             self.pending.add(r);
         }
-        self.fail(f.error, counts).await
+        self.fail(f.error, lines).await
     }
 
     /// Corrects and validates `value`; `Err` is why it is dropped (and the metric's reason).
@@ -412,6 +411,21 @@ impl Answer<'_> {
         }
         Ok(())
     }
+
+    /// Publishes what the request rules held back ([`Coverage::release`]).
+    async fn publish_held(
+        &mut self,
+        lines: &mut Lines,
+        streaming: bool,
+        reader: &mut LlmReader,
+    ) -> Result<(), Error> {
+        let held = lines
+            .coverage
+            .as_mut()
+            .map(Coverage::release)
+            .unwrap_or_default();
+        self.publish(lines, held, streaming, reader).await
+    }
 }
 
 async fn jsonl(
@@ -435,17 +449,8 @@ async fn jsonl(
             }
             Piece::Failed(f) => {
                 // What was held back is an answer all the same: published before the error.
-                if let Some(held) = lines.coverage.as_mut().map(Coverage::release) {
-                    a.publish(&mut lines, held, streaming, &mut reader).await?;
-                }
-                if let Some(r) = &f.record {
-                    a.pending.add(r);
-                }
-                let mut last = with_usage(&mut a.pending);
-                last.error = Some(f.error);
-                last.end_of_stream = true;
-                lines.finish(&mut last);
-                return a.send(last).await;
+                a.publish_held(&mut lines, streaming, &mut reader).await?;
+                return a.failed(f, Some(&lines)).await;
             }
         };
         a.pending.add(&r);
@@ -493,9 +498,7 @@ async fn jsonl(
                 .await?;
         }
         if r.end_of_stream {
-            if let Some(held) = lines.coverage.as_mut().map(Coverage::release) {
-                a.publish(&mut lines, held, streaming, &mut reader).await?;
-            }
+            a.publish_held(&mut lines, streaming, &mut reader).await?;
             let mut last = with_usage(&mut a.pending);
             last.end_of_stream = true;
             lines.finish(&mut last);
@@ -511,8 +514,7 @@ async fn jsonl(
             return a.send(last).await;
         }
     }
-    a.fail(unfinished(), Some((lines.emitted, lines.skipped)))
-        .await
+    a.fail(unfinished(), Some(&lines)).await
 }
 
 #[cfg(test)]

@@ -46,26 +46,6 @@ pub const CONTENT_REWORDING_SEED_002: &str = "content-rewording-seed-002";
 /// request ([`normalise_integration_seed_002`]).
 pub const INTEGRATION_DECISIONS_SEED_002: &str = "integration-decisions-seed-002";
 
-/// Every normaliser, by the name a template gives.
-const REGISTRY: [(&str, Normaliser); 7] = [
-    (KNOWLEDGE_CLASSIFICATION, normalise_classification),
-    (CONTENT_REWORDING, normalise_rewording),
-    (INTEGRATION_DECISIONS, normalise_integration),
-    (
-        KNOWLEDGE_CLASSIFICATION_SEED_001,
-        normalise_classification_seed_001,
-    ),
-    (
-        KNOWLEDGE_CLASSIFICATION_SEED_002,
-        normalise_classification_seed_002,
-    ),
-    (CONTENT_REWORDING_SEED_002, normalise_rewording_seed_002),
-    (
-        INTEGRATION_DECISIONS_SEED_002,
-        normalise_integration_seed_002,
-    ),
-];
-
 /// The rules of a contract that need the request or the other lines of the answer: which ids
 /// the request names and which object field answers each, and what follows from that. A
 /// template gets them with its normaliser (the same name).
@@ -102,19 +82,16 @@ const CLASSIFICATION_ANSWERS: Answers = Answers {
     links: None,
 };
 
-/// Every request rule set, by normaliser name.
-const ANSWERS: [(&str, Answers); 7] = [
-    (KNOWLEDGE_CLASSIFICATION, CLASSIFICATION_ANSWERS),
-    (KNOWLEDGE_CLASSIFICATION_SEED_001, CLASSIFICATION_ANSWERS),
+/// Every normaliser, by the name a template gives, with the request rules that come with it.
+const REGISTRY: [(&str, Normaliser, Answers); 7] = [
     (
-        KNOWLEDGE_CLASSIFICATION_SEED_002,
-        Answers {
-            every: true,
-            ..CLASSIFICATION_ANSWERS
-        },
+        KNOWLEDGE_CLASSIFICATION,
+        normalise_classification,
+        CLASSIFICATION_ANSWERS,
     ),
     (
         CONTENT_REWORDING,
+        normalise_rewording,
         Answers {
             every: true,
             links: Some(("reworded_content", &["content"])),
@@ -122,17 +99,8 @@ const ANSWERS: [(&str, Answers); 7] = [
         },
     ),
     (
-        CONTENT_REWORDING_SEED_002,
-        Answers {
-            term: "decisions",
-            item_id: "knowledge_block_id",
-            every: true,
-            links: Some(("refined_text", &["full_text", "hierarchical_text"])),
-            ..CLASSIFICATION_ANSWERS
-        },
-    ),
-    (
         INTEGRATION_DECISIONS,
+        normalise_integration,
         Answers {
             term: "knowledge_blocks",
             field: "knowledge_block_id",
@@ -142,7 +110,32 @@ const ANSWERS: [(&str, Answers); 7] = [
         },
     ),
     (
+        KNOWLEDGE_CLASSIFICATION_SEED_001,
+        normalise_classification_seed_001,
+        CLASSIFICATION_ANSWERS,
+    ),
+    (
+        KNOWLEDGE_CLASSIFICATION_SEED_002,
+        normalise_classification_seed_002,
+        Answers {
+            every: true,
+            ..CLASSIFICATION_ANSWERS
+        },
+    ),
+    (
+        CONTENT_REWORDING_SEED_002,
+        normalise_rewording_seed_002,
+        Answers {
+            term: "decisions",
+            item_id: "knowledge_block_id",
+            every: true,
+            links: Some(("refined_text", &["full_text", "hierarchical_text"])),
+            ..CLASSIFICATION_ANSWERS
+        },
+    ),
+    (
         INTEGRATION_DECISIONS_SEED_002,
+        normalise_integration_seed_002,
         Answers {
             term: "candidate_pages",
             item_id: "page_name",
@@ -155,7 +148,10 @@ const ANSWERS: [(&str, Answers); 7] = [
 
 /// The request rules that come with the normaliser `name`, if any.
 pub fn answers(name: &str) -> Option<&'static Answers> {
-    ANSWERS.iter().find(|(n, _)| *n == name).map(|(_, a)| a)
+    REGISTRY
+        .iter()
+        .find(|(n, ..)| *n == name)
+        .map(|(.., answers)| answers)
 }
 
 /// The `[[links]]` and `((refs))` in `text`, each with its brackets.
@@ -180,13 +176,13 @@ pub fn links(text: &str) -> Vec<&str> {
 pub fn by_name(name: &str) -> Option<Normaliser> {
     REGISTRY
         .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, normaliser)| *normaliser)
+        .find(|(n, ..)| *n == name)
+        .map(|(_, normaliser, _)| *normaliser)
 }
 
 /// The names of every normaliser, for error messages.
 pub fn names() -> impl Iterator<Item = &'static str> {
-    REGISTRY.iter().map(|(name, _)| *name)
+    REGISTRY.iter().map(|(name, ..)| *name)
 }
 
 /// The integration actions: the contract's three, and the older version's `skip` (the
@@ -519,7 +515,7 @@ fn clamp_confidence(object: &mut Map<String, Value>, warnings: &mut Vec<String>)
     warnings.push(warning.to_owned());
 }
 
-/// Sets `target_block_id` and `target_block_title` to null where they are present and not
+/// Sets the target id and title (`names`' fields) to null where they are present and not
 /// null; says whether it changed anything.
 fn clear_targets(object: &mut Map<String, Value>, names: &DecisionFields) -> bool {
     let mut cleared = false;
