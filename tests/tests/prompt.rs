@@ -406,20 +406,19 @@ async fn templates_reload_on_file_change_without_disturbing_requests_in_flight()
 
 /// Terms that render each built-in template (the fake ignores the prompt and answers with
 /// the seed's example stream).
-/// The ids a stream's objects name (`block_id`, `knowledge_block_id`, `page`), so the request
-/// can name them as its items: every field `"NAME": "VALUE"` of the text, JSON or not.
+/// The ids (`block_id`, `knowledge_block_id`, `page`) a stream's lines that are JSON objects
+/// name, so the request can name them as its items (the other lines are skipped whatever
+/// they name).
 fn ids_in(text: &str, name: &str) -> Vec<String> {
-    let mut ids = Vec::new();
-    let key = format!("\"{name}\"");
-    let mut rest = text;
-    while let Some(at) = rest.find(&key) {
-        rest = &rest[at + key.len()..];
-        let value = rest.trim_start().strip_prefix(':').map(str::trim_start);
-        if let Some(v) = value.and_then(|v| v.strip_prefix('"'))
-            && let Some(end) = v.find('"')
-            && !ids.iter().any(|i| i == &v[..end])
+    let mut ids: Vec<String> = Vec::new();
+    for line in text.lines() {
+        let Ok(value) = serde_json::from_str::<Value>(line.trim()) else {
+            continue;
+        };
+        if let Some(id) = value.get(name).and_then(Value::as_str)
+            && !ids.iter().any(|i| i == id)
         {
-            ids.push(v[..end].to_owned());
+            ids.push(id.to_owned());
         }
     }
     ids

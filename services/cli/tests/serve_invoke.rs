@@ -54,6 +54,23 @@ impl Serve {
     }
 }
 
+/// A prompt request to the gateway at `url` as NDJSON: the whole body, and its last event.
+async fn prompt_events(url: &str, request: serde_json::Value) -> (String, serde_json::Value) {
+    sluice_runtime::install_crypto_provider();
+    let events = reqwest::Client::new()
+        .post(format!("{url}/api/v1/prompt"))
+        .header("accept", "application/x-ndjson")
+        .json(&request)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let last = serde_json::from_str(events.lines().last().unwrap()).unwrap();
+    (events, last)
+}
+
 #[tokio::test]
 async fn serve_streams_to_invoke_and_errors_exit_non_zero_with_a_readable_message() {
     let fake = FakeOpenAi::start().await;
@@ -128,18 +145,11 @@ async fn serve_streams_to_invoke_and_errors_exit_non_zero_with_a_readable_messag
     // A jsonl template whose answer ("Hello world!") has no JSON line: the `done` event
     // carries the counts, and the CLI says on stderr that every line was skipped and exits 1
     // (stdout stays empty, or `[]` whole).
-    sluice_runtime::install_crypto_provider();
-    let events = reqwest::Client::new()
-        .post(format!("{url}/api/v1/prompt"))
-        .header("accept", "application/x-ndjson")
-        .json(&serde_json::json!({"id": "lines", "terms": {"x": "1"}}))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let done: serde_json::Value = serde_json::from_str(events.lines().last().unwrap()).unwrap();
+    let (events, done) = prompt_events(
+        &url,
+        serde_json::json!({"id": "lines", "terms": {"x": "1"}}),
+    )
+    .await;
     assert_eq!(done["type"], "done", "{events}");
     assert_eq!(done["objects_emitted"], 0, "{events}");
     assert_eq!(done["lines_skipped"], 1, "{events}");
@@ -161,18 +171,12 @@ async fn serve_streams_to_invoke_and_errors_exit_non_zero_with_a_readable_messag
     // Seed 002's accounting: a built-in whose every block expects a line, answered with no
     // JSON at all: the done event and the CLI say which blocks are pending.
     let blocks = r#"blocks=[{"block_id":"b1","content":"x"},{"block_id":"b2","content":"y"}]"#;
-    let events = reqwest::Client::new()
-        .post(format!("{url}/api/v1/prompt"))
-        .header("accept", "application/x-ndjson")
-        .json(&serde_json::json!({"id": "knowledge-classification-seed-002",
-            "terms": {"blocks": r#"[{"block_id":"b1","content":"x"},{"block_id":"b2","content":"y"}]"#}}))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let done: serde_json::Value = serde_json::from_str(events.lines().last().unwrap()).unwrap();
+    let (events, done) = prompt_events(
+        &url,
+        serde_json::json!({"id": "knowledge-classification-seed-002",
+            "terms": {"blocks": r#"[{"block_id":"b1","content":"x"},{"block_id":"b2","content":"y"}]"#}}),
+    )
+    .await;
     assert_eq!(done["items_expected"], 2, "{events}");
     assert_eq!(done["items_answered"], 0, "{events}");
     assert_eq!(
