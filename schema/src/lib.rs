@@ -10,6 +10,7 @@ mod de;
 pub mod decode;
 pub mod properties;
 pub mod records;
+pub mod retry;
 pub mod topics;
 
 pub use decode::{DecodeError, decode, decode_value};
@@ -18,6 +19,7 @@ pub use records::{
     ErrorKind, LIST_MODELS, ModelInfo, PromptRequest, PromptResponse, ResponseRecord,
     TextCompletionRequest, TextCompletionResponse,
 };
+pub use retry::{RetryOn, RetryPolicy};
 pub use topics::{Persistence, TopicError, TopicMapping, TopicName};
 
 /// Adds two token counts as records carry them: `None` means "not reported", so the sum is

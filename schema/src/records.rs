@@ -257,6 +257,11 @@ pub struct TextCompletionRequest {
     /// processor's own model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// How the processor retries this call, as a [`crate::RetryPolicy`] line (`seed-002`,
+    /// `attempts=2,delay=2s`) applied over the processor's own policy. A line the processor
+    /// cannot read is an `invalid-request` error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<String>,
 }
 
 /// Who said a turn of a [`TextCompletionRequest::messages`] conversation. The system prompt is

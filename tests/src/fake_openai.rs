@@ -10,6 +10,7 @@
 //! | `server_error_once` | 500 on the first call, then `normal` |
 //! | `server_error_final` | 500 with `x-should-retry: false`, every call |
 //! | `bad_request_retry_once` | 400 with `x-should-retry: true` on the first call, then `normal` |
+//! | `status-NNN-K[-MODEL]` | HTTP NNN (OpenAI's error body, no retry hint) on the first K calls, then as `MODEL` (`normal` when not named) |
 //! | `unauthorized` | 401 `invalid_api_key` |
 //! | `quota` | 429 `insufficient_quota` |
 //! | `error_mid_stream` | `Hel`, then `data: {"error": ...}`, then `[DONE]` (as vLLM) |
@@ -192,7 +193,7 @@ async fn chat(
     headers: HeaderMap,
     Json(body): Json<Value>,
 ) -> Response {
-    let model = scripted_model(&body);
+    let mut model = scripted_model(&body);
     let stream = body["stream"].as_bool().unwrap_or(false);
     let (call, abandoned, gate) = {
         let mut s = seen.lock().unwrap();
@@ -211,6 +212,12 @@ async fn chat(
         s.traceparents.push(traceparent);
         (call, s.abandoned.clone(), s.gate.clone())
     };
+    if let Some((status, failing, then)) = status_script(&model) {
+        if call <= failing {
+            return error(status, "scripted failure", "server_error", "scripted");
+        }
+        model = then;
+    }
     match (model.as_str(), call) {
         ("unauthorized", _) => {
             return error(
@@ -601,6 +608,17 @@ fn streamed(text: &str, n: usize) -> Vec<Step> {
 /// The model whose script runs: the request's, or for `routed` the one the last user message
 /// names as `[model:NAME]` (a process has one configured model; the caller picks the
 /// behaviour in its prompt).
+/// `status-NNN-K[-MODEL]`: the status, how many first calls fail with it, and the model
+/// answering after them (`normal` when not named).
+fn status_script(model: &str) -> Option<(StatusCode, usize, String)> {
+    let rest = model.strip_prefix("status-")?;
+    let mut parts = rest.splitn(3, '-');
+    let status = StatusCode::from_u16(parts.next()?.parse().ok()?).ok()?;
+    let failing = parts.next()?.parse().ok()?;
+    let then = parts.next().unwrap_or("normal").to_owned();
+    Some((status, failing, then))
+}
+
 fn scripted_model(body: &Value) -> String {
     let model = body["model"].as_str().unwrap_or("azure");
     if model != "routed" {

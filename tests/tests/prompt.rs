@@ -601,3 +601,62 @@ async fn request_rules_drop_strangers_and_count_the_pending_items() {
     }
     s.stop().await;
 }
+
+/// A template's retry policy goes with its calls and the text-completion processor follows
+/// it: seed 000's template treats a 503 as final (its seed retries timeouts and connection
+/// errors only), seed 002's retries a 502, and sluice's own template keeps the processor's
+/// policy, which retries a 500.
+#[tokio::test]
+async fn each_seeds_template_retries_as_its_seed_says() {
+    let s = Setup::with("routed", r#"{"templates": {}}"#, true).await;
+    let ask = |template: &'static str, model: &'static str| {
+        let blocks = json!([
+            {"block_id": "abc123", "content": format!("[model:{model}]")},
+            {"block_id": "ghi789", "content": "y"},
+        ]);
+        let request = PromptRequest {
+            id: template.into(),
+            terms: [("blocks".to_owned(), blocks.to_string())].into(),
+            streaming: true,
+        };
+        let client = &s.client;
+        async move {
+            let mut st = client.request(&request).await.unwrap();
+            let mut out = Vec::new();
+            while let Some(item) = st.next().await {
+                if let Received::Record(r) = item.unwrap() {
+                    out.push(r);
+                }
+            }
+            out
+        }
+    };
+    let final_503 = "status-503-1-seed-classification";
+    let out = ask("knowledge-classification-seed-000", final_503).await;
+    let last = out.last().unwrap();
+    let error = last.error.as_ref().expect("a 503 is final for seed 000");
+    assert_eq!(error.kind, "llm-error");
+    assert!(error.message.contains("503"), "{}", error.message);
+    assert_eq!(s.fake.calls(final_503), 1);
+
+    let retried_502 = "status-502-1-seed-classification";
+    let out = ask("knowledge-classification-seed-002", retried_502).await;
+    assert!(out.last().unwrap().error.is_none(), "{out:?}");
+    assert_eq!(objects(&out).len(), 2);
+    assert_eq!(s.fake.calls(retried_502), 2, "seed 002 retries a 502");
+
+    let retried_500 = "status-500-1-seed-classification";
+    let out = ask("knowledge-classification", retried_500).await;
+    assert!(out.last().unwrap().error.is_none(), "{out:?}");
+    assert_eq!(
+        s.fake.calls(retried_500),
+        2,
+        "the processor's policy retries a 500"
+    );
+    let sent = s.fake.last_body();
+    assert!(
+        sent.get("retry").is_none(),
+        "the policy is sluice's, not the provider's"
+    );
+    s.stop().await;
+}

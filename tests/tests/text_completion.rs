@@ -35,6 +35,19 @@ impl Setup {
 
     /// A processor whose provider is the fake's OpenAI provider as `wrap` makes it.
     async fn wrapped(model: &str, wrap: impl FnOnce(OpenAiProvider) -> Arc<dyn Provider>) -> Self {
+        Self::configured(model, RetryPolicy::default(), wrap).await
+    }
+
+    /// A processor retrying as `policy` says.
+    async fn retrying(model: &str, policy: &str) -> Self {
+        Self::configured(model, RetryPolicy::parse(policy).unwrap(), |p| Arc::new(p)).await
+    }
+
+    async fn configured(
+        model: &str,
+        policy: RetryPolicy,
+        wrap: impl FnOnce(OpenAiProvider) -> Arc<dyn Provider>,
+    ) -> Self {
         init_logging();
         let broker = Broker::from_env().await;
         let fake = FakeOpenAi::start().await;
@@ -45,7 +58,7 @@ impl Setup {
         let provider = wrap(OpenAiProvider::new(config).unwrap());
         let telemetry = Telemetry::new().unwrap();
         let metrics = LlmMetrics::register(&telemetry.registry).unwrap();
-        let service = TextCompletionService::new(provider, RetryPolicy::default(), metrics);
+        let service = TextCompletionService::new(provider, policy, metrics);
         let (req, resp) = (unique_topic("tc-req"), unique_topic("tc-resp"));
         let processor =
             RunningProcessor::start(broker.bus().await, echo_config(&req, &resp, 16), service)
@@ -61,12 +74,22 @@ impl Setup {
 
     /// Every record of one request, asserting the stream never restarted.
     async fn ask(&self, streaming: bool) -> Vec<TextCompletionResponse> {
+        self.ask_retrying(streaming, None).await
+    }
+
+    /// Every record of one request with the `retry` line given.
+    async fn ask_retrying(
+        &self,
+        streaming: bool,
+        retry: Option<&str>,
+    ) -> Vec<TextCompletionResponse> {
         let mut s = self
             .client
             .request(&TextCompletionRequest {
                 system: "be brief".into(),
                 prompt: "say hello".into(),
                 streaming,
+                retry: retry.map(str::to_owned),
                 ..Default::default()
             })
             .await
@@ -162,6 +185,9 @@ async fn a_provider_that_cannot_stream_answers_a_streaming_request_with_one_reco
         fn model(&self) -> &str {
             self.0.model()
         }
+        fn endpoint(&self) -> &str {
+            self.0.endpoint()
+        }
         fn supports_streaming(&self) -> bool {
             false
         }
@@ -248,6 +274,100 @@ async fn the_servers_x_should_retry_header_overrides_the_status() {
         2,
         "x-should-retry: true"
     );
+    s.stop().await;
+}
+
+fn text(records: &[TextCompletionResponse]) -> String {
+    records.iter().map(|r| r.response.as_str()).collect()
+}
+
+fn error_of(records: &[TextCompletionResponse]) -> &sluice_schema::Error {
+    let last = records.last().unwrap();
+    assert!(last.end_of_stream);
+    last.error.as_ref().unwrap()
+}
+
+/// A request's `retry` line, applied over the processor's policy, decides which failures are
+/// retried and how often: seed 002's policy retries 502 but not 500, sluice's retries both.
+#[tokio::test]
+async fn a_requests_retry_line_decides_which_failures_are_retried_and_how_often() {
+    let s = Setup::new("status-502-2").await;
+    let records = s.ask_retrying(true, Some("seed-002,delay=20ms")).await;
+    assert_eq!(text(&records), "Hello world!");
+    assert_eq!(s.fake.calls("status-502-2"), 3, "two retries");
+    assert_eq!(
+        s.metric(
+            r#"sluice_llm_retries_total{kind="server",model="status-502-2",provider="openai"}"#
+        ),
+        2
+    );
+    s.stop().await;
+
+    let s = Setup::new("status-500-2").await;
+    let records = s.ask_retrying(true, Some("seed-002")).await;
+    assert_eq!(records.len(), 1, "{records:?}");
+    let err = error_of(&records);
+    assert_eq!(err.kind, "llm-error");
+    assert!(err.message.contains("500"), "{}", err.message);
+    assert_eq!(
+        s.fake.calls("status-500-2"),
+        1,
+        "seed 002 does not retry 500"
+    );
+    // The processor's own policy (sluice's default) retries it: the second call fails too,
+    // the third answers.
+    let records = s.ask(false).await;
+    assert_eq!(text(&records), "Hello world!");
+    assert_eq!(s.fake.calls("status-500-2"), 3);
+    s.stop().await;
+
+    // Fewer attempts than failures: the last failure is the answer.
+    let s = Setup::new("status-503-2").await;
+    let records = s
+        .ask_retrying(true, Some("attempts=2,delay=10ms,jitter=0"))
+        .await;
+    assert!(error_of(&records).message.contains("503"));
+    assert_eq!(s.fake.calls("status-503-2"), 2);
+    s.stop().await;
+}
+
+/// The processor's `--retry` policy applies to requests that name none; a request's line is
+/// applied over it, and a line that cannot be read is refused before any provider call.
+#[tokio::test]
+async fn the_processors_policy_applies_and_a_bad_retry_line_is_an_invalid_request() {
+    // Seeds 000 and 001 treat every HTTP error as final.
+    let s = Setup::retrying("status-503-1", "seed-000").await;
+    let records = s.ask(true).await;
+    assert!(error_of(&records).message.contains("503"));
+    assert_eq!(s.fake.calls("status-503-1"), 1);
+    s.stop().await;
+
+    let s = Setup::retrying("status-503-1", "seed-000").await;
+    let records = s
+        .ask_retrying(true, Some("on=connect+timeout+503,delay=10ms"))
+        .await;
+    assert_eq!(text(&records), "Hello world!");
+    assert_eq!(
+        s.fake.calls("status-503-1"),
+        2,
+        "the request's failures, the seed's attempts"
+    );
+    for (line, says) in [
+        ("seed-009", "unknown retry preset \"seed-009\""),
+        ("attempts=50", "retry attempts must be 1 to 10"),
+        ("on=teapot", "unknown failure"),
+    ] {
+        let records = s.ask_retrying(true, Some(line)).await;
+        assert_eq!(records.len(), 1);
+        let err = error_of(&records);
+        assert_eq!(err.kind, "invalid-request", "{line}");
+        assert!(
+            err.message.contains("field `retry`") && err.message.contains(says),
+            "{line}: {}",
+            err.message
+        );
+    }
+    assert_eq!(s.fake.calls("status-503-1"), 2, "no call for a bad line");
     s.stop().await;
 }
 

@@ -41,6 +41,23 @@ pub struct TemplateArgs {
     /// Seconds between checks of the template file for changes.
     #[arg(long, default_value_t = 2)]
     pub template_poll_secs: u64,
+    /// Put content in the prompt processor's request log: the prompts sent (`messages`), the
+    /// objects received (`data`) and malformed lines (`line_text`), as seed 000 logs them.
+    /// Off by default: without it the log carries ids, names, counts and positions only.
+    #[arg(long, env = "SLUICE_LOG_CONTENT")]
+    pub log_content: bool,
+}
+
+impl TemplateArgs {
+    /// Says so at start when content logging is on, so nobody is surprised by prompts in the
+    /// logs.
+    pub fn announce_content_logging(&self) {
+        if self.log_content {
+            tracing::warn!(
+                "content logging is on (--log-content): prompts, answers and malformed lines are written to the log"
+            );
+        }
+    }
 }
 
 /// How the prompt processor reaches text-completion (shared by `prompt` and `serve`).
@@ -173,6 +190,7 @@ struct Flows {
     llm: LlmServiceArgs,
     metrics: PromptMetrics,
     builtins: bool,
+    log_content: bool,
     stores: std::sync::Mutex<BTreeMap<String, Arc<TemplateStore>>>,
     clients: tokio::sync::Mutex<BTreeMap<(String, String), SharedClient>>,
 }
@@ -260,11 +278,10 @@ impl FlowService for Flows {
                 client
             }
         };
-        Ok(Arc::new(PromptService::new(
-            store,
-            llm,
-            self.metrics.clone(),
-        )))
+        Ok(Arc::new(
+            PromptService::new(store, llm, self.metrics.clone())
+                .with_content_logging(self.log_content),
+        ))
     }
 
     async fn flow_stopped(&self, _key: &FlowKey, definition: &FlowDefinition) {
@@ -306,6 +323,7 @@ async fn run_flows(
         llm: args.llm.clone(),
         metrics,
         builtins: !args.templates.no_builtin_templates,
+        log_content: args.templates.log_content,
         stores: std::sync::Mutex::default(),
         clients: tokio::sync::Mutex::default(),
     });
@@ -318,6 +336,7 @@ async fn run_flows(
 /// Runs the prompt processor until SIGTERM/SIGINT, then drains.
 pub async fn run(args: PromptCommand) -> Result<(), String> {
     let telemetry = Telemetry::new().map_err(|e| e.to_string())?;
+    args.templates.announce_content_logging();
     let (config, mut topics) = processor_config("prompt", &args.processor, args.bus.topic_mapping)?;
     if let Some(flows) =
         args.flows
@@ -336,7 +355,10 @@ pub async fn run(args: PromptCommand) -> Result<(), String> {
         .llm
         .client(bus.clone(), args.bus.topic_mapping, &telemetry)
         .await?;
-    let handler = Arc::new(PromptService::new(store, llm.clone(), metrics));
+    let handler = Arc::new(
+        PromptService::new(store, llm.clone(), metrics)
+            .with_content_logging(args.templates.log_content),
+    );
     let result = run_until_signalled(bus, config, handler, telemetry, args.processor.metrics_addr)
         .await
         .map_err(|e| e.to_string());

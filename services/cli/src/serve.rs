@@ -127,11 +127,11 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         "sluice serve starting"
     );
     let llm_client = llm_service.client(bus.clone(), mapping, &telemetry).await?;
-    let prompt_handler = Arc::new(PromptService::new(
-        store,
-        llm_client.clone(),
-        prompt_metrics,
-    ));
+    args.templates.announce_content_logging();
+    let prompt_handler = Arc::new(
+        PromptService::new(store, llm_client.clone(), prompt_metrics)
+            .with_content_logging(args.templates.log_content),
+    );
     let agent_handler = Arc::new(
         agent_service(
             &args.agent,

@@ -77,9 +77,16 @@ pub struct LlmArgs {
     /// Seconds between chunks.
     #[arg(long, default_value_t = 60)]
     chunk_timeout_secs: u64,
-    /// Retries of a call that fails before its first chunk is published.
-    #[arg(long, default_value_t = 2)]
-    max_retries: u32,
+    /// How a call that fails before its first chunk is published is retried: a preset
+    /// (`default`, `seed-000`, `seed-001`, `seed-002`), settings (`attempts=2,delay=2s,
+    /// factor=1,max-delay=8s,jitter=0,on=connect+timeout+503,hints=false`) or a preset then
+    /// settings. A request's or template's `retry` applies over this.
+    #[arg(long, env = "SLUICE_RETRY", default_value = "default")]
+    retry: String,
+    /// Retries of a call that fails before its first chunk is published (the same as
+    /// `--retry ...,attempts=N+1`; kept for existing deployments).
+    #[arg(long)]
+    max_retries: Option<u32>,
 }
 
 impl LlmArgs {
@@ -107,10 +114,12 @@ impl LlmArgs {
 pub fn service(args: &LlmArgs, telemetry: &Telemetry) -> Result<TextCompletionService, String> {
     let provider = args.provider_config().build()?;
     let metrics = LlmMetrics::register(&telemetry.registry).map_err(|e| e.to_string())?;
-    let retry = RetryPolicy {
-        max_retries: args.max_retries,
-        ..RetryPolicy::default()
-    };
+    let mut retry = RetryPolicy::parse(&args.retry).map_err(|e| format!("--retry: {e}"))?;
+    if let Some(n) = args.max_retries {
+        retry = retry
+            .with(&format!("attempts={}", n.saturating_add(1)))
+            .map_err(|e| format!("--max-retries: {e}"))?;
+    }
     Ok(
         TextCompletionService::new(provider, retry, metrics).with_models(
             args.extra_models

@@ -299,3 +299,154 @@ async fn a_provider_error_and_the_gateway_token_reach_the_cli_user() {
     assert!(status.success());
     assert!(!log.contains(TOKEN) && !log.contains(KEY));
 }
+
+/// The JSON log lines of `target` (a module path prefix) whose `event` is `event`.
+fn events<'a>(
+    logs: &'a [serde_json::Value],
+    target: &str,
+    event: &str,
+) -> Vec<&'a serde_json::Value> {
+    logs.iter()
+        .filter(|l| {
+            l["event"] == event && l["target"].as_str().is_some_and(|t| t.starts_with(target))
+        })
+        .collect()
+}
+
+/// Seed 000's request log, read from `sluice serve`'s JSON log as an operator would: the
+/// prompt processor logs `llm_request_started` (phase, number of blocks), one
+/// `llm_response_chunk` per object, `malformed_json_line` per bad line, and
+/// `llm_request_completed` or `llm_request_failed`; text-completion's start names the
+/// endpoint. Content (the prompt, objects, the bad lines' text) is in them only with
+/// `--log-content`, and then exactly in the seed's fields.
+#[tokio::test]
+async fn the_request_log_has_seed_000s_events_with_content_only_when_asked() {
+    let fake = FakeOpenAi::start().await;
+    let base = fake.base_url();
+    let blocks = serde_json::json!([
+        {"block_id": "abc123", "content": "zebra-content-5521 [model:seed-classification-malformed]"},
+        {"block_id": "ghi789", "content": "quiet"},
+    ])
+    .to_string();
+    for content in [false, true] {
+        let mut args = vec![
+            "--log-format",
+            "json",
+            "--provider",
+            "openai-compatible",
+            "--base-url",
+            &base,
+            "--model",
+            "routed",
+        ];
+        if content {
+            args.push("--log-content");
+        }
+        let s = serve(&args, &[]).await;
+        let (body, done) = prompt_events(
+            &s.url,
+            serde_json::json!({"id": "knowledge-classification-seed-000", "terms": {"blocks": blocks}}),
+        )
+        .await;
+        assert_eq!(done["objects_emitted"], 2, "{body}");
+        assert_eq!(done["lines_skipped"], 3, "{body}");
+        let (failed_body, failed) = prompt_events(
+            &s.url,
+            serde_json::json!({"id": "knowledge-classification-seed-000",
+                "terms": {"blocks": r#"[{"block_id": "b1", "content": "[model:unauthorized]"}]"#}}),
+        )
+        .await;
+        assert_eq!(failed["type"], "done", "{failed_body}");
+        let (status, stderr) = s.stop().await;
+        assert!(status.success(), "{stderr}");
+        let logs: Vec<serde_json::Value> = stderr
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let prompt = "sluice_prompt";
+
+        let started = events(&logs, prompt, "llm_request_started");
+        assert_eq!(started.len(), 2, "{stderr}");
+        let first = started[0];
+        assert_eq!(first["phase"], "knowledge-classification-seed-000");
+        assert_eq!(first["num_blocks"], 2);
+        let id = first["request_id"].as_str().unwrap();
+        let tc = events(&logs, "sluice_text_completion", "llm_request_started");
+        assert_eq!(tc[0]["endpoint"], format!("{base}/v1/chat/completions"));
+
+        let chunks: Vec<_> = events(&logs, prompt, "llm_response_chunk")
+            .into_iter()
+            .filter(|e| e["request_id"] == id)
+            .collect();
+        assert_eq!(
+            chunks
+                .iter()
+                .map(|c| c["chunk_num"].as_u64().unwrap())
+                .collect::<Vec<_>>(),
+            [1, 2],
+            "{stderr}"
+        );
+        let malformed = events(&logs, prompt, "malformed_json_line");
+        assert_eq!(
+            malformed
+                .iter()
+                .map(|m| m["line"].as_u64().unwrap())
+                .collect::<Vec<_>>(),
+            [2, 3, 4],
+            "{stderr}"
+        );
+        assert!(
+            malformed
+                .iter()
+                .all(|m| m["request_id"] == id && m["error"].is_string())
+        );
+        let completed = events(&logs, prompt, "llm_request_completed");
+        assert_eq!(completed.len(), 1, "{stderr}");
+        assert_eq!(
+            (
+                completed[0]["request_id"].as_str(),
+                completed[0]["total_chunks"].as_u64()
+            ),
+            (Some(id), Some(2))
+        );
+        assert!(completed[0]["duration_ms"].is_u64());
+        let failed = events(&logs, prompt, "llm_request_failed");
+        assert_eq!(failed.len(), 1, "{stderr}");
+        assert_eq!(failed[0]["request_id"], started[1]["request_id"]);
+        assert_eq!(failed[0]["error_type"], "llm-error");
+        assert_eq!(failed[0]["chunks_received"], 0);
+        assert!(
+            failed[0]["error_message"].as_str().unwrap().contains("401"),
+            "{stderr}"
+        );
+
+        if content {
+            let messages: serde_json::Value =
+                serde_json::from_str(first["messages"].as_str().unwrap()).unwrap();
+            assert_eq!(messages[0]["role"], "system");
+            assert!(
+                messages[1]["content"]
+                    .as_str()
+                    .unwrap()
+                    .contains("zebra-content-5521")
+            );
+            let data: serde_json::Value =
+                serde_json::from_str(chunks[0]["data"].as_str().unwrap()).unwrap();
+            assert_eq!(data["block_id"], "abc123");
+            assert_eq!(
+                malformed[1]["line_text"],
+                r#"{"block_id": "def456", "is_knowledge": true,}"#
+            );
+            assert!(stderr.contains("content logging is on"), "{stderr}");
+        } else {
+            for e in started.iter().chain(&chunks).chain(&malformed) {
+                for field in ["messages", "data", "line_text"] {
+                    assert!(e.get(field).is_none(), "{field} in {e}");
+                }
+            }
+            for text in ["zebra-content-5521", "is_knowledge", "def456"] {
+                assert!(!stderr.contains(text), "{text} reached the log: {stderr}");
+            }
+        }
+    }
+}

@@ -133,6 +133,44 @@ fn a_missing_base_url_is_a_clear_error() {
     assert!(err.contains("--base-url"), "{err}");
 }
 
+/// A retry policy that cannot be read (here from the environment) stops the processor at
+/// start, saying what to write.
+#[test]
+fn a_bad_retry_policy_is_a_clear_error_at_start() {
+    let run = |retry: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args([
+                "text-completion",
+                "--provider",
+                "openai-compatible",
+                "--base-url",
+                "http://127.0.0.1:9",
+                "--model",
+                "m",
+                "--in-process",
+                "--metrics-addr",
+                "127.0.0.1:0",
+            ])
+            .env("SLUICE_RETRY", retry)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    };
+    for (retry, says) in [
+        (
+            "seed-003",
+            "--retry: unknown retry preset \"seed-003\"; the presets are: default, sluice, seed-000, seed-001, seed-002",
+        ),
+        ("attempts=0", "--retry: retry attempts must be 1 to 10"),
+        ("delay=2", "give a unit: 250ms or 2s"),
+    ] {
+        let out = run(retry);
+        assert_eq!(out.status.code(), Some(1), "{retry}");
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert!(err.contains(says), "{retry}: {err}");
+    }
+}
+
 /// Bedrock with SigV4 keys from a file and the environment, logging at trace for the
 /// signing crates: the signature is accepted, and neither the secret key nor the session
 /// token reaches a log line or the metrics (aws-sigv4 traces the canonical request).

@@ -623,6 +623,7 @@ pub(crate) fn parse_chat(body: &[u8]) -> Result<ChatCall, ApiError> {
             max_tokens,
             stop,
             model: Some(model.clone()),
+            retry: None,
         },
         model,
         stream,

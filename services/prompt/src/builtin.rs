@@ -53,6 +53,9 @@ pub struct BuiltinTemplate {
     pub answers: Option<&'static normalise::Answers>,
     /// The sampling temperature its calls ask for (the phase's, as the seeds set it).
     pub temperature: Option<f64>,
+    /// The retry policy its calls ask for: a seed's template asks for its seed's policy (the
+    /// preset of the same name, `seed-000`...); sluice's own leave the processor's.
+    pub retry: Option<&'static str>,
 }
 
 /// Why a built-in template's files do not make a template: only a broken build (the files are
@@ -169,6 +172,7 @@ impl Files {
             normalise: Some(normalise),
             answers: normalise::answers(self.normaliser),
             temperature: self.temperature,
+            retry: self.id.find("-seed-").map(|at| &self.id[at + 1..]),
         })
     }
 }

@@ -17,7 +17,8 @@
 //! Failures end the stream with one error record that carries the usage so far: an unknown
 //! template or a missing variable (`invalid-request`), a text-completion error (its own type
 //! and message), an answer that is not the JSON the template asks for (`llm-error`).
-//! Nothing of the prompt or the answer is logged.
+//! Each request's model call is logged as seed 000 asks ([`crate::requestlog`]); nothing of
+//! the prompt or the answer is logged unless the operator opts in to content logging.
 
 use std::{collections::BTreeMap, sync::Arc};
 
@@ -40,6 +41,7 @@ use crate::{
     metrics::PromptMetrics,
     normalise::{Answers, Normalised},
     output::{JsonlParser, LineItem, extract_json},
+    requestlog::RequestLog,
     store::TemplateStore,
     templates::{RenderError, Template},
 };
@@ -52,6 +54,8 @@ pub struct PromptService {
     store: Arc<TemplateStore>,
     llm: Arc<LlmClient>,
     metrics: PromptMetrics,
+    /// Whether the request log carries content (prompts, objects, malformed lines).
+    log_content: bool,
 }
 
 impl PromptService {
@@ -61,7 +65,16 @@ impl PromptService {
             store,
             llm,
             metrics,
+            log_content: false,
         }
+    }
+
+    /// With content in the request log (`--log-content`): the prompts sent, the objects
+    /// received and the malformed lines, as seed 000 logs them. Off by default: logs are
+    /// often kept longer and read by more people than the data.
+    pub fn with_content_logging(mut self, on: bool) -> Self {
+        self.log_content = on;
+        self
     }
 }
 
@@ -98,6 +111,7 @@ struct Answer<'a> {
     pending: PendingUsage,
     template: Arc<Template>,
     metrics: &'a PromptMetrics,
+    log: RequestLog,
 }
 
 impl Answer<'_> {
@@ -108,8 +122,15 @@ impl Answer<'_> {
             .map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))
     }
 
+    /// Ends the stream with `last`, the answer's terminal record.
+    async fn end(&mut self, last: PromptResponse) -> Result<(), Error> {
+        self.log.completed();
+        self.send(last).await
+    }
+
     /// Ends the stream with `error`, the usage so far, and (jsonl) the counts and coverage.
     async fn fail(&mut self, error: Error, lines: Option<&Lines>) -> Result<(), Error> {
+        self.log.failed(&error);
         let mut r = with_usage(&mut self.pending);
         r.error = Some(error);
         r.end_of_stream = true;
@@ -207,8 +228,9 @@ impl Handler for PromptService {
             },
             response_format: None,
             schema: None,
-            temperature: rendered.template.sampling.temperature,
-            max_tokens: rendered.template.sampling.max_tokens,
+            temperature: rendered.template.call.temperature,
+            max_tokens: rendered.template.call.max_tokens,
+            retry: rendered.template.call.retry.clone(),
             ..TextCompletionRequest::default()
         };
         let options = RequestOptions {
@@ -216,23 +238,47 @@ impl Handler for PromptService {
             ..RequestOptions::default()
         };
         debug!(template = %request.id, ?mode, "rendered; calling text-completion");
-        let reader = self
-            .llm
-            .read(&completion, options, read_policy())
-            .await
-            .map_err(|f| f.error)?;
+        let template = rendered.template;
+        let lines =
+            (mode == ResponseType::Jsonl).then(|| Lines::new(template.answers, &request.terms));
+        let num_blocks = lines
+            .as_ref()
+            .and_then(|l| l.coverage.as_ref())
+            .map(|c| c.tally().0);
+        let log = RequestLog::start(
+            &ctx.id,
+            &template.id,
+            num_blocks,
+            self.log_content,
+            &completion,
+        );
+        let reader = match self.llm.read(&completion, options, read_policy()).await {
+            Ok(reader) => reader,
+            Err(f) => {
+                log.failed(&f.error);
+                return Err(f.error);
+            }
+        };
         let mut answer = Answer {
             sink,
             pending: PendingUsage::default(),
-            template: rendered.template,
+            template,
             metrics: &self.metrics,
+            log,
         };
-        match mode {
-            ResponseType::Text => text(&mut answer, reader).await,
-            ResponseType::Json => json(&mut answer, reader).await,
-            ResponseType::Jsonl => {
-                jsonl(&mut answer, reader, request.streaming, &request.terms).await
+        match lines {
+            Some(lines) => {
+                jsonl(
+                    &mut answer,
+                    reader,
+                    lines,
+                    request.streaming,
+                    &request.terms,
+                )
+                .await
             }
+            None if mode == ResponseType::Json => json(&mut answer, reader).await,
+            None => text(&mut answer, reader).await,
         }
     }
 }
@@ -252,16 +298,20 @@ async fn text(a: &mut Answer<'_>, mut reader: LlmReader) -> Result<(), Error> {
             Piece::Record(r) => r,
             Piece::Restarted => {
                 a.pending = PendingUsage::default();
+                a.log.restarted();
                 continue;
             }
             Piece::Failed(f) => return a.failed(f, None).await,
         };
         a.pending.add(&r);
+        if !r.response.is_empty() {
+            a.log.chunk(&r.response);
+        }
         if r.end_of_stream {
             let mut last = with_usage(&mut a.pending);
             last.text = Some(r.response);
             last.end_of_stream = true;
-            return a.send(last).await;
+            return a.end(last).await;
         }
         if !r.response.is_empty() {
             let mut rec = with_usage(&mut a.pending);
@@ -288,6 +338,7 @@ async fn json(a: &mut Answer<'_>, mut reader: LlmReader) -> Result<(), Error> {
             Some(Piece::Restarted) => {
                 text.clear();
                 a.pending = PendingUsage::default();
+                a.log.restarted();
             }
             Some(Piece::Failed(f)) => return a.failed(f, None).await,
             None => return a.fail(unfinished(), None).await,
@@ -311,10 +362,11 @@ async fn json(a: &mut Answer<'_>, mut reader: LlmReader) -> Result<(), Error> {
         return a.fail(e, None).await;
     }
     a.metrics.object(&id);
+    a.log.chunk(&value);
     let mut last = with_usage(&mut a.pending);
     last.object = Some(value.to_string());
     last.end_of_stream = true;
-    a.send(last).await
+    a.end(last).await
 }
 
 /// What a schema failure is, in words that never quote the model's value (the validator's own
@@ -399,6 +451,7 @@ impl Answer<'_> {
     ) -> Result<(), Error> {
         for value in objects {
             self.metrics.object(&self.template.id);
+            self.log.chunk(&value);
             lines.emitted += 1;
             if streaming {
                 let mut rec = with_usage(&mut self.pending);
@@ -431,12 +484,12 @@ impl Answer<'_> {
 async fn jsonl(
     a: &mut Answer<'_>,
     mut reader: LlmReader,
+    mut lines: Lines,
     streaming: bool,
     terms: &BTreeMap<String, String>,
 ) -> Result<(), Error> {
     let mut parser = JsonlParser::default();
     let rules = a.template.answers;
-    let mut lines = Lines::new(rules, terms);
     let id = a.template.id.clone();
     while let Some(piece) = reader.next().await {
         let r = match piece {
@@ -445,6 +498,7 @@ async fn jsonl(
                 parser = JsonlParser::default();
                 lines = Lines::new(rules, terms);
                 a.pending = PendingUsage::default();
+                a.log.restarted();
                 continue;
             }
             Piece::Failed(f) => {
@@ -461,8 +515,8 @@ async fn jsonl(
         for item in items {
             let (line, mut value) = match item {
                 LineItem::Object { line, value } => (line, value),
-                LineItem::Malformed { line, reason } => {
-                    warn!(template = %id, line, reason = %reason, "jsonl line skipped: malformed");
+                LineItem::Malformed { line, text, reason } => {
+                    a.log.malformed(line, &text, &reason);
                     a.metrics.skipped(&id, "malformed");
                     lines.skipped += 1;
                     continue;
@@ -511,7 +565,7 @@ async fn jsonl(
                 skipped = lines.skipped,
                 "jsonl answer complete"
             );
-            return a.send(last).await;
+            return a.end(last).await;
         }
     }
     a.fail(unfinished(), Some(&lines)).await

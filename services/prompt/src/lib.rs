@@ -9,7 +9,8 @@
 //! - [`builtin`]: the built-in templates (data files under `services/prompt/builtin/`) with
 //!   their schemas (docs/protocol.md#structured-output-contracts);
 //! - [`normalise`]: the normalisers a template names, which correct its output objects before
-//!   validation.
+//!   validation;
+//! - [`requestlog`]: seed 000's request log, content only when the operator opts in.
 
 pub mod builtin;
 pub mod coverage;
@@ -17,6 +18,7 @@ pub mod handler;
 pub mod metrics;
 pub mod normalise;
 pub mod output;
+pub mod requestlog;
 pub mod store;
 pub mod templates;
 

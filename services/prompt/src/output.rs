@@ -22,6 +22,9 @@ pub enum LineItem {
     Malformed {
         /// 1-based line number.
         line: usize,
+        /// The line (trimmed), for a request log that opted in to content; empty for a line
+        /// too long or not UTF-8.
+        text: String,
         /// Why, without quoting the line (it is model output, possibly long or sensitive).
         reason: String,
     },
@@ -65,12 +68,14 @@ fn item(line: Result<sluice_runtime::ndjson::Line, LineError>) -> Option<LineIte
         Err(LineError::TooLong { number: line, .. }) => {
             return Some(LineItem::Malformed {
                 line,
+                text: String::new(),
                 reason: format!("longer than {MAX_LINE_BYTES} bytes"),
             });
         }
         Err(LineError::NotUtf8 { number: line }) => {
             return Some(LineItem::Malformed {
                 line,
+                text: String::new(),
                 reason: "not UTF-8".into(),
             });
         }
@@ -86,10 +91,12 @@ fn item(line: Result<sluice_runtime::ndjson::Line, LineError>) -> Option<LineIte
         },
         Ok(_) => LineItem::Malformed {
             line: line.number,
+            text: text.to_owned(),
             reason: "a JSON value that is not an object".into(),
         },
         Err(e) => LineItem::Malformed {
             line: line.number,
+            text: text.to_owned(),
             reason: format!(
                 "not valid JSON ({:?} at column {})",
                 e.classify(),

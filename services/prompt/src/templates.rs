@@ -36,31 +36,40 @@ pub struct Template {
     pub normalise: Option<Normaliser>,
     /// The rules that need the request, which come with the normaliser.
     pub answers: Option<&'static normalise::Answers>,
-    /// The sampling settings its calls to text-completion ask for.
-    pub sampling: Sampling,
+    /// The settings its calls to text-completion ask for.
+    pub call: CallSettings,
     /// Where it came from: `built-in` or the file.
     pub origin: String,
 }
 
-/// A template's sampling settings, sent with each of its calls (each overrides the
-/// text-completion processor's own setting; absent leaves it).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Sampling {
+/// A template's settings for its calls, sent with each (each overrides the text-completion
+/// processor's own setting; absent leaves it).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CallSettings {
     /// The temperature, 0 to 2.
     pub temperature: Option<f64>,
     /// The most output tokens.
     pub max_tokens: Option<u32>,
+    /// How its calls are retried: a `sluice_schema::RetryPolicy` line, applied over the
+    /// text-completion processor's policy.
+    pub retry: Option<String>,
 }
 
-impl Sampling {
+impl CallSettings {
     fn check(&self) -> Result<(), String> {
         match self.temperature {
             Some(t) if !(0.0..=2.0).contains(&t) => {
-                Err(format!("temperature {t} is outside 0 to 2"))
+                return Err(format!("temperature {t} is outside 0 to 2"));
             }
-            _ if self.max_tokens == Some(0) => Err("max-tokens must be at least 1".into()),
-            _ => Ok(()),
+            _ if self.max_tokens == Some(0) => return Err("max-tokens must be at least 1".into()),
+            _ => {}
         }
+        // Checked over the default policy: each setting is checked on its own, so a line
+        // valid here is valid over any processor's policy.
+        if let Some(line) = &self.retry {
+            sluice_schema::RetryPolicy::parse(line).map_err(|e| format!("retry: {e}"))?;
+        }
+        Ok(())
     }
 }
 
@@ -174,6 +183,9 @@ struct FileTemplate {
     /// The most output tokens its calls ask for.
     #[serde(default, rename = "max-tokens", alias = "max_tokens")]
     max_tokens: Option<u32>,
+    /// How its calls are retried (a retry policy line: `seed-002`, `attempts=2,delay=2s`).
+    #[serde(default)]
+    retry: Option<String>,
 }
 
 /// Reads a TrustGraph config value that may be JSON-encoded into a string.
@@ -192,7 +204,7 @@ struct Source {
     schema: Option<Value>,
     normalise: Option<Normaliser>,
     answers: Option<&'static normalise::Answers>,
-    sampling: Sampling,
+    call: CallSettings,
     origin: String,
 }
 
@@ -216,12 +228,12 @@ fn parse_file(path: &Path, text: &str) -> Result<(Option<String>, Vec<Source>), 
                 ))
             })?),
         };
-        let sampling = Sampling {
+        let call = CallSettings {
             temperature: t.temperature,
             max_tokens: t.max_tokens,
+            retry: t.retry,
         };
-        sampling
-            .check()
+        call.check()
             .map_err(|m| err(format!("template {id:?}: {m}")))?;
         sources.push(Source {
             id: id.to_owned(),
@@ -231,7 +243,7 @@ fn parse_file(path: &Path, text: &str) -> Result<(Option<String>, Vec<Source>), 
             schema: t.schema,
             normalise,
             answers: t.normaliser.as_deref().and_then(normalise::answers),
-            sampling,
+            call,
             origin: origin.clone(),
         });
         Ok(())
@@ -282,9 +294,10 @@ fn builtin_sources() -> Result<Vec<Source>, LoadError> {
             schema: Some(b.schema),
             normalise: b.normalise,
             answers: b.answers,
-            sampling: Sampling {
+            call: CallSettings {
                 temperature: b.temperature,
                 max_tokens: None,
+                retry: b.retry.map(str::to_owned),
             },
             origin: "built-in".into(),
         })
@@ -387,7 +400,7 @@ impl TemplateSet {
                     validator,
                     normalise: s.normalise,
                     answers: s.answers,
-                    sampling: s.sampling,
+                    call: s.call,
                     origin: s.origin,
                 }),
             );
@@ -582,6 +595,14 @@ mod tests {
             (
                 r#"{"templates": {"a": {"prompt": "x", "temperature": "warm"}}}"#,
                 "template \"a\"",
+            ),
+            (
+                r#"{"templates": {"a": {"prompt": "x", "retry": "seed-003"}}}"#,
+                "template \"a\": retry: unknown retry preset \"seed-003\"",
+            ),
+            (
+                r#"{"templates": {"a": {"prompt": "x", "retry": "attempts=99"}}}"#,
+                "template \"a\": retry: retry attempts must be 1 to 10",
             ),
         ] {
             let e = TemplateSet::from_json(text, false).unwrap_err().to_string();

@@ -14,7 +14,7 @@
 //!   the records (a broker outage, not a provider failure: the request goes back to the
 //!   broker). They never contain prompt text or keys.
 
-use std::sync::Arc;
+use std::{borrow::Cow, sync::Arc};
 
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -29,7 +29,7 @@ use tracing::{debug, info, warn};
 use crate::{
     metrics::{CallOutcome, LlmMetrics},
     provider::{FailureKind, Provider, ProviderError, Usage},
-    retry::RetryPolicy,
+    retry::{self, RetryPolicy},
 };
 
 /// Why a streamed call stopped early: the provider failed, or publishing its records did.
@@ -83,6 +83,8 @@ pub struct TextCompletionService {
     flow_model: Option<String>,
     /// A TrustGraph flow's `temperature` parameter: for requests that set none.
     flow_temperature: Option<f64>,
+    /// The provider's URL as logged: without user-info or query.
+    endpoint: Arc<str>,
 }
 
 impl TextCompletionService {
@@ -90,6 +92,7 @@ impl TextCompletionService {
     pub fn new(provider: Arc<dyn Provider>, retry: RetryPolicy, metrics: LlmMetrics) -> Self {
         metrics.provider_configured(provider.name(), provider.model());
         let served = vec![provider.model().to_owned()];
+        let endpoint = shown_endpoint(provider.endpoint()).into();
         Self {
             provider,
             retry,
@@ -97,6 +100,7 @@ impl TextCompletionService {
             served,
             flow_model: None,
             flow_temperature: None,
+            endpoint,
         }
     }
 
@@ -119,11 +123,12 @@ impl TextCompletionService {
         );
         Self {
             provider: self.provider.clone(),
-            retry: self.retry,
+            retry: self.retry.clone(),
             metrics: self.metrics.clone(),
             served,
             flow_model: model,
             flow_temperature: temperature,
+            endpoint: self.endpoint.clone(),
         }
     }
 
@@ -212,15 +217,31 @@ impl TextCompletionService {
         }
     }
 
+    /// The retry policy of `request`: its `retry` line applied over the processor's policy,
+    /// else the processor's.
+    fn policy(&self, request: &TextCompletionRequest) -> Result<Cow<'_, RetryPolicy>, Error> {
+        match request.retry.as_deref() {
+            None => Ok(Cow::Borrowed(&self.retry)),
+            Some(line) => self.retry.with(line).map(Cow::Owned).map_err(|m| {
+                let shown: String = m.chars().take(300).collect();
+                Error::new(
+                    ErrorKind::InvalidRequest,
+                    format!("invalid request: field `retry`: {shown}"),
+                )
+            }),
+        }
+    }
+
     /// Waits before the next attempt if the policy allows one; counts it.
     async fn backoff(
         &self,
         request: &TextCompletionRequest,
         ctx: &RequestContext,
+        policy: &RetryPolicy,
         retry: u32,
         e: &ProviderError,
     ) -> bool {
-        let Some(delay) = self.retry.delay(retry, e) else {
+        let Some(delay) = retry::delay(policy, retry, e) else {
             return false;
         };
         let [provider, model] = self.labels(request);
@@ -229,7 +250,8 @@ impl TextCompletionService {
             .with_label_values(&[provider, model, e.kind.as_str()])
             .inc();
         warn!(event = "llm_request_retry", request_id = %ctx.id, provider, model,
-              error_type = e.kind.as_str(), delay_ms = delay.as_millis() as u64, "retrying");
+              error_type = e.kind.as_str(), status = e.status, attempt = retry + 2,
+              attempts = policy.attempts, delay_ms = delay.as_millis() as u64, "retrying");
         // A client cancel or the end of the drain grace drops this future (see
         // sluice_runtime::processor), so the wait needs no cancellation of its own.
         tokio::time::sleep(delay).await;
@@ -316,6 +338,7 @@ impl TextCompletionService {
         &self,
         request: &TextCompletionRequest,
         ctx: &RequestContext,
+        policy: &RetryPolicy,
         sink: &mut ResponseSink<TextCompletionResponse>,
         started: Instant,
     ) -> Result<(), SinkError> {
@@ -395,7 +418,7 @@ impl TextCompletionService {
                 }
                 Err(Stop::Provider(e)) => {
                     self.note_failure(request, &e);
-                    if published == 0 && self.backoff(request, ctx, retry, &e).await {
+                    if published == 0 && self.backoff(request, ctx, policy, retry, &e).await {
                         retry += 1;
                         continue;
                     }
@@ -414,6 +437,7 @@ impl TextCompletionService {
         &self,
         request: &TextCompletionRequest,
         ctx: &RequestContext,
+        policy: &RetryPolicy,
         sink: &mut ResponseSink<TextCompletionResponse>,
         started: Instant,
     ) -> Result<(), SinkError> {
@@ -453,7 +477,7 @@ impl TextCompletionService {
                 }
                 Err(e) => {
                     self.note_failure(request, &e);
-                    if self.backoff(request, ctx, retry, &e).await {
+                    if self.backoff(request, ctx, policy, retry, &e).await {
                         retry += 1;
                         continue;
                     }
@@ -545,11 +569,12 @@ impl Handler for TextCompletionService {
             }
         }
         self.check(&request)?;
+        let policy = self.policy(&request)?;
         let started = Instant::now();
         let [provider, model] = self.labels(&request);
         let streaming = request.streaming && self.provider.supports_streaming();
-        info!(event = "llm_request_started", request_id = %ctx.id, provider, model, streaming,
-              attempt = %ctx.attempt);
+        info!(event = "llm_request_started", request_id = %ctx.id, provider, model,
+              endpoint = %self.endpoint, streaming, attempt = %ctx.attempt);
         let mut in_flight = InFlight::new(&self.metrics, provider, model);
         // The provider call's client span; its context goes out as the HTTP `traceparent`
         // header (providers::send reads it from the task), so a provider that traces sees
@@ -565,9 +590,9 @@ impl Handler for TextCompletionService {
         let result = trace::OUTBOUND
             .scope(call.traceparent(), async {
                 if streaming {
-                    self.stream(&request, &ctx, sink, started).await
+                    self.stream(&request, &ctx, &policy, sink, started).await
                 } else {
-                    self.whole(&request, &ctx, sink, started).await
+                    self.whole(&request, &ctx, &policy, sink, started).await
                 }
             })
             .await;
@@ -583,6 +608,22 @@ impl Handler for TextCompletionService {
                 format!("publishing failed: {e}"),
             )),
         }
+    }
+}
+
+/// `url` as the request log shows it: a URL may carry a credential in its user-info
+/// (`https://user:key@host`) or query (`?key=`), so both are left out; a URL that does not
+/// parse is shown as its scheme and host only, or not at all.
+fn shown_endpoint(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut u) => {
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.set_query(None);
+            u.set_fragment(None);
+            u.to_string()
+        }
+        Err(_) => String::new(),
     }
 }
 
@@ -629,6 +670,21 @@ mod tests {
     use super::*;
     use crate::testing::Answers;
     use prometheus::Registry;
+
+    #[test]
+    fn the_logged_endpoint_never_carries_a_credential() {
+        assert_eq!(
+            shown_endpoint("http://user:secret@provider.test/v1/chat?key=secret#x"),
+            "http://provider.test/v1/chat"
+        );
+        assert_eq!(
+            shown_endpoint(
+                "https://r.openai.azure.com/openai/deployments/m/chat/completions?api-version=1"
+            ),
+            "https://r.openai.azure.com/openai/deployments/m/chat/completions"
+        );
+        assert_eq!(shown_endpoint("not a url with secret"), "");
+    }
 
     #[test]
     fn running_totals_become_deltas_that_sum_to_the_totals() {

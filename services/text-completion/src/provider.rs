@@ -56,7 +56,8 @@ pub struct Completion {
 /// A stream of chunks; ends after the last one or with an error.
 pub type ChunkStream = BoxStream<'static, Result<Chunk, ProviderError>>;
 
-/// What kind of failure a provider call met; decides retrying and the error record.
+/// What kind of failure a provider call met; with its HTTP status, decides retrying (see
+/// `crate::retry`) and the error record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FailureKind {
     /// Could not connect.
@@ -84,17 +85,6 @@ pub enum FailureKind {
 }
 
 impl FailureKind {
-    /// Whether another attempt may succeed (before the first chunk is published).
-    pub fn retryable(self) -> bool {
-        matches!(
-            self,
-            FailureKind::Connect
-                | FailureKind::Timeout
-                | FailureKind::RateLimited
-                | FailureKind::Server
-        )
-    }
-
     /// The label used in metrics and logs.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -122,6 +112,9 @@ pub struct ProviderError {
     pub kind: FailureKind,
     /// What happened and what to do.
     pub message: String,
+    /// The HTTP status the provider answered with, when the failure came with one (or, for
+    /// an error inside a stream, the status its provider documents for the same error).
+    pub status: Option<u16>,
     /// The provider's hint of when to retry.
     pub retry_after: Option<Duration>,
     /// The server's own verdict on retrying (`x-should-retry: true|false`), which overrides
@@ -135,15 +128,16 @@ impl ProviderError {
         Self {
             kind,
             message: message.into(),
+            status: None,
             retry_after: None,
             should_retry: None,
         }
     }
 
-    /// Whether another attempt may succeed: the server's verdict when it gave one, else the
-    /// kind's. The kind itself is kept, so records and metrics still say what happened.
-    pub fn retryable(&self) -> bool {
-        self.should_retry.unwrap_or(self.kind.retryable())
+    /// With the HTTP status it came with.
+    pub fn with_status(mut self, status: Option<u16>) -> Self {
+        self.status = status;
+        self
     }
 
     /// With the server's retry verdict.
@@ -167,6 +161,11 @@ pub trait Provider: Send + Sync + 'static {
 
     /// The configured model.
     fn model(&self) -> &str;
+
+    /// The URL calls for the configured model go to, for the request log (seed 000's
+    /// `endpoint`). The handler logs it without user-info or query, so a URL that carries a
+    /// credential never reaches a log.
+    fn endpoint(&self) -> &str;
 
     /// Whether [`Provider::generate_stream`] streams; when false the processor answers every
     /// request with one record.

@@ -1,63 +1,66 @@
 //! When and how long to wait before another attempt at a provider call.
 //!
-//! The providers' own SDKs retry 408, 409, 429, 5xx and connection errors; they wait the
-//! server's hint when it is at most 60 s, else 0.5 s × 2^n capped at 8 s with jitter, two
-//! retries by default. sluice does the same, and only before the first chunk of a stream has
-//! been published: after that a failure is a terminal error. A server's `x-should-retry`
-//! header, when present, decides instead of the status ([`should_retry`]).
+//! The policy ([`RetryPolicy`], from sluice-schema) is the processor's own (`--retry`), or a
+//! request's `retry` line applied over it. By default sluice does what the providers' SDKs
+//! do: 408, 409, 429, 5xx and connection errors retried, the server's hint waited when it is
+//! at most 60 s, else 0.5 s × 2^n capped at 8 s with jitter, two retries. Retries happen
+//! only before the first chunk of a stream has been published: after that a failure is a
+//! terminal error. With hints followed, a server's `x-should-retry` header decides instead
+//! of the status ([`should_retry`]).
 
 use std::time::Duration;
 
 use reqwest::header::HeaderMap;
+pub use sluice_schema::{RetryOn, RetryPolicy};
 
-use crate::provider::ProviderError;
+use crate::provider::{FailureKind, ProviderError};
 
-/// How many times and how long to retry.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RetryPolicy {
-    /// Retries after the first attempt.
-    pub max_retries: u32,
-    /// The first computed delay.
-    pub initial: Duration,
-    /// The cap on computed delays.
-    pub max: Duration,
-    /// A server hint longer than this is not waited for; the computed delay is used.
-    pub max_hint: Duration,
+/// A server hint longer than this is not waited for; the computed delay is used.
+pub const MAX_HINT: Duration = Duration::from_secs(60);
+
+/// Whether `policy` retries `error` at all (whatever the attempts left): the server's
+/// verdict when the policy follows hints and it gave one, else the policy's list of
+/// failures. Running out of quota or credit is never retried: no wait brings credit back.
+pub fn retries(policy: &RetryPolicy, error: &ProviderError) -> bool {
+    if policy.hints
+        && let Some(verdict) = error.should_retry
+    {
+        return verdict;
+    }
+    let status = match error.kind {
+        FailureKind::Quota => return false,
+        // A throttling is a 429 whatever it came with (Bedrock's ThrottlingException is a 400
+        // or arrives inside the stream).
+        FailureKind::RateLimited => Some(429),
+        _ => error.status,
+    };
+    policy.retries(
+        error.kind == FailureKind::Connect,
+        error.kind == FailureKind::Timeout,
+        status,
+    )
 }
 
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        Self {
-            max_retries: 2,
-            initial: Duration::from_millis(500),
-            max: Duration::from_secs(8),
-            max_hint: Duration::from_secs(60),
-        }
+/// The wait before retry number `retry` (0-based) after `error`, or `None` when `policy`
+/// does not retry the error or its attempts are spent.
+pub fn delay(policy: &RetryPolicy, retry: u32, error: &ProviderError) -> Option<Duration> {
+    if retry.saturating_add(1) >= policy.attempts || !retries(policy, error) {
+        return None;
     }
-}
-
-impl RetryPolicy {
-    /// The wait before retry number `retry` (0-based) after `error`, or `None` when the
-    /// error is not retryable or the retries are spent.
-    pub fn delay(&self, retry: u32, error: &ProviderError) -> Option<Duration> {
-        if retry >= self.max_retries || !error.retryable() {
-            return None;
-        }
-        if let Some(hint) = error.retry_after
-            && hint <= self.max_hint
-        {
-            return Some(hint);
-        }
-        let exp = self
-            .initial
-            .saturating_mul(2u32.saturating_pow(retry))
-            .min(self.max);
-        // Jitter between 75% and 100%, so a fleet of replicas does not retry in lockstep.
-        let millis = u64::try_from(exp.as_millis()).unwrap_or(u64::MAX);
-        Some(Duration::from_millis(rand::random_range(
-            millis * 3 / 4..=millis.max(1),
-        )))
+    if policy.hints
+        && let Some(hint) = error.retry_after
+        && hint <= MAX_HINT
+    {
+        return Some(hint);
     }
+    let computed = policy.backoff(retry);
+    if policy.jitter <= 0.0 {
+        return Some(computed);
+    }
+    let low = computed.mul_f64(1.0 - policy.jitter);
+    Some(Duration::from_secs_f64(rand::random_range(
+        low.as_secs_f64()..=computed.as_secs_f64(),
+    )))
 }
 
 /// The server's retry hint from `retry-after-ms`, then `retry-after` (seconds or an HTTP
@@ -95,60 +98,110 @@ mod tests {
     use reqwest::header::HeaderValue;
 
     use super::*;
-    use crate::provider::FailureKind;
+
+    fn http(kind: FailureKind, status: u16) -> ProviderError {
+        ProviderError::new(kind, status.to_string()).with_status(Some(status))
+    }
 
     #[test]
     fn retryable_errors_back_off_exponentially_within_the_cap() {
-        let p = RetryPolicy {
-            max_retries: 5,
-            ..Default::default()
-        };
-        let e = ProviderError::new(FailureKind::Server, "500");
-        let d: Vec<_> = (0..5).map(|n| p.delay(n, &e).unwrap()).collect();
+        let p = RetryPolicy::parse("attempts=6").unwrap();
+        let e = http(FailureKind::Server, 500);
+        let d: Vec<_> = (0..5).map(|n| delay(&p, n, &e).unwrap()).collect();
         assert!(d[0] >= Duration::from_millis(375) && d[0] <= Duration::from_millis(500));
         assert!(d[1] >= Duration::from_millis(750) && d[1] <= Duration::from_secs(1));
         assert!(d[4] <= Duration::from_secs(8) && d[4] >= Duration::from_secs(6));
-        assert_eq!(p.delay(5, &e), None, "retries spent");
+        assert_eq!(delay(&p, 5, &e), None, "attempts spent");
+        let exact = RetryPolicy::parse("seed-002").unwrap();
+        let d: Vec<_> = (0..3)
+            .map(|n| delay(&exact, n, &e.clone().with_status(Some(503))).unwrap())
+            .collect();
+        assert_eq!(
+            d,
+            [1, 2, 4].map(Duration::from_secs),
+            "no jitter asked, none added"
+        );
+        assert_eq!(delay(&exact, 3, &http(FailureKind::Server, 503)), None);
     }
 
     #[test]
     fn hints_are_honoured_up_to_a_limit_and_final_errors_are_not_retried() {
         let p = RetryPolicy::default();
-        let hinted = ProviderError::new(FailureKind::RateLimited, "429")
-            .with_retry_after(Some(Duration::from_secs(3)));
-        assert_eq!(p.delay(0, &hinted), Some(Duration::from_secs(3)));
+        let hinted =
+            http(FailureKind::RateLimited, 429).with_retry_after(Some(Duration::from_secs(3)));
+        assert_eq!(delay(&p, 0, &hinted), Some(Duration::from_secs(3)));
         let too_long = hinted
             .clone()
             .with_retry_after(Some(Duration::from_secs(600)));
-        assert!(p.delay(0, &too_long).unwrap() <= Duration::from_millis(500));
-        for kind in [
-            FailureKind::Auth,
-            FailureKind::Quota,
-            FailureKind::BadRequest,
+        assert!(delay(&p, 0, &too_long).unwrap() <= Duration::from_millis(500));
+        for (kind, status) in [
+            (FailureKind::Auth, 401),
+            (FailureKind::Permission, 403),
+            (FailureKind::Quota, 429),
+            (FailureKind::BadRequest, 400),
         ] {
-            assert_eq!(p.delay(0, &ProviderError::new(kind, "x")), None);
+            assert_eq!(delay(&p, 0, &http(kind, status)), None, "{status}");
         }
+        let truncated = ProviderError::new(FailureKind::Truncated, "cut");
+        assert_eq!(delay(&p, 0, &truncated), None);
+        // A policy that does not follow hints waits its own delay.
+        let seed = RetryPolicy::parse("seed-002,on=429").unwrap();
+        assert_eq!(delay(&seed, 0, &hinted), Some(Duration::from_secs(1)));
     }
 
     #[test]
-    fn the_servers_should_retry_header_overrides_the_kind() {
+    fn the_policy_names_the_failures_it_retries() {
+        let seed0 = RetryPolicy::preset("seed-000").unwrap();
+        let refused = ProviderError::new(FailureKind::Connect, "refused");
+        let stalled = ProviderError::new(FailureKind::Timeout, "no first token");
+        assert_eq!(delay(&seed0, 0, &refused), Some(Duration::from_secs(2)));
+        assert_eq!(delay(&seed0, 0, &stalled), Some(Duration::from_secs(2)));
+        assert_eq!(delay(&seed0, 1, &stalled), None, "once only");
+        for status in [401, 429, 500, 503] {
+            let kind =
+                crate::providers::classify_status(reqwest::StatusCode::from_u16(status).unwrap());
+            assert_eq!(
+                delay(&seed0, 0, &http(kind, status)),
+                None,
+                "{status} is final"
+            );
+        }
+        let seed2 = RetryPolicy::preset("seed-002").unwrap();
+        assert!(delay(&seed2, 0, &http(FailureKind::Server, 502)).is_some());
+        assert_eq!(delay(&seed2, 0, &http(FailureKind::Server, 500)), None);
+        // A throttling is a 429 whatever status it came with (Bedrock answers 400).
+        let throttled = ProviderError::new(FailureKind::RateLimited, "slow down");
+        assert!(delay(&RetryPolicy::default(), 0, &throttled).is_some());
+        assert_eq!(delay(&seed2, 0, &throttled), None);
+        let none = RetryPolicy::parse("on=none").unwrap();
+        assert_eq!(delay(&none, 0, &refused), None);
+    }
+
+    #[test]
+    fn the_servers_should_retry_header_overrides_the_list_when_hints_are_followed() {
         let p = RetryPolicy::default();
         let mut h = HeaderMap::new();
         assert_eq!(should_retry(&h), None);
         h.insert("x-should-retry", HeaderValue::from_static("maybe"));
         assert_eq!(should_retry(&h), None, "only exactly true or false count");
         h.insert("x-should-retry", HeaderValue::from_static("false"));
-        let server = ProviderError::new(FailureKind::Server, "500");
-        assert!(p.delay(0, &server).is_some());
+        let server = http(FailureKind::Server, 500);
+        assert!(delay(&p, 0, &server).is_some());
         let vetoed = server.with_should_retry(should_retry(&h));
-        assert_eq!(p.delay(0, &vetoed), None);
+        assert_eq!(delay(&p, 0, &vetoed), None);
         assert_eq!(vetoed.kind, FailureKind::Server, "the kind is kept");
         h.insert("x-should-retry", HeaderValue::from_static("true"));
-        let bad = ProviderError::new(FailureKind::BadRequest, "400");
-        assert_eq!(p.delay(0, &bad), None);
+        let bad = http(FailureKind::BadRequest, 400);
+        assert_eq!(delay(&p, 0, &bad), None);
         let allowed = bad.with_should_retry(should_retry(&h));
-        assert!(p.delay(0, &allowed).is_some());
-        assert_eq!(p.delay(2, &allowed), None, "the retry budget still applies");
+        assert!(delay(&p, 0, &allowed).is_some());
+        assert_eq!(delay(&p, 2, &allowed), None, "the attempts still apply");
+        let deaf = RetryPolicy::parse("hints=false").unwrap();
+        assert_eq!(
+            delay(&deaf, 0, &allowed),
+            None,
+            "hints not followed: 400 is final"
+        );
     }
 
     #[test]

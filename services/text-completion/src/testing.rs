@@ -28,6 +28,9 @@ impl Provider for Answers {
     fn model(&self) -> &str {
         "main"
     }
+    fn endpoint(&self) -> &str {
+        "http://user:secret@provider.test/v1/chat?key=secret"
+    }
     fn supports_streaming(&self) -> bool {
         true
     }

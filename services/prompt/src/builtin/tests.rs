@@ -79,7 +79,8 @@ const SLUICES: [&str; 3] = [
 ];
 
 #[test]
-fn every_builtin_is_jsonl_with_a_valid_schema_a_normaliser_and_its_phases_temperature() {
+fn every_builtin_is_jsonl_with_a_valid_schema_a_normaliser_its_phases_temperature_and_its_seeds_retries()
+ {
     let ids: Vec<_> = all().unwrap().iter().map(|t| t.id).collect();
     let mut expected: Vec<String> = SLUICES.iter().map(|s| (*s).to_owned()).collect();
     for seed in ["000", "001", "002"] {
@@ -115,6 +116,15 @@ fn every_builtin_is_jsonl_with_a_valid_schema_a_normaliser_and_its_phases_temper
         };
         let expected = (!t.id.ends_with("-seed-002")).then_some(phase);
         assert_eq!(t.temperature, expected, "{}", t.id);
+        // Each seed's template retries as its seed says; sluice's leave the processor's policy.
+        let seed = t.id.rsplit_once("-seed-").map(|(_, n)| format!("seed-{n}"));
+        assert_eq!(t.retry.map(str::to_owned), seed, "{}", t.id);
+        if let Some(preset) = t.retry {
+            assert!(
+                sluice_schema::RetryPolicy::preset(preset).is_some(),
+                "{preset}"
+            );
+        }
     }
     assert!(find("nope").unwrap().is_none());
 }

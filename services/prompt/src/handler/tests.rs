@@ -24,7 +24,7 @@ const TEMPLATES: &str = r#"{
                   "schema": {"type": "object", "required": ["fact"],
                              "properties": {"fact": {"type": "string"}}}},
         "one": {"prompt": "One object about {{ topic }}", "response-type": "json"},
-        "warm": {"prompt": "Warm {{ x }}", "temperature": 0.7, "max-tokens": 64}
+        "warm": {"prompt": "Warm {{ x }}", "temperature": 0.7, "max-tokens": 64, "retry": "seed-002,attempts=2"}
     }
 }"#;
 
@@ -321,21 +321,23 @@ fn a_schema_problem_never_quotes_the_value() {
     }
 }
 
-/// A template's sampling settings go with each of its calls; a template without them leaves
-/// the processor's own.
+/// A template's call settings (sampling, retries) go with each of its calls; a template
+/// without them leaves the processor's own.
 #[tokio::test]
-async fn a_templates_temperature_and_max_tokens_go_with_its_calls() {
+async fn a_templates_temperature_max_tokens_and_retry_go_with_its_calls() {
     let mut rig = Rig::start(Duration::from_secs(30)).await;
     let stream = rig.ask("warm", &[("x", "up")], false).await;
     let (id, request) = rig.llm_request().await;
     assert_eq!(request.prompt, "Warm up");
     assert_eq!(request.temperature, Some(0.7));
     assert_eq!(request.max_tokens, Some(64));
+    assert_eq!(request.retry.as_deref(), Some("seed-002,attempts=2"));
     rig.answer(&id, "a1", last("ok", 1, 1)).await;
     records(stream).await;
     let stream = rig.ask("say", &[("what", "hi")], false).await;
     let (id, request) = rig.llm_request().await;
     assert_eq!((request.temperature, request.max_tokens), (None, None));
+    assert_eq!(request.retry, None);
     rig.answer(&id, "a1", last("ok", 1, 1)).await;
     records(stream).await;
     rig.stop().await;

@@ -203,6 +203,10 @@ pub fn decode_stream(body: Body, timeouts: HttpTimeouts) -> ChunkStream {
 
 #[async_trait]
 impl Provider for AnthropicProvider {
+    fn endpoint(&self) -> &str {
+        &self.url
+    }
+
     fn name(&self) -> &'static str {
         "anthropic"
     }

@@ -193,6 +193,10 @@ pub fn decode_stream(body: Body, timeouts: HttpTimeouts) -> ChunkStream {
 
 #[async_trait]
 impl Provider for CohereProvider {
+    fn endpoint(&self) -> &str {
+        &self.url
+    }
+
     fn name(&self) -> &'static str {
         "cohere"
     }

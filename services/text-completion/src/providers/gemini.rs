@@ -264,6 +264,10 @@ pub fn decode_stream(body: Body, timeouts: HttpTimeouts) -> ChunkStream {
 
 #[async_trait]
 impl Provider for GeminiProvider {
+    fn endpoint(&self) -> &str {
+        &self.url
+    }
+
     fn name(&self) -> &'static str {
         match self.config.endpoint {
             GeminiEndpoint::AiStudio => "gemini",

@@ -134,7 +134,7 @@ pub async fn send_with_headers(
         .ok()
         .and_then(Result::ok)
         .unwrap_or_default();
-    let error = describe(status, &headers, &body);
+    let error = describe(status, &headers, &body).with_status(Some(status.as_u16()));
     // A header hint wins; otherwise keep one `describe` found in the body (Gemini's RetryInfo).
     let error = match hint {
         Some(_) => error.with_retry_after(hint),

@@ -261,6 +261,10 @@ pub fn decode_stream(body: Body, timeouts: HttpTimeouts) -> ChunkStream {
 
 #[async_trait]
 impl Provider for OllamaProvider {
+    fn endpoint(&self) -> &str {
+        &self.url
+    }
+
     fn name(&self) -> &'static str {
         "ollama"
     }

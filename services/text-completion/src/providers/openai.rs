@@ -276,6 +276,10 @@ pub fn decode_stream(body: Body, timeouts: HttpTimeouts) -> ChunkStream {
 
 #[async_trait]
 impl Provider for OpenAiProvider {
+    fn endpoint(&self) -> &str {
+        &self.url
+    }
+
     fn name(&self) -> &'static str {
         match self.config.dialect {
             Dialect::OpenAi => "openai",

@@ -89,17 +89,18 @@ fn header<'a>(message: &'a Message, name: &str) -> Option<&'a str> {
         .map(|s| s.as_str())
 }
 
-/// The failure kind of an in-stream `:exception-type`.
-fn exception_kind(exception: &str) -> FailureKind {
+/// The failure kind of an in-stream `:exception-type`, and the HTTP status AWS documents for
+/// the same exception outside a stream (so a retry policy's statuses apply to both).
+fn exception_kind(exception: &str) -> (FailureKind, Option<u16>) {
     match exception {
-        "throttlingException" => FailureKind::RateLimited,
+        "throttlingException" => (FailureKind::RateLimited, Some(429)),
         // AWS documents these as transient ("retry your request").
-        "modelStreamErrorException"
-        | "internalServerException"
-        | "serviceUnavailableException"
-        | "modelTimeoutException" => FailureKind::Server,
-        "validationException" => FailureKind::BadRequest,
-        _ => FailureKind::Stream,
+        "modelStreamErrorException" => (FailureKind::Server, Some(424)),
+        "internalServerException" => (FailureKind::Server, Some(500)),
+        "serviceUnavailableException" => (FailureKind::Server, Some(503)),
+        "modelTimeoutException" => (FailureKind::Server, Some(408)),
+        "validationException" => (FailureKind::BadRequest, Some(400)),
+        _ => (FailureKind::Stream, None),
     }
 }
 
@@ -123,10 +124,12 @@ fn decode_frame(message: &Message) -> Result<Event, ProviderError> {
                 .chars()
                 .take(300)
                 .collect();
+            let (kind, status) = exception_kind(exception);
             return Err(ProviderError::new(
-                exception_kind(exception),
+                kind,
                 format!("bedrock reported {exception} mid-stream: {detail}"),
-            ));
+            )
+            .with_status(status));
         }
         Some("error") => {
             return Err(ProviderError::new(
@@ -375,18 +378,24 @@ mod tests {
 
     #[test]
     fn exception_frames_become_the_right_failure_kind() {
-        for (name, kind) in [
-            ("throttlingException", FailureKind::RateLimited),
-            ("modelStreamErrorException", FailureKind::Server),
-            ("internalServerException", FailureKind::Server),
-            ("serviceUnavailableException", FailureKind::Server),
-            ("validationException", FailureKind::BadRequest),
-            ("somethingNewException", FailureKind::Stream),
+        for (name, kind, status) in [
+            ("throttlingException", FailureKind::RateLimited, Some(429)),
+            ("modelStreamErrorException", FailureKind::Server, Some(424)),
+            ("internalServerException", FailureKind::Server, Some(500)),
+            (
+                "serviceUnavailableException",
+                FailureKind::Server,
+                Some(503),
+            ),
+            ("modelTimeoutException", FailureKind::Server, Some(408)),
+            ("validationException", FailureKind::BadRequest, Some(400)),
+            ("somethingNewException", FailureKind::Stream, None),
         ] {
             let mut frames = FrameReader::default();
             frames.push(&exception(name));
             let e = decode_frame(&frames.next_frame().unwrap().unwrap()).unwrap_err();
             assert_eq!(e.kind, kind, "{name}");
+            assert_eq!(e.status, status, "{name}");
             assert!(
                 e.message.contains(name) && e.message.contains("it went wrong"),
                 "{}",

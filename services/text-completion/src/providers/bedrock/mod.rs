@@ -287,6 +287,10 @@ pub fn decode_stream(body: Body, timeouts: HttpTimeouts) -> ChunkStream {
 
 #[async_trait]
 impl Provider for BedrockProvider {
+    fn endpoint(&self) -> &str {
+        &self.stream_url
+    }
+
     fn name(&self) -> &'static str {
         "bedrock"
     }
