@@ -655,8 +655,10 @@ async fn the_agent_route_streams_typed_tokens_and_the_dialogs_usage() {
     config.drain_grace = Duration::from_secs(5);
     let agent = RunningProcessor::start_with(bus, config, handler, telemetry).await;
 
+    // Asked for the steps (`?steps=true`, as `sluice invoke agent` asks): every record is a
+    // token with its type.
     let resp = http()
-        .post(s.url("/api/v1/agent"))
+        .post(s.url("/api/v1/agent?steps=true"))
         .header("accept", "application/x-ndjson")
         .json(&json!({"question": "What is 2 + 3?", "session_id": "dialog-9"}))
         .send()
@@ -723,13 +725,60 @@ async fn the_agent_route_streams_typed_tokens_and_the_dialogs_usage() {
         assert_eq!(e["session_id"], "dialog-9", "the agent's session id");
     }
     assert_eq!(mcp.calls(), 1);
+
+    // Seed 004's client, which shows every token as the answer: the same dialog's steps are
+    // status events only, and the tokens are the answer's.
+    let resp = http()
+        .post(s.url("/api/v1/agent"))
+        .header("accept", "application/x-ndjson")
+        .json(&json!({"question": "What is 2 + 3?", "session_id": "dialog-10"}))
+        .send()
+        .await
+        .unwrap();
+    let events = ndjson_lines(&resp.bytes().await.unwrap());
+    let shown: Vec<String> = events
+        .iter()
+        .map(|e| match e["type"].as_str().unwrap() {
+            "status" => format!("status:{}", e["status"].as_str().unwrap()),
+            "token" => format!("token:{}", e["message_type"].as_str().unwrap()),
+            other => other.to_owned(),
+        })
+        .fold(Vec::new(), |mut v, p| {
+            if v.last() != Some(&p) {
+                v.push(p);
+            }
+            v
+        });
+    assert_eq!(
+        shown,
+        [
+            "status:thinking",
+            "status:using_tool",
+            "status:thinking",
+            "status:writing",
+            "token:answer",
+            "done"
+        ],
+        "{events:#?}"
+    );
+    let answer: String = events
+        .iter()
+        .filter(|e| e["type"] == "token")
+        .map(|e| e["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(answer, "The sum is 5.", "the answer only");
+    assert_eq!(
+        events.last().unwrap()["usage"],
+        json!({"in_token": 18, "out_token": 27})
+    );
+    assert_eq!(mcp.calls(), 2);
     assert!(
         agent
             .telemetry
             .render()
-            .contains(r#"sluice_agent_dialogs_total{outcome="answer"} 1"#)
+            .contains(r#"sluice_agent_dialogs_total{outcome="answer"} 2"#)
     );
-    let success = r#"sluice_gateway_streams_total{outcome="success",route="agent"} 1"#;
+    let success = r#"sluice_gateway_streams_total{outcome="success",route="agent"} 2"#;
     let m = wait_for_metrics(|| s.telemetry.render(), |m| m.contains(success)).await;
     assert!(m.contains(success), "{m}");
     agent.stop().await;

@@ -245,6 +245,11 @@ fn route(base: &str, flow: Option<&str>, service: &str) -> Result<String, Invoke
             None => path.push(service),
         };
     }
+    // The agent's thoughts, actions and observations are shown on stderr, so they are asked
+    // for: the gateway sends only the answer as tokens otherwise (seed 004).
+    if service == "agent" {
+        url.set_query(Some("steps=true"));
+    }
     Ok(url.into())
 }
 
@@ -454,7 +459,7 @@ mod tests {
     fn the_flow_picks_the_route() {
         assert_eq!(
             route("http://gw:8088", None, "agent").unwrap(),
-            "http://gw:8088/api/v1/agent"
+            "http://gw:8088/api/v1/agent?steps=true"
         );
         assert_eq!(
             route("http://gw:8088/", Some("default"), "text-completion").unwrap(),

@@ -450,3 +450,58 @@ async fn the_request_log_has_seed_000s_events_with_content_only_when_asked() {
         }
     }
 }
+
+/// The agent through `sluice invoke`: the answer on stdout and the thoughts on stderr (the CLI
+/// asks the gateway for the steps), while a seed 004 client that does not ask gets the
+/// steps as `status` events and only the answer as tokens.
+#[tokio::test]
+async fn invoke_shows_the_agents_thoughts_and_a_seed_004_client_gets_only_the_answer() {
+    let fake = FakeOpenAi::start().await;
+    let base = fake.base_url();
+    let s = serve(
+        &[
+            "--provider",
+            "openai-compatible",
+            "--base-url",
+            &base,
+            "--model",
+            "react-answer",
+        ],
+        &[],
+    )
+    .await;
+    let out = invoke(
+        &["agent", "-q", "capital of France?"],
+        &[("SLUICE_URL", &s.url)],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.stdout, "Paris is the capital of France.\n");
+    assert!(
+        out.stderr.contains("[thought] I know the answer now."),
+        "{}",
+        out.stderr
+    );
+
+    sluice_runtime::install_crypto_provider();
+    let events = reqwest::Client::new()
+        .post(format!("{}/api/v1/agent", s.url))
+        .header("accept", "application/x-ndjson")
+        .json(&serde_json::json!({"question": "capital of France?", "streaming": true}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let tokens: String = events
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["type"] == "token")
+        .map(|e| e["content"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(tokens, "Paris is the capital of France.", "{events}");
+    assert!(events.contains(r#""status":"thinking""#) && events.contains(r#""status":"writing""#));
+    let (status, _) = s.stop().await;
+    assert!(status.success());
+}

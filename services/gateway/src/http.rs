@@ -14,7 +14,7 @@ use std::{collections::VecDeque, convert::Infallible, sync::Arc, time::Instant};
 use axum::{
     Json,
     body::{Body, Bytes},
-    extract::{Path, State, rejection::BytesRejection},
+    extract::{Path, RawQuery, State, rejection::BytesRejection},
     http::{HeaderMap, HeaderValue, StatusCode, header},
     response::{
         IntoResponse, Response,
@@ -96,14 +96,17 @@ pub(crate) struct Ask {
     pub(crate) accept: Option<Mode>,
     /// The stream a body that asks to stream gets when `accept` names none.
     pub(crate) streamed: Mode,
+    /// Agents: every step as a `token` event (`?steps=true`), not only the answer.
+    pub(crate) steps: bool,
 }
 
 impl Ask {
     /// The REST routes' rule: the `Accept` header, else the body's flag (seed 003's SSE).
-    fn rest(headers: &HeaderMap) -> Self {
+    fn rest(headers: &HeaderMap, query: Option<&str>) -> Self {
         Self {
             accept: accepted(headers),
             streamed: Mode::Records,
+            steps: steps_asked(query),
         }
     }
 
@@ -115,6 +118,14 @@ impl Ask {
             None => Mode::Json,
         }
     }
+}
+
+/// Whether a query string asks for an agent's steps as tokens: `steps=true` (or `steps=1`).
+fn steps_asked(query: Option<&str>) -> bool {
+    query.is_some_and(|q| {
+        q.split('&')
+            .any(|pair| matches!(pair, "steps=true" | "steps=1"))
+    })
 }
 
 /// The HTTP status an error record's type maps to.
@@ -207,10 +218,11 @@ fn counted(inner: &Inner, route: &str, resp: Response) -> Response {
 pub(crate) async fn service(
     State(inner): State<Arc<Inner>>,
     Path(service): Path<String>,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let ask = Ask::rest(&headers);
+    let ask = Ask::rest(&headers, query.as_deref());
     dispatch(inner, &service, headers, body, ask).await
 }
 
@@ -220,6 +232,7 @@ pub(crate) async fn service(
 pub(crate) async fn flow_service(
     State(inner): State<Arc<Inner>>,
     Path((flow, service)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -240,6 +253,7 @@ pub(crate) async fn flow_service(
     let ask = Ask {
         accept: accepted(&headers),
         streamed: Mode::Json,
+        steps: steps_asked(query.as_deref()),
     };
     dispatch(inner, &service, headers, body, ask).await
 }
@@ -251,6 +265,7 @@ pub(crate) async fn models(State(inner): State<Arc<Inner>>, headers: HeaderMap) 
     let ask = Ask {
         accept: None,
         streamed: Mode::Json,
+        steps: false,
     };
     dispatch(inner, "text-completion", headers, Ok(body), ask).await
 }
@@ -420,7 +435,10 @@ pub(crate) async fn handle<K: Routed>(
             inner.metrics.request(route, 200);
             let events = EventStream::<K> {
                 reader: Some(reader),
-                state: StreamState::default(),
+                state: StreamState {
+                    steps: ask.steps,
+                    ..StreamState::default()
+                },
                 pending: VecDeque::from([Event::status(Status::Thinking)]),
                 trace_id: Arc::from(trace_id),
                 session_id: Arc::from(session_id),
@@ -653,7 +671,7 @@ impl<K: Kind> EventStream<K> {
                 }
                 Some(Piece::Restarted) => {
                     // Another replica starts the answer over; the caller discards what it has.
-                    self.state = StreamState::default();
+                    self.state.restart();
                     self.pending.push_back(Event::status(Status::Restarted));
                 }
                 None => {
@@ -716,20 +734,24 @@ mod tests {
     #[test]
     fn accept_picks_the_mode_and_else_the_bodys_flag() {
         let mut h = HeaderMap::new();
-        assert_eq!(Ask::rest(&h).mode(false), Mode::Json);
-        assert_eq!(Ask::rest(&h).mode(true), Mode::Records, "seed 003's SSE");
+        assert_eq!(Ask::rest(&h, None).mode(false), Mode::Json);
+        assert_eq!(
+            Ask::rest(&h, None).mode(true),
+            Mode::Records,
+            "seed 003's SSE"
+        );
         h.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
-        assert_eq!(Ask::rest(&h).mode(true), Mode::Records);
+        assert_eq!(Ask::rest(&h, None).mode(true), Mode::Records);
         h.insert(
             header::ACCEPT,
             HeaderValue::from_static("application/x-ndjson"),
         );
-        assert_eq!(Ask::rest(&h).mode(false), Mode::Ndjson, "Accept wins");
+        assert_eq!(Ask::rest(&h, None).mode(false), Mode::Ndjson, "Accept wins");
         h.insert(
             header::ACCEPT,
             HeaderValue::from_static("text/event-stream"),
         );
-        assert_eq!(Ask::rest(&h).mode(true), Mode::Sse);
+        assert_eq!(Ask::rest(&h, None).mode(true), Mode::Sse);
     }
 
     #[tokio::test]

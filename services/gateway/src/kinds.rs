@@ -57,6 +57,19 @@ pub struct StreamState {
     pub counts: Option<(u64, u64)>,
     /// `jsonl` prompts whose contract names the request's items: expected, answered, pending.
     pub items: Option<(u64, u64, Option<Vec<String>>)>,
+    /// Agents: the caller asked for every step as `token` events (`?steps=true`); otherwise
+    /// only the answer is, and the steps are `status` events, as seed 004 intends.
+    pub steps: bool,
+}
+
+impl StreamState {
+    /// A fresh state for a stream, keeping what the caller asked for.
+    pub fn restart(&mut self) {
+        *self = Self {
+            steps: self.steps,
+            ..Self::default()
+        };
+    }
 }
 
 /// A service's records, as the gateway needs them.
@@ -195,7 +208,11 @@ impl Kind for Agent {
             state.status = Some(status);
             out.push(Event::status(status));
         }
-        if !record.content.is_empty() || record.end_of_message {
+        // A seed 004 client shows every token as the answer: the agent's thoughts, actions
+        // and observations would read as if they were. They are `status` events (above)
+        // unless the caller asked for the steps.
+        let shown = state.steps || record.message_type == AgentMessageType::Answer;
+        if shown && (!record.content.is_empty() || record.end_of_message) {
             let mut event = Event::token(record.content.clone());
             event.message_type = Some(record.message_type);
             event.end_of_message = Some(record.end_of_message);
@@ -220,9 +237,11 @@ mod tests {
         assert_eq!(none, UsageTotal::default());
     }
 
-    #[test]
-    fn agent_records_announce_each_phase_once_and_carry_their_type() {
-        let mut state = StreamState::default();
+    fn agent_events(steps: bool) -> Vec<String> {
+        let mut state = StreamState {
+            steps,
+            ..StreamState::default()
+        };
         let mut out = Vec::new();
         for (t, c) in [
             (AgentMessageType::Thought, "I should"),
@@ -238,14 +257,47 @@ mod tests {
             };
             Agent::events(&r, &mut state, &mut out);
         }
-        let lines: Vec<String> = out
-            .iter()
+        out.iter()
             .map(|e| serde_json::to_string(e).unwrap())
-            .collect();
-        let statuses: Vec<_> = lines.iter().filter(|l| l.contains("\"status\"")).collect();
-        assert_eq!(statuses.len(), 3, "{lines:#?}");
+            .collect()
+    }
+
+    #[test]
+    fn agent_steps_are_status_events_and_only_the_answer_is_tokens() {
+        let lines = agent_events(false);
+        assert_eq!(
+            lines,
+            [
+                r#"{"type":"status","content":null,"status":"thinking","trace_id":"","session_id":""}"#,
+                r#"{"type":"status","content":null,"status":"using_tool","trace_id":"","session_id":""}"#,
+                r#"{"type":"status","content":null,"status":"writing","trace_id":"","session_id":""}"#,
+                r#"{"type":"token","content":"42","message_type":"answer","end_of_message":false,"trace_id":"","session_id":""}"#,
+            ],
+            "{lines:#?}"
+        );
+    }
+
+    #[test]
+    fn asked_for_the_steps_every_record_is_a_token_with_its_type() {
+        let lines = agent_events(true);
+        let statuses = lines
+            .iter()
+            .filter(|l| l.contains(r#""type":"status""#))
+            .count();
+        assert_eq!(statuses, 3, "{lines:#?}");
         assert!(lines[1].contains(r#""message_type":"thought""#));
+        assert!(lines.iter().any(|l| l.contains(r#""content":"found""#)));
         assert!(lines.last().unwrap().contains(r#""content":"42""#));
+        let mut state = StreamState {
+            steps: true,
+            status: Some(Status::Writing),
+            ..StreamState::default()
+        };
+        state.restart();
+        assert!(
+            state.steps && state.status.is_none(),
+            "a restart keeps what was asked"
+        );
     }
 
     #[test]

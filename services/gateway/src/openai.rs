@@ -835,6 +835,7 @@ async fn seed_004(
     let ask = Ask {
         accept: accept.or(streams.then_some(Mode::Ndjson)),
         streamed: Mode::Ndjson,
+        steps: false,
     };
     http::handle::<TextCompletion>(inner, headers, body, ask, |b| seed_004_request(b, fields)).await
 }
