@@ -46,6 +46,21 @@ async fn serve(args: &[&str], env: &[(&str, &str)]) -> Serve {
     }
 }
 
+/// Starts `sluice serve` on the fake OpenAI server's `model`, with `more` options.
+async fn serve_model(fake: &FakeOpenAi, model: &str, more: &[&str], env: &[(&str, &str)]) -> Serve {
+    let base = fake.base_url();
+    let mut args = vec![
+        "--provider",
+        "openai-compatible",
+        "--base-url",
+        &base,
+        "--model",
+        model,
+    ];
+    args.extend_from_slice(more);
+    serve(&args, env).await
+}
+
 impl Serve {
     /// SIGTERM, then the exit status and everything it logged.
     async fn stop(self) -> (std::process::ExitStatus, String) {
@@ -243,16 +258,10 @@ async fn serve_streams_to_invoke_and_errors_exit_non_zero_with_a_readable_messag
 #[tokio::test]
 async fn a_provider_error_and_the_gateway_token_reach_the_cli_user() {
     let fake = FakeOpenAi::start().await;
-    let base = fake.base_url();
-    let s = serve(
-        &[
-            "--provider",
-            "openai-compatible",
-            "--base-url",
-            &base,
-            "--model",
-            "unauthorized",
-        ],
+    let s = serve_model(
+        &fake,
+        "unauthorized",
+        &[],
         &[("SLUICE_GATEWAY_TOKEN", TOKEN)],
     )
     .await;
@@ -329,20 +338,11 @@ async fn the_request_log_has_seed_000s_events_with_content_only_when_asked() {
     ])
     .to_string();
     for content in [false, true] {
-        let mut args = vec![
-            "--log-format",
-            "json",
-            "--provider",
-            "openai-compatible",
-            "--base-url",
-            &base,
-            "--model",
-            "routed",
-        ];
+        let mut args = vec!["--log-format", "json"];
         if content {
             args.push("--log-content");
         }
-        let s = serve(&args, &[]).await;
+        let s = serve_model(&fake, "routed", &args, &[]).await;
         let (body, done) = prompt_events(
             &s.url,
             serde_json::json!({"id": "knowledge-classification-seed-000", "terms": {"blocks": blocks}}),
@@ -457,19 +457,7 @@ async fn the_request_log_has_seed_000s_events_with_content_only_when_asked() {
 #[tokio::test]
 async fn invoke_shows_the_agents_thoughts_and_a_seed_004_client_gets_only_the_answer() {
     let fake = FakeOpenAi::start().await;
-    let base = fake.base_url();
-    let s = serve(
-        &[
-            "--provider",
-            "openai-compatible",
-            "--base-url",
-            &base,
-            "--model",
-            "react-answer",
-        ],
-        &[],
-    )
-    .await;
+    let s = serve_model(&fake, "react-answer", &[], &[]).await;
     let out = invoke(
         &["agent", "-q", "capital of France?"],
         &[("SLUICE_URL", &s.url)],
