@@ -21,7 +21,7 @@ const KEY: &str = "sk-ant-test-secret";
 
 fn provider(fake: &FakeAnthropic, model: &str) -> AnthropicProvider {
     let mut c = AnthropicConfig::new(fake.base_url(), model);
-    c.api_key = Some(Secret::new(KEY));
+    c.credential = Some(Secret::new(KEY));
     AnthropicProvider::new(c).unwrap()
 }
 
