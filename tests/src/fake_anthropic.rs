@@ -1,21 +1,28 @@
-//! A fake Anthropic Messages server (`POST /v1/messages`, SSE named events) over real HTTP,
-//! scripted by model name:
+//! A fake Anthropic Messages server over real HTTP: Anthropic's `POST /v1/messages` (SSE named
+//! events) and Vertex AI's
+//! `POST /v1/projects/{project}/locations/{location}/publishers/anthropic/models/{model}:{verb}`
+//! (`streamRawPredict`: the same events; `rawPredict`: the whole message as JSON), scripted by
+//! model name:
 //!
 //! | model | behaviour |
 //! |---|---|
-//! | `normal` | message_start (25 in, 1 out), ping, a block of `Hello` ` there`, message_delta output 9, a repeated message_delta 15 and 15, message_stop |
+//! | `normal` | message_start (25 in, 1 out), ping, a block of `Hello` ` there`, message_delta output 9, a repeated message_delta 15 and 15, message_stop; whole: `Hello there`, 20 in + 5 cache read, 15 out |
 //! | `overloaded_once` | 529 `overloaded_error` on the first call, then `normal` |
-//! | `rate_limited_once` | 429 `rate_limit_error` with `retry-after: 0` on the first call, then `normal` |
-//! | `unauthorized` | 401 `authentication_error` |
+//! | `rate_limited_once` | 429 on the first call, then `normal`: `rate_limit_error` with `retry-after: 0`; on Vertex, Google's `RESOURCE_EXHAUSTED` quota error (no header) |
+//! | `unauthorized` | 401 `authentication_error`; on Vertex, Google's `UNAUTHENTICATED` |
+//! | `forbidden` | 403 `permission_error`; on Vertex, Google's `PERMISSION_DENIED` |
 //! | `error_mid_stream` | message_start, `Hello`, then `event: error` overloaded_error |
 //! | `no_stop` | message_start, `Hello`, then the body ends without message_stop |
+//!
+//! Vertex errors that its front end raises (token, permission, quota) come in Google's shape;
+//! those from the model (overloaded) in Anthropic's, as Vertex passes them on.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::{Arc, Mutex};
 
 use axum::{
     Json, Router,
-    extract::State,
+    extract::{Path, State},
     http::{HeaderMap, StatusCode},
     response::{IntoResponse, Response},
     routing::post,
@@ -32,6 +39,28 @@ pub type FakeAnthropic = Fake<AnthropicSeen>;
 pub struct AnthropicSeen {
     calls: Calls,
     headers: Vec<(Option<String>, Option<String>)>,
+    vertex: Vec<VertexCall>,
+}
+
+/// One call on Vertex AI's path, as the fake received it.
+#[derive(Debug, Clone)]
+pub struct VertexCall {
+    /// The project in the path.
+    pub project: String,
+    /// The location in the path.
+    pub location: String,
+    /// The model in the path.
+    pub model: String,
+    /// `streamRawPredict` or `rawPredict`.
+    pub verb: String,
+    /// The `Authorization` header.
+    pub authorization: Option<String>,
+    /// The `x-api-key` header (Vertex wants none).
+    pub api_key: Option<String>,
+    /// The `anthropic-version` header (Vertex wants the version in the body).
+    pub anthropic_version_header: Option<String>,
+    /// The request body.
+    pub body: Value,
 }
 
 impl Fake<AnthropicSeen> {
@@ -40,9 +69,18 @@ impl Fake<AnthropicSeen> {
         Self::serve(|seen| {
             Router::new()
                 .route("/v1/messages", post(messages))
+                .route(
+                    "/v1/projects/{project}/locations/{location}/publishers/anthropic/models/{call}",
+                    post(vertex),
+                )
                 .with_state(seen)
         })
         .await
+    }
+
+    /// The last call on Vertex AI's path.
+    pub fn last_vertex(&self) -> Option<VertexCall> {
+        self.seen().vertex.last().cloned()
     }
 
     /// Calls received for `model`.
@@ -99,6 +137,22 @@ fn error(status: StatusCode, kind: &str, message: &str) -> Response {
     r
 }
 
+fn header(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+/// Google's error shape, which Vertex's front end answers with.
+fn google_error(status: StatusCode, code: &str, message: &str) -> Response {
+    (
+        status,
+        Json(json!({"error": {"code": status.as_u16(), "message": message, "status": code}})),
+    )
+        .into_response()
+}
+
 async fn messages(
     State(seen): State<Arc<Mutex<AnthropicSeen>>>,
     headers: HeaderMap,
@@ -107,13 +161,10 @@ async fn messages(
     let model = body["model"].as_str().unwrap_or("").to_owned();
     let call = {
         let mut s = seen.lock().unwrap();
-        let h = |n: &str| {
-            headers
-                .get(n)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        };
-        s.headers.push((h("x-api-key"), h("anthropic-version")));
+        s.headers.push((
+            header(&headers, "x-api-key"),
+            header(&headers, "anthropic-version"),
+        ));
         s.calls.count(&model)
     };
     match (model.as_str(), call) {
@@ -124,11 +175,11 @@ async fn messages(
                 "invalid x-api-key",
             );
         }
-        ("overloaded_once", 1) => {
+        ("forbidden", _) => {
             return error(
-                StatusCode::from_u16(529).unwrap(),
-                "overloaded_error",
-                "Overloaded",
+                StatusCode::FORBIDDEN,
+                "permission_error",
+                "Your API key does not have permission to use the specified resource.",
             );
         }
         ("rate_limited_once", 1) => {
@@ -140,7 +191,89 @@ async fn messages(
         }
         _ => {}
     }
-    let steps = match model.as_str() {
+    answer(&model, call, true)
+}
+
+async fn vertex(
+    State(seen): State<Arc<Mutex<AnthropicSeen>>>,
+    Path((project, location, call)): Path<(String, String, String)>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    // axum cannot split one segment, so `{model}:{verb}` is split here.
+    let (model, verb) = call.split_once(':').unwrap_or((&call, ""));
+    let (model, verb) = (model.to_owned(), verb.to_owned());
+    let n = {
+        let mut s = seen.lock().unwrap();
+        s.vertex.push(VertexCall {
+            project,
+            location,
+            model: model.clone(),
+            verb: verb.clone(),
+            authorization: header(&headers, "authorization"),
+            api_key: header(&headers, "x-api-key"),
+            anthropic_version_header: header(&headers, "anthropic-version"),
+            body,
+        });
+        s.calls.count(&model)
+    };
+    let streaming = match verb.as_str() {
+        "streamRawPredict" => true,
+        "rawPredict" => false,
+        _ => {
+            return google_error(
+                StatusCode::NOT_FOUND,
+                "NOT_FOUND",
+                "The requested URL was not found on this server.",
+            );
+        }
+    };
+    match (model.as_str(), n) {
+        ("unauthorized", _) => {
+            return google_error(
+                StatusCode::UNAUTHORIZED,
+                "UNAUTHENTICATED",
+                "Request had invalid authentication credentials. Expected OAuth 2 access token, login cookie or other valid authentication credential.",
+            );
+        }
+        ("forbidden", _) => {
+            return google_error(
+                StatusCode::FORBIDDEN,
+                "PERMISSION_DENIED",
+                "Permission 'aiplatform.endpoints.predict' denied on resource (or it may not exist).",
+            );
+        }
+        ("rate_limited_once", 1) => {
+            return google_error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "RESOURCE_EXHAUSTED",
+                "Quota exceeded for aiplatform.googleapis.com/online_prediction_requests_per_base_model with base model: anthropic-claude. Please submit a quota increase request.",
+            );
+        }
+        _ => {}
+    }
+    answer(&model, n, streaming)
+}
+
+/// The scripted answer for call number `call` of `model`, as events or as one message.
+fn answer(model: &str, call: usize, streaming: bool) -> Response {
+    if (model, call) == ("overloaded_once", 1) {
+        return error(
+            StatusCode::from_u16(529).unwrap(),
+            "overloaded_error",
+            "Overloaded",
+        );
+    }
+    if !streaming {
+        return Json(
+            json!({"id": "msg_1", "type": "message", "role": "assistant",
+            "model": model, "content": [{"type": "text", "text": "Hello there"}],
+            "stop_reason": "end_turn", "stop_sequence": null,
+            "usage": {"input_tokens": 20, "cache_read_input_tokens": 5, "output_tokens": 15}}),
+        )
+        .into_response();
+    }
+    let steps = match model {
         "error_mid_stream" => vec![Step::Send(start()), Step::Send(text("Hello")),
             Step::Send(ev("error", json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})))],
         "no_stop" => vec![Step::Send(start()), Step::Send(text("Hello"))],

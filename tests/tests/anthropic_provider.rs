@@ -1,4 +1,5 @@
-//! The Anthropic provider against the fake Anthropic server, and through the broker.
+//! The Anthropic provider, on Anthropic's API and on Vertex AI, against the fake Anthropic
+//! server, and through the broker.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
@@ -7,22 +8,55 @@ use futures::StreamExt;
 use sluice_runtime::{secret::Secret, telemetry::Telemetry};
 use sluice_schema::TextCompletionRequest;
 use sluice_tests::{
-    Broker, RunningProcessor, echo_config, fake_anthropic::FakeAnthropic, text_client, unique_topic,
+    Broker, RunningProcessor, echo_config,
+    fake_anthropic::{FakeAnthropic, VertexCall},
+    text_client, unique_topic,
 };
 use sluice_text_completion::{
     handler::TextCompletionService,
     metrics::LlmMetrics,
-    provider::{Chunk, FailureKind, Provider, ProviderError},
+    provider::{Chunk, FailureKind, Provider, ProviderError, Usage},
     providers::anthropic::{AnthropicConfig, AnthropicProvider},
     retry::RetryPolicy,
 };
 
 const KEY: &str = "sk-ant-test-secret";
+const TOKEN: &str = "ya29.vertex-test-token";
 
 fn provider(fake: &FakeAnthropic, model: &str) -> AnthropicProvider {
     let mut c = AnthropicConfig::new(fake.base_url(), model);
-    c.api_key = Some(Secret::new(KEY));
+    c.credential = Some(Secret::new(KEY));
     AnthropicProvider::new(c).unwrap()
+}
+
+/// Claude on Vertex AI in `proj-7` at `us-east5`, the fake as Vertex's origin.
+fn vertex(fake: &FakeAnthropic, model: &str) -> AnthropicProvider {
+    let mut c = AnthropicConfig::vertex("proj-7", "us-east5", fake.base_url(), model);
+    c.credential = Some(Secret::new(TOKEN));
+    AnthropicProvider::new(c).unwrap()
+}
+
+/// What every call on Vertex's path must look like: the project and location in the path, the
+/// token as a bearer, no Anthropic headers, the version in the body and no model there.
+fn assert_vertex_call(call: &VertexCall, model: &str, verb: &str) {
+    assert_eq!(
+        (call.project.as_str(), call.location.as_str()),
+        ("proj-7", "us-east5")
+    );
+    assert_eq!((call.model.as_str(), call.verb.as_str()), (model, verb));
+    assert_eq!(
+        call.authorization.as_deref(),
+        Some(format!("Bearer {TOKEN}").as_str())
+    );
+    assert_eq!(call.api_key, None, "no x-api-key header");
+    assert_eq!(
+        call.anthropic_version_header, None,
+        "no anthropic-version header"
+    );
+    assert_eq!(call.body["anthropic_version"], "vertex-2023-10-16");
+    assert!(call.body.get("model").is_none(), "{}", call.body);
+    assert_eq!(call.body["max_tokens"], 1024);
+    assert_eq!(call.body["system"], "s");
 }
 
 fn req(streaming: bool) -> TextCompletionRequest {
@@ -35,7 +69,14 @@ fn req(streaming: bool) -> TextCompletionRequest {
 }
 
 async fn drain(p: &AnthropicProvider) -> (Vec<Chunk>, Option<ProviderError>) {
-    let mut s = match p.generate_stream(&req(true)).await {
+    drain_request(p, &req(true)).await
+}
+
+async fn drain_request(
+    p: &AnthropicProvider,
+    request: &TextCompletionRequest,
+) -> (Vec<Chunk>, Option<ProviderError>) {
+    let mut s = match p.generate_stream(request).await {
         Ok(s) => s,
         Err(e) => return (vec![], Some(e)),
     };
@@ -122,5 +163,155 @@ async fn through_the_broker_running_totals_become_deltas_and_overload_is_retried
         fake.calls("overloaded_once"),
         3,
         "one 529, retried, then the second request"
+    );
+}
+
+#[tokio::test]
+async fn vertex_streams_from_stream_raw_predict_with_a_bearer_token() {
+    let fake = FakeAnthropic::start().await;
+    let p = vertex(&fake, "normal");
+    let (chunks, err) = drain(&p).await;
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(
+        chunks.iter().map(|c| c.text.as_str()).collect::<String>(),
+        "Hello there"
+    );
+    let usage = chunks
+        .iter()
+        .filter_map(|c| c.usage)
+        .fold(Usage::default(), Usage::merge);
+    assert_eq!((usage.input, usage.output), (25, 15));
+    let call = fake.last_vertex().expect("a Vertex call");
+    assert_vertex_call(&call, "normal", "streamRawPredict");
+    assert_eq!(call.body["stream"], true);
+    assert_eq!(fake.last_headers(), (None, None), "nothing on /v1/messages");
+    // A request naming another model goes to that model's path.
+    let other = TextCompletionRequest {
+        model: Some("claude-other@20250101".into()),
+        ..req(true)
+    };
+    let (_, err) = drain_request(&p, &other).await;
+    assert!(err.is_none(), "{err:?}");
+    let call = fake.last_vertex().unwrap();
+    assert_vertex_call(&call, "claude-other@20250101", "streamRawPredict");
+}
+
+#[tokio::test]
+async fn vertex_answers_a_whole_request_from_raw_predict() {
+    let fake = FakeAnthropic::start().await;
+    let done = vertex(&fake, "normal").generate(&req(false)).await.unwrap();
+    assert_eq!(done.text, "Hello there");
+    assert_eq!(
+        done.usage,
+        Some(Usage {
+            input: 25,
+            output: 15
+        }),
+        "cache reads count as input"
+    );
+    assert_eq!(done.finish_reason.as_deref(), Some("end_turn"));
+    let call = fake.last_vertex().expect("a Vertex call");
+    assert_vertex_call(&call, "normal", "rawPredict");
+    assert!(call.body.get("stream").is_none(), "{}", call.body);
+    assert_eq!(fake.calls("normal"), 1, "one call, not a stream collected");
+}
+
+#[tokio::test]
+async fn vertex_errors_in_googles_shape_are_classified_and_described() {
+    let fake = FakeAnthropic::start().await;
+    let (_, err) = drain(&vertex(&fake, "rate_limited_once")).await;
+    let err = err.unwrap();
+    assert_eq!(err.kind, FailureKind::RateLimited, "{}", err.message);
+    assert!(
+        err.message.contains("RESOURCE_EXHAUSTED")
+            && err
+                .message
+                .contains("Quota exceeded for aiplatform.googleapis.com"),
+        "{}",
+        err.message
+    );
+    let (_, err) = drain(&vertex(&fake, "overloaded_once")).await;
+    let err = err.unwrap();
+    assert_eq!(err.kind, FailureKind::Server, "Anthropic's shape passed on");
+    assert!(err.message.contains("overloaded_error"), "{}", err.message);
+    let err = vertex(&fake, "forbidden")
+        .generate(&req(false))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, FailureKind::Permission);
+    assert!(
+        err.message.contains("VERTEX_ACCESS_TOKEN")
+            && err.message.contains("PERMISSION_DENIED")
+            && !err.message.contains(TOKEN),
+        "{}",
+        err.message
+    );
+}
+
+#[tokio::test]
+async fn a_rejected_vertex_token_names_its_source_and_never_itself() {
+    let fake = FakeAnthropic::start().await;
+    let (_, err) = drain(&vertex(&fake, "unauthorized")).await;
+    let err = err.unwrap();
+    assert_eq!(err.kind, FailureKind::Auth);
+    assert!(
+        err.message.contains("VERTEX_ACCESS_TOKEN") && !err.message.contains(TOKEN),
+        "{}",
+        err.message
+    );
+    assert!(
+        !err.message.contains("ANTHROPIC_API_KEY"),
+        "{}",
+        err.message
+    );
+    assert!(!format!("{err:?}").contains(TOKEN));
+}
+
+#[tokio::test]
+async fn vertex_streams_and_answers_whole_through_the_broker() {
+    let broker = Broker::from_env().await;
+    let fake = FakeAnthropic::start().await;
+    // rate_limited_once: Google's 429 before the first chunk is retried like Anthropic's.
+    for model in ["normal", "rate_limited_once"] {
+        let telemetry = Telemetry::new().unwrap();
+        let service = TextCompletionService::new(
+            Arc::new(vertex(&fake, model)),
+            RetryPolicy::default(),
+            LlmMetrics::register(&telemetry.registry).unwrap(),
+        );
+        let (rq, rs) = (unique_topic("vtxa-req"), unique_topic("vtxa-resp"));
+        let p =
+            RunningProcessor::start(broker.bus().await, echo_config(&rq, &rs, 4), service).await;
+        let client = text_client(broker.bus().await, &rq, &rs).await;
+        for (streaming, verb) in [(true, "streamRawPredict"), (false, "rawPredict")] {
+            let records = client.call(&req(streaming)).await.unwrap();
+            let last = records.last().unwrap();
+            assert!(
+                last.end_of_stream && last.error.is_none(),
+                "{model}: {last:?}"
+            );
+            let texts: Vec<_> = records
+                .iter()
+                .map(|r| r.response.as_str())
+                .filter(|t| !t.is_empty())
+                .collect();
+            if streaming {
+                assert_eq!(texts, ["Hello", " there"], "{model}: one record per chunk");
+            } else {
+                assert_eq!(records.len(), 1, "{model}: one record");
+                assert_eq!(texts, ["Hello there"], "{model}");
+            }
+            let input: u64 = records.iter().filter_map(|r| r.in_token).sum();
+            let output: u64 = records.iter().filter_map(|r| r.out_token).sum();
+            assert_eq!((input, output), (25, 15), "{model} streaming={streaming}");
+            assert_vertex_call(&fake.last_vertex().unwrap(), model, verb);
+        }
+        client.close().await;
+        p.stop().await;
+    }
+    assert_eq!(
+        fake.calls("rate_limited_once"),
+        3,
+        "one 429, retried, then the whole request"
     );
 }

@@ -53,10 +53,10 @@ pub struct LlmArgs {
     /// Maximum output tokens.
     #[arg(long, env = "SLUICE_MAX_OUTPUT_TOKENS")]
     max_output_tokens: Option<u32>,
-    /// Vertex AI project.
+    /// Vertex AI project (vertex, vertex-anthropic).
     #[arg(long, env = "SLUICE_VERTEX_PROJECT")]
     vertex_project: Option<String>,
-    /// Vertex AI location.
+    /// Vertex AI location: a region, or `global`.
     #[arg(long, env = "SLUICE_VERTEX_LOCATION", default_value = "us-central1")]
     vertex_location: String,
     /// AWS region of Bedrock, e.g. us-east-1.

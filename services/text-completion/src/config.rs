@@ -23,6 +23,7 @@ use crate::{
         gemini::{GeminiConfig, GeminiEndpoint, GeminiProvider},
         ollama::{OllamaConfig, OllamaProvider},
         openai::{Dialect, OpenAiConfig, OpenAiProvider},
+        vertex_origin,
     },
 };
 
@@ -49,6 +50,10 @@ pub enum ProviderKind {
     /// Vertex AI Gemini (OAuth access token: VERTEX_ACCESS_TOKEN, kept fresh by the platform;
     /// needs --vertex-project and --vertex-location).
     Vertex,
+    /// Anthropic's models on Vertex AI (rawPredict / streamRawPredict; OAuth access token:
+    /// VERTEX_ACCESS_TOKEN, as for `vertex`; needs --vertex-project and --vertex-location,
+    /// which may be `global`; --model is Vertex's id, e.g. claude-sonnet-4-5@20250929).
+    VertexAnthropic,
     /// Ollama's native API (`/api/chat`, NDJSON; optional key for a proxy: OLLAMA_API_KEY).
     Ollama,
     /// AWS Bedrock Converse (needs --region; --model is the model or inference-profile id).
@@ -78,10 +83,10 @@ pub struct ProviderConfig {
     /// Maximum output tokens; `None` for the provider's default.
     #[serde(default)]
     pub max_output_tokens: Option<u32>,
-    /// Vertex AI project (required for `vertex`).
+    /// Vertex AI project (required for `vertex` and `vertex-anthropic`).
     #[serde(default)]
     pub vertex_project: Option<String>,
-    /// Vertex AI location.
+    /// Vertex AI location: a region, or `global`.
     #[serde(default = "default_vertex_location")]
     pub vertex_location: String,
     /// AWS region of Bedrock (required for `bedrock`).
@@ -154,11 +159,9 @@ impl ProviderConfig {
         let provider: Arc<dyn Provider> = match self.provider {
             ProviderKind::Gemini | ProviderKind::Vertex => {
                 let (endpoint, var, public) = if self.provider == ProviderKind::Vertex {
-                    let project = self.vertex_project.clone().ok_or(
-                        "--vertex-project (or SLUICE_VERTEX_PROJECT) is required for vertex",
-                    )?;
+                    let project = self.vertex_project()?;
                     let location = self.vertex_location.clone();
-                    let public = format!("https://{location}-aiplatform.googleapis.com");
+                    let public = vertex_origin(&location);
                     (
                         GeminiEndpoint::Vertex { project, location },
                         "VERTEX_ACCESS_TOKEN",
@@ -207,11 +210,24 @@ impl ProviderConfig {
                 config.timeouts = timeouts;
                 Arc::new(CohereProvider::new(config).map_err(|e| e.to_string())?)
             }
-            ProviderKind::Anthropic => {
-                let mut config =
-                    AnthropicConfig::new(base("https://api.anthropic.com"), self.model.clone());
-                config.api_key = secret("ANTHROPIC_API_KEY")?;
-                config.api_key_source = source("ANTHROPIC_API_KEY");
+            ProviderKind::Anthropic | ProviderKind::VertexAnthropic => {
+                let (mut config, var) = if self.provider == ProviderKind::VertexAnthropic {
+                    let location = &self.vertex_location;
+                    let config = AnthropicConfig::vertex(
+                        self.vertex_project()?,
+                        location.clone(),
+                        base(&vertex_origin(location)),
+                        self.model.clone(),
+                    );
+                    // The same token as Gemini on Vertex: one credential per project.
+                    (config, "VERTEX_ACCESS_TOKEN")
+                } else {
+                    let public = "https://api.anthropic.com";
+                    let config = AnthropicConfig::new(base(public), self.model.clone());
+                    (config, "ANTHROPIC_API_KEY")
+                };
+                config.credential = secret(var)?;
+                config.credential_source = source(var);
                 config.temperature = self.temperature;
                 if let Some(m) = self.max_output_tokens {
                     config.max_tokens = m;
@@ -271,6 +287,19 @@ impl ProviderConfig {
         };
         Ok(provider)
     }
+
+    /// The Vertex AI project, which both Vertex providers need.
+    fn vertex_project(&self) -> Result<String, String> {
+        self.vertex_project.clone().ok_or_else(|| {
+            format!(
+                "--vertex-project (or SLUICE_VERTEX_PROJECT) is required for {}",
+                match self.provider {
+                    ProviderKind::VertexAnthropic => "vertex-anthropic",
+                    _ => "vertex",
+                }
+            )
+        })
+    }
 }
 
 /// The secret in `var` (or the file `var_FILE` names); `None` when neither is set.
@@ -310,6 +339,19 @@ mod tests {
         assert!(e.to_string().contains("unknown variant `gpt`"), "{e}");
     }
 
+    /// Claude on Vertex is described by its kebab-case name, at a region or `global`.
+    #[test]
+    fn anthropic_on_vertex_reads_its_name_and_location() {
+        let c: ProviderConfig = serde_json::from_str(
+            r#"{"provider": "vertex-anthropic", "model": "claude-sonnet-4-5@20250929",
+                "vertex-project": "p", "vertex-location": "global"}"#,
+        )
+        .unwrap();
+        assert_eq!(c.provider, ProviderKind::VertexAnthropic);
+        assert_eq!(c.vertex_location, "global");
+        assert_eq!(c.build().unwrap().name(), "vertex-anthropic");
+    }
+
     /// What a provider cannot be built without is named, with where to put it.
     #[test]
     fn a_missing_setting_is_named() {
@@ -320,6 +362,14 @@ mod tests {
                 "gemini-2.0-flash"
             ))
             .contains("--vertex-project")
+        );
+        let e = err(ProviderConfig::new(
+            ProviderKind::VertexAnthropic,
+            "claude-sonnet-4-5@20250929",
+        ));
+        assert!(
+            e.contains("--vertex-project") && e.contains("vertex-anthropic"),
+            "{e}"
         );
         assert!(err(ProviderConfig::new(ProviderKind::Bedrock, "m")).contains("--region"));
         for kind in [ProviderKind::OpenaiCompatible, ProviderKind::Azure] {
@@ -343,6 +393,7 @@ mod tests {
             ProviderKind::Cohere,
             ProviderKind::Gemini,
             ProviderKind::Vertex,
+            ProviderKind::VertexAnthropic,
             ProviderKind::Ollama,
         ] {
             let mut c = ProviderConfig::new(kind, "m");

@@ -180,18 +180,23 @@ pub trait Provider: Send + Sync + 'static {
 
     /// A whole answer. The default collects the stream.
     async fn generate(&self, request: &TextCompletionRequest) -> Result<Completion, ProviderError> {
-        let mut stream = self.generate_stream(request).await?;
-        let mut done = Completion::default();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk?;
-            done.text.push_str(&chunk.text);
-            if let Some(u) = chunk.usage {
-                done.usage = Some(done.usage.map_or(u, |d| d.merge(u)));
-            }
-            if chunk.finish_reason.is_some() {
-                done.finish_reason = chunk.finish_reason;
-            }
-        }
-        Ok(done)
+        collect(self.generate_stream(request).await?).await
     }
+}
+
+/// A stream collected into one answer: the default [`Provider::generate`], and what a provider
+/// uses for an endpoint that has no non-streaming call of its own.
+pub async fn collect(mut stream: ChunkStream) -> Result<Completion, ProviderError> {
+    let mut done = Completion::default();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk?;
+        done.text.push_str(&chunk.text);
+        if let Some(u) = chunk.usage {
+            done.usage = Some(done.usage.map_or(u, |d| d.merge(u)));
+        }
+        if chunk.finish_reason.is_some() {
+            done.finish_reason = chunk.finish_reason;
+        }
+    }
+    Ok(done)
 }

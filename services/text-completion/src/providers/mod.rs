@@ -28,6 +28,18 @@ pub fn model_for<'a>(
         .unwrap_or(configured)
 }
 
+/// Vertex AI's public origin for `location`: the regional host
+/// `https://{location}-aiplatform.googleapis.com`, or for the `global` location (Google routes
+/// the call to a region with capacity) the host without a region, which is the only one that
+/// serves it.
+pub fn vertex_origin(location: &str) -> String {
+    if location == "global" {
+        "https://aiplatform.googleapis.com".to_owned()
+    } else {
+        format!("https://{location}-aiplatform.googleapis.com")
+    }
+}
+
 /// A request using every field of sluice's extension: a conversation, sampling settings, stop
 /// sequences and another model; each provider's tests check it lands on their wire format.
 #[cfg(test)]
@@ -310,6 +322,15 @@ pub fn decode_timeouts(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_global_vertex_location_has_no_region_in_its_host() {
+        assert_eq!(
+            vertex_origin("us-east5"),
+            "https://us-east5-aiplatform.googleapis.com"
+        );
+        assert_eq!(vertex_origin("global"), "https://aiplatform.googleapis.com");
+    }
 
     #[test]
     fn statuses_classify_as_the_sdks_do() {
