@@ -69,11 +69,16 @@ impl Serve {
     }
 }
 
-/// A prompt request to the gateway at `url` as NDJSON: the whole body, and its last event.
-async fn prompt_events(url: &str, request: serde_json::Value) -> (String, serde_json::Value) {
+/// A request to the gateway at `url`'s `service` route as NDJSON: the whole body, and its
+/// last event.
+async fn ndjson_events(
+    url: &str,
+    service: &str,
+    request: serde_json::Value,
+) -> (String, serde_json::Value) {
     sluice_runtime::install_crypto_provider();
     let events = reqwest::Client::new()
-        .post(format!("{url}/api/v1/prompt"))
+        .post(format!("{url}/api/v1/{service}"))
         .header("accept", "application/x-ndjson")
         .json(&request)
         .send()
@@ -160,8 +165,9 @@ async fn serve_streams_to_invoke_and_errors_exit_non_zero_with_a_readable_messag
     // A jsonl template whose answer ("Hello world!") has no JSON line: the `done` event
     // carries the counts, and the CLI says on stderr that every line was skipped and exits 1
     // (stdout stays empty, or `[]` whole).
-    let (events, done) = prompt_events(
+    let (events, done) = ndjson_events(
         &url,
+        "prompt",
         serde_json::json!({"id": "lines", "terms": {"x": "1"}}),
     )
     .await;
@@ -186,8 +192,9 @@ async fn serve_streams_to_invoke_and_errors_exit_non_zero_with_a_readable_messag
     // Seed 002's accounting: a built-in whose every block expects a line, answered with no
     // JSON at all: the done event and the CLI say which blocks are pending.
     let blocks = r#"blocks=[{"block_id":"b1","content":"x"},{"block_id":"b2","content":"y"}]"#;
-    let (events, done) = prompt_events(
+    let (events, done) = ndjson_events(
         &url,
+        "prompt",
         serde_json::json!({"id": "knowledge-classification-seed-002",
             "terms": {"blocks": r#"[{"block_id":"b1","content":"x"},{"block_id":"b2","content":"y"}]"#}}),
     )
@@ -343,15 +350,17 @@ async fn the_request_log_has_seed_000s_events_with_content_only_when_asked() {
             args.push("--log-content");
         }
         let s = serve_model(&fake, "routed", &args, &[]).await;
-        let (body, done) = prompt_events(
+        let (body, done) = ndjson_events(
             &s.url,
+            "prompt",
             serde_json::json!({"id": "knowledge-classification-seed-000", "terms": {"blocks": blocks}}),
         )
         .await;
         assert_eq!(done["objects_emitted"], 2, "{body}");
         assert_eq!(done["lines_skipped"], 3, "{body}");
-        let (failed_body, failed) = prompt_events(
+        let (failed_body, failed) = ndjson_events(
             &s.url,
+            "prompt",
             serde_json::json!({"id": "knowledge-classification-seed-000",
                 "terms": {"blocks": r#"[{"block_id": "b1", "content": "[model:unauthorized]"}]"#}}),
         )
@@ -471,17 +480,12 @@ async fn invoke_shows_the_agents_thoughts_and_a_seed_004_client_gets_only_the_an
         out.stderr
     );
 
-    sluice_runtime::install_crypto_provider();
-    let events = reqwest::Client::new()
-        .post(format!("{}/api/v1/agent", s.url))
-        .header("accept", "application/x-ndjson")
-        .json(&serde_json::json!({"question": "capital of France?", "streaming": true}))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (events, _) = ndjson_events(
+        &s.url,
+        "agent",
+        serde_json::json!({"question": "capital of France?", "streaming": true}),
+    )
+    .await;
     let tokens: String = events
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())

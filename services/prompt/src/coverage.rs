@@ -135,10 +135,15 @@ impl Coverage {
         self.held.take().map(|(_, g)| g).unwrap_or_default()
     }
 
+    /// The request's item count.
+    pub fn expected(&self) -> u64 {
+        u64::try_from(self.items.len()).unwrap_or(u64::MAX)
+    }
+
     /// The request's item count, how many the answer covered, and (when every item expects
     /// an object) the ids of those it did not.
     pub fn tally(&self) -> (u64, u64, Option<Vec<String>>) {
-        let expected = u64::try_from(self.items.len()).unwrap_or(u64::MAX);
+        let expected = self.expected();
         let answered = u64::try_from(self.answered.len()).unwrap_or(u64::MAX);
         let pending = self.rules.every.then(|| {
             self.items

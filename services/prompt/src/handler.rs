@@ -244,7 +244,7 @@ impl Handler for PromptService {
         let num_blocks = lines
             .as_ref()
             .and_then(|l| l.coverage.as_ref())
-            .map(|c| c.tally().0);
+            .map(Coverage::expected);
         let log = RequestLog::start(
             &ctx.id,
             &template.id,

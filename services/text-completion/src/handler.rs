@@ -613,7 +613,7 @@ impl Handler for TextCompletionService {
 
 /// `url` as the request log shows it: a URL may carry a credential in its user-info
 /// (`https://user:key@host`) or query (`?key=`), so both are left out; a URL that does not
-/// parse is shown as its scheme and host only, or not at all.
+/// parse is not shown at all.
 fn shown_endpoint(url: &str) -> String {
     match reqwest::Url::parse(url) {
         Ok(mut u) => {
