@@ -514,33 +514,19 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
         // The receipt is not awaited: the first response proves the request was stored, and
         // waiting for the receipt would add a broker round trip to time-to-first-token. A
         // failed store still surfaces, as a timeout.
-        let receipt = self
-            .publisher
-            .send(Message {
-                payload: payload.into(),
-                properties,
-            })
-            .await;
-        match receipt {
+        let message = Message {
+            payload: payload.into(),
+            properties,
+        };
+        match self.publisher.send(message.clone()).await {
             Ok(receipt) => {
-                let routes = self.routes.clone();
-                tokio::spawn(async move {
-                    match receipt.await {
-                        // From here a processor's sync must list it (see crate::sync).
-                        Ok(()) => {
-                            if let Some(route) = lock(&routes).get_mut(&id) {
-                                route.stored_at = Some(Instant::now());
-                            }
-                        }
-                        Err(e) => {
-                            warn!(error = %e, "a request was not stored by the broker");
-                            // End the caller's wait now rather than at its timeout.
-                            if let Some(route) = lock(&routes).remove(&id) {
-                                let _ = route.tx.send(Routed::NotStored(e.to_string()));
-                            }
-                        }
-                    }
-                });
+                tokio::spawn(confirm_stored(
+                    receipt,
+                    message,
+                    self.publisher.clone(),
+                    self.routes.clone(),
+                    id,
+                ));
                 Ok(stream)
             }
             Err(e) => Err(ClientError::Bus(e)),
@@ -561,6 +547,72 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
         if let Some(router) = router {
             let _ = router.await;
         }
+    }
+}
+
+/// How many times a request whose receipt failed for an outage is published again.
+const RESENDS_ON_LOST_RECEIPT: u32 = 3;
+
+/// Waits for a request's receipt: marks the route stored, or, when the broker did not confirm
+/// it, publishes the request again or ends the caller's wait.
+///
+/// A receipt that fails for an outage (the broker owning the topic died, and the producer's
+/// pending message was never acknowledged) does not say whether the message was stored. While
+/// no record of the request has arrived, it is published again under the same id, up to
+/// [`RESENDS_ON_LOST_RECEIPT`] times: if the first copy was stored after all, the request is
+/// attempted twice, which the stream reads as one restart (at-least-once, as a redelivery
+/// would). A refusal (`BusError::Denied`) is final: sending it again would be refused too.
+async fn confirm_stored<R>(
+    mut receipt: crate::bus::Receipt,
+    message: Message,
+    publisher: Arc<dyn Publisher>,
+    routes: Routes<R>,
+    id: String,
+) {
+    let mut resent = 0;
+    loop {
+        let error = match receipt.await {
+            // From here a processor's sync must list it (see crate::sync).
+            Ok(()) => {
+                if let Some(route) = lock(&routes).get_mut(&id) {
+                    route.stored_at = Some(Instant::now());
+                }
+                return;
+            }
+            Err(e) => e,
+        };
+        // A record proves the request was stored; a route that is gone has no caller left.
+        let unanswered = lock(&routes)
+            .get(&id)
+            .is_some_and(|route| !route.received_any && !route.listed);
+        let error = if matches!(error, BusError::Unavailable(_))
+            && unanswered
+            && resent < RESENDS_ON_LOST_RECEIPT
+        {
+            resent += 1;
+            warn!(request_id = %id, error = %error, resent,
+                  "the broker did not confirm it stored a request; publishing it again");
+            match publisher.send(message.clone()).await {
+                Ok(next) => {
+                    receipt = next;
+                    continue;
+                }
+                Err(e) => e,
+            }
+        } else {
+            error
+        };
+        if !unanswered {
+            // Answered (or abandoned by its caller): the receipt no longer matters.
+            debug!(request_id = %id, error = %error, "a request's receipt failed after it was answered");
+            return;
+        }
+        warn!(request_id = %id, error = %error, "a request was not stored by the broker");
+        // End the caller's wait now rather than at its timeout.
+        if let Some(route) = lock(&routes).remove(&id) {
+            let _ = route.tx.send(Routed::NotStored(error.to_string()));
+        }
+        return;
     }
 }
 
@@ -1845,6 +1897,230 @@ pub(crate) mod tests {
                 .unwrap(),
             ClientError::Closed
         ));
+    }
+
+    /// A bus whose publisher for the topic "req" loses the receipts of its first `lose`
+    /// sends: each is stored first when `store` is set (the broker wrote it, its
+    /// acknowledgement was lost), dropped otherwise; the receipt fails once `fail_at` opens
+    /// (at once when it starts open), with `Unavailable` or, when `deny` is set, `Denied`.
+    #[derive(Clone)]
+    struct LostReceipts {
+        inner: MemoryBus,
+        lose: Arc<std::sync::atomic::AtomicUsize>,
+        store: bool,
+        deny: bool,
+        fail_at: watch::Receiver<bool>,
+    }
+
+    impl LostReceipts {
+        /// Receipts that fail at once.
+        fn new(lose: usize, store: bool) -> (Self, watch::Sender<bool>) {
+            Self::failing_when(lose, store, true)
+        }
+
+        /// Receipts that fail once the returned sender says `true`.
+        fn failing_when(lose: usize, store: bool, now: bool) -> (Self, watch::Sender<bool>) {
+            let (open, fail_at) = watch::channel(now);
+            let bus = Self {
+                inner: MemoryBus::default(),
+                lose: Arc::new(lose.into()),
+                store,
+                deny: false,
+                fail_at,
+            };
+            (bus, open)
+        }
+    }
+
+    struct LostReceiptPublisher {
+        bus: LostReceipts,
+        inner: Arc<dyn Publisher>,
+    }
+
+    #[async_trait::async_trait]
+    impl Publisher for LostReceiptPublisher {
+        async fn send(&self, message: Message) -> Result<crate::bus::Receipt, BusError> {
+            use std::sync::atomic::Ordering;
+            let lost = self
+                .bus
+                .lose
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if !lost {
+                return self.inner.send(message).await;
+            }
+            if self.bus.store {
+                // Stored; its own receipt is the one lost.
+                drop(self.inner.send(message).await?);
+            }
+            let (mut fail_at, deny) = (self.bus.fail_at.clone(), self.bus.deny);
+            Ok(crate::bus::Receipt::new(async move {
+                let _ = fail_at.wait_for(|open| *open).await;
+                Err(if deny {
+                    BusError::Denied(crate::bus::pulsar_security::Denial {
+                        cause: crate::bus::pulsar_security::DenialCause::Authorization,
+                        operation: "producing to req".into(),
+                        detail: "not authorized".into(),
+                    })
+                } else {
+                    BusError::Unavailable(
+                        "send receipt: the message was not acknowledged within the operation timeout"
+                            .into(),
+                    )
+                })
+            }))
+        }
+
+        fn topic(&self) -> &str {
+            self.inner.topic()
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Bus for LostReceipts {
+        async fn publisher(&self, topic: &str) -> Result<Arc<dyn Publisher>, BusError> {
+            let inner = self.inner.publisher(topic).await?;
+            if topic != "req" {
+                return Ok(inner);
+            }
+            Ok(Arc::new(LostReceiptPublisher {
+                bus: self.clone(),
+                inner,
+            }))
+        }
+
+        async fn subscribe(
+            &self,
+            topic: &str,
+            subscription: &str,
+            options: SubscribeOptions,
+        ) -> Result<Box<dyn Subscription>, BusError> {
+            self.inner.subscribe(topic, subscription, options).await
+        }
+
+        fn max_message_bytes(&self) -> usize {
+            self.inner.max_message_bytes()
+        }
+    }
+
+    /// The client and the service's request subscription on a bus that loses receipts.
+    async fn lost_receipts_setup(bus: &LostReceipts) -> (Box<dyn Subscription>, Client) {
+        let requests = bus
+            .inner
+            .subscribe("req", "svc", SubscribeOptions::shared(10))
+            .await
+            .unwrap();
+        let mut config = ClientConfig::new("test", "req", "resp");
+        config.inactivity_timeout = Duration::from_secs(5);
+        let client = Client::start(Arc::new(bus.clone()), config, None)
+            .await
+            .unwrap();
+        (requests, client)
+    }
+
+    /// No more request arrives within a short wait.
+    async fn no_more(requests: &mut Box<dyn Subscription>) {
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), requests.next())
+                .await
+                .is_err(),
+            "an extra copy of the request was published"
+        );
+    }
+
+    /// The owning broker died before it acknowledged the request (seen in the cluster suite:
+    /// "not acknowledged within the operation timeout"): the request was not stored, so it is
+    /// published again under its id and answered, where the caller used to get `NotStored`.
+    #[tokio::test]
+    async fn a_request_whose_receipt_failed_in_an_outage_is_published_again_and_answered() {
+        let (bus, _open) = LostReceipts::new(2, false);
+        let (mut requests, client) = lost_receipts_setup(&bus).await;
+        let mut s = client
+            .request(&TextCompletionRequest::default())
+            .await
+            .unwrap();
+        let delivered = requests.next().await.unwrap().unwrap();
+        assert_eq!(delivered.property(properties::ID), Some(s.id()));
+        delivered.ack();
+        reply(&bus.inner, s.id(), "a", "answered", true).await;
+        assert_eq!(text(s.next().await), "answered");
+        assert!(s.next().await.is_none());
+        no_more(&mut requests).await;
+    }
+
+    /// The broker stored it but its acknowledgement was lost: the second copy is a second
+    /// attempt, which the stream reads as a restart; the caller gets one whole answer.
+    #[tokio::test]
+    async fn a_stored_request_whose_receipt_was_lost_is_answered_once_as_a_restart() {
+        let (bus, _open) = LostReceipts::new(1, true);
+        let (mut requests, client) = lost_receipts_setup(&bus).await;
+        let mut s = client
+            .request(&TextCompletionRequest::default())
+            .await
+            .unwrap();
+        let first = requests.next().await.unwrap().unwrap();
+        let second = requests.next().await.unwrap().unwrap();
+        assert_eq!(first.property(properties::ID), Some(s.id()));
+        assert_eq!(second.property(properties::ID), Some(s.id()));
+        reply(&bus.inner, s.id(), "a", "from a ", false).await;
+        reply(&bus.inner, s.id(), "b", "from b", true).await;
+        reply(&bus.inner, s.id(), "a", "a ends", true).await;
+        assert_eq!(text(s.next().await), "from a ");
+        assert_eq!(text(s.next().await), "<restarted>");
+        assert_eq!(text(s.next().await), "from b");
+        assert!(s.next().await.is_none());
+    }
+
+    /// A receipt that fails after a record arrived changes nothing: the record proved the
+    /// request was stored. (The stream used to end with `NotStored` mid-answer.)
+    #[tokio::test]
+    async fn a_receipt_that_fails_after_the_first_record_publishes_nothing_and_ends_nothing() {
+        let (bus, fail) = LostReceipts::failing_when(1, true, false);
+        let (mut requests, client) = lost_receipts_setup(&bus).await;
+        let mut s = client
+            .request(&TextCompletionRequest::default())
+            .await
+            .unwrap();
+        let delivered = requests.next().await.unwrap().unwrap();
+        delivered.ack();
+        reply(&bus.inner, s.id(), "a", "first", false).await;
+        assert_eq!(text(s.next().await), "first");
+        fail.send(true).unwrap();
+        // The receipt's task runs now (one thread: the test waits, the task is ready).
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        reply(&bus.inner, s.id(), "a", "last", true).await;
+        assert_eq!(text(s.next().await), "last");
+        assert!(s.next().await.is_none());
+        no_more(&mut requests).await;
+    }
+
+    /// A receipt that keeps failing is given up on after the resends, and a refusal at once:
+    /// the caller hears `NotStored` instead of waiting for its timeout.
+    #[tokio::test]
+    async fn receipts_that_keep_failing_or_a_refusal_end_the_wait_with_not_stored() {
+        for deny in [false, true] {
+            let (mut bus, _open) = LostReceipts::new(usize::MAX, false);
+            bus.deny = deny;
+            let (mut requests, client) = lost_receipts_setup(&bus).await;
+            let mut s = client
+                .request(&TextCompletionRequest::default())
+                .await
+                .unwrap();
+            let e = tokio::time::timeout(Duration::from_secs(2), s.next())
+                .await
+                .expect("the caller waited for its timeout")
+                .unwrap()
+                .unwrap_err();
+            assert!(matches!(e, ClientError::NotStored(_)), "deny {deny}: {e}");
+            no_more(&mut requests).await;
+            let sends = usize::MAX - bus.lose.load(std::sync::atomic::Ordering::SeqCst);
+            let expected = if deny {
+                1
+            } else {
+                1 + RESENDS_ON_LOST_RECEIPT as usize
+            };
+            assert_eq!(sends, expected, "deny {deny}");
+        }
     }
 
     /// A bus whose publisher for the topic "cancel" comes only once the test opens its gate:
