@@ -50,13 +50,15 @@ k8s_binary() {
   printf '%s\n' "$bin"
 }
 
-# go_module_binary MODULE@VERSION PACKAGE NAME [LDFLAGS]: the path of a static binary (CGO off)
-# of PACKAGE (relative to the module, e.g. ./cmd/operator) built from MODULE@VERSION as the
-# main module, so that its own go.mod's replace directives apply; cached under
-# $SLUICE_CACHE/k8s/bin as NAME-VERSION. For KEDA and metrics-server (no release binaries
-# or images can be downloaded here).
+# go_module_binary MODULE@VERSION PACKAGE NAME [LDFLAGS [PREPARE]]: the path of a static binary
+# (CGO off) of PACKAGE (relative to the module, e.g. ./cmd/operator) built from MODULE@VERSION
+# as the main module, so that its own go.mod's replace directives apply; cached under
+# $SLUICE_CACHE/k8s/bin as NAME-VERSION. PREPARE, a command, is run with the copy of the
+# module's source as its argument before the build (a build of fewer parts: name such a
+# binary differently). For KEDA and metrics-server (no release binaries or images can be
+# downloaded here).
 go_module_binary() {
-  local mod="$1" pkg="$2" name="$3" ldflags="${4:-}"
+  local mod="$1" pkg="$2" name="$3" ldflags="${4:-}" prepare="${5:-}"
   local cache="${SLUICE_CACHE:-$HOME/.cache/sluice}/k8s"
   local bin="$cache/bin/$name-${mod##*@}"
   if [ ! -x "$bin" ]; then
@@ -66,6 +68,12 @@ go_module_binary() {
     mkdir -p "$cache/bin"
     cp -r "$dir/." "$src/"
     chmod -R u+w "$src"
+    if [ -n "$prepare" ] && ! "$prepare" "$src" >"$src.log" 2>&1; then
+      tail -n 30 "$src.log" >&2
+      rm -rf "$src" "$src.log"
+      echo "preparing $name's source from $mod ($prepare) failed" >&2
+      return 1
+    fi
     if ! (cd "$src" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w $ldflags" -o "$bin.tmp.$$" "$pkg") \
         >"$src.log" 2>&1; then
       tail -n 30 "$src.log" >&2
