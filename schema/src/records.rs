@@ -363,6 +363,11 @@ pub struct TextCompletionResponse {
     /// provider's own word for anything else. sluice's extension; written only when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finish_reason: Option<String>,
+    /// The provider that produced the text (`openai`, `anthropic`, ...), written only by a
+    /// processor given fallback providers: with `model`, it says which of them answered.
+    /// sluice's extension; readers take a missing field as unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
 }
 
 /// One model a text-completion processor serves (TrustGraph 2.11 `ModelInfo`). Fields other

@@ -1,16 +1,23 @@
 //! `sluice text-completion`: the text-completion processor as a process.
 
-use std::sync::Arc;
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use clap::Args;
+use serde::Deserialize;
 use sluice_runtime::{
     flows::run_flows_until_signalled, processor::run_until_signalled, telemetry::Telemetry,
 };
 pub use sluice_text_completion::config::ProviderKind;
 use sluice_text_completion::{
-    config::ProviderConfig, flows::TextCompletionFlows, handler::TextCompletionService,
-    metrics::LlmMetrics, retry::RetryPolicy,
+    config::ProviderConfig,
+    fallback::{Fallback, FallbackSettings},
+    flows::TextCompletionFlows,
+    handler::TextCompletionService,
+    metrics::LlmMetrics,
+    provider::Provider,
+    retry::RetryPolicy,
 };
+use tracing::info;
 
 use crate::common::{
     BusArgs, ConfigFileArgs, ConfigServiceArgs, ProcessorArgs, connect, processor_config,
@@ -87,6 +94,51 @@ pub struct LlmArgs {
     /// `--retry ...,attempts=N+1`; kept for existing deployments).
     #[arg(long)]
     max_retries: Option<u32>,
+    /// A TOML file of providers to fall back on, tried in order after this one: `[[provider]]`
+    /// tables with the provider options' names (`provider`, `model`, `base-url`, ...) and
+    /// `key-env`, the variable holding that provider's key. A call moves to the next before
+    /// its first token is published; see docs/text-completion.md.
+    #[arg(long, env = "SLUICE_FALLBACK")]
+    fallback: Option<PathBuf>,
+    /// With --fallback: a streamed call whose provider gave no text this many milliseconds
+    /// after it started moves to the next provider.
+    #[arg(long, env = "SLUICE_FIRST_TOKEN_DEADLINE_MS")]
+    first_token_deadline_ms: Option<u64>,
+    /// With --fallback: a streamed call whose provider gave no text this many milliseconds
+    /// after it started gets the next provider started beside it; the first to answer is
+    /// kept and the other cancelled.
+    #[arg(long, env = "SLUICE_HEDGE_AFTER_MS")]
+    hedge_after_ms: Option<u64>,
+    /// With --fallback: failures in a row that open a provider's circuit breaker (it is then
+    /// skipped until --breaker-cooldown-secs have passed and a probe succeeds); 0 for none.
+    #[arg(long, env = "SLUICE_BREAKER_FAILURES", default_value_t = 5)]
+    breaker_failures: u32,
+    /// With --fallback: seconds an open circuit breaker skips its provider before a probe.
+    #[arg(long, env = "SLUICE_BREAKER_COOLDOWN_SECS", default_value_t = 30)]
+    breaker_cooldown_secs: u64,
+}
+
+/// A `--fallback` file: `[[provider]]` tables.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FallbackFile {
+    #[serde(default)]
+    provider: Vec<ProviderConfig>,
+}
+
+/// The providers of a `--fallback` file, in order, described (not built).
+pub fn fallback_list(path: &std::path::Path) -> Result<Vec<ProviderConfig>, String> {
+    let shown = path.display();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("--fallback {shown}: cannot read it: {e}"))?;
+    let file: FallbackFile =
+        toml::from_str(&text).map_err(|e| format!("--fallback {shown}: {e}"))?;
+    if file.provider.is_empty() {
+        return Err(format!(
+            "--fallback {shown}: no [[provider]] table: list the providers to fall back on, in order"
+        ));
+    }
+    Ok(file.provider)
 }
 
 impl LlmArgs {
@@ -106,14 +158,60 @@ impl LlmArgs {
             connect_timeout_secs: self.connect_timeout_secs,
             first_token_timeout_secs: self.first_token_timeout_secs,
             chunk_timeout_secs: self.chunk_timeout_secs,
+            key_env: None,
         }
+    }
+
+    /// How the fallback list behaves.
+    fn fallback_settings(&self) -> Result<FallbackSettings, String> {
+        let ms = |name: &str, v: Option<u64>| match v {
+            Some(0) => Err(format!("--{name}: expected at least 1 ms")),
+            v => Ok(v.map(Duration::from_millis)),
+        };
+        if self.breaker_cooldown_secs == 0 && self.breaker_failures > 0 {
+            return Err("--breaker-cooldown-secs: expected at least 1 (or --breaker-failures 0 for no breaker)".into());
+        }
+        Ok(FallbackSettings {
+            first_token_deadline: ms("first-token-deadline-ms", self.first_token_deadline_ms)?,
+            hedge_after: ms("hedge-after-ms", self.hedge_after_ms)?,
+            breaker_failures: self.breaker_failures,
+            breaker_cooldown: Duration::from_secs(self.breaker_cooldown_secs),
+        })
     }
 }
 
 /// The text-completion handler `args` describe, its metrics registered in `telemetry`.
 pub fn service(args: &LlmArgs, telemetry: &Telemetry) -> Result<TextCompletionService, String> {
-    let provider = args.provider_config().build()?;
+    let mut provider = args.provider_config().build()?;
     let metrics = LlmMetrics::register(&telemetry.registry).map_err(|e| e.to_string())?;
+    if let Some(path) = &args.fallback {
+        let mut backups = Vec::new();
+        for (i, config) in fallback_list(path)?.iter().enumerate() {
+            backups.push(config.build().map_err(|e| {
+                format!(
+                    "--fallback {}: provider {} ({}): {e}",
+                    path.display(),
+                    i + 1,
+                    config.model
+                )
+            })?);
+        }
+        let fallback = Fallback::new(
+            provider,
+            backups,
+            args.fallback_settings()?,
+            metrics.clone(),
+        );
+        let list: Vec<String> = fallback
+            .providers()
+            .iter()
+            .map(|(name, model)| format!("{name}/{model}"))
+            .collect();
+        info!(providers = %list.join(", "), "fallback list");
+        provider = Arc::new(fallback) as Arc<dyn Provider>;
+    } else if args.first_token_deadline_ms.is_some() || args.hedge_after_ms.is_some() {
+        return Err("--first-token-deadline-ms and --hedge-after-ms need --fallback: a list of providers to move to".into());
+    }
     let mut retry = RetryPolicy::parse(&args.retry).map_err(|e| format!("--retry: {e}"))?;
     if let Some(n) = args.max_retries {
         retry = retry

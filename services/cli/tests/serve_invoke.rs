@@ -497,3 +497,103 @@ async fn invoke_shows_the_agents_thoughts_and_a_seed_004_client_gets_only_the_an
     let (status, _) = s.stop().await;
     assert!(status.success());
 }
+
+/// `sluice serve --fallback FILE`: the configured provider answers 503, so every call moves
+/// to the file's provider, called with the key from the variable its `key-env` names. The
+/// CLI user gets the answer; an OpenAI client's `model` and the NDJSON records name the
+/// backup's model; the metrics count the move; no key reaches the log.
+#[tokio::test]
+async fn a_fallback_file_moves_calls_to_the_backup_with_its_own_key() {
+    const BACKUP_KEY: &str = "sk-backup-key-7781";
+    sluice_runtime::install_crypto_provider();
+    let primary = FakeOpenAi::start().await;
+    let backup = FakeOpenAi::start().await;
+    let dir = std::env::temp_dir().join(format!("sluice-fallback-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("fallback.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[[provider]]\nprovider = \"openai-compatible\"\nmodel = \"normal\"\nbase-url = \"{}\"\nkey-env = \"SLUICE_BACKUP_KEY\"\n",
+            backup.base_url()
+        ),
+    )
+    .unwrap();
+    let s = serve_model(
+        &primary,
+        "status-503-1000",
+        &["--fallback", file.to_str().unwrap()],
+        &[("SLUICE_BACKUP_KEY", BACKUP_KEY)],
+    )
+    .await;
+    let url = s.url.clone();
+
+    let out = invoke(&["-u", &url, "llm", "s", "p"], &[]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.stdout.trim_end(), "Hello world!");
+    assert_eq!(
+        primary.last_auth().as_deref(),
+        Some(format!("Bearer {KEY}").as_str())
+    );
+    assert_eq!(
+        backup.last_auth().as_deref(),
+        Some(format!("Bearer {BACKUP_KEY}").as_str())
+    );
+
+    // An OpenAI client asks for the configured model and is told which one answered.
+    let answer: serde_json::Value = reqwest::Client::new()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&serde_json::json!({
+            "model": "status-503-1000",
+            "messages": [{"role": "user", "content": "hi"}],
+        }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["model"], "normal", "{answer}");
+    assert_eq!(answer["choices"][0]["message"]["content"], "Hello world!");
+
+    // TrustGraph's REST answer (one record) names the provider and model that answered, and
+    // a seed 004 client's done event the model.
+    let record: serde_json::Value = reqwest::Client::new()
+        .post(format!("{url}/api/v1/text-completion"))
+        .json(&serde_json::json!({"system": "s", "prompt": "p", "streaming": false}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(record["response"], "Hello world!", "{record}");
+    assert_eq!(record["model"], "normal", "{record}");
+    assert_eq!(record["provider"], "openai-compatible", "{record}");
+    let (events, done) = ndjson_events(
+        &url,
+        "text-completion",
+        serde_json::json!({"system": "s", "prompt": "p", "streaming": true}),
+    )
+    .await;
+    assert_eq!(done["type"], "done", "{events}");
+    assert_eq!(done["model"], "normal", "{events}");
+    assert_eq!(backup.calls("normal"), 4);
+
+    let metrics = reqwest::get(&s.metrics)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let moved = sluice_tests::metric_value(
+        &metrics,
+        r#"sluice_llm_fallbacks_total{model="status-503-1000",position="0",provider="openai-compatible",reason="server"}"#,
+    );
+    assert_eq!(moved, 4.0, "{metrics}");
+    let (status, log) = s.stop().await;
+    assert!(status.success());
+    assert!(!log.contains(BACKUP_KEY) && !log.contains(KEY));
+    assert!(log.contains("llm_fallback"), "the move is logged");
+    let _ = std::fs::remove_dir_all(&dir);
+}

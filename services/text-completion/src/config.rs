@@ -108,6 +108,12 @@ pub struct ProviderConfig {
     /// Seconds between chunks.
     #[serde(default = "default_stream_timeout_secs")]
     pub chunk_timeout_secs: u64,
+    /// The environment variable holding the key, in place of the provider's own
+    /// (`OPENAI_API_KEY`...): two providers of one kind with different keys, as a fallback
+    /// list may have. `<VAR>_FILE` works as for the provider's own. Not for `bedrock`, whose
+    /// credentials are AWS's variables.
+    #[serde(default)]
+    pub key_env: Option<String>,
 }
 
 fn default_vertex_location() -> String {
@@ -139,6 +145,7 @@ impl ProviderConfig {
             connect_timeout_secs: default_connect_timeout_secs(),
             first_token_timeout_secs: default_stream_timeout_secs(),
             chunk_timeout_secs: default_stream_timeout_secs(),
+            key_env: None,
         }
     }
 
@@ -155,6 +162,21 @@ impl ProviderConfig {
     /// and where to put it; it never contains a secret.
     pub fn build(&self) -> Result<Arc<dyn Provider>, String> {
         let timeouts = self.timeouts();
+        // The key's variable: `key-env` when given, else the provider's own.
+        let key = |own: &'static str| -> String {
+            self.key_env.clone().unwrap_or_else(|| own.to_owned())
+        };
+        if let Some(var) = &self.key_env {
+            if self.provider == ProviderKind::Bedrock {
+                return Err("key-env does not apply to bedrock: its credentials are AWS's variables (AWS_BEARER_TOKEN_BEDROCK, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)".into());
+            }
+            if var.is_empty() || !var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return Err(format!(
+                    "key-env: {:?} is not an environment variable's name (letters, digits and _)",
+                    var.chars().take(64).collect::<String>()
+                ));
+            }
+        }
         let base = |public: &str| self.base_url.clone().unwrap_or_else(|| public.to_owned());
         let provider: Arc<dyn Provider> = match self.provider {
             ProviderKind::Gemini | ProviderKind::Vertex => {
@@ -172,8 +194,9 @@ impl ProviderConfig {
                     (GeminiEndpoint::AiStudio, "GEMINI_API_KEY", public)
                 };
                 let mut config = GeminiConfig::new(endpoint, base(&public), self.model.clone());
-                config.credential = secret(var)?;
-                config.credential_source = source(var);
+                let var = key(var);
+                config.credential = secret(&var)?;
+                config.credential_source = source(&var);
                 config.temperature = self.temperature;
                 config.max_output_tokens = self.max_output_tokens;
                 config.timeouts = timeouts;
@@ -203,8 +226,9 @@ impl ProviderConfig {
             ProviderKind::Cohere => {
                 let mut config =
                     CohereConfig::new(base("https://api.cohere.com"), self.model.clone());
-                config.api_key = secret("COHERE_API_KEY")?;
-                config.api_key_source = source("COHERE_API_KEY");
+                let var = key("COHERE_API_KEY");
+                config.api_key = secret(&var)?;
+                config.api_key_source = source(&var);
                 config.temperature = self.temperature;
                 config.max_tokens = self.max_output_tokens;
                 config.timeouts = timeouts;
@@ -226,8 +250,9 @@ impl ProviderConfig {
                     let config = AnthropicConfig::new(base(public), self.model.clone());
                     (config, "ANTHROPIC_API_KEY")
                 };
-                config.credential = secret(var)?;
-                config.credential_source = source(var);
+                let var = key(var);
+                config.credential = secret(&var)?;
+                config.credential_source = source(&var);
                 config.temperature = self.temperature;
                 if let Some(m) = self.max_output_tokens {
                     config.max_tokens = m;
@@ -238,8 +263,9 @@ impl ProviderConfig {
             ProviderKind::Ollama => {
                 let mut config =
                     OllamaConfig::new(base("http://127.0.0.1:11434"), self.model.clone());
-                config.api_key = secret("OLLAMA_API_KEY")?;
-                config.api_key_source = source("OLLAMA_API_KEY");
+                let var = key("OLLAMA_API_KEY");
+                config.api_key = secret(&var)?;
+                config.api_key_source = source(&var);
                 config.temperature = self.temperature;
                 config.num_ctx = self.num_ctx;
                 config.num_predict = self.max_output_tokens;
@@ -275,8 +301,9 @@ impl ProviderConfig {
                         )
                     })?;
                 let mut config = OpenAiConfig::new(dialect, base_url, self.model.clone());
-                config.api_key = secret(key_var)?;
-                config.api_key_source = source(key_var);
+                let var = key(key_var);
+                config.api_key = secret(&var)?;
+                config.api_key_source = source(&var);
                 config.temperature = self.temperature;
                 config.max_tokens = self.max_output_tokens;
                 // Mistral rejects `stream_options`.

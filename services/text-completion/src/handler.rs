@@ -28,7 +28,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     metrics::{CallOutcome, LlmMetrics},
-    provider::{FailureKind, Provider, ProviderError, Usage},
+    provider::{AnsweredBy, FailureKind, Provider, ProviderError, Usage},
     retry::{self, RetryPolicy},
 };
 
@@ -198,7 +198,7 @@ impl TextCompletionService {
 
     fn error_record(
         &self,
-        request: &TextCompletionRequest,
+        answer: &Answer<'_>,
         e: &ProviderError,
         usage: &mut UsageDeltas,
     ) -> TextCompletionResponse {
@@ -211,7 +211,8 @@ impl TextCompletionService {
             error: Some(Error::new(kind, e.message.clone())),
             in_token,
             out_token,
-            model: Some(self.labels(request)[1].to_owned()),
+            model: Some(answer.model().to_owned()),
+            provider: answer.provider_field(),
             end_of_stream: true,
             ..Default::default()
         }
@@ -260,12 +261,12 @@ impl TextCompletionService {
 
     fn finish(
         &self,
-        request: &TextCompletionRequest,
+        answer: &Answer<'_>,
         started: Instant,
         outcome: CallOutcome,
         usage: &UsageDeltas,
     ) {
-        let [provider, model] = self.labels(request);
+        let [provider, model] = answer.labels();
         self.metrics
             .requests
             .with_label_values(&[provider, model, outcome.as_str()])
@@ -290,7 +291,7 @@ impl TextCompletionService {
     fn terminal_sent(
         &self,
         sent: Result<(), SinkError>,
-        request: &TextCompletionRequest,
+        answer: &Answer<'_>,
         ctx: &RequestContext,
         started: Instant,
         usage: &UsageDeltas,
@@ -298,10 +299,10 @@ impl TextCompletionService {
         match sent {
             Ok(()) => Ok(true),
             Err(SinkError::Ended) => {
-                self.finish(request, started, CallOutcome::Error, usage);
+                self.finish(answer, started, CallOutcome::Error, usage);
                 Ok(false)
             }
-            Err(e) => Err(self.unpublished(request, ctx, started, usage, e)),
+            Err(e) => Err(self.unpublished(answer, ctx, started, usage, e)),
         }
     }
 
@@ -311,16 +312,16 @@ impl TextCompletionService {
     /// request back to the broker and waits until the broker stores again.
     fn unpublished(
         &self,
-        request: &TextCompletionRequest,
+        answer: &Answer<'_>,
         ctx: &RequestContext,
         started: Instant,
         usage: &UsageDeltas,
         e: SinkError,
     ) -> SinkError {
-        let [provider, model] = self.labels(request);
+        let [provider, model] = answer.labels();
         warn!(event = "llm_request_unpublished", request_id = %ctx.id, provider, model,
               error = %e, "the answer's records could not be published");
-        self.finish(request, started, CallOutcome::Unpublished, usage);
+        self.finish(answer, started, CallOutcome::Unpublished, usage);
         e
     }
 
@@ -342,10 +343,10 @@ impl TextCompletionService {
         sink: &mut ResponseSink<TextCompletionResponse>,
         started: Instant,
     ) -> Result<(), SinkError> {
-        let [provider, model] = self.labels(request);
-        let model_name = Some(model.to_owned());
+        let mut answer = Answer::new(self.labels(request));
         let mut retry = 0;
         loop {
+            answer.by = None;
             let mut usage = UsageDeltas::default();
             let mut published = 0u64;
             let mut finish_reason = None;
@@ -354,6 +355,7 @@ impl TextCompletionService {
                 loop {
                     let Some(chunk) = chunks.next().await else { return Ok(()) };
                     let chunk = chunk?;
+                    answer.observe(chunk.answered_by);
                     if let Some(u) = chunk.usage {
                         usage.observe(u);
                     }
@@ -366,7 +368,7 @@ impl TextCompletionService {
                     if published == 0 {
                         self.metrics
                             .ttft
-                            .with_label_values(&[provider, model])
+                            .with_label_values(&answer.labels())
                             .observe(started.elapsed().as_secs_f64());
                     }
                     let (in_token, out_token) = usage.take();
@@ -374,7 +376,8 @@ impl TextCompletionService {
                         response: chunk.text,
                         in_token,
                         out_token,
-                        model: model_name.clone(),
+                        model: Some(answer.model().to_owned()),
+                        provider: answer.provider_field(),
                         ..Default::default()
                     })
                     .await
@@ -386,9 +389,10 @@ impl TextCompletionService {
             .await;
             if sink.is_ended() {
                 // The sink ended the stream itself (a record too large for the bus).
-                self.finish(request, started, CallOutcome::Error, &usage);
+                self.finish(&answer, started, CallOutcome::Error, &usage);
                 return Ok(());
             }
+            let [provider, model] = answer.labels();
             match outcome {
                 Ok(()) => {
                     let (in_token, out_token) = usage.take();
@@ -396,7 +400,8 @@ impl TextCompletionService {
                         .send(TextCompletionResponse {
                             in_token,
                             out_token,
-                            model: model_name.clone(),
+                            model: Some(model.to_owned()),
+                            provider: answer.provider_field(),
                             end_of_stream: true,
                             finish_reason: finish_reason.take(),
                             ..Default::default()
@@ -404,17 +409,17 @@ impl TextCompletionService {
                         .await;
                     // Refused: a paced stream's held delta was too large for the bus and its
                     // error record ended the stream before this record.
-                    if !self.terminal_sent(ended, request, ctx, started, &usage)? {
+                    if !self.terminal_sent(ended, &answer, ctx, started, &usage)? {
                         return Ok(());
                     }
-                    self.finish(request, started, CallOutcome::Success, &usage);
+                    self.finish(&answer, started, CallOutcome::Success, &usage);
                     info!(event = "llm_request_completed", request_id = %ctx.id, provider, model,
                           duration_ms = started.elapsed().as_millis() as u64, total_chunks = published,
                           in_tokens = usage.last.input, out_tokens = usage.last.output);
                     return Ok(());
                 }
                 Err(Stop::Unpublished(e)) => {
-                    return Err(self.unpublished(request, ctx, started, &usage, e));
+                    return Err(self.unpublished(&answer, ctx, started, &usage, e));
                 }
                 Err(Stop::Provider(e)) => {
                     self.note_failure(request, &e);
@@ -425,8 +430,8 @@ impl TextCompletionService {
                     warn!(event = "llm_request_failed", request_id = %ctx.id, provider, model,
                           error_type = e.kind.as_str(), error_message = %e.message, chunks_received = published);
                     // Counted once sent: a call dropped meanwhile counts as cancelled only.
-                    let sent = sink.send(self.error_record(request, &e, &mut usage)).await;
-                    self.finish(request, started, CallOutcome::Error, &usage);
+                    let sent = sink.send(self.error_record(&answer, &e, &mut usage)).await;
+                    self.finish(&answer, started, CallOutcome::Error, &usage);
                     return sent;
                 }
             }
@@ -441,13 +446,16 @@ impl TextCompletionService {
         sink: &mut ResponseSink<TextCompletionResponse>,
         started: Instant,
     ) -> Result<(), SinkError> {
-        let [provider, model] = self.labels(request);
+        let mut answer = Answer::new(self.labels(request));
         let mut retry = 0;
         loop {
+            answer.by = None;
             let result = self.provider.generate(request).await;
             let mut usage = UsageDeltas::default();
             match result {
                 Ok(done) => {
+                    answer.observe(done.answered_by);
+                    let [provider, model] = answer.labels();
                     if let Some(u) = done.usage {
                         usage.observe(u);
                     }
@@ -462,15 +470,16 @@ impl TextCompletionService {
                             in_token,
                             out_token,
                             model: Some(model.to_owned()),
+                            provider: answer.provider_field(),
                             end_of_stream: true,
                             finish_reason: done.finish_reason.as_deref().map(finish_reason_word),
                             ..Default::default()
                         })
                         .await;
-                    if !self.terminal_sent(sent, request, ctx, started, &usage)? {
+                    if !self.terminal_sent(sent, &answer, ctx, started, &usage)? {
                         return Ok(());
                     }
-                    self.finish(request, started, CallOutcome::Success, &usage);
+                    self.finish(&answer, started, CallOutcome::Success, &usage);
                     info!(event = "llm_request_completed", request_id = %ctx.id, provider, model,
                           duration_ms = started.elapsed().as_millis() as u64, total_chunks = 1);
                     return Ok(());
@@ -481,14 +490,55 @@ impl TextCompletionService {
                         retry += 1;
                         continue;
                     }
+                    let [provider, model] = answer.labels();
                     warn!(event = "llm_request_failed", request_id = %ctx.id, provider, model,
                           error_type = e.kind.as_str(), error_message = %e.message, chunks_received = 0);
-                    let sent = sink.send(self.error_record(request, &e, &mut usage)).await;
-                    self.finish(request, started, CallOutcome::Error, &usage);
+                    let sent = sink.send(self.error_record(&answer, &e, &mut usage)).await;
+                    self.finish(&answer, started, CallOutcome::Error, &usage);
                     return sent;
                 }
             }
         }
+    }
+}
+
+/// Who is answering a call: the provider and model the request asked for, until a fallback
+/// list says another of its providers answered ([`AnsweredBy`]). Records, metrics and logs
+/// name whoever answered.
+struct Answer<'a> {
+    requested: [&'a str; 2],
+    by: Option<AnsweredBy>,
+}
+
+impl<'a> Answer<'a> {
+    fn new(requested: [&'a str; 2]) -> Self {
+        Self {
+            requested,
+            by: None,
+        }
+    }
+
+    fn observe(&mut self, by: Option<AnsweredBy>) {
+        if by.is_some() {
+            self.by = by;
+        }
+    }
+
+    /// Provider and model labels.
+    fn labels(&self) -> [&str; 2] {
+        match &self.by {
+            Some(b) => [b.provider, &b.model],
+            None => self.requested,
+        }
+    }
+
+    fn model(&self) -> &str {
+        self.labels()[1]
+    }
+
+    /// The records' `provider` field: written only when a fallback list answered.
+    fn provider_field(&self) -> Option<String> {
+        self.by.as_ref().map(|b| b.provider.to_owned())
     }
 }
 

@@ -1,6 +1,8 @@
 //! sluice-text-completion: the text-completion processor.
 //!
 //! - [`config`]: a provider described (kind, model, endpoint, limits) and built;
+//! - [`fallback`]: an ordered list of providers behind one, moving a call before its first
+//!   token, with hedging and a circuit breaker per provider;
 //! - [`flows`]: the flows TrustGraph's config service assigns;
 //! - [`provider`]: the [`provider::Provider`] trait (`supports_streaming`, `generate`,
 //!   `generate_stream`) and what a call yields;
@@ -12,6 +14,7 @@
 //! Nothing here logs a prompt, an answer or a key.
 
 pub mod config;
+pub mod fallback;
 pub mod flows;
 pub mod handler;
 pub mod metrics;

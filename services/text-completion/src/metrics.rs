@@ -4,6 +4,10 @@
 
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 
+/// The labels of one provider in a fallback list: its position (0 the first), provider and
+/// model, all from configuration.
+pub(crate) const FALLBACK_LABELS: &[&str] = &["position", "provider", "model"];
+
 use crate::provider::FailureKind;
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -56,6 +60,11 @@ pub struct LlmMetrics {
     pub(crate) retries: IntCounterVec,
     pub(crate) rate_limited: IntCounterVec,
     pub(crate) in_flight: IntGaugeVec,
+    pub(crate) fallbacks: IntCounterVec,
+    pub(crate) answered: IntCounterVec,
+    pub(crate) hedges: IntCounterVec,
+    pub(crate) breaker_state: IntGaugeVec,
+    pub(crate) breaker_transitions: IntCounterVec,
 }
 
 impl LlmMetrics {
@@ -110,12 +119,62 @@ impl LlmMetrics {
             ),
             labels,
         )?;
-        for c in [&requests, &tokens, &retries, &rate_limited] {
+        let with = |extra: &'static str| {
+            let mut labels = FALLBACK_LABELS.to_vec();
+            labels.push(extra);
+            labels
+        };
+        let fallbacks = IntCounterVec::new(
+            Opts::new(
+                "sluice_llm_fallbacks_total",
+                "Calls moved from a provider of the fallback list to the next, by the reason.",
+            ),
+            &with("reason"),
+        )?;
+        let answered = IntCounterVec::new(
+            Opts::new(
+                "sluice_llm_answered_total",
+                "Calls answered, by the provider of the fallback list that answered.",
+            ),
+            FALLBACK_LABELS,
+        )?;
+        let hedges = IntCounterVec::new(
+            Opts::new(
+                "sluice_llm_hedges_total",
+                "Hedged calls (the next provider started beside a slow one), by the hedge's outcome.",
+            ),
+            &with("outcome"),
+        )?;
+        let breaker_state = IntGaugeVec::new(
+            Opts::new(
+                "sluice_llm_breaker_state",
+                "A fallback provider's circuit breaker: 0 closed, 1 open (skipped), 2 half-open (probed).",
+            ),
+            FALLBACK_LABELS,
+        )?;
+        let breaker_transitions = IntCounterVec::new(
+            Opts::new(
+                "sluice_llm_breaker_transitions_total",
+                "Circuit-breaker transitions, by the state entered.",
+            ),
+            &with("state"),
+        )?;
+        for c in [
+            &requests,
+            &tokens,
+            &retries,
+            &rate_limited,
+            &fallbacks,
+            &answered,
+            &hedges,
+            &breaker_transitions,
+        ] {
             registry.register(Box::new(c.clone()))?;
         }
         registry.register(Box::new(ttft.clone()))?;
         registry.register(Box::new(duration.clone()))?;
         registry.register(Box::new(in_flight.clone()))?;
+        registry.register(Box::new(breaker_state.clone()))?;
         Ok(Self {
             requests,
             ttft,
@@ -124,6 +183,11 @@ impl LlmMetrics {
             retries,
             rate_limited,
             in_flight,
+            fallbacks,
+            answered,
+            hedges,
+            breaker_state,
+            breaker_transitions,
         })
     }
 

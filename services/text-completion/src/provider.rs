@@ -31,6 +31,16 @@ impl Usage {
     }
 }
 
+/// Which provider and model gave an answer, when it was not the one the handler called: a
+/// [`crate::fallback::Fallback`] says which of its providers answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnsweredBy {
+    /// The provider's name ([`Provider::name`]).
+    pub provider: &'static str,
+    /// The model that answered.
+    pub model: String,
+}
+
 /// One piece of a streamed answer.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Chunk {
@@ -40,6 +50,9 @@ pub struct Chunk {
     pub usage: Option<Usage>,
     /// Why generation stopped, on the chunk that says so.
     pub finish_reason: Option<String>,
+    /// Who answered, on the first chunk of a stream a fallback moved (`None`: the provider
+    /// called, at the request's model).
+    pub answered_by: Option<AnsweredBy>,
 }
 
 /// A whole answer.
@@ -51,6 +64,8 @@ pub struct Completion {
     pub usage: Option<Usage>,
     /// Why generation stopped.
     pub finish_reason: Option<String>,
+    /// Who answered, as in [`Chunk::answered_by`].
+    pub answered_by: Option<AnsweredBy>,
 }
 
 /// A stream of chunks; ends after the last one or with an error.
@@ -196,6 +211,9 @@ pub async fn collect(mut stream: ChunkStream) -> Result<Completion, ProviderErro
         }
         if chunk.finish_reason.is_some() {
             done.finish_reason = chunk.finish_reason;
+        }
+        if chunk.answered_by.is_some() {
+            done.answered_by = chunk.answered_by;
         }
     }
     Ok(done)

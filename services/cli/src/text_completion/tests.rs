@@ -147,3 +147,137 @@ fn the_handler_serves_its_model_and_the_extra_ones() {
     let service = service(&args.llm, &telemetry).unwrap();
     assert_eq!(service.models(), ["main", "second", "third"]);
 }
+
+/// A `--fallback` file in a temporary directory.
+fn fallback_file(text: &str) -> (std::path::PathBuf, impl Drop) {
+    struct Gone(std::path::PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let path = std::env::temp_dir().join(format!(
+        "sluice-fallback-{}-{}.toml",
+        std::process::id(),
+        uuid::Uuid::new_v4()
+    ));
+    std::fs::write(&path, text).unwrap();
+    (path.clone(), Gone(path))
+}
+
+/// The file's `[[provider]]` tables, in order, with the provider options' names and
+/// `key-env`.
+#[test]
+fn a_fallback_file_lists_its_providers_in_order() {
+    let (path, _gone) = fallback_file(
+        r#"
+        [[provider]]
+        provider = "anthropic"
+        model = "claude-sonnet-4-5"
+        key-env = "ANTHROPIC_BACKUP_KEY"
+
+        [[provider]]
+        provider = "openai-compatible"
+        model = "smollm2"
+        base-url = "http://127.0.0.1:8766"
+        first-token-timeout-secs = 5
+        "#,
+    );
+    let list = fallback_list(&path).unwrap();
+    assert_eq!(list.len(), 2);
+    assert_eq!(list[0].model, "claude-sonnet-4-5");
+    assert_eq!(list[0].key_env.as_deref(), Some("ANTHROPIC_BACKUP_KEY"));
+    assert_eq!(list[1].base_url.as_deref(), Some("http://127.0.0.1:8766"));
+    assert_eq!(list[1].first_token_timeout_secs, 5);
+}
+
+/// What cannot be used is refused with the file's path and what is wrong, before anything
+/// runs: a missing file, a misspelt setting, no table, a provider that cannot be built.
+#[test]
+fn a_bad_fallback_file_is_refused_saying_what_is_wrong() {
+    let missing = std::path::Path::new("/nonexistent/fallback.toml");
+    let e = fallback_list(missing).unwrap_err();
+    assert!(
+        e.contains("/nonexistent/fallback.toml") && e.contains("cannot read"),
+        "{e}"
+    );
+    for (text, says) in [
+        (
+            "[[provider]]\nprovider = \"openai\"\nmodel = \"m\"\nbase_url = \"http://x\"\n",
+            "unknown field `base_url`",
+        ),
+        ("# nothing\n", "no [[provider]] table"),
+        (
+            "[[provider]]\nprovider = \"gpt\"\nmodel = \"m\"\n",
+            "unknown variant `gpt`",
+        ),
+    ] {
+        let (path, _gone) = fallback_file(text);
+        let e = fallback_list(&path).unwrap_err();
+        assert!(e.contains(says), "{text}: {e}");
+    }
+    for (text, says) in [
+        (
+            "[[provider]]\nprovider = \"azure\"\nmodel = \"m\"\n",
+            "provider 1 (m): --base-url",
+        ),
+        (
+            "[[provider]]\nprovider = \"openai\"\nmodel = \"m\"\nkey-env = \"A KEY\"\n",
+            "is not an environment variable's name",
+        ),
+        (
+            "[[provider]]\nprovider = \"bedrock\"\nmodel = \"m\"\nregion = \"us-east-1\"\nkey-env = \"K\"\n",
+            "key-env does not apply to bedrock",
+        ),
+    ] {
+        let (path, _gone) = fallback_file(text);
+        let path = path.to_str().unwrap().to_owned();
+        let args = parse(&["--base-url", "http://127.0.0.1:9", "--fallback", &path]);
+        let e = service(&args.llm, &Telemetry::new().unwrap())
+            .err()
+            .unwrap();
+        assert!(e.contains(says), "{text}: {e}");
+    }
+}
+
+/// The deadline and the hedge need a list to move to; zero is not a duration.
+#[test]
+fn fallback_timings_need_a_fallback_list_and_a_duration() {
+    let telemetry = Telemetry::new().unwrap();
+    let args = parse(&[
+        "--base-url",
+        "http://127.0.0.1:9",
+        "--hedge-after-ms",
+        "200",
+    ]);
+    let e = service(&args.llm, &telemetry).err().unwrap();
+    assert!(e.contains("need --fallback"), "{e}");
+    let (path, _gone) = fallback_file("[[provider]]\nprovider = \"openai\"\nmodel = \"m\"\n");
+    let path = path.to_str().unwrap().to_owned();
+    let args = parse(&[
+        "--base-url",
+        "http://127.0.0.1:9",
+        "--fallback",
+        &path,
+        "--first-token-deadline-ms",
+        "0",
+    ]);
+    let e = service(&args.llm, &Telemetry::new().unwrap())
+        .err()
+        .unwrap();
+    assert!(
+        e.contains("--first-token-deadline-ms: expected at least 1 ms"),
+        "{e}"
+    );
+    // A good list: the processor still serves (and is labelled by) its own provider first.
+    let args = parse(&[
+        "--model",
+        "primary",
+        "--fallback",
+        &path,
+        "--hedge-after-ms",
+        "200",
+    ]);
+    let s = service(&args.llm, &Telemetry::new().unwrap()).unwrap();
+    assert_eq!(s.models(), ["primary"]);
+}

@@ -241,6 +241,7 @@ fn decode_event(data: &str) -> Result<Chunk, ProviderError> {
         text,
         usage,
         finish_reason: finish,
+        answered_by: None,
     })
 }
 

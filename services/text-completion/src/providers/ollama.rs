@@ -187,6 +187,7 @@ fn decode_line(line: &str) -> Result<(Chunk, bool), ProviderError> {
             output: v["eval_count"].as_u64().unwrap_or(0),
         }),
         finish_reason: done.then(|| v["done_reason"].as_str().unwrap_or("stop").to_owned()),
+        answered_by: None,
     };
     Ok((chunk, done))
 }
@@ -305,6 +306,7 @@ impl Provider for OllamaProvider {
             text: chunk.text,
             usage: chunk.usage,
             finish_reason: chunk.finish_reason,
+            answered_by: None,
         })
     }
 }

@@ -249,6 +249,7 @@ fn decode_event(data: &str) -> Result<Option<crate::provider::Chunk>, ProviderEr
         text,
         usage,
         finish_reason,
+        answered_by: None,
     }))
 }
 
@@ -333,6 +334,7 @@ impl Provider for OpenAiProvider {
                 output: u["completion_tokens"].as_u64().unwrap_or(0),
             }),
             finish_reason: choice["finish_reason"].as_str().map(str::to_owned),
+            answered_by: None,
         })
     }
 }
