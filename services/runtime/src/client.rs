@@ -79,10 +79,14 @@ pub struct ClientConfig {
     /// How long a stream that may have lost records (the broker dropped records of the
     /// producer its last record came from) may stay quiet before it ends as lost.
     pub loss_grace: Duration,
+    /// How long [`RequestClient::start`] keeps trying while the broker cannot serve its
+    /// topics yet (a restart, bookies not ready: `BusError::Unavailable`); a refusal ends
+    /// it at once.
+    pub start_wait: Duration,
 }
 
 impl ClientConfig {
-    /// Defaults: a fresh subscription name, 120 s inactivity, 600 s total.
+    /// Defaults: a fresh subscription name, 120 s inactivity, 600 s total, 120 s start wait.
     pub fn new(
         service: impl Into<String>,
         request_topic: impl Into<String>,
@@ -98,6 +102,29 @@ impl ClientConfig {
             total_timeout: Duration::from_secs(600),
             cancel_topic: None,
             loss_grace: DEFAULT_LOSS_GRACE,
+            start_wait: Duration::from_secs(120),
+        }
+    }
+}
+
+/// `op` until it succeeds, fails otherwise than `BusError::Unavailable`, or `wait` has
+/// passed: start-up against a broker that is restarting (found by the soak: a prompt replica
+/// started while the bookies recovered exited on "Not enough non-faulty bookies").
+async fn while_unavailable<T, F: Future<Output = Result<T, BusError>>>(
+    wait: Duration,
+    what: &str,
+    mut op: impl FnMut() -> F,
+) -> Result<T, BusError> {
+    let deadline = Instant::now() + wait;
+    let mut delay = Duration::from_millis(250);
+    loop {
+        match op().await {
+            Err(BusError::Unavailable(e)) if Instant::now() + delay < deadline => {
+                warn!(error = %e, "{what}: the broker cannot serve it yet; trying again");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            other => return other,
         }
     }
 }
@@ -394,7 +421,10 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
         config: ClientConfig,
         metrics: Option<RuntimeMetrics>,
     ) -> Result<Self, ClientError> {
-        let publisher = bus.publisher(&config.request_topic).await?;
+        let publisher = while_unavailable(config.start_wait, "the request publisher", || {
+            bus.publisher(&config.request_topic)
+        })
+        .await?;
         // The cancel publisher is a convenience: it must not hold up start-up (a missing
         // namespace makes the broker lookup retry for a long time). Wait briefly, then let it
         // finish in the background; until it exists, dropped streams are not cancelled.
@@ -417,8 +447,14 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
         };
         let mut options = SubscribeOptions::exclusive(1000);
         options.consumer_name = Some(config.subscription.clone());
-        let subscription = bus
-            .subscribe(&config.response_topic, &config.subscription, options)
+        let subscription =
+            while_unavailable(config.start_wait, "the response subscription", || {
+                bus.subscribe(
+                    &config.response_topic,
+                    &config.subscription,
+                    options.clone(),
+                )
+            })
             .await?;
         let link = subscription.link();
         if let Some(m) = &metrics {
@@ -2121,6 +2157,93 @@ pub(crate) mod tests {
             };
             assert_eq!(sends, expected, "deny {deny}");
         }
+    }
+
+    /// A bus whose subscriptions fail with `error` the first `fail` times: a broker
+    /// restarting (its bookies not ready) at the client's start.
+    struct FailingSubscribe {
+        inner: MemoryBus,
+        fail: std::sync::atomic::AtomicUsize,
+        deny: bool,
+    }
+
+    #[async_trait::async_trait]
+    impl Bus for FailingSubscribe {
+        async fn publisher(&self, topic: &str) -> Result<Arc<dyn Publisher>, BusError> {
+            self.inner.publisher(topic).await
+        }
+
+        async fn subscribe(
+            &self,
+            topic: &str,
+            subscription: &str,
+            options: SubscribeOptions,
+        ) -> Result<Box<dyn Subscription>, BusError> {
+            use std::sync::atomic::Ordering;
+            if self
+                .fail
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                return Err(if self.deny {
+                    BusError::Denied(crate::bus::pulsar_security::Denial {
+                        cause: crate::bus::pulsar_security::DenialCause::Authorization,
+                        operation: format!("subscribing to {topic}"),
+                        detail: "not authorized".into(),
+                    })
+                } else {
+                    BusError::Unavailable(
+                        "Server error (Some(PersistenceError)): Not enough non-faulty bookies available"
+                            .into(),
+                    )
+                });
+            }
+            self.inner.subscribe(topic, subscription, options).await
+        }
+
+        fn max_message_bytes(&self) -> usize {
+            self.inner.max_message_bytes()
+        }
+    }
+
+    /// A client started while the broker restarts waits for it (the soak's prompt replica
+    /// exited on "Not enough non-faulty bookies"); past `start_wait`, or on a refusal at once,
+    /// it fails.
+    #[tokio::test(start_paused = true)]
+    async fn a_client_started_while_the_broker_restarts_waits_for_it_and_a_refusal_does_not() {
+        let bus = |fail: usize, deny: bool| {
+            Arc::new(FailingSubscribe {
+                inner: MemoryBus::default(),
+                fail: fail.into(),
+                deny,
+            })
+        };
+        let config = ClientConfig::new("test", "req", "resp");
+        let flaky = bus(3, false);
+        let client = Client::start(flaky.clone(), config.clone(), None)
+            .await
+            .unwrap();
+        assert_eq!(flaky.fail.load(std::sync::atomic::Ordering::SeqCst), 0);
+        client.close().await;
+        let mut short = config.clone();
+        short.start_wait = Duration::from_secs(2);
+        let e = Client::start(bus(usize::MAX, false), short, None)
+            .await
+            .err()
+            .unwrap();
+        assert!(
+            matches!(e, ClientError::Bus(BusError::Unavailable(_))),
+            "{e}"
+        );
+        let refused = bus(1, true);
+        let started = tokio::time::Instant::now();
+        let e = Client::start(refused, config, None).await.err().unwrap();
+        assert!(matches!(e, ClientError::Bus(BusError::Denied(_))), "{e}");
+        assert_eq!(
+            started.elapsed(),
+            Duration::ZERO,
+            "a refusal is not waited on"
+        );
     }
 
     /// A bus whose publisher for the topic "cancel" comes only once the test opens its gate:
