@@ -53,6 +53,21 @@ use tokio_util::sync::CancellationToken;
 /// A text-completion request/response client.
 pub type TextClient = RequestClient<TextCompletionRequest, TextCompletionResponse>;
 
+/// Every record of `stream` to its end, for a test that expects one attempt's answer: an
+/// error or a restart panics.
+pub async fn records_of_one_attempt<R: sluice_schema::ResponseRecord>(
+    mut stream: sluice_runtime::client::ResponseStream<R>,
+) -> Vec<R> {
+    let mut out = Vec::new();
+    while let Some(item) = stream.next().await {
+        match item.unwrap() {
+            sluice_runtime::client::Received::Record(r) => out.push(r),
+            sluice_runtime::client::Received::Restarted => panic!("no restart expected"),
+        }
+    }
+    out
+}
+
 /// A text-completion client for the given topics, under the service name `echo`.
 pub async fn text_client(
     bus: Arc<dyn Bus>,

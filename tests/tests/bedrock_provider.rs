@@ -5,12 +5,12 @@
 use std::{sync::Arc, time::Duration};
 
 use futures::StreamExt;
-use sluice_runtime::{client::Received, secret::Secret, telemetry::Telemetry};
+use sluice_runtime::{secret::Secret, telemetry::Telemetry};
 use sluice_schema::{TextCompletionRequest, TextCompletionResponse};
 use sluice_tests::{
     Broker, RunningProcessor, echo_config,
     fake_bedrock::{ACCESS_KEY_ID, API_KEY, FakeBedrock, SECRET_ACCESS_KEY, SeenAuth, model_id},
-    text_client, unique_topic,
+    records_of_one_attempt, text_client, unique_topic,
 };
 use sluice_text_completion::{
     handler::TextCompletionService,
@@ -301,15 +301,8 @@ impl Through {
     }
 
     async fn ask(&self, streaming: bool) -> Vec<TextCompletionResponse> {
-        let mut s = self.client.request(&req(streaming)).await.unwrap();
-        let mut out = Vec::new();
-        while let Some(item) = s.next().await {
-            match item.unwrap() {
-                Received::Record(r) => out.push(r),
-                Received::Restarted => panic!("no restart expected"),
-            }
-        }
-        out
+        let s = self.client.request(&req(streaming)).await.unwrap();
+        records_of_one_attempt(s).await
     }
 
     async fn stop(self) {

@@ -8,11 +8,12 @@
 
 use std::{sync::Arc, time::Duration};
 
-use sluice_runtime::{client::Received, secret::Secret, telemetry::Telemetry};
+use sluice_runtime::{secret::Secret, telemetry::Telemetry};
 use sluice_schema::{TextCompletionRequest, TextCompletionResponse};
 use sluice_tests::{
     Broker, RunningProcessor, TextClient, echo_config, eventually, eventually_every,
-    fake_openai::FakeOpenAi, free_port, init_logging, metric_value, text_client, unique_topic,
+    fake_openai::FakeOpenAi, free_port, init_logging, metric_value, records_of_one_attempt,
+    text_client, unique_topic,
 };
 use sluice_text_completion::{
     fallback::{Fallback, FallbackSettings},
@@ -83,7 +84,7 @@ impl Setup {
 
     /// Every record of one request.
     async fn ask(&self, streaming: bool) -> Vec<TextCompletionResponse> {
-        let mut s = self
+        let s = self
             .client
             .request(&TextCompletionRequest {
                 prompt: "say hello".into(),
@@ -92,14 +93,7 @@ impl Setup {
             })
             .await
             .unwrap();
-        let mut out = Vec::new();
-        while let Some(item) = s.next().await {
-            match item.unwrap() {
-                Received::Record(r) => out.push(r),
-                Received::Restarted => panic!("no restart expected"),
-            }
-        }
-        out
+        records_of_one_attempt(s).await
     }
 
     fn metric(&self, prefix: &str) -> u64 {

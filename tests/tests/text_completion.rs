@@ -5,11 +5,11 @@
 
 use std::{sync::Arc, time::Duration};
 
-use sluice_runtime::{client::Received, secret::Secret, telemetry::Telemetry};
+use sluice_runtime::{secret::Secret, telemetry::Telemetry};
 use sluice_schema::{TextCompletionRequest, TextCompletionResponse};
 use sluice_tests::{
     Broker, RunningProcessor, TextClient, echo_config, fake_openai::FakeOpenAi, init_logging,
-    metric_value, text_client, unique_topic,
+    metric_value, records_of_one_attempt, text_client, unique_topic,
 };
 use sluice_text_completion::{
     handler::TextCompletionService,
@@ -83,7 +83,7 @@ impl Setup {
         streaming: bool,
         retry: Option<&str>,
     ) -> Vec<TextCompletionResponse> {
-        let mut s = self
+        let s = self
             .client
             .request(&TextCompletionRequest {
                 system: "be brief".into(),
@@ -94,14 +94,7 @@ impl Setup {
             })
             .await
             .unwrap();
-        let mut out = Vec::new();
-        while let Some(item) = s.next().await {
-            match item.unwrap() {
-                Received::Record(r) => out.push(r),
-                Received::Restarted => panic!("no restart expected"),
-            }
-        }
-        out
+        records_of_one_attempt(s).await
     }
 
     fn metric(&self, prefix: &str) -> u64 {

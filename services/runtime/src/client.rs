@@ -52,6 +52,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::{
+    backoff::Backoff,
     bus::{Bus, BusError, Delivery, Link, Message, Origin, Publisher, SubscribeOptions},
     lock,
     sync::{SILENT_AFTER, SyncState, SyncWatch, UNLISTED_GRACE},
@@ -116,13 +117,12 @@ async fn while_unavailable<T, F: Future<Output = Result<T, BusError>>>(
     mut op: impl FnMut() -> F,
 ) -> Result<T, BusError> {
     let deadline = Instant::now() + wait;
-    let mut delay = Duration::from_millis(250);
+    let mut backoff = Backoff::new(Duration::from_secs(5));
     loop {
         match op().await {
-            Err(BusError::Unavailable(e)) if Instant::now() + delay < deadline => {
+            Err(BusError::Unavailable(e)) if Instant::now() + backoff.peek() < deadline => {
                 warn!(error = %e, "{what}: the broker cannot serve it yet; trying again");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
+                tokio::time::sleep(backoff.next_delay()).await;
             }
             other => return other,
         }
@@ -1946,6 +1946,8 @@ pub(crate) mod tests {
         store: bool,
         deny: bool,
         fail_at: watch::Receiver<bool>,
+        /// Set by a lost receipt as it fails.
+        failed: Arc<watch::Sender<bool>>,
     }
 
     impl LostReceipts {
@@ -1963,6 +1965,7 @@ pub(crate) mod tests {
                 store,
                 deny: false,
                 fail_at,
+                failed: Arc::new(watch::channel(false).0),
             };
             (bus, open)
         }
@@ -1990,8 +1993,10 @@ pub(crate) mod tests {
                 drop(self.inner.send(message).await?);
             }
             let (mut fail_at, deny) = (self.bus.fail_at.clone(), self.bus.deny);
+            let failed = self.bus.failed.clone();
             Ok(crate::bus::Receipt::new(async move {
                 let _ = fail_at.wait_for(|open| *open).await;
+                failed.send_replace(true);
                 Err(if deny {
                     BusError::Denied(crate::bus::pulsar_security::Denial {
                         cause: crate::bus::pulsar_security::DenialCause::Authorization,
@@ -2121,9 +2126,12 @@ pub(crate) mod tests {
         delivered.ack();
         reply(&bus.inner, s.id(), "a", "first", false).await;
         assert_eq!(text(s.next().await), "first");
+        let mut failed = bus.failed.subscribe();
         fail.send(true).unwrap();
-        // The receipt's task runs now (one thread: the test waits, the task is ready).
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The receipt fails and its task handles the failure in the same poll (no await
+        // between them), and this test runs on one thread: once the failure is seen here, the
+        // task has done what it does with it.
+        failed.wait_for(|f| *f).await.unwrap();
         reply(&bus.inner, s.id(), "a", "last", true).await;
         assert_eq!(text(s.next().await), "last");
         assert!(s.next().await.is_none());

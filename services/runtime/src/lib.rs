@@ -32,8 +32,9 @@ pub mod trace;
 
 /// Locks a std mutex, recovering the data if a panicking thread poisoned it. Every
 /// critical section in this crate is a few map or vector operations that leave the data
-/// consistent, and none is held across an await, so a std Mutex is the right tool.
-pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+/// consistent, and none is held across an await, so a std Mutex is the right tool. Public
+/// for the other crates' mutexes of the same kind (a fallback list's circuit breakers).
+pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 

@@ -162,9 +162,10 @@ impl ProviderConfig {
     /// and where to put it; it never contains a secret.
     pub fn build(&self) -> Result<Arc<dyn Provider>, String> {
         let timeouts = self.timeouts();
-        // The key's variable: `key-env` when given, else the provider's own.
-        let key = |own: &'static str| -> String {
-            self.key_env.clone().unwrap_or_else(|| own.to_owned())
+        // The key and where it comes from: `key-env`'s variable when given, else `own`.
+        let key = |own: &str| -> Result<(Option<Secret>, String), String> {
+            let var = self.key_env.as_deref().unwrap_or(own);
+            Ok((secret(var)?, source(var)))
         };
         if let Some(var) = &self.key_env {
             if self.provider == ProviderKind::Bedrock {
@@ -194,9 +195,7 @@ impl ProviderConfig {
                     (GeminiEndpoint::AiStudio, "GEMINI_API_KEY", public)
                 };
                 let mut config = GeminiConfig::new(endpoint, base(&public), self.model.clone());
-                let var = key(var);
-                config.credential = secret(&var)?;
-                config.credential_source = source(&var);
+                (config.credential, config.credential_source) = key(var)?;
                 config.temperature = self.temperature;
                 config.max_output_tokens = self.max_output_tokens;
                 config.timeouts = timeouts;
@@ -226,9 +225,7 @@ impl ProviderConfig {
             ProviderKind::Cohere => {
                 let mut config =
                     CohereConfig::new(base("https://api.cohere.com"), self.model.clone());
-                let var = key("COHERE_API_KEY");
-                config.api_key = secret(&var)?;
-                config.api_key_source = source(&var);
+                (config.api_key, config.api_key_source) = key("COHERE_API_KEY")?;
                 config.temperature = self.temperature;
                 config.max_tokens = self.max_output_tokens;
                 config.timeouts = timeouts;
@@ -250,9 +247,7 @@ impl ProviderConfig {
                     let config = AnthropicConfig::new(base(public), self.model.clone());
                     (config, "ANTHROPIC_API_KEY")
                 };
-                let var = key(var);
-                config.credential = secret(&var)?;
-                config.credential_source = source(&var);
+                (config.credential, config.credential_source) = key(var)?;
                 config.temperature = self.temperature;
                 if let Some(m) = self.max_output_tokens {
                     config.max_tokens = m;
@@ -263,9 +258,7 @@ impl ProviderConfig {
             ProviderKind::Ollama => {
                 let mut config =
                     OllamaConfig::new(base("http://127.0.0.1:11434"), self.model.clone());
-                let var = key("OLLAMA_API_KEY");
-                config.api_key = secret(&var)?;
-                config.api_key_source = source(&var);
+                (config.api_key, config.api_key_source) = key("OLLAMA_API_KEY")?;
                 config.temperature = self.temperature;
                 config.num_ctx = self.num_ctx;
                 config.num_predict = self.max_output_tokens;
@@ -301,9 +294,7 @@ impl ProviderConfig {
                         )
                     })?;
                 let mut config = OpenAiConfig::new(dialect, base_url, self.model.clone());
-                let var = key(key_var);
-                config.api_key = secret(&var)?;
-                config.api_key_source = source(&var);
+                (config.api_key, config.api_key_source) = key(key_var)?;
                 config.temperature = self.temperature;
                 config.max_tokens = self.max_output_tokens;
                 // Mistral rejects `stream_options`.

@@ -34,6 +34,7 @@ use std::{
 
 use async_trait::async_trait;
 use futures::{FutureExt, StreamExt, future::BoxFuture, stream::FuturesUnordered};
+use sluice_runtime::lock;
 use sluice_schema::TextCompletionRequest;
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -155,11 +156,6 @@ impl fmt::Debug for Fallback {
             .field("settings", &self.settings)
             .finish()
     }
-}
-
-/// `lock`, poison ignored: a breaker's state is whole after every statement.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Moves `member`'s breaker to `to`: the gauge, the transition's count, a log line.
