@@ -164,24 +164,14 @@ pub async fn run<H: Handler>(
                         "the response topic cannot be opened yet; going on"),
         Ok(()) => {}
     }
-    let mut options = SubscribeOptions::shared(u32::try_from(concurrency).unwrap_or(u32::MAX));
-    options.consumer_name = Some(format!("{}-{}", config.name, short_id()));
-    let mut subscription = bus
-        .subscribe(&config.request_topic, &config.subscription, options)
-        .await?;
-    let link_name = match &config.flow {
-        // Unique: a changed flow's new consumer starts while the old one drains.
-        Some(flow) => format!("{} requests of flow {flow} ({})", config.name, short_id()),
-        None => format!("{} requests", config.name),
-    };
-    telemetry
-        .health
-        .watch(link_name.clone(), subscription.link());
     let cancels = CancelRegistry::default();
     let stop_cancels = CancellationToken::new();
-    // Cancellation saves provider calls nobody reads; it is not worth delaying or refusing
-    // to serve over (a missing `notify` namespace makes the broker lookup retry for long), so
-    // the cancel subscription is set up beside the consume loop.
+    // Stops the cancel listener if the request subscription below fails.
+    let cancels_guard = stop_cancels.clone().drop_guard();
+    // Cancellation saves provider calls nobody reads; it is not worth refusing to serve over
+    // (a missing `notify` namespace makes the broker lookup retry for long), so the cancel
+    // subscription is set up beside the request subscription, and waited for only briefly.
+    let (cancels_ready, cancels_subscribed) = tokio::sync::oneshot::channel::<()>();
     let cancel_listener = config.cancel_topic.clone().map(|topic| {
         let (bus, cancels, stop) = (bus.clone(), cancels.clone(), stop_cancels.clone());
         let name = format!("{}-cancel-{}", config.name, short_id());
@@ -194,6 +184,7 @@ pub async fn run<H: Handler>(
                 () = stop.cancelled() => return,
                 s = bus.subscribe(&topic, &name, options) => s,
             };
+            let _ = cancels_ready.send(());
             match subscribed {
                 Ok(subscription) => cancel::listen(subscription, cancels, stop).await,
                 Err(e) => warn!(processor = %processor, topic = %topic, error = %e,
@@ -201,6 +192,31 @@ pub async fn run<H: Handler>(
             }
         })
     });
+    let mut options = SubscribeOptions::shared(u32::try_from(concurrency).unwrap_or(u32::MAX));
+    options.consumer_name = Some(format!("{}-{}", config.name, short_id()));
+    let mut subscription = bus
+        .subscribe(&config.request_topic, &config.subscription, options)
+        .await?;
+    // A cancel published before the listener subscribed is never read (the subscription starts
+    // at the latest message, and the notify topics keep nothing), so the first requests wait
+    // for it, within a bound: found in CI, a client that went away right after its first token
+    // on a just-started processor whose cancel subscription was still being created.
+    if cancel_listener.is_some()
+        && tokio::time::timeout(CANCEL_SUBSCRIBE_WAIT, cancels_subscribed)
+            .await
+            .is_err()
+    {
+        warn!(processor = %config.name, wait = ?CANCEL_SUBSCRIBE_WAIT,
+              "serving before the cancel subscription exists: a cancel sent meanwhile is not seen");
+    }
+    let link_name = match &config.flow {
+        // Unique: a changed flow's new consumer starts while the old one drains.
+        Some(flow) => format!("{} requests of flow {flow} ({})", config.name, short_id()),
+        None => format!("{} requests", config.name),
+    };
+    telemetry
+        .health
+        .watch(link_name.clone(), subscription.link());
     info!(processor = %config.name, flow = config.flow.as_deref().unwrap_or(""),
           topic = %config.request_topic, concurrency, "processor started");
 
@@ -322,7 +338,7 @@ pub async fn run<H: Handler>(
         }
     }
     subscription.close().await;
-    stop_cancels.cancel();
+    drop(cancels_guard);
     stop_syncs.cancel();
     if let Some(syncs) = syncs {
         let _ = syncs.await;
@@ -441,6 +457,10 @@ fn client_cancelled() -> Error {
 /// (their held records flushed, their streams retracted, a nack sent) before their tasks are
 /// dropped. Short: the handler is already gone, only the broker is waited for.
 const HAND_BACK_BOUND: Duration = Duration::from_secs(5);
+
+/// How long a starting processor waits for its cancel subscription before it takes requests
+/// anyway (see [`run`]).
+const CANCEL_SUBSCRIBE_WAIT: Duration = Duration::from_secs(5);
 
 /// Whether a nacked request comes back. Where the broker keeps requests, a nack brings the
 /// request back for another attempt; on a non-persistent request topic it is gone, and its
@@ -1026,6 +1046,140 @@ mod tests {
         assert!(text.contains(
             r#"sluice_processor_requests_total{outcome="cancelled",processor="echo"} 2"#
         ));
+        f.shutdown.cancel();
+        f.task.await.unwrap().unwrap();
+    }
+
+    /// A bus whose subscriptions to the topic "cancel" are made only once the test opens its
+    /// gate: a broker slow to create the cancel topic's subscription at start-up.
+    struct SlowCancelSubscription {
+        inner: MemoryBus,
+        gate: tokio::sync::watch::Receiver<bool>,
+    }
+
+    #[async_trait::async_trait]
+    impl Bus for SlowCancelSubscription {
+        async fn publisher(&self, topic: &str) -> Result<Arc<dyn Publisher>, BusError> {
+            self.inner.publisher(topic).await
+        }
+
+        async fn subscribe(
+            &self,
+            topic: &str,
+            subscription: &str,
+            options: SubscribeOptions,
+        ) -> Result<Box<dyn Subscription>, BusError> {
+            if topic == "cancel" {
+                let _ = self.gate.clone().wait_for(|open| *open).await;
+            }
+            self.inner.subscribe(topic, subscription, options).await
+        }
+
+        fn max_message_bytes(&self) -> usize {
+            self.inner.max_message_bytes()
+        }
+    }
+
+    /// Starts the echo processor on a bus whose cancel subscription waits for `gate`, and
+    /// publishes one stalling request to it once its request subscription exists.
+    async fn start_behind_a_slow_cancel_subscription(
+        gate: tokio::sync::watch::Receiver<bool>,
+    ) -> Fixture {
+        let bus = MemoryBus::new(2048, 1000);
+        let responses = bus
+            .subscribe("resp", "test", SubscribeOptions::exclusive(100))
+            .await
+            .unwrap();
+        let mut config = ProcessorConfig::new("echo", "req", "resp");
+        config.cancel_topic = Some("cancel".into());
+        config.drain_grace = Duration::from_millis(200);
+        let telemetry = Telemetry::new().unwrap();
+        let shutdown = CancellationToken::new();
+        let slow = SlowCancelSubscription {
+            inner: bus.clone(),
+            gate,
+        };
+        let task = tokio::spawn(run(
+            Arc::new(slow),
+            config,
+            Arc::new(Echo),
+            telemetry.clone(),
+            shutdown.clone(),
+        ));
+        // On paused time: every task runs until idle first, so the in-process request
+        // subscription exists after this.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        bus.publisher("req")
+            .await
+            .unwrap()
+            .send(Message::new(r#"{"prompt":"stall"}"#).with_property(properties::ID, "s1"))
+            .await
+            .unwrap();
+        Fixture {
+            bus,
+            responses,
+            telemetry,
+            shutdown,
+            task,
+        }
+    }
+
+    /// A processor takes no request before it reads cancels: a cancel sent meanwhile would be
+    /// lost, and the provider call it should stop would run to its end (found in CI: a client
+    /// that went away right after its first token on a just-started processor).
+    #[tokio::test(start_paused = true)]
+    async fn no_request_is_taken_before_the_cancel_subscription_exists() {
+        let (open, gate) = tokio::sync::watch::channel(false);
+        let mut f = start_behind_a_slow_cancel_subscription(gate).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(
+            tokio::time::timeout(Duration::from_millis(1), f.responses.next())
+                .await
+                .is_err(),
+            "the request was taken before cancels could be read"
+        );
+        open.send(true).unwrap();
+        let d = f.responses.next().await.unwrap().unwrap();
+        let first: TextCompletionResponse = serde_json::from_slice(d.payload()).unwrap();
+        d.ack();
+        assert_eq!(first.response, "started");
+        f.bus
+            .publisher("cancel")
+            .await
+            .unwrap()
+            .send(cancel::cancel_message("s1"))
+            .await
+            .unwrap();
+        let d = tokio::time::timeout(Duration::from_secs(5), f.responses.next())
+            .await
+            .expect("the cancelled record")
+            .unwrap()
+            .unwrap();
+        let last: TextCompletionResponse = serde_json::from_slice(d.payload()).unwrap();
+        d.ack();
+        assert_eq!(last.error.unwrap().kind, "cancelled");
+        f.shutdown.cancel();
+        f.task.await.unwrap().unwrap();
+    }
+
+    /// ...but a cancel topic that cannot be subscribed (a missing namespace: the broker's
+    /// lookup retries for long) delays serving by [`CANCEL_SUBSCRIBE_WAIT`] only.
+    #[tokio::test(start_paused = true)]
+    async fn a_cancel_subscription_that_does_not_come_delays_serving_briefly() {
+        let (_never, gate) = tokio::sync::watch::channel(false);
+        let started = tokio::time::Instant::now();
+        let mut f = start_behind_a_slow_cancel_subscription(gate).await;
+        let d = tokio::time::timeout(Duration::from_secs(30), f.responses.next())
+            .await
+            .expect("served without cancels")
+            .unwrap()
+            .unwrap();
+        d.ack();
+        let waited = started.elapsed();
+        assert!(
+            waited >= CANCEL_SUBSCRIBE_WAIT && waited < CANCEL_SUBSCRIBE_WAIT * 2,
+            "{waited:?}"
+        );
         f.shutdown.cancel();
         f.task.await.unwrap().unwrap();
     }
