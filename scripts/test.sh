@@ -309,11 +309,15 @@ for t in "$cluster_tests" "$soak_tests" "$pacing_tests"; do
 done
 [ "${#skip_apart[@]}" -ge 6 ] || { echo "services/cli/tests/{cluster,soak,trustgraph_pacing}.rs list too few tests: ${skip_apart[*]}" >&2; exit 1; }
 cluster_tests_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/cluster-tests.log"
+# The processes' logs, metrics and the broker's topic stats of each fault series, kept
+# outside the clone so that a failure in CI leaves the evidence to read on this machine.
+export SLUICE_CLUSTER_LOGS="${SLUICE_CACHE:-$HOME/.cache/sluice}/cluster-logs"
+rm -rf "$SLUICE_CLUSTER_LOGS" && mkdir -p "$SLUICE_CLUSTER_LOGS"
 (cd services/cli && exec "$cluster_tests") >"$cluster_tests_log" 2>&1 &
 cluster_tests_pid=$!
 tests_failed=0
 cargo test --workspace --locked --no-fail-fast --lib --bins --test '*' -- --exact "${skip_apart[@]}" || tests_failed=1
-echo "== services/cli/tests/cluster.rs (ran beside the above; log: $cluster_tests_log)"
+echo "== services/cli/tests/cluster.rs (ran beside the above; log: $cluster_tests_log, the processes' logs: $SLUICE_CLUSTER_LOGS)"
 wait "$cluster_tests_pid" || tests_failed=1
 cat "$cluster_tests_log"
 # The pacing test (seconds) measures whether a Python consumer keeps up with 512 streams:

@@ -30,7 +30,10 @@
 use std::{
     collections::{HashMap, HashSet, VecDeque},
     path::PathBuf,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -220,7 +223,8 @@ impl Bus for PulsarBus {
                     topic: topic.to_owned(),
                     client: self.producers.clone(),
                     config: self.config.clone(),
-                    producer: tokio::sync::Mutex::new(None),
+                    producer: tokio::sync::Mutex::new(ProducerSlot::default()),
+                    lost_receipt: Arc::new(AtomicU64::new(0)),
                 })
             })
             .clone();
@@ -278,7 +282,23 @@ struct PulsarPublisher {
     // A tokio Mutex: it is held across the awaits that queue a message, which is what keeps
     // concurrent sends on one topic in a single order and makes a full queue back-pressure
     // every sender.
-    producer: tokio::sync::Mutex<Option<Producer<TokioExecutor>>>,
+    producer: tokio::sync::Mutex<ProducerSlot>,
+    /// The generation of the latest producer a receipt failed on for an outage (0: none).
+    /// pulsar-rs resends a pending message itself while it re-creates the producer; a receipt
+    /// that still fails (not acknowledged within the operation timeout) means that producer
+    /// did not recover in time, and it can stay so: seen after a broker's SIGKILL, a partition
+    /// producer whose later messages were never acknowledged either, so every request routed
+    /// to that partition waited out the timeout. The next send replaces such a producer (a
+    /// fresh lookup of every partition's owner).
+    lost_receipt: Arc<AtomicU64>,
+}
+
+/// A publisher's producer and which one it is.
+#[derive(Default)]
+struct ProducerSlot {
+    producer: Option<Producer<TokioExecutor>>,
+    /// Counts the producers created; the current one's number.
+    generation: u64,
 }
 
 impl PulsarPublisher {
@@ -306,11 +326,17 @@ impl Publisher for PulsarPublisher {
         let deadline = Instant::now() + self.config.publish_retry_budget;
         let mut backoff = Backoff::new(Duration::from_secs(2));
         let mut slot = self.producer.lock().await;
+        if slot.producer.is_some() && self.lost_receipt.load(Ordering::Acquire) == slot.generation {
+            warn!(topic = %self.topic,
+                  "re-creating the producer: the broker did not acknowledge a message it sent");
+            slot.producer = None;
+        }
         loop {
-            let failure = match slot.as_mut() {
+            let failure = match slot.producer.as_mut() {
                 None => match self.create().await {
                     Ok(p) => {
-                        *slot = Some(p);
+                        slot.producer = Some(p);
+                        slot.generation += 1;
                         continue;
                     }
                     // A refusal is not an outage: no retry budget, the caller hears it now
@@ -336,11 +362,16 @@ impl Publisher for PulsarPublisher {
                 {
                     Ok(receipt) => {
                         let topic = self.topic.clone();
+                        let (lost_receipt, generation) =
+                            (self.lost_receipt.clone(), slot.generation);
                         return Ok(Receipt::new(async move {
                             receipt.await.map(|_| ()).map_err(|e| {
                                 match denial(&e, format!("producing to {topic}")) {
                                     Some(d) => BusError::Denied(d),
-                                    None => BusError::Unavailable(format!("send receipt: {e}")),
+                                    None => {
+                                        lost_receipt.fetch_max(generation, Ordering::AcqRel);
+                                        BusError::Unavailable(format!("send receipt: {e}"))
+                                    }
                                 }
                             })
                         }));
@@ -348,7 +379,7 @@ impl Publisher for PulsarPublisher {
                     Err(e) => {
                         // The producer may be beyond repair (its reconnect budget ran out):
                         // drop it and build a fresh one on the next attempt.
-                        *slot = None;
+                        slot.producer = None;
                         if let Some(d) = self.denied(&e).await {
                             return Err(BusError::Denied(d));
                         }
@@ -373,9 +404,12 @@ impl Publisher for PulsarPublisher {
 
     async fn open(&self) -> Result<(), BusError> {
         let mut slot = self.producer.lock().await;
-        if slot.is_none() {
+        if slot.producer.is_none() {
             match self.create().await {
-                Ok(p) => *slot = Some(p),
+                Ok(p) => {
+                    slot.producer = Some(p);
+                    slot.generation += 1;
+                }
                 Err(e) => {
                     return Err(match self.denied(&e).await {
                         Some(d) => BusError::Denied(d),
