@@ -4,6 +4,7 @@
 #   bash bench/run.sh                    # the foundation scenario with default sizes
 #   bash bench/run.sh foundation --round-trips 500 --requests 5000
 #   bash bench/run.sh text-completion    # TTFT overhead, concurrent streams, tokens/s
+#   bash bench/run.sh fallback           # TTFT through a fallback list vs the provider directly, and a move's cost
 #   bash bench/run.sh gateway            # TTFT over HTTP through the gateway, requests/s
 #   bash bench/run.sh loss               # what TrustGraph's non-persistent mapping loses, and when it is seen
 #   bash bench/run.sh pacing             # TrustGraph's own client at 64 and 512 streams, unpaced and paced

@@ -48,6 +48,13 @@ enum Scenario {
         #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
         streams: Vec<u64>,
     },
+    /// The fallback layer (`--fallback`): time to first token through a fallback list
+    /// against the provider called directly, and what a move to the backup adds.
+    Fallback {
+        /// Calls per row.
+        #[arg(long, default_value_t = 500)]
+        requests: u64,
+    },
     /// The prompt jsonl path: a line's last token to its object record, objects/s; against
     /// text-completion called directly.
     Prompt {
@@ -142,6 +149,12 @@ async fn main() {
             let md = text_completion_bench(&broker, requests, &streams).await;
             std::fs::write(cli.out.join("text-completion.md"), &md).unwrap();
             splice(&cli.docs, "text-completion", &md);
+            println!("{md}");
+        }
+        Scenario::Fallback { requests } => {
+            let md = text_completion::fallback_bench(requests).await;
+            std::fs::write(cli.out.join("fallback.md"), &md).unwrap();
+            splice(&cli.docs, "fallback", &md);
             println!("{md}");
         }
         Scenario::Prompt { requests, objects } => {

@@ -225,3 +225,120 @@ pub(crate) async fn text_completion_bench(
     );
     md
 }
+
+/// The fallback scenario: what the fallback layer (`--fallback`, issue #25) costs in time to
+/// first token: the
+/// provider called directly against the same provider first in a fallback list, and what a
+/// move to the backup adds when the first provider refuses the connection, answers 503, or
+/// is skipped by its open breaker. In process, interleaved, so the machine's noise falls on
+/// every row alike.
+pub(crate) async fn fallback_bench(requests: u64) -> String {
+    use sluice_text_completion::{
+        fallback::{Fallback, FallbackSettings},
+        metrics::LlmMetrics,
+        provider::Provider,
+        providers::openai::{Dialect, OpenAiConfig, OpenAiProvider},
+    };
+    let openai = |url: String, model: &str| -> Arc<dyn Provider> {
+        Arc::new(OpenAiProvider::new(OpenAiConfig::new(Dialect::Compatible, url, model)).unwrap())
+    };
+    let fake = sluice_tests::fake_openai::FakeOpenAi::start().await;
+    let healthy = || openai(fake.base_url(), "tokens-5-2");
+    // A port nothing listens on: bound, then closed.
+    let refused_url = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}/v1", l.local_addr().unwrap())
+    };
+    let fallback = |primary: Arc<dyn Provider>, settings: FallbackSettings| {
+        let telemetry = sluice_runtime::telemetry::Telemetry::new().unwrap();
+        Fallback::new(
+            primary,
+            vec![healthy()],
+            settings,
+            LlmMetrics::register(&telemetry.registry).unwrap(),
+        )
+    };
+    let no_breaker = FallbackSettings {
+        breaker_failures: 0,
+        ..FallbackSettings::default()
+    };
+    let rows: Vec<(&str, Arc<dyn Provider>)> = vec![
+        ("provider called directly (baseline)", healthy()),
+        (
+            "first in a fallback list, answering",
+            Arc::new(fallback(healthy(), FallbackSettings::default())),
+        ),
+        (
+            "first in a fallback list, answering; deadline 1 s and hedge after 0.5 s armed",
+            Arc::new(fallback(
+                healthy(),
+                FallbackSettings {
+                    first_token_deadline: Some(Duration::from_secs(1)),
+                    hedge_after: Some(Duration::from_millis(500)),
+                    ..FallbackSettings::default()
+                },
+            )),
+        ),
+        (
+            "moved to the backup: the first refuses the connection",
+            Arc::new(fallback(
+                openai(refused_url, "tokens-5-2"),
+                no_breaker.clone(),
+            )),
+        ),
+        (
+            "moved to the backup: the first answers 503",
+            Arc::new(fallback(
+                openai(fake.base_url(), "status-503-1000000000"),
+                no_breaker,
+            )),
+        ),
+        (
+            "moved to the backup: the first skipped by its open breaker",
+            Arc::new(fallback(
+                openai(fake.base_url(), "status-503-1000000000"),
+                FallbackSettings {
+                    breaker_failures: 1,
+                    breaker_cooldown: Duration::from_secs(3600),
+                    ..FallbackSettings::default()
+                },
+            )),
+        ),
+    ];
+    let mut hists: Vec<_> = rows.iter().map(|_| hist()).collect();
+    for i in 0..requests + 50 {
+        for (row, h) in rows.iter().zip(hists.iter_mut()) {
+            let t0 = Instant::now();
+            let mut s = row.1.generate_stream(&stream_req()).await.unwrap();
+            let first = s.next().await;
+            let ttft = t0.elapsed();
+            assert!(matches!(first, Some(Ok(_))), "{}: no first chunk", row.0);
+            while s.next().await.is_some() {}
+            if i >= 50 {
+                h.record(ttft.as_micros() as u64).unwrap();
+            }
+        }
+    }
+    let base = ms(&hists[0], 0.5);
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "{}: {requests} calls per row, in process, the rows interleaved; fake OpenAI server over HTTP (5 tokens, 2 ms apart), a fallback list of it and the same server as backup.\n",
+        provenance()
+    );
+    let _ = writeln!(
+        md,
+        "| time to first token | p50 ms | p99 ms | p50 vs direct |\n|---|---|---|---|"
+    );
+    for (row, h) in rows.iter().zip(&hists) {
+        let _ = writeln!(
+            md,
+            "| {} | {:.2} | {:.2} | {:.2}x |",
+            row.0,
+            ms(h, 0.5),
+            ms(h, 0.99),
+            ms(h, 0.5) / base
+        );
+    }
+    md
+}

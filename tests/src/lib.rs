@@ -325,9 +325,10 @@ pub fn unique_topic(name: &str) -> String {
 /// The bench's result tables. `bench` splices each between `<!-- bench:NAME -->` and
 /// `<!-- /bench:NAME -->` in the one page under `docs/` that holds them, and
 /// `tests/tests/docs.rs` checks that exactly one page does.
-pub const BENCH_TABLES: [&str; 9] = [
+pub const BENCH_TABLES: [&str; 10] = [
     "foundation",
     "text-completion",
+    "fallback",
     "gateway",
     "prompt",
     "loss",
