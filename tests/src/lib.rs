@@ -191,7 +191,12 @@ impl Broker {
                     .admin()
                     .ensure_namespace(
                         TEST_NAMESPACE,
-                        NamespacePolicy { subscription_expiration_minutes: 30 },
+                        NamespacePolicy {
+                            subscription_expiration_minutes: 30,
+                            // Resumed streams read their records again.
+                            retention_minutes: 30,
+                            retention_mb: 256,
+                        },
                     )
                     .await
                     .unwrap_or_else(|e| {
@@ -626,6 +631,31 @@ impl GatewayStack {
         self.gateway.close().await;
         self.processor.stop().await;
     }
+}
+
+/// The pieces of a streamed body as the caller sees them: SSE events (the blocks between blank
+/// lines, keep-alive comments left out) or NDJSON lines, each with its bytes.
+pub fn stream_pieces(body: &[u8], sse: bool) -> Vec<String> {
+    let text = std::str::from_utf8(body).unwrap();
+    if sse {
+        text.split("\n\n")
+            .filter(|b| !b.is_empty() && !b.lines().all(|l| l.starts_with(':')))
+            .map(|b| format!("{b}\n\n"))
+            .collect()
+    } else {
+        text.split_terminator('\n')
+            .map(|l| format!("{l}\n"))
+            .collect()
+    }
+}
+
+/// The id an SSE event carries.
+pub fn sse_event_id(piece: &str) -> String {
+    piece
+        .lines()
+        .find_map(|l| l.strip_prefix("id:"))
+        .map(|id| id.trim().to_owned())
+        .unwrap_or_else(|| panic!("no id in {piece:?}"))
 }
 
 /// A gateway on the bus, serving on a free loopback port.

@@ -631,3 +631,77 @@ async fn concurrent_creators_of_one_new_tenant_and_namespace_all_succeed() {
         }
     }
 }
+
+/// A subscription from a position reads what the topic holds from that message on (itself
+/// included), already acked by another subscription or not, then what comes live: what a
+/// resumed stream reads its records again through (gateway.md#resuming-a-stream).
+#[tokio::test]
+async fn a_subscription_from_a_position_reads_what_the_topic_holds_from_it() {
+    use sluice_runtime::bus::StartPosition;
+    let broker = Broker::from_env().await;
+    let bus = broker.bus().await;
+    let topic = unique_topic("from-position");
+    let mut first = bus
+        .subscribe(&topic, "first", SubscribeOptions::exclusive(16))
+        .await
+        .unwrap();
+    let publisher = bus.publisher(&topic).await.unwrap();
+    for i in 0..5 {
+        publisher
+            .send(Message::new(format!("m{i}")))
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    // Read and acked: nothing is left for the first subscription.
+    let mut positions = Vec::new();
+    for i in 0..5 {
+        let d = first.next().await.unwrap().unwrap();
+        assert_eq!(d.payload().as_ref(), format!("m{i}").as_bytes());
+        positions.push(d.position().expect("Pulsar says where a message is"));
+        d.ack();
+    }
+    assert!(positions.windows(2).all(|w| w[0] < w[1]), "{positions:?}");
+    let mut options = SubscribeOptions::exclusive(16);
+    options.start = StartPosition::At(positions[1]);
+    let mut again = bus.subscribe(&topic, "again", options).await.unwrap();
+    let mut read = Vec::new();
+    while read.len() < 3 {
+        let d = tokio::time::timeout(Duration::from_secs(10), again.next())
+            .await
+            .expect("the messages after the position")
+            .unwrap()
+            .unwrap();
+        read.push(String::from_utf8(d.payload().to_vec()).unwrap());
+        d.ack();
+    }
+    assert_eq!(read, ["m1", "m2", "m3"]);
+    let d = again.next().await.unwrap().unwrap();
+    assert_eq!(d.payload().as_ref(), b"m4");
+    d.ack();
+    // And what comes next, live.
+    publisher
+        .send(Message::new("m5"))
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let d = tokio::time::timeout(Duration::from_secs(10), again.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(d.payload().as_ref(), b"m5");
+    d.ack();
+    again.unsubscribe().await;
+    // The in-process bus keeps nothing to read again, and says so.
+    let memory = sluice_runtime::bus::memory::MemoryBus::default();
+    let mut options = SubscribeOptions::exclusive(16);
+    options.start = StartPosition::At(positions[1]);
+    assert!(matches!(
+        memory.subscribe("t", "s", options).await,
+        Err(BusError::Config(_))
+    ));
+    first.unsubscribe().await;
+}

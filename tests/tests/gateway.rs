@@ -11,7 +11,8 @@ use serde_json::{Value, json};
 use sluice_gateway::{Auth, ServiceKind, ServiceTopics};
 use sluice_runtime::{processor::ProcessorConfig, secret::Secret, telemetry::Telemetry};
 use sluice_tests::{
-    Broker, GatewayStack as Stack, RunningProcessor, unique_topic, wait_for_metrics,
+    Broker, GatewayStack as Stack, RunningProcessor, sse_event_id, stream_pieces, unique_topic,
+    wait_for_metrics,
 };
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 
@@ -1199,4 +1200,282 @@ async fn a_cancel_reaches_a_caller_still_connected_as_done_cancelled() {
     let metrics = wait_for_metrics(|| s.telemetry.render(), |m| m.contains(cancelled)).await;
     assert!(metrics.contains(cancelled), "{metrics}");
     s.stop().await;
+}
+
+/// Reads `resp` until `n` whole pieces have arrived (the connection stays open).
+async fn first_pieces(
+    resp: &mut reqwest::Response,
+    buf: &mut Vec<u8>,
+    n: usize,
+    sse: bool,
+) -> Vec<String> {
+    loop {
+        let text = std::str::from_utf8(buf).unwrap();
+        // Only complete pieces: up to the last separator.
+        let sep = if sse { "\n\n" } else { "\n" };
+        if let Some(end) = text.rfind(sep) {
+            let got = stream_pieces(&buf[..end + sep.len()], sse);
+            if got.len() >= n {
+                return got[..n].to_vec();
+            }
+        }
+        let chunk = tokio::time::timeout(Duration::from_secs(10), resp.chunk())
+            .await
+            .expect("the stream went silent")
+            .unwrap()
+            .expect("the stream ended early");
+        buf.extend_from_slice(&chunk);
+    }
+}
+
+/// A stream read partly through one gateway replica is resumed through another: the rest,
+/// byte for byte what the first replica goes on to send, nothing repeated; and a resume from
+/// nothing, after the end, gives the whole stream again. For the OpenAI route's SSE (resumed
+/// by `Last-Event-ID`, as a browser does), seed 004's events as SSE and as NDJSON (resumed by
+/// `Sluice-Resume` with the number of lines received), and seed 003's records as SSE.
+#[tokio::test]
+async fn a_stream_resumes_through_another_replica_with_nothing_lost_or_repeated() {
+    let model = "tokens-24-40";
+    let s = Stack::start(model, |_| {}).await;
+    let broker = Broker::from_env().await;
+    let mut config = sluice_gateway::GatewayConfig::new();
+    config
+        .services
+        .insert(ServiceKind::TextCompletion, s.topics.clone());
+    let b = sluice_tests::ServedGateway::start(broker.bus().await, config).await;
+    let chat = json!({"model": model, "stream": true,
+                      "messages": [{"role": "user", "content": "count"}]});
+    let records = json!({"prompt": "count", "streaming": true});
+    let cases = [
+        ("openai sse", "/v1/chat/completions", None, &chat, true),
+        (
+            "seed 004 sse",
+            "/api/v1/text-completion",
+            Some("text/event-stream"),
+            &request(),
+            true,
+        ),
+        (
+            "seed 004 ndjson",
+            "/api/v1/text-completion",
+            Some("application/x-ndjson"),
+            &request(),
+            false,
+        ),
+        (
+            "seed 003 records",
+            "/api/v1/text-completion",
+            None,
+            &records,
+            true,
+        ),
+    ];
+    for (case, path, accept, body, sse) in cases {
+        let post = |url: String| {
+            let mut r = http().post(url).json(body);
+            if let Some(a) = accept {
+                r = r.header("accept", a);
+            }
+            r
+        };
+        let mut a = post(s.url(path)).send().await.unwrap();
+        assert_eq!(a.status(), 200, "{case}");
+        let token = a.headers()["sluice-resume-token"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let mut buf = Vec::new();
+        let had = first_pieces(&mut a, &mut buf, 3, sse).await;
+        // Resumed through the other replica while the first one still streams.
+        let resume = post(format!("http://{}{path}", b.addr));
+        let resume = if sse {
+            let last = sse_event_id(&had[2]);
+            assert_eq!(last, format!("{token}.3"), "{case}: the third event's id");
+            resume.header("last-event-id", last)
+        } else {
+            resume.header("sluice-resume", format!("{token}.3"))
+        };
+        let rest = resume.send().await.unwrap();
+        assert_eq!(rest.status(), 200, "{case}");
+        let rest = stream_pieces(&rest.bytes().await.unwrap(), sse);
+        buf.extend_from_slice(&a.bytes().await.unwrap());
+        let whole = stream_pieces(&buf, sse);
+        assert!(whole.len() > 10, "{case}: {whole:?}");
+        assert_eq!(
+            [&had[..], &rest[..]].concat(),
+            whole,
+            "{case}: what the caller had and the rest are the stream, byte for byte"
+        );
+        // After the end, from nothing: the whole stream again.
+        let again = post(format!("http://{}{path}", b.addr))
+            .header("sluice-resume", format!("{token}.0"))
+            .send()
+            .await
+            .unwrap();
+        let again = stream_pieces(&again.bytes().await.unwrap(), sse);
+        assert_eq!(again, whole, "{case}: the whole stream again");
+    }
+    // One provider call per request: resuming never asks the provider again.
+    assert_eq!(s.fake.calls(model), cases.len());
+    let m = b.telemetry.render();
+    assert!(
+        m.contains(r#"sluice_gateway_resumes_total{outcome="resumed",route="openai-chat"} 2"#),
+        "{m}"
+    );
+    b.stop.cancel();
+    b.gateway.close().await;
+    s.stop().await;
+}
+
+/// A resume that cannot be served says why, and no provider is called: a token that is not
+/// one, a token of another route, a stream older than the resume window.
+#[tokio::test]
+async fn a_resume_that_cannot_be_served_is_refused_saying_why() {
+    let s = Stack::start("normal", |c| {
+        c.resume_window = Duration::from_secs(60);
+    })
+    .await;
+    let ask = |header: &'static str, value: String, path: &'static str| {
+        let body = if path.starts_with("/v1") {
+            json!({"model": "normal", "stream": true,
+                   "messages": [{"role": "user", "content": "x"}]})
+        } else {
+            request()
+        };
+        http()
+            .post(s.url(path))
+            .header("accept", "application/x-ndjson")
+            .header(header, value)
+            .json(&body)
+            .send()
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    for (header, value, path, status, says) in [
+        (
+            "last-event-id",
+            "chatcmpl-42".to_owned(),
+            "/api/v1/text-completion",
+            400,
+            "not a resume token",
+        ),
+        (
+            "sluice-resume",
+            format!("v1.openai-chat.-.{now}.-.abc.2"),
+            "/api/v1/text-completion",
+            400,
+            "of the openai-chat route",
+        ),
+        (
+            "sluice-resume",
+            format!("v1.text-completion.-.{}.-.abc.2", now - 3600),
+            "/api/v1/text-completion",
+            410,
+            "up to 60 s old",
+        ),
+    ] {
+        let resp = ask(header, value.clone(), path).await.unwrap();
+        assert_eq!(resp.status().as_u16(), status, "{value}");
+        let body = resp.text().await.unwrap();
+        assert!(body.contains(says), "{value}: {body}");
+    }
+    // On the OpenAI route, OpenAI's error shape.
+    let resp = http()
+        .post(s.url("/v1/chat/completions"))
+        .header(
+            "last-event-id",
+            format!("v1.text-completion.-.{now}.-.abc.2"),
+        )
+        .json(&json!({"model": "normal", "stream": true,
+                      "messages": [{"role": "user", "content": "x"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let body: Value = resp.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("text-completion route"),
+        "{body}"
+    );
+    assert_eq!(s.fake.calls("normal"), 0);
+    s.stop().await;
+}
+
+/// On the in-process bus (`sluice serve`) nothing is kept to be read again: a stream carries
+/// no resume token and no event ids, and a resume is refused as such (409 not-resumable)
+/// without a provider call.
+#[tokio::test]
+async fn on_the_in_process_bus_streams_carry_no_resume_token_and_a_resume_is_refused() {
+    use sluice_text_completion::providers::openai::{Dialect, OpenAiConfig};
+    let bus: Arc<dyn sluice_runtime::bus::Bus> =
+        Arc::new(sluice_runtime::bus::memory::MemoryBus::default());
+    let fake = sluice_tests::fake_openai::FakeOpenAi::start().await;
+    let topics = ServiceTopics {
+        request: "tc-req".into(),
+        response: "tc-resp".into(),
+        cancel: None,
+    };
+    let service = sluice_tests::openai_service(OpenAiConfig::new(
+        Dialect::OpenAi,
+        fake.base_url(),
+        "normal",
+    ));
+    let processor = RunningProcessor::start(
+        bus.clone(),
+        ProcessorConfig::new("text-completion", &topics.request, &topics.response),
+        service,
+    )
+    .await;
+    let mut config = sluice_gateway::GatewayConfig::new();
+    config.services.insert(ServiceKind::TextCompletion, topics);
+    let gw = sluice_tests::ServedGateway::start(bus, config).await;
+    let url = format!("http://{}/api/v1/text-completion", gw.addr);
+    let resp = http()
+        .post(&url)
+        .header("accept", "text/event-stream")
+        .json(&request())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers().get("sluice-resume-token").is_none());
+    let body = resp.bytes().await.unwrap();
+    let events = stream_pieces(&body, true);
+    assert!(events.len() > 2, "{events:?}");
+    assert!(
+        events
+            .iter()
+            .all(|e| !e.lines().any(|l| l.starts_with("id:"))),
+        "{events:?}"
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let resp = http()
+        .post(&url)
+        .header("accept", "application/x-ndjson")
+        .header(
+            "sluice-resume",
+            format!("v1.text-completion.-.{now}.-.abc.2"),
+        )
+        .json(&request())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 409);
+    let body = resp.text().await.unwrap();
+    assert!(
+        body.contains("not-resumable") && body.contains("not kept to be read again"),
+        "{body}"
+    );
+    assert_eq!(fake.calls("normal"), 1);
+    gw.stop.cancel();
+    gw.gateway.close().await;
+    processor.stop().await;
 }

@@ -58,7 +58,8 @@ fn hello(model: &str) -> Value {
 }
 
 /// Splits an SSE body into its `data:` payloads, checking OpenAI's framing byte for byte:
-/// every event is exactly `data: <payload>\n\n` (no `event:` or `id:` lines, no CR), apart
+/// every event is exactly `data: <payload>\n\n` (no `event:` line, no CR) after its resume id
+/// (`id: <token>.<n>\n`, numbered from 1 with no gap: issue #25's resumable streams), apart
 /// from `: ...` comment lines, and the body ends with `data: [DONE]\n\n`.
 fn sse_data(body: &[u8]) -> Vec<String> {
     let text = std::str::from_utf8(body).expect("UTF-8");
@@ -68,17 +69,39 @@ fn sse_data(body: &[u8]) -> Vec<String> {
         "ends with [DONE]: {text:?}"
     );
     let mut out = Vec::new();
+    let mut token = None;
     for event in text.split_terminator("\n\n") {
-        assert!(!event.contains('\n'), "one line per event: {event:?}");
         if event.starts_with(':') {
+            assert!(!event.contains('\n'), "one line per comment: {event:?}");
             continue;
         }
-        let data = event
+        let (id, data) = event
+            .split_once('\n')
+            .unwrap_or_else(|| panic!("no id line: {event:?}"));
+        let (t, n) = id
+            .strip_prefix("id: ")
+            .and_then(|id| id.rsplit_once('.'))
+            .unwrap_or_else(|| panic!("not an id line: {event:?}"));
+        assert_eq!(
+            n,
+            (out.len() + 1).to_string(),
+            "numbered in order: {event:?}"
+        );
+        assert_eq!(token.get_or_insert(t), &t, "one token per stream");
+        assert!(!data.contains('\n'), "one data line per event: {event:?}");
+        let data = data
             .strip_prefix("data: ")
             .unwrap_or_else(|| panic!("not a data line: {event:?}"));
         out.push(data.to_owned());
     }
     out
+}
+
+/// The data of one SSE event (after its id line).
+fn event_data(event: &str) -> &str {
+    let data = event.split_once('\n').map_or(event, |(_, d)| d);
+    data.strip_prefix("data: ")
+        .unwrap_or_else(|| panic!("not a data line: {event:?}"))
 }
 
 #[tokio::test]
@@ -292,12 +315,7 @@ async fn refusals_are_openai_errors_with_openai_statuses() {
     assert_eq!(resp.status(), 200);
     let text = String::from_utf8(resp.bytes().await.unwrap().to_vec()).unwrap();
     assert!(!text.contains("[DONE]"), "{text}");
-    let last = text
-        .split_terminator("\n\n")
-        .last()
-        .unwrap()
-        .strip_prefix("data: ")
-        .unwrap();
+    let last = event_data(text.split_terminator("\n\n").last().unwrap());
     let v: Value = serde_json::from_str(last).unwrap();
     check(&v);
     assert_eq!(v["error"]["type"], "server_error");
@@ -407,7 +425,7 @@ async fn time_limits_and_trace_context_apply_as_on_the_other_routes() {
     assert!(text.contains("\"content\":\"Hel\""), "{text}");
     assert!(!text.contains("[DONE]"), "{text}");
     let last = text.split_terminator("\n\n").last().unwrap();
-    let v: Value = serde_json::from_str(last.strip_prefix("data: ").unwrap()).unwrap();
+    let v: Value = serde_json::from_str(event_data(last)).unwrap();
     assert_eq!(v["error"]["code"], "timeout", "{v}");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     while s.fake.abandoned_streams() == 0 {

@@ -259,6 +259,10 @@ pub async fn connect(args: &BusArgs, topics: &[TopicName]) -> Result<Arc<dyn Bus
                 } else {
                     0
                 },
+                // A resumed stream reads its records again (the gateway's
+                // --resume-window-secs, 15 minutes by default, stays within this).
+                retention_minutes: if ns.ends_with("/response") { 60 } else { 0 },
+                retention_mb: 1024,
             };
             let mut backoff = Backoff::new(Duration::from_secs(5));
             loop {

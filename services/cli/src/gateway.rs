@@ -36,6 +36,11 @@ pub struct GatewayArgs {
     /// The flow name TrustGraph clients address.
     #[arg(long, env = "SLUICE_FLOW", default_value = "default")]
     pub flow: String,
+    /// Seconds after its start a stream may still be resumed (Last-Event-ID, Sluice-Resume);
+    /// keep it within the response namespace's retention (`sluice pulsar ensure-namespaces`
+    /// sets 60 minutes).
+    #[arg(long, env = "SLUICE_RESUME_WINDOW_SECS", default_value_t = 900)]
+    pub resume_window_secs: u64,
 }
 
 impl GatewayArgs {
@@ -53,6 +58,7 @@ impl GatewayArgs {
         config.body_limit = self.body_limit_bytes;
         config.request_timeout = Duration::from_secs(self.request_timeout_secs);
         config.inactivity_timeout = Duration::from_secs(self.inactivity_timeout_secs);
+        config.resume_window = Duration::from_secs(self.resume_window_secs);
         config.flow.clone_from(&self.flow);
         let mut topics = Vec::new();
         for kind in services {

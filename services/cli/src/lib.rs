@@ -113,6 +113,14 @@ enum PulsarCommand {
         /// unsubscribing after this many minutes (0 = never).
         #[arg(long, default_value_t = 60)]
         subscription_expiration_minutes: u32,
+        /// Keep response records this many minutes after they were read, so that a stream
+        /// can be resumed (the gateway's --resume-window-secs must stay within it); set on the
+        /// `response` namespaces only (0 = Pulsar's default, nothing kept once read).
+        #[arg(long, default_value_t = 60)]
+        response_retention_minutes: u32,
+        /// The size bound of that retention, in MiB per response topic.
+        #[arg(long, default_value_t = 1024)]
+        response_retention_mb: u32,
         /// Topic names (logical or URLs) whose namespaces to create.
         #[arg(required = true)]
         names: Vec<String>,
@@ -275,6 +283,8 @@ async fn run(command: Command) -> Result<(), String> {
                 PulsarCommand::EnsureNamespaces {
                     pulsar_admin_url,
                     subscription_expiration_minutes,
+                    response_retention_minutes,
+                    response_retention_mb,
                     names,
                 },
         } => {
@@ -290,10 +300,17 @@ async fn run(command: Command) -> Result<(), String> {
                 .collect::<Result<_, _>>()?;
             namespaces.sort();
             namespaces.dedup();
-            let policy = NamespacePolicy {
-                subscription_expiration_minutes,
-            };
             for ns in namespaces {
+                let responses = ns.ends_with("/response");
+                let policy = NamespacePolicy {
+                    subscription_expiration_minutes,
+                    retention_minutes: if responses {
+                        response_retention_minutes
+                    } else {
+                        0
+                    },
+                    retention_mb: response_retention_mb,
+                };
                 admin
                     .ensure_namespace(&ns, policy)
                     .await

@@ -384,3 +384,169 @@ async fn a_processor_started_before_its_broker_waits_for_it_admin_api_included()
     assert_eq!(text, "Hello world!");
     client.close().await;
 }
+
+/// Reads an SSE body until it ends or breaks, keeping only whole events (a gateway killed
+/// mid-event leaves a partial one, which the caller never saw as an event).
+async fn whole_events(mut resp: reqwest::Response, until_events: Option<usize>) -> Vec<String> {
+    let mut buf = Vec::new();
+    loop {
+        let complete = |buf: &[u8]| {
+            let text = String::from_utf8_lossy(buf);
+            match text.rfind("\n\n") {
+                Some(end) => sluice_tests::stream_pieces(&buf[..end + 2], true),
+                None => Vec::new(),
+            }
+        };
+        if let Some(n) = until_events
+            && complete(&buf).len() >= n
+        {
+            return complete(&buf);
+        }
+        match tokio::time::timeout(Duration::from_secs(60), resp.chunk()).await {
+            Ok(Ok(Some(chunk))) => buf.extend_from_slice(&chunk),
+            // The end, or the connection broken by the gateway's death.
+            Ok(Ok(None) | Err(_)) => return complete(&buf),
+            Err(_) => panic!("the stream went silent for a minute"),
+        }
+    }
+}
+
+/// Issue #25 §1, the way a user meets it: a gateway replica is SIGKILLed while it streams 16
+/// answers; each caller reconnects through another replica with the `Last-Event-ID` of the
+/// last whole event it had, as a browser's EventSource does, and gets exactly the rest: what
+/// it had plus the rest is, byte for byte, the stream read again whole afterwards; every
+/// stream ends with `[DONE]`; the provider was called once per request.
+#[tokio::test]
+async fn callers_of_a_killed_gateway_resume_through_another_with_nothing_lost_or_repeated() {
+    let broker = Broker::from_env().await;
+    let fake = FakeOpenAi::start().await;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let ts = format!("sluice-resume-{}-{nanos}", std::process::id());
+    let model = "tokens-40-50";
+    let bus = [
+        "--pulsar-url",
+        &broker.url,
+        "--pulsar-admin-url",
+        &broker.admin_url,
+    ];
+    let clean = ["SLUICE_CONFIG", "SLUICE_GATEWAY_TOKEN", "SLUICE_TOPICSPACE"];
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let metrics = |i: usize| format!("127.0.0.1:{}", ports[i]);
+    let readyz = |i: usize| format!("http://127.0.0.1:{}/readyz", ports[i]);
+    let base_url = fake.base_url();
+    let (req, resp, cancel) = (
+        format!("request:{ts}:text-completion"),
+        format!("response:{ts}:text-completion"),
+        format!("notify:{ts}:text-completion-cancel"),
+    );
+    let mut args = vec![
+        "text-completion",
+        "--provider",
+        "openai-compatible",
+        "--base-url",
+        &base_url,
+        "--model",
+        model,
+        "--request-topic",
+        &req,
+        "--response-topic",
+        &resp,
+        "--cancel-topic",
+        &cancel,
+    ];
+    args.extend(bus);
+    let m0 = metrics(0);
+    args.extend(["--metrics-addr", &m0]);
+    let mut processor = Sluice::spawn(&args, &[("SLUICE_LLM_API_KEY", KEY)], &clean);
+    processor.ready(&readyz(0)).await;
+    let gateway = |i: usize| {
+        let m = metrics(i);
+        let mut args = vec!["gateway", "--topicspace", &ts, "--listen", "127.0.0.1:0"];
+        args.extend(bus);
+        args.extend(["--metrics-addr", &m]);
+        Sluice::spawn(&args, &[], &clean)
+    };
+    let (mut a, mut b) = (gateway(1), gateway(2));
+    a.ready(&readyz(1)).await;
+    b.ready(&readyz(2)).await;
+    let mut urls = Vec::new();
+    for g in [&mut a, &mut b] {
+        let line = g.stdout_line("gateway listening on ").await;
+        urls.push(format!("http://{}", line.rsplit(' ').next().unwrap()));
+    }
+    let (url_a, url_b) = (&urls[0], &urls[1]);
+    let http = reqwest::Client::new();
+    let body = serde_json::json!({"model": model, "stream": true,
+                                   "messages": [{"role": "user", "content": "count"}]});
+    let streams = 16;
+    let mut firsts = Vec::new();
+    for _ in 0..streams {
+        let resp = http
+            .post(format!("{url_a}/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        firsts.push(resp);
+    }
+    // Each caller reads a few events, then goes on reading in the background until the
+    // gateway dies under it.
+    let readers: Vec<_> = firsts
+        .into_iter()
+        .map(|resp| tokio::spawn(whole_events(resp, None)))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    a.signal("KILL");
+    let mut had_all = Vec::new();
+    for r in readers {
+        had_all.push(r.await.unwrap());
+    }
+    let mut resumed = 0;
+    for had in had_all {
+        assert!(!had.is_empty(), "a caller had no event before the kill");
+        let last = sluice_tests::sse_event_id(had.last().unwrap());
+        let rest = http
+            .post(format!("{url_b}/v1/chat/completions"))
+            .header("last-event-id", &last)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(rest.status(), 200, "{last}");
+        let rest = whole_events(rest, None).await;
+        if !rest.is_empty() {
+            resumed += 1;
+        }
+        let (token, _) = last.rsplit_once('.').unwrap();
+        let again = http
+            .post(format!("{url_b}/v1/chat/completions"))
+            .header("sluice-resume", format!("{token}.0"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let whole = whole_events(again, None).await;
+        assert_eq!(
+            [&had[..], &rest[..]].concat(),
+            whole,
+            "what the caller had and the rest are the stream, byte for byte"
+        );
+        assert_eq!(
+            whole.last().unwrap(),
+            &format!("id: {token}.{}\ndata: [DONE]\n\n", whole.len())
+        );
+    }
+    assert!(
+        resumed > streams / 2,
+        "most streams were cut by the kill and resumed ({resumed} of {streams})"
+    );
+    // The kill cancelled nothing, and a resume never calls the provider.
+    assert_eq!(fake.calls(model), streams);
+    let _ = a.exited().await;
+    b.stop().await;
+    processor.stop().await;
+}

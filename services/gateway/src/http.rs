@@ -34,7 +34,9 @@ use crate::{
     Clients, Inner,
     events::{Event, Reason, Status},
     kinds::{Agent, Kind, Prompt, ServiceKind, StreamState, TextCompletion},
-    reporting, server_span, trace_outcome,
+    reporting,
+    resume::{self, Numbering, Step, Token},
+    server_span, trace_outcome,
 };
 
 /// A service kind the gateway holds a client for.
@@ -380,18 +382,43 @@ pub(crate) async fn handle<K: Routed>(
         return counted(&inner, route, resp);
     };
     K::set_streaming(&mut request, mode != Mode::Json);
+    let resume = match resume::checked(&inner, &headers, route, client.resumable()) {
+        Ok(r) => r,
+        Err((status, kind, message)) => {
+            let resp = refuse(Some(mode), &headers, status, kind, &message);
+            return counted(&inner, route, resp);
+        }
+    };
     let incoming = headers.get("traceparent").and_then(|v| v.to_str().ok());
     let span = server_span(route, incoming);
     let tp = span.traceparent();
-    let trace_id = span.context().trace_id();
+    // A resumed stream's events carry the trace id the stream started with.
+    let trace_id = match &resume {
+        Some(r) => r.token.trace_id.clone(),
+        None => span.context().trace_id(),
+    };
+    let request_id = match &resume {
+        Some(r) => r.token.id.clone(),
+        None => uuid::Uuid::new_v4().to_string(),
+    };
+    // Without a session of its own, the request's id: the same again when it is resumed.
     let session_id = session_header(&headers)
         .or_else(|| K::session_id(&request))
-        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        .unwrap_or_else(|| request_id.clone());
     let options = RequestOptions {
+        id: Some(request_id),
         traceparent: Some(tp),
         ..RequestOptions::default()
     };
-    let reader = match client.read(&request, options, reporting()).await {
+    let read = match &resume {
+        Some(r) => {
+            client
+                .resume_read(&r.token.id, r.token.after, options, reporting())
+                .await
+        }
+        None => client.read(&request, options, reporting()).await,
+    };
+    let reader = match read {
         Ok(r) => r,
         Err(f) => {
             let err = f.error;
@@ -404,6 +431,16 @@ pub(crate) async fn handle<K: Routed>(
             );
             return counted(&inner, route, resp);
         }
+    };
+    let numbering = match &resume {
+        Some(r) => Numbering::resumed(r),
+        None if client.resumable() => Numbering::new(&Token::new(
+            route,
+            reader.id(),
+            reader.resume_after(),
+            &trace_id,
+        )),
+        None => Numbering::none(),
     };
     match mode {
         Mode::Json => {
@@ -422,13 +459,28 @@ pub(crate) async fn handle<K: Routed>(
                 tally: Tally::open(inner.clone(), route, started, span),
                 _kind: std::marker::PhantomData,
             };
-            let events = futures::stream::unfold(records, |mut s| async move {
-                s.next_event().await.map(|e| (Ok::<_, Infallible>(e), s))
-            });
+            let token = numbering.token().map(str::to_owned);
+            let events =
+                futures::stream::unfold((records, numbering), |(mut s, mut n)| async move {
+                    loop {
+                        let e = s.next_event().await?;
+                        match n.step() {
+                            Step::Skip => {}
+                            Step::Send(id) => {
+                                let e = match id {
+                                    Some(id) => e.id(id),
+                                    None => e,
+                                };
+                                return Some((Ok::<_, Infallible>(e), (s, n)));
+                            }
+                        }
+                    }
+                });
             let mut resp = Sse::new(events)
                 .keep_alive(KeepAlive::default())
                 .into_response();
             no_buffering(&mut resp);
+            resume::token_header(&mut resp, token.as_deref());
             resp
         }
         Mode::Ndjson | Mode::Sse => {
@@ -444,14 +496,23 @@ pub(crate) async fn handle<K: Routed>(
                 session_id: Arc::from(session_id),
                 tally: Tally::open(inner.clone(), route, started, span),
             };
-            let events = futures::stream::unfold(events, |mut s| async move {
-                s.next_event().await.map(|e| (e, s))
-            });
-            if mode == Mode::Ndjson {
+            let token = numbering.token().map(str::to_owned);
+            let events =
+                futures::stream::unfold((events, numbering), |(mut s, mut n)| async move {
+                    loop {
+                        let e = s.next_event().await?;
+                        if let Step::Send(id) = n.step() {
+                            return Some(((e, id), (s, n)));
+                        }
+                    }
+                });
+            let mut resp = if mode == Mode::Ndjson {
                 ndjson_response(events)
             } else {
                 sse_response(events)
-            }
+            };
+            resume::token_header(&mut resp, token.as_deref());
+            resp
         }
     }
 }
@@ -466,9 +527,13 @@ fn no_buffering(resp: &mut Response) {
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
 }
 
-fn ndjson_response(events: impl Stream<Item = Event> + Send + 'static) -> Response {
+/// Events, each with its id when the stream can be resumed (see [`crate::resume`]).
+fn ndjson_response(
+    events: impl Stream<Item = (Event, Option<String>)> + Send + 'static,
+) -> Response {
     use futures::StreamExt;
-    let body = Body::from_stream(events.map(|e| Ok::<_, Infallible>(e.to_line())));
+    // NDJSON lines carry no id: a caller counts the lines it has.
+    let body = Body::from_stream(events.map(|(e, _)| Ok::<_, Infallible>(e.to_line())));
     let mut resp = Response::new(body);
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -478,9 +543,9 @@ fn ndjson_response(events: impl Stream<Item = Event> + Send + 'static) -> Respon
     resp
 }
 
-fn sse_response(events: impl Stream<Item = Event> + Send + 'static) -> Response {
+fn sse_response(events: impl Stream<Item = (Event, Option<String>)> + Send + 'static) -> Response {
     use futures::StreamExt;
-    let events = events.map(|e| {
+    let events = events.map(|(e, id)| {
         let name = match e.kind {
             crate::events::EventType::Status => "status",
             crate::events::EventType::Token => "token",
@@ -489,7 +554,11 @@ fn sse_response(events: impl Stream<Item = Event> + Send + 'static) -> Response 
         };
         let line = e.to_line();
         let data = String::from_utf8_lossy(&line[..line.len().saturating_sub(1)]).into_owned();
-        Ok::<_, Infallible>(sse::Event::default().event(name).data(data))
+        let event = sse::Event::default().event(name).data(data);
+        Ok::<_, Infallible>(match id {
+            Some(id) => event.id(id),
+            None => event,
+        })
     });
     let mut resp = Sse::new(events)
         .keep_alive(KeepAlive::default())

@@ -22,6 +22,7 @@ mod http;
 pub mod kinds;
 pub mod metrics;
 mod openai;
+mod resume;
 pub mod socket;
 
 use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
@@ -74,6 +75,9 @@ pub struct GatewayConfig {
     pub flow: String,
     /// The services routed to, and their topics. A service not listed answers 404.
     pub services: BTreeMap<ServiceKind, ServiceTopics>,
+    /// How old a stream may be and still be resumed (docs/gateway.md#resuming-a-stream): at
+    /// most the response topics' retention.
+    pub resume_window: Duration,
 }
 
 impl GatewayConfig {
@@ -87,6 +91,7 @@ impl GatewayConfig {
             inactivity_timeout: Duration::from_secs(120),
             flow: "default".into(),
             services: BTreeMap::new(),
+            resume_window: Duration::from_secs(15 * 60),
         }
     }
 }

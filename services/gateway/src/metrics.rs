@@ -17,6 +17,7 @@ pub struct GatewayMetrics {
     first_event: HistogramVec,
     open_streams: IntGaugeVec,
     socket_frames: IntCounterVec,
+    resumes: IntCounterVec,
 }
 
 impl GatewayMetrics {
@@ -58,6 +59,13 @@ impl GatewayMetrics {
             ),
             &["kind"],
         )?;
+        let resumes = IntCounterVec::new(
+            Opts::new(
+                "sluice_gateway_resumes_total",
+                "Requests to resume a stream, by route and outcome: resumed, expired (older than the resume window), refused (a bad token, a stream that cannot be read again)",
+            ),
+            &["route", "outcome"],
+        )?;
         // Frame kinds are a fixed set: export them at 0 so a rate exists before the first
         // WebSocket client.
         for kind in ["auth", "request", "invalid"] {
@@ -68,12 +76,14 @@ impl GatewayMetrics {
         registry.register(Box::new(first_event.clone()))?;
         registry.register(Box::new(open_streams.clone()))?;
         registry.register(Box::new(socket_frames.clone()))?;
+        registry.register(Box::new(resumes.clone()))?;
         Ok(Self {
             requests,
             streams,
             first_event,
             open_streams,
             socket_frames,
+            resumes,
         })
     }
 
@@ -85,6 +95,14 @@ impl GatewayMetrics {
         }
         self.first_event.with_label_values(&[route]);
         self.open_streams.with_label_values(&[route]);
+        for outcome in ["resumed", "expired", "refused"] {
+            self.resumes.with_label_values(&[route, outcome]);
+        }
+    }
+
+    /// Counts a request to resume a stream.
+    pub fn resume(&self, route: &str, outcome: &str) {
+        self.resumes.with_label_values(&[route, outcome]).inc();
     }
 
     /// Counts an HTTP request.

@@ -55,6 +55,7 @@ use crate::{
     http::{self, Ask, Mode},
     http_span,
     kinds::TextCompletion,
+    resume::{self, Numbering, Step, Token},
     trace_outcome,
 };
 
@@ -902,14 +903,41 @@ pub(crate) async fn chat(
         }
         Err(e) => return counted(&inner, CHAT_ROUTE, e.into_response()),
     }
+    let resume = match resume::checked(&inner, &headers, CHAT_ROUTE, client.resumable()) {
+        Ok(r) => r,
+        Err((status, code, message)) => {
+            let e = ApiError {
+                status,
+                message,
+                kind: "invalid_request_error",
+                param: None,
+                code: Some(code.to_owned()),
+            };
+            return counted(&inner, CHAT_ROUTE, e.into_response());
+        }
+    };
     let incoming = headers.get("traceparent").and_then(|v| v.to_str().ok());
     let mut span = http_span("POST", "/v1/chat/completions", incoming);
     span.set("gen_ai.request.model", call.model.clone());
+    // The request's id names the completion (`chatcmpl-<id>`): the same again when resumed.
+    let request_id = match &resume {
+        Some(r) => r.token.id.clone(),
+        None => uuid::Uuid::new_v4().to_string(),
+    };
     let options = RequestOptions {
+        id: Some(request_id.clone()),
         traceparent: Some(span.traceparent()),
         ..RequestOptions::default()
     };
-    let mut reader = match client.read(&call.request, options, chat_policy()).await {
+    let read = match &resume {
+        Some(r) => {
+            client
+                .resume_read(&r.token.id, r.token.after, options, chat_policy())
+                .await
+        }
+        None => client.read(&call.request, options, chat_policy()).await,
+    };
+    let mut reader = match read {
         Ok(r) => r,
         Err(f) => {
             let mut err = ApiError::from_error(&f.error);
@@ -918,8 +946,24 @@ pub(crate) async fn chat(
             return counted(&inner, CHAT_ROUTE, err.into_response());
         }
     };
-    let id = format!("chatcmpl-{}", uuid::Uuid::new_v4().simple());
-    let created = now_secs();
+    let id = match uuid::Uuid::parse_str(&request_id) {
+        Ok(u) => format!("chatcmpl-{}", u.simple()),
+        Err(_) => format!("chatcmpl-{request_id}"),
+    };
+    let numbering = match &resume {
+        Some(r) => Numbering::resumed(r),
+        None if client.resumable() => Numbering::new(&Token::new(
+            CHAT_ROUTE,
+            &request_id,
+            reader.resume_after(),
+            "",
+        )),
+        None => Numbering::none(),
+    };
+    let created = match &resume {
+        Some(r) => r.token.created,
+        None => now_secs(),
+    };
     if !call.stream {
         let resp = match whole(reader).await {
             Ok((text, tokens, finish, model)) => Json(json!({
@@ -994,7 +1038,9 @@ pub(crate) async fn chat(
         outcome: None,
         inner: inner.clone(),
         span,
+        numbering,
     };
+    let token = chunks.numbering.token().map(str::to_owned);
     chunks.push_chunk(json!({"role": "assistant", "content": ""}), None);
     chunks.take(first);
     let body = futures::stream::unfold(chunks, |mut s| async move {
@@ -1012,6 +1058,7 @@ pub(crate) async fn chat(
     );
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
     request_id_header(&mut resp, &id);
+    resume::token_header(&mut resp, token.as_deref());
     resp
 }
 
@@ -1080,12 +1127,24 @@ struct ChunkStream {
     outcome: Option<ClientOutcome>,
     inner: Arc<Inner>,
     span: sluice_runtime::trace::Span,
+    /// Each event's id, and what a resuming caller had (see [`crate::resume`]).
+    numbering: Numbering,
 }
 
 impl ChunkStream {
     fn push_data(&mut self, v: &Value) {
-        self.pending
-            .push_back(Bytes::from(format!("data: {v}\n\n")));
+        self.push_event(&format!("data: {v}\n\n"));
+    }
+
+    /// Queues one SSE event (`data: ...\n\n`) under its id, unless the caller had it.
+    fn push_event(&mut self, event: &str) {
+        match self.numbering.step() {
+            Step::Skip => {}
+            Step::Send(None) => self.pending.push_back(Bytes::from(event.to_owned())),
+            Step::Send(Some(id)) => self
+                .pending
+                .push_back(Bytes::from(format!("id: {id}\n{event}"))),
+        }
     }
 
     /// A chunk with one choice carrying `delta`. With `include_usage`, every chunk but the
@@ -1118,8 +1177,7 @@ impl ChunkStream {
                 });
                 self.push_data(&usage);
             }
-            self.pending
-                .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+            self.push_event("data: [DONE]\n\n");
             self.outcome = Some(ClientOutcome::Success);
             self.reader = None;
         }

@@ -53,7 +53,10 @@ use tracing::{debug, warn};
 
 use crate::{
     backoff::Backoff,
-    bus::{Bus, BusError, Delivery, Link, Message, Origin, Publisher, SubscribeOptions},
+    bus::{
+        Bus, BusError, Delivery, Link, Message, Origin, Position, Publisher, StartPosition,
+        SubscribeOptions,
+    },
     lock,
     sync::{SILENT_AFTER, SyncState, SyncWatch, UNLISTED_GRACE},
     telemetry::{ClientOutcome, RuntimeMetrics},
@@ -403,7 +406,11 @@ fn cancel_when_ready(publisher: Option<CancelPublisher>, id: String) {
 /// A request/response client for one service. Cheap to share behind an `Arc`.
 pub struct RequestClient<Req, Resp: ResponseRecord> {
     config: ClientConfig,
+    bus: Arc<dyn Bus>,
     publisher: Arc<dyn Publisher>,
+    /// The position of the last response record the router read (see
+    /// [`ResponseStream::resume_after`]).
+    latest: Arc<Mutex<Option<Position>>>,
     /// `None`: no cancel topic.
     cancel: Option<CancelPublisher>,
     routes: Routes<Resp>,
@@ -464,18 +471,24 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
         let stop = CancellationToken::new();
         // Only a topic that is not durable can lose records in transit (see the module doc).
         let lossy = !config.response_topic.starts_with("persistent://");
+        let latest = Arc::new(Mutex::new(None));
         let router = tokio::spawn(route(
             subscription,
             routes.clone(),
             stop.clone(),
-            metrics.clone(),
-            config.service.clone(),
-            config.subscription.clone(),
-            lossy,
+            Router {
+                metrics: metrics.clone(),
+                service: config.service.clone(),
+                me: Some(config.subscription.clone()),
+                lossy,
+                latest: Some(latest.clone()),
+            },
         ));
         Ok(Self {
             config,
+            bus,
             publisher,
+            latest,
             cancel,
             routes,
             metrics,
@@ -520,6 +533,8 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
         if let Some(tp) = options.traceparent {
             properties.insert(properties::TRACEPARENT.to_owned(), tp);
         }
+        // Every record of this request comes after what the router has read so far.
+        let resume_after = *lock(&self.latest);
         // Register before publishing: the first record can arrive before `send` returns.
         let (tx, rx) = mpsc::unbounded_channel();
         {
@@ -546,6 +561,8 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
             last: started,
             suspect_since: None,
             done: false,
+            resume_after,
+            _reading: None,
         };
         // The receipt is not awaited: the first response proves the request was stored, and
         // waiting for the receipt would add a broker round trip to time-to-first-token. A
@@ -573,6 +590,85 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
     /// attempt. For non-streaming calls.
     pub async fn call(&self, request: &Req) -> Result<Vec<Resp>, ClientError> {
         self.request(request).await?.collect().await
+    }
+
+    /// Whether a stream of this client can be read again by [`RequestClient::resume`]: its
+    /// response topic is persistent and the bus keeps messages to read again (Pulsar).
+    pub fn resumable(&self) -> bool {
+        self.bus.keeps_messages() && self.config.response_topic.starts_with("persistent://")
+    }
+
+    /// Reads the response stream of request `id` again, from the response topic itself: every
+    /// record of it after `after` (a [`ResponseStream::resume_after`], `None` for the oldest
+    /// the topic holds), then what follows, as the stream that sent the request would have
+    /// (restarts, the terminal record). Any instance of the client can do it, not only the
+    /// one that sent the request: what a caller of a gateway replica that died needs.
+    ///
+    /// The stream reads through a subscription of its own that the broker forgets when it
+    /// ends; dropped before its end, it tells the service to stop, as a request's stream does.
+    /// The records must still be on the topic: its retention bounds how late a resume can be.
+    pub async fn resume(
+        &self,
+        id: &str,
+        after: Option<Position>,
+        options: RequestOptions,
+    ) -> Result<ResponseStream<Resp>, ClientError> {
+        if self.stop.is_cancelled() {
+            return Err(ClientError::Closed);
+        }
+        if !self.resumable() {
+            return Err(ClientError::Bus(BusError::Config(format!(
+                "the responses on {} cannot be read again (a persistent topic on Pulsar can)",
+                self.config.response_topic
+            ))));
+        }
+        let mut subscribe = SubscribeOptions::exclusive(1000);
+        subscribe.start = after.map_or(StartPosition::Earliest, StartPosition::At);
+        let name = format!("{}-resume-{}", self.config.subscription, crate::short_id());
+        subscribe.consumer_name = Some(name.clone());
+        let subscription = self
+            .bus
+            .subscribe(&self.config.response_topic, &name, subscribe)
+            .await
+            .map_err(ClientError::Bus)?;
+        let routes: Routes<Resp> = Arc::default();
+        let (tx, rx) = mpsc::unbounded_channel();
+        lock(&routes).insert(id.to_owned(), Route::new(tx));
+        let stop = self.stop.child_token();
+        // Other requests' records, read on the way, are not this client's concern: no metrics,
+        // and any instance's answers (the request was sent by another).
+        tokio::spawn(route(
+            subscription,
+            routes.clone(),
+            stop.clone(),
+            Router {
+                metrics: None,
+                service: self.config.service.clone(),
+                me: None,
+                lossy: false,
+                latest: None,
+            },
+        ));
+        let started = Instant::now();
+        Ok(ResponseStream {
+            id: id.to_owned(),
+            rx,
+            routes,
+            cancel: self.cancel.clone(),
+            metrics: self.metrics.clone(),
+            service: self.config.service.clone(),
+            inactivity: options
+                .inactivity_timeout
+                .unwrap_or(self.config.inactivity_timeout),
+            total: options.total_timeout.unwrap_or(self.config.total_timeout),
+            loss_grace: self.config.loss_grace,
+            started,
+            last: started,
+            suspect_since: None,
+            done: false,
+            resume_after: after,
+            _reading: Some(stop.drop_guard()),
+        })
     }
 
     /// Stops routing and deletes this instance's response subscription. Streams still open
@@ -659,15 +755,31 @@ impl<Req, Resp: ResponseRecord> Drop for RequestClient<Req, Resp> {
     }
 }
 
+/// What a router routes for.
+struct Router {
+    metrics: Option<RuntimeMetrics>,
+    service: String,
+    /// This instance's response subscription: the answers to its own requests name it;
+    /// `None` routes every instance's (a resumed stream's reader).
+    me: Option<String>,
+    lossy: bool,
+    /// Where to note the position of each record read (the client's own router).
+    latest: Option<Arc<Mutex<Option<Position>>>>,
+}
+
 async fn route<R: ResponseRecord>(
     mut subscription: Box<dyn crate::bus::Subscription>,
     routes: Routes<R>,
     stop: CancellationToken,
-    metrics: Option<RuntimeMetrics>,
-    service: String,
-    me: String,
-    lossy: bool,
+    router: Router,
 ) {
+    let Router {
+        metrics,
+        service,
+        me,
+        lossy,
+        latest,
+    } = router;
     let mut seen = Seen::default();
     loop {
         let delivery = tokio::select! {
@@ -676,15 +788,20 @@ async fn route<R: ResponseRecord>(
             d = subscription.next() => d,
         };
         match delivery {
-            Some(Ok(d)) => dispatch(
-                d,
-                &routes,
-                &mut seen,
-                metrics.as_ref(),
-                &service,
-                &me,
-                lossy,
-            ),
+            Some(Ok(d)) => {
+                if let (Some(latest), Some(position)) = (&latest, d.position()) {
+                    *lock(latest) = Some(position);
+                }
+                dispatch(
+                    d,
+                    &routes,
+                    &mut seen,
+                    metrics.as_ref(),
+                    &service,
+                    me.as_deref(),
+                    lossy,
+                );
+            }
             Some(Err(e)) => warn!(service, error = %e, "receiving responses failed"),
             None => {
                 // Not asked to stop: the subscription's task is gone (it re-subscribes on its
@@ -710,7 +827,7 @@ fn dispatch<R: ResponseRecord>(
     seen: &mut Seen,
     metrics: Option<&RuntimeMetrics>,
     service: &str,
-    me: &str,
+    me: Option<&str>,
     lossy: bool,
 ) {
     // Every record on the subscription counts here, other clients' too: a drop is a drop
@@ -753,9 +870,10 @@ fn dispatch<R: ResponseRecord>(
         // no sync lists may be theirs.
         seen.syncs.foreign_records = true;
     }
-    if delivery
-        .property(properties::REPLY_TO)
-        .is_some_and(|to| to != me)
+    if let Some(me) = me
+        && delivery
+            .property(properties::REPLY_TO)
+            .is_some_and(|to| to != me)
     {
         // Another client's answer on the shared response topic: not ours, not a problem.
         delivery.ack();
@@ -995,12 +1113,23 @@ pub struct ResponseStream<R> {
     /// Since when the stream may have lost its next record (see [`Routed::Suspect`]).
     suspect_since: Option<Instant>,
     done: bool,
+    /// A position on the response topic before every record of this request.
+    resume_after: Option<Position>,
+    /// Stops a resumed stream's own reader when the stream is dropped.
+    _reading: Option<tokio_util::sync::DropGuard>,
 }
 
 impl<R: ResponseRecord> ResponseStream<R> {
     /// The request's correlation id.
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// A position on the response topic that comes before every record of this request: the
+    /// last record the client had read when it sent it (`None`: none yet, the topic's oldest
+    /// will do). Where [`RequestClient::resume`] starts reading.
+    pub fn resume_after(&self) -> Option<Position> {
+        self.resume_after
     }
 
     /// The next item; `None` after the terminal record or an error.
@@ -1603,7 +1732,15 @@ pub(crate) mod tests {
         let mut seen = Seen::default();
         let me = client.config.subscription.clone();
         let mut route = |d: Delivery| {
-            dispatch(d, &client.routes, &mut seen, metrics, "test", &me, true);
+            dispatch(
+                d,
+                &client.routes,
+                &mut seen,
+                metrics,
+                "test",
+                Some(&me),
+                true,
+            );
         };
         route(from_producer(quiet.id(), 0, &p, 10, false));
         route(from_producer(busy.id(), 0, &p, 11, false));

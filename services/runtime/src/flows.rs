@@ -109,7 +109,7 @@ impl ConfigClient {
         timeout: Duration,
     ) -> Result<Self, BusError> {
         let mut config = ClientConfig::new("config", &topics.request, &topics.response);
-        config.subscription = format!("{name}-config-{}", short_id());
+        config.subscription = format!("{name}-config-{}", crate::short_id());
         config.inactivity_timeout = timeout;
         config.total_timeout = timeout;
         let client = RequestClient::start(bus.clone(), config, None)
@@ -763,7 +763,7 @@ async fn subscribe_pushes(
     shutdown: &CancellationToken,
 ) -> Option<Box<dyn Subscription>> {
     loop {
-        let name = format!("{}-config-push-{}", config.processor_id, short_id());
+        let name = format!("{}-config-push-{}", config.processor_id, crate::short_id());
         let mut options = SubscribeOptions::exclusive(1000);
         options.consumer_name = Some(name.clone());
         let subscribed = tokio::select! {
@@ -803,10 +803,6 @@ pub async fn run_flows_until_signalled<S: FlowService>(
     run_flows(bus, config, service, telemetry, shutdown).await;
     telemetry_stop.cancel();
     Ok(bound)
-}
-
-fn short_id() -> String {
-    uuid::Uuid::new_v4().simple().to_string()[..8].to_owned()
 }
 
 #[cfg(test)]

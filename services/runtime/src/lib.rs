@@ -38,6 +38,12 @@ pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Eight hex digits of a fresh UUID: names unique within a process and its broker
+/// (consumer and subscription names).
+pub(crate) fn short_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..8].to_owned()
+}
+
 /// Installs rustls' ring crypto provider for HTTPS clients (reqwest is built without a
 /// provider of its own so that one TLS stack serves the whole binary). Idempotent.
 pub fn install_crypto_provider() {

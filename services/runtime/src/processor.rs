@@ -174,7 +174,7 @@ pub async fn run<H: Handler>(
     let (cancels_ready, cancels_subscribed) = tokio::sync::oneshot::channel::<()>();
     let cancel_listener = config.cancel_topic.clone().map(|topic| {
         let (bus, cancels, stop) = (bus.clone(), cancels.clone(), stop_cancels.clone());
-        let name = format!("{}-cancel-{}", config.name, short_id());
+        let name = format!("{}-cancel-{}", config.name, crate::short_id());
         let processor = config.name.clone();
         tokio::spawn(async move {
             // Every replica reads every cancel: its own exclusive subscription, from now on.
@@ -193,7 +193,7 @@ pub async fn run<H: Handler>(
         })
     });
     let mut options = SubscribeOptions::shared(u32::try_from(concurrency).unwrap_or(u32::MAX));
-    options.consumer_name = Some(format!("{}-{}", config.name, short_id()));
+    options.consumer_name = Some(format!("{}-{}", config.name, crate::short_id()));
     let mut subscription = bus
         .subscribe(&config.request_topic, &config.subscription, options)
         .await?;
@@ -211,7 +211,11 @@ pub async fn run<H: Handler>(
     }
     let link_name = match &config.flow {
         // Unique: a changed flow's new consumer starts while the old one drains.
-        Some(flow) => format!("{} requests of flow {flow} ({})", config.name, short_id()),
+        Some(flow) => format!(
+            "{} requests of flow {flow} ({})",
+            config.name,
+            crate::short_id()
+        ),
         None => format!("{} requests", config.name),
     };
     telemetry
@@ -227,7 +231,13 @@ pub async fn run<H: Handler>(
     let book = config
         .response_topic
         .starts_with("non-persistent://")
-        .then(|| Arc::new(StreamBook::new(format!("{}-{}", config.name, short_id()))));
+        .then(|| {
+            Arc::new(StreamBook::new(format!(
+                "{}-{}",
+                config.name,
+                crate::short_id()
+            )))
+        });
     // One pacer per processor name in the process: the flows a process serves share its rate
     // bound.
     let pacer = config
@@ -468,10 +478,6 @@ const CANCEL_SUBSCRIBE_WAIT: Duration = Duration::from_secs(5);
 /// at once.
 fn requests_come_back(config: &ProcessorConfig) -> bool {
     !config.request_topic.starts_with("non-persistent://")
-}
-
-fn short_id() -> String {
-    uuid::Uuid::new_v4().simple().to_string()[..8].to_owned()
 }
 
 /// What every request task of one processor shares.

@@ -118,6 +118,11 @@ impl<R: ResponseRecord> Reader<R> {
         self.stream.id()
     }
 
+    /// Where a resumed read of this answer starts (see [`ResponseStream::resume_after`]).
+    pub fn resume_after(&self) -> Option<crate::bus::Position> {
+        self.stream.resume_after()
+    }
+
     /// Says that something of the answer was passed on: under [`OnRestart::StartOver`], a
     /// restart now ends the stream.
     pub fn commit(&mut self) {
@@ -213,6 +218,22 @@ impl<Req: serde::Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
         policy: ReadPolicy,
     ) -> Result<Reader<Resp>, Failure<Resp>> {
         match self.request_with(request, options).await {
+            Ok(stream) => Ok(Reader::new(stream, policy)),
+            Err(e) => Err(policy.failure(e)),
+        }
+    }
+
+    /// Reads the answer to request `id` again from the response topic (see
+    /// [`RequestClient::resume`]) under `policy`: the same pieces, in the same order, as the
+    /// read that sent the request got.
+    pub async fn resume_read(
+        &self,
+        id: &str,
+        after: Option<crate::bus::Position>,
+        options: RequestOptions,
+        policy: ReadPolicy,
+    ) -> Result<Reader<Resp>, Failure<Resp>> {
+        match self.resume(id, after, options).await {
             Ok(stream) => Ok(Reader::new(stream, policy)),
             Err(e) => Err(policy.failure(e)),
         }

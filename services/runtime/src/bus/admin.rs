@@ -35,6 +35,12 @@ pub struct NamespacePolicy {
     /// Delete subscriptions with no consumer for this many minutes (0 = never). Set on
     /// response namespaces: each client instance has its own durable subscription there.
     pub subscription_expiration_minutes: u32,
+    /// Keep messages this many minutes after every subscription acked them, up to
+    /// `retention_mb` per topic (0 = Pulsar's default, kept only while unacked). Set on
+    /// response namespaces: a resumed stream reads its records again.
+    pub retention_minutes: u32,
+    /// The size bound of `retention_minutes`, in MiB per topic.
+    pub retention_mb: u32,
 }
 
 impl PulsarAdmin {
@@ -191,6 +197,20 @@ impl PulsarAdmin {
                     &format!("/admin/v2/namespaces/{namespace}/subscriptionExpirationTime"),
                 )
                 .json(&policy.subscription_expiration_minutes),
+            )
+            .await?;
+        }
+        if policy.retention_minutes > 0 {
+            self.expect_ok(
+                &format!("setting retention on {namespace}"),
+                self.request(
+                    reqwest::Method::POST,
+                    &format!("/admin/v2/namespaces/{namespace}/retention"),
+                )
+                .json(&serde_json::json!({
+                    "retentionTimeInMinutes": policy.retention_minutes,
+                    "retentionSizeInMB": policy.retention_mb,
+                })),
             )
             .await?;
         }

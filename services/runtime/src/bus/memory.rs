@@ -276,6 +276,13 @@ impl Bus for MemoryBus {
         subscription: &str,
         options: SubscribeOptions,
     ) -> Result<Box<dyn Subscription>, BusError> {
+        if let super::StartPosition::At(_) = options.start {
+            return Err(BusError::Config(
+                "the in-process bus keeps no message to read again: reading a topic from a \
+                 position needs Pulsar"
+                    .into(),
+            ));
+        }
         let topic_state = self.topic(topic);
         let sub = lock(&topic_state.subscriptions)
             .entry(subscription.to_owned())

@@ -74,6 +74,56 @@ pub enum StartPosition {
     Earliest,
     /// From the next message published.
     Latest,
+    /// A reader of what the topic holds from the message at this position on, that message
+    /// included (a resumed stream reading its records again): a subscription the broker
+    /// forgets when it closes. Only Pulsar's persistent topics hold messages to read again;
+    /// the in-process bus refuses it.
+    At(Position),
+}
+
+/// A message's place in its topic: Pulsar's message id (ledger, entry, partition, batch
+/// index). Ordered as the topic orders its messages, for one non-partitioned topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Position {
+    /// The ledger holding the message.
+    pub ledger: u64,
+    /// The entry within the ledger.
+    pub entry: u64,
+    /// The partition (-1 for a topic without partitions).
+    pub partition: i32,
+    /// The index within a batched entry (-1 when not batched).
+    pub batch: i32,
+}
+
+impl fmt::Display for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}:{}",
+            self.ledger, self.entry, self.partition, self.batch
+        )
+    }
+}
+
+impl std::str::FromStr for Position {
+    type Err = String;
+
+    /// Reads what [`Position`]'s `Display` writes.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("{s:?} is not a position (ledger:entry:partition:batch)");
+        let mut parts = s.split(':');
+        let mut next = || parts.next().ok_or_else(bad);
+        let position = Self {
+            ledger: next()?.parse().map_err(|_| bad())?,
+            entry: next()?.parse().map_err(|_| bad())?,
+            partition: next()?.parse().map_err(|_| bad())?,
+            batch: next()?.parse().map_err(|_| bad())?,
+        };
+        if parts.next().is_some() {
+            return Err(bad());
+        }
+        Ok(position)
+    }
 }
 
 /// Options for [`Bus::subscribe`].
@@ -232,6 +282,12 @@ pub trait Bus: Send + Sync + 'static {
 
     /// The largest message [`Publisher::send`] accepts.
     fn max_message_bytes(&self) -> usize;
+
+    /// Whether the bus keeps messages to read again from a position
+    /// ([`StartPosition::At`]): Pulsar's persistent topics do; the in-process bus does not.
+    fn keeps_messages(&self) -> bool {
+        false
+    }
 }
 
 /// Whether a subscription is attached to its broker, and if not, why; cheap to clone and to
@@ -312,6 +368,7 @@ pub struct Delivery {
     properties: BTreeMap<String, String>,
     redelivery_count: u32,
     origin: Option<Origin>,
+    position: Option<Position>,
     settle: Option<Box<dyn Settle>>,
 }
 
@@ -328,8 +385,21 @@ impl Delivery {
             properties,
             redelivery_count,
             origin: None,
+            position: None,
             settle: Some(settle),
         }
+    }
+
+    /// Records the message's place in its topic (for bus implementations that know).
+    pub fn with_position(mut self, position: Position) -> Self {
+        self.position = Some(position);
+        self
+    }
+
+    /// The message's place in its topic, where the bus knows it (Pulsar does; the in-process
+    /// bus keeps nothing to read again and does not say).
+    pub fn position(&self) -> Option<Position> {
+        self.position
     }
 
     /// Records which producer published this message (for bus implementations that know).

@@ -52,8 +52,8 @@ use tokio::{
 use tracing::{debug, error, info, warn};
 
 use super::{
-    Bus, BusError, Delivery, Link, Message, Origin, Publisher, Receipt, Settle, Settlement,
-    StartPosition, SubscribeOptions, Subscription, SubscriptionKind, check_size,
+    Bus, BusError, Delivery, Link, Message, Origin, Position, Publisher, Receipt, Settle,
+    Settlement, StartPosition, SubscribeOptions, Subscription, SubscriptionKind, check_size,
     pulsar_security::{Denial, PulsarAuth, denial},
 };
 use crate::{backoff::Backoff, lock};
@@ -273,6 +273,10 @@ impl Bus for PulsarBus {
     fn max_message_bytes(&self) -> usize {
         self.config.max_message_bytes
     }
+
+    fn keeps_messages(&self) -> bool {
+        true
+    }
 }
 
 struct PulsarPublisher {
@@ -441,9 +445,22 @@ impl ConsumerSpec {
             SubscriptionKind::Shared => SubType::Shared,
             SubscriptionKind::Exclusive => SubType::Exclusive,
         };
-        let initial_position = match self.options.start {
-            StartPosition::Earliest => InitialPosition::Earliest,
-            StartPosition::Latest => InitialPosition::Latest,
+        let (initial_position, start_message_id) = match self.options.start {
+            StartPosition::Earliest => (InitialPosition::Earliest, None),
+            StartPosition::Latest => (InitialPosition::Latest, None),
+            // A non-durable subscription from a message id: the broker keeps no cursor for
+            // it, so a re-created consumer starts from the same place again (its reader skips
+            // what it already had).
+            StartPosition::At(p) => (
+                InitialPosition::Earliest,
+                Some(MessageIdData {
+                    ledger_id: p.ledger,
+                    entry_id: p.entry,
+                    partition: Some(p.partition),
+                    batch_index: Some(p.batch),
+                    ..MessageIdData::default()
+                }),
+            ),
         };
         let permits = flow_permits(&self.topic, self.options.prefetch);
         let mut builder = client
@@ -453,7 +470,8 @@ impl ConsumerSpec {
             .with_subscription_type(sub_type)
             .with_batch_size(permits)
             .with_options(ConsumerOptions {
-                durable: Some(true),
+                durable: Some(start_message_id.is_none()),
+                start_message_id,
                 receiver_queue_size: Some(permits),
                 initial_position,
                 ..ConsumerOptions::default()
@@ -1008,6 +1026,12 @@ impl Supervisor {
                             producer: self.producers.intern(&m.payload.metadata.producer_name),
                             sequence: m.payload.metadata.sequence_id,
                         };
+                        let position = Position {
+                            ledger: id.ledger_id,
+                            entry: id.entry_id,
+                            partition: id.partition.unwrap_or(-1),
+                            batch: id.batch_index.unwrap_or(-1),
+                        };
                         let payload = Bytes::from(m.payload.data);
                         let settle = Box::new(PulsarSettle {
                             control: self.control_tx.clone(),
@@ -1015,7 +1039,9 @@ impl Supervisor {
                             id,
                         });
                         ready.push_back(
-                            Delivery::new(payload, properties, count, settle).with_origin(origin),
+                            Delivery::new(payload, properties, count, settle)
+                                .with_origin(origin)
+                                .with_position(position),
                         );
                     }
                     Some(Err(e)) => {
