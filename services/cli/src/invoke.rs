@@ -6,10 +6,15 @@
 //! stderr, so `sluice invoke ... > answer.txt` captures only the answer. An error event or
 //! error response exits 1 with a readable message, and so does a `jsonl` prompt whose every
 //! line was skipped.
+//!
+//! A streamed answer whose connection breaks (the gateway replica serving it died) is resumed
+//! where it broke, through the same URL (another replica behind it), up to
+//! [`RESUMES`] times: `Sluice-Resume: <token>.<lines received>` (docs/gateway.md#resuming-a-stream).
 
 use std::{
     collections::BTreeMap,
     io::{IsTerminal, Write},
+    time::Duration,
 };
 
 use clap::{Args, Subcommand};
@@ -293,19 +298,21 @@ pub async fn run(args: InvokeArgs) -> Result<(), InvokeError> {
         .build()
         .map_err(|e| InvokeError::Other(format!("HTTP client: {e}")))?;
     let url = route(&args.url, args.flow.as_deref(), service)?;
-    let mut request = client.post(&url).json(&body);
-    if let Some(t) = &token {
-        request = request.bearer_auth(t.expose());
-    }
-    request = request.header(
-        reqwest::header::ACCEPT,
-        if args.no_streaming {
-            "application/json"
-        } else {
-            "application/x-ndjson"
-        },
-    );
-    let resp = request.send().await.map_err(|e| {
+    let request = || {
+        let mut request = client.post(&url).json(&body);
+        if let Some(t) = &token {
+            request = request.bearer_auth(t.expose());
+        }
+        request.header(
+            reqwest::header::ACCEPT,
+            if args.no_streaming {
+                "application/json"
+            } else {
+                "application/x-ndjson"
+            },
+        )
+    };
+    let resp = request().send().await.map_err(|e| {
         InvokeError::Other(format!(
             "cannot reach the gateway at {url}: {}",
             without_url(&e)
@@ -353,6 +360,76 @@ pub async fn run(args: InvokeArgs) -> Result<(), InvokeError> {
         }
         return whole(&mut printer, &value);
     }
+    // The stream's resume token (a gateway on the durable mapping gives one), and the events
+    // (lines) received so far: where a broken stream is resumed.
+    let resume_token = resp
+        .headers()
+        .get("sluice-resume-token")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let mut received: u64 = 0;
+    let mut resumes = 0;
+    let mut resp = resp;
+    loop {
+        let broke = match read_events(resp, &mut printer, &mut received).await {
+            Ok(()) => return Ok(()),
+            Err(ReadEnd::Answer(e)) => return Err(e),
+            Err(ReadEnd::Broke(why)) => why,
+        };
+        let Some(token) = &resume_token else {
+            return Err(InvokeError::Other(broke));
+        };
+        // Another replica may take a moment to be reachable (the dead one's connections are
+        // refused until the load balancer notices): each attempt counts.
+        resp = loop {
+            if resumes == RESUMES {
+                return Err(InvokeError::Other(format!(
+                    "{broke}; resumed {RESUMES} times, giving up"
+                )));
+            }
+            resumes += 1;
+            eprintln!("sluice: {broke}; resuming after event {received} ({resumes} of {RESUMES})");
+            tokio::time::sleep(Duration::from_millis(500) * resumes).await;
+            match request()
+                .header("sluice-resume", format!("{token}.{received}"))
+                .send()
+                .await
+            {
+                Ok(r) if r.status().is_success() => break r,
+                Ok(r) => {
+                    let status = r.status();
+                    let text = r.text().await.unwrap_or_default();
+                    return Err(InvokeError::Other(format!(
+                        "resuming the answer failed: the gateway answered {status}: {}",
+                        text.trim()
+                    )));
+                }
+                Err(e) => {
+                    eprintln!("sluice: cannot reach the gateway: {}", without_url(&e));
+                }
+            }
+        };
+    }
+}
+
+/// How many times a broken answer stream is resumed.
+const RESUMES: u32 = 5;
+
+/// How reading an answer stream ended, other than with its `done` event.
+enum ReadEnd {
+    /// The answer is an error (or the caller's result otherwise settled).
+    Answer(InvokeError),
+    /// The stream broke off before its end: why.
+    Broke(String),
+}
+
+/// Prints the events of `resp` as they arrive, counting the whole lines in `received`, until
+/// the `done` event.
+async fn read_events(
+    resp: reqwest::Response,
+    printer: &mut Printer,
+    received: &mut u64,
+) -> Result<(), ReadEnd> {
     let mut lines = LineSplitter::new(1 << 24);
     let mut body = resp.bytes_stream();
     loop {
@@ -361,7 +438,7 @@ pub async fn run(args: InvokeArgs) -> Result<(), InvokeError> {
         let items = match chunk {
             Some(Ok(bytes)) => lines.push(&bytes),
             Some(Err(e)) => {
-                return Err(InvokeError::Other(format!(
+                return Err(ReadEnd::Broke(format!(
                     "the answer stream broke off: {}",
                     without_url(&e)
                 )));
@@ -369,16 +446,19 @@ pub async fn run(args: InvokeArgs) -> Result<(), InvokeError> {
             None => lines.finish().into_iter().collect(),
         };
         for line in items {
+            *received += 1;
             let Ok(line) = line else { continue };
             let Ok(event) = serde_json::from_str::<Value>(&line.text) else {
                 continue;
             };
-            if let Some(result) = printer.event(&event) {
-                return result;
+            match printer.event(&event) {
+                Some(Ok(())) => return Ok(()),
+                Some(Err(e)) => return Err(ReadEnd::Answer(e)),
+                None => {}
             }
         }
         if done {
-            return Err(InvokeError::Other(
+            return Err(ReadEnd::Broke(
                 "the answer stream ended without a `done` event".into(),
             ));
         }

@@ -433,7 +433,7 @@ async fn callers_of_a_killed_gateway_resume_through_another_with_nothing_lost_or
         &broker.admin_url,
     ];
     let clean = ["SLUICE_CONFIG", "SLUICE_GATEWAY_TOKEN", "SLUICE_TOPICSPACE"];
-    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
     let metrics = |i: usize| format!("127.0.0.1:{}", ports[i]);
     let readyz = |i: usize| format!("http://127.0.0.1:{}/readyz", ports[i]);
     let base_url = fake.base_url();
@@ -547,6 +547,66 @@ async fn callers_of_a_killed_gateway_resume_through_another_with_nothing_lost_or
     // The kill cancelled nothing, and a resume never calls the provider.
     assert_eq!(fake.calls(model), streams);
     let _ = a.exited().await;
+
+    // `sluice invoke` resumes by itself: behind one address (a load balancer, here a relay
+    // that sends the first connection to gateway C and the next ones to B), C is SIGKILLed
+    // mid-answer, and invoke prints the whole answer, as an uninterrupted one.
+    let mut c = gateway(3);
+    c.ready(&readyz(3)).await;
+    let url_c = c.stdout_line("gateway listening on ").await;
+    let url_c = url_c.rsplit(' ').next().unwrap().to_owned();
+    let lb = free_port();
+    relay_first_then(lb, url_c, url_b.trim_start_matches("http://").to_owned());
+    let lb_url = format!("http://127.0.0.1:{lb}");
+    let invoke = |url: String| {
+        Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["invoke", "--url", &url, "llm", "", "count"])
+            .env_remove("SLUICE_TOKEN")
+            .env_remove("SLUICE_URL")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap()
+    };
+    let resumed = invoke(lb_url);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    c.signal("KILL");
+    let resumed = tokio::time::timeout(Duration::from_secs(60), resumed.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let whole = invoke(url_b.clone()).wait_with_output().await.unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&resumed.stdout),
+        String::from_utf8_lossy(&resumed.stderr),
+    );
+    assert!(resumed.status.success(), "{out}\n{err}");
+    assert!(err.contains("resuming after event"), "{err}");
+    assert!(whole.status.success());
+    assert_eq!(out, String::from_utf8_lossy(&whole.stdout));
+    assert!(out.split_whitespace().count() >= 40, "{out}");
+    assert_eq!(fake.calls(model), streams + 2);
+    let _ = c.exited().await;
     b.stop().await;
     processor.stop().await;
+}
+
+/// Listens on `port` and relays the first connection to `first`, every later one to `rest`
+/// (`host:port`): a load balancer in front of two gateway replicas.
+fn relay_first_then(port: u16, first: String, rest: String) {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+    tokio::spawn(async move {
+        let mut target = first;
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            let to = std::mem::replace(&mut target, rest.clone());
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(&to).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
 }
