@@ -132,55 +132,34 @@ pub(crate) async fn gateway_bench(
     let fake = sluice_tests::fake_openai::FakeOpenAi::start().await;
     let fake_url = format!("{}/v1/chat/completions", fake.base_url());
     // The gateway as deployed: its own process on the default topics, where the processor
-    // process answers.
-    let metrics_port = free_port();
-    let mut gateway = sluice_process(&[
-        "gateway",
-        "--services",
-        "text-completion",
-        "--listen",
-        "127.0.0.1:0",
-        "--metrics-addr",
-        &format!("127.0.0.1:{metrics_port}"),
-        "--pulsar-url",
-        &broker.url,
-        "--pulsar-admin-url",
-        &broker.admin_url,
-    ]);
-    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(
-        gateway.stdout.take().unwrap(),
-    ));
-    let addr = loop {
-        let line = lines
-            .next_line()
-            .await
-            .unwrap()
-            .expect("the gateway exited before it listened; see its error above");
-        if let Some(addr) = line.strip_prefix("gateway listening on ") {
-            break addr.trim().to_owned();
-        }
-    };
-    wait_ready(&mut gateway, metrics_port).await;
+    // process answers; and a second one with resumable streams off (no event ids, no position
+    // kept per record), for what resuming costs.
+    let (gateway, addr) = start_gateway(broker, &[]).await;
+    let (gateway_off, addr_off) = start_gateway(broker, &["--resume-window-secs", "0"]).await;
     let url = format!("http://{addr}/api/v1/text-completion");
     let openai_url = format!("http://{addr}/v1/chat/completions");
+    let openai_off_url = format!("http://{addr_off}/v1/chat/completions");
 
     // (1) Time to first token, interleaved: the fake called directly vs through the gateway.
     // The fake's first token comes 2 ms after the request, as in the text-completion scenario.
     let model = "tokens-5-2";
     let processor = gateway_processor(broker, &fake.base_url(), model).await;
     let http = reqwest::Client::new();
-    let (mut h_direct, mut h_gateway, mut h_openai) = (hist(), hist(), hist());
+    let (mut h_direct, mut h_gateway, mut h_openai, mut h_off) = (hist(), hist(), hist(), hist());
     for i in 0..requests + 50 {
         let (d, d_ok) = openai_call(&http, &fake_url, model, "the fake provider").await;
         let (g, g_ok) = gateway_call(&http, &url).await;
         let (o, o_ok) = openai_call(&http, &openai_url, model, "the OpenAI route").await;
-        assert!(d_ok && g_ok && o_ok, "a stream did not complete");
+        let (f, f_ok) = openai_call(&http, &openai_off_url, model, "resuming off").await;
+        assert!(d_ok && g_ok && o_ok && f_ok, "a stream did not complete");
         if i >= 50 {
             h_direct.record(d.unwrap().as_micros() as u64).unwrap();
             h_gateway.record(g.unwrap().as_micros() as u64).unwrap();
             h_openai.record(o.unwrap().as_micros() as u64).unwrap();
+            h_off.record(f.unwrap().as_micros() as u64).unwrap();
         }
     }
+    terminate(gateway_off).await;
     terminate(processor).await;
 
     // (2) Requests/s with short streams (5 tokens, no delay) at each concurrency.
@@ -248,6 +227,17 @@ pub(crate) async fn gateway_bench(
         o50 / g50,
         o99 / g99
     );
+    let (f50, f99) = (ms(&h_off, 0.5), ms(&h_off, 0.99));
+    let _ = writeln!(
+        md,
+        "| the OpenAI route on a gateway with resumable streams off (`--resume-window-secs 0`) | {f50:.2} | {f99:.2} |"
+    );
+    let _ = writeln!(
+        md,
+        "| ratio (resumable streams on / off, OpenAI route) | {:.2}x | {:.2}x |",
+        o50 / f50,
+        o99 / f99
+    );
     let _ = writeln!(
         md,
         "| overhead (difference) | {:.2} | {:.2} |\n",
@@ -267,6 +257,8 @@ pub(crate) async fn gateway_bench(
             "gateway": {"p50": g50, "p99": g99},
             "openai_route": {"p50": o50, "p99": o99},
             "openai_route_vs_gateway": {"p50": o50 / g50, "p99": o99 / g99},
+            "openai_route_resume_off": {"p50": f50, "p99": f99},
+            "resume_on_vs_off": {"p50": o50 / f50, "p99": o99 / f99},
             "ratio": {"p50": g50 / d50, "p99": g99 / d99},
             "overhead": {"p50": g50 - d50, "p99": g99 - d99},
         },
@@ -275,4 +267,41 @@ pub(crate) async fn gateway_bench(
             .collect::<std::collections::BTreeMap<_, _>>(),
     });
     (md, json)
+}
+
+/// Starts a `sluice gateway` process for text-completion on the default topics with `extra`
+/// flags, once ready; returns it and the address it listens on.
+async fn start_gateway(broker: &Broker, extra: &[&str]) -> (tokio::process::Child, String) {
+    let metrics_port = free_port();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let mut args = vec![
+        "gateway",
+        "--services",
+        "text-completion",
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-addr",
+        &metrics_addr,
+        "--pulsar-url",
+        &broker.url,
+        "--pulsar-admin-url",
+        &broker.admin_url,
+    ];
+    args.extend_from_slice(extra);
+    let mut gateway = sluice_process(&args);
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(
+        gateway.stdout.take().unwrap(),
+    ));
+    let addr = loop {
+        let line = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("the gateway exited before it listened; see its error above");
+        if let Some(addr) = line.strip_prefix("gateway listening on ") {
+            break addr.trim().to_owned();
+        }
+    };
+    wait_ready(&mut gateway, metrics_port).await;
+    (gateway, addr)
 }

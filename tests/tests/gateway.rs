@@ -1403,6 +1403,47 @@ async fn a_resume_that_cannot_be_served_is_refused_saying_why() {
         "{body}"
     );
     assert_eq!(s.fake.calls("normal"), 0);
+    // A gateway with resuming off: no ids, no token, exactly OpenAI's framing; a resume 409.
+    let broker = Broker::from_env().await;
+    let mut config = sluice_gateway::GatewayConfig::new();
+    config
+        .services
+        .insert(ServiceKind::TextCompletion, s.topics.clone());
+    config.resume_window = Duration::ZERO;
+    let off = sluice_tests::ServedGateway::start(broker.bus().await, config).await;
+    let chat = json!({"model": "normal", "stream": true,
+                      "messages": [{"role": "user", "content": "x"}]});
+    let resp = http()
+        .post(format!("http://{}/v1/chat/completions", off.addr))
+        .json(&chat)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers().get("sluice-resume-token").is_none());
+    let body = String::from_utf8(resp.bytes().await.unwrap().to_vec()).unwrap();
+    assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
+    assert!(
+        body.split_terminator("\n\n")
+            .all(|e| e.starts_with("data: ") || e.starts_with(':')),
+        "{body}"
+    );
+    let resp = http()
+        .post(format!("http://{}/v1/chat/completions", off.addr))
+        .header("last-event-id", format!("v1.openai-chat.-.{now}.-.abc.2"))
+        .json(&chat)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 409);
+    assert!(
+        resp.text()
+            .await
+            .unwrap()
+            .contains("resuming streams is off")
+    );
+    off.stop.cancel();
+    off.gateway.close().await;
     s.stop().await;
 }
 

@@ -38,7 +38,7 @@ pub struct GatewayArgs {
     pub flow: String,
     /// Seconds after its start a stream may still be resumed (Last-Event-ID, Sluice-Resume);
     /// keep it within the response namespace's retention (`sluice pulsar ensure-namespaces`
-    /// sets 60 minutes).
+    /// sets 60 minutes). 0 turns resuming off: no event ids, no token.
     #[arg(long, env = "SLUICE_RESUME_WINDOW_SECS", default_value_t = 900)]
     pub resume_window_secs: u64,
 }

@@ -434,7 +434,7 @@ pub(crate) async fn handle<K: Routed>(
     };
     let numbering = match &resume {
         Some(r) => Numbering::resumed(r),
-        None if client.resumable() => Numbering::new(&Token::new(
+        None if resume::offered(&inner, client.resumable()) => Numbering::new(&Token::new(
             route,
             reader.id(),
             reader.resume_after(),

@@ -952,7 +952,7 @@ pub(crate) async fn chat(
     };
     let numbering = match &resume {
         Some(r) => Numbering::resumed(r),
-        None if client.resumable() => Numbering::new(&Token::new(
+        None if resume::offered(&inner, client.resumable()) => Numbering::new(&Token::new(
             CHAT_ROUTE,
             &request_id,
             reader.resume_after(),

@@ -191,6 +191,14 @@ pub(crate) fn checked(
                     ),
                 ));
             }
+            if inner.config.resume_window.is_zero() {
+                return Err((
+                    StatusCode::CONFLICT,
+                    "not-resumable",
+                    "cannot resume: resuming streams is off on this gateway (--resume-window-secs 0)"
+                        .to_owned(),
+                ));
+            }
             if !resumable {
                 return Err((
                     StatusCode::CONFLICT,
@@ -221,6 +229,13 @@ pub(crate) fn checked(
     };
     inner.metrics.resume(route, outcome);
     verdict.map(Some)
+}
+
+/// Whether a new stream of a service whose answers can be read again (`resumable`) gets a
+/// token and event ids: unless resuming is off (`--resume-window-secs 0`, exact OpenAI
+/// framing without `id:` lines).
+pub(crate) fn offered(inner: &Inner, resumable: bool) -> bool {
+    resumable && !inner.config.resume_window.is_zero()
 }
 
 /// Gives a resumable stream's token in the response's headers.
