@@ -520,6 +520,7 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
         }
         let payload =
             serde_json::to_vec(request).map_err(|e| ClientError::Encode(e.to_string()))?;
+        let limits = (options.inactivity_timeout, options.total_timeout);
         let id = options
             .id
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
@@ -544,26 +545,14 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
             }
             routes.insert(id.clone(), Route::new(tx));
         }
-        let started = Instant::now();
-        let stream = ResponseStream {
-            id: id.clone(),
+        let stream = self.stream(
+            id.clone(),
             rx,
-            routes: self.routes.clone(),
-            cancel: self.cancel.clone(),
-            metrics: self.metrics.clone(),
-            service: self.config.service.clone(),
-            inactivity: options
-                .inactivity_timeout
-                .unwrap_or(self.config.inactivity_timeout),
-            total: options.total_timeout.unwrap_or(self.config.total_timeout),
-            loss_grace: self.config.loss_grace,
-            started,
-            last: started,
-            suspect_since: None,
-            done: false,
+            self.routes.clone(),
+            limits,
             resume_after,
-            _reading: None,
-        };
+            None,
+        );
         // The receipt is not awaited: the first response proves the request was stored, and
         // waiting for the receipt would add a broker round trip to time-to-first-token. A
         // failed store still surfaces, as a timeout.
@@ -649,26 +638,45 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
                 latest: None,
             },
         ));
+        Ok(self.stream(
+            id.to_owned(),
+            rx,
+            routes,
+            (options.inactivity_timeout, options.total_timeout),
+            after,
+            Some(stop.drop_guard()),
+        ))
+    }
+
+    /// The caller's side of request `id`'s route in `routes`, with this client's time limits
+    /// unless `limits` (inactivity, total: a request's options) set others.
+    fn stream(
+        &self,
+        id: String,
+        rx: mpsc::UnboundedReceiver<Routed<Resp>>,
+        routes: Routes<Resp>,
+        limits: (Option<Duration>, Option<Duration>),
+        resume_after: Option<Position>,
+        reading: Option<tokio_util::sync::DropGuard>,
+    ) -> ResponseStream<Resp> {
         let started = Instant::now();
-        Ok(ResponseStream {
-            id: id.to_owned(),
+        ResponseStream {
+            id,
             rx,
             routes,
             cancel: self.cancel.clone(),
             metrics: self.metrics.clone(),
             service: self.config.service.clone(),
-            inactivity: options
-                .inactivity_timeout
-                .unwrap_or(self.config.inactivity_timeout),
-            total: options.total_timeout.unwrap_or(self.config.total_timeout),
+            inactivity: limits.0.unwrap_or(self.config.inactivity_timeout),
+            total: limits.1.unwrap_or(self.config.total_timeout),
             loss_grace: self.config.loss_grace,
             started,
             last: started,
             suspect_since: None,
             done: false,
-            resume_after: after,
-            _reading: Some(stop.drop_guard()),
-        })
+            resume_after,
+            _reading: reading,
+        }
     }
 
     /// Stops routing and deletes this instance's response subscription. Streams still open
@@ -2391,36 +2399,6 @@ pub(crate) mod tests {
         );
     }
 
-    /// A bus whose publisher for the topic "cancel" comes only once the test opens its gate:
-    /// a broker slow to look the cancel topic up at start-up.
-    struct SlowCancelTopic {
-        inner: MemoryBus,
-        gate: watch::Receiver<bool>,
-    }
-
-    #[async_trait::async_trait]
-    impl Bus for SlowCancelTopic {
-        async fn publisher(&self, topic: &str) -> Result<Arc<dyn Publisher>, BusError> {
-            if topic == "cancel" {
-                let _ = self.gate.clone().wait_for(|open| *open).await;
-            }
-            self.inner.publisher(topic).await
-        }
-
-        async fn subscribe(
-            &self,
-            topic: &str,
-            subscription: &str,
-            options: SubscribeOptions,
-        ) -> Result<Box<dyn Subscription>, BusError> {
-            self.inner.subscribe(topic, subscription, options).await
-        }
-
-        fn max_message_bytes(&self) -> usize {
-            self.inner.max_message_bytes()
-        }
-    }
-
     /// A caller that goes away in the client's first seconds, before the cancel publisher
     /// exists, still stops the service's work: the cancel goes out once the publisher does.
     #[tokio::test(start_paused = true)]
@@ -2435,8 +2413,9 @@ pub(crate) mod tests {
             .await
             .unwrap();
         let (open, gate) = watch::channel(false);
-        let slow = SlowCancelTopic {
+        let slow = crate::bus::memory::SlowCancelTopic {
             inner: bus.clone(),
+            publishers: true,
             gate,
         };
         let mut config = ClientConfig::new("test", "req", "resp");

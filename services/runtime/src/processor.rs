@@ -1056,36 +1056,6 @@ mod tests {
         f.task.await.unwrap().unwrap();
     }
 
-    /// A bus whose subscriptions to the topic "cancel" are made only once the test opens its
-    /// gate: a broker slow to create the cancel topic's subscription at start-up.
-    struct SlowCancelSubscription {
-        inner: MemoryBus,
-        gate: tokio::sync::watch::Receiver<bool>,
-    }
-
-    #[async_trait::async_trait]
-    impl Bus for SlowCancelSubscription {
-        async fn publisher(&self, topic: &str) -> Result<Arc<dyn Publisher>, BusError> {
-            self.inner.publisher(topic).await
-        }
-
-        async fn subscribe(
-            &self,
-            topic: &str,
-            subscription: &str,
-            options: SubscribeOptions,
-        ) -> Result<Box<dyn Subscription>, BusError> {
-            if topic == "cancel" {
-                let _ = self.gate.clone().wait_for(|open| *open).await;
-            }
-            self.inner.subscribe(topic, subscription, options).await
-        }
-
-        fn max_message_bytes(&self) -> usize {
-            self.inner.max_message_bytes()
-        }
-    }
-
     /// Starts the echo processor on a bus whose cancel subscription waits for `gate`, and
     /// publishes one stalling request to it once its request subscription exists.
     async fn start_behind_a_slow_cancel_subscription(
@@ -1101,8 +1071,9 @@ mod tests {
         config.drain_grace = Duration::from_millis(200);
         let telemetry = Telemetry::new().unwrap();
         let shutdown = CancellationToken::new();
-        let slow = SlowCancelSubscription {
+        let slow = crate::bus::memory::SlowCancelTopic {
             inner: bus.clone(),
+            publishers: false,
             gate,
         };
         let task = tokio::spawn(run(

@@ -326,6 +326,44 @@ impl Bus for MemoryBus {
     }
 }
 
+/// A bus over an in-process one whose publishers or subscriptions of topic "cancel" come only
+/// once the test opens its gate: a broker slow to look the cancel topic up, or to create its
+/// subscription, at start-up.
+#[cfg(test)]
+pub(crate) struct SlowCancelTopic {
+    pub inner: MemoryBus,
+    /// Whether the publishers (else the subscriptions) wait.
+    pub publishers: bool,
+    pub gate: tokio::sync::watch::Receiver<bool>,
+}
+
+#[cfg(test)]
+#[async_trait]
+impl Bus for SlowCancelTopic {
+    async fn publisher(&self, topic: &str) -> Result<Arc<dyn Publisher>, BusError> {
+        if self.publishers && topic == "cancel" {
+            let _ = self.gate.clone().wait_for(|open| *open).await;
+        }
+        self.inner.publisher(topic).await
+    }
+
+    async fn subscribe(
+        &self,
+        topic: &str,
+        subscription: &str,
+        options: SubscribeOptions,
+    ) -> Result<Box<dyn Subscription>, BusError> {
+        if !self.publishers && topic == "cancel" {
+            let _ = self.gate.clone().wait_for(|open| *open).await;
+        }
+        self.inner.subscribe(topic, subscription, options).await
+    }
+
+    fn max_message_bytes(&self) -> usize {
+        self.inner.max_message_bytes()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
