@@ -387,7 +387,11 @@ async fn a_processor_started_before_its_broker_waits_for_it_admin_api_included()
 
 /// Reads an SSE body until it ends or breaks, keeping only whole events (a gateway killed
 /// mid-event leaves a partial one, which the caller never saw as an event).
-async fn whole_events(mut resp: reqwest::Response, until_events: Option<usize>) -> Vec<String> {
+/// With `reached`, says once `n` whole events have arrived (and reads on).
+async fn whole_events(
+    mut resp: reqwest::Response,
+    mut reached: Option<(usize, tokio::sync::oneshot::Sender<()>)>,
+) -> Vec<String> {
     let mut buf = Vec::new();
     loop {
         let complete = |buf: &[u8]| {
@@ -397,10 +401,12 @@ async fn whole_events(mut resp: reqwest::Response, until_events: Option<usize>) 
                 None => Vec::new(),
             }
         };
-        if let Some(n) = until_events
-            && complete(&buf).len() >= n
+        if reached
+            .as_ref()
+            .is_some_and(|(n, _)| complete(&buf).len() >= *n)
+            && let Some((_, tx)) = reached.take()
         {
-            return complete(&buf);
+            let _ = tx.send(());
         }
         match tokio::time::timeout(Duration::from_secs(60), resp.chunk()).await {
             Ok(Ok(Some(chunk))) => buf.extend_from_slice(&chunk),
@@ -493,13 +499,18 @@ async fn callers_of_a_killed_gateway_resume_through_another_with_nothing_lost_or
         assert_eq!(resp.status(), 200);
         firsts.push(resp);
     }
-    // Each caller reads a few events, then goes on reading in the background until the
-    // gateway dies under it.
-    let readers: Vec<_> = firsts
+    // Each caller reads on in the background until the gateway dies under it; the kill comes
+    // once every caller has had 3 events.
+    let (readers, had_three): (Vec<_>, Vec<_>) = firsts
         .into_iter()
-        .map(|resp| tokio::spawn(whole_events(resp, None)))
-        .collect();
-    tokio::time::sleep(Duration::from_millis(600)).await;
+        .map(|resp| {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            (tokio::spawn(whole_events(resp, Some((3, tx)))), rx)
+        })
+        .unzip();
+    for rx in had_three {
+        rx.await.expect("a caller had 3 events");
+    }
     a.signal("KILL");
     let mut had_all = Vec::new();
     for r in readers {
@@ -569,16 +580,25 @@ async fn callers_of_a_killed_gateway_resume_through_another_with_nothing_lost_or
             .spawn()
             .unwrap()
     };
-    let resumed = invoke(lb_url);
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    let mut resumed = invoke(lb_url);
+    // The kill comes once invoke has printed part of the answer.
+    let mut first = [0u8; 1];
+    let mut stdout = resumed.stdout.take().unwrap();
+    tokio::time::timeout(Duration::from_secs(30), stdout.read_exact(&mut first))
+        .await
+        .expect("invoke printed nothing")
+        .unwrap();
     c.signal("KILL");
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).await.unwrap();
     let resumed = tokio::time::timeout(Duration::from_secs(60), resumed.wait_with_output())
         .await
         .unwrap()
         .unwrap();
+    let printed = [&first[..], &rest[..]].concat();
     let whole = invoke(url_b.clone()).wait_with_output().await.unwrap();
     let (out, err) = (
-        String::from_utf8_lossy(&resumed.stdout),
+        String::from_utf8_lossy(&printed),
         String::from_utf8_lossy(&resumed.stderr),
     );
     assert!(resumed.status.success(), "{out}\n{err}");
