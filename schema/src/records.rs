@@ -178,6 +178,12 @@ pub trait ResponseRecord: Serialize + DeserializeOwned + Send + Sync + 'static {
     /// The error this record carries, if any.
     fn error(&self) -> Option<&Error>;
 
+    /// The token counts this record carries (input, output): deltas, summed over a stream.
+    /// Default: none.
+    fn tokens(&self) -> (Option<u64>, Option<u64>) {
+        (None, None)
+    }
+
     /// Whether later records of the stream may be merged into this one (see
     /// [`ResponseRecord::coalesce`]): a non-terminal piece of streamed text whose meaning is
     /// "append me". A processor that paces its records holds back only such records. Default:
@@ -399,6 +405,10 @@ impl ResponseRecord for TextCompletionResponse {
         self.end_of_stream
     }
 
+    fn tokens(&self) -> (Option<u64>, Option<u64>) {
+        (self.in_token, self.out_token)
+    }
+
     fn from_error(error: Error) -> Self {
         Self {
             error: Some(error),
@@ -500,6 +510,10 @@ pub struct PromptResponse {
 impl ResponseRecord for PromptResponse {
     fn is_terminal(&self) -> bool {
         self.end_of_stream
+    }
+
+    fn tokens(&self) -> (Option<u64>, Option<u64>) {
+        (self.in_token, self.out_token)
     }
 
     fn from_error(error: Error) -> Self {
@@ -748,6 +762,10 @@ impl Serialize for AgentResponse {
 impl ResponseRecord for AgentResponse {
     fn is_terminal(&self) -> bool {
         self.end_of_dialog
+    }
+
+    fn tokens(&self) -> (Option<u64>, Option<u64>) {
+        (self.in_token, self.out_token)
     }
 
     fn from_error(error: Error) -> Self {

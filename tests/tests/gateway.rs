@@ -1520,3 +1520,147 @@ async fn on_the_in_process_bus_streams_carry_no_resume_token_and_a_resume_is_ref
     gw.gateway.close().await;
     processor.stop().await;
 }
+
+#[tokio::test]
+async fn api_keys_are_limited_on_every_route_in_its_own_error_shape() {
+    use sluice_gateway::keys::{Keys, hash_hex};
+    let dir = std::env::temp_dir().join(format!("sluice-gw-keys-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("keys.toml");
+    let key = |name: &str, secret: &str, rest: &str| {
+        format!(
+            "[[keys]]\nname = \"{name}\"\nsha256 = \"{}\"\n{rest}\n",
+            hash_hex(secret)
+        )
+    };
+    std::fs::write(
+        &path,
+        key("two", "sk-two", "requests_per_minute = 2")
+            + &key("one", "sk-one", "requests_per_minute = 1")
+            // The fake answers with 11 input and 3 output tokens; 10 are reserved.
+            + &key("tokens", "sk-tokens", "tokens_per_minute = 30\nreserve_tokens = 10")
+            + &key("agents", "sk-agents", "services = [\"agent\"]"),
+    )
+    .unwrap();
+    let keys = Arc::new(Keys::load(&path).unwrap());
+    let s = Stack::start("normal", move |c| {
+        c.auth = Auth::new(Some(Secret::new(TOKEN))).with_keys(keys.clone());
+    })
+    .await;
+    let c = http();
+    let call = |key: &'static str, accept: &'static str| {
+        c.post(s.url("/api/v1/text-completion"))
+            .bearer_auth(key)
+            .header("accept", accept)
+            .json(&request())
+            .send()
+    };
+    // REST, whole answers: two, then 429 with Retry-After in the gateway's error shape.
+    for _ in 0..2 {
+        assert_eq!(
+            call("sk-two", "application/json").await.unwrap().status(),
+            200
+        );
+    }
+    let resp = call("sk-two", "application/json").await.unwrap();
+    assert_eq!(resp.status(), 429);
+    let retry: u64 = resp.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry), "{retry}");
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "too-many-requests");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"two\" has reached its limit of 2 requests per minute"),
+        "{body}"
+    );
+    // NDJSON: the error event and a done event, with the status.
+    let resp = call("sk-two", "application/x-ndjson").await.unwrap();
+    assert_eq!(resp.status(), 429);
+    assert!(resp.headers().contains_key("retry-after"));
+    let lines = ndjson_lines(&resp.bytes().await.unwrap());
+    assert_eq!(lines[0]["error_type"], "too-many-requests", "{lines:?}");
+    assert_eq!(lines[1]["type"], "done");
+    // The gateway's own token has no limits.
+    assert_eq!(
+        c.post(s.url("/api/v1/text-completion"))
+            .bearer_auth(TOKEN)
+            .json(&request())
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    // A service the key may not call: 403.
+    let resp = call("sk-agents", "application/json").await.unwrap();
+    assert_eq!(resp.status(), 403);
+    let body: Value = resp.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("may not call the text-completion service"),
+        "{body}"
+    );
+    // Tokens are settled with what was used: 14 each, so 10 more fit after one (24) but
+    // not after two (38). Counting only the reservations (10 each) would admit a third.
+    for expect in [200, 200, 429] {
+        let resp = call("sk-tokens", "application/json").await.unwrap();
+        assert_eq!(resp.status(), expect);
+    }
+    // The socket: authenticated with a key, its second request is over the limit.
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{}/api/v1/socket", s.addr))
+        .await
+        .unwrap();
+    ws.send(WsMessage::text(
+        json!({"type": "auth", "token": "sk-one"}).to_string(),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(next_json(&mut ws).await["type"], "auth-ok");
+    for (id, limited) in [("a", false), ("b", true)] {
+        let frame = json!({"id": id, "service": "text-completion", "flow": "default",
+                           "request": {"system": "", "prompt": "hi", "streaming": false}});
+        ws.send(WsMessage::text(frame.to_string())).await.unwrap();
+        let reply = next_json(&mut ws).await;
+        assert_eq!(reply["id"], id);
+        if limited {
+            assert_eq!(reply["error"]["type"], "too-many-requests", "{reply}");
+            assert!(
+                reply["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("retry after"),
+                "{reply}"
+            );
+        } else {
+            assert!(reply.get("error").is_none(), "{reply}");
+        }
+    }
+    let page = s.telemetry.render();
+    for (key, outcome, n) in [
+        ("two", "admitted", 2.0),
+        ("two", "rate-limited", 2.0),
+        ("agents", "forbidden", 1.0),
+        ("tokens", "admitted", 2.0),
+        ("one", "rate-limited", 1.0),
+    ] {
+        assert_eq!(
+            sluice_tests::metrics_text::value(
+                &page,
+                "sluice_gateway_key_requests_total",
+                &[("key", key), ("outcome", outcome)]
+            ),
+            n,
+            "{key} {outcome}"
+        );
+    }
+    s.stop().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}

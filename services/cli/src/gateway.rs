@@ -3,7 +3,7 @@
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use clap::Args;
-use sluice_gateway::{Auth, Gateway, GatewayConfig, ServiceKind, ServiceTopics};
+use sluice_gateway::{Auth, Gateway, GatewayConfig, ServiceKind, ServiceTopics, keys::Keys};
 use sluice_runtime::{
     bus::Bus,
     secret::Secret,
@@ -13,7 +13,10 @@ use sluice_schema::{TopicMapping, TopicName, topics::defaults};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::common::{BusArgs, ConfigFileArgs, cancel_topic, connect};
+use crate::common::{BusArgs, ConfigFileArgs, cancel_topic, connect, pulsar_admin};
+
+/// The limits topic is compacted once this much waits uncompacted (about 3,000 snapshots).
+const LIMITS_COMPACTION_BYTES: u64 = 1024 * 1024;
 
 /// How the gateway serves HTTP (shared by `gateway` and `serve`). The bearer token comes
 /// from SLUICE_GATEWAY_TOKEN or the file named by SLUICE_GATEWAY_TOKEN_FILE; without one,
@@ -41,6 +44,16 @@ pub struct GatewayArgs {
     /// sets 60 minutes). 0 turns resuming off: no event ids, no token.
     #[arg(long, env = "SLUICE_RESUME_WINDOW_SECS", default_value_t = 900)]
     pub resume_window_secs: u64,
+    /// A TOML file of API keys (their SHA-256, permissions and limits), read again every
+    /// second while the gateway runs (docs/gateway.md#api-keys). Callers may then use any
+    /// of its keys as their bearer token, besides SLUICE_GATEWAY_TOKEN when set.
+    #[arg(long, env = "SLUICE_GATEWAY_KEYS_FILE")]
+    pub keys_file: Option<std::path::PathBuf>,
+    /// The topic gateway replicas share the keys' limit state on [default:
+    /// persistent://<topicspace>/response/gateway-limits]; `none` counts on each replica
+    /// alone. The in-process bus always counts alone.
+    #[arg(long, env = "SLUICE_GATEWAY_LIMITS_TOPIC")]
+    pub limits_topic: Option<String>,
 }
 
 impl GatewayArgs {
@@ -60,6 +73,18 @@ impl GatewayArgs {
         config.inactivity_timeout = Duration::from_secs(self.inactivity_timeout_secs);
         config.resume_window = Duration::from_secs(self.resume_window_secs);
         config.flow.clone_from(&self.flow);
+        if let Some(path) = &self.keys_file {
+            let keys = Keys::load(path)?;
+            info!(keys = keys.ring().len(), path = %path.display(), "API keys loaded");
+            config.auth = config.auth.with_keys(Arc::new(keys));
+        }
+        config.limits_topic = match self.limits_topic.as_deref() {
+            Some("none") => None,
+            Some(topic) => Some(topic.to_owned()),
+            // Persistent whatever the mapping: a replica that starts reads the day's and the
+            // month's counts from it.
+            None => Some(format!("persistent://{topicspace}/response/gateway-limits")),
+        };
         let mut topics = Vec::new();
         for kind in services {
             let name = kind.as_str();
@@ -146,9 +171,25 @@ pub async fn run(args: GatewayCommand) -> Result<(), String> {
             .config(&args.services, &args.topicspace, args.bus.topic_mapping)?;
     let bus: Arc<dyn Bus> = connect(&args.bus, &topics).await?;
     let telemetry = Telemetry::new().map_err(|e| e.to_string())?;
+    let limits_topic = config
+        .limits_topic
+        .clone()
+        .filter(|_| config.auth.keys().is_some());
     let gateway = Gateway::start(bus, config, &telemetry)
         .await
         .map_err(|e| e.to_string())?;
+    // The shared limit state is one snapshot per key and replica; compaction keeps what a
+    // starting replica reads about that size. Best effort: the topic works without it, and
+    // on a secured cluster the operator may set it instead.
+    if let (Some(topic), Some(admin_url)) = (limits_topic, &args.bus.pulsar_admin_url) {
+        let admin = pulsar_admin(admin_url, args.bus.pulsar_tls_ca_file.as_deref())?;
+        if let Err(e) = admin
+            .set_compaction_threshold(&topic, LIMITS_COMPACTION_BYTES)
+            .await
+        {
+            warn!(topic, error = %e, "cannot set the limits topic's compaction threshold; set it with pulsar-admin topics set-compaction-threshold");
+        }
+    }
     let telemetry_stop = CancellationToken::new();
     let metrics = telemetry
         .serve(args.metrics_addr, telemetry_stop.clone())

@@ -84,6 +84,21 @@ enum Command {
         #[command(subcommand)]
         command: PulsarCommand,
     },
+    /// API keys for the gateway's keys file (docs/gateway.md#api-keys).
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Makes a new random key: prints the key (give it to the caller; it is not kept
+    /// anywhere) and the `sha256 = "..."` line for the keys file.
+    New,
+    /// Reads a key from standard input (never from the command line, where other users and
+    /// the shell's history would see it) and prints its `sha256 = "..."` line.
+    Hash,
 }
 
 #[derive(Subcommand)]
@@ -258,8 +273,37 @@ impl Command {
             Command::Invoke(_) => "invoke",
             Command::Topics { .. } => "topics",
             Command::Pulsar { .. } => "pulsar",
+            Command::Keys { .. } => "keys",
         }
     }
+}
+
+fn keys(command: KeysCommand) -> Result<(), String> {
+    use sluice_gateway::keys::hash_hex;
+    match command {
+        KeysCommand::New => {
+            // 244 random bits from the system's generator (uuid's v4).
+            let key = format!(
+                "sk-sluice-{}{}",
+                uuid::Uuid::new_v4().simple(),
+                uuid::Uuid::new_v4().simple()
+            );
+            println!("{key}");
+            println!("sha256 = \"{}\"", hash_hex(&key));
+        }
+        KeysCommand::Hash => {
+            let mut line = String::new();
+            std::io::stdin()
+                .read_line(&mut line)
+                .map_err(|e| format!("cannot read the key from standard input: {e}"))?;
+            let key = line.trim_end_matches(['\r', '\n']);
+            if key.is_empty() {
+                return Err("no key on standard input".into());
+            }
+            println!("sha256 = \"{}\"", hash_hex(key));
+        }
+    }
+    Ok(())
 }
 
 async fn run(command: Command) -> Result<(), String> {
@@ -270,6 +314,7 @@ async fn run(command: Command) -> Result<(), String> {
         Command::Prompt(args) => prompt::run(*args).await,
         Command::Agent(args) => agent::run(*args).await,
         Command::Invoke(_) => Ok(()),
+        Command::Keys { command } => keys(command),
         Command::Topics {
             command: TopicsCommand::Resolve { mapping, names },
         } => {

@@ -34,7 +34,9 @@ const TOKEN: &str = "gateway-token-obs-2209";
 const MCP_TOKEN: &str = "mcp-token-obs-7310";
 /// The OTLP collector's API key, given as OpenTelemetry specifies (OTEL_EXPORTER_OTLP_HEADERS).
 const OTLP_KEY: &str = "otlp-collector-key-5150";
-const SECRETS: [&str; 4] = [KEY, TOKEN, MCP_TOKEN, OTLP_KEY];
+/// An API key of the gateway's keys file: its series are exported from the start.
+const API_KEY: &str = "sk-obs-api-key-5521";
+const SECRETS: [&str; 5] = [KEY, TOKEN, MCP_TOKEN, OTLP_KEY, API_KEY];
 
 fn repo_file(path: &str) -> String {
     std::fs::read_to_string(format!("{}/../../{path}", env!("CARGO_MANIFEST_DIR")))
@@ -602,7 +604,25 @@ async fn every_service_exports_its_documented_metrics_and_no_secret() {
     agent_args.extend(metrics_addr(2));
     let mut agent = start(agent_args, &[("OBS_MCP_TOKEN", MCP_TOKEN)]);
 
-    let mut gw_args = args(&["gateway", "--topicspace", &ts, "--listen", "127.0.0.1:0"]);
+    let keys_file = std::env::temp_dir().join(format!("{ts}-keys.toml"));
+    std::fs::write(
+        &keys_file,
+        format!(
+            "[[keys]]\nname = \"obs\"\nsha256 = \"{}\"\nrequests_per_minute = 1000\n",
+            sluice_gateway::keys::hash_hex(API_KEY)
+        ),
+    )
+    .unwrap();
+    let keys_path = keys_file.display().to_string();
+    let mut gw_args = args(&[
+        "gateway",
+        "--topicspace",
+        &ts,
+        "--listen",
+        "127.0.0.1:0",
+        "--keys-file",
+        &keys_path,
+    ]);
     gw_args.extend(bus.clone());
     gw_args.extend(metrics_addr(3));
     let mut gateway = start(gw_args, &[("SLUICE_GATEWAY_TOKEN", TOKEN)]);

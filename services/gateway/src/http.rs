@@ -31,7 +31,7 @@ use sluice_runtime::{
 use sluice_schema::{Error, ErrorKind, ResponseRecord};
 
 use crate::{
-    Clients, Inner,
+    Clients, Inner, Refusal,
     events::{Event, Reason, Status},
     kinds::{Agent, Kind, Prompt, ServiceKind, StreamState, TextCompletion},
     reporting,
@@ -42,11 +42,29 @@ use crate::{
 /// A service kind the gateway holds a client for.
 pub(crate) trait Routed: Kind {
     fn client(clients: &Clients) -> Option<&RequestClient<Self::Request, Self::Response>>;
+
+    /// The model a request names, for an API key's permissions.
+    fn model(_request: &Self::Request) -> Option<&str> {
+        None
+    }
+
+    /// The most tokens a request may produce, reserved against an API key's token limits.
+    fn max_tokens(_request: &Self::Request) -> Option<u64> {
+        None
+    }
 }
 
 impl Routed for TextCompletion {
     fn client(clients: &Clients) -> Option<&RequestClient<Self::Request, Self::Response>> {
         clients.text_completion.as_ref()
+    }
+
+    fn model(request: &Self::Request) -> Option<&str> {
+        request.model.as_deref()
+    }
+
+    fn max_tokens(request: &Self::Request) -> Option<u64> {
+        request.max_tokens.map(u64::from)
     }
 }
 
@@ -176,6 +194,39 @@ fn session_header(headers: &HeaderMap) -> Option<String> {
 /// A refusal before the stream started: NDJSON `error` and `done` events when the caller
 /// asked for NDJSON (a seed 004 client reads the body's lines whatever the status), else the
 /// JSON error; the HTTP status is the error's either way.
+/// A request an API key may not make (403) or that is over its limits (429, with
+/// `Retry-After` when waiting helps), in the caller's form.
+pub(crate) fn refused(mode: Option<Mode>, headers: &HeaderMap, refusal: Refusal) -> Response {
+    match refusal {
+        Refusal::Forbidden(why) => refuse(
+            mode,
+            headers,
+            StatusCode::FORBIDDEN,
+            "invalid-request",
+            &why,
+        ),
+        Refusal::Limited(l) => {
+            let mut resp = refuse(
+                mode,
+                headers,
+                StatusCode::TOO_MANY_REQUESTS,
+                "too-many-requests",
+                &l.message,
+            );
+            retry_after(&mut resp, l.retry_after);
+            resp
+        }
+    }
+}
+
+/// Sets `Retry-After` (whole seconds).
+pub(crate) fn retry_after(resp: &mut Response, secs: Option<u64>) {
+    if let Some(secs) = secs {
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+}
+
 pub(crate) fn refuse(
     mode: Option<Mode>,
     headers: &HeaderMap,
@@ -325,7 +376,7 @@ pub(crate) async fn handle<K: Routed>(
 ) -> Response {
     let route = K::KIND.as_str();
     let started = Instant::now();
-    if !inner.config.auth.accepts_headers(&headers) {
+    let Some(caller) = inner.config.auth.caller_of(&headers) else {
         let resp = refuse(
             ask.accept,
             &headers,
@@ -334,7 +385,7 @@ pub(crate) async fn handle<K: Routed>(
             "a valid `Authorization: Bearer <token>` header is required",
         );
         return counted(&inner, route, resp);
-    }
+    };
     let body = match body {
         Ok(b) => b,
         Err(rejection) => {
@@ -389,6 +440,21 @@ pub(crate) async fn handle<K: Routed>(
             return counted(&inner, route, resp);
         }
     };
+    // A resumed stream was admitted when it started.
+    let admission = match &resume {
+        Some(_) => None,
+        None => match inner.admit(
+            &caller,
+            K::KIND,
+            K::model(&request),
+            K::max_tokens(&request),
+        ) {
+            Ok(a) => a,
+            Err(refusal) => {
+                return counted(&inner, route, refused(Some(mode), &headers, refusal));
+            }
+        },
+    };
     let incoming = headers.get("traceparent").and_then(|v| v.to_str().ok());
     let span = server_span(route, incoming);
     let tp = span.traceparent();
@@ -418,7 +484,7 @@ pub(crate) async fn handle<K: Routed>(
         }
         None => client.read(&request, options, reporting()).await,
     };
-    let reader = match read {
+    let mut reader = match read {
         Ok(r) => r,
         Err(f) => {
             let err = f.error;
@@ -432,6 +498,9 @@ pub(crate) async fn handle<K: Routed>(
             return counted(&inner, route, resp);
         }
     };
+    if let Some(a) = admission {
+        reader.meter(Box::new(a));
+    }
     let numbering = match &resume {
         Some(r) => Numbering::resumed(r),
         None if resume::offered(&inner, client.resumable()) => Numbering::new(&Token::new(

@@ -19,7 +19,9 @@
 pub mod auth;
 pub mod events;
 mod http;
+pub mod keys;
 pub mod kinds;
+mod limits;
 pub mod metrics;
 mod openai;
 mod resume;
@@ -78,6 +80,10 @@ pub struct GatewayConfig {
     /// How old a stream may be and still be resumed (docs/gateway.md#resuming-a-stream): at
     /// most the response topics' retention.
     pub resume_window: Duration,
+    /// The topic the replicas share their API keys' limit state on
+    /// (docs/gateway.md#limits-across-replicas); `None`, or a bus that keeps no messages,
+    /// counts on this replica alone.
+    pub limits_topic: Option<String>,
 }
 
 impl GatewayConfig {
@@ -92,6 +98,7 @@ impl GatewayConfig {
             flow: "default".into(),
             services: BTreeMap::new(),
             resume_window: Duration::from_secs(15 * 60),
+            limits_topic: None,
         }
     }
 }
@@ -117,6 +124,55 @@ pub(crate) struct Inner {
     /// The model ids text-completion last said it serves, and when: the OpenAI route checks a
     /// request's `model` against them.
     pub(crate) models: tokio::sync::Mutex<Option<(std::time::Instant, Vec<String>)>>,
+    /// The API keys' limits.
+    pub(crate) limiter: Arc<limits::Limiter>,
+    /// Stops the keys file's watch and the limit sharing.
+    pub(crate) background: CancellationToken,
+}
+
+/// Why a caller's request is not admitted (see [`Inner::admit`]).
+pub(crate) enum Refusal {
+    /// The key may not use this service, model or flow: 403.
+    Forbidden(String),
+    /// A limit is reached: 429.
+    Limited(limits::Limited),
+}
+
+impl Inner {
+    /// Admits a request of `caller` to `service` naming `model` and reserving `reserve`
+    /// tokens (`max_tokens`), or says why not; `Ok(None)` for callers without limits. The
+    /// admission settles the reserved tokens when dropped: give it to the request's reader
+    /// ([`sluice_runtime::reader::Reader::meter`]).
+    pub(crate) fn admit(
+        &self,
+        caller: &auth::Caller,
+        service: ServiceKind,
+        model: Option<&str>,
+        reserve: Option<u64>,
+    ) -> Result<Option<limits::Admission>, Refusal> {
+        let Some(key) = caller.key() else {
+            return Ok(None);
+        };
+        if let Some(why) = key.refuses(service, &self.config.flow, model) {
+            self.metrics.key_request(&key.name, "forbidden");
+            return Err(Refusal::Forbidden(why));
+        }
+        match self.limiter.admit(key, reserve) {
+            Ok(a) => {
+                self.metrics.key_request(&key.name, "admitted");
+                Ok(Some(a))
+            }
+            Err(l) => {
+                let outcome = if l.quota {
+                    "quota-exceeded"
+                } else {
+                    "rate-limited"
+                };
+                self.metrics.key_request(&key.name, outcome);
+                Err(Refusal::Limited(l))
+            }
+        }
+    }
 }
 
 /// A running gateway's state; build its router with [`Gateway::router`].
@@ -175,12 +231,46 @@ impl Gateway {
                 ServiceKind::Agent => clients.agent = Some(new_client.client().await?),
             }
         }
+        let limiter = Arc::new(limits::Limiter::new(metrics.clone()));
+        let background = CancellationToken::new();
+        if let Some(keys) = config.auth.keys() {
+            let ring = keys.ring();
+            metrics.keys(ring.len());
+            ring.names().for_each(|name| metrics.key_known(name));
+            let (m, k) = (metrics.clone(), keys.clone());
+            tokio::spawn(keys.clone().watch(background.clone(), move |taken, n| {
+                m.keys_reloaded(taken, n);
+                if taken {
+                    k.ring().names().for_each(|name| m.key_known(name));
+                }
+            }));
+            if let Some(topic) = &config.limits_topic {
+                if bus.keeps_messages() {
+                    let (replayed, read) = tokio::sync::oneshot::channel();
+                    tokio::spawn(limiter.clone().share(
+                        bus.clone(),
+                        topic.clone(),
+                        background.clone(),
+                        replayed,
+                    ));
+                    // The day's and month's usage of every replica, before the first caller.
+                    let _ = tokio::time::timeout(limits::REPLAY_WAIT, read).await;
+                    info!(topic, "API key limits shared through the bus");
+                } else {
+                    info!(
+                        "API key limits are counted by this gateway alone: the bus keeps no messages to share them through"
+                    );
+                }
+            }
+        }
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
                 clients,
                 metrics,
                 models: tokio::sync::Mutex::new(None),
+                limiter,
+                background,
             }),
         })
     }
@@ -241,6 +331,7 @@ impl Gateway {
 
     /// Closes the bus clients (their response subscriptions are deleted).
     pub async fn close(&self) {
+        self.inner.background.cancel();
         let c = &self.inner.clients;
         if let Some(c) = &c.text_completion {
             c.close().await;

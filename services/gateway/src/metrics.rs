@@ -1,6 +1,8 @@
 //! The gateway's Prometheus metrics (`sluice_gateway_*`).
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 use sluice_runtime::telemetry::ClientOutcome;
 
 /// Buckets for time to the first streamed event: a few ms through the gateway and the bus,
@@ -18,7 +20,17 @@ pub struct GatewayMetrics {
     open_streams: IntGaugeVec,
     socket_frames: IntCounterVec,
     resumes: IntCounterVec,
+    key_requests: IntCounterVec,
+    key_tokens: IntCounterVec,
+    keys: IntGauge,
+    key_reloads: IntCounterVec,
+    limit_peers: IntGauge,
+    limit_share_failures: IntCounter,
+    limit_share_delay: prometheus::Histogram,
 }
+
+/// What happened to an API key's request (`sluice_gateway_key_requests_total{outcome}`).
+pub const KEY_OUTCOMES: [&str; 4] = ["admitted", "rate-limited", "quota-exceeded", "forbidden"];
 
 impl GatewayMetrics {
     /// Registers the metrics in `registry`.
@@ -66,6 +78,49 @@ impl GatewayMetrics {
             ),
             &["route", "outcome"],
         )?;
+        let key_requests = IntCounterVec::new(
+            Opts::new(
+                "sluice_gateway_key_requests_total",
+                "Requests made with an API key, by key name and outcome: admitted, rate-limited (a per-minute limit), quota-exceeded (a day's or month's tokens), forbidden (a service, model or flow the key may not use)",
+            ),
+            &["key", "outcome"],
+        )?;
+        let key_tokens = IntCounterVec::new(
+            Opts::new(
+                "sluice_gateway_key_tokens_total",
+                "Tokens used by requests made with an API key, by key name and kind (input, output), counted when each request ends",
+            ),
+            &["key", "kind"],
+        )?;
+        let keys = IntGauge::new(
+            "sluice_gateway_keys",
+            "API keys the gateway accepts now (from its keys file)",
+        )?;
+        let key_reloads = IntCounterVec::new(
+            Opts::new(
+                "sluice_gateway_keys_reloads_total",
+                "Changes of the keys file seen, by outcome: taken, invalid (the keys stay as they were)",
+            ),
+            &["outcome"],
+        )?;
+        let limit_peers = IntGauge::new(
+            "sluice_gateway_limit_peers",
+            "Other gateway replicas whose limit state this one read within the last two minutes",
+        )?;
+        let limit_share_failures = IntCounter::new(
+            "sluice_gateway_limit_share_failures_total",
+            "Failures to publish or read the limit state shared by the replicas (while they last, each replica counts alone)",
+        )?;
+        let limit_share_delay = prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "sluice_gateway_limit_share_delay_seconds",
+                "From another replica publishing its limit state to this one reading it (wall clocks of two hosts: as exact as their sync); what a limit can be exceeded by grows with it",
+            )
+            .buckets(FIRST_EVENT_BUCKETS.to_vec()),
+        )?;
+        for outcome in ["taken", "invalid"] {
+            key_reloads.with_label_values(&[outcome]);
+        }
         // Frame kinds are a fixed set: export them at 0 so a rate exists before the first
         // WebSocket client.
         for kind in ["auth", "request", "invalid"] {
@@ -77,6 +132,13 @@ impl GatewayMetrics {
         registry.register(Box::new(open_streams.clone()))?;
         registry.register(Box::new(socket_frames.clone()))?;
         registry.register(Box::new(resumes.clone()))?;
+        registry.register(Box::new(key_requests.clone()))?;
+        registry.register(Box::new(key_tokens.clone()))?;
+        registry.register(Box::new(keys.clone()))?;
+        registry.register(Box::new(key_reloads.clone()))?;
+        registry.register(Box::new(limit_peers.clone()))?;
+        registry.register(Box::new(limit_share_failures.clone()))?;
+        registry.register(Box::new(limit_share_delay.clone()))?;
         Ok(Self {
             requests,
             streams,
@@ -84,6 +146,13 @@ impl GatewayMetrics {
             open_streams,
             socket_frames,
             resumes,
+            key_requests,
+            key_tokens,
+            keys,
+            key_reloads,
+            limit_peers,
+            limit_share_failures,
+            limit_share_delay,
         })
     }
 
@@ -134,5 +203,59 @@ impl GatewayMetrics {
     /// Counts a WebSocket frame.
     pub fn socket_frame(&self, kind: &str) {
         self.socket_frames.with_label_values(&[kind]).inc();
+    }
+
+    /// Counts a request made with an API key (`outcome`: one of [`KEY_OUTCOMES`]).
+    pub fn key_request(&self, key: &str, outcome: &str) {
+        self.key_requests.with_label_values(&[key, outcome]).inc();
+    }
+
+    /// Exports a key's series at 0, so a rate exists before its first request.
+    pub fn key_known(&self, key: &str) {
+        for outcome in KEY_OUTCOMES {
+            self.key_requests.with_label_values(&[key, outcome]);
+        }
+        for kind in ["input", "output"] {
+            self.key_tokens.with_label_values(&[key, kind]);
+        }
+    }
+
+    /// Adds a finished request's tokens to its key's.
+    pub fn key_tokens(&self, key: &str, input: u64, output: u64) {
+        self.key_tokens
+            .with_label_values(&[key, "input"])
+            .inc_by(input);
+        self.key_tokens
+            .with_label_values(&[key, "output"])
+            .inc_by(output);
+    }
+
+    /// Records a look at the keys file that found it changed (`taken`: its keys are in use).
+    pub fn keys_reloaded(&self, taken: bool, keys: usize) {
+        self.key_reloads
+            .with_label_values(&[if taken { "taken" } else { "invalid" }])
+            .inc();
+        self.keys.set(i64::try_from(keys).unwrap_or(i64::MAX));
+    }
+
+    /// Sets the number of keys accepted.
+    pub fn keys(&self, keys: usize) {
+        self.keys.set(i64::try_from(keys).unwrap_or(i64::MAX));
+    }
+
+    /// Sets the number of other replicas sharing limit state.
+    pub fn limit_peers(&self, peers: usize) {
+        self.limit_peers
+            .set(i64::try_from(peers).unwrap_or(i64::MAX));
+    }
+
+    /// Records how late another replica's limit state was read.
+    pub fn limit_share_delay(&self, seconds: f64) {
+        self.limit_share_delay.observe(seconds);
+    }
+
+    /// Counts a failure to share limit state.
+    pub fn limit_share_failure(&self) {
+        self.limit_share_failures.inc();
     }
 }

@@ -51,10 +51,10 @@ use sluice_schema::{
 };
 
 use crate::{
-    Inner, client_error,
+    Inner, Refusal, client_error,
     http::{self, Ask, Mode},
     http_span,
-    kinds::TextCompletion,
+    kinds::{ServiceKind, TextCompletion},
     resume::{self, Numbering, Step, Token},
     trace_outcome,
 };
@@ -170,6 +170,40 @@ impl ApiError {
     fn body(&self) -> Value {
         json!({"error": {"message": self.message, "type": self.kind,
                          "param": self.param, "code": self.code}})
+    }
+}
+
+impl ApiError {
+    /// An API key's refusal as OpenAI answers one: 429 `rate_limit_exceeded` with its type
+    /// (`requests` or `tokens`) and `Retry-After`, or 403 `permission_denied`.
+    fn refused(refusal: Refusal) -> Response {
+        match refusal {
+            Refusal::Forbidden(message) => ApiError {
+                status: StatusCode::FORBIDDEN,
+                message,
+                kind: "invalid_request_error",
+                param: None,
+                code: Some("permission_denied".into()),
+            }
+            .into_response(),
+            Refusal::Limited(l) => {
+                let code = if l.quota {
+                    "insufficient_quota"
+                } else {
+                    "rate_limit_exceeded"
+                };
+                let mut resp = ApiError {
+                    status: StatusCode::TOO_MANY_REQUESTS,
+                    message: l.message,
+                    kind: l.what,
+                    param: None,
+                    code: Some(code.into()),
+                }
+                .into_response();
+                http::retry_after(&mut resp, l.retry_after);
+                resp
+            }
+        }
     }
 }
 
@@ -872,12 +906,12 @@ pub(crate) async fn chat(
         return seed_004(inner, headers, body, accept).await;
     }
     let started = Instant::now();
-    if !inner.config.auth.accepts_headers(&headers) {
+    let Some(caller) = inner.config.auth.caller_of(&headers) else {
         if body.as_ref().is_ok_and(|b| Seed004Fields::prompt_only(b)) {
             return seed_004(inner, headers, body, accept).await;
         }
         return counted(&inner, CHAT_ROUTE, unauthorized().into_response());
-    }
+    };
     let body = match body {
         Ok(b) => b,
         Err(rejection) => {
@@ -916,6 +950,21 @@ pub(crate) async fn chat(
             return counted(&inner, CHAT_ROUTE, e.into_response());
         }
     };
+    // A resumed stream was admitted when it started.
+    let admission = match &resume {
+        Some(_) => None,
+        None => match inner.admit(
+            &caller,
+            ServiceKind::TextCompletion,
+            Some(&call.model),
+            call.request.max_tokens.map(u64::from),
+        ) {
+            Ok(a) => a,
+            Err(refusal) => {
+                return counted(&inner, CHAT_ROUTE, ApiError::refused(refusal));
+            }
+        },
+    };
     let incoming = headers.get("traceparent").and_then(|v| v.to_str().ok());
     let mut span = http_span("POST", "/v1/chat/completions", incoming);
     span.set("gen_ai.request.model", call.model.clone());
@@ -946,6 +995,9 @@ pub(crate) async fn chat(
             return counted(&inner, CHAT_ROUTE, err.into_response());
         }
     };
+    if let Some(a) = admission {
+        reader.meter(Box::new(a));
+    }
     let id = match uuid::Uuid::parse_str(&request_id) {
         Ok(u) => format!("chatcmpl-{}", u.simple()),
         Err(_) => format!("chatcmpl-{request_id}"),

@@ -18,7 +18,8 @@ use tokio::{sync::mpsc, task::JoinSet};
 use tracing::debug;
 
 use crate::{
-    Inner,
+    Inner, Refusal,
+    auth::Caller,
     http::Routed,
     kinds::{Agent, Prompt, ServiceKind, TextCompletion},
     reporting, server_span, trace_outcome,
@@ -54,7 +55,8 @@ async fn run(inner: Arc<Inner>, mut socket: WebSocket) {
     let (out_tx, mut out_rx) = mpsc::channel::<String>(OUTBOUND_FRAMES);
     let mut tasks: JoinSet<String> = JoinSet::new();
     let mut active: HashMap<String, tokio::task::AbortHandle> = HashMap::new();
-    let mut authed = !inner.config.auth.required();
+    // Who authenticated on this socket; every caller when nothing is required.
+    let mut caller = inner.config.auth.caller(None);
     loop {
         tokio::select! {
             msg = socket.recv() => {
@@ -71,7 +73,7 @@ async fn run(inner: Arc<Inner>, mut socket: WebSocket) {
                     Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
                     Some(Ok(Message::Close(_)) | Err(_)) | None => break,
                 };
-                let reply = frame(&inner, text.as_str(), &mut authed, &mut tasks, &mut active, &out_tx);
+                let reply = frame(&inner, text.as_str(), &mut caller, &mut tasks, &mut active, &out_tx);
                 if let Some(reply) = reply
                     && socket.send(Message::Text(reply.into())).await.is_err()
                 {
@@ -171,7 +173,7 @@ pub fn read_frame(text: &str, flow: &str) -> Result<SocketFrame, FrameRefusal> {
 fn frame(
     inner: &Arc<Inner>,
     text: &str,
-    authed: &mut bool,
+    caller: &mut Option<Caller>,
     tasks: &mut JoinSet<String>,
     active: &mut HashMap<String, tokio::task::AbortHandle>,
     out: &mpsc::Sender<String>,
@@ -189,8 +191,8 @@ fn frame(
         Ok(SocketFrame::Auth { token }) => {
             inner.metrics.socket_frame("auth");
             // The socket stays open after a failure: the client may try again.
-            *authed = inner.config.auth.accepts(token.as_deref());
-            return Some(if *authed {
+            *caller = inner.config.auth.caller(token.as_deref());
+            return Some(if caller.is_some() {
                 json!({ "type": "auth-ok", "default_workspace": "default" }).to_string()
             } else {
                 json!({ "type": "auth-failed", "error": "auth failure" }).to_string()
@@ -199,12 +201,15 @@ fn frame(
         // Before authentication, a frame with an id learns only that: nothing about flows
         // or services.
         Ok(SocketFrame::Request { id, .. }) | Err(FrameRefusal { id: Some(id), .. })
-            if !*authed =>
+            if caller.is_none() =>
         {
             return reject(Some(&id), NOT_AUTHENTICATED);
         }
         Err(refusal) => return reject(refusal.id.as_deref(), &refusal.message),
         Ok(SocketFrame::Request { id, kind, request }) => (id, kind, request),
+    };
+    let Some(caller) = caller.clone() else {
+        return reject(Some(&id), NOT_AUTHENTICATED);
     };
     if active.contains_key(&id) {
         return reject(
@@ -218,18 +223,21 @@ fn frame(
             inner.clone(),
             id.clone(),
             request,
+            caller,
             out.clone(),
         )),
         ServiceKind::Prompt => tasks.spawn(serve::<Prompt>(
             inner.clone(),
             id.clone(),
             request,
+            caller,
             out.clone(),
         )),
         ServiceKind::Agent => tasks.spawn(serve::<Agent>(
             inner.clone(),
             id.clone(),
             request,
+            caller,
             out.clone(),
         )),
     };
@@ -253,6 +261,7 @@ async fn serve<K: Routed>(
     inner: Arc<Inner>,
     id: String,
     request: Value,
+    caller: Caller,
     out: mpsc::Sender<String>,
 ) -> String {
     let started = Instant::now();
@@ -279,6 +288,28 @@ async fn serve<K: Routed>(
         send(error_frame(Some(&id), &err)).await;
         return id;
     };
+    let admission = match inner.admit(
+        &caller,
+        K::KIND,
+        K::model(&request),
+        K::max_tokens(&request),
+    ) {
+        Ok(a) => a,
+        Err(refusal) => {
+            let err = match refusal {
+                Refusal::Forbidden(why) => Error::new(ErrorKind::InvalidRequest, why),
+                Refusal::Limited(l) => {
+                    let mut message = l.message;
+                    if let Some(secs) = l.retry_after {
+                        message.push_str(&format!("; retry after {secs} s"));
+                    }
+                    Error::new(ErrorKind::TooManyRequests, message)
+                }
+            };
+            send(error_frame(Some(&id), &err)).await;
+            return id;
+        }
+    };
     let mut span = server_span(K::KIND.as_str(), None);
     let options = RequestOptions {
         traceparent: Some(span.traceparent()),
@@ -291,6 +322,9 @@ async fn serve<K: Routed>(
             return id;
         }
     };
+    if let Some(a) = admission {
+        reader.meter(Box::new(a));
+    }
     inner.metrics.open_streams(ROUTE, 1);
     let mut first = true;
     let mut outcome = ClientOutcome::Cancelled;

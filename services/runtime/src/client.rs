@@ -559,6 +559,7 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
         let message = Message {
             payload: payload.into(),
             properties,
+            key: None,
         };
         match self.publisher.send(message.clone()).await {
             Ok(receipt) => {

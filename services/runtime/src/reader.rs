@@ -100,6 +100,15 @@ pub struct Reader<R> {
     policy: ReadPolicy,
     committed: bool,
     done: bool,
+    meter: Option<Box<dyn Meter>>,
+}
+
+/// Told the token counts of every record a [`Reader`] receives, those of abandoned attempts
+/// and of an error record included (a provider bills them all), and dropped with the reader:
+/// the gateway settles a caller's reserved tokens with it, whichever way the stream ends.
+pub trait Meter: Send {
+    /// A record's token deltas (input, output).
+    fn tokens(&mut self, input: u64, output: u64);
 }
 
 impl<R: ResponseRecord> Reader<R> {
@@ -110,7 +119,13 @@ impl<R: ResponseRecord> Reader<R> {
             policy,
             committed: false,
             done: false,
+            meter: None,
         }
+    }
+
+    /// Tells `meter` the token counts of the records read from now on (see [`Meter`]).
+    pub fn meter(&mut self, meter: Box<dyn Meter>) {
+        self.meter = Some(meter);
     }
 
     /// The request's correlation id.
@@ -138,14 +153,22 @@ impl<R: ResponseRecord> Reader<R> {
             return None;
         }
         let piece = match self.stream.next().await {
-            Some(Ok(crate::client::Received::Record(r))) => match r.error() {
-                Some(e) => Piece::Failed(Failure {
-                    error: e.clone(),
-                    record: Some(r),
-                    client: None,
-                }),
-                None => Piece::Record(r),
-            },
+            Some(Ok(crate::client::Received::Record(r))) => {
+                if let Some(meter) = &mut self.meter {
+                    let (input, output) = r.tokens();
+                    if input.is_some() || output.is_some() {
+                        meter.tokens(input.unwrap_or(0), output.unwrap_or(0));
+                    }
+                }
+                match r.error() {
+                    Some(e) => Piece::Failed(Failure {
+                        error: e.clone(),
+                        record: Some(r),
+                        client: None,
+                    }),
+                    None => Piece::Record(r),
+                }
+            }
             Some(Ok(crate::client::Received::Restarted)) => match &self.policy.on_restart {
                 OnRestart::Report => Piece::Restarted,
                 OnRestart::StartOver(_) if !self.committed => Piece::Restarted,

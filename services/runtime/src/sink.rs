@@ -396,6 +396,7 @@ impl<R: ResponseRecord> ResponseSink<R> {
             .send(Message {
                 payload: payload.into(),
                 properties: props,
+                key: None,
             })
             .await
         {
@@ -577,6 +578,7 @@ impl<R: ResponseRecord> Core<R> {
         let message = Message {
             payload: payload.into(),
             properties: numbered,
+            key: None,
         };
         match self.publisher.send(message).await {
             Ok(receipt) => {

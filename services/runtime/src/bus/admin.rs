@@ -164,6 +164,27 @@ impl PulsarAdmin {
             .map_err(|e| BusError::Unavailable(format!("listing clusters: {e}")))
     }
 
+    /// Has the broker compact `topic` (`persistent://tenant/namespace/name`, existing) once
+    /// `bytes` wait uncompacted: a topic of keyed state then stays about one message per key
+    /// for a reader from its start.
+    pub async fn set_compaction_threshold(&self, topic: &str, bytes: u64) -> Result<(), BusError> {
+        let Some(path) = topic.strip_prefix("persistent://") else {
+            return Err(BusError::Config(format!(
+                "{topic:?} is not a persistent topic: only those are compacted"
+            )));
+        };
+        self.expect_ok(
+            &format!("setting the compaction threshold of {topic}"),
+            self.request(
+                reqwest::Method::POST,
+                &format!("/admin/v2/persistent/{path}/compactionThreshold"),
+            )
+            .json(&bytes),
+        )
+        .await
+        .map(|_| ())
+    }
+
     /// Creates `tenant/namespace` if missing and applies `policy`. Idempotent.
     pub async fn ensure_namespace(
         &self,

@@ -276,7 +276,7 @@ impl Bus for MemoryBus {
         subscription: &str,
         options: SubscribeOptions,
     ) -> Result<Box<dyn Subscription>, BusError> {
-        if let super::StartPosition::At(_) = options.start {
+        if let super::StartPosition::At(_) | super::StartPosition::Replay = options.start {
             return Err(BusError::Config(
                 "the in-process bus keeps no message to read again: reading a topic from a \
                  position needs Pulsar"

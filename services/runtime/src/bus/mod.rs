@@ -28,6 +28,9 @@ pub struct Message {
     pub payload: Bytes,
     /// Properties such as `id` and `traceparent`.
     pub properties: BTreeMap<String, String>,
+    /// The message's key: Pulsar keeps only the latest message of each key when it compacts
+    /// a topic. `None` for records, which are told apart by their `id` property.
+    pub key: Option<String>,
 }
 
 impl Message {
@@ -36,7 +39,14 @@ impl Message {
         Self {
             payload: payload.into(),
             properties: BTreeMap::new(),
+            key: None,
         }
+    }
+
+    /// Sets the message's key (see [`Message::key`]).
+    pub fn with_key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
     }
 
     /// Adds a property.
@@ -49,6 +59,7 @@ impl Message {
     /// fixed framing. Compared against the bus's size limit before sending.
     pub fn encoded_len(&self) -> usize {
         self.payload.len()
+            + self.key.as_ref().map_or(0, String::len)
             + self
                 .properties
                 .iter()
@@ -79,6 +90,11 @@ pub enum StartPosition {
     /// forgets when it closes. Only Pulsar's persistent topics hold messages to read again;
     /// the in-process bus refuses it.
     At(Position),
+    /// A reader of everything the topic still holds, from its oldest message, through the
+    /// broker's compacted view where it has one (the latest message of each key): a
+    /// subscription the broker forgets when it closes, for state published as keyed
+    /// snapshots. A re-created consumer reads it all again. The in-process bus refuses it.
+    Replay,
 }
 
 /// A message's place in its topic: Pulsar's message id (ledger, entry, partition, batch

@@ -360,6 +360,7 @@ impl Publisher for PulsarPublisher {
                             .iter()
                             .map(|(k, v)| (k.clone(), v.clone()))
                             .collect(),
+                        partition_key: message.key.clone(),
                         ..Default::default()
                     })
                     .await
@@ -461,7 +462,20 @@ impl ConsumerSpec {
                     ..MessageIdData::default()
                 }),
             ),
+            // Pulsar's "earliest" message id (-1:-1): a non-durable subscription needs an id
+            // to start from.
+            StartPosition::Replay => (
+                InitialPosition::Earliest,
+                Some(MessageIdData {
+                    ledger_id: u64::MAX,
+                    entry_id: u64::MAX,
+                    partition: Some(-1),
+                    batch_index: Some(-1),
+                    ..MessageIdData::default()
+                }),
+            ),
         };
+        let replay = self.options.start == StartPosition::Replay;
         let permits = flow_permits(&self.topic, self.options.prefetch);
         let mut builder = client
             .consumer()
@@ -471,6 +485,7 @@ impl ConsumerSpec {
             .with_batch_size(permits)
             .with_options(ConsumerOptions {
                 durable: Some(start_message_id.is_none()),
+                read_compacted: replay.then_some(true),
                 start_message_id,
                 receiver_queue_size: Some(permits),
                 initial_position,

@@ -1,0 +1,517 @@
+//! API keys with limits that hold across gateway replicas (docs/gateway.md#api-keys): three
+//! `sluice gateway` processes on the real broker share one keys file and their counts, under
+//! callers of several keys at once; a fourth started afterwards knows the day's usage; a key
+//! removed from the file stops working on every replica within seconds.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::{Duration, Instant};
+
+use sluice_gateway::keys::hash_hex;
+use sluice_tests::{Broker, eventually_every, fake_openai::FakeOpenAi, free_port, metrics_text};
+
+mod common;
+use common::Sluice;
+
+/// Concurrent callers per key per replica.
+const CALLERS: usize = 4;
+const REPLICAS: usize = 3;
+
+fn keys_file(entries: &[(&str, &str, &str)]) -> String {
+    entries
+        .iter()
+        .map(|(name, key, rest)| {
+            format!(
+                "[[keys]]\nname = \"{name}\"\nsha256 = \"{}\"\n{rest}\n",
+                hash_hex(key)
+            )
+        })
+        .collect()
+}
+
+/// Writes `text` to `path` as a Kubernetes Secret volume changes: a new file renamed over the
+/// old, so a reader never sees half of it.
+fn replace(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("new");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// What one key's callers got.
+#[derive(Debug, Default)]
+struct Outcome {
+    admitted: usize,
+    limited: usize,
+    /// The `usage.total_tokens` the admitted requests were told.
+    tokens: u64,
+    /// Status, `Retry-After`, error type and code of a 429.
+    refusal: Option<(u16, Option<u64>, String, String)>,
+}
+
+/// `CALLERS` callers on each replica send `attempts` chat requests each with `key`, one after
+/// another (a refused one after 20 ms: the limit's window is a minute, so a caller honouring
+/// `Retry-After` would simply stop).
+async fn load(
+    urls: &[String],
+    key: &str,
+    model: &str,
+    max_tokens: u32,
+    attempts: usize,
+) -> Outcome {
+    let http = reqwest::Client::new();
+    let mut callers = tokio::task::JoinSet::new();
+    for url in urls {
+        for _ in 0..CALLERS {
+            let (http, url, key, model) =
+                (http.clone(), url.clone(), key.to_owned(), model.to_owned());
+            callers.spawn(async move {
+                let mut out = Outcome::default();
+                for _ in 0..attempts {
+                    let resp = http
+                        .post(format!("{url}/v1/chat/completions"))
+                        .bearer_auth(&key)
+                        .json(
+                            &serde_json::json!({"model": model, "max_tokens": max_tokens,
+                            "stream": true, "stream_options": {"include_usage": true},
+                            "messages": [{"role": "user", "content": "hi"}]}),
+                        )
+                        .send()
+                        .await
+                        .unwrap();
+                    let status = resp.status().as_u16();
+                    let retry = resp
+                        .headers()
+                        .get("retry-after")
+                        .map(|v| v.to_str().unwrap().parse::<u64>().unwrap());
+                    let text = resp.text().await.unwrap();
+                    match status {
+                        200 => {
+                            // The streamed answer: its usage chunk, then [DONE].
+                            assert!(text.contains("data: [DONE]"), "{text}");
+                            out.admitted += 1;
+                            out.tokens += text
+                                .lines()
+                                .filter_map(|l| l.strip_prefix("data: "))
+                                .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+                                .find_map(|c| c["usage"]["total_tokens"].as_u64())
+                                .unwrap();
+                        }
+                        429 => {
+                            let body: serde_json::Value = serde_json::from_str(&text).unwrap();
+                            out.limited += 1;
+                            out.refusal = Some((
+                                status,
+                                retry,
+                                body["error"]["type"].as_str().unwrap().to_owned(),
+                                body["error"]["code"].as_str().unwrap().to_owned(),
+                            ));
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        other => panic!("{other}: {text}"),
+                    }
+                }
+                out
+            });
+        }
+    }
+    let mut all = Outcome::default();
+    while let Some(out) = callers.join_next().await {
+        let out = out.unwrap();
+        all.admitted += out.admitted;
+        all.limited += out.limited;
+        all.tokens += out.tokens;
+        all.refusal = all.refusal.or(out.refusal);
+    }
+    all
+}
+
+/// How many more than `limit` per minute may be admitted in `elapsed`: what the other
+/// replicas' callers can have in flight while one snapshot travels
+/// (docs/gateway.md#limits-across-replicas), and what the sliding minute lets in as the
+/// previous minute's weight fades, if the run crossed into a new minute.
+fn tolerance(limit: usize, elapsed: Duration) -> usize {
+    (REPLICAS - 1) * CALLERS + (limit as f64 * elapsed.as_secs_f64() / 60.0).ceil() as usize
+}
+
+#[tokio::test]
+async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_stops_everywhere() {
+    let broker = Broker::from_env().await;
+    let fake = FakeOpenAi::start().await;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let ts = format!("sluice-keys-{}-{nanos}", std::process::id());
+    // Three tokens 300 ms apart: a request lasts far longer than the replicas' share delay
+    // (10-15 ms on average here under this test's load, debug build; under 50 ms at most), as
+    // the stated tolerance assumes.
+    let model = "tokens-3-300";
+    let dir = std::env::temp_dir().join(&ts);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("keys.toml");
+    let (rpm, day) = (30, 100u64);
+    let entries = [
+        (
+            "alpha",
+            "sk-test-alpha",
+            format!("requests_per_minute = {rpm}"),
+        ),
+        (
+            "beta",
+            "sk-test-beta",
+            format!("requests_per_minute = {rpm}"),
+        ),
+        ("gamma", "sk-test-gamma", format!("tokens_per_day = {day}")),
+        ("open", "sk-test-open", String::new()),
+        (
+            "prompts-only",
+            "sk-test-prompts",
+            "services = [\"prompt\"]".to_owned(),
+        ),
+    ];
+    let as_refs: Vec<(&str, &str, &str)> = entries
+        .iter()
+        .map(|(n, k, r)| (*n, *k, r.as_str()))
+        .collect();
+    replace(&path, &keys_file(&as_refs));
+
+    let bus = [
+        "--pulsar-url",
+        &broker.url,
+        "--pulsar-admin-url",
+        &broker.admin_url,
+    ];
+    let clean = ["SLUICE_CONFIG", "SLUICE_GATEWAY_TOKEN", "SLUICE_TOPICSPACE"];
+    let ports: Vec<u16> = (0..=REPLICAS + 1).map(|_| free_port()).collect();
+    let readyz = |i: usize| format!("http://127.0.0.1:{}/readyz", ports[i]);
+    let base_url = fake.base_url();
+    let (req, resp, cancel) = (
+        format!("request:{ts}:text-completion"),
+        format!("response:{ts}:text-completion"),
+        format!("notify:{ts}:text-completion-cancel"),
+    );
+    let m0 = format!("127.0.0.1:{}", ports[0]);
+    let mut args = vec![
+        "text-completion",
+        "--provider",
+        "openai-compatible",
+        "--base-url",
+        &base_url,
+        "--model",
+        model,
+        "--request-topic",
+        &req,
+        "--response-topic",
+        &resp,
+        "--cancel-topic",
+        &cancel,
+        "--metrics-addr",
+        &m0,
+    ];
+    args.extend(bus);
+    let mut processor = Sluice::spawn(&args, &[("SLUICE_LLM_API_KEY", "sk-provider")], &clean);
+    processor.ready(&readyz(0)).await;
+    let keys_path = path.to_str().unwrap().to_owned();
+    let gateway = |i: usize| {
+        let m = format!("127.0.0.1:{}", ports[i]);
+        let mut args = vec![
+            "gateway",
+            "--topicspace",
+            &ts,
+            "--listen",
+            "127.0.0.1:0",
+            "--services",
+            "text-completion",
+            "--keys-file",
+            &keys_path,
+            "--metrics-addr",
+            &m,
+        ];
+        args.extend(bus);
+        Sluice::spawn(&args, &[], &clean)
+    };
+    let mut replicas: Vec<Sluice> = (1..=REPLICAS).map(gateway).collect();
+    let mut urls = Vec::new();
+    for (i, g) in replicas.iter_mut().enumerate() {
+        g.ready(&readyz(i + 1)).await;
+        let line = g.stdout_line("gateway listening on ").await;
+        urls.push(format!("http://{}", line.rsplit(' ').next().unwrap()));
+    }
+    // Every replica has read another's snapshot before the load: each publishes one when its
+    // first request is admitted, so one call per replica with the open key... which has no
+    // limit and is not shared. Warm up with gamma instead: one request per replica.
+    let http = reqwest::Client::new();
+    let mut warm_tokens = 0;
+    for url in &urls {
+        let r = http
+            .post(format!("{url}/v1/chat/completions"))
+            .bearer_auth("sk-test-gamma")
+            .json(&serde_json::json!({"model": model, "max_tokens": 10,
+                "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let body: serde_json::Value = r.json().await.unwrap();
+        warm_tokens += body["usage"]["total_tokens"].as_u64().unwrap();
+    }
+    for i in 1..=REPLICAS {
+        let peers = metrics_text::eventually_value(
+            ports[i],
+            "sluice_gateway_limit_peers",
+            &[],
+            Duration::from_secs(10),
+            |v| v == (REPLICAS - 1) as f64,
+        )
+        .await;
+        assert_eq!(peers, (REPLICAS - 1) as f64, "replica {i} sees its peers");
+    }
+
+    // Two limited keys and an unlimited one at once, on every replica.
+    let started = Instant::now();
+    let attempts = 12;
+    let (alpha, beta, open) = tokio::join!(
+        load(&urls, "sk-test-alpha", model, 10, attempts),
+        load(&urls, "sk-test-beta", model, 10, attempts),
+        load(&urls, "sk-test-open", model, 10, 2),
+    );
+    let elapsed = started.elapsed();
+    let tol = tolerance(rpm, elapsed);
+    for i in 1..=REPLICAS {
+        let page = metrics_text::scrape(ports[i]).await;
+        let n = metrics_text::value(&page, "sluice_gateway_limit_share_delay_seconds_count", &[]);
+        let sum = metrics_text::value(&page, "sluice_gateway_limit_share_delay_seconds_sum", &[]);
+        let le = |b: &str| {
+            metrics_text::value(
+                &page,
+                "sluice_gateway_limit_share_delay_seconds_bucket",
+                &[("le", b)],
+            )
+        };
+        eprintln!(
+            "replica {i}: {n} snapshots read, mean delay {:.1} ms, <=5ms {} <=10ms {} <=25ms {} <=50ms {} <=100ms {}",
+            sum / n * 1000.0,
+            le("0.005"),
+            le("0.01"),
+            le("0.025"),
+            le("0.05"),
+            le("0.1")
+        );
+    }
+    for (name, o) in [("alpha", &alpha), ("beta", &beta)] {
+        assert!(
+            o.admitted >= rpm && o.admitted <= rpm + tol,
+            "{name}: {} admitted of {} attempts, limit {rpm}, tolerance {tol} ({elapsed:?})",
+            o.admitted,
+            o.admitted + o.limited
+        );
+        let (status, retry, kind, code) = o.refusal.clone().unwrap();
+        assert_eq!(
+            (status, kind.as_str(), code.as_str()),
+            (429, "requests", "rate_limit_exceeded")
+        );
+        assert!(retry.is_some_and(|s| (1..=60).contains(&s)), "{retry:?}");
+    }
+    // The unlimited key is untouched by the others' limits.
+    assert_eq!((open.admitted, open.limited), (REPLICAS * CALLERS * 2, 0));
+    eprintln!(
+        "admitted: alpha {}, beta {} (limit {rpm}/min, tolerance {tol}, {elapsed:?})",
+        alpha.admitted, beta.admitted
+    );
+
+    // A day's tokens: each request reserves its max_tokens (10) and is settled with what it
+    // used. Refused once a replica saw the day's usage leave no room for 10 more; over by at
+    // most what the other replicas' callers had in flight.
+    let gamma = load(&urls, "sk-test-gamma", model, 10, 6).await;
+    let used = warm_tokens + gamma.tokens;
+    let per_request = used / (gamma.admitted + REPLICAS) as u64;
+    assert!(
+        used > day - 10 && used <= day + ((REPLICAS - 1) * CALLERS) as u64 * per_request,
+        "gamma: {used} tokens used in {} requests, {day} a day",
+        gamma.admitted + REPLICAS
+    );
+    let (status, retry, kind, code) = gamma.refusal.clone().unwrap();
+    assert_eq!(
+        (status, kind.as_str(), code.as_str()),
+        (429, "tokens", "insufficient_quota")
+    );
+    assert!(retry.is_some_and(|s| s >= 1 && s <= 86_400), "{retry:?}");
+
+    // The metrics of the three replicas add up to what the callers saw, and the tokens to
+    // what the fake reported.
+    let mut admitted = [0.0; 3];
+    let mut gamma_tokens = 0.0;
+    let mut pages = String::new();
+    for i in 1..=REPLICAS {
+        let page = metrics_text::scrape(ports[i]).await;
+        for (j, key) in ["alpha", "beta", "gamma"].into_iter().enumerate() {
+            admitted[j] += metrics_text::value(
+                &page,
+                "sluice_gateway_key_requests_total",
+                &[("key", key), ("outcome", "admitted")],
+            );
+        }
+        gamma_tokens += metrics_text::value(
+            &page,
+            "sluice_gateway_key_tokens_total",
+            &[("key", "gamma")],
+        );
+        pages.push_str(&page);
+    }
+    assert_eq!(
+        admitted,
+        [
+            alpha.admitted as f64,
+            beta.admitted as f64,
+            (gamma.admitted + REPLICAS) as f64
+        ]
+    );
+    assert_eq!(gamma_tokens, used as f64);
+
+    // The limits topic is compacted (its threshold set by the gateways); compacted now, a
+    // replica started afterwards reads the compacted view and still knows the day's usage:
+    // gamma is refused at once.
+    let topic_admin = format!(
+        "{}/admin/v2/persistent/{ts}/response/gateway-limits",
+        broker.admin_url
+    );
+    let threshold: u64 = http
+        .get(format!("{topic_admin}/compactionThreshold"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(threshold, 1024 * 1024);
+    let r = http
+        .put(format!("{topic_admin}/compaction"))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let status = eventually_every(
+        Duration::from_millis(200),
+        Duration::from_secs(30),
+        async || {
+            let v: serde_json::Value = http
+                .get(format!("{topic_admin}/compaction"))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            v["status"].as_str().unwrap_or("").to_owned()
+        },
+        |s| s == "SUCCESS" || s == "ERROR",
+    )
+    .await;
+    assert_eq!(status, "SUCCESS");
+    let mut late = gateway(REPLICAS + 1);
+    late.ready(&readyz(REPLICAS + 1)).await;
+    let line = late.stdout_line("gateway listening on ").await;
+    let late_url = format!("http://{}", line.rsplit(' ').next().unwrap());
+    let r = http
+        .post(format!("{late_url}/v1/chat/completions"))
+        .bearer_auth("sk-test-gamma")
+        .json(&serde_json::json!({"model": model, "max_tokens": 10,
+            "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429, "{}", r.text().await.unwrap());
+
+    // A key may call only what it is given: 403 in OpenAI's shape, before any provider call.
+    let calls = fake.calls(model);
+    let r = http
+        .post(format!("{}/v1/chat/completions", urls[0]))
+        .bearer_auth("sk-test-prompts")
+        .json(&serde_json::json!({"model": model,
+            "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "permission_denied", "{body}");
+    assert_eq!(fake.calls(model), calls);
+
+    // Revoked: beta is removed from the file; every replica refuses it within seconds, and
+    // the others' keys still work.
+    let revoked_at = Instant::now();
+    let kept: Vec<(&str, &str, &str)> = as_refs
+        .iter()
+        .copied()
+        .filter(|(n, _, _)| *n != "beta")
+        .collect();
+    replace(&path, &keys_file(&kept));
+    let mut all = urls.clone();
+    all.push(late_url.clone());
+    for url in &all {
+        let status = eventually_every(
+            Duration::from_millis(100),
+            Duration::from_secs(10),
+            async || {
+                http.post(format!("{url}/v1/chat/completions"))
+                    .bearer_auth("sk-test-beta")
+                    .json(&serde_json::json!({"model": model,
+                        "messages": [{"role": "user", "content": "hi"}]}))
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16()
+            },
+            |s| *s == 401,
+        )
+        .await;
+        assert_eq!(status, 401, "{url} still takes the revoked key");
+        let r = http
+            .post(format!("{url}/v1/chat/completions"))
+            .bearer_auth("sk-test-open")
+            .json(&serde_json::json!({"model": model,
+                "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    eprintln!("revoked on every replica within {:?}", revoked_at.elapsed());
+    // A broken file keeps the keys as they were, and says so.
+    replace(&path, "[[keys]]\nname = 3\n");
+    let invalid = metrics_text::eventually_value(
+        ports[1],
+        "sluice_gateway_keys_reloads_total",
+        &[("outcome", "invalid")],
+        Duration::from_secs(10),
+        |v| v >= 1.0,
+    )
+    .await;
+    assert_eq!(invalid, 1.0);
+    let r = http
+        .post(format!("{}/v1/chat/completions", urls[0]))
+        .bearer_auth("sk-test-open")
+        .json(&serde_json::json!({"model": model,
+            "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
+    // No key and no hash in any metric or log line.
+    let mut logs = pages;
+    for g in replicas.into_iter().chain([late]) {
+        let stopped = g.stop().await;
+        logs.push_str(&stopped.stdout);
+        logs.push_str(&stopped.stderr);
+    }
+    for (_, key, _) in &entries {
+        assert!(!logs.contains(key), "{key} appears in a log or metric");
+        assert!(
+            !logs.contains(&hash_hex(key)),
+            "{key}'s hash appears in a log or metric"
+        );
+    }
+    processor.stop().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
