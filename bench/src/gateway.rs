@@ -69,12 +69,26 @@ pub(crate) async fn openai_call(
     model: &str,
     who: &str,
 ) -> (Option<Duration>, bool) {
+    openai_call_as(http, url, model, who, None).await
+}
+
+/// [`openai_call`] with `key` as the bearer token.
+pub(crate) async fn openai_call_as(
+    http: &reqwest::Client,
+    url: &str,
+    model: &str,
+    who: &str,
+    key: Option<&str>,
+) -> (Option<Duration>, bool) {
     let t0 = Instant::now();
     let (mut first, mut ok) = (None, false);
-    let request = http
+    let mut request = http
         .post(url)
         .json(&serde_json::json!({"model": model, "stream": true,
             "messages": [{"role": "user", "content": "bench"}]}));
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
     stream_frames(request, who, b"\n\n", |event| {
         let event = String::from_utf8_lossy(event);
         if first.is_none() && event.contains("\"content\"") && !event.contains("\"content\":\"\"") {
@@ -122,6 +136,9 @@ pub(crate) async fn gateway_throughput(url: &str, streams: u64, total: u64) -> (
     )
 }
 
+/// The bench's API key (a key of its own keys file, on loopback).
+const BENCH_KEY: &str = "sk-sluice-bench-key";
+
 pub(crate) async fn gateway_bench(
     broker: &Broker,
     requests: u64,
@@ -136,6 +153,21 @@ pub(crate) async fn gateway_bench(
     // kept per record), for what resuming costs.
     let (gateway, addr) = start_gateway(broker, &[]).await;
     let (gateway_off, addr_off) = start_gateway(broker, &["--resume-window-secs", "0"]).await;
+    // A third with an API key whose limits are never reached: what the key's lookup, its
+    // admission and the limit state shared through the broker cost.
+    let keys_file =
+        std::env::temp_dir().join(format!("sluice-bench-keys-{}.toml", std::process::id()));
+    std::fs::write(
+        &keys_file,
+        format!(
+            "[[keys]]\nname = \"bench\"\nsha256 = \"{}\"\nrequests_per_minute = 100000000\ntokens_per_minute = 100000000000\ntokens_per_day = 100000000000\n",
+            sluice_gateway::keys::hash_hex(BENCH_KEY)
+        ),
+    )
+    .unwrap();
+    let keys_path = keys_file.display().to_string();
+    let (gateway_keys, addr_keys) = start_gateway(broker, &["--keys-file", &keys_path]).await;
+    let openai_keys_url = format!("http://{addr_keys}/v1/chat/completions");
     let url = format!("http://{addr}/api/v1/text-completion");
     let openai_url = format!("http://{addr}/v1/chat/completions");
     let openai_off_url = format!("http://{addr_off}/v1/chat/completions");
@@ -145,21 +177,30 @@ pub(crate) async fn gateway_bench(
     let model = "tokens-5-2";
     let processor = gateway_processor(broker, &fake.base_url(), model).await;
     let http = reqwest::Client::new();
-    let (mut h_direct, mut h_gateway, mut h_openai, mut h_off) = (hist(), hist(), hist(), hist());
+    let (mut h_direct, mut h_gateway, mut h_openai, mut h_off, mut h_keys) =
+        (hist(), hist(), hist(), hist(), hist());
     for i in 0..requests + 50 {
         let (d, d_ok) = openai_call(&http, &fake_url, model, "the fake provider").await;
         let (g, g_ok) = gateway_call(&http, &url).await;
         let (o, o_ok) = openai_call(&http, &openai_url, model, "the OpenAI route").await;
         let (f, f_ok) = openai_call(&http, &openai_off_url, model, "resuming off").await;
-        assert!(d_ok && g_ok && o_ok && f_ok, "a stream did not complete");
+        let (k, k_ok) =
+            openai_call_as(&http, &openai_keys_url, model, "API keys", Some(BENCH_KEY)).await;
+        assert!(
+            d_ok && g_ok && o_ok && f_ok && k_ok,
+            "a stream did not complete"
+        );
         if i >= 50 {
             h_direct.record(d.unwrap().as_micros() as u64).unwrap();
             h_gateway.record(g.unwrap().as_micros() as u64).unwrap();
             h_openai.record(o.unwrap().as_micros() as u64).unwrap();
             h_off.record(f.unwrap().as_micros() as u64).unwrap();
+            h_keys.record(k.unwrap().as_micros() as u64).unwrap();
         }
     }
     terminate(gateway_off).await;
+    terminate(gateway_keys).await;
+    let _ = std::fs::remove_file(&keys_file);
     terminate(processor).await;
 
     // (2) Requests/s with short streams (5 tokens, no delay) at each concurrency.
@@ -238,6 +279,17 @@ pub(crate) async fn gateway_bench(
         o50 / f50,
         o99 / f99
     );
+    let (k50, k99) = (ms(&h_keys, 0.5), ms(&h_keys, 0.99));
+    let _ = writeln!(
+        md,
+        "| the OpenAI route with an API key and its limits (`--keys-file`, shared through the broker) | {k50:.2} | {k99:.2} |"
+    );
+    let _ = writeln!(
+        md,
+        "| ratio (API key with limits / the gateway's token-free route, OpenAI route) | {:.2}x | {:.2}x |",
+        k50 / o50,
+        k99 / o99
+    );
     let _ = writeln!(
         md,
         "| overhead (difference) | {:.2} | {:.2} |\n",
@@ -259,6 +311,8 @@ pub(crate) async fn gateway_bench(
             "openai_route_vs_gateway": {"p50": o50 / g50, "p99": o99 / g99},
             "openai_route_resume_off": {"p50": f50, "p99": f99},
             "resume_on_vs_off": {"p50": o50 / f50, "p99": o99 / f99},
+            "openai_route_api_key": {"p50": k50, "p99": k99},
+            "api_key_vs_none": {"p50": k50 / o50, "p99": k99 / o99},
             "ratio": {"p50": g50 / d50, "p99": g99 / d99},
             "overhead": {"p50": g50 - d50, "p99": g99 - d99},
         },
