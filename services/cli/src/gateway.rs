@@ -17,6 +17,10 @@ use crate::common::{BusArgs, ConfigFileArgs, cancel_topic, connect, pulsar_admin
 
 /// The limits topic is compacted once this much waits uncompacted (about 3,000 snapshots).
 const LIMITS_COMPACTION_BYTES: u64 = 1024 * 1024;
+/// The limits topic keeps its snapshots a month and a day; its size is bounded by compaction
+/// (a size bound would have to exceed the backlog quota, 10 GiB by default).
+const LIMITS_RETENTION_MINUTES: u32 = 32 * 24 * 60;
+const LIMITS_RETENTION_MB: i64 = -1;
 
 /// How the gateway serves HTTP (shared by `gateway` and `serve`). The bearer token comes
 /// from SLUICE_GATEWAY_TOKEN or the file named by SLUICE_GATEWAY_TOKEN_FILE; without one,
@@ -178,16 +182,23 @@ pub async fn run(args: GatewayCommand) -> Result<(), String> {
     let gateway = Gateway::start(bus, config, &telemetry)
         .await
         .map_err(|e| e.to_string())?;
-    // The shared limit state is one snapshot per key and replica; compaction keeps what a
-    // starting replica reads about that size. Best effort: the topic works without it, and
-    // on a secured cluster the operator may set it instead.
+    // The shared limit state is one snapshot per key and replica. It is kept for a month
+    // and a day (a gone replica's snapshots count for the month's quota, and nobody publishes
+    // them again), and compaction keeps what a starting replica reads about one snapshot per
+    // key and replica. Best effort: on a secured cluster the operator may set both instead.
     if let (Some(topic), Some(admin_url)) = (limits_topic, &args.bus.pulsar_admin_url) {
         let admin = pulsar_admin(admin_url, args.bus.pulsar_tls_ca_file.as_deref())?;
+        if let Err(e) = admin
+            .set_topic_retention(&topic, LIMITS_RETENTION_MINUTES, LIMITS_RETENTION_MB)
+            .await
+        {
+            warn!(topic, error = %e, "cannot set the limits topic's retention; set it with pulsar-admin topics set-retention --time 32d --size -1");
+        }
         if let Err(e) = admin
             .set_compaction_threshold(&topic, LIMITS_COMPACTION_BYTES)
             .await
         {
-            warn!(topic, error = %e, "cannot set the limits topic's compaction threshold; set it with pulsar-admin topics set-compaction-threshold");
+            warn!(topic, error = %e, "cannot set the limits topic's compaction threshold; set it with pulsar-admin topics set-compaction-threshold --threshold 1M");
         }
     }
     let telemetry_stop = CancellationToken::new();

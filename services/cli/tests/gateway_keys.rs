@@ -11,6 +11,25 @@ use sluice_tests::{Broker, eventually_every, fake_openai::FakeOpenAi, free_port,
 
 mod common;
 use common::Sluice;
+use futures::{SinkExt, StreamExt};
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+
+async fn next_json(
+    ws: &mut tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+) -> serde_json::Value {
+    loop {
+        let m = tokio::time::timeout(Duration::from_secs(10), ws.next())
+            .await
+            .expect("a frame")
+            .unwrap()
+            .unwrap();
+        if let WsMessage::Text(t) = m {
+            return serde_json::from_str(t.as_str()).unwrap();
+        }
+    }
+}
 
 /// Concurrent callers per key per replica.
 const CALLERS: usize = 4;
@@ -309,7 +328,7 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
             (status, kind.as_str(), code.as_str()),
             (429, "requests", "rate_limit_exceeded")
         );
-        assert!(retry.is_some_and(|s| (1..=60).contains(&s)), "{retry:?}");
+        assert!(retry.is_some_and(|s| (1..=120).contains(&s)), "{retry:?}");
     }
     // The unlimited key is untouched by the others' limits.
     assert_eq!((open.admitted, open.limited), (REPLICAS * CALLERS * 2, 0));
@@ -383,6 +402,19 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
         .await
         .unwrap();
     assert_eq!(threshold, 1024 * 1024);
+    let retention: serde_json::Value = http
+        .get(format!("{topic_admin}/retention"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        retention["retentionTimeInMinutes"],
+        32 * 24 * 60,
+        "{retention}"
+    );
     let r = http
         .put(format!("{topic_admin}/compaction"))
         .send()
@@ -438,6 +470,15 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
 
     // Revoked: beta is removed from the file; every replica refuses it within seconds, and
     // the others' keys still work.
+    // A socket authenticated with beta before it is revoked.
+    let ws_url = urls[0].replace("http://", "ws://") + "/api/v1/socket";
+    let (mut ws, _) = tokio_tungstenite::connect_async(ws_url).await.unwrap();
+    ws.send(WsMessage::text(
+        serde_json::json!({"type": "auth", "token": "sk-test-beta"}).to_string(),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(next_json(&mut ws).await["type"], "auth-ok");
     let revoked_at = Instant::now();
     let kept: Vec<(&str, &str, &str)> = as_refs
         .iter()
@@ -477,6 +518,22 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
         assert_eq!(r.status(), 200);
     }
     eprintln!("revoked on every replica within {:?}", revoked_at.elapsed());
+    // The open socket's next request is refused too: the key is looked up per request.
+    ws.send(WsMessage::text(
+        serde_json::json!({"id": "after", "service": "text-completion", "flow": "default",
+            "request": {"system": "", "prompt": "hi", "streaming": false}})
+        .to_string(),
+    ))
+    .await
+    .unwrap();
+    let reply = next_json(&mut ws).await;
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no longer accepted"),
+        "{reply}"
+    );
     // A broken file keeps the keys as they were, and says so.
     replace(&path, "[[keys]]\nname = 3\n");
     let invalid = metrics_text::eventually_value(

@@ -52,6 +52,12 @@ pub(crate) trait Routed: Kind {
     fn max_tokens(_request: &Self::Request) -> Option<u64> {
         None
     }
+
+    /// Whether a request calls a model, and so counts against an API key's limits (asking
+    /// which models are served does not).
+    fn calls_a_model(_request: &Self::Request) -> bool {
+        true
+    }
 }
 
 impl Routed for TextCompletion {
@@ -65,6 +71,10 @@ impl Routed for TextCompletion {
 
     fn max_tokens(request: &Self::Request) -> Option<u64> {
         request.max_tokens.map(u64::from)
+    }
+
+    fn calls_a_model(request: &Self::Request) -> bool {
+        request.operation.as_deref() != Some(sluice_schema::LIST_MODELS)
     }
 }
 
@@ -191,9 +201,6 @@ fn session_header(headers: &HeaderMap) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// A refusal before the stream started: NDJSON `error` and `done` events when the caller
-/// asked for NDJSON (a seed 004 client reads the body's lines whatever the status), else the
-/// JSON error; the HTTP status is the error's either way.
 /// A request an API key may not make (403) or that is over its limits (429, with
 /// `Retry-After` when waiting helps), in the caller's form.
 pub(crate) fn refused(mode: Option<Mode>, headers: &HeaderMap, refusal: Refusal) -> Response {
@@ -227,6 +234,9 @@ pub(crate) fn retry_after(resp: &mut Response, secs: Option<u64>) {
     }
 }
 
+/// A refusal before the stream started: NDJSON `error` and `done` events when the caller
+/// asked for NDJSON (a seed 004 client reads the body's lines whatever the status), else the
+/// JSON error; the HTTP status is the error's either way.
 pub(crate) fn refuse(
     mode: Option<Mode>,
     headers: &HeaderMap,
@@ -440,20 +450,25 @@ pub(crate) async fn handle<K: Routed>(
             return counted(&inner, route, resp);
         }
     };
-    // A resumed stream was admitted when it started.
-    let admission = match &resume {
-        Some(_) => None,
-        None => match inner.admit(
+    // A resumed stream was admitted when it started; its key must still be allowed to read
+    // it. Asking which models are served is not limited.
+    let admitted = if resume.is_some() || !K::calls_a_model(&request) {
+        inner
+            .permitted(&caller, K::KIND, K::model(&request))
+            .map(|()| None)
+    } else {
+        inner.admit(
             &caller,
             K::KIND,
             K::model(&request),
             K::max_tokens(&request),
-        ) {
-            Ok(a) => a,
-            Err(refusal) => {
-                return counted(&inner, route, refused(Some(mode), &headers, refusal));
-            }
-        },
+        )
+    };
+    let admission = match admitted {
+        Ok(a) => a,
+        Err(refusal) => {
+            return counted(&inner, route, refused(Some(mode), &headers, refusal));
+        }
     };
     let incoming = headers.get("traceparent").and_then(|v| v.to_str().ok());
     let span = server_span(route, incoming);

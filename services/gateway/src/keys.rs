@@ -9,7 +9,7 @@
 //! ```toml
 //! [[keys]]
 //! name = "team-a"                 # in metrics and logs; the key itself never is
-//! sha256 = "9f86d0…"              # `sluice gateway-key hash` prints it
+//! sha256 = "9f86d0…"              # `sluice keys hash` prints it
 //! services = ["text-completion"]  # optional: text-completion, prompt, agent
 //! models = ["gpt-4o-mini"]        # optional: the models a request may name
 //! flows = ["default"]             # optional: the flows it may address
@@ -163,7 +163,7 @@ impl KeyRing {
             }
             let mut hash = [0u8; 32];
             hex::decode_to_slice(k.sha256.trim(), &mut hash).map_err(|_| {
-                format!("{which}: sha256 must be 64 hex digits (`sluice gateway-key hash`)")
+                format!("{which}: sha256 must be 64 hex digits (`sluice keys hash`)")
             })?;
             let services = match k.services {
                 None => None,
@@ -269,11 +269,18 @@ impl Keys {
     /// Reads the file again if its text changed: `Some(Ok(n))` with the new number of keys,
     /// `Some(Err(why))` when it cannot be used, `None` when unchanged.
     pub fn reload(&self) -> Option<Result<usize, String>> {
-        let text = match std::fs::read_to_string(&self.path) {
-            Ok(t) => t,
-            Err(e) => return Some(Err(format!("cannot read it: {e}"))),
+        // An unreadable file is remembered by its error, so that it too is reported once.
+        let (text, digest) = match std::fs::read_to_string(&self.path) {
+            Ok(t) => {
+                let d: [u8; 32] = Sha256::digest(t.as_bytes()).into();
+                (Ok(t), d)
+            }
+            Err(e) => {
+                let why = format!("cannot read it: {e}");
+                let d: [u8; 32] = Sha256::digest(format!("\0{why}").as_bytes()).into();
+                (Err(why), d)
+            }
         };
-        let digest: [u8; 32] = Sha256::digest(text.as_bytes()).into();
         if self.seen.read().is_ok_and(|s| *s == digest) {
             return None;
         }
@@ -281,6 +288,10 @@ impl Keys {
         if let Ok(mut s) = self.seen.write() {
             *s = digest;
         }
+        let text = match text {
+            Ok(t) => t,
+            Err(why) => return Some(Err(why)),
+        };
         let ring = match KeyRing::parse(&text) {
             Ok(r) => r,
             Err(e) => return Some(Err(e)),
@@ -437,6 +448,10 @@ mod tests {
             keys.reload().is_none(),
             "an unchanged broken file is reported once"
         );
+        assert_eq!(keys.ring().len(), 2);
+        std::fs::remove_file(&path).unwrap();
+        assert!(matches!(keys.reload(), Some(Err(_))));
+        assert!(keys.reload().is_none(), "a missing file is reported once");
         assert_eq!(keys.ring().len(), 2);
         // Revoking: the key is gone from the file.
         std::fs::write(&path, entry("b", "kb")).unwrap();

@@ -139,6 +139,26 @@ pub(crate) enum Refusal {
 }
 
 impl Inner {
+    /// Whether `caller` may use `service` naming `model`, without counting anything against
+    /// its limits (a resumed stream, a list of models).
+    pub(crate) fn permitted(
+        &self,
+        caller: &auth::Caller,
+        service: ServiceKind,
+        model: Option<&str>,
+    ) -> Result<(), Refusal> {
+        let Some(key) = caller.key() else {
+            return Ok(());
+        };
+        match key.refuses(service, &self.config.flow, model) {
+            None => Ok(()),
+            Some(why) => {
+                self.metrics.key_request(&key.name, "forbidden");
+                Err(Refusal::Forbidden(why))
+            }
+        }
+    }
+
     /// Admits a request of `caller` to `service` naming `model` and reserving `reserve`
     /// tokens (`max_tokens`), or says why not; `Ok(None)` for callers without limits. The
     /// admission settles the reserved tokens when dropped: give it to the request's reader
@@ -150,13 +170,10 @@ impl Inner {
         model: Option<&str>,
         reserve: Option<u64>,
     ) -> Result<Option<limits::Admission>, Refusal> {
+        self.permitted(caller, service, model)?;
         let Some(key) = caller.key() else {
             return Ok(None);
         };
-        if let Some(why) = key.refuses(service, &self.config.flow, model) {
-            self.metrics.key_request(&key.name, "forbidden");
-            return Err(Refusal::Forbidden(why));
-        }
         match self.limiter.admit(key, reserve) {
             Ok(a) => {
                 self.metrics.key_request(&key.name, "admitted");

@@ -147,13 +147,13 @@ impl Counts {
                 self.prev_requests,
                 self.prev_tokens,
             )
-        } else if self.minute + 1 == now.minute {
+        } else if self.minute.saturating_add(1) == now.minute {
             (0, 0, self.requests, self.tokens)
-        } else if self.minute == now.minute + 1 {
+        } else if self.minute == now.minute.saturating_add(1) {
             // A replica whose clock runs ahead into the next minute: all it counted is recent.
             (
-                self.requests + self.prev_requests,
-                self.tokens + self.prev_tokens,
+                self.requests.saturating_add(self.prev_requests),
+                self.tokens.saturating_add(self.prev_tokens),
                 0,
                 0,
             )
@@ -182,12 +182,12 @@ impl Counts {
     }
 
     fn add(&mut self, other: &Counts) {
-        self.requests += other.requests;
-        self.tokens += other.tokens;
-        self.prev_requests += other.prev_requests;
-        self.prev_tokens += other.prev_tokens;
-        self.day_tokens += other.day_tokens;
-        self.month_tokens += other.month_tokens;
+        self.requests = self.requests.saturating_add(other.requests);
+        self.tokens = self.tokens.saturating_add(other.tokens);
+        self.prev_requests = self.prev_requests.saturating_add(other.prev_requests);
+        self.prev_tokens = self.prev_tokens.saturating_add(other.prev_tokens);
+        self.day_tokens = self.day_tokens.saturating_add(other.day_tokens);
+        self.month_tokens = self.month_tokens.saturating_add(other.month_tokens);
     }
 
     /// Whether a snapshot of these counts is worth keeping on the topic.
@@ -252,9 +252,15 @@ fn sliding(current: u64, previous: u64, into: f64) -> f64 {
 /// Seconds until `sliding(current, previous) + need <= limit`, when it is not now.
 fn minute_wait(current: u64, previous: u64, need: u64, limit: u64, now: &Now) -> u64 {
     let into = now.minute_fraction();
-    let secs = if current + need > limit || previous == 0 {
-        // Not before the next minute, when this one becomes the weighed one.
-        (1.0 - into) * 60.0
+    let secs = if current.saturating_add(need) > limit || previous == 0 {
+        // Not this minute. In the next, this minute's count is the weighed one, and it fades
+        // until it leaves room for `need`.
+        let fade = if current == 0 {
+            0.0
+        } else {
+            (1.0 - limit.saturating_sub(need) as f64 / current as f64).max(0.0)
+        };
+        (1.0 - into) * 60.0 + fade * 60.0
     } else {
         let room = (limit - current - need) as f64;
         let into_needed = 1.0 - room / previous as f64;
@@ -317,10 +323,13 @@ impl Limiter {
         }
         let into = now.minute_fraction();
         let name = &key.name;
+        // Every limit is checked: the caller hears of the one that keeps it waiting longest
+        // (a Retry-After that would only meet the next limit helps nobody).
+        let mut refusals = Vec::new();
         if let Some(rpm) = limits.requests_per_minute
             && sliding(total.requests, total.prev_requests, into) + 1.0 > rpm as f64
         {
-            return Err(Limited {
+            refusals.push(Limited {
                 what: "requests",
                 message: format!(
                     "the API key {name:?} has reached its limit of {rpm} requests per minute"
@@ -337,7 +346,7 @@ impl Limiter {
         }
         if let Some(tpm) = limits.tokens_per_minute {
             if reserve > tpm {
-                return Err(Limited {
+                refusals.push(Limited {
                     what: "tokens",
                     message: format!(
                         "the request reserves {reserve} tokens (its max_tokens, or the key's reserve_tokens), more than the API key {name:?}'s limit of {tpm} tokens per minute"
@@ -345,9 +354,8 @@ impl Limiter {
                     retry_after: None,
                     quota: false,
                 });
-            }
-            if sliding(total.tokens, total.prev_tokens, into) + reserve as f64 > tpm as f64 {
-                return Err(Limited {
+            } else if sliding(total.tokens, total.prev_tokens, into) + reserve as f64 > tpm as f64 {
+                refusals.push(Limited {
                     what: "tokens",
                     message: format!(
                         "the API key {name:?} has reached its limit of {tpm} tokens per minute (this request reserves {reserve})"
@@ -378,23 +386,30 @@ impl Limiter {
             ),
         ] {
             if let Some(limit) = limit
-                && used + reserve > limit
+                && used.saturating_add(reserve) > limit
             {
-                return Err(Limited {
+                refusals.push(Limited {
                     what: "tokens",
                     message: format!(
                         "the API key {name:?} has used {used} of its {limit} tokens this {period} (UTC); this request reserves {reserve}"
                     ),
-                    retry_after: Some((wait.ceil() as u64).max(1)),
+                    // A reservation larger than the whole quota never fits.
+                    retry_after: (reserve <= limit).then(|| ((wait - 1e-6).ceil() as u64).max(1)),
                     quota: true,
                 });
             }
         }
+        if let Some(longest) = refusals
+            .into_iter()
+            .max_by_key(|l| l.retry_after.unwrap_or(u64::MAX))
+        {
+            return Err(longest);
+        }
         let mut counts = mine;
-        counts.requests += 1;
-        counts.tokens += reserve;
-        counts.day_tokens += reserve;
-        counts.month_tokens += reserve;
+        counts.requests = counts.requests.saturating_add(1);
+        counts.tokens = counts.tokens.saturating_add(reserve);
+        counts.day_tokens = counts.day_tokens.saturating_add(reserve);
+        counts.month_tokens = counts.month_tokens.saturating_add(reserve);
         state.mine.insert(key.name.clone(), counts);
         if limits.any() {
             state.dirty.insert(key.name.clone());
@@ -409,20 +424,33 @@ impl Limiter {
             at: now,
             input: 0,
             output: 0,
+            ended: false,
         })
     }
 
     /// Replaces a reservation made at `at` with what the request used.
     fn settle(&self, a: &Admission, now: Now) {
-        let used = a.input.saturating_add(a.output);
+        // Usage comes on the last records: an answer cut short before them (the caller gone,
+        // a timeout) is charged at least its reservation, as the provider may well have
+        // billed it.
+        let reported = a.input.saturating_add(a.output);
+        let used = if a.ended {
+            reported
+        } else {
+            reported.max(a.reserved)
+        };
         let mut state = self.lock();
         if let Some(c) = state.mine.get_mut(&a.key) {
             let mut rolled = c.at(&now);
             let fix = |n: u64| n.saturating_sub(a.reserved).saturating_add(used);
             if a.at.minute == now.minute {
                 rolled.tokens = fix(rolled.tokens);
-            } else if a.at.minute + 1 == now.minute {
+            } else if a.at.minute.saturating_add(1) == now.minute {
                 rolled.prev_tokens = fix(rolled.prev_tokens);
+            } else {
+                // A stream longer than the sliding minute: its reservation has faded out, and
+                // what it used counts now.
+                rolled.tokens = rolled.tokens.saturating_add(used);
             }
             if a.at.day == now.day {
                 rolled.day_tokens = fix(rolled.day_tokens);
@@ -457,6 +485,15 @@ impl Limiter {
             self.metrics
                 .limit_share_delay((now_ms - snapshot.sent_ms) as f64 / 1000.0);
         }
+        // Counts from a clock far ahead (or a message that is not a real snapshot) would
+        // hold a key at its limit for as long: they are not taken.
+        let now = Now::wall();
+        if snapshot.counts.minute > now.minute.saturating_add(2)
+            || snapshot.counts.month > now.month.saturating_add(1)
+        {
+            self.metrics.limit_share_failure();
+            return;
+        }
         let mut state = self.lock();
         let key: Arc<str> = match state.peers.get_key_value(snapshot.key.as_str()) {
             Some((k, _)) => k.clone(),
@@ -477,7 +514,7 @@ impl Limiter {
         let mut live = HashSet::new();
         for replicas in state.peers.values() {
             for (replica, (_, c)) in replicas {
-                if c.minute + 1 >= now.minute {
+                if c.minute.saturating_add(1) >= now.minute {
                     live.insert(replica.as_str());
                 }
             }
@@ -709,12 +746,18 @@ pub(crate) struct Admission {
     at: Now,
     input: u64,
     output: u64,
+    /// The answer's terminal record arrived: the usage reported is complete.
+    ended: bool,
 }
 
 impl Meter for Admission {
     fn tokens(&mut self, input: u64, output: u64) {
         self.input = self.input.saturating_add(input);
         self.output = self.output.saturating_add(output);
+    }
+
+    fn ended(&mut self) {
+        self.ended = true;
     }
 }
 
@@ -773,8 +816,9 @@ mod tests {
         let held: Vec<_> = (0..3).map(|_| l.admit_at(&k, None, now).unwrap()).collect();
         let refused = l.admit_at(&k, None, now).err().unwrap();
         assert_eq!(refused.what, "requests");
-        // 30 s into the minute, 3 used of 3: not before the next minute.
-        assert_eq!(refused.retry_after, Some(30));
+        // 30 s into the minute, 3 used of 3: in the next minute these 3 weigh until a third
+        // of it has passed, 30 + 20 s.
+        assert_eq!(refused.retry_after, Some(50));
         for a in held {
             l.settle(&a, now);
             std::mem::forget(a);
@@ -797,16 +841,19 @@ mod tests {
         assert_eq!(refused.what, "tokens");
         assert!(!refused.quota);
         a.tokens(20, 30);
+        a.ended();
         l.settle(&a, now);
         std::mem::forget(a);
         // 50 used; 950 left this minute, 1450 today.
-        let b = l.admit_at(&k, Some(900), now).unwrap();
+        let mut b = l.admit_at(&k, Some(900), now).unwrap();
+        b.ended();
         l.settle(&b, now);
         std::mem::forget(b);
         // The reservation settled to nothing: 50 used today. An hour later 1000 are used.
         let next_hour = Now::at(T + 3600.0);
         let mut big = l.admit_at(&k, Some(1000), next_hour).unwrap();
         big.tokens(400, 600);
+        big.ended();
         l.settle(&big, next_hour);
         std::mem::forget(big);
         let later = Now::at(T + 3720.0);
@@ -823,6 +870,74 @@ mod tests {
         assert_eq!(refused.retry_after, Some(12 * 3600 + 57 * 60 + 30));
         let too_big = l.admit_at(&k, Some(1001), later).err().unwrap();
         assert_eq!(too_big.retry_after, None);
+    }
+
+    #[test]
+    fn an_answer_cut_short_costs_its_reservation_and_a_long_one_counts_when_it_ends() {
+        let l = limiter();
+        let k = key("tokens_per_minute = 1000\ntokens_per_day = 100000");
+        let now = Now::at(T);
+        // Cut short before its usage arrived: charged the reservation, not the 5 reported.
+        let mut cut = l.admit_at(&k, Some(600), now).unwrap();
+        cut.tokens(5, 0);
+        l.settle(&cut, now);
+        std::mem::forget(cut);
+        assert!(l.admit_at(&k, Some(500), now).is_err(), "600 held of 1000");
+        // Admitted at T, ended three minutes later with 5000 used: those count now.
+        let mut long = l.admit_at(&k, Some(100), now).unwrap();
+        long.tokens(1000, 4000);
+        long.ended();
+        let later = Now::at(T + 180.0);
+        l.settle(&long, later);
+        std::mem::forget(long);
+        let refused = l.admit_at(&k, Some(10), later).err().unwrap();
+        assert!(
+            refused.message.contains("1000 tokens per minute"),
+            "{}",
+            refused.message
+        );
+    }
+
+    #[test]
+    fn the_longest_wait_is_the_one_told_and_a_reservation_over_a_quota_gets_none() {
+        let l = limiter();
+        let k = key("requests_per_minute = 1\ntokens_per_day = 100");
+        let now = Now::at(T);
+        let mut a = l.admit_at(&k, Some(90), now).unwrap();
+        a.tokens(90, 0);
+        a.ended();
+        l.settle(&a, now);
+        std::mem::forget(a);
+        // Over both the minute's requests and the day's tokens: the day's wait is told.
+        let refused = l.admit_at(&k, Some(20), now).err().unwrap();
+        assert!(refused.quota);
+        assert_eq!(refused.retry_after, Some(13 * 3600 + 59 * 60 + 30));
+        let never = l
+            .admit_at(&k, Some(101), Now::at(T + 86_400.0))
+            .err()
+            .unwrap();
+        assert_eq!(never.retry_after, None);
+    }
+
+    #[test]
+    fn a_snapshot_from_far_ahead_is_not_taken() {
+        let l = limiter();
+        let k = key("requests_per_minute = 1");
+        let now = Now::wall();
+        l.take(Snapshot {
+            replica: "elsewhere".into(),
+            key: "k".into(),
+            seq: 1,
+            counts: Counts {
+                minute: u64::MAX,
+                requests: u64::MAX,
+                day: now.day,
+                month: u64::MAX,
+                ..Counts::default()
+            },
+            sent_ms: 0,
+        });
+        assert!(l.admit(&k, None).is_ok());
     }
 
     #[test]

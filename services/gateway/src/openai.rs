@@ -950,20 +950,22 @@ pub(crate) async fn chat(
             return counted(&inner, CHAT_ROUTE, e.into_response());
         }
     };
-    // A resumed stream was admitted when it started.
-    let admission = match &resume {
-        Some(_) => None,
-        None => match inner.admit(
+    // A resumed stream was admitted when it started; its key must still be allowed to read
+    // it.
+    let admitted = match &resume {
+        Some(_) => inner
+            .permitted(&caller, ServiceKind::TextCompletion, Some(&call.model))
+            .map(|()| None),
+        None => inner.admit(
             &caller,
             ServiceKind::TextCompletion,
             Some(&call.model),
             call.request.max_tokens.map(u64::from),
-        ) {
-            Ok(a) => a,
-            Err(refusal) => {
-                return counted(&inner, CHAT_ROUTE, ApiError::refused(refusal));
-            }
-        },
+        ),
+    };
+    let admission = match admitted {
+        Ok(a) => a,
+        Err(refusal) => return counted(&inner, CHAT_ROUTE, ApiError::refused(refusal)),
     };
     let incoming = headers.get("traceparent").and_then(|v| v.to_str().ok());
     let mut span = http_span("POST", "/v1/chat/completions", incoming);

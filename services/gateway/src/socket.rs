@@ -12,7 +12,9 @@ use axum::{
     response::Response,
 };
 use serde_json::{Map, Value, json};
-use sluice_runtime::{client::RequestOptions, reader::Piece, telemetry::ClientOutcome};
+use sluice_runtime::{
+    client::RequestOptions, reader::Piece, secret::Secret, telemetry::ClientOutcome,
+};
 use sluice_schema::{Error, ErrorKind, ResponseRecord};
 use tokio::{sync::mpsc, task::JoinSet};
 use tracing::debug;
@@ -55,8 +57,11 @@ async fn run(inner: Arc<Inner>, mut socket: WebSocket) {
     let (out_tx, mut out_rx) = mpsc::channel::<String>(OUTBOUND_FRAMES);
     let mut tasks: JoinSet<String> = JoinSet::new();
     let mut active: HashMap<String, tokio::task::AbortHandle> = HashMap::new();
-    // Who authenticated on this socket; every caller when nothing is required.
-    let mut caller = inner.config.auth.caller(None);
+    // The credential this socket authenticated with (`Some(None)` when nothing is
+    // required). Kept, not the key it named: each request is checked against the keys as
+    // they are then, so a key revoked meanwhile stops working on open sockets too.
+    let mut authed: Option<Option<Secret>> =
+        inner.config.auth.caller(None).is_some().then_some(None);
     loop {
         tokio::select! {
             msg = socket.recv() => {
@@ -73,7 +78,7 @@ async fn run(inner: Arc<Inner>, mut socket: WebSocket) {
                     Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
                     Some(Ok(Message::Close(_)) | Err(_)) | None => break,
                 };
-                let reply = frame(&inner, text.as_str(), &mut caller, &mut tasks, &mut active, &out_tx);
+                let reply = frame(&inner, text.as_str(), &mut authed, &mut tasks, &mut active, &out_tx);
                 if let Some(reply) = reply
                     && socket.send(Message::Text(reply.into())).await.is_err()
                 {
@@ -173,7 +178,7 @@ pub fn read_frame(text: &str, flow: &str) -> Result<SocketFrame, FrameRefusal> {
 fn frame(
     inner: &Arc<Inner>,
     text: &str,
-    caller: &mut Option<Caller>,
+    authed: &mut Option<Option<Secret>>,
     tasks: &mut JoinSet<String>,
     active: &mut HashMap<String, tokio::task::AbortHandle>,
     out: &mpsc::Sender<String>,
@@ -191,8 +196,9 @@ fn frame(
         Ok(SocketFrame::Auth { token }) => {
             inner.metrics.socket_frame("auth");
             // The socket stays open after a failure: the client may try again.
-            *caller = inner.config.auth.caller(token.as_deref());
-            return Some(if caller.is_some() {
+            let accepted = inner.config.auth.caller(token.as_deref()).is_some();
+            *authed = accepted.then(|| token.map(Secret::new));
+            return Some(if accepted {
                 json!({ "type": "auth-ok", "default_workspace": "default" }).to_string()
             } else {
                 json!({ "type": "auth-failed", "error": "auth failure" }).to_string()
@@ -201,15 +207,20 @@ fn frame(
         // Before authentication, a frame with an id learns only that: nothing about flows
         // or services.
         Ok(SocketFrame::Request { id, .. }) | Err(FrameRefusal { id: Some(id), .. })
-            if caller.is_none() =>
+            if authed.is_none() =>
         {
             return reject(Some(&id), NOT_AUTHENTICATED);
         }
         Err(refusal) => return reject(refusal.id.as_deref(), &refusal.message),
         Ok(SocketFrame::Request { id, kind, request }) => (id, kind, request),
     };
-    let Some(caller) = caller.clone() else {
-        return reject(Some(&id), NOT_AUTHENTICATED);
+    let token = authed.as_ref().and_then(|t| t.as_ref().map(Secret::expose));
+    let Some(caller) = inner.config.auth.caller(token) else {
+        *authed = None;
+        return reject(
+            Some(&id),
+            "the credential this socket authenticated with is no longer accepted (a revoked API key): authenticate again",
+        );
     };
     if active.contains_key(&id) {
         return reject(

@@ -109,6 +109,10 @@ pub struct Reader<R> {
 pub trait Meter: Send {
     /// A record's token deltas (input, output).
     fn tokens(&mut self, input: u64, output: u64);
+
+    /// The answer's terminal record (or its terminal error record) arrived: the counts are
+    /// complete. Not called when the stream ends otherwise (a timeout, the caller gone).
+    fn ended(&mut self) {}
 }
 
 impl<R: ResponseRecord> Reader<R> {
@@ -158,6 +162,9 @@ impl<R: ResponseRecord> Reader<R> {
                     let (input, output) = r.tokens();
                     if input.is_some() || output.is_some() {
                         meter.tokens(input.unwrap_or(0), output.unwrap_or(0));
+                    }
+                    if r.is_terminal() || r.error().is_some() {
+                        meter.ended();
                     }
                 }
                 match r.error() {

@@ -185,6 +185,36 @@ impl PulsarAdmin {
         .map(|_| ())
     }
 
+    /// Keeps what `topic` (`persistent://tenant/namespace/name`, existing) holds for
+    /// `minutes` and up to `mb` MiB (-1: no size bound), whatever its namespace's retention: a
+    /// topic-level policy. Pulsar refuses a size bound below the topic's backlog quota (10 GiB
+    /// by default).
+    pub async fn set_topic_retention(
+        &self,
+        topic: &str,
+        minutes: u32,
+        mb: i64,
+    ) -> Result<(), BusError> {
+        let Some(path) = topic.strip_prefix("persistent://") else {
+            return Err(BusError::Config(format!(
+                "{topic:?} is not a persistent topic: only those keep messages"
+            )));
+        };
+        self.expect_ok(
+            &format!("setting the retention of {topic}"),
+            self.request(
+                reqwest::Method::POST,
+                &format!("/admin/v2/persistent/{path}/retention"),
+            )
+            .json(&serde_json::json!({
+                "retentionTimeInMinutes": minutes,
+                "retentionSizeInMB": mb,
+            })),
+        )
+        .await
+        .map(|_| ())
+    }
+
     /// Creates `tenant/namespace` if missing and applies `policy`. Idempotent.
     pub async fn ensure_namespace(
         &self,
