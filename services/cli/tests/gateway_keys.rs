@@ -143,6 +143,18 @@ async fn load(
     all
 }
 
+/// One whole (not streamed) chat completion to the gateway at `url` with `key`, asking for at
+/// most 10 tokens.
+async fn chat(http: &reqwest::Client, url: &str, key: &str, model: &str) -> reqwest::Response {
+    http.post(format!("{url}/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(&serde_json::json!({"model": model, "max_tokens": 10,
+            "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap()
+}
+
 /// How many more than `limit` per minute may be admitted in `elapsed`: what the other
 /// replicas' callers can have in flight while one snapshot travels
 /// (docs/gateway.md#limits-across-replicas), and what the sliding minute lets in as the
@@ -261,14 +273,7 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
     let http = reqwest::Client::new();
     let mut warm_tokens = 0;
     for url in &urls {
-        let r = http
-            .post(format!("{url}/v1/chat/completions"))
-            .bearer_auth("sk-test-gamma")
-            .json(&serde_json::json!({"model": model, "max_tokens": 10,
-                "messages": [{"role": "user", "content": "hi"}]}))
-            .send()
-            .await
-            .unwrap();
+        let r = chat(&http, url, "sk-test-gamma", model).await;
         assert_eq!(r.status(), 200);
         let body: serde_json::Value = r.json().await.unwrap();
         warm_tokens += body["usage"]["total_tokens"].as_u64().unwrap();
@@ -443,26 +448,12 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
     late.ready(&readyz(REPLICAS + 1)).await;
     let line = late.stdout_line("gateway listening on ").await;
     let late_url = format!("http://{}", line.rsplit(' ').next().unwrap());
-    let r = http
-        .post(format!("{late_url}/v1/chat/completions"))
-        .bearer_auth("sk-test-gamma")
-        .json(&serde_json::json!({"model": model, "max_tokens": 10,
-            "messages": [{"role": "user", "content": "hi"}]}))
-        .send()
-        .await
-        .unwrap();
+    let r = chat(&http, &late_url, "sk-test-gamma", model).await;
     assert_eq!(r.status(), 429, "{}", r.text().await.unwrap());
 
     // A key may call only what it is given: 403 in OpenAI's shape, before any provider call.
     let calls = fake.calls(model);
-    let r = http
-        .post(format!("{}/v1/chat/completions", urls[0]))
-        .bearer_auth("sk-test-prompts")
-        .json(&serde_json::json!({"model": model,
-            "messages": [{"role": "user", "content": "hi"}]}))
-        .send()
-        .await
-        .unwrap();
+    let r = chat(&http, &urls[0], "sk-test-prompts", model).await;
     assert_eq!(r.status(), 403);
     let body: serde_json::Value = r.json().await.unwrap();
     assert_eq!(body["error"]["code"], "permission_denied", "{body}");
@@ -493,13 +484,8 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
             Duration::from_millis(100),
             Duration::from_secs(10),
             async || {
-                http.post(format!("{url}/v1/chat/completions"))
-                    .bearer_auth("sk-test-beta")
-                    .json(&serde_json::json!({"model": model,
-                        "messages": [{"role": "user", "content": "hi"}]}))
-                    .send()
+                chat(&http, url, "sk-test-beta", model)
                     .await
-                    .unwrap()
                     .status()
                     .as_u16()
             },
@@ -507,14 +493,7 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
         )
         .await;
         assert_eq!(status, 401, "{url} still takes the revoked key");
-        let r = http
-            .post(format!("{url}/v1/chat/completions"))
-            .bearer_auth("sk-test-open")
-            .json(&serde_json::json!({"model": model,
-                "messages": [{"role": "user", "content": "hi"}]}))
-            .send()
-            .await
-            .unwrap();
+        let r = chat(&http, url, "sk-test-open", model).await;
         assert_eq!(r.status(), 200);
     }
     eprintln!("revoked on every replica within {:?}", revoked_at.elapsed());
@@ -545,14 +524,7 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
     )
     .await;
     assert_eq!(invalid, 1.0);
-    let r = http
-        .post(format!("{}/v1/chat/completions", urls[0]))
-        .bearer_auth("sk-test-open")
-        .json(&serde_json::json!({"model": model,
-            "messages": [{"role": "user", "content": "hi"}]}))
-        .send()
-        .await
-        .unwrap();
+    let r = chat(&http, &urls[0], "sk-test-open", model).await;
     assert_eq!(r.status(), 200);
 
     // No key and no hash in any metric or log line.
