@@ -278,16 +278,21 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
         let body: serde_json::Value = r.json().await.unwrap();
         warm_tokens += body["usage"]["total_tokens"].as_u64().unwrap();
     }
-    for i in 1..=REPLICAS {
+    for (i, &port) in ports[1..=REPLICAS].iter().enumerate() {
         let peers = metrics_text::eventually_value(
-            ports[i],
+            port,
             "sluice_gateway_limit_peers",
             &[],
             Duration::from_secs(10),
             |v| v == (REPLICAS - 1) as f64,
         )
         .await;
-        assert_eq!(peers, (REPLICAS - 1) as f64, "replica {i} sees its peers");
+        assert_eq!(
+            peers,
+            (REPLICAS - 1) as f64,
+            "replica {} sees its peers",
+            i + 1
+        );
     }
 
     // Two limited keys and an unlimited one at once, on every replica.
@@ -300,8 +305,8 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
     );
     let elapsed = started.elapsed();
     let tol = tolerance(rpm, elapsed);
-    for i in 1..=REPLICAS {
-        let page = metrics_text::scrape(ports[i]).await;
+    for (i, &port) in ports[1..=REPLICAS].iter().enumerate() {
+        let page = metrics_text::scrape(port).await;
         let n = metrics_text::value(&page, "sluice_gateway_limit_share_delay_seconds_count", &[]);
         let sum = metrics_text::value(&page, "sluice_gateway_limit_share_delay_seconds_sum", &[]);
         let le = |b: &str| {
@@ -312,7 +317,8 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
             )
         };
         eprintln!(
-            "replica {i}: {n} snapshots read, mean delay {:.1} ms, <=5ms {} <=10ms {} <=25ms {} <=50ms {} <=100ms {}",
+            "replica {}: {n} snapshots read, mean delay {:.1} ms, <=5ms {} <=10ms {} <=25ms {} <=50ms {} <=100ms {}",
+            i + 1,
             sum / n * 1000.0,
             le("0.005"),
             le("0.01"),
@@ -358,15 +364,18 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
         (status, kind.as_str(), code.as_str()),
         (429, "tokens", "insufficient_quota")
     );
-    assert!(retry.is_some_and(|s| s >= 1 && s <= 86_400), "{retry:?}");
+    assert!(
+        retry.is_some_and(|s| (1..=86_400).contains(&s)),
+        "{retry:?}"
+    );
 
     // The metrics of the three replicas add up to what the callers saw, and the tokens to
     // what the fake reported.
     let mut admitted = [0.0; 3];
     let mut gamma_tokens = 0.0;
     let mut pages = String::new();
-    for i in 1..=REPLICAS {
-        let page = metrics_text::scrape(ports[i]).await;
+    for &port in &ports[1..=REPLICAS] {
+        let page = metrics_text::scrape(port).await;
         for (j, key) in ["alpha", "beta", "gamma"].into_iter().enumerate() {
             admitted[j] += metrics_text::value(
                 &page,

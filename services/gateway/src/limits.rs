@@ -29,6 +29,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 use sluice_runtime::{
+    backoff::Backoff,
     bus::{Bus, Message, StartPosition, SubscribeOptions, SubscriptionKind},
     reader::Meter,
 };
@@ -48,6 +49,9 @@ pub const REPUBLISH_EVERY: Duration = Duration::from_secs(5 * 60);
 pub const REPLAY_WAIT: Duration = Duration::from_secs(10);
 /// See [`REPLAY_WAIT`].
 pub const REPLAY_QUIET: Duration = Duration::from_millis(300);
+
+/// The longest wait between two attempts to reach the limits topic.
+const SHARE_RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// The wall clock, cut into the windows limits are counted in.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -610,6 +614,9 @@ impl Limiter {
             consumer_name: None,
         };
         let subscription = format!("limits-{}", self.replica);
+        // A broker down or a role without the grant: asked again, less and less often, so
+        // that the log gets a line every half minute at most.
+        let mut backoff = Backoff::new(SHARE_RETRY_MAX);
         loop {
             let mut sub = match bus.subscribe(&topic, &subscription, options.clone()).await {
                 Ok(s) => s,
@@ -618,7 +625,7 @@ impl Limiter {
                     self.metrics.limit_share_failure();
                     tokio::select! {
                         () = stop.cancelled() => return,
-                        () = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                        () = tokio::time::sleep(backoff.next_delay()) => continue,
                     }
                 }
             };
@@ -648,6 +655,7 @@ impl Limiter {
                 }
                 match next {
                     Some(Ok(delivery)) => {
+                        backoff = Backoff::new(SHARE_RETRY_MAX);
                         match serde_json::from_slice::<Snapshot>(delivery.payload()) {
                             Ok(s) => self.take(s),
                             // Not ours to judge: another writer's message is skipped, counted.
@@ -668,7 +676,7 @@ impl Limiter {
             }
             tokio::select! {
                 () = stop.cancelled() => return,
-                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                () = tokio::time::sleep(backoff.next_delay()) => {}
             }
         }
     }
@@ -679,6 +687,7 @@ impl Limiter {
         let mut gauge = tokio::time::interval(Duration::from_secs(1));
         gauge.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut publisher = None;
+        let mut backoff = Backoff::new(SHARE_RETRY_MAX);
         loop {
             let all = tokio::select! {
                 () = stop.cancelled() => return,
@@ -702,7 +711,7 @@ impl Limiter {
                         self.changed.notify_one();
                         tokio::select! {
                             () = stop.cancelled() => return,
-                            () = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                            () = tokio::time::sleep(backoff.next_delay()) => continue,
                         }
                     }
                 },
@@ -721,14 +730,17 @@ impl Limiter {
                     Ok(receipt) => receipt.await,
                     Err(e) => Err(e),
                 };
-                if let Err(e) = sent {
-                    warn!(topic, error = %e, "publishing this replica's limit state failed; it is published again");
-                    self.metrics.limit_share_failure();
-                    self.mark_dirty(&snapshot.key);
-                    self.changed.notify_one();
-                    tokio::select! {
-                        () = stop.cancelled() => return,
-                        () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                match sent {
+                    Ok(()) => backoff = Backoff::new(SHARE_RETRY_MAX),
+                    Err(e) => {
+                        warn!(topic, error = %e, "publishing this replica's limit state failed; it is published again");
+                        self.metrics.limit_share_failure();
+                        self.mark_dirty(&snapshot.key);
+                        self.changed.notify_one();
+                        tokio::select! {
+                            () = stop.cancelled() => return,
+                            () = tokio::time::sleep(backoff.next_delay()) => {}
+                        }
                     }
                 }
             }
