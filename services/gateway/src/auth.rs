@@ -86,9 +86,6 @@ impl Auth {
 
     /// Who the request's `Authorization: Bearer` header says is calling, if accepted.
     pub fn caller_of(&self, headers: &HeaderMap) -> Option<Caller> {
-        if !self.required() {
-            return Some(Caller::Anyone);
-        }
         let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())

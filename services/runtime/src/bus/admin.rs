@@ -168,21 +168,8 @@ impl PulsarAdmin {
     /// `bytes` wait uncompacted: a topic of keyed state then stays about one message per key
     /// for a reader from its start.
     pub async fn set_compaction_threshold(&self, topic: &str, bytes: u64) -> Result<(), BusError> {
-        let Some(path) = topic.strip_prefix("persistent://") else {
-            return Err(BusError::Config(format!(
-                "{topic:?} is not a persistent topic: only those are compacted"
-            )));
-        };
-        self.expect_ok(
-            &format!("setting the compaction threshold of {topic}"),
-            self.request(
-                reqwest::Method::POST,
-                &format!("/admin/v2/persistent/{path}/compactionThreshold"),
-            )
-            .json(&bytes),
-        )
-        .await
-        .map(|_| ())
+        self.set_topic_policy(topic, "compactionThreshold", "compaction threshold", &bytes)
+            .await
     }
 
     /// Keeps what `topic` (`persistent://tenant/namespace/name`, existing) holds for
@@ -195,21 +182,34 @@ impl PulsarAdmin {
         minutes: u32,
         mb: i64,
     ) -> Result<(), BusError> {
+        let body = serde_json::json!({
+            "retentionTimeInMinutes": minutes,
+            "retentionSizeInMB": mb,
+        });
+        self.set_topic_policy(topic, "retention", "retention", &body)
+            .await
+    }
+
+    /// POSTs `body` to the topic policy `policy` of the persistent `topic`.
+    async fn set_topic_policy(
+        &self,
+        topic: &str,
+        policy: &str,
+        what: &str,
+        body: &impl serde::Serialize,
+    ) -> Result<(), BusError> {
         let Some(path) = topic.strip_prefix("persistent://") else {
             return Err(BusError::Config(format!(
-                "{topic:?} is not a persistent topic: only those keep messages"
+                "{topic:?} is not a persistent topic: topic policies are set on those only"
             )));
         };
         self.expect_ok(
-            &format!("setting the retention of {topic}"),
+            &format!("setting the {what} of {topic}"),
             self.request(
                 reqwest::Method::POST,
-                &format!("/admin/v2/persistent/{path}/retention"),
+                &format!("/admin/v2/persistent/{path}/{policy}"),
             )
-            .json(&serde_json::json!({
-                "retentionTimeInMinutes": minutes,
-                "retentionSizeInMB": mb,
-            })),
+            .json(body),
         )
         .await
         .map(|_| ())
