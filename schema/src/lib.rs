@@ -12,6 +12,7 @@ pub mod properties;
 pub mod records;
 pub mod retry;
 pub mod topics;
+pub mod usage;
 
 pub use decode::{DecodeError, decode, decode_value};
 pub use records::{
@@ -21,6 +22,7 @@ pub use records::{
 };
 pub use retry::{RetryOn, RetryPolicy};
 pub use topics::{Persistence, TopicError, TopicMapping, TopicName};
+pub use usage::UsageRecord;
 
 /// Adds two token counts as records carry them: `None` means "not reported", so the sum is
 /// `None` only when neither reported anything. Records carry deltas; callers that add them

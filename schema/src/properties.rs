@@ -53,3 +53,12 @@ pub const SYNC: &str = "sluice-sync";
 /// processor took, and a stream whose processor went away end at once instead of at a
 /// timeout. Kept out of the payload so a TrustGraph reader of the topic sees `{}` as before.
 pub const SYNC_STATE: &str = "sluice-sync-state";
+
+/// On a request: the name of the API key the gateway admitted it under (never the key
+/// itself). The text-completion processor writes it into the request's usage record (see
+/// [`crate::usage::UsageRecord`]); the prompt and agent processors carry it on to the
+/// text-completion requests they make. A request without it (published straight onto the
+/// bus) is billed to no key. Producers that may publish requests can set any name here, so
+/// on a secured cluster only the gateway's role should be granted to produce requests that
+/// are billed.
+pub const KEY: &str = "sluice-key";

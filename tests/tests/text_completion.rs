@@ -6,7 +6,7 @@
 use std::{sync::Arc, time::Duration};
 
 use sluice_runtime::{secret::Secret, telemetry::Telemetry};
-use sluice_schema::{TextCompletionRequest, TextCompletionResponse};
+use sluice_schema::{TextCompletionRequest, TextCompletionResponse, UsageRecord};
 use sluice_tests::{
     Broker, RunningProcessor, TextClient, echo_config, fake_openai::FakeOpenAi, init_logging,
     metric_value, records_of_one_attempt, text_client, unique_topic,
@@ -442,6 +442,219 @@ async fn the_processor_over_ollama_streams_ndjson_and_reports_its_totals_as_delt
             .all(|r| r.model.as_deref() == Some("tiny_writes"))
     );
     assert_eq!(fake.last_body()["options"]["num_ctx"], 4096);
+    client.close().await;
+    processor.stop().await;
+}
+
+/// Every usage record on `topic`, read from its start until nothing came for a second.
+async fn ledger_records(bus: Arc<dyn sluice_runtime::bus::Bus>, topic: &str) -> Vec<UsageRecord> {
+    use sluice_runtime::bus::{StartPosition, SubscribeOptions, SubscriptionKind};
+    let options = SubscribeOptions {
+        kind: SubscriptionKind::Exclusive,
+        start: StartPosition::Replay,
+        prefetch: 1000,
+        consumer_name: None,
+    };
+    let mut sub = bus
+        .subscribe(
+            topic,
+            &format!("read-{}", uuid::Uuid::new_v4().simple()),
+            options,
+        )
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    while let Ok(Some(d)) = tokio::time::timeout(Duration::from_secs(1), sub.next()).await {
+        let d = d.unwrap();
+        out.push(serde_json::from_slice(d.payload()).unwrap());
+        d.ack();
+    }
+    sub.close().await;
+    out
+}
+
+/// One usage record per attempt that called the provider, whatever its end: the provider's
+/// own count when it reported one (a retried 429 not counted twice, a streamed and a whole
+/// answer billed the same), the chunks received when it stopped before reporting, and a
+/// cancelled call too; none for a request that called no provider. Priced from the table,
+/// counted in the metrics, and the key the request carried.
+#[tokio::test]
+async fn the_usage_ledger_has_one_record_per_attempt_with_what_the_provider_reported() {
+    use sluice_runtime::{
+        client::{Received, RequestOptions},
+        ledger::{Ledger, Price, Prices},
+    };
+    init_logging();
+    let broker = Broker::from_env().await;
+    let fake = FakeOpenAi::start().await;
+    let mut config = OpenAiConfig::new(Dialect::OpenAi, fake.base_url(), "routed");
+    config.api_key = Some(Secret::new(KEY));
+    config.api_key_source = "OPENAI_API_KEY".into();
+    config.timeouts.between_chunks = Duration::from_millis(700);
+    let provider = Arc::new(OpenAiProvider::new(config).unwrap());
+    let telemetry = Telemetry::new().unwrap();
+    let metrics = LlmMetrics::register(&telemetry.registry).unwrap();
+    let service = TextCompletionService::new(provider, RetryPolicy::default(), metrics);
+    let bus = broker.bus().await;
+    let usage_topic = unique_topic("usage");
+    let prices = Prices {
+        prices: vec![Price {
+            model: "routed".into(),
+            provider: Some("openai".into()),
+            input: 1.0,
+            output: 2.0,
+        }],
+    };
+    let ledger = Ledger::open(&*bus, &usage_topic, prices, &telemetry.registry)
+        .await
+        .unwrap();
+    let (req, resp, cancel) = (
+        unique_topic("tc-req"),
+        unique_topic("tc-resp"),
+        unique_topic("tc-cancel"),
+    );
+    let mut pc = echo_config(&req, &resp, 16);
+    pc.ledger = Some(Arc::new(ledger));
+    pc.cancel_topic = Some(cancel.clone());
+    let processor = RunningProcessor::start_with(bus.clone(), pc, service, telemetry.clone()).await;
+    let mut cc = sluice_runtime::client::ClientConfig::new("echo", &req, &resp);
+    cc.cancel_topic = Some(cancel);
+    let client = TextClient::start(bus.clone(), cc, None).await.unwrap();
+
+    let ask = |model: &str, streaming: bool| TextCompletionRequest {
+        system: "be brief".into(),
+        prompt: format!("[model:{model}] say hello"),
+        streaming,
+        ..Default::default()
+    };
+    let keyed = |key: &str| RequestOptions {
+        key: Some(key.to_owned()),
+        ..RequestOptions::default()
+    };
+    // (model, streaming, key) -> the request's id and its last record.
+    let mut ids = std::collections::BTreeMap::new();
+    for (name, model, streaming) in [
+        ("streamed", "normal", true),
+        ("whole", "normal", false),
+        ("retried-429", "rate_limited_once", true),
+        ("error-mid-stream", "error_mid_stream", true),
+        ("dropped", "drop_mid_stream", true),
+        ("stalled", "stall", true),
+    ] {
+        let mut s = client
+            .request_with(&ask(model, streaming), keyed("team-a"))
+            .await
+            .unwrap();
+        let id = s.id().to_owned();
+        let mut last = None;
+        while let Some(item) = s.next().await {
+            if let Received::Record(r) = item.unwrap() {
+                last = Some(r);
+            }
+        }
+        ids.insert(name, (id, last.unwrap()));
+    }
+    // Cancelled after its first chunk: the stream is dropped, the processor told.
+    let mut s = client
+        .request_with(&ask("gated", true), keyed("team-b"))
+        .await
+        .unwrap();
+    let cancelled_id = s.id().to_owned();
+    let first = s.next().await.unwrap().unwrap();
+    assert!(matches!(first, Received::Record(ref r) if r.response == "Hel"));
+    drop(s);
+    // No provider call: nothing to bill.
+    let listed = client
+        .request(&TextCompletionRequest {
+            operation: Some(sluice_schema::LIST_MODELS.into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let listed_id = listed.id().to_owned();
+    records_of_one_attempt(listed).await;
+
+    // The cancelled attempt's record is written when the processor has stopped it.
+    let mut records = Vec::new();
+    for _ in 0..20 {
+        records = ledger_records(bus.clone(), &usage_topic).await;
+        if records.iter().any(|r| r.id == cancelled_id) {
+            break;
+        }
+    }
+    let by_id = |id: &str| -> Vec<&UsageRecord> { records.iter().filter(|r| r.id == id).collect() };
+    assert!(
+        by_id(&listed_id).is_empty(),
+        "list-models calls no provider"
+    );
+    assert_eq!(records.len(), 7, "one record per request: {records:#?}");
+    let one = |name: &str| -> UsageRecord {
+        let found = by_id(&ids[name].0);
+        assert_eq!(found.len(), 1, "{name}: {found:#?}");
+        found[0].clone()
+    };
+    for name in ["streamed", "whole", "retried-429"] {
+        let r = one(name);
+        assert_eq!(
+            (
+                r.input_tokens,
+                r.output_tokens,
+                r.estimated,
+                r.outcome.as_str()
+            ),
+            (11, 3, false, "answered"),
+            "{name}: the provider's own count, once"
+        );
+        assert_eq!(r.key.as_deref(), Some("team-a"));
+        assert_eq!(
+            (r.model.as_deref(), r.provider.as_deref()),
+            (Some("routed"), Some("openai"))
+        );
+        assert_eq!(r.service, "echo");
+        assert_eq!(r.streaming, name != "whole");
+        let cost = r.cost.unwrap();
+        assert!((cost - 17e-6).abs() < 1e-12, "{name}: {cost}");
+        // What the ledger says is what the caller was told.
+        assert_eq!(r.id, ids[name].0);
+    }
+    for name in ["error-mid-stream", "dropped", "stalled"] {
+        let r = one(name);
+        assert_eq!(r.outcome, "error", "{name}");
+        assert_eq!(
+            r.error.as_deref(),
+            Some(ids[name].1.error.as_ref().unwrap().kind.as_str())
+        );
+        // `Hel` arrived, the usage never did: one chunk counted.
+        assert_eq!(
+            (r.input_tokens, r.output_tokens, r.estimated),
+            (0, 1, true),
+            "{name}"
+        );
+    }
+    let c = by_id(&cancelled_id);
+    assert_eq!(c.len(), 1, "{c:#?}");
+    assert_eq!(
+        (
+            c[0].outcome.as_str(),
+            c[0].output_tokens,
+            c[0].estimated,
+            c[0].key.as_deref()
+        ),
+        ("cancelled", 1, true, Some("team-b"))
+    );
+    // The metrics count the same tokens and cost.
+    let text = telemetry.render();
+    let sum = |prefix: &str| metric_value(&text, prefix);
+    assert_eq!(
+        sum("sluice_usage_tokens_total{key=\"team-a\",kind=\"input\""),
+        33.0
+    );
+    assert_eq!(
+        sum("sluice_usage_tokens_total{key=\"team-a\",kind=\"output\""),
+        12.0
+    );
+    assert_eq!(sum("sluice_usage_records_total{outcome=\"error\"}"), 3.0);
+    assert_eq!(sum("sluice_usage_unrecorded_total"), 0.0);
     client.close().await;
     processor.stop().await;
 }

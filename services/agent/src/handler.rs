@@ -342,6 +342,7 @@ impl AgentService {
         };
         let options = RequestOptions {
             traceparent: ctx.traceparent.clone(),
+            key: ctx.key.clone(),
             total_timeout: Some(remaining),
             ..RequestOptions::default()
         };
@@ -608,7 +609,12 @@ impl Handler for AgentService {
                         let result = trace::OUTBOUND
                             .scope(
                                 span.traceparent(),
-                                t.invoke(&arguments, Some(span.traceparent()), timeout),
+                                t.invoke(
+                                    &arguments,
+                                    Some(span.traceparent()),
+                                    ctx.key.clone(),
+                                    timeout,
+                                ),
                             )
                             .await;
                         let outcome = match &result {

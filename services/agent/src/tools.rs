@@ -358,10 +358,13 @@ impl Tool {
         &self,
         arguments: &BTreeMap<String, String>,
         traceparent: Option<String>,
+        key: Option<String>,
         timeout: Duration,
     ) -> Result<String, ToolError> {
+        // The key goes on to the services the tool calls, whose usage it is billed.
         let options = RequestOptions {
             traceparent,
+            key,
             total_timeout: Some(timeout),
             ..RequestOptions::default()
         };

@@ -25,6 +25,7 @@ mod invoke;
 mod prompt;
 mod serve;
 mod text_completion;
+mod usage;
 
 use std::{ffi::OsString, process::ExitCode};
 
@@ -84,6 +85,9 @@ enum Command {
         #[command(subcommand)]
         command: PulsarCommand,
     },
+    /// Reads the usage ledger from its start: the records as NDJSON, or `--summary` totals
+    /// by key and model (docs/text-completion.md#usage-ledger).
+    Usage(Box<usage::UsageArgs>),
     /// API keys for the gateway's keys file (docs/gateway.md#api-keys).
     Keys {
         #[command(subcommand)]
@@ -222,6 +226,19 @@ impl Invocation {
                 }
             };
         }
+        if let Command::Usage(args) = cli.command {
+            // Its output is the ledger: no log lines unless asked for.
+            if std::env::var_os("RUST_LOG").is_some() {
+                init_tracing(cli.log_format);
+            }
+            return match usage::run(*args).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("sluice: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         init_tracing(cli.log_format);
         let otlp = match &cli.otlp_endpoint {
             Some(endpoint) if !endpoint.is_empty() => {
@@ -274,6 +291,7 @@ impl Command {
             Command::Topics { .. } => "topics",
             Command::Pulsar { .. } => "pulsar",
             Command::Keys { .. } => "keys",
+            Command::Usage(_) => "usage",
         }
     }
 }
@@ -313,7 +331,7 @@ async fn run(command: Command) -> Result<(), String> {
         Command::Gateway(args) => gateway::run(*args).await,
         Command::Prompt(args) => prompt::run(*args).await,
         Command::Agent(args) => agent::run(*args).await,
-        Command::Invoke(_) => Ok(()),
+        Command::Invoke(_) | Command::Usage(_) => Ok(()),
         Command::Keys { command } => keys(command),
         Command::Topics {
             command: TopicsCommand::Resolve { mapping, names },

@@ -18,7 +18,7 @@ use tracing::info;
 
 use crate::{
     agent::{AgentArgs, agent_service},
-    common::{BusArgs, cancel_topic, connect},
+    common::{BusArgs, cancel_topic, connect, pulsar_admin},
     gateway::{GatewayArgs, serve_until},
     prompt::{LlmServiceArgs, TemplateArgs, template_store},
     text_completion::{LlmArgs, service},
@@ -89,7 +89,7 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         c.drain_grace = grace;
         Ok(c)
     };
-    let tc_config = processor_config(ServiceKind::TextCompletion)?;
+    let mut tc_config = processor_config(ServiceKind::TextCompletion)?;
     let prompt_config = processor_config(ServiceKind::Prompt)?;
     let agent_config = processor_config(ServiceKind::Agent)?;
     // The prompt processor reaches text-completion by the same default topics.
@@ -126,6 +126,17 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         },
         "sluice serve starting"
     );
+    let admin = args
+        .pulsar_admin_url
+        .as_deref()
+        .map(|url| pulsar_admin(url, args.pulsar_tls_ca_file.as_deref()))
+        .transpose()?;
+    // On the in-process bus nobody can read the ledger's topic: its metrics are what counts.
+    tc_config.ledger = args
+        .llm
+        .usage
+        .ledger(&*bus, &telemetry, admin.as_ref())
+        .await?;
     let llm_client = llm_service.client(bus.clone(), mapping, &telemetry).await?;
     args.templates.announce_content_logging();
     let prompt_handler = Arc::new(

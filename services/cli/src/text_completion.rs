@@ -5,7 +5,11 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 use clap::Args;
 use serde::Deserialize;
 use sluice_runtime::{
-    flows::run_flows_until_signalled, processor::run_until_signalled, telemetry::Telemetry,
+    bus::{Bus, admin::PulsarAdmin},
+    flows::run_flows_until_signalled,
+    ledger::{Ledger, Prices},
+    processor::run_until_signalled,
+    telemetry::Telemetry,
 };
 pub use sluice_text_completion::config::ProviderKind;
 use sluice_text_completion::{
@@ -17,10 +21,11 @@ use sluice_text_completion::{
     provider::Provider,
     retry::RetryPolicy,
 };
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::common::{
     BusArgs, ConfigFileArgs, ConfigServiceArgs, ProcessorArgs, connect, processor_config,
+    pulsar_admin,
 };
 
 /// `sluice text-completion` options.
@@ -116,7 +121,91 @@ pub struct LlmArgs {
     /// With --fallback: seconds an open circuit breaker skips its provider before a probe.
     #[arg(long, env = "SLUICE_BREAKER_COOLDOWN_SECS", default_value_t = 30)]
     breaker_cooldown_secs: u64,
+    #[command(flatten)]
+    pub usage: UsageArgs,
 }
+
+/// The usage ledger (docs/text-completion.md#usage-ledger).
+#[derive(Args, Debug, Clone)]
+pub struct UsageArgs {
+    /// The topic the usage ledger is written to, one record per attempt that called the
+    /// provider [default: persistent://tg/response/usage]; `none` writes no ledger (its
+    /// metrics stay).
+    #[arg(long, env = "SLUICE_USAGE_TOPIC")]
+    usage_topic: Option<String>,
+    /// A TOML price table for the ledger's `cost`: `[[price]]` tables of `model`, optional
+    /// `provider`, and the `input` and `output` price of a million tokens.
+    #[arg(long, env = "SLUICE_PRICES_FILE")]
+    prices_file: Option<PathBuf>,
+}
+
+/// How long a usage topic without a retention of its own keeps the ledger (90 days): set
+/// when the processor starts with an admin URL, never over one the operator set.
+const USAGE_RETENTION_MINUTES: u32 = 90 * 24 * 60;
+
+impl UsageArgs {
+    /// The ledger's topic; `None` when turned off.
+    pub fn topic(&self) -> Option<String> {
+        match self.usage_topic.as_deref() {
+            Some("none") => None,
+            Some(t) => Some(t.to_owned()),
+            None => Some(DEFAULT_USAGE_TOPIC.to_owned()),
+        }
+    }
+
+    /// The price table (empty without a file).
+    pub fn prices(&self) -> Result<Prices, String> {
+        let Some(path) = &self.prices_file else {
+            return Ok(Prices::default());
+        };
+        let shown = path.display();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("--prices-file {shown}: cannot read it: {e}"))?;
+        let prices: Prices = toml::from_str(&text)
+            .map_err(|e: toml::de::Error| format!("--prices-file {shown}: {}", e.message()))?;
+        prices
+            .validate()
+            .map_err(|e| format!("--prices-file {shown}: {e}"))?;
+        Ok(prices)
+    }
+
+    /// The ledger on `bus`, its metrics in `telemetry`'s registry. With an admin URL, a persistent topic
+    /// without a retention of its own is given one (a topic without retention drops what no
+    /// subscription holds: the ledger would be gone before anyone read it).
+    pub async fn ledger(
+        &self,
+        bus: &dyn Bus,
+        telemetry: &Telemetry,
+        admin: Option<&PulsarAdmin>,
+    ) -> Result<Option<Arc<Ledger>>, String> {
+        let prices = self.prices()?;
+        let Some(topic) = self.topic() else {
+            return Ok(None);
+        };
+        let ledger = Ledger::open(bus, &topic, prices, &telemetry.registry).await?;
+        if let Some(admin) = admin.filter(|_| topic.starts_with("persistent://")) {
+            match admin.topic_retention(&topic).await {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    if let Err(e) = admin
+                        .set_topic_retention(&topic, USAGE_RETENTION_MINUTES, -1)
+                        .await
+                    {
+                        warn!(topic, error = %e, "cannot set the usage topic's retention; set it with pulsar-admin topics set-retention --time 90d --size -1");
+                    }
+                }
+                Err(e) => {
+                    warn!(topic, error = %e, "cannot read the usage topic's retention; make sure it has one (pulsar-admin topics set-retention --time 90d --size -1)");
+                }
+            }
+        }
+        info!(topic, "usage ledger on");
+        Ok(Some(Arc::new(ledger)))
+    }
+}
+
+/// The ledger's default topic.
+pub const DEFAULT_USAGE_TOPIC: &str = "persistent://tg/response/usage";
 
 /// A `--fallback` file: `[[provider]]` tables.
 #[derive(Deserialize)]
@@ -233,20 +322,32 @@ pub async fn run(args: TextCompletionArgs) -> Result<(), String> {
     let telemetry = Telemetry::new().map_err(|e| e.to_string())?;
     let handler = Arc::new(service(&args.llm, &telemetry)?);
     let mapping = args.bus.topic_mapping;
-    let (config, mut topics) = processor_config("text-completion", &args.processor, mapping)?;
+    let (mut config, mut topics) = processor_config("text-completion", &args.processor, mapping)?;
+    if args.flows.config_service {
+        topics.extend(args.flows.topic_names()?);
+    }
+    let bus = connect(&args.bus, &topics).await?;
+    let admin = args
+        .bus
+        .pulsar_admin_url
+        .as_deref()
+        .map(|url| pulsar_admin(url, args.bus.pulsar_tls_ca_file.as_deref()))
+        .transpose()?;
+    config.ledger = args
+        .llm
+        .usage
+        .ledger(&*bus, &telemetry, admin.as_ref())
+        .await?;
     if let Some(flows) = args
         .flows
         .flows("text-completion", mapping, &args.processor, &config)?
     {
-        topics.extend(args.flows.topic_names()?);
-        let bus = connect(&args.bus, &topics).await?;
         let service = Arc::new(TextCompletionFlows::new(&handler));
         run_flows_until_signalled(bus, flows, service, telemetry, args.processor.metrics_addr)
             .await
             .map_err(|e| e.to_string())?;
         return Ok(());
     }
-    let bus = connect(&args.bus, &topics).await?;
     run_until_signalled(bus, config, handler, telemetry, args.processor.metrics_addr)
         .await
         .map_err(|e| e.to_string())?;

@@ -221,6 +221,7 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
         format!("notify:{ts}:text-completion-cancel"),
     );
     let m0 = format!("127.0.0.1:{}", ports[0]);
+    let usage_topic = format!("persistent://{ts}/response/usage");
     let mut args = vec![
         "text-completion",
         "--provider",
@@ -235,6 +236,8 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
         &resp,
         "--cancel-topic",
         &cancel,
+        "--usage-topic",
+        &usage_topic,
         "--metrics-addr",
         &m0,
     ];
@@ -399,6 +402,67 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
         ]
     );
     assert_eq!(gamma_tokens, used as f64);
+
+    // The usage ledger, read with `sluice usage`: a record per admitted request under its
+    // key's name, and the tokens its callers were told. The topic was given a retention.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["usage", "--summary", "--topic", &usage_topic])
+        .args(["--pulsar-url", &broker.url])
+        .env_remove("SLUICE_CONFIG")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let totals: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let total = |key: &str| -> (u64, u64, u64) {
+        let t = totals
+            .iter()
+            .find(|t| t["key"] == key)
+            .unwrap_or_else(|| panic!("no ledger totals for {key}: {totals:?}"));
+        let n = |f: &str| t[f].as_u64().unwrap();
+        (
+            n("requests"),
+            n("attempts"),
+            n("input_tokens") + n("output_tokens"),
+        )
+    };
+    assert_eq!(total("alpha").0, alpha.admitted as u64);
+    assert_eq!(total("beta").0, beta.admitted as u64);
+    assert_eq!(total("open").0, open.admitted as u64);
+    assert_eq!(
+        total("gamma"),
+        (
+            (gamma.admitted + REPLICAS) as u64,
+            (gamma.admitted + REPLICAS) as u64,
+            used
+        ),
+        "gamma's ledger: requests, attempts, tokens"
+    );
+    assert_eq!(
+        total("alpha").2,
+        alpha.tokens,
+        "alpha's tokens as its callers were told"
+    );
+    let usage_retention: serde_json::Value = http
+        .get(format!(
+            "{}/admin/v2/persistent/{ts}/response/usage/retention",
+            broker.admin_url
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(usage_retention["retentionTimeInMinutes"], 90 * 24 * 60);
 
     // The limits topic is compacted (its threshold set by the gateways); compacted now, a
     // replica started afterwards reads the compacted view and still knows the day's usage:

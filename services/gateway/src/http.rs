@@ -489,6 +489,7 @@ pub(crate) async fn handle<K: Routed>(
     let options = RequestOptions {
         id: Some(request_id),
         traceparent: Some(tp),
+        key: caller.key().map(|k| k.name.to_string()),
         ..RequestOptions::default()
     };
     let read = match &resume {

@@ -978,6 +978,7 @@ pub(crate) async fn chat(
     let options = RequestOptions {
         id: Some(request_id.clone()),
         traceparent: Some(span.traceparent()),
+        key: caller.key().map(|k| k.name.to_string()),
         ..RequestOptions::default()
     };
     let read = match &resume {

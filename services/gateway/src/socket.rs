@@ -324,6 +324,7 @@ async fn serve<K: Routed>(
     let mut span = server_span(K::KIND.as_str(), None);
     let options = RequestOptions {
         traceparent: Some(span.traceparent()),
+        key: caller.key().map(|k| k.name.to_string()),
         ..RequestOptions::default()
     };
     let mut reader = match client.read(&request, options, reporting()).await {

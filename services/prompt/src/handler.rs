@@ -235,6 +235,7 @@ impl Handler for PromptService {
         };
         let options = RequestOptions {
             traceparent: ctx.traceparent.clone(),
+            key: ctx.key.clone(),
             ..RequestOptions::default()
         };
         debug!(template = %request.id, ?mode, "rendered; calling text-completion");

@@ -256,6 +256,8 @@ pub struct RequestOptions {
     pub id: Option<String>,
     /// W3C trace context to carry to the processor.
     pub traceparent: Option<String>,
+    /// The API key's name the request is billed to (see `sluice_schema::properties::KEY`).
+    pub key: Option<String>,
     /// Overrides the client's inactivity timeout.
     pub inactivity_timeout: Option<Duration>,
     /// Overrides the client's total timeout.
@@ -533,6 +535,9 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
         ]);
         if let Some(tp) = options.traceparent {
             properties.insert(properties::TRACEPARENT.to_owned(), tp);
+        }
+        if let Some(key) = options.key {
+            properties.insert(properties::KEY.to_owned(), key);
         }
         // Every record of this request comes after what the router has read so far.
         let resume_after = *lock(&self.latest);

@@ -7,6 +7,7 @@
 //! - [`reader`]: reading a response stream under a restart policy, failures as error records;
 //! - [`flows`]: flows assigned by TrustGraph's config service (`--config-service`);
 //! - [`cancel`]: client cancellation over the bus;
+//! - [`ledger`]: the usage ledger, one record per attempt that called a provider;
 //! - [`ndjson`]: the incremental NDJSON line splitter of the seeds;
 //! - [`telemetry`]: metrics, `/metrics` `/healthz` `/readyz`, tracing, shutdown signals;
 //! - [`secret`]: secrets from the environment or files, never printed.
@@ -18,6 +19,7 @@ pub mod bus;
 pub mod cancel;
 pub mod client;
 pub mod flows;
+pub mod ledger;
 pub mod ndjson;
 pub mod processor;
 pub mod reader;

@@ -49,6 +49,7 @@ pub use crate::sink::{
 use crate::{
     bus::{Bus, BusError, Delivery, Message, Publisher, SubscribeOptions},
     cancel::{self, CancelRegistry},
+    ledger::{AttemptEnd, Ledger, STORE_WAIT, UsageMeter},
     sink::Pacer,
     store::StoreGuard,
     sync::StreamBook,
@@ -86,6 +87,11 @@ pub struct ProcessorConfig {
     /// How the response records are paced (see [`crate::sink`]): by default only on a
     /// non-persistent response topic.
     pub pacing: Pacing,
+    /// Where a usage record of every attempt that called a provider goes (see
+    /// [`crate::ledger`]); `None` writes none. Only the processor that calls providers
+    /// (text-completion) keeps one: the prompt and agent processors' usage is that of the
+    /// text-completion requests they make.
+    pub ledger: Option<Arc<Ledger>>,
 }
 
 impl ProcessorConfig {
@@ -106,6 +112,7 @@ impl ProcessorConfig {
             cancel_topic: None,
             flow: None,
             pacing: Pacing::default(),
+            ledger: None,
         }
     }
 }
@@ -122,6 +129,11 @@ pub struct RequestContext {
     pub redelivery_count: u32,
     /// The caller's W3C `traceparent`, if any.
     pub traceparent: Option<String>,
+    /// The API key's name the request is billed to ([`properties::KEY`]); a handler that
+    /// makes requests of its own passes it on.
+    pub key: Option<String>,
+    /// Where the handler reports what its provider calls used, for the usage ledger.
+    pub usage: UsageMeter,
 }
 
 /// A service's business: turn one request into a stream of response records.
@@ -561,6 +573,7 @@ async fn handle_delivery<H: Handler>(
         metrics.records_counter(processor),
     );
     let in_flight = cancels.begin(&id);
+    let meter = UsageMeter::default();
     let outcome = async {
         let Some(in_flight) = in_flight else {
             debug!("cancelled by its client before it was taken");
@@ -587,6 +600,8 @@ async fn handle_delivery<H: Handler>(
                     attempt: attempt.clone(),
                     redelivery_count: delivery.redelivery_count(),
                     traceparent,
+                    key: delivery.property(properties::KEY).map(str::to_owned),
+                    usage: meter.clone(),
                 };
                 // Dropping the handler's future on a client cancel, or when the drain grace
                 // runs out, drops its provider call (and closes that connection) wherever it
@@ -652,6 +667,37 @@ async fn handle_delivery<H: Handler>(
     }
     trace_span.end();
     metrics.in_flight(processor, -1);
+    if let Some(ledger) = &config.ledger {
+        let handed_back = !(flushed.is_ok() && sink.is_ended());
+        let usage = match outcome {
+            _ if handed_back => "retried",
+            Outcome::Error | Outcome::Malformed => "error",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Retried => "retried",
+            Outcome::Success | Outcome::Continued => "answered",
+        };
+        let end = AttemptEnd {
+            id: &id,
+            attempt: &attempt,
+            key: delivery.property(properties::KEY),
+            flow: config.flow.as_deref(),
+            service: processor,
+            outcome: usage,
+            error: sink.error_kind(),
+            duration: started.elapsed(),
+            redelivery_count: delivery.redelivery_count(),
+        };
+        if let Some(record) = ledger.record_of(&end, &meter) {
+            // Stored before the ack (see crate::ledger). When the broker just failed to
+            // store the records, it is not waited for long: the request goes back to it.
+            let wait = if flushed.is_err() {
+                Duration::from_secs(2)
+            } else {
+                STORE_WAIT
+            };
+            ledger.write(&record, wait).instrument(span.clone()).await;
+        }
+    }
     let _enter = span.enter();
     let requests_come_back = requests_come_back(config);
     match flushed {

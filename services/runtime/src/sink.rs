@@ -243,6 +243,7 @@ pub struct ResponseSink<R: ResponseRecord> {
     // Copies of the core's state as of the last call, for the synchronous accessors.
     ended: bool,
     ended_with_error: bool,
+    error_kind: Option<String>,
     published: u64,
     handed_off: bool,
 }
@@ -265,6 +266,8 @@ struct Core<R> {
     failed: Option<BusError>,
     ended: bool,
     ended_with_error: bool,
+    /// The terminal error record's kind.
+    error_kind: Option<String>,
     published: u64,
     /// On a non-persistent response topic: the processor's account for its syncs, and this
     /// stream's attempt.
@@ -316,6 +319,7 @@ impl<R: ResponseRecord> ResponseSink<R> {
                 failed: None,
                 ended: false,
                 ended_with_error: false,
+                error_kind: None,
                 published: 0,
                 book,
                 pace,
@@ -323,6 +327,7 @@ impl<R: ResponseRecord> ResponseSink<R> {
             })),
             ended: false,
             ended_with_error: false,
+            error_kind: None,
             published: 0,
             handed_off: false,
         }
@@ -331,6 +336,9 @@ impl<R: ResponseRecord> ResponseSink<R> {
     fn mirror(&mut self, core: &Core<R>) {
         self.ended = core.ended || self.handed_off;
         self.ended_with_error = core.ended_with_error;
+        if self.error_kind.is_none() && core.error_kind.is_some() {
+            self.error_kind.clone_from(&core.error_kind);
+        }
         self.published = core.published;
     }
 
@@ -428,6 +436,11 @@ impl<R: ResponseRecord> ResponseSink<R> {
     /// Whether the terminal record sent was an error.
     pub fn ended_with_error(&self) -> bool {
         self.ended_with_error
+    }
+
+    /// The terminal error record's kind (`llm-error`, ...), when the stream ended with one.
+    pub fn error_kind(&self) -> Option<&str> {
+        self.error_kind.as_deref()
     }
 
     /// True once the terminal record is sent (or the request was handed off).
@@ -543,6 +556,7 @@ impl<R: ResponseRecord> Core<R> {
                 if record.is_terminal() {
                     self.ended = true;
                     self.ended_with_error = record.error().is_some();
+                    self.error_kind = record.error().map(|e| e.kind.as_str().to_owned());
                 }
                 Ok(())
             }
@@ -556,6 +570,7 @@ impl<R: ResponseRecord> Core<R> {
                 self.publish(&error).await?;
                 self.ended = true;
                 self.ended_with_error = true;
+                self.error_kind = Some(ErrorKind::MessageTooLarge.as_str().to_owned());
                 Err(SinkError::Ended)
             }
             Err(e) => Err(SinkError::Bus(e)),

@@ -19,6 +19,7 @@ use std::{borrow::Cow, sync::Arc};
 use async_trait::async_trait;
 use futures::StreamExt;
 use sluice_runtime::{
+    ledger::UsageMeter,
     processor::{Handler, RequestContext, ResponseSink, SinkError},
     trace,
 };
@@ -45,20 +46,38 @@ impl From<ProviderError> for Stop {
 }
 
 /// Turns a provider's running totals into deltas.
-#[derive(Debug, Default)]
+/// Each delta also goes to the attempt's usage meter (the usage ledger's count).
+#[derive(Debug)]
 struct UsageDeltas {
     reported: bool,
     last: Usage,
     pending: Usage,
+    meter: UsageMeter,
 }
 
 impl UsageDeltas {
+    /// A provider call starts: counts start again, and the meter counts a new call.
+    fn call(meter: &UsageMeter) -> Self {
+        meter.call();
+        Self {
+            reported: false,
+            last: Usage::default(),
+            pending: Usage::default(),
+            meter: meter.clone(),
+        }
+    }
+
     fn observe(&mut self, snapshot: Usage) {
         self.reported = true;
         // A repeated snapshot adds nothing.
         let merged = self.last.merge(snapshot);
-        self.pending.input += merged.input - self.last.input;
-        self.pending.output += merged.output - self.last.output;
+        let (input, output) = (
+            merged.input - self.last.input,
+            merged.output - self.last.output,
+        );
+        self.pending.input += input;
+        self.pending.output += output;
+        self.meter.usage(input, output);
         self.last = merged;
     }
 
@@ -347,7 +366,7 @@ impl TextCompletionService {
         let mut retry = 0;
         loop {
             answer.by = None;
-            let mut usage = UsageDeltas::default();
+            let mut usage = UsageDeltas::call(&ctx.usage);
             let mut published = 0u64;
             let mut finish_reason = None;
             let outcome: Result<(), Stop> = async {
@@ -355,7 +374,7 @@ impl TextCompletionService {
                 loop {
                     let Some(chunk) = chunks.next().await else { return Ok(()) };
                     let chunk = chunk?;
-                    answer.observe(chunk.answered_by);
+                    answer.observe(chunk.answered_by, &ctx.usage);
                     if let Some(u) = chunk.usage {
                         usage.observe(u);
                     }
@@ -365,6 +384,7 @@ impl TextCompletionService {
                     if chunk.text.is_empty() {
                         continue;
                     }
+                    ctx.usage.chunk();
                     if published == 0 {
                         self.metrics
                             .ttft
@@ -395,6 +415,7 @@ impl TextCompletionService {
             let [provider, model] = answer.labels();
             match outcome {
                 Ok(()) => {
+                    ctx.usage.finished();
                     let (in_token, out_token) = usage.take();
                     let ended = sink
                         .send(TextCompletionResponse {
@@ -450,11 +471,12 @@ impl TextCompletionService {
         let mut retry = 0;
         loop {
             answer.by = None;
+            let mut usage = UsageDeltas::call(&ctx.usage);
             let result = self.provider.generate(request).await;
-            let mut usage = UsageDeltas::default();
             match result {
                 Ok(done) => {
-                    answer.observe(done.answered_by);
+                    answer.observe(done.answered_by, &ctx.usage);
+                    ctx.usage.finished();
                     let [provider, model] = answer.labels();
                     if let Some(u) = done.usage {
                         usage.observe(u);
@@ -518,9 +540,12 @@ impl<'a> Answer<'a> {
         }
     }
 
-    fn observe(&mut self, by: Option<AnsweredBy>) {
+    /// Takes note of who answered, also on the attempt's usage meter.
+    fn observe(&mut self, by: Option<AnsweredBy>, meter: &UsageMeter) {
         if by.is_some() {
             self.by = by;
+            let [provider, model] = self.labels();
+            meter.answered_by(provider, model);
         }
     }
 
@@ -623,6 +648,8 @@ impl Handler for TextCompletionService {
         let started = Instant::now();
         let [provider, model] = self.labels(&request);
         let streaming = request.streaming && self.provider.supports_streaming();
+        ctx.usage.streaming(streaming);
+        ctx.usage.answered_by(provider, model);
         info!(event = "llm_request_started", request_id = %ctx.id, provider, model,
               endpoint = %self.endpoint, streaming, attempt = %ctx.attempt);
         let mut in_flight = InFlight::new(&self.metrics, provider, model);
@@ -738,7 +765,7 @@ mod tests {
 
     #[test]
     fn running_totals_become_deltas_that_sum_to_the_totals() {
-        let mut d = UsageDeltas::default();
+        let mut d = UsageDeltas::call(&UsageMeter::default());
         assert_eq!(d.take(), (None, None), "nothing reported yet");
         // Anthropic: input and 1 output token at message_start, then running output totals,
         // one repeated.

@@ -190,6 +190,32 @@ impl PulsarAdmin {
             .await
     }
 
+    /// The retention set on `topic` itself (not its namespace's), as minutes and MiB; `None`
+    /// when it has none of its own.
+    pub async fn topic_retention(&self, topic: &str) -> Result<Option<(i64, i64)>, BusError> {
+        let Some(path) = topic.strip_prefix("persistent://") else {
+            return Ok(None);
+        };
+        let what = format!("reading the retention of {topic}");
+        let resp = self
+            .expect_ok(
+                &what,
+                self.request(
+                    reqwest::Method::GET,
+                    &format!("/admin/v2/persistent/{path}/retention"),
+                ),
+            )
+            .await?;
+        // Pulsar answers `null`, an empty body or `{}` when the topic has no policy.
+        let body = resp
+            .text()
+            .await
+            .map_err(|e| BusError::Unavailable(format!("{what}: {e}")))?;
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        let field = |name: &str| v.get(name).and_then(serde_json::Value::as_i64);
+        Ok(field("retentionTimeInMinutes").map(|m| (m, field("retentionSizeInMB").unwrap_or(0))))
+    }
+
     /// POSTs `body` to the topic policy `policy` of the persistent `topic`.
     async fn set_topic_policy(
         &self,

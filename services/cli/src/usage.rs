@@ -1,0 +1,142 @@
+//! `sluice usage`: reads the usage ledger (docs/text-completion.md#usage-ledger) from its
+//! start, as NDJSON records or as totals by key and model.
+
+use std::{collections::BTreeMap, collections::HashSet, sync::Arc, time::Duration};
+
+use clap::Args;
+use serde::Serialize;
+use sluice_runtime::bus::{Bus, StartPosition, SubscribeOptions, SubscriptionKind};
+use sluice_schema::UsageRecord;
+
+use crate::{
+    common::{BusArgs, connect},
+    text_completion::DEFAULT_USAGE_TOPIC,
+};
+
+/// `sluice usage` options.
+#[derive(Args, Debug)]
+pub struct UsageArgs {
+    #[command(flatten)]
+    bus: BusArgs,
+    /// The ledger's topic.
+    #[arg(long, env = "SLUICE_USAGE_TOPIC", default_value = DEFAULT_USAGE_TOPIC)]
+    topic: String,
+    /// Totals by key and model (requests, attempts, tokens, cost) instead of the records.
+    #[arg(long)]
+    summary: bool,
+    /// Only the records of this API key's name.
+    #[arg(long)]
+    key: Option<String>,
+    /// Only the records of attempts that ended at or after this time (milliseconds since
+    /// the Unix epoch).
+    #[arg(long)]
+    since_ms: Option<u64>,
+    /// The ledger has been read to its end once no record came for this many milliseconds.
+    #[arg(long, default_value_t = 1500)]
+    quiet_ms: u64,
+}
+
+/// One line of `--summary`.
+#[derive(Debug, Default, Serialize)]
+struct Total {
+    key: Option<String>,
+    model: Option<String>,
+    requests: u64,
+    attempts: u64,
+    input_tokens: u64,
+    output_tokens: u64,
+    /// Attempts whose output was counted from chunks.
+    estimated: u64,
+    cost: Option<f64>,
+}
+
+/// The totals by key and model, with the request ids counted in each.
+type Totals = BTreeMap<(Option<String>, Option<String>), (Total, HashSet<String>)>;
+
+/// Reads the ledger to its end and prints it.
+pub async fn run(args: UsageArgs) -> Result<(), String> {
+    let bus: Arc<dyn Bus> = connect(&args.bus, &[]).await?;
+    if !bus.keeps_messages() {
+        return Err("the usage ledger is read from Pulsar: give --pulsar-url".into());
+    }
+    let options = SubscribeOptions {
+        kind: SubscriptionKind::Exclusive,
+        // Non-durable, from the first message: reading leaves nothing behind on the broker.
+        start: StartPosition::Replay,
+        prefetch: 1000,
+        consumer_name: None,
+    };
+    let subscription = format!("sluice-usage-{}", uuid::Uuid::new_v4().simple());
+    let mut sub = bus
+        .subscribe(&args.topic, &subscription, options)
+        .await
+        .map_err(|e| format!("cannot read {}: {e}", args.topic))?;
+    let quiet = Duration::from_millis(args.quiet_ms.max(1));
+    let mut seen = HashSet::new();
+    let mut totals = Totals::new();
+    let mut skipped = 0u64;
+    let mut out = std::io::stdout();
+    loop {
+        let delivery = match tokio::time::timeout(quiet, sub.next()).await {
+            Err(_) | Ok(None) => break,
+            Ok(Some(Err(e))) => return Err(format!("reading {}: {e}", args.topic)),
+            Ok(Some(Ok(d))) => d,
+        };
+        let record: UsageRecord = match serde_json::from_slice(delivery.payload()) {
+            Ok(r) => r,
+            Err(_) => {
+                skipped += 1;
+                delivery.ack();
+                continue;
+            }
+        };
+        delivery.ack();
+        // A record stored twice (a publish whose receipt was lost) counts once.
+        if !seen.insert(record.attempt.clone()) {
+            continue;
+        }
+        if args
+            .key
+            .as_ref()
+            .is_some_and(|k| record.key.as_ref() != Some(k))
+            || args.since_ms.is_some_and(|t| record.ended_at_ms < t)
+        {
+            continue;
+        }
+        if args.summary {
+            let (total, requests) = totals
+                .entry((record.key.clone(), record.model.clone()))
+                .or_default();
+            total.attempts += 1;
+            if requests.insert(record.id.clone()) {
+                total.requests += 1;
+            }
+            total.input_tokens = total.input_tokens.saturating_add(record.input_tokens);
+            total.output_tokens = total.output_tokens.saturating_add(record.output_tokens);
+            total.estimated += u64::from(record.estimated);
+            if let Some(c) = record.cost {
+                total.cost = Some(total.cost.unwrap_or(0.0) + c);
+            }
+        } else {
+            line(&mut out, &record)?;
+        }
+    }
+    sub.close().await;
+    for ((key, model), (mut total, _)) in totals {
+        total.key = key;
+        total.model = model;
+        line(&mut out, &total)?;
+    }
+    if skipped > 0 {
+        eprintln!(
+            "sluice: {skipped} message(s) on {} are not usage records",
+            args.topic
+        );
+    }
+    Ok(())
+}
+
+fn line(out: &mut impl std::io::Write, value: &impl Serialize) -> Result<(), String> {
+    let text = serde_json::to_string(value).map_err(|e| e.to_string())?;
+    writeln!(out, "{text}").map_err(|e| e.to_string())
+}
