@@ -405,6 +405,8 @@ set_up_tenants() {
   grant sluice-gateway produce persistent://tg/request/text-completion
   grant sluice-gateway produce persistent://tg/notify/text-completion-cancel
   grant sluice-gateway consume persistent://tg/response/text-completion
+  # The usage ledger (docs/text-completion.md#usage-ledger).
+  grant sluice-processor produce persistent://tg/response/usage
   touch "$STATE/.set-up"
 }
 

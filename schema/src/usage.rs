@@ -22,6 +22,10 @@ pub struct UsageRecord {
     /// came onto the bus without one.
     #[serde(default)]
     pub key: Option<String>,
+    /// The W3C trace id of the attempt (its processor span's), to find it among traces and
+    /// in the provider's logs (the provider call carries it in its `traceparent` header).
+    #[serde(default)]
+    pub trace_id: Option<String>,
     /// The TrustGraph flow (`workspace/flow`) the processor served the request for.
     #[serde(default)]
     pub flow: Option<String>,

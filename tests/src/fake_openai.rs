@@ -69,6 +69,22 @@ pub struct OpenAiSeen {
     abandoned: Arc<std::sync::atomic::AtomicUsize>,
     gate: Arc<tokio::sync::Notify>,
     per_message: Calls,
+    chaos_calls: Vec<ChaosCall>,
+}
+
+/// One call of a `chaos-*` model as the fake saw it: what a provider bills for it.
+#[derive(Debug, Clone)]
+pub struct ChaosCall {
+    /// The trace id of the call's `traceparent` header.
+    pub trace_id: Option<String>,
+    /// When it came.
+    pub at: std::time::Instant,
+    /// What the provider bills: the usage it reported (input and output) for an answer it
+    /// finished, the pieces of text it sent for one it cut (a dropped connection, a stall),
+    /// nothing for a refusal.
+    pub billed: u64,
+    /// Set when the client went away before the fake's script ended (a streamed answer).
+    pub abandoned: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Fake<OpenAiSeen> {
@@ -102,6 +118,11 @@ impl Fake<OpenAiSeen> {
     }
 
     /// Streams whose client closed the connection before the end (aborted provider calls).
+    pub fn chaos_calls(&self) -> Vec<ChaosCall> {
+        self.seen().chaos_calls.clone()
+    }
+
+    /// Streams whose client went away before the end.
     pub fn abandoned_streams(&self) -> usize {
         self.seen()
             .abandoned
@@ -273,8 +294,25 @@ async fn chat(
         .to_owned();
     let tool_answer = react_tool_answer(&model, &user_message);
     if let Some(fault) = model.strip_prefix("chaos-") {
-        let call = seen.lock().unwrap().per_message.count(&user_message);
-        return chaos(fault, call, stream, &user_message, abandoned).await;
+        let trace_id = headers
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|tp| tp.split('-').nth(1))
+            .map(str::to_owned);
+        let call_abandoned: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
+        let call = {
+            let mut s = seen.lock().unwrap();
+            let call = s.per_message.count(&user_message);
+            s.chaos_calls.push(ChaosCall {
+                trace_id,
+                at: std::time::Instant::now(),
+                billed: chaos_billed(fault, call, stream, &user_message),
+                abandoned: call_abandoned.clone(),
+            });
+            call
+        };
+        drop(abandoned);
+        return chaos(fault, call, stream, &user_message, call_abandoned).await;
     }
     if !stream {
         let (content, input, output) = if model.starts_with("replay-") {
@@ -522,6 +560,21 @@ fn final_server_error() -> Response {
     resp.headers_mut()
         .insert("x-should-retry", "false".parse().unwrap());
     resp
+}
+
+/// What a provider bills for call `call` (from 1) of a `chaos-*` model (see [`chaos`]): the
+/// usage it reports when it finishes the answer (after a malformed event too), the one piece
+/// of text it sends before it drops the connection or stalls, nothing when it refuses or
+/// never answers.
+fn chaos_billed(fault: &str, call: usize, stream: bool, message: &str) -> u64 {
+    let words = u64::try_from(message.split_whitespace().count()).unwrap_or(0);
+    match (fault, call, stream) {
+        ("429" | "500", 1, _) => 0,
+        ("drop" | "stall", _, false) => 0,
+        // The malformed event is one the client skips: the answer and its usage follow.
+        ("drop" | "stall", _, true) => u64::from(!message.is_empty()),
+        _ => 9 + words,
+    }
 }
 
 /// The `chaos-*` models (see the module doc); `call` counts this message's calls from 1.

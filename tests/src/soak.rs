@@ -334,6 +334,10 @@ pub struct SoakReport {
     /// Wire audit: response records read, terminal records, requests with more than one
     /// terminal record stored, records stored twice.
     pub audit: (u64, u64, u64, u64),
+    /// The usage ledger against the fake's own count of the `chaos-*` calls, per trace:
+    /// traces compared, equal, short where a text-completion replica was killed or the call
+    /// was cut by its client, and the tokens those were short by.
+    pub ledger: (u64, u64, u64, u64),
 }
 
 impl SoakReport {
@@ -347,7 +351,7 @@ impl SoakReport {
         let mut md = String::new();
         let _ = writeln!(
             md,
-            "| soak | figure |\n|---|---|\n| traffic | {:.1} min, {} requests |\n| answered in full | {} |\n| ended with a clear error | {} |\n| lost, wrong or broken | {} |\n| replicas killed (SIGKILL) | {} |\n| broker faults | {} ({}) |\n| in-flight gauges back to 0 after traffic | {} |\n| wire: response records / terminal / requests with a 2nd terminal stored / records stored twice | {} / {} / {} / {} |",
+            "| soak | figure |\n|---|---|\n| traffic | {:.1} min, {} requests |\n| answered in full | {} |\n| ended with a clear error | {} |\n| lost, wrong or broken | {} |\n| replicas killed (SIGKILL) | {} |\n| broker faults | {} ({}) |\n| in-flight gauges back to 0 after traffic | {} |\n| wire: response records / terminal / requests with a 2nd terminal stored / records stored twice | {} / {} / {} / {} |\n| usage ledger against the fake's count, per trace: compared / equal / short after a kill or a cut call (tokens) | {} / {} / {} ({}) |",
             self.duration.as_secs_f64() / 60.0,
             self.requests,
             self.answered,
@@ -370,6 +374,10 @@ impl SoakReport {
             self.audit.1,
             self.audit.2,
             self.audit.3,
+            self.ledger.0,
+            self.ledger.1,
+            self.ledger.2,
+            self.ledger.3,
         );
         let _ = writeln!(md, "\n| request kind | outcome | count |\n|---|---|---|");
         for ((kind, verdict), n) in &self.outcomes {
@@ -695,6 +703,11 @@ struct FaultDone {
     disrupted: Duration,
 }
 
+/// The soak's usage ledger topic in topicspace `ts`.
+fn usage_topic(ts: &str) -> String {
+    format!("persistent://{ts}/response/usage")
+}
+
 /// The soak's least-privilege grants on the cluster: each processor consumes its requests and
 /// cancels and produces its answers, the gateway's role (also the callers' and the auditor's)
 /// the opposite; the prompt and agent processors are also clients of text-completion, the
@@ -729,6 +742,10 @@ async fn grant_soak(cluster: &Cluster, ts: &str) -> Result<(), String> {
     }
     let [agent_req, _, _] = topics(ts, "agent");
     add(&agent_req, "sluice-processor", "produce");
+    // The usage ledger: written by text-completion, read back by the soak as the gateway's
+    // role.
+    add(&usage_topic(ts), "sluice-processor", "produce");
+    add(&usage_topic(ts), "sluice-gateway", "consume");
     for (topic, roles) in &grants {
         for (role, actions) in roles {
             cluster.try_grant(topic, role, actions).await?;
@@ -827,6 +844,8 @@ impl Fleet {
                     "10",
                     "--concurrency",
                     "64",
+                    "--usage-topic",
+                    &usage_topic(self.target.topicspace()),
                 ]
                 .iter()
                 .map(|s| (*s).to_owned()),
@@ -1693,6 +1712,23 @@ async fn soak(config: &SoakConfig, target: Arc<Target>) -> Result<SoakReport, St
             .push("the wire auditor read no response record".into());
     }
 
+    // The usage ledger against the fake's own count (issue #25.4).
+    match compare_ledger(
+        &bus,
+        &usage_topic(&ts),
+        &fake.chaos_calls(),
+        started,
+        &report.kill_at,
+    )
+    .await
+    {
+        Ok((figures, findings)) => {
+            report.ledger = figures;
+            report.violations.extend(findings);
+        }
+        Err(e) => report.violations.push(format!("usage ledger: {e}")),
+    }
+
     let results = std::mem::take(
         &mut *results
             .lock()
@@ -1760,6 +1796,110 @@ async fn soak(config: &SoakConfig, target: Arc<Target>) -> Result<SoakReport, St
     }
     target.clean_up().await;
     Ok(report)
+}
+
+/// Reads the usage ledger and compares it, per trace, with what the fake billed for its
+/// `chaos-*` calls (every soak text-completion request's, each trace its own request, or for a
+/// request over HTTP all its attempts). A trace must never be billed more than the fake
+/// counted (nothing counted twice, across retries, restarts and redeliveries), and must be
+/// billed exactly that unless one of its calls was cut by its client or a text-completion
+/// replica was killed while it ran (that attempt's record died with it). Traces of other
+/// calls (prompt, agent) are not compared.
+async fn compare_ledger(
+    bus: &Arc<dyn Bus>,
+    topic: &str,
+    calls: &[crate::fake_openai::ChaosCall],
+    started: Instant,
+    kills: &[(f64, String)],
+) -> Result<((u64, u64, u64, u64), Vec<String>), String> {
+    use sluice_runtime::bus::{StartPosition, SubscriptionKind};
+    // Records are written after the in-flight gauge drops, and a backlog after a broker
+    // restart is stored a moment later: read until nothing came for 3 s.
+    let options = SubscribeOptions {
+        kind: SubscriptionKind::Exclusive,
+        start: StartPosition::Replay,
+        prefetch: 1000,
+        consumer_name: None,
+    };
+    let mut sub = bus
+        .subscribe(
+            topic,
+            &format!("soak-ledger-{}", uuid::Uuid::new_v4().simple()),
+            options,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut billed: HashMap<String, u64> = HashMap::new();
+    let mut attempts = HashSet::new();
+    let mut records = 0u64;
+    while let Ok(Some(next)) = tokio::time::timeout(Duration::from_secs(3), sub.next()).await {
+        let d = next.map_err(|e| e.to_string())?;
+        let r: sluice_schema::UsageRecord =
+            serde_json::from_slice(d.payload()).map_err(|e| format!("a usage record: {e}"))?;
+        d.ack();
+        records += 1;
+        // A record stored twice (a publish whose receipt was lost) counts once, as readers do.
+        if !attempts.insert(r.attempt.clone()) {
+            continue;
+        }
+        if let Some(t) = r.trace_id {
+            *billed.entry(t).or_default() += r.input_tokens + r.output_tokens;
+        }
+    }
+    sub.close().await;
+    if records == 0 {
+        return Err("no usage record was read".into());
+    }
+    struct Trace {
+        counted: u64,
+        cut: bool,
+        at: Vec<f64>,
+    }
+    let mut traces: HashMap<String, Trace> = HashMap::new();
+    for c in calls {
+        let Some(t) = &c.trace_id else { continue };
+        let e = traces.entry(t.clone()).or_insert(Trace {
+            counted: 0,
+            cut: false,
+            at: Vec::new(),
+        });
+        e.counted += c.billed;
+        e.cut |= c.abandoned.load(Ordering::SeqCst) > 0;
+        e.at.push(c.at.saturating_duration_since(started).as_secs_f64());
+    }
+    let tc_kills: Vec<f64> = kills
+        .iter()
+        .filter(|(_, name)| name.starts_with("text-completion"))
+        .map(|(at, _)| *at)
+        .collect();
+    let (mut equal, mut short, mut short_by) = (0u64, 0u64, 0u64);
+    let mut findings = Vec::new();
+    for (t, trace) in &traces {
+        let ledger = billed.get(t).copied().unwrap_or(0);
+        // A call runs for seconds at most (a stall ends at the chunk timeout, 3 s).
+        let killed = trace
+            .at
+            .iter()
+            .any(|at| tc_kills.iter().any(|k| *k >= at - 1.0 && *k <= at + 15.0));
+        if ledger == trace.counted {
+            equal += 1;
+        } else if ledger > trace.counted {
+            findings.push(format!(
+                "usage ledger: trace {t} billed {ledger} tokens, the provider counted {}",
+                trace.counted
+            ));
+        } else if trace.cut || killed {
+            short += 1;
+            short_by += trace.counted - ledger;
+        } else {
+            findings.push(format!(
+                "usage ledger: trace {t} billed {ledger} tokens, the provider counted {}, and \
+                 no call of it was cut nor a text-completion replica killed while it ran",
+                trace.counted
+            ));
+        }
+    }
+    Ok(((traces.len() as u64, equal, short, short_by), findings))
 }
 
 /// Whether a clear error of a request that should have been answered (no provider fault, or

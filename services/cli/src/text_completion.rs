@@ -129,8 +129,8 @@ pub struct LlmArgs {
 #[derive(Args, Debug, Clone)]
 pub struct UsageArgs {
     /// The topic the usage ledger is written to, one record per attempt that called the
-    /// provider [default: persistent://tg/response/usage]; `none` writes no ledger (its
-    /// metrics stay).
+    /// provider [default: persistent://tg/response/usage]; `none` writes no ledger (and
+    /// exports no usage metrics).
     #[arg(long, env = "SLUICE_USAGE_TOPIC")]
     usage_topic: Option<String>,
     /// A TOML price table for the ledger's `cost`: `[[price]]` tables of `model`, optional
@@ -139,8 +139,9 @@ pub struct UsageArgs {
     prices_file: Option<PathBuf>,
 }
 
-/// How long a usage topic without a retention of its own keeps the ledger (90 days): set
-/// when the processor starts with an admin URL, never over one the operator set.
+/// How long a usage topic keeps the ledger (90 days) when neither it nor its namespace keeps
+/// it that long: set when the processor starts with an admin URL, never over a retention of
+/// the topic's own.
 const USAGE_RETENTION_MINUTES: u32 = 90 * 24 * 60;
 
 impl UsageArgs {
@@ -183,8 +184,12 @@ impl UsageArgs {
             return Ok(None);
         };
         let ledger = Ledger::open(bus, &topic, prices, &telemetry.registry).await?;
-        if let Some(admin) = admin.filter(|_| topic.starts_with("persistent://")) {
-            match admin.topic_retention(&topic).await {
+        if let Some(admin) = admin {
+            match admin
+                .topic_retention_at_least(&topic, i64::from(USAGE_RETENTION_MINUTES))
+                .await
+            {
+                // The topic's own, or its namespace's when that keeps it as long (or for ever).
                 Ok(Some(_)) => {}
                 Ok(None) => {
                     if let Err(e) = admin

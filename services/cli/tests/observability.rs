@@ -359,6 +359,8 @@ fn owners(metric: &str) -> &'static [&'static str] {
         // The gateway's, the prompt processor's and the agent's text-completion clients.
         Some("client") => &["prompt", "agent", "gateway"],
         Some("llm") => &["text-completion"],
+        // The usage ledger's, written by text-completion.
+        Some("usage") => &["text-completion"],
         Some("prompt") => &["prompt"],
         Some("gateway") => &["gateway"],
         Some("agent") => &["agent"],
@@ -567,6 +569,15 @@ async fn every_service_exports_its_documented_metrics_and_no_secret() {
 
     // Half the processes log JSON, half text: both formats must keep the secrets out.
     let base_url = fake.base_url();
+    // A price for the model, so that the ledger's cost is exported too.
+    let prices = std::env::temp_dir().join(format!("{ts}-prices.toml"));
+    std::fs::write(
+        &prices,
+        "[[price]]\nmodel = \"routed\"\ninput = 0.5\noutput = 1.5\n",
+    )
+    .unwrap();
+    let prices_path = prices.display().to_string();
+    let usage_topic = format!("persistent://{ts}/response/usage");
     let mut tc_args = args(&[
         "--log-format",
         "json",
@@ -577,6 +588,10 @@ async fn every_service_exports_its_documented_metrics_and_no_secret() {
         &base_url,
         "--model",
         "routed",
+        "--prices-file",
+        &prices_path,
+        "--usage-topic",
+        &usage_topic,
     ]);
     tc_args.extend(bus.clone());
     tc_args.extend(topics("", &ts, "text-completion"));

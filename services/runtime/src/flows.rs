@@ -800,7 +800,13 @@ pub async fn run_flows_until_signalled<S: FlowService>(
         .await
         .map_err(|e| processor::RunError::Telemetry(metrics_addr, e))?;
     info!(%bound, "serving /metrics /healthz /readyz");
+    let ledger = config.consumer.ledger.clone();
     run_flows(bus, config, service, telemetry, shutdown).await;
+    if let Some(ledger) = ledger {
+        // Every flow has stopped: usage records the broker has not stored yet get a last
+        // chance (see crate::ledger).
+        ledger.flush(processor::LEDGER_FLUSH_BOUND).await;
+    }
     telemetry_stop.cancel();
     Ok(bound)
 }

@@ -12,20 +12,28 @@
 //!   for an attempt that really called the provider. No attempt is ever written twice by
 //!   sluice; a publish the broker stored but whose receipt was lost can be, which readers see
 //!   by the attempt id (every reader in sluice keeps the first).
-//! - A record the broker does not store within [`STORE_WAIT`] is given up on: the answer
-//!   stands and the request is acked (calling the provider again to fix the books would
-//!   cost more). It is counted in `sluice_usage_unrecorded_total` and logged whole at error
-//!   level, with no prompt or secret in it, so it can be entered by hand.
+//! - A record the broker does not store within [`STORE_WAIT`] (a broker outage) is kept in
+//!   the process's backlog and stored by a background task once the broker is back: the
+//!   answer stands and the request is acked meanwhile (calling the provider again to fix the
+//!   books would cost more). The backlog holds [`BACKLOG_LIMIT`] records; one that does not
+//!   fit, or is still waiting when the processor has drained and [`Ledger::flush`] gives up,
+//!   is counted in `sluice_usage_unrecorded_total` and logged whole at error level, with no
+//!   prompt or secret in it, so it can be entered by hand. A process killed during an
+//!   outage loses its backlog.
 
 use std::{
+    collections::VecDeque,
     sync::{Arc, Mutex},
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use prometheus::{CounterVec, IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{CounterVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use serde::Deserialize;
 use sluice_schema::UsageRecord;
-use tracing::{debug, error, warn};
+use tracing::{debug, error, info, warn};
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 use crate::{
     backoff::Backoff,
@@ -33,8 +41,12 @@ use crate::{
     lock,
 };
 
-/// How long a usage record may take to be stored before it is given up on.
+/// How long the request waits for its usage record to be stored before the record goes to
+/// the backlog.
 pub const STORE_WAIT: Duration = Duration::from_secs(10);
+
+/// Records the backlog holds while the broker does not store them.
+pub const BACKLOG_LIMIT: usize = 100_000;
 
 /// What the provider calls of one attempt used, reported by the handler as they go.
 ///
@@ -73,8 +85,10 @@ impl Call {
     /// generated until the connection closed).
     fn counts(&self) -> (u64, u64, bool) {
         if self.finished || self.chunks <= self.output {
+            // Complete, or cut with what the provider reported (a refused call: nothing).
             (self.input, self.output, false)
         } else {
+            // Cut after more text than was reported: at least a token per chunk.
             (self.input, self.chunks, true)
         }
     }
@@ -95,10 +109,12 @@ impl UsageMeter {
     /// A provider call starts (the first, or a retry or fallback after a failed one).
     pub fn call(&self) {
         let mut m = lock(&self.0);
-        let (input, output, estimated) = m.call.counts();
-        m.input = m.input.saturating_add(input);
-        m.output = m.output.saturating_add(output);
-        m.estimated |= estimated;
+        if m.called {
+            let (input, output, estimated) = m.call.counts();
+            m.input = m.input.saturating_add(input);
+            m.output = m.output.saturating_add(output);
+            m.estimated |= estimated;
+        }
         m.call = Call::default();
         m.called = true;
     }
@@ -146,7 +162,11 @@ impl UsageMeter {
     /// The totals so far, the current call included.
     pub fn totals(&self) -> UsageTotals {
         let m = lock(&self.0);
-        let (input, output, estimated) = m.call.counts();
+        let (input, output, estimated) = if m.called {
+            m.call.counts()
+        } else {
+            (0, 0, false)
+        };
         UsageTotals {
             input: m.input.saturating_add(input),
             output: m.output.saturating_add(output),
@@ -233,6 +253,7 @@ struct LedgerMetrics {
     tokens: IntCounterVec,
     cost: CounterVec,
     unrecorded: IntCounter,
+    backlog: IntGauge,
 }
 
 impl LedgerMetrics {
@@ -265,12 +286,18 @@ impl LedgerMetrics {
         registry.register(Box::new(records.clone()))?;
         registry.register(Box::new(tokens.clone()))?;
         registry.register(Box::new(cost.clone()))?;
+        let backlog = IntGauge::new(
+            "sluice_usage_backlog",
+            "Usage records waiting for the broker to store them (kept while it does not).",
+        )?;
         registry.register(Box::new(unrecorded.clone()))?;
+        registry.register(Box::new(backlog.clone()))?;
         Ok(Self {
             records,
             tokens,
             cost,
             unrecorded,
+            backlog,
         })
     }
 }
@@ -280,6 +307,17 @@ pub struct Ledger {
     publisher: Arc<dyn Publisher>,
     prices: Prices,
     metrics: LedgerMetrics,
+    /// Records not stored yet, oldest first, and the wake-up of the task storing them.
+    backlog: Arc<Mutex<VecDeque<UsageRecord>>>,
+    wake: Arc<Notify>,
+    stop: CancellationToken,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for Ledger {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
 }
 
 impl std::fmt::Debug for Ledger {
@@ -298,6 +336,8 @@ pub struct AttemptEnd<'a> {
     pub id: &'a str,
     /// The attempt's id.
     pub attempt: &'a str,
+    /// The attempt's trace id.
+    pub trace_id: Option<&'a str>,
     /// The API key's name the request carried.
     pub key: Option<&'a str>,
     /// The flow the processor serves.
@@ -315,29 +355,59 @@ pub struct AttemptEnd<'a> {
 }
 
 impl Ledger {
-    /// A ledger publishing to `topic`, its metrics registered in `registry`. The producer is
-    /// created now, so a role that may not write the topic is refused at start-up.
+    /// A ledger publishing to `topic` (a persistent one), its metrics registered in
+    /// `registry`. The producer is created now: a role that may not write the topic is told
+    /// at start-up, in the log at error level, and the processor runs on, its records waiting
+    /// in the backlog (`sluice_usage_backlog`) until the grant is given; answering callers
+    /// matters more than the books, and the backlog says they are behind.
     pub async fn open(
         bus: &dyn Bus,
         topic: &str,
         prices: Prices,
         registry: &Registry,
     ) -> Result<Self, String> {
-        prices.validate()?;
-        let metrics = LedgerMetrics::register(registry).map_err(|e| e.to_string())?;
+        if !topic.starts_with("persistent://") {
+            return Err(format!(
+                "the usage topic must be a persistent:// topic URL (the ledger is what the broker keeps), not {topic:?}"
+            ));
+        }
         let publisher = bus
             .publisher(topic)
             .await
             .map_err(|e| format!("cannot publish to the usage topic {topic}: {e}"))?;
-        publisher
-            .open()
-            .await
-            .map_err(|e| format!("cannot publish to the usage topic {topic}: {e}"))?;
-        Ok(Self {
+        if let Err(e) = publisher.open().await {
+            error!(topic, error = %e,
+                   "cannot publish to the usage topic: usage records wait in the backlog until the processor's role may produce there (pulsar-admin topics grant-permission ... --actions produce), or turn the ledger off with --usage-topic none");
+        }
+        Self::with_publisher(publisher, prices, registry)
+    }
+
+    /// A ledger publishing through `publisher`.
+    fn with_publisher(
+        publisher: Arc<dyn Publisher>,
+        prices: Prices,
+        registry: &Registry,
+    ) -> Result<Self, String> {
+        prices.validate()?;
+        let metrics = LedgerMetrics::register(registry).map_err(|e| e.to_string())?;
+        let ledger = Self {
             publisher,
             prices,
             metrics,
-        })
+            backlog: Arc::default(),
+            wake: Arc::default(),
+            stop: CancellationToken::new(),
+            task: Mutex::new(None),
+        };
+        let task = tokio::spawn(drain_backlog(
+            ledger.publisher.clone(),
+            ledger.backlog.clone(),
+            ledger.wake.clone(),
+            ledger.metrics.clone(),
+            ledger.stop.clone(),
+        ));
+        *lock(&ledger.task) = Some(task);
+        Ok(ledger)
     }
 
     /// The record of an attempt that ended; `None` when it called no provider.
@@ -348,6 +418,7 @@ impl Ledger {
         let mut record = UsageRecord {
             id: end.id.to_owned(),
             attempt: end.attempt.to_owned(),
+            trace_id: end.trace_id.map(str::to_owned),
             key: end.key.map(str::to_owned),
             flow: end.flow.map(str::to_owned),
             service: end.service.to_owned(),
@@ -373,7 +444,7 @@ impl Ledger {
     }
 
     /// Counts `record` and stores it on the usage topic, trying again until `wait` (at most
-    /// [`STORE_WAIT`]) has passed; then it is logged and counted as unrecorded.
+    /// [`STORE_WAIT`]) has passed; then it goes to the backlog (see the module docs).
     pub async fn write(&self, record: &UsageRecord, wait: Duration) {
         let key = record.key.as_deref().unwrap_or("");
         let model = record.model.as_deref().unwrap_or("");
@@ -390,45 +461,65 @@ impl Ledger {
                 .with_label_values(&[key, model])
                 .inc_by(cost);
         }
-        let payload = match serde_json::to_vec(record) {
-            Ok(p) => p,
-            Err(e) => {
-                // Plain data: cannot fail; counted and logged if it ever does.
-                self.unrecorded(record, &e.to_string());
-                return;
+        // Behind others waiting: this one waits its turn, so the topic keeps their order.
+        let behind = !lock(&self.backlog).is_empty();
+        let stored = if behind {
+            Err("records before it wait for the broker".to_owned())
+        } else {
+            match tokio::time::timeout(wait.min(STORE_WAIT), store(&*self.publisher, record)).await
+            {
+                Ok(r) => r,
+                Err(_) => Err("not stored in time".to_owned()),
             }
         };
-        let message = Message::new(payload)
-            // Compaction, if the operator turns it on, then keeps every attempt and drops
-            // only a record stored twice.
-            .with_key(format!("{}/{}", record.id, record.attempt))
-            .with_property(sluice_schema::properties::ID, record.id.clone())
-            .with_property(sluice_schema::properties::ATTEMPT, record.attempt.clone());
-        let stored = tokio::time::timeout(wait.min(STORE_WAIT), async {
-            let mut backoff = Backoff::new(Duration::from_secs(2));
-            loop {
-                let result = match self.publisher.send(message.clone()).await {
-                    Ok(receipt) => receipt.await,
-                    Err(e) => Err(e),
-                };
-                match result {
-                    Ok(()) => return Ok(()),
-                    // Not something a second try changes.
-                    Err(e @ BusError::TooLarge { .. }) => return Err(e.to_string()),
-                    Err(e) => {
-                        let delay = backoff.next_delay();
-                        warn!(error = %e, retry_in_ms = delay.as_millis() as u64,
-                              "the usage record was not stored; trying again");
-                        tokio::time::sleep(delay).await;
-                    }
-                }
-            }
-        })
-        .await;
         match stored {
-            Ok(Ok(())) => debug!(request_id = %record.id, "usage recorded"),
-            Ok(Err(e)) => self.unrecorded(record, &e),
-            Err(_) => self.unrecorded(record, "not stored in time"),
+            Ok(()) => debug!(request_id = %record.id, "usage recorded"),
+            Err(why) => {
+                let mut backlog = lock(&self.backlog);
+                if backlog.len() >= BACKLOG_LIMIT {
+                    drop(backlog);
+                    self.unrecorded(record, "the backlog is full");
+                    return;
+                }
+                // Said once per outage, not once per request.
+                if backlog.is_empty() {
+                    warn!(request_id = %record.id, why, "usage records wait in the backlog until the broker stores them");
+                } else {
+                    debug!(request_id = %record.id, why, "the usage record waits in the backlog");
+                }
+                backlog.push_back(record.clone());
+                self.metrics
+                    .backlog
+                    .set(i64::try_from(backlog.len()).unwrap_or(i64::MAX));
+                drop(backlog);
+                self.wake.notify_one();
+            }
+        }
+    }
+
+    /// Waits up to `wait` for the backlog to be stored; what is still in it then (the record
+    /// being stored included) is logged and counted as unrecorded, and the ledger stores
+    /// nothing more. Called once, when the process has stopped taking requests.
+    pub async fn flush(&self, wait: Duration) {
+        let deadline = tokio::time::Instant::now() + wait;
+        while !lock(&self.backlog).is_empty() && tokio::time::Instant::now() < deadline {
+            self.wake.notify_one();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // The task stops first, so that a record it was storing is either stored or left in
+        // the backlog, never both stored and logged.
+        self.stop.cancel();
+        let task = lock(&self.task).take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+        let left: Vec<UsageRecord> = lock(&self.backlog).drain(..).collect();
+        self.metrics.backlog.set(0);
+        for record in &left {
+            self.unrecorded(
+                record,
+                "the broker did not store it before the processor stopped",
+            );
         }
     }
 
@@ -440,9 +531,171 @@ impl Ledger {
     }
 }
 
+/// Publishes `record` until the broker stores it (a record too large fails at once).
+async fn store(publisher: &dyn Publisher, record: &UsageRecord) -> Result<(), String> {
+    let payload = serde_json::to_vec(record).map_err(|e| e.to_string())?;
+    let message = Message::new(payload)
+        // Compaction, if the operator turns it on, then keeps every attempt and drops only a
+        // record stored twice.
+        .with_key(format!("{}/{}", record.id, record.attempt))
+        .with_property(sluice_schema::properties::ID, record.id.clone())
+        .with_property(sluice_schema::properties::ATTEMPT, record.attempt.clone());
+    let mut backoff = Backoff::new(Duration::from_secs(2));
+    loop {
+        let result = match publisher.send(message.clone()).await {
+            Ok(receipt) => receipt.await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(()) => return Ok(()),
+            // Not something a second try changes.
+            Err(e @ BusError::TooLarge { .. }) => return Err(e.to_string()),
+            Err(e) => {
+                let delay = backoff.next_delay();
+                debug!(error = %e, retry_in_ms = delay.as_millis() as u64,
+                       "the usage record was not stored; trying again");
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}
+
+/// Stores the backlog, oldest first, whenever it has records, until `stop`. The record being
+/// stored stays at the front until it is stored, so that a stop leaves it in the backlog.
+async fn drain_backlog(
+    publisher: Arc<dyn Publisher>,
+    backlog: Arc<Mutex<VecDeque<UsageRecord>>>,
+    wake: Arc<Notify>,
+    metrics: LedgerMetrics,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = wake.notified() => {}
+        }
+        loop {
+            let Some(next) = lock(&backlog).front().cloned() else {
+                break;
+            };
+            let stored = tokio::select! {
+                () = stop.cancelled() => return,
+                r = store(&*publisher, &next) => r,
+            };
+            let mut b = lock(&backlog);
+            b.pop_front();
+            metrics
+                .backlog
+                .set(i64::try_from(b.len()).unwrap_or(i64::MAX));
+            drop(b);
+            match stored {
+                Ok(()) => {
+                    info!(request_id = %next.id, "a usage record from the backlog was stored")
+                }
+                Err(e) => {
+                    metrics.unrecorded.inc();
+                    error!(event = "usage_unrecorded", why = %e,
+                           record = %serde_json::to_string(&next).unwrap_or_default(),
+                           "a usage record could not be stored on the usage topic; enter it by hand");
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use async_trait::async_trait;
+
     use super::*;
+    use crate::bus::Receipt;
+
+    /// A publisher whose broker is down while `down` is set, keeping what it stored.
+    #[derive(Default)]
+    struct Flaky {
+        down: AtomicBool,
+        stored: Mutex<Vec<String>>,
+    }
+
+    #[async_trait]
+    impl Publisher for Flaky {
+        async fn send(&self, message: Message) -> Result<Receipt, BusError> {
+            if self.down.load(Ordering::SeqCst) {
+                return Err(BusError::Unavailable("down".into()));
+            }
+            lock(&self.stored).push(message.key.unwrap_or_default());
+            Ok(Receipt::ready(Ok(())))
+        }
+
+        fn topic(&self) -> &str {
+            "usage"
+        }
+    }
+
+    fn record(attempt: &str) -> UsageRecord {
+        UsageRecord {
+            id: "r".into(),
+            attempt: attempt.into(),
+            outcome: "answered".into(),
+            ..UsageRecord::default()
+        }
+    }
+
+    /// While the broker does not store, records wait in the backlog (the first after its
+    /// wait, the next at once, behind it) and are stored in order once it is back; what is
+    /// still waiting when the processor stops is counted as unrecorded.
+    #[tokio::test]
+    async fn records_wait_for_the_broker_in_order_and_are_counted_when_given_up() {
+        let flaky = Arc::new(Flaky::default());
+        let registry = Registry::new();
+        let ledger = Ledger::with_publisher(flaky.clone(), Prices::default(), &registry).unwrap();
+        ledger.write(&record("1"), Duration::from_millis(10)).await;
+        assert_eq!(lock(&flaky.stored).clone(), ["r/1"]);
+        flaky.down.store(true, Ordering::SeqCst);
+        ledger.write(&record("2"), Duration::from_millis(100)).await;
+        let started = tokio::time::Instant::now();
+        ledger.write(&record("3"), Duration::from_secs(10)).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "behind the backlog: no wait"
+        );
+        assert_eq!(ledger.metrics.backlog.get(), 2);
+        flaky.down.store(false, Ordering::SeqCst);
+        ledger.flush(Duration::from_secs(10)).await;
+        assert_eq!(lock(&flaky.stored).clone(), ["r/1", "r/2", "r/3"]);
+        assert_eq!(ledger.metrics.unrecorded.get(), 0);
+        assert_eq!(
+            ledger
+                .metrics
+                .records
+                .with_label_values(&["answered"])
+                .get(),
+            3
+        );
+    }
+
+    /// What the broker has not stored when the process stops is logged and counted, once:
+    /// the record being stored at that moment is not also stored afterwards.
+    #[tokio::test]
+    async fn a_flush_that_gives_up_counts_what_is_left_once() {
+        let flaky = Arc::new(Flaky::default());
+        let ledger =
+            Ledger::with_publisher(flaky.clone(), Prices::default(), &Registry::new()).unwrap();
+        flaky.down.store(true, Ordering::SeqCst);
+        ledger.write(&record("1"), Duration::from_millis(10)).await;
+        ledger.write(&record("2"), Duration::from_millis(10)).await;
+        ledger.flush(Duration::from_millis(200)).await;
+        assert_eq!(ledger.metrics.unrecorded.get(), 2);
+        assert_eq!(ledger.metrics.backlog.get(), 0);
+        flaky.down.store(false, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            lock(&flaky.stored).is_empty(),
+            "nothing stored after it was given up"
+        );
+    }
 
     #[test]
     fn a_finished_call_counts_what_it_reported_and_a_cut_one_its_chunks() {

@@ -371,6 +371,12 @@ pub async fn run<H: Handler>(
     if config.flow.is_some() {
         telemetry.health.unwatch(&link_name);
     }
+    // Usage records the broker has not stored yet get a last chance (see crate::ledger);
+    // one flow of several stopping leaves them to the others (run_flows_until_signalled
+    // flushes when all have stopped).
+    if let Some(ledger) = config.ledger.as_ref().filter(|_| config.flow.is_none()) {
+        ledger.flush(LEDGER_FLUSH_BOUND).await;
+    }
     info!(processor = %config.name, flow = config.flow.as_deref().unwrap_or(""), "processor stopped");
     Ok(())
 }
@@ -480,6 +486,9 @@ fn client_cancelled() -> Error {
 /// dropped. Short: the handler is already gone, only the broker is waited for.
 const HAND_BACK_BOUND: Duration = Duration::from_secs(5);
 
+/// How long a stopping processor waits for its ledger's backlog to be stored.
+pub(crate) const LEDGER_FLUSH_BOUND: Duration = Duration::from_secs(5);
+
 /// How long a starting processor waits for its cancel subscription before it takes requests
 /// anyway (see [`run`]).
 const CANCEL_SUBSCRIBE_WAIT: Duration = Duration::from_secs(5);
@@ -541,6 +550,7 @@ async fn handle_delivery<H: Handler>(
         format!("{processor} process"),
         delivery.property(properties::TRACEPARENT),
     );
+    let trace_id = trace_span.context().trace_id();
     trace_span.set("messaging.system", "pulsar");
     trace_span.set("sluice.processor", processor.to_owned());
     trace_span.set("sluice.request_id", id.clone());
@@ -565,9 +575,15 @@ async fn handle_delivery<H: Handler>(
     }
     let span = info_span!("request", processor, request_id = %id, attempt = %attempt);
     metrics.in_flight(processor, 1);
+    // The key's name goes on to the agent's next step, not onto the records.
+    let carried = delivery
+        .property(properties::KEY)
+        .map(|k| BTreeMap::from([(properties::KEY.to_owned(), k.to_owned())]))
+        .unwrap_or_default();
     let mut sink = ResponseSink::<H::Response>::new(
         publisher.clone(),
         props,
+        carried,
         book.clone(),
         pacer.clone(),
         metrics.records_counter(processor),
@@ -667,6 +683,11 @@ async fn handle_delivery<H: Handler>(
     }
     trace_span.end();
     metrics.in_flight(processor, -1);
+    if let Err(e) = &flushed {
+        // Blocked at once (before the usage record, and the nack below): the consume loop
+        // must wait for the broker rather than call the provider for answers it cannot store.
+        store.block(e);
+    }
     if let Some(ledger) = &config.ledger {
         let handed_back = !(flushed.is_ok() && sink.is_ended());
         let usage = match outcome {
@@ -679,6 +700,7 @@ async fn handle_delivery<H: Handler>(
         let end = AttemptEnd {
             id: &id,
             attempt: &attempt,
+            trace_id: Some(&trace_id),
             key: delivery.property(properties::KEY),
             flow: config.flow.as_deref(),
             service: processor,
@@ -688,10 +710,11 @@ async fn handle_delivery<H: Handler>(
             redelivery_count: delivery.redelivery_count(),
         };
         if let Some(record) = ledger.record_of(&end, &meter) {
-            // Stored before the ack (see crate::ledger). When the broker just failed to
-            // store the records, it is not waited for long: the request goes back to it.
-            let wait = if flushed.is_err() {
-                Duration::from_secs(2)
+            // Stored before the ack (see crate::ledger). Not waited for when the broker just
+            // failed to store the records, nor once the drain grace has run out: the record
+            // goes to the backlog at once and the request is settled.
+            let wait = if flushed.is_err() || abandon.is_cancelled() {
+                Duration::ZERO
             } else {
                 STORE_WAIT
             };
@@ -724,9 +747,8 @@ async fn handle_delivery<H: Handler>(
         }
         Err(e) => {
             warn!(error = %e, "publishing failed; handing the request back for another attempt");
-            // Blocked before the nack: the redelivered request must find the consume loop
-            // already waiting for the broker, not calling the provider again.
-            store.block(&e);
+            // Blocked above, before the nack: the redelivered request must find the consume
+            // loop already waiting for the broker, not calling the provider again.
             if requests_come_back {
                 sink.retract().await;
             }

@@ -262,6 +262,9 @@ struct Pace<R> {
 struct Core<R> {
     publisher: Arc<dyn Publisher>,
     properties: BTreeMap<String, String>,
+    /// Properties of the request carried onto a hand-off (the next step's request) but not
+    /// onto the records: the API key's name.
+    carried: BTreeMap<String, String>,
     pending: FuturesUnordered<Receipt>,
     failed: Option<BusError>,
     ended: bool,
@@ -292,6 +295,7 @@ impl<R: ResponseRecord> ResponseSink<R> {
     pub(crate) fn new(
         publisher: Arc<dyn Publisher>,
         properties: BTreeMap<String, String>,
+        carried: BTreeMap<String, String>,
         book: Option<Arc<StreamBook>>,
         pacer: Option<Arc<Pacer>>,
         records: IntCounter,
@@ -315,6 +319,7 @@ impl<R: ResponseRecord> ResponseSink<R> {
             core: Arc::new(Mutex::new(Core {
                 publisher,
                 properties,
+                carried,
                 pending: FuturesUnordered::new(),
                 failed: None,
                 ended: false,
@@ -400,6 +405,7 @@ impl<R: ResponseRecord> ResponseSink<R> {
         if let Some(attempt) = guard.properties.get(properties::ATTEMPT) {
             props.insert(properties::CONTINUES.to_owned(), attempt.clone());
         }
+        props.extend(guard.carried.clone());
         let stored = match publisher
             .send(Message {
                 payload: payload.into(),
@@ -755,6 +761,7 @@ mod tests {
         ResponseSink::new(
             publisher.clone(),
             props,
+            BTreeMap::from([(properties::KEY.to_owned(), "team-a".to_owned())]),
             None,
             pacer,
             IntCounter::new("records", "test").unwrap(),
@@ -1065,6 +1072,20 @@ mod tests {
         );
         assert_eq!(records[1].1.response, "b");
         assert_eq!(next.sent.lock().unwrap().len(), 1);
+        // The key's name goes on with the next step, and not onto the records.
+        let handed = next.sent.lock().unwrap()[0].1.clone();
+        assert_eq!(
+            handed.properties.get(properties::KEY).map(String::as_str),
+            Some("team-a")
+        );
+        assert!(
+            publisher
+                .sent
+                .lock()
+                .unwrap()
+                .iter()
+                .all(|(_, m)| !m.properties.contains_key(properties::KEY))
+        );
         assert!(sink.is_ended());
         assert!(matches!(sink.send(delta("c")).await, Err(SinkError::Ended)));
         tokio::time::sleep(Duration::from_secs(1)).await;

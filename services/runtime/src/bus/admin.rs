@@ -190,30 +190,44 @@ impl PulsarAdmin {
             .await
     }
 
-    /// The retention set on `topic` itself (not its namespace's), as minutes and MiB; `None`
-    /// when it has none of its own.
-    pub async fn topic_retention(&self, topic: &str) -> Result<Option<(i64, i64)>, BusError> {
+    /// The retention that keeps `topic` long enough to leave alone, as minutes and MiB: the
+    /// topic's own policy if it has one, else its namespace's (or the broker's) when that keeps
+    /// it for ever or at least `at_least_minutes`; `None` when neither does.
+    pub async fn topic_retention_at_least(
+        &self,
+        topic: &str,
+        at_least_minutes: i64,
+    ) -> Result<Option<(i64, i64)>, BusError> {
         let Some(path) = topic.strip_prefix("persistent://") else {
             return Ok(None);
         };
         let what = format!("reading the retention of {topic}");
-        let resp = self
-            .expect_ok(
-                &what,
-                self.request(
-                    reqwest::Method::GET,
-                    &format!("/admin/v2/persistent/{path}/retention"),
-                ),
-            )
-            .await?;
-        // Pulsar answers `null`, an empty body or `{}` when the topic has no policy.
-        let body = resp
-            .text()
-            .await
-            .map_err(|e| BusError::Unavailable(format!("{what}: {e}")))?;
-        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-        let field = |name: &str| v.get(name).and_then(serde_json::Value::as_i64);
-        Ok(field("retentionTimeInMinutes").map(|m| (m, field("retentionSizeInMB").unwrap_or(0))))
+        let read = |applied: bool| {
+            let url = format!("/admin/v2/persistent/{path}/retention?applied={applied}");
+            let what = what.clone();
+            async move {
+                let resp = self
+                    .expect_ok(&what, self.request(reqwest::Method::GET, &url))
+                    .await?;
+                // Pulsar answers `null`, an empty body or `{}` when there is no policy.
+                let body = resp
+                    .text()
+                    .await
+                    .map_err(|e| BusError::Unavailable(format!("{what}: {e}")))?;
+                let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+                let field = |name: &str| v.get(name).and_then(serde_json::Value::as_i64);
+                Ok::<_, BusError>(
+                    field("retentionTimeInMinutes")
+                        .map(|m| (m, field("retentionSizeInMB").unwrap_or(0))),
+                )
+            }
+        };
+        if let Some(own) = read(false).await? {
+            return Ok(Some(own));
+        }
+        Ok(read(true)
+            .await?
+            .filter(|&(minutes, _)| minutes < 0 || minutes >= at_least_minutes))
     }
 
     /// POSTs `body` to the topic policy `policy` of the persistent `topic`.
