@@ -1712,13 +1712,37 @@ async fn soak(config: &SoakConfig, target: Arc<Target>) -> Result<SoakReport, St
             .push("the wire auditor read no response record".into());
     }
 
-    // The usage ledger against the fake's own count (issue #25.4).
+    // The usage ledger against the fake's own count (issue #25.4). The in-flight gauges
+    // are at 0, so every record is on the topic or in a backlog: the backlogs first.
+    let backlog_started = Instant::now();
+    loop {
+        let mut waiting = 0;
+        for m in fleet
+            .members
+            .iter()
+            .filter(|m| m.role == Role::TextCompletion)
+        {
+            if let Ok(r) = http
+                .get(format!("http://127.0.0.1:{}/metrics", m.metrics_port))
+                .send()
+                .await
+                && let Ok(text) = r.text().await
+            {
+                waiting += crate::metrics_text::value(&text, "sluice_usage_backlog", &[]) as u64;
+            }
+        }
+        if waiting == 0 || backlog_started.elapsed() > Duration::from_secs(90) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     match compare_ledger(
         &bus,
         &usage_topic(&ts),
         &fake.chaos_calls(),
         started,
         &report.kill_at,
+        &report.outages,
     )
     .await
     {
@@ -1811,6 +1835,7 @@ async fn compare_ledger(
     calls: &[crate::fake_openai::ChaosCall],
     started: Instant,
     kills: &[(f64, String)],
+    outages: &[(f64, f64)],
 ) -> Result<((u64, u64, u64, u64), Vec<String>), String> {
     use sluice_runtime::bus::{StartPosition, SubscriptionKind};
     // Records are written after the in-flight gauge drops, and a backlog after a broker
@@ -1876,11 +1901,17 @@ async fn compare_ledger(
     let mut findings = Vec::new();
     for (t, trace) in &traces {
         let ledger = billed.get(t).copied().unwrap_or(0);
-        // A call runs for seconds at most (a stall ends at the chunk timeout, 3 s).
-        let killed = trace
-            .at
-            .iter()
-            .any(|at| tc_kills.iter().any(|k| *k >= at - 1.0 && *k <= at + 15.0));
+        // An attempt runs for seconds (a stall ends at the chunk timeout, 3 s), unless a
+        // broker outage holds its records, and with them its usage record, until it ends.
+        let killed = trace.at.iter().any(|at| {
+            let until = outages
+                .iter()
+                .filter(|(from, to)| *from <= at + 15.0 && *to >= *at)
+                .map(|(_, to)| *to)
+                .fold(at + 15.0, f64::max)
+                + 15.0;
+            tc_kills.iter().any(|k| *k >= at - 1.0 && *k <= until)
+        });
         if ledger == trace.counted {
             equal += 1;
         } else if ledger > trace.counted {

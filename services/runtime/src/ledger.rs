@@ -9,9 +9,10 @@
 //! - The record is stored before the request is acked. A processor killed before that
 //!   writes none for its attempt, and the request's next attempt (which calls the provider
 //!   again) writes its own; a processor killed after it but before the ack leaves one record
-//!   for an attempt that really called the provider. No attempt is ever written twice by
-//!   sluice; a publish the broker stored but whose receipt was lost can be, which readers see
-//!   by the attempt id (every reader in sluice keeps the first).
+//!   for an attempt that really called the provider. A record can reach the topic twice: a
+//!   publish whose receipt was lost, or a store given up on (after [`STORE_WAIT`]) that the
+//!   broker took all the same while the backlog stored it again. Both copies carry the same
+//!   attempt id; every reader in sluice counts it once, and the metrics count it once.
 //! - A record the broker does not store within [`STORE_WAIT`] (a broker outage) is kept in
 //!   the process's backlog and stored by a background task once the broker is back: the
 //!   answer stands and the request is acked meanwhile (calling the provider again to fix the
@@ -23,7 +24,10 @@
 
 use std::{
     collections::VecDeque,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
@@ -310,6 +314,9 @@ pub struct Ledger {
     /// Records not stored yet, oldest first, and the wake-up of the task storing them.
     backlog: Arc<Mutex<VecDeque<UsageRecord>>>,
     wake: Arc<Notify>,
+    /// Set while the broker is known not to store (a store timed out, or the producer could
+    /// not be opened); cleared when the backlog has been stored.
+    down: Arc<AtomicBool>,
     stop: CancellationToken,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -375,11 +382,14 @@ impl Ledger {
             .publisher(topic)
             .await
             .map_err(|e| format!("cannot publish to the usage topic {topic}: {e}"))?;
-        if let Err(e) = publisher.open().await {
+        let opened = publisher.open().await;
+        let ledger = Self::with_publisher(publisher, prices, registry)?;
+        if let Err(e) = opened {
             error!(topic, error = %e,
                    "cannot publish to the usage topic: usage records wait in the backlog until the processor's role may produce there (pulsar-admin topics grant-permission ... --actions produce), or turn the ledger off with --usage-topic none");
+            ledger.down.store(true, Ordering::SeqCst);
         }
-        Self::with_publisher(publisher, prices, registry)
+        Ok(ledger)
     }
 
     /// A ledger publishing through `publisher`.
@@ -396,6 +406,7 @@ impl Ledger {
             metrics,
             backlog: Arc::default(),
             wake: Arc::default(),
+            down: Arc::default(),
             stop: CancellationToken::new(),
             task: Mutex::new(None),
         };
@@ -403,6 +414,7 @@ impl Ledger {
             ledger.publisher.clone(),
             ledger.backlog.clone(),
             ledger.wake.clone(),
+            ledger.down.clone(),
             ledger.metrics.clone(),
             ledger.stop.clone(),
         ));
@@ -461,40 +473,53 @@ impl Ledger {
                 .with_label_values(&[key, model])
                 .inc_by(cost);
         }
-        // Behind others waiting: this one waits its turn, so the topic keeps their order.
-        let behind = !lock(&self.backlog).is_empty();
+        // Behind others waiting, or while the broker is known not to store: no wait.
+        let behind =
+            wait.is_zero() || self.down.load(Ordering::SeqCst) || !lock(&self.backlog).is_empty();
         let stored = if behind {
-            Err("records before it wait for the broker".to_owned())
+            Err("the broker does not store usage records now".to_owned())
         } else {
             match tokio::time::timeout(wait.min(STORE_WAIT), store(&*self.publisher, record)).await
             {
                 Ok(r) => r,
-                Err(_) => Err("not stored in time".to_owned()),
+                Err(_) => {
+                    // The next records go straight to the backlog until it is stored.
+                    self.down.store(true, Ordering::SeqCst);
+                    Err("not stored in time".to_owned())
+                }
             }
         };
         match stored {
             Ok(()) => debug!(request_id = %record.id, "usage recorded"),
-            Err(why) => {
-                let mut backlog = lock(&self.backlog);
-                if backlog.len() >= BACKLOG_LIMIT {
-                    drop(backlog);
-                    self.unrecorded(record, "the backlog is full");
-                    return;
-                }
-                // Said once per outage, not once per request.
-                if backlog.is_empty() {
-                    warn!(request_id = %record.id, why, "usage records wait in the backlog until the broker stores them");
-                } else {
-                    debug!(request_id = %record.id, why, "the usage record waits in the backlog");
-                }
-                backlog.push_back(record.clone());
-                self.metrics
-                    .backlog
-                    .set(i64::try_from(backlog.len()).unwrap_or(i64::MAX));
-                drop(backlog);
-                self.wake.notify_one();
-            }
+            Err(why) => self.enqueue_because(record.clone(), &why),
         }
+    }
+
+    /// Puts `record` in the backlog at once, without counting it in the metrics: for an
+    /// attempt whose task was dropped before it could write (the processor's guard).
+    pub fn enqueue(&self, record: UsageRecord) {
+        self.enqueue_because(record, "its request was dropped before it was written");
+    }
+
+    fn enqueue_because(&self, record: UsageRecord, why: &str) {
+        let mut backlog = lock(&self.backlog);
+        if backlog.len() >= BACKLOG_LIMIT {
+            drop(backlog);
+            self.unrecorded(&record, "the backlog is full");
+            return;
+        }
+        // Said once per outage, not once per request.
+        if backlog.is_empty() {
+            warn!(request_id = %record.id, why, "usage records wait in the backlog until the broker stores them");
+        } else {
+            debug!(request_id = %record.id, why, "the usage record waits in the backlog");
+        }
+        backlog.push_back(record);
+        self.metrics
+            .backlog
+            .set(i64::try_from(backlog.len()).unwrap_or(i64::MAX));
+        drop(backlog);
+        self.wake.notify_one();
     }
 
     /// Waits up to `wait` for the backlog to be stored; what is still in it then (the record
@@ -516,9 +541,11 @@ impl Ledger {
         let left: Vec<UsageRecord> = lock(&self.backlog).drain(..).collect();
         self.metrics.backlog.set(0);
         for record in &left {
+            // The first may have been on its way when the task stopped.
             self.unrecorded(
                 record,
-                "the broker did not store it before the processor stopped",
+                "not stored before the processor stopped (the broker may have taken the first \
+                 of these as it stopped: look for its attempt id before entering it by hand)",
             );
         }
     }
@@ -566,6 +593,7 @@ async fn drain_backlog(
     publisher: Arc<dyn Publisher>,
     backlog: Arc<Mutex<VecDeque<UsageRecord>>>,
     wake: Arc<Notify>,
+    down: Arc<AtomicBool>,
     metrics: LedgerMetrics,
     stop: CancellationToken,
 ) {
@@ -576,6 +604,7 @@ async fn drain_backlog(
         }
         loop {
             let Some(next) = lock(&backlog).front().cloned() else {
+                down.store(false, Ordering::SeqCst);
                 break;
             };
             let stored = tokio::select! {
@@ -605,8 +634,6 @@ async fn drain_backlog(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicBool, Ordering};
-
     use async_trait::async_trait;
 
     use super::*;

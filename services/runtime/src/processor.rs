@@ -486,6 +486,50 @@ fn client_cancelled() -> Error {
 /// dropped. Short: the handler is already gone, only the broker is waited for.
 const HAND_BACK_BOUND: Duration = Duration::from_secs(5);
 
+/// What the usage record of an attempt needs when its task is dropped before writing it
+/// (see [`handle_delivery`]): on drop, unless disarmed, the record goes to the ledger's
+/// backlog as `retried` (the request was not acked and comes back).
+struct Unwritten {
+    ledger: Arc<Ledger>,
+    id: String,
+    attempt: String,
+    trace_id: String,
+    key: Option<String>,
+    flow: Option<String>,
+    service: String,
+    started: Instant,
+    redelivery_count: u32,
+    meter: UsageMeter,
+}
+
+impl Unwritten {
+    /// The record was written: nothing to do on drop.
+    fn disarm(&mut self) {
+        self.meter = UsageMeter::default();
+    }
+}
+
+impl Drop for Unwritten {
+    fn drop(&mut self) {
+        let end = AttemptEnd {
+            id: &self.id,
+            attempt: &self.attempt,
+            trace_id: Some(&self.trace_id),
+            key: self.key.as_deref(),
+            flow: self.flow.as_deref(),
+            service: &self.service,
+            outcome: "retried",
+            error: None,
+            duration: self.started.elapsed(),
+            redelivery_count: self.redelivery_count,
+        };
+        // A meter no provider call started on (or a disarmed one) gives no record.
+        if let Some(record) = self.ledger.record_of(&end, &self.meter) {
+            self.ledger.enqueue(record);
+        }
+    }
+}
+
 /// How long a stopping processor waits for its ledger's backlog to be stored.
 pub(crate) const LEDGER_FLUSH_BOUND: Duration = Duration::from_secs(5);
 
@@ -590,6 +634,20 @@ async fn handle_delivery<H: Handler>(
     );
     let in_flight = cancels.begin(&id);
     let meter = UsageMeter::default();
+    // A task dropped before its usage record was written (its processor stopping while the
+    // broker is stuck) still leaves the record in the ledger's backlog.
+    let mut unwritten = config.ledger.clone().map(|ledger| Unwritten {
+        ledger,
+        id: id.clone(),
+        attempt: attempt.clone(),
+        trace_id: trace_id.clone(),
+        key: delivery.property(properties::KEY).map(str::to_owned),
+        flow: config.flow.clone(),
+        service: config.name.clone(),
+        started,
+        redelivery_count: delivery.redelivery_count(),
+        meter: meter.clone(),
+    });
     let outcome = async {
         let Some(in_flight) = in_flight else {
             debug!("cancelled by its client before it was taken");
@@ -682,7 +740,6 @@ async fn handle_delivery<H: Handler>(
         trace_span.fail(outcome.as_str());
     }
     trace_span.end();
-    metrics.in_flight(processor, -1);
     if let Err(e) = &flushed {
         // Blocked at once (before the usage record, and the nack below): the consume loop
         // must wait for the broker rather than call the provider for answers it cannot store.
@@ -721,6 +778,12 @@ async fn handle_delivery<H: Handler>(
             ledger.write(&record, wait).instrument(span.clone()).await;
         }
     }
+    if let Some(u) = unwritten.as_mut() {
+        u.disarm();
+    }
+    // Out of flight once its usage is written too: a caller that sees the gauge at 0 finds
+    // every record in the ledger (or its backlog).
+    metrics.in_flight(processor, -1);
     let _enter = span.enter();
     let requests_come_back = requests_come_back(config);
     match flushed {

@@ -192,7 +192,8 @@ impl PulsarAdmin {
 
     /// The retention that keeps `topic` long enough to leave alone, as minutes and MiB: the
     /// topic's own policy if it has one, else its namespace's (or the broker's) when that keeps
-    /// it for ever or at least `at_least_minutes`; `None` when neither does.
+    /// it for ever or at least `at_least_minutes`, with no size bound; `None` when neither
+    /// does.
     pub async fn topic_retention_at_least(
         &self,
         topic: &str,
@@ -225,9 +226,10 @@ impl PulsarAdmin {
         if let Some(own) = read(false).await? {
             return Ok(Some(own));
         }
+        // Long enough, and not trimmed by size (Pulsar's size bound would cut the ledger).
         Ok(read(true)
             .await?
-            .filter(|&(minutes, _)| minutes < 0 || minutes >= at_least_minutes))
+            .filter(|&(minutes, mb)| (minutes < 0 || minutes >= at_least_minutes) && mb < 0))
     }
 
     /// POSTs `body` to the topic policy `policy` of the persistent `topic`.
