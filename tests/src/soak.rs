@@ -751,6 +751,17 @@ async fn grant_soak(cluster: &Cluster, ts: &str) -> Result<(), String> {
             cluster.try_grant(topic, role, actions).await?;
         }
     }
+    // The ledger's retention, set as the operator does on a secured cluster (the processors'
+    // role may not: docs/production-pulsar.md). Without it the broker drops what no
+    // subscription holds, and the soak's read from the start finds records missing.
+    let usage = usage_topic(ts).replacen("://", "/", 1);
+    cluster
+        .try_admin_call(
+            reqwest::Method::POST,
+            &format!("/admin/v2/{usage}/retention"),
+            Some(json!({"retentionTimeInMinutes": 90 * 24 * 60, "retentionSizeInMB": -1})),
+        )
+        .await?;
     Ok(())
 }
 
