@@ -168,6 +168,11 @@ pub(crate) async fn gateway_bench(
     let keys_path = keys_file.display().to_string();
     let (gateway_keys, addr_keys) = start_gateway(broker, &["--keys-file", &keys_path]).await;
     let openai_keys_url = format!("http://{addr_keys}/v1/chat/completions");
+    // A fourth on a topicspace of its own, where a processor with the usage ledger off
+    // answers: what writing one usage record per request (before its ack) costs.
+    let (gateway_nol, addr_nol) =
+        start_gateway(broker, &["--topicspace", NO_LEDGER_TOPICSPACE]).await;
+    let openai_nol_url = format!("http://{addr_nol}/v1/chat/completions");
     let url = format!("http://{addr}/api/v1/text-completion");
     let openai_url = format!("http://{addr}/v1/chat/completions");
     let openai_off_url = format!("http://{addr_off}/v1/chat/completions");
@@ -176,9 +181,10 @@ pub(crate) async fn gateway_bench(
     // The fake's first token comes 2 ms after the request, as in the text-completion scenario.
     let model = "tokens-5-2";
     let processor = gateway_processor(broker, &fake.base_url(), model).await;
+    let processor_nol = no_ledger_processor(broker, &fake.base_url(), model).await;
     let http = reqwest::Client::new();
-    let (mut h_direct, mut h_gateway, mut h_openai, mut h_off, mut h_keys) =
-        (hist(), hist(), hist(), hist(), hist());
+    let (mut h_direct, mut h_gateway, mut h_openai, mut h_off, mut h_keys, mut h_nol) =
+        (hist(), hist(), hist(), hist(), hist(), hist());
     for i in 0..requests + 50 {
         let (d, d_ok) = openai_call(&http, &fake_url, model, "the fake provider").await;
         let (g, g_ok) = gateway_call(&http, &url).await;
@@ -186,8 +192,9 @@ pub(crate) async fn gateway_bench(
         let (f, f_ok) = openai_call(&http, &openai_off_url, model, "resuming off").await;
         let (k, k_ok) =
             openai_call_as(&http, &openai_keys_url, model, "API keys", Some(BENCH_KEY)).await;
+        let (n, n_ok) = openai_call(&http, &openai_nol_url, model, "the ledger off").await;
         assert!(
-            d_ok && g_ok && o_ok && f_ok && k_ok,
+            d_ok && g_ok && o_ok && f_ok && k_ok && n_ok,
             "a stream did not complete"
         );
         if i >= 50 {
@@ -196,12 +203,14 @@ pub(crate) async fn gateway_bench(
             h_openai.record(o.unwrap().as_micros() as u64).unwrap();
             h_off.record(f.unwrap().as_micros() as u64).unwrap();
             h_keys.record(k.unwrap().as_micros() as u64).unwrap();
+            h_nol.record(n.unwrap().as_micros() as u64).unwrap();
         }
     }
     terminate(gateway_off).await;
     terminate(gateway_keys).await;
     let _ = std::fs::remove_file(&keys_file);
     terminate(processor).await;
+    terminate(processor_nol).await;
 
     // (2) Requests/s with short streams (5 tokens, no delay) at each concurrency.
     let processor = gateway_processor(broker, &fake.base_url(), "tokens-5-0").await;
@@ -218,6 +227,15 @@ pub(crate) async fn gateway_bench(
         let (r, ok) = gateway_throughput(&url, streams, n).await;
         rps.push((streams, r, ok, n));
     }
+    // The same at 64 streams with the ledger off, right after the run with it on.
+    let processor_nol = no_ledger_processor(broker, &fake.base_url(), "tokens-5-0").await;
+    let url_nol = format!("http://{addr_nol}/api/v1/text-completion");
+    let _ = gateway_throughput(&url_nol, 64, throughput_requests / 5).await;
+    eprintln!("gateway throughput with 64 concurrent streams, the ledger off …");
+    let (r_nol, ok_nol) = gateway_throughput(&url_nol, 64, throughput_requests).await;
+    let (r_on, ok_on) = gateway_throughput(&url, 64, throughput_requests).await;
+    terminate(processor_nol).await;
+    terminate(gateway_nol).await;
     terminate(processor).await;
     terminate(gateway).await;
 
@@ -290,6 +308,17 @@ pub(crate) async fn gateway_bench(
         k50 / o50,
         k99 / o99
     );
+    let (n50, n99) = (ms(&h_nol, 0.5), ms(&h_nol, 0.99));
+    let _ = writeln!(
+        md,
+        "| the OpenAI route to a processor with the usage ledger off (`--usage-topic none`) | {n50:.2} | {n99:.2} |"
+    );
+    let _ = writeln!(
+        md,
+        "| ratio (usage ledger on / off, OpenAI route) | {:.2}x | {:.2}x |",
+        o50 / n50,
+        o99 / n99
+    );
     let _ = writeln!(
         md,
         "| overhead (difference) | {:.2} | {:.2} |\n",
@@ -303,6 +332,12 @@ pub(crate) async fn gateway_bench(
     for (streams, r, ok, n) in &rps {
         let _ = writeln!(md, "| {streams} | {r:.0} | {ok}/{n} |");
     }
+    let n = throughput_requests;
+    let _ = writeln!(
+        md,
+        "| 64, the usage ledger off, then on again (same run) | {r_nol:.0}, then {r_on:.0} ({:.2}x) | {ok_nol}/{n}, {ok_on}/{n} |",
+        r_on / r_nol
+    );
     let json = serde_json::json!({
         "ttft_ms": {
             "direct": {"p50": d50, "p99": d99},
@@ -313,14 +348,50 @@ pub(crate) async fn gateway_bench(
             "resume_on_vs_off": {"p50": o50 / f50, "p99": o99 / f99},
             "openai_route_api_key": {"p50": k50, "p99": k99},
             "api_key_vs_none": {"p50": k50 / o50, "p99": k99 / o99},
+            "openai_route_ledger_off": {"p50": n50, "p99": n99},
+            "ledger_on_vs_off": {"p50": o50 / n50, "p99": o99 / n99},
             "ratio": {"p50": g50 / d50, "p99": g99 / d99},
             "overhead": {"p50": g50 - d50, "p99": g99 - d99},
         },
         "requests_per_s": rps.iter().map(|(c, r, ok, n)| (c.to_string(),
             serde_json::json!({"requests_per_s": r, "completed": ok, "requests": n})))
             .collect::<std::collections::BTreeMap<_, _>>(),
+        "requests_per_s_64_ledger": {"off": r_nol, "on": r_on, "on_vs_off": r_on / r_nol},
     });
     (md, json)
+}
+
+/// The topicspace where the processor with the usage ledger off answers.
+const NO_LEDGER_TOPICSPACE: &str = "benchnoledger";
+
+/// `sluice text-completion` in [`NO_LEDGER_TOPICSPACE`] with the usage ledger off.
+async fn no_ledger_processor(
+    broker: &Broker,
+    fake_url: &str,
+    model: &str,
+) -> tokio::process::Child {
+    let ts = NO_LEDGER_TOPICSPACE;
+    let (req, resp, cancel) = (
+        format!("request:{ts}:text-completion"),
+        format!("response:{ts}:text-completion"),
+        format!("notify:{ts}:text-completion-cancel"),
+    );
+    gateway_processor_with(
+        broker,
+        fake_url,
+        model,
+        &[
+            "--request-topic",
+            &req,
+            "--response-topic",
+            &resp,
+            "--cancel-topic",
+            &cancel,
+            "--usage-topic",
+            "none",
+        ],
+    )
+    .await
 }
 
 /// Starts a `sluice gateway` process for text-completion on the default topics with `extra`

@@ -135,8 +135,19 @@ pub(crate) async fn gateway_processor(
     fake_url: &str,
     model: &str,
 ) -> tokio::process::Child {
+    gateway_processor_with(broker, fake_url, model, &[]).await
+}
+
+/// [`gateway_processor`] with `extra` flags (other topics, the ledger off).
+pub(crate) async fn gateway_processor_with(
+    broker: &Broker,
+    fake_url: &str,
+    model: &str,
+    extra: &[&str],
+) -> tokio::process::Child {
     let port = free_port();
-    let mut child = sluice_process(&[
+    let metrics_addr = format!("127.0.0.1:{port}");
+    let mut args = vec![
         "text-completion",
         "--provider",
         "openai-compatible",
@@ -151,8 +162,10 @@ pub(crate) async fn gateway_processor(
         "--concurrency",
         "512",
         "--metrics-addr",
-        &format!("127.0.0.1:{port}"),
-    ]);
+        &metrics_addr,
+    ];
+    args.extend_from_slice(extra);
+    let mut child = sluice_process(&args);
     wait_ready(&mut child, port).await;
     child
 }

@@ -1848,41 +1848,29 @@ async fn compare_ledger(
     kills: &[(f64, String)],
     outages: &[(f64, f64)],
 ) -> Result<((u64, u64, u64, u64), Vec<String>), String> {
-    use sluice_runtime::bus::{StartPosition, SubscriptionKind};
     // Records are written after the in-flight gauge drops, and a backlog after a broker
     // restart is stored a moment later: read until nothing came for 3 s.
-    let options = SubscribeOptions {
-        kind: SubscriptionKind::Exclusive,
-        start: StartPosition::Replay,
-        prefetch: 1000,
-        consumer_name: None,
-    };
-    let mut sub = bus
-        .subscribe(
-            topic,
-            &format!("soak-ledger-{}", uuid::Uuid::new_v4().simple()),
-            options,
-        )
-        .await
-        .map_err(|e| e.to_string())?;
     let mut billed: HashMap<String, u64> = HashMap::new();
     let mut attempts = HashSet::new();
     let mut records = 0u64;
-    while let Ok(Some(next)) = tokio::time::timeout(Duration::from_secs(3), sub.next()).await {
-        let d = next.map_err(|e| e.to_string())?;
-        let r: sluice_schema::UsageRecord =
-            serde_json::from_slice(d.payload()).map_err(|e| format!("a usage record: {e}"))?;
-        d.ack();
-        records += 1;
-        // A record stored twice (a publish whose receipt was lost) counts once, as readers do.
-        if !attempts.insert(r.attempt.clone()) {
-            continue;
-        }
-        if let Some(t) = r.trace_id {
-            *billed.entry(t).or_default() += r.input_tokens + r.output_tokens;
-        }
+    let skipped =
+        sluice_runtime::ledger::read_records(bus.as_ref(), topic, Duration::from_secs(3), |r| {
+            records += 1;
+            // A record stored twice (a publish whose receipt was lost) counts once, as
+            // readers do.
+            if attempts.insert(r.attempt.clone())
+                && let Some(t) = r.trace_id
+            {
+                *billed.entry(t).or_default() += r.input_tokens + r.output_tokens;
+            }
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    if skipped > 0 {
+        return Err(format!(
+            "{skipped} message(s) on {topic} are not usage records"
+        ));
     }
-    sub.close().await;
     if records == 0 {
         return Err("no usage record was read".into());
     }

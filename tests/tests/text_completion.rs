@@ -448,28 +448,17 @@ async fn the_processor_over_ollama_streams_ndjson_and_reports_its_totals_as_delt
 
 /// Every usage record on `topic`, read from its start until nothing came for a second.
 async fn ledger_records(bus: Arc<dyn sluice_runtime::bus::Bus>, topic: &str) -> Vec<UsageRecord> {
-    use sluice_runtime::bus::{StartPosition, SubscribeOptions, SubscriptionKind};
-    let options = SubscribeOptions {
-        kind: SubscriptionKind::Exclusive,
-        start: StartPosition::Replay,
-        prefetch: 1000,
-        consumer_name: None,
-    };
-    let mut sub = bus
-        .subscribe(
-            topic,
-            &format!("read-{}", uuid::Uuid::new_v4().simple()),
-            options,
-        )
+    let mut out = Vec::new();
+    let skipped =
+        sluice_runtime::ledger::read_records(bus.as_ref(), topic, Duration::from_secs(1), |r| {
+            out.push(r)
+        })
         .await
         .unwrap();
-    let mut out = Vec::new();
-    while let Ok(Some(d)) = tokio::time::timeout(Duration::from_secs(1), sub.next()).await {
-        let d = d.unwrap();
-        out.push(serde_json::from_slice(d.payload()).unwrap());
-        d.ack();
-    }
-    sub.close().await;
+    assert_eq!(
+        skipped, 0,
+        "messages on the ledger that are not usage records"
+    );
     out
 }
 

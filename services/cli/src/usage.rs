@@ -5,8 +5,7 @@ use std::{collections::BTreeMap, collections::HashSet, sync::Arc, time::Duration
 
 use clap::Args;
 use serde::Serialize;
-use sluice_runtime::bus::{Bus, StartPosition, SubscribeOptions, SubscriptionKind};
-use sluice_schema::UsageRecord;
+use sluice_runtime::{bus::Bus, ledger::read_records};
 
 use crate::{
     common::{BusArgs, connect},
@@ -59,49 +58,23 @@ pub async fn run(args: UsageArgs) -> Result<(), String> {
     if !bus.keeps_messages() {
         return Err("the usage ledger is read from Pulsar: give --pulsar-url".into());
     }
-    let options = SubscribeOptions {
-        kind: SubscriptionKind::Exclusive,
-        // Non-durable, from the first message: reading leaves nothing behind on the broker.
-        start: StartPosition::Replay,
-        prefetch: 1000,
-        consumer_name: None,
-    };
-    let subscription = format!("sluice-usage-{}", uuid::Uuid::new_v4().simple());
-    let mut sub = bus
-        .subscribe(&args.topic, &subscription, options)
-        .await
-        .map_err(|e| format!("cannot read {}: {e}", args.topic))?;
     let quiet = Duration::from_millis(args.quiet_ms.max(1));
     let mut seen = HashSet::new();
     let mut totals = Totals::new();
-    let mut skipped = 0u64;
     let mut out = std::io::stdout();
-    loop {
-        let delivery = match tokio::time::timeout(quiet, sub.next()).await {
-            Err(_) | Ok(None) => break,
-            Ok(Some(Err(e))) => return Err(format!("reading {}: {e}", args.topic)),
-            Ok(Some(Ok(d))) => d,
-        };
-        let record: UsageRecord = match serde_json::from_slice(delivery.payload()) {
-            Ok(r) => r,
-            Err(_) => {
-                skipped += 1;
-                delivery.ack();
-                continue;
-            }
-        };
-        delivery.ack();
+    let mut failed = None;
+    // Non-durable, from the first message: reading leaves nothing behind on the broker.
+    let skipped = read_records(bus.as_ref(), &args.topic, quiet, |record| {
         // A record stored twice (a publish whose receipt was lost) counts once.
-        if !seen.insert(record.attempt.clone()) {
-            continue;
-        }
-        if args
-            .key
-            .as_ref()
-            .is_some_and(|k| record.key.as_ref() != Some(k))
+        if failed.is_some()
+            || !seen.insert(record.attempt.clone())
+            || args
+                .key
+                .as_ref()
+                .is_some_and(|k| record.key.as_ref() != Some(k))
             || args.since_ms.is_some_and(|t| record.ended_at_ms < t)
         {
-            continue;
+            return;
         }
         if args.summary {
             let (total, requests) = totals
@@ -117,11 +90,15 @@ pub async fn run(args: UsageArgs) -> Result<(), String> {
             if let Some(c) = record.cost {
                 total.cost = Some(total.cost.unwrap_or(0.0) + c);
             }
-        } else {
-            line(&mut out, &record)?;
+        } else if let Err(e) = line(&mut out, &record) {
+            failed = Some(e);
         }
+    })
+    .await
+    .map_err(|e| format!("reading {}: {e}", args.topic))?;
+    if let Some(e) = failed {
+        return Err(e);
     }
-    sub.close().await;
     for ((key, model), (mut total, _)) in totals {
         total.key = key;
         total.model = model;

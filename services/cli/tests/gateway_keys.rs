@@ -451,17 +451,14 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
         alpha.tokens,
         "alpha's tokens as its callers were told"
     );
-    let usage_retention: serde_json::Value = http
-        .get(format!(
+    let usage_retention: serde_json::Value = admin_json(
+        &http,
+        format!(
             "{}/admin/v2/persistent/{ts}/response/usage/retention",
             broker.admin_url
-        ))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        ),
+    )
+    .await;
     assert_eq!(usage_retention["retentionTimeInMinutes"], 90 * 24 * 60);
 
     // The limits topic is compacted (its threshold set by the gateways); compacted now, a
@@ -471,23 +468,9 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
         "{}/admin/v2/persistent/{ts}/response/gateway-limits",
         broker.admin_url
     );
-    let threshold: u64 = http
-        .get(format!("{topic_admin}/compactionThreshold"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let threshold: u64 = admin_json(&http, format!("{topic_admin}/compactionThreshold")).await;
     assert_eq!(threshold, 1024 * 1024);
-    let retention: serde_json::Value = http
-        .get(format!("{topic_admin}/retention"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let retention: serde_json::Value = admin_json(&http, format!("{topic_admin}/retention")).await;
     assert_eq!(
         retention["retentionTimeInMinutes"],
         32 * 24 * 60,
@@ -503,14 +486,7 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
         Duration::from_millis(200),
         Duration::from_secs(30),
         async || {
-            let v: serde_json::Value = http
-                .get(format!("{topic_admin}/compaction"))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let v: serde_json::Value = admin_json(&http, format!("{topic_admin}/compaction")).await;
             v["status"].as_str().unwrap_or("").to_owned()
         },
         |s| s == "SUCCESS" || s == "ERROR",
@@ -616,4 +592,11 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
     }
     processor.stop().await;
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The JSON an admin API GET answers.
+async fn admin_json<T: serde::de::DeserializeOwned>(http: &reqwest::Client, url: String) -> T {
+    let r = http.get(&url).send().await.unwrap();
+    assert!(r.status().is_success(), "GET {url}: {}", r.status());
+    r.json().await.unwrap()
 }

@@ -34,7 +34,7 @@ use std::{
 use async_trait::async_trait;
 use futures::FutureExt;
 use serde::de::DeserializeOwned;
-use sluice_schema::{Error, ErrorKind, ResponseRecord, properties};
+use sluice_schema::{Error, ErrorKind, ResponseRecord, properties, usage::UsageRecord};
 use tokio::{
     sync::Semaphore,
     task::JoinSet,
@@ -503,6 +503,24 @@ struct Unwritten {
 }
 
 impl Unwritten {
+    /// The attempt's usage record ending with `outcome` (and the terminal error's kind), or
+    /// `None` when no provider call started on its meter (or the guard is disarmed).
+    fn record(&self, outcome: &str, error: Option<&str>) -> Option<UsageRecord> {
+        let end = AttemptEnd {
+            id: &self.id,
+            attempt: &self.attempt,
+            trace_id: Some(&self.trace_id),
+            key: self.key.as_deref(),
+            flow: self.flow.as_deref(),
+            service: &self.service,
+            outcome,
+            error,
+            duration: self.started.elapsed(),
+            redelivery_count: self.redelivery_count,
+        };
+        self.ledger.record_of(&end, &self.meter)
+    }
+
     /// The record was written: nothing to do on drop.
     fn disarm(&mut self) {
         self.meter = UsageMeter::default();
@@ -511,20 +529,7 @@ impl Unwritten {
 
 impl Drop for Unwritten {
     fn drop(&mut self) {
-        let end = AttemptEnd {
-            id: &self.id,
-            attempt: &self.attempt,
-            trace_id: Some(&self.trace_id),
-            key: self.key.as_deref(),
-            flow: self.flow.as_deref(),
-            service: &self.service,
-            outcome: "retried",
-            error: None,
-            duration: self.started.elapsed(),
-            redelivery_count: self.redelivery_count,
-        };
-        // A meter no provider call started on (or a disarmed one) gives no record.
-        if let Some(record) = self.ledger.record_of(&end, &self.meter) {
+        if let Some(record) = self.record("retried", None) {
             self.ledger.enqueue(record);
         }
     }
@@ -619,10 +624,11 @@ async fn handle_delivery<H: Handler>(
     }
     let span = info_span!("request", processor, request_id = %id, attempt = %attempt);
     metrics.in_flight(processor, 1);
+    let key = delivery.property(properties::KEY).map(str::to_owned);
     // The key's name goes on to the agent's next step, not onto the records.
-    let carried = delivery
-        .property(properties::KEY)
-        .map(|k| BTreeMap::from([(properties::KEY.to_owned(), k.to_owned())]))
+    let carried = key
+        .as_ref()
+        .map(|k| BTreeMap::from([(properties::KEY.to_owned(), k.clone())]))
         .unwrap_or_default();
     let mut sink = ResponseSink::<H::Response>::new(
         publisher.clone(),
@@ -641,7 +647,7 @@ async fn handle_delivery<H: Handler>(
         id: id.clone(),
         attempt: attempt.clone(),
         trace_id: trace_id.clone(),
-        key: delivery.property(properties::KEY).map(str::to_owned),
+        key: key.clone(),
         flow: config.flow.clone(),
         service: config.name.clone(),
         started,
@@ -674,7 +680,7 @@ async fn handle_delivery<H: Handler>(
                     attempt: attempt.clone(),
                     redelivery_count: delivery.redelivery_count(),
                     traceparent,
-                    key: delivery.property(properties::KEY).map(str::to_owned),
+                    key,
                     usage: meter.clone(),
                 };
                 // Dropping the handler's future on a client cancel, or when the drain grace
@@ -745,7 +751,7 @@ async fn handle_delivery<H: Handler>(
         // must wait for the broker rather than call the provider for answers it cannot store.
         store.block(e);
     }
-    if let Some(ledger) = &config.ledger {
+    if let Some(u) = unwritten.as_mut() {
         let handed_back = !(flushed.is_ok() && sink.is_ended());
         let usage = match outcome {
             _ if handed_back => "retried",
@@ -754,19 +760,7 @@ async fn handle_delivery<H: Handler>(
             Outcome::Retried => "retried",
             Outcome::Success | Outcome::Continued => "answered",
         };
-        let end = AttemptEnd {
-            id: &id,
-            attempt: &attempt,
-            trace_id: Some(&trace_id),
-            key: delivery.property(properties::KEY),
-            flow: config.flow.as_deref(),
-            service: processor,
-            outcome: usage,
-            error: sink.error_kind(),
-            duration: started.elapsed(),
-            redelivery_count: delivery.redelivery_count(),
-        };
-        if let Some(record) = ledger.record_of(&end, &meter) {
+        if let Some(record) = u.record(usage, sink.error_kind()) {
             // Stored before the ack (see crate::ledger). Not waited for when the broker just
             // failed to store the records, nor once the drain grace has run out: the record
             // goes to the backlog at once and the request is settled.
@@ -775,10 +769,8 @@ async fn handle_delivery<H: Handler>(
             } else {
                 STORE_WAIT
             };
-            ledger.write(&record, wait).instrument(span.clone()).await;
+            u.ledger.write(&record, wait).instrument(span.clone()).await;
         }
-    }
-    if let Some(u) = unwritten.as_mut() {
         u.disarm();
     }
     // Out of flight once its usage is written too: a caller that sees the gauge at 0 finds
