@@ -11,6 +11,7 @@ pub mod decode;
 pub mod properties;
 pub mod records;
 pub mod retry;
+pub mod tools;
 pub mod topics;
 pub mod usage;
 
@@ -21,6 +22,7 @@ pub use records::{
     TextCompletionRequest, TextCompletionResponse,
 };
 pub use retry::{RetryOn, RetryPolicy};
+pub use tools::{Tool, ToolCall, ToolCallDelta, ToolChoice, ToolMode};
 pub use topics::{Persistence, TopicError, TopicMapping, TopicName};
 pub use usage::UsageRecord;
 

@@ -268,6 +268,16 @@ pub struct TextCompletionRequest {
     /// cannot read is an `invalid-request` error.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<String>,
+    /// Tools the model may call (docs/protocol.md#tools). A processor whose provider cannot
+    /// call tools refuses the request (`invalid-request`) rather than answer without them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<crate::tools::Tool>>,
+    /// Whether and which of `tools` the model may call (default: the model decides).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<crate::tools::ToolChoice>,
+    /// Whether the model may make several tool calls in one answer (default: the provider's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
 }
 
 /// Who said a turn of a [`TextCompletionRequest::messages`] conversation. The system prompt is
@@ -279,6 +289,8 @@ pub enum ChatRole {
     User,
     /// The model, in an earlier answer.
     Assistant,
+    /// A tool's result, answering one of the model's tool calls (`tool_call_id`).
+    Tool,
 }
 
 impl ChatRole {
@@ -287,6 +299,7 @@ impl ChatRole {
         match self {
             ChatRole::User => "user",
             ChatRole::Assistant => "assistant",
+            ChatRole::Tool => "tool",
         }
     }
 }
@@ -296,9 +309,31 @@ impl ChatRole {
 pub struct ChatMessage {
     /// Who said it.
     pub role: ChatRole,
-    /// What was said.
+    /// What was said (a tool's result, for a `tool` turn).
     #[serde(default, deserialize_with = "null_default")]
     pub content: String,
+    /// The tool calls the model made in this (assistant) turn.
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub tool_calls: Vec<crate::tools::ToolCall>,
+    /// The call a `tool` turn answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+impl ChatMessage {
+    /// A plain turn: `role` said `content`.
+    pub fn new(role: ChatRole, content: impl Into<String>) -> Self {
+        Self {
+            role,
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
 }
 
 impl TextCompletionRequest {
@@ -307,11 +342,19 @@ impl TextCompletionRequest {
     pub fn turns(&self) -> Vec<ChatMessage> {
         match &self.messages {
             Some(m) => m.clone(),
-            None => vec![ChatMessage {
-                role: ChatRole::User,
-                content: self.prompt.clone(),
-            }],
+            None => vec![ChatMessage::new(ChatRole::User, self.prompt.clone())],
         }
+    }
+
+    /// Whether the request needs a provider that can call tools: it offers tools, chooses
+    /// among them, or its conversation holds tool calls or their results.
+    pub fn uses_tools(&self) -> bool {
+        self.tools.as_ref().is_some_and(|t| !t.is_empty())
+            || self.tool_choice.is_some()
+            || self.messages.as_ref().is_some_and(|m| {
+                m.iter()
+                    .any(|t| t.role == ChatRole::Tool || !t.tool_calls.is_empty())
+            })
     }
 
     /// The text of a conversation for a reader that knows only `prompt`: each turn after its
@@ -322,10 +365,14 @@ impl TextCompletionRequest {
             let who = match m.role {
                 ChatRole::User => "User",
                 ChatRole::Assistant => "Assistant",
+                ChatRole::Tool => "Tool result",
             };
             out.push_str(who);
             out.push_str(": ");
             out.push_str(&m.content);
+            for call in &m.tool_calls {
+                out.push_str(&format!("\n[calls {}({})]", call.name, call.arguments));
+            }
             out.push_str("\n\n");
         }
         out.push_str("Assistant:");
@@ -374,6 +421,32 @@ pub struct TextCompletionResponse {
     /// sluice's extension; readers take a missing field as unknown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<String>,
+    /// Pieces of the tool calls the model is making (docs/protocol.md#tools): streamed, as
+    /// they come; in a whole answer, each call whole. The answer then ends with
+    /// `finish_reason: tool_calls`. sluice's extension; written only when there are some.
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub tool_calls: Vec<crate::tools::ToolCallDelta>,
+}
+
+impl TextCompletionResponse {
+    /// The bytes of text this record carries (its answer and its tool calls' pieces), for
+    /// the coalescing bound.
+    fn len(&self) -> usize {
+        self.response.len()
+            + self
+                .tool_calls
+                .iter()
+                .map(|t| {
+                    t.arguments.len()
+                        + t.id.as_ref().map_or(0, String::len)
+                        + t.name.as_ref().map_or(0, String::len)
+                })
+                .sum::<usize>()
+    }
 }
 
 /// One model a text-completion processor serves (TrustGraph 2.11 `ModelInfo`). Fields other
@@ -433,11 +506,14 @@ impl ResponseRecord for TextCompletionResponse {
         if !self.is_delta()
             || !(next.is_delta() || clean_end)
             || self.model != next.model
-            || self.response.len() + next.response.len() > COALESCE_MAX_BYTES
+            // Text after a tool call would read as coming before it.
+            || (!self.tool_calls.is_empty() && !next.response.is_empty())
+            || self.len() + next.len() > COALESCE_MAX_BYTES
         {
             return Err(next);
         }
         self.response.push_str(&next.response);
+        crate::tools::append_deltas(&mut self.tool_calls, next.tool_calls);
         self.in_token = add_tokens(self.in_token, next.in_token);
         self.out_token = add_tokens(self.out_token, next.out_token);
         self.end_of_stream = next.end_of_stream;

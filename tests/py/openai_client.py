@@ -2,8 +2,9 @@
 
 Usage: python openai_client.py '<json settings>'
 Settings: base_url, api_key, model (answers normally), and optionally mid_error (a model whose
-stream fails after its first token), gated (a model whose stream waits after its first token)
-and only (a list of the scenarios to run). Prints one JSON object: each scenario's findings, or
+stream fails after its first token), gated (a model whose stream waits after its first token),
+tools_model (a model that calls every tool it is offered) and only (a list of the scenarios to
+run). Prints one JSON object: each scenario's findings, or
 the exception it raised, so the Rust test asserts on them.
 """
 import json
@@ -98,10 +99,73 @@ def run(settings):
         stream.close()
         out["cancel"] = {"first": first, "closed": True}
 
+    if scenario("tools") and settings.get("tools_model"):
+        tools_scenarios(client, settings["tools_model"], out)
+
     if scenario("models"):
         out["models"] = sorted(m.id for m in client.models.list())
 
     return out
+
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "the weather in a city",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}},
+                       "required": ["q"]}}},
+    {"type": "function", "function": {
+        "name": "get_time",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}},
+]
+
+
+def tools_scenarios(client, model, out):
+    """Tool calls whole, sent back, streamed through the SDK's helper, raw, and parsed."""
+    asked = [{"role": "user", "content": "Paris"}]
+    r = client.chat.completions.create(model=model, messages=asked, tools=TOOLS)
+    m = r.choices[0].message
+    calls = [[c.function.name, c.function.arguments] for c in m.tool_calls or []]
+    # The SDK's own message object goes back as the assistant turn, then one result per call.
+    answered = asked + [m.model_dump(exclude_none=True)] + [
+        {"role": "tool", "tool_call_id": c.id, "content": c.function.name + " ok"}
+        for c in m.tool_calls or []]
+    r2 = client.chat.completions.create(model=model, messages=answered, tools=TOOLS)
+    out["tools_whole"] = {"calls": calls, "content": m.content,
+                          "finish_reason": r.choices[0].finish_reason,
+                          "answer": r2.choices[0].message.content}
+
+    # The streaming helper: it accumulates the pieces into calls by index.
+    stream_helper = getattr(client.chat.completions, "stream", None) \
+        or client.beta.chat.completions.stream
+    with stream_helper(model=model, messages=asked, tools=TOOLS) as stream:
+        deltas = sum(1 for e in stream if e.type == "tool_calls.function.arguments.delta")
+        final = stream.get_final_completion()
+    fm = final.choices[0].message
+    out["tools_stream"] = {
+        "calls": [[c.function.name, c.function.arguments] for c in fm.tool_calls or []],
+        "finish_reason": final.choices[0].finish_reason, "argument_deltas": deltas}
+
+    # The raw stream: each call's first piece has its index, id, type and name.
+    firsts = []
+    for chunk in client.chat.completions.create(model=model, messages=asked, tools=TOOLS,
+                                                stream=True):
+        for choice in chunk.choices:
+            for tc in choice.delta.tool_calls or []:
+                if tc.id:
+                    firsts.append([tc.index, tc.type, tc.function.name])
+    out["tools_raw"] = {"first_pieces": firsts}
+
+    # `parse` with a Pydantic tool: the arguments come back as the model.
+    from pydantic import BaseModel
+
+    class Lookup(BaseModel):
+        q: str
+
+    parse = getattr(client.chat.completions, "parse", None) \
+        or client.beta.chat.completions.parse
+    p = parse(model=model, messages=asked, tools=[openai.pydantic_function_tool(Lookup)])
+    out["tools_parse"] = {
+        "parsed": p.choices[0].message.tool_calls[0].function.parsed_arguments.q}
 
 
 if __name__ == "__main__":

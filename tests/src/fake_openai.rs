@@ -33,12 +33,14 @@
 //! | `tokens-N-D-F` | as `tokens-N-D`, the first token F ms after the request (a model's time to first token) |
 //! | `routed` | as the model named by `[model:NAME]` in the last user message, else `normal`: one configured model, every behaviour (call counts are per routed name) |
 //! | `chaos-ok`, `chaos-429`, `chaos-500`, `chaos-malformed`, `chaos-drop`, `chaos-stall` | for soak traffic, counted per distinct last user message (each request its own): the message streamed back in 5-byte pieces (whole when not streaming), after `chaos-429`'s first call answers 429 with only `retry-after: 1` and `chaos-500`'s first call 500; `chaos-malformed` slips an unparseable event after the first piece; `chaos-drop` breaks the connection after the first piece and `chaos-stall` stops there, every call (not streaming: 500 `x-should-retry: false`, and no answer at all) |
+//! | `tools`, `tools-text`, `tools-interleaved` | tool calling in OpenAI's shapes (see [`tools`]): calls every tool offered with `{"q": <message>}`, the arguments streamed in 4-byte fragments, `finish_reason: tool_calls`; answers `results: ...` once given the tools' results |
 //!
 //! [`prompted`] is the same fake scripted by the prompt instead, for processes configured
 //! once with one model (the `fake-openai` binary).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod prompted;
+pub mod tools;
 
 use std::{
     sync::{Arc, Mutex},
@@ -313,6 +315,13 @@ async fn chat(
         };
         drop(abandoned);
         return chaos(fault, call, stream, &user_message, call_abandoned).await;
+    }
+    if tools::is_tools_model(&model) {
+        return if stream {
+            sse(tools::streamed(&model, &body, &user_message), abandoned)
+        } else {
+            Json(tools::whole(&model, &body, &user_message)).into_response()
+        };
     }
     if !stream {
         let (content, input, output) = if model.starts_with("replay-") {

@@ -608,3 +608,265 @@ async fn the_official_python_sdk_works_against_the_gateway() {
     }
     s.stop().await;
 }
+
+/// The tools the tool-calling tests offer, as OpenAI takes them.
+fn weather_tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}},
+        {"type": "function", "function": {"name": "get_time",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}
+    ])
+}
+
+/// Tool calls put together from OpenAI's streamed `delta.tool_calls` pieces, as its SDKs do:
+/// by index, the id, type and name from a call's first piece, the arguments appended. Checks
+/// that a piece with an id is a call's first and that later pieces carry no id or name.
+fn assemble_streamed(chunks: &[Value]) -> Vec<(String, String, String)> {
+    let mut calls: std::collections::BTreeMap<u64, (String, String, String)> = Default::default();
+    for c in chunks {
+        for piece in c["choices"][0]["delta"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let index = piece["index"].as_u64().expect("every piece has an index");
+            match piece["id"].as_str() {
+                Some(id) => {
+                    assert!(!calls.contains_key(&index), "a second first piece: {piece}");
+                    assert_eq!(piece["type"], "function", "{piece}");
+                    let name = piece["function"]["name"].as_str().unwrap();
+                    calls.insert(
+                        index,
+                        (
+                            id.to_owned(),
+                            name.to_owned(),
+                            piece["function"]["arguments"].as_str().unwrap().to_owned(),
+                        ),
+                    );
+                }
+                None => {
+                    assert!(piece["function"].get("name").is_none(), "{piece}");
+                    let call = calls
+                        .get_mut(&index)
+                        .unwrap_or_else(|| panic!("a fragment before its call: {piece}"));
+                    call.2
+                        .push_str(piece["function"]["arguments"].as_str().unwrap());
+                }
+            }
+        }
+    }
+    calls.into_values().collect()
+}
+
+/// Tools through the gateway, the broker and the processor to the provider and back, in
+/// OpenAI's shapes: streamed as `delta.tool_calls` pieces (id, type and name first, then
+/// argument fragments; text before the calls; two calls' pieces interleaved), whole as
+/// `message.tool_calls` with `content: null`, `finish_reason: tool_calls` both ways, the same
+/// usage both ways; then the tools' results sent back reach the provider as `tool` messages
+/// and the model answers from them.
+#[tokio::test]
+async fn tool_calls_stream_and_return_as_openai_sends_them() {
+    let s = GatewayStack::start_serving("tools", &["tools-text", "tools-interleaved"], |gc| {
+        gc.auth = Auth::new(Some(Secret::new(TOKEN)));
+    })
+    .await;
+    let ask = |model: &str, stream: bool| {
+        let mut body = json!({"model": model, "tools": weather_tools(),
+            "messages": [{"role": "user", "content": "Paris"}]});
+        if stream {
+            body["stream"] = json!(true);
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        body
+    };
+    let expected = |names: &[&str]| -> Vec<(String, String)> {
+        names
+            .iter()
+            .map(|n| ((*n).to_owned(), r#"{"q":"Paris"}"#.to_owned()))
+            .collect()
+    };
+    for model in ["tools", "tools-text", "tools-interleaved"] {
+        let resp = post(&s, ask(model, true)).await;
+        assert_eq!(resp.status(), 200, "{model}");
+        let body = resp.bytes().await.unwrap();
+        let data = sse_data(&body);
+        let chunks: Vec<Value> = data
+            .iter()
+            .filter(|d| d.as_str() != "[DONE]")
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect();
+        let calls = assemble_streamed(&chunks);
+        assert_eq!(
+            calls
+                .iter()
+                .map(|(_, n, a)| (n.clone(), a.clone()))
+                .collect::<Vec<_>>(),
+            expected(&["get_weather", "get_time"]),
+            "{model}: {data:?}"
+        );
+        assert!(calls.iter().all(|(id, _, _)| id.starts_with("call_")));
+        // The arguments came in fragments, not in one piece.
+        let pieces = chunks
+            .iter()
+            .filter(|c| c["choices"][0]["delta"]["tool_calls"].is_array())
+            .count();
+        assert!(pieces > 6, "{model}: {pieces} pieces");
+        let text: String = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        let want = if model == "tools-text" {
+            "Let me look that up."
+        } else {
+            ""
+        };
+        assert_eq!(text, want, "{model}");
+        let finish: Vec<&Value> = chunks
+            .iter()
+            .map(|c| &c["choices"][0]["finish_reason"])
+            .filter(|f| !f.is_null())
+            .collect();
+        assert_eq!(finish, [&json!("tool_calls")], "{model}");
+        let usage = &chunks.last().unwrap()["usage"];
+        assert_eq!(usage["prompt_tokens"], 20, "{model}: {usage}");
+        assert_eq!(usage["completion_tokens"], 10, "{model}: {usage}");
+    }
+
+    // Whole: `message.tool_calls`, content null (or the text before the calls).
+    for model in ["tools", "tools-text"] {
+        let resp = post(&s, ask(model, false)).await;
+        assert_eq!(resp.status(), 200);
+        let v: Value = resp.json().await.unwrap();
+        let message = &v["choices"][0]["message"];
+        assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+        let calls: Vec<(String, String)> = message["tool_calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                assert_eq!(c["type"], "function");
+                assert!(c["id"].as_str().unwrap().starts_with("call_"));
+                (
+                    c["function"]["name"].as_str().unwrap().to_owned(),
+                    c["function"]["arguments"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        assert_eq!(calls, expected(&["get_weather", "get_time"]), "{v}");
+        if model == "tools" {
+            assert_eq!(message["content"], Value::Null, "{v}");
+        } else {
+            assert_eq!(message["content"], "Let me look that up.", "{v}");
+        }
+        assert_eq!(v["usage"]["total_tokens"], 30);
+        // The provider got the tools as offered, with no choice the caller did not make.
+        let sent = s.fake.last_body();
+        assert_eq!(sent["tools"], weather_tools(), "{sent}");
+        assert!(sent.get("tool_choice").is_none(), "{sent}");
+    }
+
+    // The results sent back: the provider gets the assistant's calls and the `tool` messages
+    // answering them, in order, and the model answers from them.
+    let next = json!({"model": "tools", "tools": weather_tools(), "stream": true,
+        "tool_choice": "auto", "parallel_tool_calls": true,
+        "messages": [
+            {"role": "user", "content": "Paris"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_0_get_weather", "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{\"q\":\"Paris\"}"}},
+                {"id": "call_1_get_time", "type": "function",
+                    "function": {"name": "get_time", "arguments": "{\"q\":\"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_0_get_weather", "content": "sunny"},
+            {"role": "tool", "tool_call_id": "call_1_get_time", "content": "noon"}]});
+    let resp = post(&s, next.clone()).await;
+    assert_eq!(resp.status(), 200);
+    let body = resp.bytes().await.unwrap();
+    let text: String = sse_data(&body)
+        .iter()
+        .filter(|d| d.as_str() != "[DONE]")
+        .filter_map(|d| {
+            serde_json::from_str::<Value>(d).unwrap()["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(text, "results: sunny; noon");
+    let sent = s.fake.last_body();
+    assert_eq!(sent["messages"][1], next["messages"][1], "{sent}");
+    assert_eq!(
+        sent["messages"][2],
+        json!({"role": "tool", "tool_call_id": "call_0_get_weather", "content": "sunny"})
+    );
+    assert_eq!(sent["messages"][3]["tool_call_id"], "call_1_get_time");
+    assert_eq!(sent["tool_choice"], "auto");
+    assert_eq!(sent["parallel_tool_calls"], true);
+
+    // A named choice reaches the provider, which calls only that tool.
+    let mut named = ask("tools", false);
+    named["tool_choice"] = json!({"type": "function", "function": {"name": "get_time"}});
+    let v: Value = post(&s, named).await.json().await.unwrap();
+    assert_eq!(
+        v["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "get_time",
+        "{v}"
+    );
+    assert_eq!(
+        s.fake.last_body()["tool_choice"],
+        json!({"type": "function", "function": {"name": "get_time"}})
+    );
+    s.stop().await;
+}
+
+/// OpenAI's Python SDK calling tools: a whole answer's `tool_calls` and the results sent
+/// back with the SDK's own message objects; its streaming helper accumulating the pieces
+/// into calls; the raw stream's first pieces; and `chat.completions.parse` turning a
+/// Pydantic tool's arguments into the model. Runs when `OPENAI_PY` is set.
+#[tokio::test]
+async fn the_official_python_sdk_calls_tools_through_the_gateway() {
+    let Some(python) = sluice_tests::outside_tool(
+        "OPENAI_PY",
+        "openai_api: OpenAI's Python SDK calling tools (scripts/openai-venv.sh)",
+    ) else {
+        return;
+    };
+    let s = GatewayStack::start_serving("tools", &["tools-interleaved"], |gc| {
+        gc.auth = Auth::new(Some(Secret::new(TOKEN)));
+    })
+    .await;
+    let settings = json!({"base_url": s.url("/v1"), "api_key": TOKEN, "model": "tools",
+                          "tools_model": "tools-interleaved", "only": ["tools"]});
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/py/openai_client.py");
+    let out = tokio::process::Command::new(&python)
+        .arg(script)
+        .arg(settings.to_string())
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let both = json!([
+        ["get_weather", "{\"q\":\"Paris\"}"],
+        ["get_time", "{\"q\":\"Paris\"}"]
+    ]);
+    assert_eq!(r["tools_whole"]["calls"], both, "{r}");
+    assert_eq!(r["tools_whole"]["finish_reason"], "tool_calls");
+    assert_eq!(r["tools_whole"]["content"], Value::Null);
+    assert_eq!(
+        r["tools_whole"]["answer"],
+        "results: get_weather ok; get_time ok"
+    );
+    assert_eq!(r["tools_stream"]["calls"], both, "{r}");
+    assert_eq!(r["tools_stream"]["finish_reason"], "tool_calls");
+    assert!(
+        r["tools_stream"]["argument_deltas"].as_u64().unwrap() > 2,
+        "{r}"
+    );
+    assert_eq!(
+        r["tools_raw"]["first_pieces"],
+        json!([[0, "function", "get_weather"], [1, "function", "get_time"]]),
+        "{r}"
+    );
+    assert_eq!(r["tools_parse"]["parsed"], "Paris", "{r}");
+    s.stop().await;
+}

@@ -10,9 +10,14 @@
 //! A conversation becomes sluice's request extension (`messages`, `temperature`,
 //! `max_tokens`, `stop`, `model`; see `sluice_schema::TextCompletionRequest`), with the same
 //! conversation flattened into `prompt` so a TrustGraph processor on the same topic still
-//! answers sensibly. What sluice cannot honour (tools, `n > 1`, images, `top_p`, ...) is
-//! refused with OpenAI's error shape and status, never silently ignored. Unknown parameters
-//! are refused as OpenAI refuses them.
+//! answers sensibly. Tools (`tools`, `tool_choice`, `parallel_tool_calls`, assistant
+//! `tool_calls` and `tool` messages) ride in the request's tool fields, and the answer's
+//! tool calls come back as OpenAI sends them: streamed as `delta.tool_calls` pieces (index,
+//! id, type and name on a call's first piece, argument fragments after), whole as
+//! `message.tool_calls`, with `finish_reason: tool_calls`. What sluice cannot honour
+//! (`n > 1`, images, `top_p`, the deprecated `functions`, ...) is refused with OpenAI's
+//! error shape and status, never silently ignored. Unknown parameters are refused as OpenAI
+//! refuses them.
 //!
 //! Seed 004's event protocol shares the path: a body with `prompt` and no `messages` (seed
 //! 004's own test sends `{"prompt":"Hello","stream":true}`, which is not an OpenAI chat
@@ -47,7 +52,8 @@ use sluice_runtime::{
 };
 use sluice_schema::{
     ChatMessage, ChatRole, Error, ErrorKind, LIST_MODELS, ModelInfo, ResponseRecord,
-    TextCompletionRequest, TextCompletionResponse,
+    TextCompletionRequest, TextCompletionResponse, Tool, ToolCall, ToolCallDelta, ToolChoice,
+    ToolMode,
 };
 
 use crate::{
@@ -78,7 +84,6 @@ const IGNORED: &[&str] = &[
     "store",
     "metadata",
     "service_tier",
-    "parallel_tool_calls",
     "safety_identifier",
     "prompt_cache_key",
 ];
@@ -338,6 +343,7 @@ pub(crate) fn parse_chat(body: &[u8]) -> Result<ChatCall, ApiError> {
         "response_format",
         "tools",
         "tool_choice",
+        "parallel_tool_calls",
         "functions",
         "function_call",
         "top_p",
@@ -396,28 +402,26 @@ pub(crate) fn parse_chat(body: &[u8]) -> Result<ChatCall, ApiError> {
             Some("unsupported_value"),
         ));
     }
-    for tools in ["tools", "functions"] {
-        if body
-            .get(tools)
-            .is_some_and(|v| v.as_array().is_none_or(|a| !a.is_empty()) && !v.is_null())
-        {
-            return Err(ApiError::unsupported(
-                tools,
-                "sluice's text-completion service has no tool calling (use its agent service)",
-            ));
-        }
+    // The deprecated `functions` API: refused by name, `tools` says the same.
+    if body
+        .get("functions")
+        .is_some_and(|v| v.as_array().is_none_or(|a| !a.is_empty()) && !v.is_null())
+    {
+        return Err(ApiError::unsupported(
+            "functions",
+            "'functions' is deprecated; send 'tools'",
+        ));
     }
-    for choice in ["tool_choice", "function_call"] {
-        if let Some(v) = body.get(choice).filter(|v| !v.is_null())
-            && v.as_str() != Some("none")
-            && v.as_str() != Some("auto")
-        {
-            return Err(ApiError::unsupported(
-                choice,
-                "there are no tools to choose",
-            ));
-        }
+    if let Some(v) = body.get("function_call").filter(|v| !v.is_null())
+        && v.as_str() != Some("none")
+        && v.as_str() != Some("auto")
+    {
+        return Err(ApiError::unsupported(
+            "function_call",
+            "'function_call' is deprecated; send 'tool_choice'",
+        ));
     }
+    let (tools, tool_choice, parallel_tool_calls) = parse_tools(&body)?;
     for (name, neutral) in [
         ("top_p", 1.0),
         ("presence_penalty", 0.0),
@@ -584,6 +588,8 @@ pub(crate) fn parse_chat(body: &[u8]) -> Result<ChatCall, ApiError> {
     }
     let mut system = Vec::new();
     let mut turns = Vec::new();
+    // Ids of the tool calls made so far: a tool result must answer one of them.
+    let mut calls_made = std::collections::HashSet::new();
     for (i, m) in messages.iter().enumerate() {
         let at = format!("messages[{i}]");
         let role = m["role"].as_str().ok_or_else(|| {
@@ -596,35 +602,51 @@ pub(crate) fn parse_chat(body: &[u8]) -> Result<ChatCall, ApiError> {
         let content = content_text(&m["content"], &format!("{at}.content"))?;
         match role {
             "system" | "developer" => system.push(content),
-            "user" => turns.push(ChatMessage {
-                role: ChatRole::User,
-                content,
-            }),
+            "user" => turns.push(ChatMessage::new(ChatRole::User, content)),
             "assistant" => {
-                if m.get("tool_calls").is_some_and(|t| !t.is_null())
-                    || m.get("function_call").is_some_and(|t| !t.is_null())
-                {
+                if m.get("function_call").is_some_and(|t| !t.is_null()) {
                     return Err(ApiError::unsupported(
-                        &format!("{at}.tool_calls"),
-                        "sluice's text-completion service has no tool calling",
+                        &format!("{at}.function_call"),
+                        "'function_call' is deprecated; send 'tool_calls'",
                     ));
                 }
-                turns.push(ChatMessage {
-                    role: ChatRole::Assistant,
-                    content,
-                });
+                let mut turn = ChatMessage::new(ChatRole::Assistant, content);
+                turn.tool_calls = assistant_tool_calls(m, &at)?;
+                calls_made.extend(turn.tool_calls.iter().map(|c| c.id.clone()));
+                turns.push(turn);
             }
-            "tool" | "function" => {
+            "tool" => {
+                let Some(call) = m["tool_call_id"].as_str().filter(|c| !c.is_empty()) else {
+                    return Err(ApiError::invalid(
+                        format!("Missing required parameter: '{at}.tool_call_id'."),
+                        Some(&format!("{at}.tool_call_id")),
+                        Some("missing_required_parameter"),
+                    ));
+                };
+                if !calls_made.contains(call) {
+                    return Err(ApiError::invalid(
+                        format!(
+                            "Invalid parameter: messages with role 'tool' must be a response to a preceding message with 'tool_calls'. No tool call has the id in '{at}.tool_call_id'."
+                        ),
+                        Some(&format!("{at}.tool_call_id")),
+                        Some("invalid_value"),
+                    ));
+                }
+                let mut turn = ChatMessage::new(ChatRole::Tool, content);
+                turn.tool_call_id = Some(call.to_owned());
+                turns.push(turn);
+            }
+            "function" => {
                 return Err(ApiError::unsupported(
                     &format!("{at}.role"),
-                    "sluice's text-completion service has no tool calling",
+                    "the 'function' role is deprecated; send 'tool' messages",
                 ));
             }
             other => {
                 let shown: String = other.chars().take(40).collect();
                 return Err(ApiError::invalid(
                     format!(
-                        "Invalid value: '{shown}'. Supported values are: 'system', 'developer', 'user' and 'assistant'."
+                        "Invalid value: '{shown}'. Supported values are: 'system', 'developer', 'user', 'assistant' and 'tool'."
                     ),
                     Some(&format!("{at}.role")),
                     Some("invalid_value"),
@@ -634,7 +656,7 @@ pub(crate) fn parse_chat(body: &[u8]) -> Result<ChatCall, ApiError> {
     }
     if turns.is_empty() {
         return Err(ApiError::invalid(
-            "Invalid 'messages': expected at least one user or assistant message.",
+            "Invalid 'messages': expected at least one user, assistant or tool message.",
             Some("messages"),
             Some("invalid_value"),
         ));
@@ -642,7 +664,9 @@ pub(crate) fn parse_chat(body: &[u8]) -> Result<ChatCall, ApiError> {
     // One user turn is exactly TrustGraph's request; a longer conversation also rides in
     // `messages`, and flattened in `prompt` for processors that do not read `messages`.
     let (prompt, messages) = match turns.as_slice() {
-        [only] if only.role == ChatRole::User => (only.content.clone(), None),
+        [only] if only.role == ChatRole::User && only.tool_calls.is_empty() => {
+            (only.content.clone(), None)
+        }
         _ => (TextCompletionRequest::flatten(&turns), Some(turns)),
     };
     Ok(ChatCall {
@@ -659,11 +683,251 @@ pub(crate) fn parse_chat(body: &[u8]) -> Result<ChatCall, ApiError> {
             stop,
             model: Some(model.clone()),
             retry: None,
+            tools,
+            tool_choice,
+            parallel_tool_calls,
         },
         model,
         stream,
         include_usage,
     })
+}
+
+/// The most tools one request may offer (OpenAI's limit).
+const MAX_TOOLS: usize = 128;
+
+/// Whether `name` is a tool name every provider accepts (OpenAI's pattern, at most 64).
+fn tool_name_ok(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// `tools`, `tool_choice` and `parallel_tool_calls`, checked as OpenAI checks them: function
+/// tools only, names of its pattern and unique, a choice naming one of them, and no
+/// `required` or named choice without tools (`auto`, `none` and `parallel_tool_calls` with
+/// no tools change nothing and pass, as clients send them by default).
+#[allow(clippy::type_complexity)]
+fn parse_tools(
+    body: &Map<String, Value>,
+) -> Result<(Option<Vec<Tool>>, Option<ToolChoice>, Option<bool>), ApiError> {
+    let mut tools = Vec::new();
+    match body.get("tools") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(list)) => {
+            if list.len() > MAX_TOOLS {
+                return Err(ApiError::invalid(
+                    format!(
+                        "Invalid 'tools': array too long. Expected an array with maximum length {MAX_TOOLS}, but got an array with length {} instead.",
+                        list.len()
+                    ),
+                    Some("tools"),
+                    Some("array_above_max_length"),
+                ));
+            }
+            for (i, t) in list.iter().enumerate() {
+                let at = format!("tools[{i}]");
+                match t["type"].as_str() {
+                    Some("function") => {}
+                    Some(_) => {
+                        return Err(ApiError::unsupported(
+                            &format!("{at}.type"),
+                            "only function tools are supported",
+                        ));
+                    }
+                    None => {
+                        return Err(ApiError::invalid(
+                            format!("Missing required parameter: '{at}.type'."),
+                            Some(&format!("{at}.type")),
+                            Some("missing_required_parameter"),
+                        ));
+                    }
+                }
+                let f = &t["function"];
+                let Some(name) = f["name"].as_str() else {
+                    return Err(ApiError::invalid(
+                        format!("Missing required parameter: '{at}.function.name'."),
+                        Some(&format!("{at}.function.name")),
+                        Some("missing_required_parameter"),
+                    ));
+                };
+                if !tool_name_ok(name) {
+                    return Err(ApiError::invalid(
+                        format!(
+                            "Invalid '{at}.function.name': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]{{1,64}}$'."
+                        ),
+                        Some(&format!("{at}.function.name")),
+                        Some("invalid_value"),
+                    ));
+                }
+                if tools.iter().any(|t: &Tool| t.name == name) {
+                    return Err(ApiError::invalid(
+                        format!("Invalid 'tools': the name '{name}' is given twice."),
+                        Some(&format!("{at}.function.name")),
+                        Some("invalid_value"),
+                    ));
+                }
+                let parameters = match &f["parameters"] {
+                    Value::Null => sluice_schema::tools::no_parameters(),
+                    Value::Object(p) => Value::Object(p.clone()),
+                    _ => {
+                        return Err(ApiError::invalid(
+                            format!(
+                                "Invalid type for '{at}.function.parameters': expected an object."
+                            ),
+                            Some(&format!("{at}.function.parameters")),
+                            Some("invalid_type"),
+                        ));
+                    }
+                };
+                tools.push(Tool {
+                    name: name.to_owned(),
+                    description: f["description"].as_str().map(str::to_owned),
+                    parameters,
+                    strict: f["strict"].as_bool(),
+                });
+            }
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "Invalid type for 'tools': expected an array of tools.",
+                Some("tools"),
+                Some("invalid_type"),
+            ));
+        }
+    }
+    let no_tools = |name: &str| {
+        ApiError::invalid(
+            format!(
+                "Invalid value for '{name}': '{name}' is only allowed when 'tools' are specified."
+            ),
+            Some(name),
+            Some("invalid_value"),
+        )
+    };
+    let choice = match body.get("tool_choice") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(mode)) => {
+            let mode = match mode.as_str() {
+                "auto" => ToolMode::Auto,
+                "none" => ToolMode::None,
+                "required" => ToolMode::Required,
+                _ => {
+                    return Err(ApiError::invalid(
+                        "Invalid value for 'tool_choice': expected 'none', 'auto', 'required' or a named function.",
+                        Some("tool_choice"),
+                        Some("invalid_value"),
+                    ));
+                }
+            };
+            match mode {
+                ToolMode::Auto | ToolMode::None if tools.is_empty() => None,
+                ToolMode::Required if tools.is_empty() => return Err(no_tools("tool_choice")),
+                _ => Some(ToolChoice::Mode(mode)),
+            }
+        }
+        Some(v @ Value::Object(_)) => {
+            if tools.is_empty() {
+                return Err(no_tools("tool_choice"));
+            }
+            let Some(name) = v["function"]["name"]
+                .as_str()
+                .filter(|_| v["type"] == "function")
+            else {
+                return Err(ApiError::invalid(
+                    "Invalid 'tool_choice': expected {\"type\": \"function\", \"function\": {\"name\": ...}}.",
+                    Some("tool_choice"),
+                    Some("invalid_value"),
+                ));
+            };
+            if !tools.iter().any(|t| t.name == name) {
+                return Err(ApiError::invalid(
+                    format!(
+                        "Invalid 'tool_choice': no tool is named '{}'.",
+                        name.chars().take(64).collect::<String>()
+                    ),
+                    Some("tool_choice.function.name"),
+                    Some("invalid_value"),
+                ));
+            }
+            Some(ToolChoice::Named {
+                name: name.to_owned(),
+            })
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "Invalid type for 'tool_choice': expected a string or an object.",
+                Some("tool_choice"),
+                Some("invalid_type"),
+            ));
+        }
+    };
+    let parallel = match body.get("parallel_tool_calls") {
+        None | Some(Value::Null) => None,
+        // Without tools it changes nothing: passed, as before tools were supported.
+        Some(Value::Bool(_)) if tools.is_empty() => None,
+        Some(Value::Bool(b)) => Some(*b),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "Invalid type for 'parallel_tool_calls': expected a boolean.",
+                Some("parallel_tool_calls"),
+                Some("invalid_type"),
+            ));
+        }
+    };
+    Ok(((!tools.is_empty()).then_some(tools), choice, parallel))
+}
+
+/// The `tool_calls` of an assistant message: `[{id, type: "function", function: {name,
+/// arguments}}]`.
+fn assistant_tool_calls(m: &Value, at: &str) -> Result<Vec<ToolCall>, ApiError> {
+    let list = match m.get("tool_calls") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(list)) => list,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                format!("Invalid type for '{at}.tool_calls': expected an array."),
+                Some(&format!("{at}.tool_calls")),
+                Some("invalid_type"),
+            ));
+        }
+    };
+    list.iter()
+        .enumerate()
+        .map(|(j, c)| {
+            let field = |path: &str| -> Result<String, ApiError> {
+                let v = path.split('.').fold(c, |v, k| &v[k]);
+                v.as_str().map(str::to_owned).ok_or_else(|| {
+                    ApiError::invalid(
+                        format!("Missing required parameter: '{at}.tool_calls[{j}].{path}'."),
+                        Some(&format!("{at}.tool_calls[{j}].{path}")),
+                        Some("missing_required_parameter"),
+                    )
+                })
+            };
+            Ok(ToolCall {
+                id: field("id")?,
+                name: field("function.name")?,
+                arguments: field("function.arguments")?,
+            })
+        })
+        .collect()
+}
+
+/// A record's tool-call pieces as OpenAI streams them: the first piece of a call with its
+/// `id`, `type` and `name` (and `arguments`, often empty), later ones with an argument
+/// fragment only.
+fn tool_call_delta(piece: &ToolCallDelta) -> Value {
+    let mut function = json!({"arguments": piece.arguments});
+    if piece.id.is_some() || piece.name.is_some() {
+        function["name"] = json!(piece.name.as_deref().unwrap_or(""));
+        json!({"index": piece.index, "id": piece.id.as_deref().unwrap_or(""),
+               "type": "function", "function": function})
+    } else {
+        json!({"index": piece.index, "function": function})
+    }
 }
 
 fn now_secs() -> u64 {
@@ -1021,21 +1285,40 @@ pub(crate) async fn chat(
     };
     if !call.stream {
         let resp = match whole(reader).await {
-            Ok((text, tokens, finish, model)) => Json(json!({
-                "id": id,
-                "object": "chat.completion",
-                "created": created,
-                "model": model.unwrap_or(call.model),
-                "choices": [{
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text, "refusal": null},
-                    "logprobs": null,
-                    "finish_reason": finish.unwrap_or_else(|| "stop".into()),
-                }],
-                "usage": tokens.usage(),
-                "system_fingerprint": null,
-            }))
-            .into_response(),
+            Ok(answer) => {
+                // As OpenAI: `content` null when the answer is only tool calls, and
+                // `tool_calls` only when there are some.
+                let mut message =
+                    json!({"role": "assistant", "content": answer.text, "refusal": null});
+                if !answer.tool_calls.is_empty() {
+                    if answer.text.is_empty() {
+                        message["content"] = Value::Null;
+                    }
+                    message["tool_calls"] = answer
+                        .tool_calls
+                        .iter()
+                        .map(|c| {
+                            json!({"id": c.id, "type": "function",
+                            "function": {"name": c.name, "arguments": c.arguments}})
+                        })
+                        .collect();
+                }
+                Json(json!({
+                    "id": id,
+                    "object": "chat.completion",
+                    "created": created,
+                    "model": answer.model.unwrap_or(call.model),
+                    "choices": [{
+                        "index": 0,
+                        "message": message,
+                        "logprobs": null,
+                        "finish_reason": answer.finish_reason.unwrap_or_else(|| "stop".into()),
+                    }],
+                    "usage": answer.tokens.usage(),
+                    "system_fingerprint": null,
+                }))
+                .into_response()
+            }
             Err(e) => e.into_response(),
         };
         if !resp.status().is_success() {
@@ -1054,7 +1337,7 @@ pub(crate) async fn chat(
         match reader.next().await {
             Some(Piece::Record(r)) => {
                 tokens.add(&r);
-                if !r.response.is_empty() || r.is_terminal() {
+                if !r.response.is_empty() || !r.tool_calls.is_empty() || r.is_terminal() {
                     break r;
                 }
             }
@@ -1142,26 +1425,41 @@ fn chat_policy() -> ReadPolicy {
     }
 }
 
-/// Reads a whole answer: its text, usage, finish reason and model, or the error.
-async fn whole(
-    reader: Reader<TextCompletionResponse>,
-) -> Result<(String, Tokens, Option<String>, Option<String>), ApiError> {
+/// A whole answer as the route returns it.
+struct WholeAnswer {
+    text: String,
+    tool_calls: Vec<ToolCall>,
+    tokens: Tokens,
+    finish_reason: Option<String>,
+    model: Option<String>,
+}
+
+/// Reads a whole answer: its text, tool calls, usage, finish reason and model, or the error.
+async fn whole(reader: Reader<TextCompletionResponse>) -> Result<WholeAnswer, ApiError> {
     // The records of the final attempt: a restart before the end costs nothing here.
     let records = reader
         .collect()
         .await
         .map_err(|f| ApiError::from_error(&f.error))?;
     let mut text = String::new();
+    let mut pieces = Vec::new();
     let mut tokens = Tokens::default();
     let mut model = None;
     for r in records {
         tokens.add(&r);
         text.push_str(&r.response);
+        pieces.extend(r.tool_calls.iter().cloned());
         if r.model.is_some() {
             model.clone_from(&r.model);
         }
         if r.is_terminal() {
-            return Ok((text, tokens, r.finish_reason, model));
+            return Ok(WholeAnswer {
+                text,
+                tool_calls: sluice_schema::tools::assemble(&pieces),
+                tokens,
+                finish_reason: r.finish_reason,
+                model,
+            });
         }
     }
     Err(ApiError::from_error(&Error::new(
@@ -1220,6 +1518,10 @@ impl ChunkStream {
     fn take(&mut self, r: TextCompletionResponse) {
         if !r.response.is_empty() {
             self.push_chunk(json!({ "content": r.response }), None);
+        }
+        // One piece per chunk, as OpenAI sends them.
+        for piece in &r.tool_calls {
+            self.push_chunk(json!({"tool_calls": [tool_call_delta(piece)]}), None);
         }
         if r.is_terminal() {
             let finish = r.finish_reason.unwrap_or_else(|| "stop".into());
@@ -1353,7 +1655,33 @@ mod tests {
             (json!({"n": 2}), Some("n"), Some("unsupported_value")),
             (
                 json!({"tools": [{"type": "function"}]}),
-                Some("tools"),
+                Some("tools[0].function.name"),
+                Some("missing_required_parameter"),
+            ),
+            (
+                json!({"tools": [{"type": "web_search"}]}),
+                Some("tools[0].type"),
+                Some("unsupported_parameter"),
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "a b"}}]}),
+                Some("tools[0].function.name"),
+                Some("invalid_value"),
+            ),
+            (
+                json!({"tool_choice": "required"}),
+                Some("tool_choice"),
+                Some("invalid_value"),
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "f"}}],
+                       "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+                Some("tool_choice.function.name"),
+                Some("invalid_value"),
+            ),
+            (
+                json!({"functions": [{"name": "f"}]}),
+                Some("functions"),
                 Some("unsupported_parameter"),
             ),
             (
@@ -1410,6 +1738,16 @@ mod tests {
             ),
             (
                 json!({"messages": [{"role": "tool", "content": "x"}]}),
+                Some("messages[0].tool_call_id"),
+                Some("missing_required_parameter"),
+            ),
+            (
+                json!({"messages": [{"role": "tool", "content": "x", "tool_call_id": "nope"}]}),
+                Some("messages[0].tool_call_id"),
+                Some("invalid_value"),
+            ),
+            (
+                json!({"messages": [{"role": "function", "content": "x", "name": "f"}]}),
                 Some("messages[0].role"),
                 Some("unsupported_parameter"),
             ),
@@ -1446,6 +1784,7 @@ mod tests {
             ("presence_penalty", json!(0)),
             ("tools", json!([])),
             ("tool_choice", json!("none")),
+            ("parallel_tool_calls", json!(false)),
             ("user", json!("u-1")),
             ("logprobs", json!(false)),
             ("response_format", json!({"type": "text"})),
@@ -1456,6 +1795,80 @@ mod tests {
         assert_eq!(
             parse_chat(b"{not json").unwrap_err().status,
             StatusCode::BAD_REQUEST
+        );
+    }
+
+    /// Tools, a named choice, and a conversation with a tool call and its result land on the
+    /// record's tool fields; a request without tools writes none of them.
+    #[test]
+    fn tools_and_tool_turns_map_onto_the_record() {
+        let c = parse(json!({"model": "m",
+            "tools": [{"type": "function", "function": {"name": "get_weather",
+                "description": "the weather", "strict": true,
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
+                {"type": "function", "function": {"name": "now"}}],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "parallel_tool_calls": false,
+            "messages": [
+                {"role": "user", "content": "weather in Paris?"},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1",
+                    "type": "function", "function": {"name": "get_weather",
+                    "arguments": "{\"city\":\"Paris\"}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]}))
+        .unwrap();
+        let r = &c.request;
+        let tools = r.tools.as_ref().unwrap();
+        assert_eq!(tools.len(), 2);
+        assert_eq!(tools[0].name, "get_weather");
+        assert_eq!(tools[0].strict, Some(true));
+        assert_eq!(tools[0].parameters["properties"]["city"]["type"], "string");
+        assert_eq!(tools[1].parameters, sluice_schema::tools::no_parameters());
+        assert_eq!(
+            r.tool_choice,
+            Some(ToolChoice::Named {
+                name: "get_weather".into()
+            })
+        );
+        assert_eq!(r.parallel_tool_calls, Some(false));
+        let turns = r.messages.as_ref().unwrap();
+        assert_eq!(turns[1].tool_calls[0].arguments, "{\"city\":\"Paris\"}");
+        assert_eq!(turns[2].role, ChatRole::Tool);
+        assert_eq!(turns[2].tool_call_id.as_deref(), Some("call_1"));
+        assert!(r.uses_tools());
+        assert!(r.prompt.contains("Tool result: sunny"), "{}", r.prompt);
+        let plain = parse(json!({"model": "m", "tool_choice": "auto",
+            "messages": [{"role": "user", "content": "x"}]}))
+        .unwrap();
+        assert!(!plain.request.uses_tools());
+        let wire = serde_json::to_value(&plain.request).unwrap();
+        for field in ["tools", "tool_choice", "parallel_tool_calls", "messages"] {
+            assert!(wire.get(field).is_none(), "{field} written: {wire}");
+        }
+    }
+
+    /// Streamed pieces become OpenAI's `delta.tool_calls`: the first of a call with its id,
+    /// type and name, the rest with argument fragments only.
+    #[test]
+    fn tool_call_pieces_are_written_as_openai_streams_them() {
+        let first = tool_call_delta(&ToolCallDelta {
+            index: 1,
+            id: Some("call_9".into()),
+            name: Some("f".into()),
+            arguments: String::new(),
+        });
+        assert_eq!(
+            first,
+            json!({"index": 1, "id": "call_9", "type": "function",
+                   "function": {"name": "f", "arguments": ""}})
+        );
+        let more = tool_call_delta(&ToolCallDelta {
+            index: 1,
+            arguments: "{\"a\"".into(),
+            ..Default::default()
+        });
+        assert_eq!(
+            more,
+            json!({"index": 1, "function": {"arguments": "{\"a\""}})
         );
     }
 

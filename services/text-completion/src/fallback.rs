@@ -412,6 +412,7 @@ impl Fallback {
                             usage: c.usage,
                             finish_reason: c.finish_reason,
                             answered_by: None,
+                            tool_calls: c.tool_calls,
                         }],
                         rest: None,
                     });
@@ -420,7 +421,8 @@ impl Fallback {
                 let mut head = Vec::new();
                 while let Some(item) = stream.next().await {
                     let chunk = item?;
-                    let text = !chunk.text.is_empty();
+                    // A tool call's first piece is output too: the call stays with its provider.
+                    let text = !chunk.text.is_empty() || !chunk.tool_calls.is_empty();
                     head.push(chunk);
                     if text {
                         return Ok(Opened {
@@ -632,6 +634,12 @@ impl Provider for Fallback {
     /// chunk.
     fn supports_streaming(&self) -> bool {
         self.members.iter().any(|m| m.provider.supports_streaming())
+    }
+
+    /// Whether every provider calls tools: a request with tools moved to one that does not
+    /// would be answered without them.
+    fn supports_tools(&self) -> bool {
+        self.members.iter().all(|m| m.provider.supports_tools())
     }
 
     async fn generate_stream(

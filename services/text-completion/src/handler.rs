@@ -212,6 +212,38 @@ impl TextCompletionService {
                 "invalid request: field `stop`: expected at most 16 non-empty strings".into(),
             );
         }
+        if request.uses_tools() && !self.provider.supports_tools() {
+            return invalid(format!(
+                "invalid request: field `tools`: this processor's provider ({}) does not call \
+                 tools; send the request to a processor whose provider does (openai, azure, \
+                 mistral, openai-compatible)",
+                self.provider.name()
+            ));
+        }
+        if let Some(tools) = &request.tools {
+            if let Some(t) = tools.iter().find(|t| {
+                t.name.is_empty()
+                    || t.name.len() > 64
+                    || !t
+                        .name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            }) {
+                let shown: String = t.name.chars().take(70).collect();
+                return invalid(format!(
+                    "invalid request: field `tools`: the name {shown:?} is not 1 to 64 of \
+                     a-z, A-Z, 0-9, _ and -"
+                ));
+            }
+        }
+        if let Some(sluice_schema::ToolChoice::Named { name }) = &request.tool_choice
+            && !request.tools.iter().flatten().any(|t| &t.name == name)
+        {
+            let shown: String = name.chars().take(70).collect();
+            return invalid(format!(
+                "invalid request: field `tool_choice`: no tool is named {shown:?}"
+            ));
+        }
         Ok(())
     }
 
@@ -381,7 +413,7 @@ impl TextCompletionService {
                     if let Some(r) = &chunk.finish_reason {
                         finish_reason = Some(finish_reason_word(r));
                     }
-                    if chunk.text.is_empty() {
+                    if chunk.text.is_empty() && chunk.tool_calls.is_empty() {
                         continue;
                     }
                     ctx.usage.chunk();
@@ -398,6 +430,7 @@ impl TextCompletionService {
                         out_token,
                         model: Some(answer.model().to_owned()),
                         provider: answer.provider_field(),
+                        tool_calls: chunk.tool_calls,
                         ..Default::default()
                     })
                     .await
@@ -495,6 +528,7 @@ impl TextCompletionService {
                             provider: answer.provider_field(),
                             end_of_stream: true,
                             finish_reason: done.finish_reason.as_deref().map(finish_reason_word),
+                            tool_calls: done.tool_calls,
                             ..Default::default()
                         })
                         .await;
@@ -1088,6 +1122,93 @@ mod tests {
             },
         ] {
             assert!(!ok(bad.clone()), "{bad:?}");
+        }
+    }
+
+    /// A provider that does not call tools refuses a request that uses them, naming the
+    /// field and the provider, rather than answer as if there were none; and a request's
+    /// tool names and named choice are checked before any provider is called.
+    #[test]
+    fn tools_are_refused_where_the_provider_cannot_call_them() {
+        use sluice_schema::{ChatMessage, ChatRole, Tool, ToolChoice};
+        let s = TextCompletionService::new(
+            Arc::new(Answers::default()),
+            RetryPolicy::default(),
+            LlmMetrics::register(&Registry::new()).unwrap(),
+        );
+        let tool = |name: &str| Tool {
+            name: name.into(),
+            description: None,
+            parameters: sluice_schema::tools::no_parameters(),
+            strict: None,
+        };
+        let with_tools = TextCompletionRequest {
+            tools: Some(vec![tool("f")]),
+            ..Default::default()
+        };
+        let e = s.check(&with_tools).unwrap_err();
+        assert_eq!(e.kind, "invalid-request");
+        assert!(
+            e.message.contains("`tools`") && e.message.contains("(test)"),
+            "{}",
+            e.message
+        );
+        let mut result = ChatMessage::new(ChatRole::Tool, "42");
+        result.tool_call_id = Some("c".into());
+        let tool_turn = TextCompletionRequest {
+            messages: Some(vec![result]),
+            ..Default::default()
+        };
+        assert!(
+            s.check(&tool_turn).is_err(),
+            "a tool result needs tools too"
+        );
+
+        // A provider that calls tools: names and the named choice are checked.
+        struct Tools(Answers);
+        #[async_trait]
+        impl Provider for Tools {
+            fn name(&self) -> &'static str {
+                "tools"
+            }
+            fn model(&self) -> &str {
+                "main"
+            }
+            fn endpoint(&self) -> &str {
+                "http://provider.test"
+            }
+            fn supports_streaming(&self) -> bool {
+                true
+            }
+            fn supports_tools(&self) -> bool {
+                true
+            }
+            async fn generate_stream(
+                &self,
+                request: &TextCompletionRequest,
+            ) -> Result<crate::provider::ChunkStream, ProviderError> {
+                self.0.generate_stream(request).await
+            }
+        }
+        let s = TextCompletionService::new(
+            Arc::new(Tools(Answers::default())),
+            RetryPolicy::default(),
+            LlmMetrics::register(&Registry::new()).unwrap(),
+        );
+        assert!(s.check(&with_tools).is_ok());
+        assert!(s.check(&tool_turn).is_ok());
+        for bad in [
+            TextCompletionRequest {
+                tools: Some(vec![tool("a b")]),
+                ..Default::default()
+            },
+            TextCompletionRequest {
+                tools: Some(vec![tool("f")]),
+                tool_choice: Some(ToolChoice::Named { name: "g".into() }),
+                ..Default::default()
+            },
+        ] {
+            assert!(s.check(&bad).is_err(), "{bad:?}");
         }
     }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::{StreamExt, stream::BoxStream};
-use sluice_schema::TextCompletionRequest;
+use sluice_schema::{TextCompletionRequest, ToolCallDelta};
 
 /// Token counts so far in a call (running totals, not deltas).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -53,6 +53,9 @@ pub struct Chunk {
     /// Who answered, on the first chunk of a stream a fallback moved (`None`: the provider
     /// called, at the request's model).
     pub answered_by: Option<AnsweredBy>,
+    /// Pieces of tool calls (see [`ToolCallDelta`]): a call's first piece carries its id and
+    /// name, later pieces argument fragments.
+    pub tool_calls: Vec<ToolCallDelta>,
 }
 
 /// A whole answer.
@@ -66,6 +69,8 @@ pub struct Completion {
     pub finish_reason: Option<String>,
     /// Who answered, as in [`Chunk::answered_by`].
     pub answered_by: Option<AnsweredBy>,
+    /// The tool calls the model made, each whole in one piece (index 0, 1, ...).
+    pub tool_calls: Vec<ToolCallDelta>,
 }
 
 /// A stream of chunks; ends after the last one or with an error.
@@ -186,6 +191,14 @@ pub trait Provider: Send + Sync + 'static {
     /// request with one record.
     fn supports_streaming(&self) -> bool;
 
+    /// Whether the provider maps tools, tool choices, tool calls and tool results onto its
+    /// wire format. A request that uses tools ([`TextCompletionRequest::uses_tools`]) is
+    /// refused before a provider that does not is called: an answer that silently ignored
+    /// the tools would be wrong. Default: no.
+    fn supports_tools(&self) -> bool {
+        false
+    }
+
     /// Starts a streamed call. Errors before the stream opens (HTTP status errors) are
     /// returned here; errors after, as stream items.
     async fn generate_stream(
@@ -199,13 +212,24 @@ pub trait Provider: Send + Sync + 'static {
     }
 }
 
+/// Streamed pieces put together, each call whole in one piece at its index.
+pub fn whole_calls(pieces: &[ToolCallDelta]) -> Vec<ToolCallDelta> {
+    sluice_schema::tools::assemble(pieces)
+        .into_iter()
+        .zip(0..)
+        .map(|(call, i)| ToolCallDelta::whole(i, call))
+        .collect()
+}
+
 /// A stream collected into one answer: the default [`Provider::generate`], and what a provider
 /// uses for an endpoint that has no non-streaming call of its own.
 pub async fn collect(mut stream: ChunkStream) -> Result<Completion, ProviderError> {
     let mut done = Completion::default();
+    let mut pieces = Vec::new();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk?;
         done.text.push_str(&chunk.text);
+        pieces.extend(chunk.tool_calls);
         if let Some(u) = chunk.usage {
             done.usage = Some(done.usage.map_or(u, |d| d.merge(u)));
         }
@@ -216,5 +240,6 @@ pub async fn collect(mut stream: ChunkStream) -> Result<Completion, ProviderErro
             done.answered_by = chunk.answered_by;
         }
     }
+    done.tool_calls = whole_calls(&pieces);
     Ok(done)
 }

@@ -274,7 +274,7 @@ fn decode_message(v: &Value) -> Result<Completion, ProviderError> {
             output: u["output_tokens"].as_u64().unwrap_or(0),
         }),
         finish_reason: v["stop_reason"].as_str().map(str::to_owned),
-        answered_by: None,
+        ..Completion::default()
     })
 }
 

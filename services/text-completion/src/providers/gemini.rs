@@ -117,7 +117,9 @@ impl GeminiProvider {
             .into_iter()
             .map(|t| {
                 let role = match t.role {
-                    sluice_schema::ChatRole::User => "user",
+                    // A tool turn never gets here: the handler refuses requests with tools
+                    // for a provider that does not call them (`supports_tools`).
+                    sluice_schema::ChatRole::User | sluice_schema::ChatRole::Tool => "user",
                     sluice_schema::ChatRole::Assistant => "model",
                 };
                 json!({"role": role, "parts": [{"text": t.content}]})
@@ -241,7 +243,7 @@ fn decode_event(data: &str) -> Result<Chunk, ProviderError> {
         text,
         usage,
         finish_reason: finish,
-        answered_by: None,
+        ..Chunk::default()
     })
 }
 

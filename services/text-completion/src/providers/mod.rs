@@ -45,10 +45,7 @@ pub fn vertex_origin(location: &str) -> String {
 #[cfg(test)]
 pub(crate) fn conversation_request() -> sluice_schema::TextCompletionRequest {
     use sluice_schema::{ChatMessage, ChatRole};
-    let turn = |role, content: &str| ChatMessage {
-        role,
-        content: content.into(),
-    };
+    let turn = |role, content: &str| ChatMessage::new(role, content);
     sluice_schema::TextCompletionRequest {
         system: "one word".into(),
         prompt: "flattened, not sent".into(),

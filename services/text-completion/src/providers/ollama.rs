@@ -187,7 +187,7 @@ fn decode_line(line: &str) -> Result<(Chunk, bool), ProviderError> {
             output: v["eval_count"].as_u64().unwrap_or(0),
         }),
         finish_reason: done.then(|| v["done_reason"].as_str().unwrap_or("stop").to_owned()),
-        answered_by: None,
+        ..Chunk::default()
     };
     Ok((chunk, done))
 }
@@ -306,7 +306,7 @@ impl Provider for OllamaProvider {
             text: chunk.text,
             usage: chunk.usage,
             finish_reason: chunk.finish_reason,
-            answered_by: None,
+            ..Completion::default()
         })
     }
 }

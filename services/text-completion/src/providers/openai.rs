@@ -14,7 +14,7 @@ use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sluice_runtime::secret::Secret;
-use sluice_schema::TextCompletionRequest;
+use sluice_schema::{ChatRole, TextCompletionRequest, ToolCallDelta, ToolChoice, ToolMode};
 
 use crate::{
     provider::{ChunkStream, Completion, FailureKind, Provider, ProviderError, Usage},
@@ -111,9 +111,58 @@ impl OpenAiProvider {
             messages.push(json!({"role": "system", "content": request.system}));
         }
         for turn in request.turns() {
-            messages.push(json!({"role": turn.role.as_str(), "content": turn.content}));
+            let mut m = json!({"role": turn.role.as_str(), "content": turn.content});
+            if turn.role == ChatRole::Tool {
+                m["tool_call_id"] = json!(turn.tool_call_id.unwrap_or_default());
+            }
+            if !turn.tool_calls.is_empty() {
+                if turn.content.is_empty() {
+                    m["content"] = Value::Null;
+                }
+                m["tool_calls"] = turn
+                    .tool_calls
+                    .iter()
+                    .map(|c| {
+                        json!({"id": c.id, "type": "function",
+                        "function": {"name": c.name, "arguments": c.arguments}})
+                    })
+                    .collect();
+            }
+            messages.push(m);
         }
         let mut body = json!({"messages": messages, "stream": stream});
+        if let Some(tools) = request.tools.as_ref().filter(|t| !t.is_empty()) {
+            body["tools"] = tools
+                .iter()
+                .map(|t| {
+                    let mut f = json!({"name": t.name, "parameters": t.parameters});
+                    if let Some(d) = &t.description {
+                        f["description"] = json!(d);
+                    }
+                    if let Some(strict) = t.strict {
+                        f["strict"] = json!(strict);
+                    }
+                    json!({"type": "function", "function": f})
+                })
+                .collect();
+            if let Some(p) = request.parallel_tool_calls {
+                body["parallel_tool_calls"] = json!(p);
+            }
+        }
+        if let Some(choice) = &request.tool_choice {
+            body["tool_choice"] = match choice {
+                ToolChoice::Mode(ToolMode::Auto) => json!("auto"),
+                ToolChoice::Mode(ToolMode::None) => json!("none"),
+                // Mistral's word for it; OpenAI and compatible servers say `required`.
+                ToolChoice::Mode(ToolMode::Required) if self.config.dialect == Dialect::Mistral => {
+                    json!("any")
+                }
+                ToolChoice::Mode(ToolMode::Required) => json!("required"),
+                ToolChoice::Named { name } => {
+                    json!({"type": "function", "function": {"name": name}})
+                }
+            };
+        }
         if self.config.dialect != Dialect::Azure {
             body["model"] = json!(model_for(request, &self.config.model));
         }
@@ -242,7 +291,11 @@ fn decode_event(data: &str) -> Result<Option<crate::provider::Chunk>, ProviderEr
         input: u["prompt_tokens"].as_u64().unwrap_or(0),
         output: u["completion_tokens"].as_u64().unwrap_or(0),
     });
-    if text.is_empty() && usage.is_none() && finish_reason.is_none() {
+    let tool_calls = choice
+        .and_then(|c| c["delta"]["tool_calls"].as_array())
+        .map(|calls| tool_call_pieces(calls))
+        .unwrap_or_default();
+    if text.is_empty() && usage.is_none() && finish_reason.is_none() && tool_calls.is_empty() {
         return Ok(None);
     }
     Ok(Some(crate::provider::Chunk {
@@ -250,7 +303,38 @@ fn decode_event(data: &str) -> Result<Option<crate::provider::Chunk>, ProviderEr
         usage,
         finish_reason,
         answered_by: None,
+        tool_calls,
     }))
+}
+
+/// The `tool_calls` of a delta (or of a whole message) as pieces. A piece without an `index`
+/// (some compatible servers send each call whole, unnumbered) takes its place in the array.
+fn tool_call_pieces(calls: &[Value]) -> Vec<ToolCallDelta> {
+    calls
+        .iter()
+        .zip(0u32..)
+        .map(|(c, position)| ToolCallDelta {
+            index: c["index"]
+                .as_u64()
+                .and_then(|i| u32::try_from(i).ok())
+                .unwrap_or(position),
+            id: c["id"]
+                .as_str()
+                .filter(|i| !i.is_empty())
+                .map(str::to_owned),
+            name: c["function"]["name"]
+                .as_str()
+                .filter(|n| !n.is_empty())
+                .map(str::to_owned),
+            // Arguments are JSON text; a server that sends them as an object gets them
+            // written out.
+            arguments: match &c["function"]["arguments"] {
+                Value::String(a) => a.clone(),
+                Value::Null => String::new(),
+                other => other.to_string(),
+            },
+        })
+        .collect()
 }
 
 /// Decodes a streamed response body of the dialect into chunks. Public for the fuzz targets
@@ -298,6 +382,10 @@ impl Provider for OpenAiProvider {
         true
     }
 
+    fn supports_tools(&self) -> bool {
+        true
+    }
+
     async fn generate_stream(
         &self,
         request: &TextCompletionRequest,
@@ -321,13 +409,23 @@ impl Provider for OpenAiProvider {
             })?
             .map_err(|e| transport_error(&e))?;
         let choice = &v["choices"][0];
-        let text = choice["message"]["content"].as_str().ok_or_else(|| {
-            ProviderError::new(
-                FailureKind::Protocol,
-                "the answer has no choices[0].message.content",
-            )
-        })?;
+        let tool_calls = choice["message"]["tool_calls"]
+            .as_array()
+            .map(|calls| crate::provider::whole_calls(&tool_call_pieces(calls)))
+            .unwrap_or_default();
+        // `content` is null on an answer that is only tool calls.
+        let text = match choice["message"]["content"].as_str() {
+            Some(t) => t,
+            None if !tool_calls.is_empty() => "",
+            None => {
+                return Err(ProviderError::new(
+                    FailureKind::Protocol,
+                    "the answer has no choices[0].message.content",
+                ));
+            }
+        };
         Ok(Completion {
+            tool_calls,
             text: text.to_owned(),
             usage: v.get("usage").filter(|u| u.is_object()).map(|u| Usage {
                 input: u["prompt_tokens"].as_u64().unwrap_or(0),
@@ -387,6 +485,94 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(f.finish_reason.as_deref(), Some("stop"));
+    }
+
+    /// Tools, a named choice and a conversation with a tool call and its result, as OpenAI
+    /// takes them; Mistral's word for `required`.
+    #[test]
+    fn tools_and_tool_turns_map_onto_chat_completions() {
+        use sluice_schema::{ChatMessage, Tool, ToolCall};
+        let p = |d| OpenAiProvider::new(OpenAiConfig::new(d, "http://127.0.0.1:1", "m")).unwrap();
+        let mut call = ChatMessage::new(ChatRole::Assistant, "");
+        call.tool_calls = vec![ToolCall {
+            id: "c1".into(),
+            name: "f".into(),
+            arguments: "{\"x\":1}".into(),
+        }];
+        let mut result = ChatMessage::new(ChatRole::Tool, "42");
+        result.tool_call_id = Some("c1".into());
+        let mut req = TextCompletionRequest {
+            messages: Some(vec![ChatMessage::new(ChatRole::User, "go"), call, result]),
+            tools: Some(vec![Tool {
+                name: "f".into(),
+                description: Some("does f".into()),
+                parameters: json!({"type": "object"}),
+                strict: Some(true),
+            }]),
+            tool_choice: Some(ToolChoice::Named { name: "f".into() }),
+            parallel_tool_calls: Some(false),
+            ..Default::default()
+        };
+        let b = p(Dialect::OpenAi).body(&req, true);
+        assert_eq!(
+            b["tools"],
+            json!([{"type": "function", "function": {"name": "f", "description": "does f",
+                "parameters": {"type": "object"}, "strict": true}}])
+        );
+        assert_eq!(
+            b["tool_choice"],
+            json!({"type": "function", "function": {"name": "f"}})
+        );
+        assert_eq!(b["parallel_tool_calls"], false);
+        assert_eq!(
+            b["messages"][1],
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1",
+                "type": "function", "function": {"name": "f", "arguments": "{\"x\":1}"}}]})
+        );
+        assert_eq!(
+            b["messages"][2],
+            json!({"role": "tool", "content": "42", "tool_call_id": "c1"})
+        );
+        req.tool_choice = Some(ToolChoice::Mode(ToolMode::Required));
+        assert_eq!(p(Dialect::Mistral).body(&req, true)["tool_choice"], "any");
+        assert_eq!(
+            p(Dialect::OpenAi).body(&req, true)["tool_choice"],
+            "required"
+        );
+    }
+
+    /// Streamed tool calls: the first piece with id and name, fragments after; a piece with
+    /// no index takes its place; arguments sent as an object are written out.
+    #[test]
+    fn streamed_tool_call_pieces_decode() {
+        let first = decode_event(
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":""}}]},"finish_reason":null}]}"#,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            first.tool_calls,
+            [ToolCallDelta {
+                index: 0,
+                id: Some("call_1".into()),
+                name: Some("f".into()),
+                arguments: String::new()
+            }]
+        );
+        let more = decode_event(
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"arguments":"{\"a\""}}]}}]}"#,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(more.tool_calls[0].index, 1);
+        assert_eq!(more.tool_calls[0].arguments, "{\"a\"");
+        assert_eq!(more.tool_calls[0].id, None);
+        let unnumbered = tool_call_pieces(&[
+            json!({"id": "a", "function": {"name": "f", "arguments": {"x": 1}}}),
+            json!({"id": "b", "function": {"name": "g", "arguments": "{}"}}),
+        ]);
+        assert_eq!(unnumbered[1].index, 1);
+        assert_eq!(unnumbered[0].arguments, "{\"x\":1}");
     }
 
     #[test]

@@ -347,7 +347,7 @@ impl Provider for BedrockProvider {
             text: content.iter().filter_map(|c| c["text"].as_str()).collect(),
             usage: usage(&v["usage"]),
             finish_reason: v["stopReason"].as_str().map(str::to_owned),
-            answered_by: None,
+            ..Completion::default()
         })
     }
 }
