@@ -294,7 +294,7 @@ pub enum ChatRole {
 }
 
 impl ChatRole {
-    /// The role's wire name (`user`, `assistant`).
+    /// The role's wire name (`user`, `assistant`, `tool`).
     pub fn as_str(self) -> &'static str {
         match self {
             ChatRole::User => "user",

@@ -1863,6 +1863,7 @@ async fn compare_ledger(
             {
                 *billed.entry(t).or_default() += r.input_tokens + r.output_tokens;
             }
+            std::ops::ControlFlow::Continue(())
         })
         .await
         .map_err(|e| e.to_string())?;

@@ -451,7 +451,8 @@ async fn ledger_records(bus: Arc<dyn sluice_runtime::bus::Bus>, topic: &str) -> 
     let mut out = Vec::new();
     let skipped =
         sluice_runtime::ledger::read_records(bus.as_ref(), topic, Duration::from_secs(1), |r| {
-            out.push(r)
+            out.push(r);
+            std::ops::ControlFlow::Continue(())
         })
         .await
         .unwrap();

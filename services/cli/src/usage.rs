@@ -1,7 +1,9 @@
 //! `sluice usage`: reads the usage ledger (docs/text-completion.md#usage-ledger) from its
 //! start, as NDJSON records or as totals by key and model.
 
-use std::{collections::BTreeMap, collections::HashSet, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap, collections::HashSet, ops::ControlFlow, sync::Arc, time::Duration,
+};
 
 use clap::Args;
 use serde::Serialize;
@@ -66,15 +68,14 @@ pub async fn run(args: UsageArgs) -> Result<(), String> {
     // Non-durable, from the first message: reading leaves nothing behind on the broker.
     let skipped = read_records(bus.as_ref(), &args.topic, quiet, |record| {
         // A record stored twice (a publish whose receipt was lost) counts once.
-        if failed.is_some()
-            || !seen.insert(record.attempt.clone())
+        if !seen.insert(record.attempt.clone())
             || args
                 .key
                 .as_ref()
                 .is_some_and(|k| record.key.as_ref() != Some(k))
             || args.since_ms.is_some_and(|t| record.ended_at_ms < t)
         {
-            return;
+            return ControlFlow::Continue(());
         }
         if args.summary {
             let (total, requests) = totals
@@ -91,8 +92,11 @@ pub async fn run(args: UsageArgs) -> Result<(), String> {
                 total.cost = Some(total.cost.unwrap_or(0.0) + c);
             }
         } else if let Err(e) = line(&mut out, &record) {
+            // Nobody reads the output any more (`sluice usage | head`): stop reading.
             failed = Some(e);
+            return ControlFlow::Break(());
         }
+        ControlFlow::Continue(())
     })
     .await
     .map_err(|e| format!("reading {}: {e}", args.topic))?;

@@ -417,7 +417,11 @@ pub(crate) async fn handle<K: Routed>(
             return counted(&inner, route, resp);
         }
     };
-    let mut request: K::Request = match decode(&body) {
+    let decoded = decode(&body).and_then(|r| match K::unanswerable(&r) {
+        Some(why) => Err(why),
+        None => Ok(r),
+    });
+    let mut request: K::Request = match decoded {
         Ok(r) => r,
         Err(e) => {
             let resp = refuse(

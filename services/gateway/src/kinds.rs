@@ -98,6 +98,12 @@ pub trait Kind: Send + Sync + 'static {
 
     /// The events a non-error record stands for, pushed onto `out`; updates `state`.
     fn events(record: &Self::Response, state: &mut StreamState, out: &mut Vec<Event>);
+
+    /// Why the event protocol cannot answer `request` (a 400 `invalid-request` before it is
+    /// sent), or `None`. Default: it can.
+    fn unanswerable(_request: &Self::Request) -> Option<String> {
+        None
+    }
 }
 
 /// The text-completion service.
@@ -125,10 +131,43 @@ impl Kind for TextCompletion {
             out.push(Event::token(record.response.clone()));
         }
     }
+
+    /// The events have no tool call: tools would reach the provider and its calls vanish.
+    fn unanswerable(request: &Self::Request) -> Option<String> {
+        request.uses_tools().then(|| {
+            "invalid request: field `tools`: the event protocol has no tool-call event; \
+             send requests with tools to POST /v1/chat/completions"
+                .to_owned()
+        })
+    }
 }
 
 /// The prompt service.
 pub struct Prompt;
+
+#[cfg(test)]
+mod tool_tests {
+    use super::*;
+
+    /// The event protocol has no tool-call event: a request with tools is refused there
+    /// rather than answered without its calls.
+    #[test]
+    fn the_event_protocol_refuses_requests_with_tools() {
+        let plain = TextCompletionRequest::default();
+        assert_eq!(TextCompletion::unanswerable(&plain), None);
+        let with_tools = TextCompletionRequest {
+            tools: Some(vec![sluice_schema::Tool {
+                name: "f".into(),
+                description: None,
+                parameters: sluice_schema::tools::no_parameters(),
+                strict: None,
+            }]),
+            ..Default::default()
+        };
+        let why = TextCompletion::unanswerable(&with_tools).unwrap();
+        assert!(why.contains("/v1/chat/completions"), "{why}");
+    }
+}
 
 impl Kind for Prompt {
     type Request = PromptRequest;

@@ -1379,7 +1379,13 @@ pub(crate) async fn chat(
         numbering,
     };
     let token = chunks.numbering.token().map(str::to_owned);
-    chunks.push_chunk(json!({"role": "assistant", "content": ""}), None);
+    // As OpenAI: `content` null on the first chunk of an answer that starts with a tool call.
+    let content = if first.response.is_empty() && !first.tool_calls.is_empty() {
+        Value::Null
+    } else {
+        json!("")
+    };
+    chunks.push_chunk(json!({"role": "assistant", "content": content}), None);
     chunks.take(first);
     let body = futures::stream::unfold(chunks, |mut s| async move {
         s.next_bytes().await.map(|b| (Ok::<_, Infallible>(b), s))

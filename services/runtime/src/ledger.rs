@@ -633,7 +633,8 @@ async fn drain_backlog(
 }
 
 /// Reads the usage records on `topic` from its first message until none came for `quiet`,
-/// handing each to `each` in order, and leaves no subscription behind (a non-durable
+/// handing each to `each` in order (which may stop the reading with
+/// [`std::ops::ControlFlow::Break`]), and leaves no subscription behind (a non-durable
 /// replay). Returns how many messages were not usage records (skipped). Every copy is
 /// handed over: a record stored twice has the attempt id of its first copy, and a reader
 /// that sums counts it once (see the module's doc).
@@ -641,7 +642,7 @@ pub async fn read_records(
     bus: &dyn Bus,
     topic: &str,
     quiet: Duration,
-    mut each: impl FnMut(UsageRecord),
+    mut each: impl FnMut(UsageRecord) -> std::ops::ControlFlow<()>,
 ) -> Result<u64, BusError> {
     use crate::bus::{StartPosition, SubscribeOptions, SubscriptionKind};
     let options = SubscribeOptions {
@@ -659,11 +660,16 @@ pub async fn read_records(
             Ok(Some(Err(e))) => break Err(e),
             Ok(Some(Ok(d))) => d,
         };
-        match serde_json::from_slice::<UsageRecord>(delivery.payload()) {
-            Ok(record) => each(record),
+        let decoded = serde_json::from_slice::<UsageRecord>(delivery.payload());
+        delivery.ack();
+        match decoded {
+            Ok(record) => {
+                if each(record).is_break() {
+                    break Ok(skipped);
+                }
+            }
             Err(_) => skipped += 1,
         }
-        delivery.ack();
     };
     sub.close().await;
     result

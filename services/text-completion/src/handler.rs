@@ -214,11 +214,32 @@ impl TextCompletionService {
         }
         if request.uses_tools() && !self.provider.supports_tools() {
             return invalid(format!(
-                "invalid request: field `tools`: this processor's provider ({}) does not call \
-                 tools; send the request to a processor whose provider does (openai, azure, \
-                 mistral, openai-compatible)",
+                "invalid request: field `tools`: this processor's provider ({}, or one of its \
+                 fallback list) does not call tools; send the request to a processor whose \
+                 providers do (openai, azure, mistral, openai-compatible)",
                 self.provider.name()
             ));
+        }
+        if request.messages.iter().flatten().any(|t| {
+            t.role == sluice_schema::ChatRole::Tool
+                && t.tool_call_id.as_deref().is_none_or(str::is_empty)
+        }) {
+            return invalid(
+                "invalid request: field `messages`: a `tool` turn needs the `tool_call_id` of \
+                 the call it answers"
+                    .to_owned(),
+            );
+        }
+        if matches!(
+            request.tool_choice,
+            Some(sluice_schema::ToolChoice::Mode(
+                sluice_schema::ToolMode::Required
+            ))
+        ) && request.tools.as_ref().is_none_or(Vec::is_empty)
+        {
+            return invalid(
+                "invalid request: field `tool_choice`: `required` needs `tools`".to_owned(),
+            );
         }
         if let Some(tools) = &request.tools {
             if let Some(t) = tools.iter().find(|t| {
@@ -401,6 +422,7 @@ impl TextCompletionService {
             let mut usage = UsageDeltas::call(&ctx.usage);
             let mut published = 0u64;
             let mut finish_reason = None;
+            let mut called_tools = false;
             let outcome: Result<(), Stop> = async {
                 let mut chunks = self.provider.generate_stream(request).await?;
                 loop {
@@ -416,6 +438,7 @@ impl TextCompletionService {
                     if chunk.text.is_empty() && chunk.tool_calls.is_empty() {
                         continue;
                     }
+                    called_tools |= !chunk.tool_calls.is_empty();
                     ctx.usage.chunk();
                     if published == 0 {
                         self.metrics
@@ -457,7 +480,10 @@ impl TextCompletionService {
                             model: Some(model.to_owned()),
                             provider: answer.provider_field(),
                             end_of_stream: true,
-                            finish_reason: finish_reason.take(),
+                            // A server that names no reason for an answer of tool calls.
+                            finish_reason: finish_reason
+                                .take()
+                                .or_else(|| called_tools.then(|| "tool_calls".to_owned())),
                             ..Default::default()
                         })
                         .await;
@@ -527,7 +553,13 @@ impl TextCompletionService {
                             model: Some(model.to_owned()),
                             provider: answer.provider_field(),
                             end_of_stream: true,
-                            finish_reason: done.finish_reason.as_deref().map(finish_reason_word),
+                            finish_reason: done
+                                .finish_reason
+                                .as_deref()
+                                .map(finish_reason_word)
+                                .or_else(|| {
+                                    (!done.tool_calls.is_empty()).then(|| "tool_calls".to_owned())
+                                }),
                             tool_calls: done.tool_calls,
                             ..Default::default()
                         })
@@ -1149,7 +1181,7 @@ mod tests {
         let e = s.check(&with_tools).unwrap_err();
         assert_eq!(e.kind, "invalid-request");
         assert!(
-            e.message.contains("`tools`") && e.message.contains("(test)"),
+            e.message.contains("`tools`") && e.message.contains("(test,"),
             "{}",
             e.message
         );
@@ -1205,6 +1237,14 @@ mod tests {
             TextCompletionRequest {
                 tools: Some(vec![tool("f")]),
                 tool_choice: Some(ToolChoice::Named { name: "g".into() }),
+                ..Default::default()
+            },
+            TextCompletionRequest {
+                tool_choice: Some(ToolChoice::Mode(sluice_schema::ToolMode::Required)),
+                ..Default::default()
+            },
+            TextCompletionRequest {
+                messages: Some(vec![ChatMessage::new(ChatRole::Tool, "no id")]),
                 ..Default::default()
             },
         ] {

@@ -212,6 +212,53 @@ pub trait Provider: Send + Sync + 'static {
     }
 }
 
+/// Numbers a stream's tool-call pieces as the records promise (a call's first piece carries
+/// its id and name, later pieces only continue it) whatever the server's own numbering:
+/// some OpenAI-compatible servers give every parallel call `index: 0`, or repeat the id and
+/// name on every piece. A piece whose id differs from the call at its server index starts a
+/// new call; a later piece of the same call loses its repeated id and name.
+#[derive(Debug, Default)]
+pub struct ToolCallNumbering {
+    /// Each call's id so far, by our index.
+    ids: Vec<Option<String>>,
+    /// The server's index -> ours, for the call it is continuing.
+    current: std::collections::HashMap<u32, u32>,
+}
+
+impl ToolCallNumbering {
+    /// `pieces`, renumbered.
+    pub fn number(&mut self, pieces: Vec<ToolCallDelta>) -> Vec<ToolCallDelta> {
+        pieces
+            .into_iter()
+            .map(|mut p| {
+                let continuing = self.current.get(&p.index).copied().filter(|&ours| {
+                    match (&p.id, self.ids.get(ours as usize)) {
+                        (None, _) => true,
+                        (Some(id), Some(Some(known))) => id == known,
+                        // The call's id comes late: it is still that call.
+                        (Some(_), Some(None)) => true,
+                        (Some(_), None) => false,
+                    }
+                });
+                match continuing {
+                    Some(ours) => {
+                        p.id = None;
+                        p.name = None;
+                        p.index = ours;
+                    }
+                    None => {
+                        let ours = u32::try_from(self.ids.len()).unwrap_or(u32::MAX);
+                        self.ids.push(p.id.clone());
+                        self.current.insert(p.index, ours);
+                        p.index = ours;
+                    }
+                }
+                p
+            })
+            .collect()
+    }
+}
+
 /// Streamed pieces put together, each call whole in one piece at its index.
 pub fn whole_calls(pieces: &[ToolCallDelta]) -> Vec<ToolCallDelta> {
     sluice_schema::tools::assemble(pieces)

@@ -17,7 +17,9 @@ use sluice_runtime::secret::Secret;
 use sluice_schema::{ChatRole, TextCompletionRequest, ToolCallDelta, ToolChoice, ToolMode};
 
 use crate::{
-    provider::{ChunkStream, Completion, FailureKind, Provider, ProviderError, Usage},
+    provider::{
+        ChunkStream, Completion, FailureKind, Provider, ProviderError, ToolCallNumbering, Usage,
+    },
     providers::{
         Body, HttpTimeouts, SseStep, classify_status, http_client, model_for, send,
         sse_body_chunks, transport_error,
@@ -149,7 +151,12 @@ impl OpenAiProvider {
                 body["parallel_tool_calls"] = json!(p);
             }
         }
-        if let Some(choice) = &request.tool_choice {
+        // A choice without tools is refused by OpenAI: it means nothing without them.
+        if let Some(choice) = request
+            .tool_choice
+            .as_ref()
+            .filter(|_| request.tools.as_ref().is_some_and(|t| !t.is_empty()))
+        {
             body["tool_choice"] = match choice {
                 ToolChoice::Mode(ToolMode::Auto) => json!("auto"),
                 ToolChoice::Mode(ToolMode::None) => json!("none"),
@@ -341,7 +348,8 @@ fn tool_call_pieces(calls: &[Value]) -> Vec<ToolCallDelta> {
 /// (`fuzz/`); the provider calls it on the HTTP body.
 #[doc(hidden)]
 pub fn decode_stream(body: Body, timeouts: HttpTimeouts) -> ChunkStream {
-    sse_body_chunks(
+    let mut numbering = ToolCallNumbering::default();
+    let chunks = sse_body_chunks(
         body,
         timeouts,
         true,
@@ -356,7 +364,17 @@ pub fn decode_stream(body: Body, timeouts: HttpTimeouts) -> ChunkStream {
             }
             Ok(decode_event(data)?.map_or(SseStep::Skip, SseStep::Chunk))
         },
-    )
+    );
+    chunks
+        .map(move |item| {
+            item.map(|mut chunk| {
+                if !chunk.tool_calls.is_empty() {
+                    chunk.tool_calls = numbering.number(std::mem::take(&mut chunk.tool_calls));
+                }
+                chunk
+            })
+        })
+        .boxed()
 }
 
 #[async_trait]
@@ -409,9 +427,17 @@ impl Provider for OpenAiProvider {
             })?
             .map_err(|e| transport_error(&e))?;
         let choice = &v["choices"][0];
+        // A whole message lists each call once: its place in the list is its index,
+        // whatever `index` a server wrote on it.
         let tool_calls = choice["message"]["tool_calls"]
             .as_array()
-            .map(|calls| crate::provider::whole_calls(&tool_call_pieces(calls)))
+            .map(|calls| {
+                let mut pieces = tool_call_pieces(calls);
+                for (p, position) in pieces.iter_mut().zip(0u32..) {
+                    p.index = position;
+                }
+                crate::provider::whole_calls(&pieces)
+            })
             .unwrap_or_default();
         // `content` is null on an answer that is only tool calls.
         let text = match choice["message"]["content"].as_str() {
@@ -573,6 +599,43 @@ mod tests {
         ]);
         assert_eq!(unnumbered[1].index, 1);
         assert_eq!(unnumbered[0].arguments, "{\"x\":1}");
+    }
+
+    /// Servers that number every parallel call 0, or repeat a call's id and name on each
+    /// piece, still give the records one call per id, its first piece alone naming it.
+    #[test]
+    fn tool_calls_are_renumbered_by_their_ids() {
+        let piece = |index, id: Option<&str>, name: Option<&str>, args: &str| ToolCallDelta {
+            index,
+            id: id.map(str::to_owned),
+            name: name.map(str::to_owned),
+            arguments: args.into(),
+        };
+        let mut n = ToolCallNumbering::default();
+        let got: Vec<ToolCallDelta> = [
+            piece(0, Some("a"), Some("f"), "{"),
+            piece(0, Some("a"), Some("f"), "}"),
+            piece(0, Some("b"), Some("g"), "{"),
+            piece(0, None, None, "}"),
+        ]
+        .into_iter()
+        .flat_map(|p| n.number(vec![p]))
+        .collect();
+        assert_eq!(
+            got,
+            [
+                piece(0, Some("a"), Some("f"), "{"),
+                piece(0, None, None, "}"),
+                piece(1, Some("b"), Some("g"), "{"),
+                piece(1, None, None, "}"),
+            ]
+        );
+        let calls = sluice_schema::tools::assemble(&got);
+        assert_eq!(calls.len(), 2);
+        assert_eq!(
+            (calls[1].id.as_str(), calls[1].arguments.as_str()),
+            ("b", "{}")
+        );
     }
 
     #[test]
