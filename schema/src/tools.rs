@@ -29,6 +29,24 @@ pub struct Tool {
     pub strict: Option<bool>,
 }
 
+/// Whether `name` is a tool name every provider accepts: 1 to 64 of `a-z`, `A-Z`, `0-9`,
+/// `_` and `-` (OpenAI's pattern).
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// A whole tool call in OpenAI's chat-completions shape (`{"id", "type": "function",
+/// "function": {"name", "arguments"}}`), as the OpenAI-family providers send it back in a
+/// conversation and the gateway's OpenAI route answers it.
+pub fn openai_call(call: &ToolCall) -> serde_json::Value {
+    serde_json::json!({"id": call.id, "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments}})
+}
+
 /// The schema of a tool that takes no arguments.
 pub fn no_parameters() -> serde_json::Value {
     serde_json::json!({"type": "object", "properties": {}})

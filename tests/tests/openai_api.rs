@@ -556,16 +556,7 @@ async fn the_official_python_sdk_works_against_the_gateway() {
     let s = stack("m-py").await;
     let settings = json!({"base_url": s.url("/v1"), "api_key": TOKEN, "model": "m-py",
                           "mid_error": "error_mid_stream", "gated": "stall"});
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/py/openai_client.py");
-    let out = tokio::process::Command::new(&python)
-        .arg(script)
-        .arg(settings.to_string())
-        .output()
-        .await
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = run_python_sdk(&python, &settings).await;
     assert_eq!(r["whole"]["content"], "Hello world!", "{r}");
     assert_eq!(r["whole"]["object"], "chat.completion");
     assert_eq!(r["whole"]["finish_reason"], "stop");
@@ -835,16 +826,7 @@ async fn the_official_python_sdk_calls_tools_through_the_gateway() {
     .await;
     let settings = json!({"base_url": s.url("/v1"), "api_key": TOKEN, "model": "tools",
                           "tools_model": "tools-interleaved", "only": ["tools"]});
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/py/openai_client.py");
-    let out = tokio::process::Command::new(&python)
-        .arg(script)
-        .arg(settings.to_string())
-        .output()
-        .await
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = run_python_sdk(&python, &settings).await;
     let both = json!([
         ["get_weather", "{\"q\":\"Paris\"}"],
         ["get_time", "{\"q\":\"Paris\"}"]
@@ -869,4 +851,19 @@ async fn the_official_python_sdk_calls_tools_through_the_gateway() {
     );
     assert_eq!(r["tools_parse"]["parsed"], "Paris", "{r}");
     s.stop().await;
+}
+
+/// Runs `tests/py/openai_client.py` (OpenAI's Python SDK) with `settings` under `python`;
+/// its findings, once it exited successfully.
+async fn run_python_sdk(python: &str, settings: &Value) -> Value {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/py/openai_client.py");
+    let out = tokio::process::Command::new(python)
+        .arg(script)
+        .arg(settings.to_string())
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    serde_json::from_slice(&out.stdout).unwrap()
 }

@@ -696,15 +696,6 @@ pub(crate) fn parse_chat(body: &[u8]) -> Result<ChatCall, ApiError> {
 /// The most tools one request may offer (OpenAI's limit).
 const MAX_TOOLS: usize = 128;
 
-/// Whether `name` is a tool name every provider accepts (OpenAI's pattern, at most 64).
-fn tool_name_ok(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-}
-
 /// `tools`, `tool_choice` and `parallel_tool_calls`, checked as OpenAI checks them: function
 /// tools only, names of its pattern and unique, a choice naming one of them, and no
 /// `required` or named choice without tools (`auto`, `none` and `parallel_tool_calls` with
@@ -753,7 +744,7 @@ fn parse_tools(
                         Some("missing_required_parameter"),
                     ));
                 };
-                if !tool_name_ok(name) {
+                if !sluice_schema::tools::valid_name(name) {
                     return Err(ApiError::invalid(
                         format!(
                             "Invalid '{at}.function.name': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]{{1,64}}$'."
@@ -1297,10 +1288,7 @@ pub(crate) async fn chat(
                     message["tool_calls"] = answer
                         .tool_calls
                         .iter()
-                        .map(|c| {
-                            json!({"id": c.id, "type": "function",
-                            "function": {"name": c.name, "arguments": c.arguments}})
-                        })
+                        .map(sluice_schema::tools::openai_call)
                         .collect();
                 }
                 Json(json!({

@@ -242,14 +242,10 @@ impl TextCompletionService {
             );
         }
         if let Some(tools) = &request.tools {
-            if let Some(t) = tools.iter().find(|t| {
-                t.name.is_empty()
-                    || t.name.len() > 64
-                    || !t
-                        .name
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-            }) {
+            if let Some(t) = tools
+                .iter()
+                .find(|t| !sluice_schema::tools::valid_name(&t.name))
+            {
                 let shown: String = t.name.chars().take(70).collect();
                 return invalid(format!(
                     "invalid request: field `tools`: the name {shown:?} is not 1 to 64 of \

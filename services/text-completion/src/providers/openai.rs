@@ -124,10 +124,7 @@ impl OpenAiProvider {
                 m["tool_calls"] = turn
                     .tool_calls
                     .iter()
-                    .map(|c| {
-                        json!({"id": c.id, "type": "function",
-                        "function": {"name": c.name, "arguments": c.arguments}})
-                    })
+                    .map(sluice_schema::tools::openai_call)
                     .collect();
             }
             messages.push(m);
