@@ -76,7 +76,7 @@ front_pid="" load_pid="" started_llm="" prom_pid="" consume_pid="" sampler_pid="
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
-  if [ "$rc" -ne 0 ] && [ -f "$KUBECONFIG" ]; then
+  if [ "$rc" -ne 0 ] && [ -f "${KUBECONFIG:-}" ]; then
     log "state at the failure:"
     kubectl get pods,deployments -n "$NS" -o wide >&2 2>&1 || true
     kubectl get events -n "$NS" --sort-by .lastTimestamp 2>/dev/null | tail -n 25 >&2 || true

@@ -103,6 +103,8 @@ import_into_nodes() {
   done
 }
 
+# Where every kubelet on a host binds its device-plugin registration (fixed in the kubelet).
+DEVICE_PLUGIN_SOCK=/var/lib/kubelet/device-plugins/kubelet.sock
 components=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy
   containerd-2 kubelet-2)
 
@@ -406,7 +408,17 @@ start() {
 
   for i in $(seq 1 "$NODES"); do start_containerd "$i"; done
   pause_image
-  for i in $(seq 1 "$NODES"); do start_kubelet "$i"; done
+  # One kubelet at a time. Every kubelet serves its device-plugin registration at the fixed
+  # path /var/lib/kubelet/device-plugins/kubelet.sock (not under --root-dir) and empties that
+  # directory before it binds; two starting together can interleave (one empties, the other
+  # binds, the first's bind fails: "bind: address already in use", and that kubelet exits:
+  # seen once in CI). Started in turn, the later one removes the earlier one's socket file,
+  # which nothing here uses (no device plugins), and binds its own.
+  for i in $(seq 1 "$NODES"); do
+    rm -f "$DEVICE_PLUGIN_SOCK"
+    start_kubelet "$i"
+    wait_for "kubelet$N_SUFFIX's device-plugin socket" 60 test -S "$DEVICE_PLUGIN_SOCK"
+  done
 
   cat >"$STATE/kube-proxy.yaml" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
