@@ -13,6 +13,7 @@
 //! | `forbidden` | 403 `permission_error`; on Vertex, Google's `PERMISSION_DENIED` |
 //! | `error_mid_stream` | message_start, `Hello`, then `event: error` overloaded_error |
 //! | `no_stop` | message_start, `Hello`, then the body ends without message_stop |
+//! | `tools`, `tools-text` | tool use, with Anthropic's exact shapes: see [`tools`] |
 //!
 //! Vertex errors that its front end raises (token, permission, quota) come in Google's shape;
 //! those from the model (overloaded) in Anthropic's, as Vertex passes them on.
@@ -31,6 +32,8 @@ use serde_json::{Value, json};
 
 use crate::fake::{Calls, Fake, Step, scripted_body};
 
+pub mod tools;
+
 /// The fake Anthropic server.
 pub type FakeAnthropic = Fake<AnthropicSeen>;
 
@@ -39,6 +42,7 @@ pub type FakeAnthropic = Fake<AnthropicSeen>;
 pub struct AnthropicSeen {
     calls: Calls,
     headers: Vec<(Option<String>, Option<String>)>,
+    bodies: Vec<Value>,
     vertex: Vec<VertexCall>,
 }
 
@@ -86,6 +90,11 @@ impl Fake<AnthropicSeen> {
     /// Calls received for `model`.
     pub fn calls(&self, model: &str) -> usize {
         self.seen().calls.get(model)
+    }
+
+    /// The body of the last call on Anthropic's path.
+    pub fn last_body(&self) -> Value {
+        self.seen().bodies.last().cloned().unwrap_or(Value::Null)
     }
 
     /// The last `(x-api-key, anthropic-version)` headers.
@@ -165,6 +174,7 @@ async fn messages(
             header(&headers, "x-api-key"),
             header(&headers, "anthropic-version"),
         ));
+        s.bodies.push(body.clone());
         s.calls.count(&model)
     };
     match (model.as_str(), call) {
@@ -191,7 +201,23 @@ async fn messages(
         }
         _ => {}
     }
+    if tools::is_tools_model(&model) {
+        return tools_answer(&model, &body, body["stream"] == true);
+    }
     answer(&model, call, true)
+}
+
+/// A tool-calling model's answer to `body`, streamed or whole.
+fn tools_answer(model: &str, body: &Value, streaming: bool) -> Response {
+    if streaming {
+        let steps = tools::streamed(model, body)
+            .into_iter()
+            .map(Step::Send)
+            .collect();
+        scripted_body(steps, "text/event-stream")
+    } else {
+        Json(tools::whole(model, body)).into_response()
+    }
 }
 
 async fn vertex(
@@ -213,10 +239,13 @@ async fn vertex(
             authorization: header(&headers, "authorization"),
             api_key: header(&headers, "x-api-key"),
             anthropic_version_header: header(&headers, "anthropic-version"),
-            body,
+            body: body.clone(),
         });
         s.calls.count(&model)
     };
+    if tools::is_tools_model(&model) {
+        return tools_answer(&model, &body, verb == "streamRawPredict");
+    }
     let streaming = match verb.as_str() {
         "streamRawPredict" => true,
         "rawPredict" => false,

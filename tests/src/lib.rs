@@ -531,16 +531,77 @@ impl Handler for EchoHandler {
 pub fn openai_service(
     config: sluice_text_completion::providers::openai::OpenAiConfig,
 ) -> sluice_text_completion::handler::TextCompletionService {
+    use sluice_text_completion::providers::openai::OpenAiProvider;
+    provider_service(Arc::new(OpenAiProvider::new(config).unwrap()))
+}
+
+/// A text-completion handler for `provider`, with the default retry policy and its metrics on
+/// a registry of its own.
+pub fn provider_service(
+    provider: Arc<dyn sluice_text_completion::provider::Provider>,
+) -> sluice_text_completion::handler::TextCompletionService {
     use sluice_text_completion::{
-        handler::TextCompletionService, metrics::LlmMetrics, providers::openai::OpenAiProvider,
-        retry::RetryPolicy,
+        handler::TextCompletionService, metrics::LlmMetrics, retry::RetryPolicy,
     };
     let telemetry = Telemetry::new().unwrap();
     TextCompletionService::new(
-        Arc::new(OpenAiProvider::new(config).unwrap()),
+        provider,
         RetryPolicy::default(),
         LlmMetrics::register(&telemetry.registry).unwrap(),
     )
+}
+
+/// A text-completion processor running `service` on the real broker over unique topics, and a
+/// gateway routing `text-completion` to it.
+pub struct RoutedService {
+    /// The text-completion processor.
+    pub processor: RunningProcessor,
+    /// The gateway, served.
+    pub served: ServedGateway,
+    /// The processor's topics.
+    pub topics: sluice_gateway::ServiceTopics,
+}
+
+impl RoutedService {
+    /// Starts the processor for `service` and a gateway for it, configured by `configure`.
+    pub async fn start(
+        service: sluice_text_completion::handler::TextCompletionService,
+        configure: impl FnOnce(&mut sluice_gateway::GatewayConfig),
+    ) -> Self {
+        init_logging();
+        let broker = Broker::from_env().await;
+        let topics = sluice_gateway::ServiceTopics {
+            request: unique_topic("gw-req"),
+            response: unique_topic("gw-resp"),
+            cancel: Some(unique_topic("gw-cancel")),
+        };
+        let mut pc = ProcessorConfig::new("text-completion", &topics.request, &topics.response);
+        pc.cancel_topic.clone_from(&topics.cancel);
+        pc.drain_grace = Duration::from_secs(5);
+        let processor = RunningProcessor::start(broker.bus().await, pc, service).await;
+        let mut gc = sluice_gateway::GatewayConfig::new();
+        gc.services
+            .insert(sluice_gateway::ServiceKind::TextCompletion, topics.clone());
+        configure(&mut gc);
+        let served = ServedGateway::start(broker.bus().await, gc).await;
+        Self {
+            processor,
+            served,
+            topics,
+        }
+    }
+
+    /// The gateway's URL for `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.served.addr)
+    }
+
+    /// Stops the gateway and the processor.
+    pub async fn stop(self) {
+        self.served.stop.cancel();
+        self.served.gateway.close().await;
+        self.processor.stop().await;
+    }
 }
 
 /// The gateway end to end on the real broker: a fake OpenAI provider, a text-completion
@@ -583,32 +644,22 @@ impl GatewayStack {
         configure: impl FnOnce(&mut sluice_gateway::GatewayConfig),
     ) -> Self {
         use sluice_text_completion::providers::openai::{Dialect, OpenAiConfig};
-        init_logging();
-        let broker = Broker::from_env().await;
         let fake = fake_openai::FakeOpenAi::start().await;
         let mut config = OpenAiConfig::new(Dialect::OpenAi, fake.base_url(), model);
         config.api_key = Some(sluice_runtime::secret::Secret::new(Self::PROVIDER_KEY));
         config.api_key_source = "OPENAI_API_KEY".into();
         let service = openai_service(config).with_models(extra.iter().map(|m| (*m).to_owned()));
-        let topics = sluice_gateway::ServiceTopics {
-            request: unique_topic("gw-req"),
-            response: unique_topic("gw-resp"),
-            cancel: Some(unique_topic("gw-cancel")),
-        };
-        let mut pc = ProcessorConfig::new("text-completion", &topics.request, &topics.response);
-        pc.cancel_topic.clone_from(&topics.cancel);
-        pc.drain_grace = Duration::from_secs(5);
-        let processor = RunningProcessor::start(broker.bus().await, pc, service).await;
-        let mut gc = sluice_gateway::GatewayConfig::new();
-        gc.services
-            .insert(sluice_gateway::ServiceKind::TextCompletion, topics.clone());
-        configure(&mut gc);
-        let ServedGateway {
-            gateway,
-            addr,
-            stop,
-            telemetry,
-        } = ServedGateway::start(broker.bus().await, gc).await;
+        let RoutedService {
+            processor,
+            served:
+                ServedGateway {
+                    gateway,
+                    addr,
+                    stop,
+                    telemetry,
+                },
+            topics,
+        } = RoutedService::start(service, configure).await;
         Self {
             fake,
             processor,

@@ -42,8 +42,12 @@ fn http() -> reqwest::Client {
 }
 
 async fn post(s: &GatewayStack, body: Value) -> reqwest::Response {
+    post_to(&s.url("/v1/chat/completions"), body).await
+}
+
+async fn post_to(url: &str, body: Value) -> reqwest::Response {
     http()
-        .post(s.url("/v1/chat/completions"))
+        .post(url)
         .bearer_auth(TOKEN)
         .json(&body)
         .send()
@@ -827,6 +831,14 @@ async fn the_official_python_sdk_calls_tools_through_the_gateway() {
     let settings = json!({"base_url": s.url("/v1"), "api_key": TOKEN, "model": "tools",
                           "tools_model": "tools-interleaved", "only": ["tools"]});
     let r = run_python_sdk(&python, &settings).await;
+    check_python_sdk_tools(&r);
+    s.stop().await;
+}
+
+/// What OpenAI's Python SDK must have seen in `tests/py/openai_client.py`'s tool scenarios,
+/// whichever provider answered: both calls whole and streamed, the results answered, each
+/// call's first raw piece, and the parsed Pydantic arguments.
+fn check_python_sdk_tools(r: &Value) {
     let both = json!([
         ["get_weather", "{\"q\":\"Paris\"}"],
         ["get_time", "{\"q\":\"Paris\"}"]
@@ -850,6 +862,203 @@ async fn the_official_python_sdk_calls_tools_through_the_gateway() {
         "{r}"
     );
     assert_eq!(r["tools_parse"]["parsed"], "Paris", "{r}");
+}
+
+/// A processor calling Anthropic (the fake, with Anthropic's exact tool-use events) behind
+/// the OpenAI route: Claude's `tool_use` blocks reach an OpenAI caller as OpenAI's
+/// `tool_calls`, streamed (numbered from 0 although a text block came first, arguments in
+/// fragments, the empty first `input_json_delta` dropped) and whole; `stop_reason: tool_use`
+/// is `finish_reason: tool_calls`; the tools go to Anthropic as `input_schema`, a named
+/// choice and `parallel_tool_calls: false` as its `tool_choice`; the results sent back go as
+/// `tool_use` blocks and one user message of `tool_result` blocks, and the model answers
+/// from them. Then OpenAI's Python SDK runs its tool scenarios against it, when `OPENAI_PY`
+/// is set.
+#[tokio::test]
+async fn anthropic_tool_use_reaches_openai_callers_as_openai_tool_calls() {
+    use sluice_tests::{RoutedService, fake_anthropic::FakeAnthropic, provider_service};
+    use sluice_text_completion::providers::anthropic::{AnthropicConfig, AnthropicProvider};
+    let fake = FakeAnthropic::start().await;
+    let mut config = AnthropicConfig::new(fake.base_url(), "tools");
+    config.credential = Some(Secret::new("sk-ant-test"));
+    let service = provider_service(std::sync::Arc::new(AnthropicProvider::new(config).unwrap()))
+        .with_models(["tools-text".to_owned()]);
+    let s = RoutedService::start(service, |gc| {
+        gc.auth = Auth::new(Some(Secret::new(TOKEN)));
+    })
+    .await;
+    let url = s.url("/v1/chat/completions");
+    let ask = |model: &str, stream: bool| {
+        let mut body = json!({"model": model, "tools": weather_tools(),
+            "messages": [{"role": "user", "content": "Paris"}]});
+        if stream {
+            body["stream"] = json!(true);
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        body
+    };
+    let both = vec![
+        ("get_weather".to_owned(), r#"{"q":"Paris"}"#.to_owned()),
+        ("get_time".to_owned(), r#"{"q":"Paris"}"#.to_owned()),
+    ];
+    for model in ["tools", "tools-text"] {
+        let resp = post_to(&url, ask(model, true)).await;
+        assert_eq!(resp.status(), 200, "{model}");
+        let body = resp.bytes().await.unwrap();
+        let data = sse_data(&body);
+        let chunks: Vec<Value> = data
+            .iter()
+            .filter(|d| d.as_str() != "[DONE]")
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect();
+        let calls = assemble_streamed(&chunks);
+        assert_eq!(
+            calls
+                .iter()
+                .map(|(_, n, a)| (n.clone(), a.clone()))
+                .collect::<Vec<_>>(),
+            both,
+            "{model}: {data:?}"
+        );
+        assert_eq!(
+            calls
+                .iter()
+                .map(|(id, _, _)| id.as_str())
+                .collect::<Vec<_>>(),
+            ["toolu_0_get_weather", "toolu_1_get_time"]
+        );
+        let indices: Vec<&Value> = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
+            .flatten()
+            .filter(|p| p["id"].is_string())
+            .map(|p| &p["index"])
+            .collect();
+        assert_eq!(indices, [&json!(0), &json!(1)], "{model}: numbered from 0");
+        let pieces = chunks
+            .iter()
+            .filter(|c| c["choices"][0]["delta"]["tool_calls"].is_array())
+            .count();
+        assert!(pieces > 6, "{model}: {pieces} pieces");
+        let text: String = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        let want = if model == "tools-text" {
+            "Let me look that up."
+        } else {
+            ""
+        };
+        assert_eq!(text, want, "{model}");
+        let finish: Vec<&Value> = chunks
+            .iter()
+            .map(|c| &c["choices"][0]["finish_reason"])
+            .filter(|f| !f.is_null())
+            .collect();
+        assert_eq!(finish, [&json!("tool_calls")], "{model}");
+        let usage = &chunks.last().unwrap()["usage"];
+        assert_eq!(
+            (&usage["prompt_tokens"], &usage["completion_tokens"]),
+            (&json!(20), &json!(10)),
+            "{model}: {usage}"
+        );
+        let sent = fake.last_body();
+        assert_eq!(
+            sent["tools"],
+            json!([{"name": "get_weather", "description": "the weather in a city",
+                    "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}},
+                   {"name": "get_time",
+                    "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}}}]),
+            "{sent}"
+        );
+        assert!(sent.get("tool_choice").is_none(), "{sent}");
+    }
+
+    // Whole: `message.tool_calls`, content null (or the text before the calls).
+    for model in ["tools", "tools-text"] {
+        let v: Value = post_to(&url, ask(model, false)).await.json().await.unwrap();
+        let message = &v["choices"][0]["message"];
+        assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+        let calls: Vec<(String, String)> = message["tool_calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                assert_eq!(c["type"], "function");
+                (
+                    c["function"]["name"].as_str().unwrap().to_owned(),
+                    c["function"]["arguments"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        assert_eq!(calls, both, "{v}");
+        let want = if model == "tools-text" {
+            json!("Let me look that up.")
+        } else {
+            Value::Null
+        };
+        assert_eq!(message["content"], want, "{v}");
+        assert_eq!(v["usage"]["total_tokens"], 30, "{v}");
+    }
+
+    // The results sent back: Anthropic gets the calls as `tool_use` blocks and both results
+    // in one user message, and the model answers from them.
+    let next = json!({"model": "tools", "tools": weather_tools(), "stream": true,
+        "messages": [
+            {"role": "user", "content": "Paris"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "toolu_0_get_weather", "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{\"q\":\"Paris\"}"}},
+                {"id": "toolu_1_get_time", "type": "function",
+                    "function": {"name": "get_time", "arguments": "{\"q\":\"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "toolu_0_get_weather", "content": "sunny"},
+            {"role": "tool", "tool_call_id": "toolu_1_get_time", "content": "noon"}]});
+    let body = post_to(&url, next).await.bytes().await.unwrap();
+    let text: String = sse_data(&body)
+        .iter()
+        .filter(|d| d.as_str() != "[DONE]")
+        .filter_map(|d| {
+            serde_json::from_str::<Value>(d).unwrap()["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(text, "results: sunny; noon");
+    let sent = fake.last_body();
+    assert_eq!(
+        sent["messages"],
+        json!([
+            {"role": "user", "content": [{"type": "text", "text": "Paris"}]},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "toolu_0_get_weather", "name": "get_weather", "input": {"q": "Paris"}},
+                {"type": "tool_use", "id": "toolu_1_get_time", "name": "get_time", "input": {"q": "Paris"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_0_get_weather", "content": "sunny"},
+                {"type": "tool_result", "tool_use_id": "toolu_1_get_time", "content": "noon"}]}
+        ]),
+        "{sent}"
+    );
+
+    // A named choice with parallel calls off: Anthropic's own choice object.
+    let mut named = ask("tools", false);
+    named["tool_choice"] = json!({"type": "function", "function": {"name": "get_time"}});
+    named["parallel_tool_calls"] = json!(false);
+    let v: Value = post_to(&url, named).await.json().await.unwrap();
+    let calls = v["choices"][0]["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{v}");
+    assert_eq!(calls[0]["function"]["name"], "get_time", "{v}");
+    assert_eq!(
+        fake.last_body()["tool_choice"],
+        json!({"type": "tool", "name": "get_time", "disable_parallel_tool_use": true})
+    );
+
+    if let Some(python) = sluice_tests::outside_tool(
+        "OPENAI_PY",
+        "openai_api: OpenAI's Python SDK calling tools on Anthropic (scripts/openai-venv.sh)",
+    ) {
+        let settings = json!({"base_url": s.url("/v1"), "api_key": TOKEN, "model": "tools",
+                              "tools_model": "tools", "only": ["tools"]});
+        check_python_sdk_tools(&run_python_sdk(&python, &settings).await);
+    }
     s.stop().await;
 }
 

@@ -7,6 +7,15 @@
 //! `message_stop` ends the stream. `ping`, block start/stop and unknown events are ignored;
 //! `event: error` is a mid-stream failure. A stream without `message_stop` is truncated.
 //!
+//! Tools: a request's tools go as `tools` (`input_schema`), its choice as `tool_choice`
+//! (`auto`, `any` for required, `tool` for a named one, `none`; `disable_parallel_tool_use`
+//! when parallel calls are off). A conversation's tool calls go as `tool_use` blocks of the
+//! assistant's message and its results as `tool_result` blocks of the user message after it
+//! (all results of one turn in one message, as Anthropic requires). A streamed call is a
+//! `tool_use` content block: `content_block_start` carries its id and name, `input_json_delta`
+//! events the fragments of its input, in the block's own order, possibly interleaved with
+//! other blocks' events; each block becomes one call, numbered in the order blocks began.
+//!
 //! The same Messages API is served by Vertex AI for Anthropic's models ([`AnthropicEndpoint::Vertex`]):
 //! `POST {base}/v1/projects/{project}/locations/{location}/publishers/anthropic/models/{model}:streamRawPredict`
 //! (`:rawPredict` for a whole answer) with an OAuth bearer token. The body carries no `model`
@@ -22,10 +31,14 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use serde_json::{Value, json};
 use sluice_runtime::secret::Secret;
-use sluice_schema::TextCompletionRequest;
+use sluice_schema::{
+    ChatMessage, ChatRole, TextCompletionRequest, ToolCall, ToolCallDelta, ToolChoice, ToolMode,
+};
 
 use crate::{
-    provider::{Chunk, ChunkStream, Completion, FailureKind, Provider, ProviderError, Usage},
+    provider::{
+        Chunk, ChunkStream, Completion, FailureKind, Provider, ProviderError, Usage, whole_calls,
+    },
     providers::{
         Body, HttpTimeouts, SseStep, classify_status, http_client, send, sse_body_chunks,
         transport_error,
@@ -150,12 +163,20 @@ impl AnthropicProvider {
         }
     }
 
-    fn body(&self, request: &TextCompletionRequest, streaming: bool) -> Value {
-        let messages: Vec<Value> = request
-            .turns()
-            .into_iter()
-            .map(|t| json!({"role": t.role.as_str(), "content": t.content}))
-            .collect();
+    fn body(
+        &self,
+        request: &TextCompletionRequest,
+        streaming: bool,
+    ) -> Result<Value, ProviderError> {
+        let messages = if request.uses_tools() {
+            tool_messages(request.turns())?
+        } else {
+            request
+                .turns()
+                .into_iter()
+                .map(|t| json!({"role": t.role.as_str(), "content": t.content}))
+                .collect()
+        };
         let mut body = json!({
             "max_tokens": request.max_tokens.unwrap_or(self.config.max_tokens),
             "messages": messages,
@@ -184,7 +205,35 @@ impl AnthropicProvider {
         if let Some(stop) = request.stop.as_ref().filter(|s| !s.is_empty()) {
             body["stop_sequences"] = json!(stop);
         }
-        body
+        if let Some(tools) = request.tools.as_ref().filter(|t| !t.is_empty()) {
+            body["tools"] = tools
+                .iter()
+                .map(|t| {
+                    let mut tool = json!({"name": t.name, "input_schema": t.parameters});
+                    if let Some(d) = &t.description {
+                        tool["description"] = json!(d);
+                    }
+                    tool
+                })
+                .collect();
+            // Anthropic's choice is an object; parallel calls are switched off inside it, so
+            // `parallel_tool_calls: false` alone becomes `auto` without them.
+            let mut choice = match &request.tool_choice {
+                None | Some(ToolChoice::Mode(ToolMode::Auto)) => json!({"type": "auto"}),
+                Some(ToolChoice::Mode(ToolMode::Required)) => json!({"type": "any"}),
+                Some(ToolChoice::Mode(ToolMode::None)) => json!({"type": "none"}),
+                Some(ToolChoice::Named { name }) => json!({"type": "tool", "name": name}),
+            };
+            let parallel_off = request.parallel_tool_calls == Some(false);
+            // `none` takes no such flag: no call is made at all.
+            if parallel_off && choice["type"] != "none" {
+                choice["disable_parallel_tool_use"] = json!(true);
+            }
+            if request.tool_choice.is_some() || parallel_off {
+                body["tool_choice"] = choice;
+            }
+        }
+        Ok(body)
     }
 
     /// The error for a non-2xx answer. Both error shapes keep the text in `error.message`;
@@ -245,6 +294,71 @@ impl AnthropicProvider {
     }
 }
 
+/// A conversation that uses tools as Messages `messages`, in content blocks: an assistant
+/// turn's text then a `tool_use` block per call (its arguments parsed: Anthropic takes the
+/// input as an object); a tool turn as a `tool_result` block of a user message. Turns of one
+/// role in a row become one message: every result of a turn's calls must be in the single
+/// user message after it, before any text of that message.
+fn tool_messages(turns: Vec<ChatMessage>) -> Result<Vec<Value>, ProviderError> {
+    let mut messages: Vec<(&'static str, Vec<Value>)> = Vec::new();
+    for turn in turns {
+        let (role, blocks) = match turn.role {
+            ChatRole::Tool => (
+                "user",
+                vec![json!({"type": "tool_result",
+                    "tool_use_id": turn.tool_call_id.unwrap_or_default(),
+                    "content": turn.content})],
+            ),
+            ChatRole::User => ("user", text_block(turn.content)),
+            ChatRole::Assistant => {
+                let mut blocks = text_block(turn.content);
+                for call in &turn.tool_calls {
+                    blocks.push(tool_use_block(call)?);
+                }
+                ("assistant", blocks)
+            }
+        };
+        match messages.last_mut() {
+            Some((last, content)) if *last == role => content.extend(blocks),
+            _ => messages.push((role, blocks)),
+        }
+    }
+    Ok(messages
+        .into_iter()
+        .map(|(role, content)| json!({"role": role, "content": content}))
+        .collect())
+}
+
+/// A text block, or none for empty text (Anthropic refuses empty text blocks).
+fn text_block(text: String) -> Vec<Value> {
+    if text.is_empty() {
+        Vec::new()
+    } else {
+        vec![json!({"type": "text", "text": text})]
+    }
+}
+
+/// A call the model made earlier, as the `tool_use` block Anthropic wants back.
+fn tool_use_block(call: &ToolCall) -> Result<Value, ProviderError> {
+    let input = if call.arguments.trim().is_empty() {
+        json!({})
+    } else {
+        match serde_json::from_str::<Value>(&call.arguments) {
+            Ok(v @ Value::Object(_)) => v,
+            _ => {
+                return Err(ProviderError::new(
+                    FailureKind::BadRequest,
+                    format!(
+                        "the arguments of tool call {:?} are not a JSON object; Anthropic takes a call's input as one",
+                        call.id
+                    ),
+                ));
+            }
+        }
+    };
+    Ok(json!({"type": "tool_use", "id": call.id, "name": call.name, "input": input}))
+}
+
 /// The input count of a Messages `usage` object: cache writes and reads are input too.
 fn input_tokens(usage: &Value) -> u64 {
     [
@@ -274,6 +388,22 @@ fn decode_message(v: &Value) -> Result<Completion, ProviderError> {
             output: u["output_tokens"].as_u64().unwrap_or(0),
         }),
         finish_reason: v["stop_reason"].as_str().map(str::to_owned),
+        tool_calls: whole_calls(
+            &blocks
+                .iter()
+                .filter(|b| b["type"] == "tool_use")
+                .zip(0..)
+                .map(|(b, index)| ToolCallDelta {
+                    index,
+                    id: b["id"].as_str().map(str::to_owned),
+                    name: b["name"].as_str().map(str::to_owned),
+                    arguments: match &b["input"] {
+                        Value::Null => "{}".to_owned(),
+                        input => input.to_string(),
+                    },
+                })
+                .collect::<Vec<_>>(),
+        ),
         ..Completion::default()
     })
 }
@@ -285,18 +415,90 @@ enum Event {
     Ignore,
 }
 
-fn decode_event(name: &str, data: &str) -> Result<Event, ProviderError> {
-    let v: Value = serde_json::from_str(data).map_err(|e| {
-        ProviderError::new(
-            FailureKind::Protocol,
-            format!("unreadable stream event: {e}"),
-        )
-    })?;
-    let kind = if name.is_empty() || name == "message" {
-        v["type"].as_str().unwrap_or("")
-    } else {
-        name
-    };
+/// A stream's decoder: the tool-use blocks begun so far, each block's index to its call's
+/// number and whether any of its input came yet.
+#[derive(Default)]
+struct Decoder {
+    calls: std::collections::HashMap<u64, (u32, bool)>,
+}
+
+impl Decoder {
+    /// What the event `name` with `data` means.
+    fn event(&mut self, name: &str, data: &str) -> Result<Event, ProviderError> {
+        let v: Value = serde_json::from_str(data).map_err(|e| {
+            ProviderError::new(
+                FailureKind::Protocol,
+                format!("unreadable stream event: {e}"),
+            )
+        })?;
+        let kind = if name.is_empty() || name == "message" {
+            v["type"].as_str().unwrap_or("")
+        } else {
+            name
+        };
+        let block = v["index"].as_u64().unwrap_or(0);
+        let piece = |index, id: Option<&str>, name: Option<&str>, arguments: String| {
+            Event::Chunk(Chunk {
+                tool_calls: vec![ToolCallDelta {
+                    index,
+                    id: id.map(str::to_owned),
+                    name: name.map(str::to_owned),
+                    arguments,
+                }],
+                ..Chunk::default()
+            })
+        };
+        match kind {
+            "content_block_start" if v["content_block"]["type"] == "tool_use" => {
+                let b = &v["content_block"];
+                let index = u32::try_from(self.calls.len()).unwrap_or(u32::MAX);
+                // Anthropic starts the block with `input: {}` and streams the input after it;
+                // a server that puts the whole input here sends no fragments.
+                let given = b["input"]
+                    .as_object()
+                    .filter(|o| !o.is_empty())
+                    .map(|o| Value::Object(o.clone()).to_string());
+                self.calls.insert(block, (index, given.is_some()));
+                Ok(piece(
+                    index,
+                    b["id"].as_str(),
+                    b["name"].as_str(),
+                    given.unwrap_or_default(),
+                ))
+            }
+            "content_block_delta" if v["delta"]["type"] == "input_json_delta" => {
+                let Some((index, any)) = self.calls.get_mut(&block) else {
+                    return Err(ProviderError::new(
+                        FailureKind::Protocol,
+                        format!(
+                            "input_json_delta for content block {block}, which is not a tool_use block"
+                        ),
+                    ));
+                };
+                let fragment = v["delta"]["partial_json"].as_str().unwrap_or("");
+                if fragment.is_empty() {
+                    return Ok(Event::Ignore);
+                }
+                *any = true;
+                let index = *index;
+                Ok(piece(index, None, None, fragment.to_owned()))
+            }
+            // A tool that takes no input ends with nothing streamed: its arguments are `{}`,
+            // as OpenAI gives them, never the empty text no JSON reader takes.
+            "content_block_stop" => match self.calls.get(&block) {
+                Some(&(index, false)) => {
+                    self.calls.insert(block, (index, true));
+                    Ok(piece(index, None, None, "{}".to_owned()))
+                }
+                _ => Ok(Event::Ignore),
+            },
+            _ => decode_value(kind, &v),
+        }
+    }
+}
+
+/// What an event of `kind` other than a tool-use block's means.
+fn decode_value(kind: &str, v: &Value) -> Result<Event, ProviderError> {
     Ok(match kind {
         "message_start" => {
             let u = &v["message"]["usage"];
@@ -344,12 +546,15 @@ pub fn decode_stream(body: Body, timeouts: HttpTimeouts) -> ChunkStream {
         timeouts,
         false,
         "the stream ended without message_stop: the answer is incomplete",
-        |event| {
-            Ok(match decode_event(&event.event, &event.data)? {
-                Event::Stop => SseStep::End(None),
-                Event::Ignore => SseStep::Skip,
-                Event::Chunk(chunk) => SseStep::Chunk(chunk),
-            })
+        {
+            let mut decoder = Decoder::default();
+            move |event| {
+                Ok(match decoder.event(&event.event, &event.data)? {
+                    Event::Stop => SseStep::End(None),
+                    Event::Ignore => SseStep::Skip,
+                    Event::Chunk(chunk) => SseStep::Chunk(chunk),
+                })
+            }
         },
     )
 }
@@ -375,12 +580,16 @@ impl Provider for AnthropicProvider {
         true
     }
 
+    fn supports_tools(&self) -> bool {
+        true
+    }
+
     async fn generate_stream(
         &self,
         request: &TextCompletionRequest,
     ) -> Result<ChunkStream, ProviderError> {
         let resp = self
-            .post(&self.url(request, true), &self.body(request, true))
+            .post(&self.url(request, true), &self.body(request, true)?)
             .await?;
         // message_delta's output-only totals read input 0; the handler's usage merge keeps
         // message_start's input count.
@@ -397,7 +606,7 @@ impl Provider for AnthropicProvider {
             return crate::provider::collect(self.generate_stream(request).await?).await;
         }
         let resp = self
-            .post(&self.url(request, false), &self.body(request, false))
+            .post(&self.url(request, false), &self.body(request, false)?)
             .await?;
         let limit = self.config.timeouts.first_token;
         let v: Value = tokio::time::timeout(limit, resp.json())
@@ -415,7 +624,7 @@ mod tests {
     use super::*;
 
     fn chunk(name: &str, data: &str) -> Chunk {
-        match decode_event(name, data).unwrap() {
+        match Decoder::default().event(name, data).unwrap() {
             Event::Chunk(c) => c,
             _ => panic!("not a chunk"),
         }
@@ -445,19 +654,24 @@ mod tests {
         );
         assert_eq!(c.finish_reason.as_deref(), Some("end_turn"));
         assert!(matches!(
-            decode_event("ping", r#"{"type":"ping"}"#).unwrap(),
+            Decoder::default()
+                .event("ping", r#"{"type":"ping"}"#)
+                .unwrap(),
             Event::Ignore
         ));
         assert!(matches!(
-            decode_event("message_stop", r#"{"type":"message_stop"}"#).unwrap(),
+            Decoder::default()
+                .event("message_stop", r#"{"type":"message_stop"}"#)
+                .unwrap(),
             Event::Stop
         ));
-        let e = decode_event(
-            "error",
-            r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
-        )
-        .err()
-        .unwrap();
+        let e = Decoder::default()
+            .event(
+                "error",
+                r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+            )
+            .err()
+            .unwrap();
         assert_eq!(e.kind, FailureKind::Stream);
         assert!(e.message.contains("overloaded_error"));
     }
@@ -465,7 +679,9 @@ mod tests {
     #[test]
     fn a_conversation_and_its_settings_map_onto_messages() {
         let p = AnthropicProvider::new(AnthropicConfig::new("http://127.0.0.1:1", "m")).unwrap();
-        let b = p.body(&crate::providers::conversation_request(), true);
+        let b = p
+            .body(&crate::providers::conversation_request(), true)
+            .unwrap();
         assert_eq!(b["model"], "other-model");
         assert_eq!(b["stream"], true);
         assert!(b.get("anthropic_version").is_none());
@@ -519,7 +735,7 @@ mod tests {
     fn a_vertex_body_names_the_version_and_not_the_model() {
         let p = vertex("us-east5", "m");
         let request = crate::providers::conversation_request();
-        let b = p.body(&request, true);
+        let b = p.body(&request, true).unwrap();
         assert!(b.get("model").is_none(), "{b}");
         assert_eq!(b["anthropic_version"], "vertex-2023-10-16");
         assert_eq!(b["stream"], true);
@@ -527,7 +743,7 @@ mod tests {
         assert_eq!(b["messages"].as_array().map(Vec::len), Some(3));
         assert_eq!(b["max_tokens"], 9);
         assert_eq!(b["stop_sequences"], json!(["END"]));
-        let b = p.body(&request, false);
+        let b = p.body(&request, false).unwrap();
         assert!(b.get("stream").is_none() && b.get("model").is_none(), "{b}");
         assert_eq!(b["anthropic_version"], "vertex-2023-10-16");
     }
@@ -585,5 +801,229 @@ mod tests {
         assert_eq!(done.finish_reason.as_deref(), Some("end_turn"));
         let e = decode_message(&json!({"type": "message"})).unwrap_err();
         assert_eq!(e.kind, FailureKind::Protocol);
+    }
+
+    /// Tools, each choice, parallel calls off, and a conversation with two calls and their
+    /// results, as Anthropic wants them.
+    #[test]
+    fn tools_choices_and_tool_turns_map_onto_messages() {
+        use sluice_schema::Tool;
+        let p = AnthropicProvider::new(AnthropicConfig::new("http://127.0.0.1:1", "m")).unwrap();
+        let mut call = ChatMessage::new(ChatRole::Assistant, "Looking.");
+        call.tool_calls = vec![
+            ToolCall {
+                id: "toolu_1".into(),
+                name: "weather".into(),
+                arguments: r#"{"city":"Paris"}"#.into(),
+            },
+            ToolCall {
+                id: "toolu_2".into(),
+                name: "time".into(),
+                arguments: String::new(),
+            },
+        ];
+        let result = |id: &str, content: &str| {
+            let mut m = ChatMessage::new(ChatRole::Tool, content);
+            m.tool_call_id = Some(id.into());
+            m
+        };
+        let mut req = TextCompletionRequest {
+            messages: Some(vec![
+                ChatMessage::new(ChatRole::User, "Paris?"),
+                call,
+                result("toolu_1", "sunny"),
+                result("toolu_2", "noon"),
+                ChatMessage::new(ChatRole::User, "And so?"),
+            ]),
+            tools: Some(vec![
+                Tool {
+                    name: "weather".into(),
+                    description: Some("The weather".into()),
+                    parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}}),
+                    strict: None,
+                },
+                Tool {
+                    name: "time".into(),
+                    description: None,
+                    parameters: sluice_schema::tools::no_parameters(),
+                    strict: None,
+                },
+            ]),
+            ..Default::default()
+        };
+        let b = p.body(&req, true).unwrap();
+        assert_eq!(
+            b["tools"],
+            json!([{"name": "weather", "description": "The weather",
+                    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}},
+                   {"name": "time", "input_schema": {"type": "object", "properties": {}}}])
+        );
+        assert!(b.get("tool_choice").is_none(), "{b}");
+        assert_eq!(
+            b["messages"],
+            json!([
+                {"role": "user", "content": [{"type": "text", "text": "Paris?"}]},
+                {"role": "assistant", "content": [
+                    {"type": "text", "text": "Looking."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Paris"}},
+                    {"type": "tool_use", "id": "toolu_2", "name": "time", "input": {}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"},
+                    {"type": "tool_result", "tool_use_id": "toolu_2", "content": "noon"},
+                    {"type": "text", "text": "And so?"}]}
+            ])
+        );
+        let choice =
+            |req: &TextCompletionRequest| p.body(req, true).unwrap()["tool_choice"].clone();
+        req.tool_choice = Some(ToolChoice::Mode(ToolMode::Required));
+        assert_eq!(choice(&req), json!({"type": "any"}));
+        req.tool_choice = Some(ToolChoice::Mode(ToolMode::None));
+        req.parallel_tool_calls = Some(false);
+        assert_eq!(choice(&req), json!({"type": "none"}));
+        req.tool_choice = Some(ToolChoice::Named {
+            name: "time".into(),
+        });
+        assert_eq!(
+            choice(&req),
+            json!({"type": "tool", "name": "time", "disable_parallel_tool_use": true})
+        );
+        req.tool_choice = None;
+        assert_eq!(
+            choice(&req),
+            json!({"type": "auto", "disable_parallel_tool_use": true})
+        );
+        // A call whose arguments are not an object cannot be sent back: a clear refusal.
+        let mut bad = ChatMessage::new(ChatRole::Assistant, "");
+        bad.tool_calls = vec![ToolCall {
+            id: "toolu_9".into(),
+            name: "time".into(),
+            arguments: "[1".into(),
+        }];
+        req.messages = Some(vec![bad]);
+        let e = p.body(&req, true).unwrap_err();
+        assert_eq!(e.kind, FailureKind::BadRequest);
+        assert!(e.message.contains("toolu_9"), "{}", e.message);
+    }
+
+    /// A stream with text, then two tool-use blocks whose events interleave, one of them a
+    /// tool without input: each block one call, numbered as they began, the empty first
+    /// fragment skipped, `{}` for the call without input.
+    #[test]
+    fn streamed_tool_use_blocks_decode_into_numbered_pieces() {
+        let mut d = Decoder::default();
+        let mut pieces = Vec::new();
+        let mut event = |d: &mut Decoder, name: &str, data: Value| match d
+            .event(name, &data.to_string())
+            .unwrap()
+        {
+            Event::Chunk(c) => pieces.extend(c.tool_calls),
+            Event::Ignore | Event::Stop => {}
+        };
+        event(
+            &mut d,
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0,
+            "content_block": {"type": "text", "text": ""}}),
+        );
+        event(
+            &mut d,
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 0}),
+        );
+        event(
+            &mut d,
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 1,
+            "content_block": {"type": "tool_use", "id": "toolu_a", "name": "weather", "input": {}}}),
+        );
+        event(
+            &mut d,
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": ""}}),
+        );
+        event(
+            &mut d,
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 2,
+            "content_block": {"type": "tool_use", "id": "toolu_b", "name": "time", "input": {}}}),
+        );
+        event(
+            &mut d,
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": "{\"city\": "}}),
+        );
+        event(
+            &mut d,
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 2}),
+        );
+        event(
+            &mut d,
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": "\"Paris\"}"}}),
+        );
+        event(
+            &mut d,
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 1}),
+        );
+        let calls = sluice_schema::tools::assemble(&pieces);
+        assert_eq!(
+            calls,
+            vec![
+                ToolCall {
+                    id: "toolu_a".into(),
+                    name: "weather".into(),
+                    arguments: r#"{"city": "Paris"}"#.into()
+                },
+                ToolCall {
+                    id: "toolu_b".into(),
+                    name: "time".into(),
+                    arguments: "{}".into()
+                },
+            ]
+        );
+        assert_eq!(
+            pieces[0].arguments, "",
+            "the first piece names the call only"
+        );
+        let e = Decoder::default()
+            .event(
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":3,"delta":{"type":"input_json_delta","partial_json":"{"}}"#,
+            )
+            .err()
+            .unwrap();
+        assert_eq!(e.kind, FailureKind::Protocol);
+    }
+
+    #[test]
+    fn a_whole_answer_decodes_its_tool_use_blocks() {
+        let done = decode_message(&json!({"type": "message", "role": "assistant",
+            "content": [{"type": "text", "text": "Checking."},
+                        {"type": "tool_use", "id": "toolu_a", "name": "weather", "input": {"city": "Paris"}},
+                        {"type": "tool_use", "id": "toolu_b", "name": "time", "input": {}}],
+            "stop_reason": "tool_use", "usage": {"input_tokens": 3, "output_tokens": 4}}))
+        .unwrap();
+        assert_eq!(done.text, "Checking.");
+        assert_eq!(done.finish_reason.as_deref(), Some("tool_use"));
+        assert_eq!(
+            sluice_schema::tools::assemble(&done.tool_calls),
+            vec![
+                ToolCall {
+                    id: "toolu_a".into(),
+                    name: "weather".into(),
+                    arguments: r#"{"city":"Paris"}"#.into()
+                },
+                ToolCall {
+                    id: "toolu_b".into(),
+                    name: "time".into(),
+                    arguments: "{}".into()
+                },
+            ]
+        );
     }
 }
