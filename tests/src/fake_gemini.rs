@@ -10,6 +10,7 @@
 //! | `bad_key` | 400 `INVALID_ARGUMENT` with reason `API_KEY_INVALID` |
 //! | `blocked` | 200 with `promptFeedback.blockReason: SAFETY` and no candidates |
 //! | `no_finish` | `The`, then the connection closes without a `finishReason` |
+//! | `tools` | function calling, with Gemini's exact shapes: see [`tools`] |
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::{Arc, Mutex};
@@ -25,6 +26,8 @@ use serde_json::{Value, json};
 
 use crate::fake::{Calls, Fake, Step, scripted_body};
 
+pub mod tools;
+
 /// The fake Gemini server.
 pub type FakeGemini = Fake<GeminiSeen>;
 
@@ -33,6 +36,7 @@ pub type FakeGemini = Fake<GeminiSeen>;
 pub struct GeminiSeen {
     calls: Calls,
     keys: Vec<Option<String>>,
+    bodies: Vec<Value>,
     /// Vertex calls: the project, the location and the `Authorization` header.
     vertex: Vec<(String, String, Option<String>)>,
 }
@@ -55,6 +59,11 @@ impl Fake<GeminiSeen> {
     /// Calls received for `model`.
     pub fn calls(&self, model: &str) -> usize {
         self.seen().calls.get(model)
+    }
+
+    /// The body of the last call.
+    pub fn last_body(&self) -> Value {
+        self.seen().bodies.last().cloned().unwrap_or(Value::Null)
     }
 
     /// The last `x-goog-api-key` header.
@@ -90,35 +99,46 @@ async fn generate(
     State(seen): State<Arc<Mutex<GeminiSeen>>>,
     Path(call): Path<String>,
     headers: HeaderMap,
-    Json(_body): Json<Value>,
+    Json(body): Json<Value>,
 ) -> Response {
-    seen.lock()
-        .unwrap()
-        .keys
-        .push(header(&headers, "x-goog-api-key"));
-    answer(&seen, &call)
+    {
+        let mut s = seen.lock().unwrap();
+        s.keys.push(header(&headers, "x-goog-api-key"));
+        s.bodies.push(body.clone());
+    }
+    answer(&seen, &call, &body)
 }
 
 async fn generate_vertex(
     State(seen): State<Arc<Mutex<GeminiSeen>>>,
     Path((project, location, call)): Path<(String, String, String)>,
     headers: HeaderMap,
-    Json(_body): Json<Value>,
+    Json(body): Json<Value>,
 ) -> Response {
     {
         let mut s = seen.lock().unwrap();
         s.keys.push(header(&headers, "x-goog-api-key"));
+        s.bodies.push(body.clone());
         s.vertex
             .push((project, location, header(&headers, "authorization")));
     }
-    answer(&seen, &call)
+    answer(&seen, &call, &body)
 }
 
 /// The scripted answer to `call` (`{model}:streamGenerateContent`).
-fn answer(seen: &Mutex<GeminiSeen>, call: &str) -> Response {
+fn answer(seen: &Mutex<GeminiSeen>, call: &str, body: &Value) -> Response {
     let model = call.split(':').next().unwrap_or("").to_owned();
     let n = seen.lock().unwrap().calls.count(&model);
     let error = |status: StatusCode, body: Value| (status, Json(body)).into_response();
+    if tools::is_tools_model(&model) {
+        return match tools::streamed(body) {
+            Ok(chunks) => scripted_body(
+                chunks.into_iter().map(Step::Send).collect(),
+                "text/event-stream",
+            ),
+            Err(refusal) => error(StatusCode::BAD_REQUEST, refusal),
+        };
+    }
     match (model.as_str(), n) {
         ("bad_key", _) => {
             return error(

@@ -831,14 +831,14 @@ async fn the_official_python_sdk_calls_tools_through_the_gateway() {
     let settings = json!({"base_url": s.url("/v1"), "api_key": TOKEN, "model": "tools",
                           "tools_model": "tools-interleaved", "only": ["tools"]});
     let r = run_python_sdk(&python, &settings).await;
-    check_python_sdk_tools(&r);
+    check_python_sdk_tools(&r, true);
     s.stop().await;
 }
 
 /// What OpenAI's Python SDK must have seen in `tests/py/openai_client.py`'s tool scenarios,
 /// whichever provider answered: both calls whole and streamed, the results answered, each
 /// call's first raw piece, and the parsed Pydantic arguments.
-fn check_python_sdk_tools(r: &Value) {
+fn check_python_sdk_tools(r: &Value, fragmented: bool) {
     let both = json!([
         ["get_weather", "{\"q\":\"Paris\"}"],
         ["get_time", "{\"q\":\"Paris\"}"]
@@ -852,16 +852,143 @@ fn check_python_sdk_tools(r: &Value) {
     );
     assert_eq!(r["tools_stream"]["calls"], both, "{r}");
     assert_eq!(r["tools_stream"]["finish_reason"], "tool_calls");
-    assert!(
-        r["tools_stream"]["argument_deltas"].as_u64().unwrap() > 2,
-        "{r}"
-    );
+    // A provider that streams arguments in fragments gives more deltas than calls; one that
+    // sends each call whole (Gemini), one per call.
+    let deltas = r["tools_stream"]["argument_deltas"].as_u64().unwrap();
+    if fragmented {
+        assert!(deltas > 2, "{r}");
+    } else {
+        assert_eq!(deltas, 2, "{r}");
+    }
     assert_eq!(
         r["tools_raw"]["first_pieces"],
         json!([[0, "function", "get_weather"], [1, "function", "get_time"]]),
         "{r}"
     );
     assert_eq!(r["tools_parse"]["parsed"], "Paris", "{r}");
+}
+
+/// A tool-calling request for `model` with [`weather_tools`], streamed (with usage) or whole.
+fn ask_tools(model: &str, stream: bool) -> Value {
+    let mut body = json!({"model": model, "tools": weather_tools(),
+        "messages": [{"role": "user", "content": "Paris"}]});
+    if stream {
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    body
+}
+
+/// Both weather tools called with the user's text, as (name, arguments).
+fn both_called() -> Vec<(String, String)> {
+    vec![
+        ("get_weather".to_owned(), r#"{"q":"Paris"}"#.to_owned()),
+        ("get_time".to_owned(), r#"{"q":"Paris"}"#.to_owned()),
+    ]
+}
+
+/// A streamed answer's tool calls as an OpenAI client puts them together, checked as OpenAI
+/// sends them: (id, name, arguments) in order, numbered from 0; with the text, the chunks
+/// holding pieces, the one finish reason and the usage.
+struct StreamedTools {
+    calls: Vec<(String, String, String)>,
+    text: String,
+    pieces: usize,
+    finish: Value,
+    usage: Value,
+}
+
+async fn streamed_tools(url: &str, body: Value) -> StreamedTools {
+    let resp = post_to(url, body).await;
+    assert_eq!(resp.status(), 200);
+    let body = resp.bytes().await.unwrap();
+    let data = sse_data(&body);
+    let chunks: Vec<Value> = data
+        .iter()
+        .filter(|d| d.as_str() != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let calls = assemble_streamed(&chunks);
+    let firsts: Vec<u64> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
+        .flatten()
+        .filter(|p| p["id"].is_string())
+        .map(|p| p["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        firsts,
+        (0..calls.len() as u64).collect::<Vec<_>>(),
+        "{data:?}"
+    );
+    let finish: Vec<&Value> = chunks
+        .iter()
+        .map(|c| &c["choices"][0]["finish_reason"])
+        .filter(|f| !f.is_null())
+        .collect();
+    assert_eq!(finish.len(), 1, "{data:?}");
+    StreamedTools {
+        text: chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+            .collect(),
+        pieces: chunks
+            .iter()
+            .filter(|c| c["choices"][0]["delta"]["tool_calls"].is_array())
+            .count(),
+        finish: finish[0].clone(),
+        usage: chunks.last().unwrap()["usage"].clone(),
+        calls,
+    }
+}
+
+/// A whole answer's tool calls as (name, arguments), checking each is a function, with the
+/// answer.
+async fn whole_tools(url: &str, body: Value) -> (Vec<(String, String)>, Value) {
+    let v: Value = post_to(url, body).await.json().await.unwrap();
+    let calls = v["choices"][0]["message"]["tool_calls"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no tool_calls: {v}"))
+        .iter()
+        .map(|c| {
+            assert_eq!(c["type"], "function", "{v}");
+            (
+                c["function"]["name"].as_str().unwrap().to_owned(),
+                c["function"]["arguments"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    (calls, v)
+}
+
+/// The conversation after both weather tools were called with the ids `ids`: the calls and
+/// their results, `sunny` and `noon`.
+fn results_sent_back(ids: [&str; 2]) -> Value {
+    json!({"model": "tools", "tools": weather_tools(), "stream": true,
+        "messages": [
+            {"role": "user", "content": "Paris"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": ids[0], "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{\"q\":\"Paris\"}"}},
+                {"id": ids[1], "type": "function",
+                    "function": {"name": "get_time", "arguments": "{\"q\":\"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": ids[0], "content": "sunny"},
+            {"role": "tool", "tool_call_id": ids[1], "content": "noon"}]})
+}
+
+/// OpenAI's Python SDK's tool scenarios against the gateway at `base` (model `tools`), when
+/// `OPENAI_PY` is set; `fragmented` when the provider streams arguments in fragments.
+async fn python_sdk_tools_against(base: &str, provider: &str, fragmented: bool) {
+    if let Some(python) = sluice_tests::outside_tool(
+        "OPENAI_PY",
+        &format!(
+            "openai_api: OpenAI's Python SDK calling tools on {provider} (scripts/openai-venv.sh)"
+        ),
+    ) {
+        let settings = json!({"base_url": base, "api_key": TOKEN, "model": "tools",
+                              "tools_model": "tools", "only": ["tools"]});
+        check_python_sdk_tools(&run_python_sdk(&python, &settings).await, fragmented);
+    }
 }
 
 /// A processor calling Anthropic (the fake, with Anthropic's exact tool-use events) behind
@@ -887,79 +1014,30 @@ async fn anthropic_tool_use_reaches_openai_callers_as_openai_tool_calls() {
     })
     .await;
     let url = s.url("/v1/chat/completions");
-    let ask = |model: &str, stream: bool| {
-        let mut body = json!({"model": model, "tools": weather_tools(),
-            "messages": [{"role": "user", "content": "Paris"}]});
-        if stream {
-            body["stream"] = json!(true);
-            body["stream_options"] = json!({"include_usage": true});
-        }
-        body
-    };
-    let both = vec![
-        ("get_weather".to_owned(), r#"{"q":"Paris"}"#.to_owned()),
-        ("get_time".to_owned(), r#"{"q":"Paris"}"#.to_owned()),
-    ];
     for model in ["tools", "tools-text"] {
-        let resp = post_to(&url, ask(model, true)).await;
-        assert_eq!(resp.status(), 200, "{model}");
-        let body = resp.bytes().await.unwrap();
-        let data = sse_data(&body);
-        let chunks: Vec<Value> = data
-            .iter()
-            .filter(|d| d.as_str() != "[DONE]")
-            .map(|d| serde_json::from_str(d).unwrap())
-            .collect();
-        let calls = assemble_streamed(&chunks);
+        let got = streamed_tools(&url, ask_tools(model, true)).await;
         assert_eq!(
-            calls
-                .iter()
-                .map(|(_, n, a)| (n.clone(), a.clone()))
+            got.calls,
+            both_called()
+                .into_iter()
+                .zip(["toolu_0_get_weather", "toolu_1_get_time"])
+                .map(|((n, a), id)| (id.to_owned(), n, a))
                 .collect::<Vec<_>>(),
-            both,
-            "{model}: {data:?}"
+            "{model}"
         );
-        assert_eq!(
-            calls
-                .iter()
-                .map(|(id, _, _)| id.as_str())
-                .collect::<Vec<_>>(),
-            ["toolu_0_get_weather", "toolu_1_get_time"]
-        );
-        let indices: Vec<&Value> = chunks
-            .iter()
-            .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
-            .flatten()
-            .filter(|p| p["id"].is_string())
-            .map(|p| &p["index"])
-            .collect();
-        assert_eq!(indices, [&json!(0), &json!(1)], "{model}: numbered from 0");
-        let pieces = chunks
-            .iter()
-            .filter(|c| c["choices"][0]["delta"]["tool_calls"].is_array())
-            .count();
-        assert!(pieces > 6, "{model}: {pieces} pieces");
-        let text: String = chunks
-            .iter()
-            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
-            .collect();
+        assert!(got.pieces > 6, "{model}: {} pieces", got.pieces);
         let want = if model == "tools-text" {
             "Let me look that up."
         } else {
             ""
         };
-        assert_eq!(text, want, "{model}");
-        let finish: Vec<&Value> = chunks
-            .iter()
-            .map(|c| &c["choices"][0]["finish_reason"])
-            .filter(|f| !f.is_null())
-            .collect();
-        assert_eq!(finish, [&json!("tool_calls")], "{model}");
-        let usage = &chunks.last().unwrap()["usage"];
+        assert_eq!(got.text, want, "{model}");
+        assert_eq!(got.finish, "tool_calls", "{model}");
         assert_eq!(
-            (&usage["prompt_tokens"], &usage["completion_tokens"]),
+            (&got.usage["prompt_tokens"], &got.usage["completion_tokens"]),
             (&json!(20), &json!(10)),
-            "{model}: {usage}"
+            "{model}: {}",
+            got.usage
         );
         let sent = fake.last_body();
         assert_eq!(
@@ -975,90 +1053,168 @@ async fn anthropic_tool_use_reaches_openai_callers_as_openai_tool_calls() {
 
     // Whole: `message.tool_calls`, content null (or the text before the calls).
     for model in ["tools", "tools-text"] {
-        let v: Value = post_to(&url, ask(model, false)).await.json().await.unwrap();
-        let message = &v["choices"][0]["message"];
+        let (calls, v) = whole_tools(&url, ask_tools(model, false)).await;
+        assert_eq!(calls, both_called(), "{v}");
         assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
-        let calls: Vec<(String, String)> = message["tool_calls"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| {
-                assert_eq!(c["type"], "function");
-                (
-                    c["function"]["name"].as_str().unwrap().to_owned(),
-                    c["function"]["arguments"].as_str().unwrap().to_owned(),
-                )
-            })
-            .collect();
-        assert_eq!(calls, both, "{v}");
         let want = if model == "tools-text" {
             json!("Let me look that up.")
         } else {
             Value::Null
         };
-        assert_eq!(message["content"], want, "{v}");
+        assert_eq!(v["choices"][0]["message"]["content"], want, "{v}");
         assert_eq!(v["usage"]["total_tokens"], 30, "{v}");
     }
 
     // The results sent back: Anthropic gets the calls as `tool_use` blocks and both results
     // in one user message, and the model answers from them.
-    let next = json!({"model": "tools", "tools": weather_tools(), "stream": true,
-        "messages": [
-            {"role": "user", "content": "Paris"},
-            {"role": "assistant", "content": null, "tool_calls": [
-                {"id": "toolu_0_get_weather", "type": "function",
-                    "function": {"name": "get_weather", "arguments": "{\"q\":\"Paris\"}"}},
-                {"id": "toolu_1_get_time", "type": "function",
-                    "function": {"name": "get_time", "arguments": "{\"q\":\"Paris\"}"}}]},
-            {"role": "tool", "tool_call_id": "toolu_0_get_weather", "content": "sunny"},
-            {"role": "tool", "tool_call_id": "toolu_1_get_time", "content": "noon"}]});
-    let body = post_to(&url, next).await.bytes().await.unwrap();
-    let text: String = sse_data(&body)
-        .iter()
-        .filter(|d| d.as_str() != "[DONE]")
-        .filter_map(|d| {
-            serde_json::from_str::<Value>(d).unwrap()["choices"][0]["delta"]["content"]
-                .as_str()
-                .map(str::to_owned)
-        })
-        .collect();
-    assert_eq!(text, "results: sunny; noon");
+    let ids = ["toolu_0_get_weather", "toolu_1_get_time"];
+    let got = streamed_tools(&url, results_sent_back(ids)).await;
+    assert_eq!(got.text, "results: sunny; noon");
     let sent = fake.last_body();
     assert_eq!(
         sent["messages"],
         json!([
             {"role": "user", "content": [{"type": "text", "text": "Paris"}]},
             {"role": "assistant", "content": [
-                {"type": "tool_use", "id": "toolu_0_get_weather", "name": "get_weather", "input": {"q": "Paris"}},
-                {"type": "tool_use", "id": "toolu_1_get_time", "name": "get_time", "input": {"q": "Paris"}}]},
+                {"type": "tool_use", "id": ids[0], "name": "get_weather", "input": {"q": "Paris"}},
+                {"type": "tool_use", "id": ids[1], "name": "get_time", "input": {"q": "Paris"}}]},
             {"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": "toolu_0_get_weather", "content": "sunny"},
-                {"type": "tool_result", "tool_use_id": "toolu_1_get_time", "content": "noon"}]}
+                {"type": "tool_result", "tool_use_id": ids[0], "content": "sunny"},
+                {"type": "tool_result", "tool_use_id": ids[1], "content": "noon"}]}
         ]),
         "{sent}"
     );
 
     // A named choice with parallel calls off: Anthropic's own choice object.
-    let mut named = ask("tools", false);
+    let mut named = ask_tools("tools", false);
     named["tool_choice"] = json!({"type": "function", "function": {"name": "get_time"}});
     named["parallel_tool_calls"] = json!(false);
-    let v: Value = post_to(&url, named).await.json().await.unwrap();
-    let calls = v["choices"][0]["message"]["tool_calls"].as_array().unwrap();
-    assert_eq!(calls.len(), 1, "{v}");
-    assert_eq!(calls[0]["function"]["name"], "get_time", "{v}");
+    let (calls, v) = whole_tools(&url, named).await;
+    assert_eq!(calls, both_called()[1..], "{v}");
     assert_eq!(
         fake.last_body()["tool_choice"],
         json!({"type": "tool", "name": "get_time", "disable_parallel_tool_use": true})
     );
 
-    if let Some(python) = sluice_tests::outside_tool(
-        "OPENAI_PY",
-        "openai_api: OpenAI's Python SDK calling tools on Anthropic (scripts/openai-venv.sh)",
-    ) {
-        let settings = json!({"base_url": s.url("/v1"), "api_key": TOKEN, "model": "tools",
-                              "tools_model": "tools", "only": ["tools"]});
-        check_python_sdk_tools(&run_python_sdk(&python, &settings).await);
-    }
+    // A call sent back whose arguments are no JSON object cannot be put in Anthropic's terms:
+    // the caller's 400, nothing sent.
+    let calls_before = fake.calls("tools");
+    let mut broken = results_sent_back(ids);
+    broken["messages"][1]["tool_calls"][0]["function"]["arguments"] = json!("[1");
+    let resp = post_to(&url, broken).await;
+    assert_eq!(resp.status(), 400);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("toolu_0_get_weather"),
+        "{v}"
+    );
+    assert_eq!(fake.calls("tools"), calls_before, "nothing sent");
+
+    python_sdk_tools_against(&s.url("/v1"), "Anthropic", true).await;
+    s.stop().await;
+}
+
+/// A processor calling Gemini (the fake, with Gemini's exact function-calling chunks) behind
+/// the OpenAI route: Gemini's whole `functionCall` parts reach an OpenAI caller as OpenAI's
+/// `tool_calls` numbered from 0, with ids sluice made (Gemini gives none) that carry each
+/// call's `thoughtSignature`; Gemini's `STOP` after calls is `finish_reason: tool_calls`;
+/// the tools go as `functionDeclarations` and a named choice as `ANY` with
+/// `allowedFunctionNames`; the calls sent back get their signatures again (the fake refuses
+/// them without, as Gemini 3 does) and the results go as `functionResponse` parts naming
+/// the tools, in one user content. Then OpenAI's Python SDK runs its tool scenarios against
+/// it, sending back the SDK's own message objects, when `OPENAI_PY` is set.
+#[tokio::test]
+async fn gemini_function_calls_reach_openai_callers_as_openai_tool_calls() {
+    use sluice_tests::{RoutedService, fake_gemini::FakeGemini, provider_service};
+    use sluice_text_completion::providers::gemini::{GeminiConfig, GeminiEndpoint, GeminiProvider};
+    let fake = FakeGemini::start().await;
+    let mut config = GeminiConfig::new(GeminiEndpoint::AiStudio, fake.base_url(), "tools");
+    config.credential = Some(Secret::new("gemini-test-key"));
+    let service = provider_service(std::sync::Arc::new(GeminiProvider::new(config).unwrap()));
+    let s = RoutedService::start(service, |gc| {
+        gc.auth = Auth::new(Some(Secret::new(TOKEN)));
+    })
+    .await;
+    let url = s.url("/v1/chat/completions");
+
+    let got = streamed_tools(&url, ask_tools("tools", true)).await;
+    let named: Vec<(String, String)> = got
+        .calls
+        .iter()
+        .map(|(_, n, a)| (n.clone(), a.clone()))
+        .collect();
+    assert_eq!(named, both_called());
+    let ids: Vec<String> = got.calls.iter().map(|(id, _, _)| id.clone()).collect();
+    assert_ne!(ids[0], ids[1]);
+    assert!(ids[0].ends_with("::sig::c2lnLTA="), "{ids:?}");
+    assert!(ids[1].ends_with("::sig::c2lnLTE="), "{ids:?}");
+    assert_eq!(got.text, "");
+    assert_eq!(got.finish, "tool_calls");
+    assert_eq!(got.usage["total_tokens"], 30, "{}", got.usage);
+    let sent = fake.last_body();
+    assert_eq!(
+        sent["tools"],
+        json!([{"functionDeclarations": [
+            {"name": "get_weather", "description": "the weather in a city",
+             "parametersJsonSchema": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}},
+            {"name": "get_time",
+             "parametersJsonSchema": {"type": "object", "properties": {"q": {"type": "string"}}}}]}]),
+        "{sent}"
+    );
+    assert!(sent.get("toolConfig").is_none(), "{sent}");
+
+    let (calls, v) = whole_tools(&url, ask_tools("tools", false)).await;
+    assert_eq!(calls, both_called(), "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+    assert_eq!(v["choices"][0]["message"]["content"], Value::Null, "{v}");
+
+    // The calls sent back with the ids they came with: their signatures restored, the
+    // results named by their tools in one content.
+    let got = streamed_tools(&url, results_sent_back([&ids[0], &ids[1]])).await;
+    assert_eq!(got.text, "results: sunny; noon");
+    assert_eq!(got.finish, "stop");
+    let sent = fake.last_body();
+    assert_eq!(
+        sent["contents"],
+        json!([
+            {"role": "user", "parts": [{"text": "Paris"}]},
+            {"role": "model", "parts": [
+                {"functionCall": {"name": "get_weather", "args": {"q": "Paris"}}, "thoughtSignature": "c2lnLTA="},
+                {"functionCall": {"name": "get_time", "args": {"q": "Paris"}}, "thoughtSignature": "c2lnLTE="}]},
+            {"role": "user", "parts": [
+                {"functionResponse": {"name": "get_weather", "response": {"result": "sunny"}}},
+                {"functionResponse": {"name": "get_time", "response": {"result": "noon"}}}]}
+        ]),
+        "{sent}"
+    );
+    // Without the signatures (ids a caller made up), Gemini's refusal reaches the caller, as
+    // every provider's 400 does: 502, its words.
+    let resp = post_to(&url, results_sent_back(["call_a", "call_b"])).await;
+    assert_eq!(resp.status(), 502);
+    let v: Value = resp.json().await.unwrap();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("thought_signature"),
+        "{v}"
+    );
+
+    // A named choice: ANY, allowed only that function.
+    let mut named = ask_tools("tools", false);
+    named["tool_choice"] = json!({"type": "function", "function": {"name": "get_time"}});
+    let (calls, v) = whole_tools(&url, named).await;
+    assert_eq!(calls, both_called()[1..], "{v}");
+    assert_eq!(
+        fake.last_body()["toolConfig"],
+        json!({"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["get_time"]}})
+    );
+
+    python_sdk_tools_against(&s.url("/v1"), "Gemini", false).await;
     s.stop().await;
 }
 

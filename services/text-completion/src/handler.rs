@@ -272,6 +272,7 @@ impl TextCompletionService {
     ) -> TextCompletionResponse {
         let kind = match e.kind {
             FailureKind::RateLimited => ErrorKind::TooManyRequests,
+            _ if e.unsendable => ErrorKind::InvalidRequest,
             _ => ErrorKind::Llm,
         };
         let (in_token, out_token) = usage.take();

@@ -140,6 +140,9 @@ pub struct ProviderError {
     /// The server's own verdict on retrying (`x-should-retry: true|false`), which overrides
     /// what the kind says, as the official OpenAI and Anthropic SDKs let it.
     pub should_retry: Option<bool>,
+    /// The request cannot be put in this provider's terms (nothing was sent): the caller's to
+    /// fix, so its error record is `invalid-request`, not `llm-error`.
+    pub unsendable: bool,
 }
 
 impl ProviderError {
@@ -151,6 +154,16 @@ impl ProviderError {
             status: None,
             retry_after: None,
             should_retry: None,
+            unsendable: false,
+        }
+    }
+
+    /// A request this provider cannot be sent, for the caller to fix (a [`FailureKind::BadRequest`]
+    /// found before sending).
+    pub fn unsendable(message: impl Into<String>) -> Self {
+        Self {
+            unsendable: true,
+            ..Self::new(FailureKind::BadRequest, message)
         }
     }
 

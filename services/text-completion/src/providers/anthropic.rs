@@ -346,13 +346,10 @@ fn tool_use_block(call: &ToolCall) -> Result<Value, ProviderError> {
         match serde_json::from_str::<Value>(&call.arguments) {
             Ok(v @ Value::Object(_)) => v,
             _ => {
-                return Err(ProviderError::new(
-                    FailureKind::BadRequest,
-                    format!(
-                        "the arguments of tool call {:?} are not a JSON object; Anthropic takes a call's input as one",
-                        call.id
-                    ),
-                ));
+                return Err(ProviderError::unsendable(format!(
+                    "the arguments of tool call {:?} are not a JSON object; Anthropic takes a call's input as one",
+                    call.id
+                )));
             }
         }
     };

@@ -8,6 +8,19 @@
 //! key is reported as 400 `API_KEY_INVALID`. A blocked prompt is a 200 with
 //! `promptFeedback.blockReason` and no candidates.
 //!
+//! Tools: a request's tools go as one `functionDeclarations` tool (each schema as
+//! `parametersJsonSchema`, full JSON Schema), its choice as `toolConfig.functionCallingConfig`
+//! (`AUTO`, `ANY`, `NONE`; a named tool as `ANY` with `allowedFunctionNames`). Gemini has no
+//! switch for parallel calls. A call comes whole in one `functionCall` part (`name`, `args`);
+//! each gets an id (Gemini's own when it gives one) and the number of its order in the
+//! answer. Gemini ends an answer of calls with `STOP`: it is reported as `tool_calls`. A
+//! call's `thoughtSignature` (thinking models) must go back with the call in the next turn,
+//! or Gemini 3 refuses it: it rides in the call's id after [`SIGNATURE_MARK`], so a caller
+//! that sends the call back as it got it (every OpenAI client does) sends the signature too.
+//! Results go back as `functionResponse` parts (the called tool's name, found by the call's
+//! id in the conversation; the result as `response`: a JSON object as it is, anything else
+//! as `{"result": text}`), all results of one turn in one `user` content.
+//!
 //! Vertex wants a short-lived OAuth access token. sluice reads it from the environment or a
 //! file (refreshed by the platform, e.g. a metadata-server sidecar). It does not mint tokens
 //! from service-account keys itself.
@@ -19,12 +32,18 @@ use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sluice_runtime::secret::Secret;
-use sluice_schema::TextCompletionRequest;
+use sluice_schema::{
+    ChatMessage, ChatRole, TextCompletionRequest, ToolCallDelta, ToolChoice, ToolMode,
+};
 
 use crate::{
     provider::{Chunk, ChunkStream, FailureKind, Provider, ProviderError, Usage},
     providers::{Body, HttpTimeouts, SseStep, classify_status, http_client, send, sse_body_chunks},
 };
+
+/// What separates a Gemini call's id from its `thoughtSignature` in the id sluice gives the
+/// call (signatures are base64, so the mark never occurs in one).
+pub const SIGNATURE_MARK: &str = "::sig::";
 
 /// Where the model is served.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,22 +129,47 @@ impl GeminiProvider {
         }
     }
 
-    fn body(&self, request: &TextCompletionRequest) -> Value {
-        // Gemini calls the assistant `model`.
-        let contents: Vec<Value> = request
-            .turns()
-            .into_iter()
-            .map(|t| {
-                let role = match t.role {
-                    // A tool turn never gets here: the handler refuses requests with tools
-                    // for a provider that does not call them (`supports_tools`).
-                    sluice_schema::ChatRole::User | sluice_schema::ChatRole::Tool => "user",
-                    sluice_schema::ChatRole::Assistant => "model",
-                };
-                json!({"role": role, "parts": [{"text": t.content}]})
-            })
-            .collect();
+    fn body(&self, request: &TextCompletionRequest) -> Result<Value, ProviderError> {
+        let contents = if request.uses_tools() {
+            tool_contents(&request.turns())?
+        } else {
+            request
+                .turns()
+                .into_iter()
+                .map(|t| {
+                    // Gemini calls the assistant `model`.
+                    let role = match t.role {
+                        ChatRole::User | ChatRole::Tool => "user",
+                        ChatRole::Assistant => "model",
+                    };
+                    json!({"role": role, "parts": [{"text": t.content}]})
+                })
+                .collect()
+        };
         let mut body = json!({ "contents": contents });
+        if let Some(tools) = request.tools.as_ref().filter(|t| !t.is_empty()) {
+            let declarations: Vec<Value> = tools
+                .iter()
+                .map(|t| {
+                    let mut f = json!({"name": t.name, "parametersJsonSchema": t.parameters});
+                    if let Some(d) = &t.description {
+                        f["description"] = json!(d);
+                    }
+                    f
+                })
+                .collect();
+            body["tools"] = json!([{"functionDeclarations": declarations}]);
+            if let Some(choice) = &request.tool_choice {
+                body["toolConfig"] = json!({"functionCallingConfig": match choice {
+                    ToolChoice::Mode(ToolMode::Auto) => json!({"mode": "AUTO"}),
+                    ToolChoice::Mode(ToolMode::Required) => json!({"mode": "ANY"}),
+                    ToolChoice::Mode(ToolMode::None) => json!({"mode": "NONE"}),
+                    ToolChoice::Named { name } => {
+                        json!({"mode": "ANY", "allowedFunctionNames": [name]})
+                    }
+                }});
+            }
+        }
         if !request.system.is_empty() {
             body["systemInstruction"] = json!({"parts": [{"text": request.system}]});
         }
@@ -148,7 +192,7 @@ impl GeminiProvider {
         if !generation.is_empty() {
             body["generationConfig"] = Value::Object(generation);
         }
-        body
+        Ok(body)
     }
 
     fn http_error(&self, status: StatusCode, body: &str) -> ProviderError {
@@ -194,6 +238,152 @@ impl GeminiProvider {
             .filter(|s| *s >= 0.0)
             .map(Duration::from_secs_f64);
         ProviderError::new(kind, message).with_retry_after(hint)
+    }
+}
+
+/// A conversation that uses tools as Gemini `contents`: an assistant turn's text and a
+/// `functionCall` part per call (its signature, if its id carries one, restored); a tool turn
+/// as a `functionResponse` part naming the tool its call id belongs to. Turns of one role in a
+/// row become one content: Gemini wants every response to a turn's calls together.
+fn tool_contents(turns: &[ChatMessage]) -> Result<Vec<Value>, ProviderError> {
+    let mut contents: Vec<(&'static str, Vec<Value>)> = Vec::new();
+    for (at, turn) in turns.iter().enumerate() {
+        let (role, parts) = match turn.role {
+            ChatRole::User => ("user", text_part(&turn.content)),
+            ChatRole::Assistant => {
+                let mut parts = text_part(&turn.content);
+                for call in &turn.tool_calls {
+                    parts.push(function_call_part(call)?);
+                }
+                ("model", parts)
+            }
+            ChatRole::Tool => {
+                let id = turn.tool_call_id.as_deref().unwrap_or("");
+                // The latest call with this id before the result: ids of calls Gemini gave
+                // none are ours, unique within an answer, not across a conversation.
+                let name = turns[..at]
+                    .iter()
+                    .rev()
+                    .flat_map(|t| t.tool_calls.iter())
+                    .find(|c| c.id == id)
+                    .map(|c| c.name.clone())
+                    .ok_or_else(|| {
+                        ProviderError::unsendable(
+                            format!(
+                                "the tool result for call {id:?} answers no call of the conversation; Gemini needs the called tool's name"
+                            ),
+                        )
+                    })?;
+                let response = match serde_json::from_str::<Value>(&turn.content) {
+                    Ok(v @ Value::Object(_)) => v,
+                    _ => json!({"result": turn.content}),
+                };
+                let mut f = json!({"name": name, "response": response});
+                if let Some(gemini_id) = gemini_call_id(id) {
+                    f["id"] = json!(gemini_id);
+                }
+                ("user", vec![json!({"functionResponse": f})])
+            }
+        };
+        match contents.last_mut() {
+            Some((last, p)) if *last == role => p.extend(parts),
+            _ => contents.push((role, parts)),
+        }
+    }
+    Ok(contents
+        .into_iter()
+        .map(|(role, parts)| json!({"role": role, "parts": parts}))
+        .collect())
+}
+
+/// A text part, or none for empty text.
+fn text_part(text: &str) -> Vec<Value> {
+    if text.is_empty() {
+        Vec::new()
+    } else {
+        vec![json!({"text": text})]
+    }
+}
+
+/// Gemini's own id of a call, when the id sluice gave it came from Gemini (ids sluice made
+/// begin with `sluice_`), without its signature.
+fn gemini_call_id(id: &str) -> Option<&str> {
+    let bare = id.split_once(SIGNATURE_MARK).map_or(id, |(bare, _)| bare);
+    (!bare.starts_with("sluice_") && !bare.is_empty()).then_some(bare)
+}
+
+/// A call the model made earlier, as the `functionCall` part Gemini wants back, with the
+/// `thoughtSignature` its id carries.
+fn function_call_part(call: &sluice_schema::ToolCall) -> Result<Value, ProviderError> {
+    let args = if call.arguments.trim().is_empty() {
+        json!({})
+    } else {
+        match serde_json::from_str::<Value>(&call.arguments) {
+            Ok(v @ Value::Object(_)) => v,
+            _ => {
+                return Err(ProviderError::unsendable(format!(
+                    "the arguments of tool call {:?} are not a JSON object; Gemini takes a call's args as one",
+                    call.id
+                )));
+            }
+        }
+    };
+    let mut f = json!({"name": call.name, "args": args});
+    if let Some(id) = gemini_call_id(&call.id) {
+        f["id"] = json!(id);
+    }
+    let mut part = json!({"functionCall": f});
+    if let Some((_, signature)) = call.id.split_once(SIGNATURE_MARK) {
+        part["thoughtSignature"] = json!(signature);
+    }
+    Ok(part)
+}
+
+/// A stream's decoder: how many calls came so far.
+#[derive(Default)]
+struct Decoder {
+    calls: u32,
+}
+
+impl Decoder {
+    /// One `data:` payload: [`decode_event`], with its `functionCall` parts as whole calls
+    /// numbered across the stream, and `STOP` after calls reported as `tool_calls`.
+    fn event(&mut self, data: &str) -> Result<Chunk, ProviderError> {
+        let mut chunk = decode_event(data)?;
+        let v: Value = serde_json::from_str(data).unwrap_or(Value::Null);
+        if let Some(parts) = v["candidates"][0]["content"]["parts"].as_array() {
+            for part in parts {
+                let f = &part["functionCall"];
+                if !f.is_object() {
+                    continue;
+                }
+                let name = f["name"].as_str().unwrap_or("").to_owned();
+                let mut id = match f["id"].as_str().filter(|id| !id.is_empty()) {
+                    Some(id) => id.to_owned(),
+                    // Unique enough to tell a conversation's calls apart where Gemini
+                    // gives no id of its own.
+                    None => format!("sluice_{:016x}", rand::random::<u64>()),
+                };
+                if let Some(signature) = part["thoughtSignature"].as_str() {
+                    id = format!("{id}{SIGNATURE_MARK}{signature}");
+                }
+                let arguments = match &f["args"] {
+                    Value::Null => "{}".to_owned(),
+                    args => args.to_string(),
+                };
+                chunk.tool_calls.push(ToolCallDelta {
+                    index: self.calls,
+                    id: Some(id),
+                    name: Some(name),
+                    arguments,
+                });
+                self.calls += 1;
+            }
+        }
+        if self.calls > 0 && chunk.finish_reason.as_deref() == Some("STOP") {
+            chunk.finish_reason = Some("tool_calls".to_owned());
+        }
+        Ok(chunk)
     }
 }
 
@@ -256,11 +446,14 @@ pub fn decode_stream(body: Body, timeouts: HttpTimeouts) -> ChunkStream {
         timeouts,
         true,
         "the stream ended without a finishReason: the answer is incomplete",
-        |event| {
-            if event.data.trim().is_empty() {
-                return Ok(SseStep::Skip);
+        {
+            let mut decoder = Decoder::default();
+            move |event| {
+                if event.data.trim().is_empty() {
+                    return Ok(SseStep::Skip);
+                }
+                Ok(SseStep::Chunk(decoder.event(&event.data)?))
             }
-            Ok(SseStep::Chunk(decode_event(&event.data)?))
         },
     )
 }
@@ -286,6 +479,10 @@ impl Provider for GeminiProvider {
         true
     }
 
+    fn supports_tools(&self) -> bool {
+        true
+    }
+
     async fn generate_stream(
         &self,
         request: &TextCompletionRequest,
@@ -296,7 +493,7 @@ impl Provider for GeminiProvider {
         } else {
             std::borrow::Cow::Owned(Self::url_for(&self.config, model))
         };
-        let mut req = self.http.post(url.as_ref()).json(&self.body(request));
+        let mut req = self.http.post(url.as_ref()).json(&self.body(request)?);
         if let Some(c) = &self.config.credential {
             req = match self.config.endpoint {
                 GeminiEndpoint::AiStudio => req.header("x-goog-api-key", c.expose()),
@@ -375,7 +572,7 @@ mod tests {
     fn a_conversation_and_its_settings_map_onto_contents_and_the_model_path() {
         let config = GeminiConfig::new(GeminiEndpoint::AiStudio, "http://127.0.0.1:1", "m");
         let p = GeminiProvider::new(config.clone()).unwrap();
-        let b = p.body(&crate::providers::conversation_request());
+        let b = p.body(&crate::providers::conversation_request()).unwrap();
         assert_eq!(
             b["contents"][1],
             json!({"role": "model", "parts": [{"text": "Paris"}]})
@@ -385,5 +582,126 @@ mod tests {
         assert_eq!(b["generationConfig"]["temperature"], 0.5);
         assert_eq!(b["generationConfig"]["stopSequences"], json!(["END"]));
         assert!(GeminiProvider::url_for(&config, "other-model").contains("/models/other-model:"));
+    }
+
+    /// Tools, each choice, and a conversation with two calls (one of Gemini's own id with a
+    /// signature, one of ours) and their results, as Gemini wants them.
+    #[test]
+    fn tools_choices_and_tool_turns_map_onto_contents() {
+        use sluice_schema::{Tool, ToolCall};
+        let config = GeminiConfig::new(GeminiEndpoint::AiStudio, "http://127.0.0.1:1", "m");
+        let p = GeminiProvider::new(config).unwrap();
+        let mut call = ChatMessage::new(ChatRole::Assistant, "");
+        call.tool_calls = vec![
+            ToolCall {
+                id: format!("g-1{SIGNATURE_MARK}c2lnbmF0dXJl"),
+                name: "weather".into(),
+                arguments: r#"{"city":"Paris"}"#.into(),
+            },
+            ToolCall {
+                id: "sluice_00ff".into(),
+                name: "time".into(),
+                arguments: String::new(),
+            },
+        ];
+        let result = |id: &str, content: &str| {
+            let mut m = ChatMessage::new(ChatRole::Tool, content);
+            m.tool_call_id = Some(id.into());
+            m
+        };
+        let mut req = TextCompletionRequest {
+            messages: Some(vec![
+                ChatMessage::new(ChatRole::User, "Paris?"),
+                call,
+                result(
+                    &format!("g-1{SIGNATURE_MARK}c2lnbmF0dXJl"),
+                    r#"{"sky":"clear"}"#,
+                ),
+                result("sluice_00ff", "noon"),
+            ]),
+            tools: Some(vec![Tool {
+                name: "weather".into(),
+                description: Some("The weather".into()),
+                parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}}),
+                strict: None,
+            }]),
+            ..Default::default()
+        };
+        let b = p.body(&req).unwrap();
+        assert_eq!(
+            b["tools"],
+            json!([{"functionDeclarations": [{"name": "weather", "description": "The weather",
+                "parametersJsonSchema": {"type": "object", "properties": {"city": {"type": "string"}}}}]}])
+        );
+        assert!(b.get("toolConfig").is_none(), "{b}");
+        assert_eq!(
+            b["contents"],
+            json!([
+                {"role": "user", "parts": [{"text": "Paris?"}]},
+                {"role": "model", "parts": [
+                    {"functionCall": {"name": "weather", "args": {"city": "Paris"}, "id": "g-1"},
+                     "thoughtSignature": "c2lnbmF0dXJl"},
+                    {"functionCall": {"name": "time", "args": {}}}]},
+                {"role": "user", "parts": [
+                    {"functionResponse": {"name": "weather", "response": {"sky": "clear"}, "id": "g-1"}},
+                    {"functionResponse": {"name": "time", "response": {"result": "noon"}}}]}
+            ])
+        );
+        let choice = |req: &TextCompletionRequest| p.body(req).unwrap()["toolConfig"].clone();
+        req.tool_choice = Some(ToolChoice::Mode(ToolMode::Required));
+        assert_eq!(
+            choice(&req),
+            json!({"functionCallingConfig": {"mode": "ANY"}})
+        );
+        req.tool_choice = Some(ToolChoice::Named {
+            name: "weather".into(),
+        });
+        assert_eq!(
+            choice(&req),
+            json!({"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["weather"]}})
+        );
+        req.tool_choice = Some(ToolChoice::Mode(ToolMode::None));
+        assert_eq!(
+            choice(&req),
+            json!({"functionCallingConfig": {"mode": "NONE"}})
+        );
+        // A result for a call the conversation never made: Gemini needs a name.
+        req.messages = Some(vec![result("nope", "x")]);
+        let e = p.body(&req).unwrap_err();
+        assert_eq!(e.kind, FailureKind::BadRequest);
+        assert!(e.message.contains("\"nope\""), "{}", e.message);
+    }
+
+    /// `functionCall` parts, whole, numbered across the stream's chunks; Gemini's own id kept,
+    /// ours made where it gives none; a signature carried in the id; `STOP` after calls is
+    /// `tool_calls`, and stays `STOP` after text only.
+    #[test]
+    fn function_call_parts_decode_into_whole_numbered_calls() {
+        let mut d = Decoder::default();
+        let c = d
+            .event(r#"{"candidates":[{"content":{"role":"model","parts":[{"text":"Checking."},{"functionCall":{"name":"weather","args":{"city":"Paris"}},"thoughtSignature":"c2ln"}]},"index":0}]}"#)
+            .unwrap();
+        assert_eq!(c.text, "Checking.");
+        assert_eq!(c.tool_calls.len(), 1);
+        let first = &c.tool_calls[0];
+        assert_eq!(first.index, 0);
+        assert_eq!(first.name.as_deref(), Some("weather"));
+        assert_eq!(first.arguments, r#"{"city":"Paris"}"#);
+        let id = first.id.clone().unwrap();
+        assert!(
+            id.starts_with("sluice_") && id.ends_with("::sig::c2ln"),
+            "{id}"
+        );
+        let c = d
+            .event(r#"{"candidates":[{"content":{"role":"model","parts":[{"functionCall":{"id":"g-7","name":"time"}}]},"finishReason":"STOP","index":0}],"usageMetadata":{"promptTokenCount":9,"candidatesTokenCount":6,"totalTokenCount":15}}"#)
+            .unwrap();
+        assert_eq!(c.tool_calls[0].index, 1);
+        assert_eq!(c.tool_calls[0].id.as_deref(), Some("g-7"));
+        assert_eq!(c.tool_calls[0].arguments, "{}");
+        assert_eq!(c.finish_reason.as_deref(), Some("tool_calls"));
+        let c = Decoder::default()
+            .event(r#"{"candidates":[{"content":{"role":"model","parts":[{"text":"Hi"}]},"finishReason":"STOP","index":0}]}"#)
+            .unwrap();
+        assert_eq!(c.finish_reason.as_deref(), Some("STOP"));
     }
 }
