@@ -30,6 +30,7 @@
 //! | `no_stop` | `Hel`, then the body ends without messageStop |
 //! | `corrupt` | `Hel`, then a frame whose message CRC is wrong |
 //! | `no_metadata` | as `normal` without the metadata frame |
+//! | `tools` | tool use with Converse's exact frames: given `toolConfig.tools` and no `toolResult` in the last user message, calls every tool (up to three; only the named one for `toolChoice.tool`) with input `{"q": "<the last user text>"}`: per call a `contentBlockStart` with `start.toolUse` (`tooluse_<i>_<name>`), the input in `contentBlockDelta` `delta.toolUse.input` fragments of at most six bytes, `contentBlockStop`; `messageStop` `tool_use`, metadata 20 in, 10 out. Given results, answers `results: <each toolResult's text, joined by "; ">` (`end_turn`). `converse` answers the same, whole |
 //!
 //! The non-streaming `converse` answers `Hello world!` (10 in, 5 out) for every script that
 //! does not fail before streaming.
@@ -431,6 +432,100 @@ fn http_failure(script: &str, call: usize) -> Option<Response> {
     })
 }
 
+/// What the `tools` script does with `body`: the calls it makes (id, name, input), or the
+/// text it answers.
+fn tools_turn(body: &Value) -> Result<Vec<(String, String, Value)>, String> {
+    let messages = body["messages"].as_array().cloned().unwrap_or_default();
+    let last_user = messages
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "user")
+        .cloned()
+        .unwrap_or(Value::Null);
+    let blocks = last_user["content"].as_array().cloned().unwrap_or_default();
+    let results: Vec<String> = blocks
+        .iter()
+        .filter_map(|b| b.get("toolResult"))
+        .map(|r| {
+            r["content"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c["text"].as_str())
+                .collect()
+        })
+        .collect();
+    if !results.is_empty() {
+        return Err(format!("results: {}", results.join("; ")));
+    }
+    let tools = body["toolConfig"]["tools"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if tools.is_empty() {
+        return Err("no tools were called".into());
+    }
+    let named = body["toolConfig"]["toolChoice"]["tool"]["name"].as_str();
+    let q: String = blocks.iter().filter_map(|b| b["text"].as_str()).collect();
+    Ok(tools
+        .iter()
+        .filter_map(|t| t["toolSpec"]["name"].as_str())
+        .filter(|n| named.is_none_or(|only| only == *n))
+        .take(3)
+        .enumerate()
+        .map(|(i, name)| {
+            (
+                format!("tooluse_{i}_{name}"),
+                name.to_owned(),
+                json!({"q": q}),
+            )
+        })
+        .collect())
+}
+
+/// The `tools` script's frames for `body`.
+fn tools_frames(body: &Value) -> Vec<u8> {
+    let mut frames = vec![start()];
+    let stop_reason = match tools_turn(body) {
+        Err(text) => {
+            frames.push(delta(&text));
+            frames.push(event("contentBlockStop", json!({"contentBlockIndex": 0})));
+            "end_turn"
+        }
+        Ok(calls) => {
+            for (block, (id, name, input)) in calls.into_iter().enumerate() {
+                frames.push(event(
+                    "contentBlockStart",
+                    json!({"contentBlockIndex": block, "p": "abc",
+                        "start": {"toolUse": {"toolUseId": id, "name": name}}}),
+                ));
+                let text = input.to_string();
+                let chars: Vec<char> = text.chars().collect();
+                for piece in chars.chunks(6) {
+                    let piece: String = piece.iter().collect();
+                    frames.push(event(
+                        "contentBlockDelta",
+                        json!({"contentBlockIndex": block, "p": "abcd",
+                            "delta": {"toolUse": {"input": piece}}}),
+                    ));
+                }
+                frames.push(event(
+                    "contentBlockStop",
+                    json!({"contentBlockIndex": block}),
+                ));
+            }
+            "tool_use"
+        }
+    };
+    frames.push(event("messageStop", json!({"stopReason": stop_reason})));
+    frames.push(event(
+        "metadata",
+        json!({"usage": {"inputTokens": 20, "outputTokens": 10, "totalTokens": 30},
+               "metrics": {"latencyMs": 212}}),
+    ));
+    frames.concat()
+}
+
 async fn converse_stream(
     State(seen): State<Arc<Mutex<BedrockSeen>>>,
     Path(model): Path<String>,
@@ -493,6 +588,9 @@ async fn converse_stream(
                 Step::Bytes(bad),
             ]
         }
+        ("tools", _) => vec![Step::Bytes(tools_frames(
+            &serde_json::from_slice(&body).unwrap_or(Value::Null),
+        ))],
         ("no_metadata", _) => {
             let mut f = normal_frames();
             f.pop();
@@ -516,6 +614,28 @@ async fn converse(
     };
     if let Some(resp) = http_failure(&script, call) {
         return resp;
+    }
+    if script == "tools" {
+        let (content, stop) =
+            match tools_turn(&serde_json::from_slice(&body).unwrap_or(Value::Null)) {
+                Err(text) => (json!([{"text": text}]), "end_turn"),
+                Ok(calls) => (
+                    calls
+                        .into_iter()
+                        .map(|(id, name, input)| {
+                            json!({"toolUse": {"toolUseId": id, "name": name, "input": input}})
+                        })
+                        .collect(),
+                    "tool_use",
+                ),
+            };
+        return Json(json!({
+            "output": {"message": {"role": "assistant", "content": content}},
+            "stopReason": stop,
+            "usage": {"inputTokens": 20, "outputTokens": 10, "totalTokens": 30},
+            "metrics": {"latencyMs": 300}
+        }))
+        .into_response();
     }
     Json(json!({
         "output": {"message": {"role": "assistant", "content": [{"text": "Hello"}, {"text": " world!"}]}},

@@ -964,7 +964,12 @@ async fn whole_tools(url: &str, body: Value) -> (Vec<(String, String)>, Value) {
 /// The conversation after both weather tools were called with the ids `ids`: the calls and
 /// their results, `sunny` and `noon`.
 fn results_sent_back(ids: [&str; 2]) -> Value {
-    json!({"model": "tools", "tools": weather_tools(), "stream": true,
+    results_sent_back_to("tools", ids)
+}
+
+/// [`results_sent_back`] for `model`.
+fn results_sent_back_to(model: &str, ids: [&str; 2]) -> Value {
+    json!({"model": model, "tools": weather_tools(), "stream": true,
         "messages": [
             {"role": "user", "content": "Paris"},
             {"role": "assistant", "content": null, "tool_calls": [
@@ -976,17 +981,17 @@ fn results_sent_back(ids: [&str; 2]) -> Value {
             {"role": "tool", "tool_call_id": ids[1], "content": "noon"}]})
 }
 
-/// OpenAI's Python SDK's tool scenarios against the gateway at `base` (model `tools`), when
+/// OpenAI's Python SDK's tool scenarios against the gateway at `base` (for `model`), when
 /// `OPENAI_PY` is set; `fragmented` when the provider streams arguments in fragments.
-async fn python_sdk_tools_against(base: &str, provider: &str, fragmented: bool) {
+async fn python_sdk_tools_against(base: &str, provider: &str, model: &str, fragmented: bool) {
     if let Some(python) = sluice_tests::outside_tool(
         "OPENAI_PY",
         &format!(
             "openai_api: OpenAI's Python SDK calling tools on {provider} (scripts/openai-venv.sh)"
         ),
     ) {
-        let settings = json!({"base_url": base, "api_key": TOKEN, "model": "tools",
-                              "tools_model": "tools", "only": ["tools"]});
+        let settings = json!({"base_url": base, "api_key": TOKEN, "model": model,
+                              "tools_model": model, "only": ["tools"]});
         check_python_sdk_tools(&run_python_sdk(&python, &settings).await, fragmented);
     }
 }
@@ -1114,7 +1119,7 @@ async fn anthropic_tool_use_reaches_openai_callers_as_openai_tool_calls() {
     );
     assert_eq!(fake.calls("tools"), calls_before, "nothing sent");
 
-    python_sdk_tools_against(&s.url("/v1"), "Anthropic", true).await;
+    python_sdk_tools_against(&s.url("/v1"), "Anthropic", "tools", true).await;
     s.stop().await;
 }
 
@@ -1214,7 +1219,114 @@ async fn gemini_function_calls_reach_openai_callers_as_openai_tool_calls() {
         json!({"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["get_time"]}})
     );
 
-    python_sdk_tools_against(&s.url("/v1"), "Gemini", false).await;
+    python_sdk_tools_against(&s.url("/v1"), "Gemini", "tools", false).await;
+    s.stop().await;
+}
+
+/// A processor calling Bedrock's Converse (the fake, with Converse's exact event-stream
+/// frames, signed with SigV4) behind the OpenAI route: `toolUse` blocks reach an OpenAI
+/// caller as OpenAI's `tool_calls`, streamed (arguments in fragments) and whole (Converse's
+/// own whole answer); `stop_reason: tool_use` is `finish_reason: tool_calls`; the tools go as
+/// `toolConfig` and a named choice as its `toolChoice`; the results sent back go as `toolUse`
+/// and `toolResult` blocks and the model answers from them; `tool_choice: none`, which
+/// Converse lacks, is the caller's 400 and nothing is sent. Then OpenAI's Python SDK runs its
+/// tool scenarios against it, when `OPENAI_PY` is set.
+#[tokio::test]
+async fn bedrock_tool_use_reaches_openai_callers_as_openai_tool_calls() {
+    use sluice_tests::{
+        RoutedService,
+        fake_bedrock::{ACCESS_KEY_ID, FakeBedrock, SECRET_ACCESS_KEY, model_id},
+        provider_service,
+    };
+    use sluice_text_completion::providers::bedrock::{
+        BedrockConfig, BedrockCredentials, BedrockProvider,
+    };
+    let fake = FakeBedrock::start().await;
+    let model = model_id("tools");
+    let mut config = BedrockConfig::new("us-east-1", &model);
+    config.base_url = fake.base_url();
+    config.credentials = BedrockCredentials::SigV4 {
+        access_key_id: Secret::new(ACCESS_KEY_ID),
+        secret_access_key: Secret::new(SECRET_ACCESS_KEY),
+        session_token: None,
+    };
+    let service = provider_service(std::sync::Arc::new(BedrockProvider::new(config).unwrap()));
+    let s = RoutedService::start(service, |gc| {
+        gc.auth = Auth::new(Some(Secret::new(TOKEN)));
+    })
+    .await;
+    let url = s.url("/v1/chat/completions");
+    let ids = ["tooluse_0_get_weather", "tooluse_1_get_time"];
+
+    let got = streamed_tools(&url, ask_tools(&model, true)).await;
+    assert_eq!(
+        got.calls,
+        both_called()
+            .into_iter()
+            .zip(ids)
+            .map(|((n, a), id)| (id.to_owned(), n, a))
+            .collect::<Vec<_>>()
+    );
+    assert!(got.pieces > 4, "{} pieces", got.pieces);
+    assert_eq!(got.finish, "tool_calls");
+    assert_eq!(got.usage["total_tokens"], 30, "{}", got.usage);
+    let sent = fake.last_request().body;
+    assert_eq!(
+        sent["toolConfig"],
+        json!({"tools": [
+            {"toolSpec": {"name": "get_weather", "description": "the weather in a city",
+                "inputSchema": {"json": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}},
+            {"toolSpec": {"name": "get_time",
+                "inputSchema": {"json": {"type": "object", "properties": {"q": {"type": "string"}}}}}}]}),
+        "{sent}"
+    );
+
+    let (calls, v) = whole_tools(&url, ask_tools(&model, false)).await;
+    assert_eq!(calls, both_called(), "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+    assert_eq!(v["choices"][0]["message"]["content"], Value::Null, "{v}");
+    assert!(
+        fake.last_request().raw_path.ends_with("/converse"),
+        "the whole answer's own call"
+    );
+
+    let got = streamed_tools(&url, results_sent_back_to(&model, ids)).await;
+    assert_eq!(got.text, "results: sunny; noon");
+    assert_eq!(
+        fake.last_request().body["messages"],
+        json!([
+            {"role": "user", "content": [{"text": "Paris"}]},
+            {"role": "assistant", "content": [
+                {"toolUse": {"toolUseId": ids[0], "name": "get_weather", "input": {"q": "Paris"}}},
+                {"toolUse": {"toolUseId": ids[1], "name": "get_time", "input": {"q": "Paris"}}}]},
+            {"role": "user", "content": [
+                {"toolResult": {"toolUseId": ids[0], "content": [{"text": "sunny"}]}},
+                {"toolResult": {"toolUseId": ids[1], "content": [{"text": "noon"}]}}]}
+        ])
+    );
+
+    let mut named = ask_tools(&model, false);
+    named["tool_choice"] = json!({"type": "function", "function": {"name": "get_time"}});
+    let (calls, v) = whole_tools(&url, named).await;
+    assert_eq!(calls, both_called()[1..], "{v}");
+    assert_eq!(
+        fake.last_request().body["toolConfig"]["toolChoice"],
+        json!({"tool": {"name": "get_time"}})
+    );
+
+    let before = fake.calls("tools");
+    let mut none = ask_tools(&model, false);
+    none["tool_choice"] = json!("none");
+    let resp = post_to(&url, none).await;
+    assert_eq!(resp.status(), 400);
+    let v: Value = resp.json().await.unwrap();
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("`none`"),
+        "{v}"
+    );
+    assert_eq!(fake.calls("tools"), before, "nothing sent");
+
+    python_sdk_tools_against(&s.url("/v1"), "Bedrock", &model, true).await;
     s.stop().await;
 }
 

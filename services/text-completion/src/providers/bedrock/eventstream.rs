@@ -7,6 +7,8 @@ use futures::StreamExt;
 use serde_json::Value;
 
 use super::usage;
+use sluice_schema::ToolCallDelta;
+
 use crate::provider::{Chunk, FailureKind, ProviderError, Usage};
 
 /// The largest frame accepted. AWS caps an event-stream message at 16 MiB; a larger length
@@ -76,6 +78,12 @@ enum Event {
     Stop(String),
     /// `metadata`, with the usage.
     Metadata(Option<Usage>),
+    /// `contentBlockStart` of a tool use: the block's index, the call's id and name.
+    ToolStart(u64, Option<String>, Option<String>),
+    /// `contentBlockDelta` with a fragment of a tool use's input, and its block's index.
+    ToolInput(u64, String),
+    /// `contentBlockStop`, with the block's index.
+    BlockStop(u64),
     /// `messageStart`, block start/stop, non-text deltas, unknown events.
     Ignore,
 }
@@ -151,12 +159,31 @@ fn decode_frame(message: &Message) -> Result<Event, ProviderError> {
             ));
         }
     }
+    let block = |v: &Value| v["contentBlockIndex"].as_u64().unwrap_or(0);
     Ok(match header(message, ":event-type").unwrap_or("") {
-        "contentBlockDelta" => match payload()?["delta"]["text"].as_str() {
-            Some(text) => Event::Text(text.to_owned()),
-            // Reasoning and tool-use deltas carry no answer text.
-            None => Event::Ignore,
-        },
+        "contentBlockStart" => {
+            let v = payload()?;
+            let tool = &v["start"]["toolUse"];
+            if tool.is_object() {
+                let field = |k: &str| tool[k].as_str().map(str::to_owned);
+                Event::ToolStart(block(&v), field("toolUseId"), field("name"))
+            } else {
+                Event::Ignore
+            }
+        }
+        "contentBlockDelta" => {
+            let v = payload()?;
+            match (
+                v["delta"]["text"].as_str(),
+                v["delta"]["toolUse"]["input"].as_str(),
+            ) {
+                (Some(text), _) => Event::Text(text.to_owned()),
+                (None, Some(input)) => Event::ToolInput(block(&v), input.to_owned()),
+                // Reasoning deltas carry no answer text.
+                (None, None) => Event::Ignore,
+            }
+        }
+        "contentBlockStop" => Event::BlockStop(block(&payload()?)),
         "messageStop" => Event::Stop(
             payload()?["stopReason"]
                 .as_str()
@@ -174,6 +201,22 @@ struct Decoding<B> {
     frames: FrameReader,
     stopped: bool,
     over: bool,
+    /// The tool-use blocks begun: each block's index to its call's number and whether any of
+    /// its input came yet.
+    calls: std::collections::HashMap<u64, (u32, bool)>,
+}
+
+/// A chunk holding one piece of call `index`.
+fn piece(index: u32, id: Option<String>, name: Option<String>, arguments: String) -> Chunk {
+    Chunk {
+        tool_calls: vec![ToolCallDelta {
+            index,
+            id,
+            name,
+            arguments,
+        }],
+        ..Chunk::default()
+    }
 }
 
 /// Turns an event-stream body into chunks; see the `bedrock` module documentation for what
@@ -186,6 +229,7 @@ pub(super) fn event_stream_chunks(
         frames: FrameReader::default(),
         stopped: false,
         over: false,
+        calls: std::collections::HashMap::new(),
     };
     futures::stream::unfold(state, |mut s| async move {
         if s.over {
@@ -197,6 +241,33 @@ pub(super) fn event_stream_chunks(
                 Ok(Some(frame)) => match decode_frame(&frame) {
                     Err(e) => e,
                     Ok(Event::Ignore) => continue,
+                    Ok(Event::ToolStart(block, id, name)) => {
+                        let index = u32::try_from(s.calls.len()).unwrap_or(u32::MAX);
+                        s.calls.insert(block, (index, false));
+                        return Some((Ok(piece(index, id, name, String::new())), s));
+                    }
+                    Ok(Event::ToolInput(block, input)) => match s.calls.get_mut(&block) {
+                        None => ProviderError::new(
+                            FailureKind::Protocol,
+                            format!(
+                                "tool-use input for content block {block}, which began no tool use"
+                            ),
+                        ),
+                        Some(_) if input.is_empty() => continue,
+                        Some((index, any)) => {
+                            *any = true;
+                            let index = *index;
+                            return Some((Ok(piece(index, None, None, input)), s));
+                        }
+                    },
+                    // A tool called without input: `{}`, never empty arguments.
+                    Ok(Event::BlockStop(block)) => match s.calls.get(&block).copied() {
+                        Some((index, false)) => {
+                            s.calls.insert(block, (index, true));
+                            return Some((Ok(piece(index, None, None, "{}".into())), s));
+                        }
+                        _ => continue,
+                    },
                     Ok(Event::Text(text)) if text.is_empty() => continue,
                     Ok(Event::Text(text)) => {
                         let chunk = Chunk {
@@ -321,7 +392,7 @@ mod tests {
             Event::Ignore,
             Event::Text("Hello".into()),
             Event::Text(" world".into()),
-            Event::Ignore,
+            Event::BlockStop(0),
             Event::Stop("end_turn".into()),
             Event::Metadata(Some(Usage {
                 input: 10,
@@ -435,5 +506,76 @@ mod tests {
             items.last().unwrap().as_ref().unwrap_err().kind,
             FailureKind::Truncated
         );
+    }
+
+    /// Text, then two tool-use blocks whose frames interleave, one without input: each block
+    /// one call numbered as they began (block 0 is text), fragments appended, `{}` for the one
+    /// without input; input for a block that began no tool use is a protocol error.
+    #[tokio::test]
+    async fn tool_use_blocks_become_numbered_pieces() {
+        let tool_start = |block: u64, id: &str, name: &str| {
+            event(
+                "contentBlockStart",
+                json!({"contentBlockIndex": block, "start": {"toolUse": {"toolUseId": id, "name": name}}}),
+            )
+        };
+        let input = |block: u64, fragment: &str| {
+            event(
+                "contentBlockDelta",
+                json!({"contentBlockIndex": block, "delta": {"toolUse": {"input": fragment}}}),
+            )
+        };
+        let stop_block =
+            |block: u64| event("contentBlockStop", json!({"contentBlockIndex": block}));
+        let bytes = [
+            event("messageStart", json!({"role": "assistant"})),
+            event(
+                "contentBlockDelta",
+                json!({"contentBlockIndex": 0, "delta": {"text": "Checking."}}),
+            ),
+            stop_block(0),
+            tool_start(1, "tooluse_a", "weather"),
+            tool_start(2, "tooluse_b", "time"),
+            input(1, "{\"city\":"),
+            stop_block(2),
+            input(1, "\"Paris\"}"),
+            stop_block(1),
+            event("messageStop", json!({"stopReason": "tool_use"})),
+        ]
+        .concat();
+        let body = futures::stream::iter(vec![Ok(bytes::Bytes::from(bytes))]);
+        let chunks: Vec<Chunk> = event_stream_chunks(body)
+            .map(Result::unwrap)
+            .collect()
+            .await;
+        let pieces: Vec<ToolCallDelta> = chunks.iter().flat_map(|c| c.tool_calls.clone()).collect();
+        assert_eq!(
+            sluice_schema::tools::assemble(&pieces),
+            vec![
+                sluice_schema::ToolCall {
+                    id: "tooluse_a".into(),
+                    name: "weather".into(),
+                    arguments: r#"{"city":"Paris"}"#.into()
+                },
+                sluice_schema::ToolCall {
+                    id: "tooluse_b".into(),
+                    name: "time".into(),
+                    arguments: "{}".into()
+                },
+            ]
+        );
+        let firsts: Vec<u32> = pieces
+            .iter()
+            .filter(|p| p.id.is_some())
+            .map(|p| p.index)
+            .collect();
+        assert_eq!(firsts, [0, 1], "numbered as they began, not by block");
+        assert_eq!(
+            chunks.last().unwrap().finish_reason.as_deref(),
+            Some("tool_use")
+        );
+        let stray = futures::stream::iter(vec![Ok(bytes::Bytes::from(input(4, "{")))]);
+        let items: Vec<_> = event_stream_chunks(stray).collect().await;
+        assert_eq!(items[0].as_ref().unwrap_err().kind, FailureKind::Protocol);
     }
 }

@@ -15,6 +15,14 @@
 //! the body once `messageStop` was seen). A body that ends before `messageStop` is truncated.
 //! `:message-type` `exception` frames are mid-stream failures classified by `:exception-type`.
 //!
+//! Tools: a request's tools go as `toolConfig.tools` (`toolSpec` with `inputSchema.json`), its
+//! choice as `toolConfig.toolChoice` (`auto`, `any` for required, `tool` for a named one;
+//! Converse has no `none`, so that choice is refused rather than ignored, and no switch for
+//! parallel calls). Calls go back as `toolUse` blocks of the assistant's message and results
+//! as `toolResult` blocks of the user message after it. A streamed call is a content block:
+//! `contentBlockStart` with `start.toolUse` (id, name), `contentBlockDelta` with
+//! `delta.toolUse.input` fragments; each block one call, numbered in the order blocks began.
+//!
 //! This module must never let a credential reach a log, an error, `Debug` output or a
 //! metric: credentials are [`Secret`]s, and signing runs with tracing switched off because
 //! `aws-sigv4` traces the canonical request, which holds the session token.
@@ -30,7 +38,7 @@ use futures::StreamExt;
 use reqwest::{StatusCode, header::HeaderMap};
 use serde_json::{Value, json};
 use sluice_runtime::secret::Secret;
-use sluice_schema::TextCompletionRequest;
+use sluice_schema::{ChatMessage, ChatRole, TextCompletionRequest, ToolChoice, ToolMode};
 
 pub use self::credentials::{
     ACCESS_KEY_ID_VAR, API_KEY_VAR, BedrockCredentials, SECRET_ACCESS_KEY_VAR, SESSION_TOKEN_VAR,
@@ -112,13 +120,44 @@ impl BedrockProvider {
         })
     }
 
-    fn body(&self, request: &TextCompletionRequest) -> Vec<u8> {
-        let messages: Vec<Value> = request
-            .turns()
-            .into_iter()
-            .map(|t| json!({"role": t.role.as_str(), "content": [{"text": t.content}]}))
-            .collect();
+    fn body(&self, request: &TextCompletionRequest) -> Result<Vec<u8>, ProviderError> {
+        let messages: Vec<Value> = if request.uses_tools() {
+            tool_messages(request.turns())?
+        } else {
+            request
+                .turns()
+                .into_iter()
+                .map(|t| json!({"role": t.role.as_str(), "content": [{"text": t.content}]}))
+                .collect()
+        };
         let mut body = json!({ "messages": messages });
+        if let Some(tools) = request.tools.as_ref().filter(|t| !t.is_empty()) {
+            let specs: Vec<Value> = tools
+                .iter()
+                .map(|t| {
+                    let mut spec = json!({"name": t.name, "inputSchema": {"json": t.parameters}});
+                    if let Some(d) = &t.description {
+                        spec["description"] = json!(d);
+                    }
+                    json!({"toolSpec": spec})
+                })
+                .collect();
+            body["toolConfig"] = json!({"tools": specs});
+            match &request.tool_choice {
+                None | Some(ToolChoice::Mode(ToolMode::Auto)) => {}
+                Some(ToolChoice::Mode(ToolMode::Required)) => {
+                    body["toolConfig"]["toolChoice"] = json!({"any": {}});
+                }
+                Some(ToolChoice::Named { name }) => {
+                    body["toolConfig"]["toolChoice"] = json!({"tool": {"name": name}});
+                }
+                Some(ToolChoice::Mode(ToolMode::None)) => {
+                    return Err(ProviderError::unsendable(
+                        "bedrock's Converse has no tool choice `none`: leave the tools out (or the choice) instead",
+                    ));
+                }
+            }
+        }
         if !request.system.is_empty() {
             body["system"] = json!([{"text": request.system}]);
         }
@@ -138,7 +177,7 @@ impl BedrockProvider {
         if !inference.is_empty() {
             body["inferenceConfig"] = Value::Object(inference);
         }
-        body.to_string().into_bytes()
+        Ok(body.to_string().into_bytes())
     }
 
     /// The URL for a request: `configured` (for the configured model), or the same route for
@@ -246,6 +285,61 @@ impl BedrockProvider {
     }
 }
 
+/// A conversation that uses tools as Converse `messages`: an assistant turn's text then a
+/// `toolUse` block per call (its input parsed: Converse takes an object); a tool turn as a
+/// `toolResult` block of a user message. Turns of one role in a row become one message, as
+/// Converse wants a turn's results together in the user message after it.
+fn tool_messages(turns: Vec<ChatMessage>) -> Result<Vec<Value>, ProviderError> {
+    let mut messages: Vec<(&'static str, Vec<Value>)> = Vec::new();
+    let text = |t: String| {
+        if t.is_empty() {
+            Vec::new()
+        } else {
+            vec![json!({"text": t})]
+        }
+    };
+    for turn in turns {
+        let (role, blocks) = match turn.role {
+            ChatRole::Tool => (
+                "user",
+                vec![json!({"toolResult": {
+                    "toolUseId": turn.tool_call_id.unwrap_or_default(),
+                    "content": [{"text": turn.content}]}})],
+            ),
+            ChatRole::User => ("user", text(turn.content)),
+            ChatRole::Assistant => {
+                let mut blocks = text(turn.content);
+                for call in &turn.tool_calls {
+                    let input = if call.arguments.trim().is_empty() {
+                        json!({})
+                    } else {
+                        match serde_json::from_str::<Value>(&call.arguments) {
+                            Ok(v @ Value::Object(_)) => v,
+                            _ => {
+                                return Err(ProviderError::unsendable(format!(
+                                    "the arguments of tool call {:?} are not a JSON object; bedrock takes a call's input as one",
+                                    call.id
+                                )));
+                            }
+                        }
+                    };
+                    blocks.push(json!({"toolUse": {"toolUseId": call.id, "name": call.name,
+                        "input": input}}));
+                }
+                ("assistant", blocks)
+            }
+        };
+        match messages.last_mut() {
+            Some((last, content)) if *last == role => content.extend(blocks),
+            _ => messages.push((role, blocks)),
+        }
+    }
+    Ok(messages
+        .into_iter()
+        .map(|(role, content)| json!({"role": role, "content": content}))
+        .collect())
+}
+
 /// Percent-encodes one URI path segment as the AWS SDKs encode a label: everything but the
 /// unreserved characters, so the `:` of `...-v1:0` is sent as `%3A`, and the `/` of an
 /// inference-profile ARN as `%2F`. The signer encodes the path once more for the canonical
@@ -303,6 +397,10 @@ impl Provider for BedrockProvider {
         true
     }
 
+    fn supports_tools(&self) -> bool {
+        true
+    }
+
     async fn generate_stream(
         &self,
         request: &TextCompletionRequest,
@@ -310,7 +408,7 @@ impl Provider for BedrockProvider {
         let resp = self
             .post(
                 &self.url_for(request, &self.stream_url, "converse-stream"),
-                self.body(request),
+                self.body(request)?,
             )
             .await?;
         Ok(decode_stream(
@@ -323,7 +421,7 @@ impl Provider for BedrockProvider {
         let resp = self
             .post(
                 &self.url_for(request, &self.whole_url, "converse"),
-                self.body(request),
+                self.body(request)?,
             )
             .await?;
         let v: Value = tokio::time::timeout(self.config.timeouts.first_token, resp.json())
@@ -347,6 +445,22 @@ impl Provider for BedrockProvider {
             text: content.iter().filter_map(|c| c["text"].as_str()).collect(),
             usage: usage(&v["usage"]),
             finish_reason: v["stopReason"].as_str().map(str::to_owned),
+            tool_calls: crate::provider::whole_calls(
+                &content
+                    .iter()
+                    .filter_map(|c| c.get("toolUse"))
+                    .zip(0..)
+                    .map(|(t, index)| sluice_schema::ToolCallDelta {
+                        index,
+                        id: t["toolUseId"].as_str().map(str::to_owned),
+                        name: t["name"].as_str().map(str::to_owned),
+                        arguments: match &t["input"] {
+                            Value::Null => "{}".to_owned(),
+                            input => input.to_string(),
+                        },
+                    })
+                    .collect::<Vec<_>>(),
+            ),
             ..Completion::default()
         })
     }
@@ -374,7 +488,7 @@ mod tests {
         config.base_url = "http://127.0.0.1:1".into();
         let p = BedrockProvider::new(config).unwrap();
         let request = crate::providers::conversation_request();
-        let b: Value = serde_json::from_slice(&p.body(&request)).unwrap();
+        let b: Value = serde_json::from_slice(&p.body(&request).unwrap()).unwrap();
         assert_eq!(
             b["messages"][1],
             json!({"role": "assistant", "content": [{"text": "Paris"}]})
@@ -386,6 +500,86 @@ mod tests {
         assert_eq!(
             p.url_for(&request, &p.stream_url, "converse-stream"),
             "http://127.0.0.1:1/model/other-model/converse-stream"
+        );
+    }
+
+    /// Tools, each choice, and a conversation with two calls and their results, as Converse
+    /// wants them; `none`, which Converse lacks, refused.
+    #[test]
+    fn tools_choices_and_tool_turns_map_onto_converse() {
+        use sluice_schema::{Tool, ToolCall};
+        let mut config = BedrockConfig::new("us-east-1", "m");
+        config.base_url = "http://127.0.0.1:1".into();
+        let p = BedrockProvider::new(config).unwrap();
+        let mut call = ChatMessage::new(ChatRole::Assistant, "");
+        call.tool_calls = vec![
+            ToolCall {
+                id: "tooluse_a".into(),
+                name: "weather".into(),
+                arguments: r#"{"city":"Paris"}"#.into(),
+            },
+            ToolCall {
+                id: "tooluse_b".into(),
+                name: "time".into(),
+                arguments: String::new(),
+            },
+        ];
+        let result = |id: &str, content: &str| {
+            let mut m = ChatMessage::new(ChatRole::Tool, content);
+            m.tool_call_id = Some(id.into());
+            m
+        };
+        let mut req = TextCompletionRequest {
+            messages: Some(vec![
+                ChatMessage::new(ChatRole::User, "Paris?"),
+                call,
+                result("tooluse_a", "sunny"),
+                result("tooluse_b", "noon"),
+            ]),
+            tools: Some(vec![Tool {
+                name: "weather".into(),
+                description: Some("The weather".into()),
+                parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}}),
+                strict: None,
+            }]),
+            ..Default::default()
+        };
+        let body = |req: &TextCompletionRequest| -> Value {
+            serde_json::from_slice(&p.body(req).unwrap()).unwrap()
+        };
+        let b = body(&req);
+        assert_eq!(
+            b["toolConfig"],
+            json!({"tools": [{"toolSpec": {"name": "weather", "description": "The weather",
+                "inputSchema": {"json": {"type": "object", "properties": {"city": {"type": "string"}}}}}}]})
+        );
+        assert_eq!(
+            b["messages"],
+            json!([
+                {"role": "user", "content": [{"text": "Paris?"}]},
+                {"role": "assistant", "content": [
+                    {"toolUse": {"toolUseId": "tooluse_a", "name": "weather", "input": {"city": "Paris"}}},
+                    {"toolUse": {"toolUseId": "tooluse_b", "name": "time", "input": {}}}]},
+                {"role": "user", "content": [
+                    {"toolResult": {"toolUseId": "tooluse_a", "content": [{"text": "sunny"}]}},
+                    {"toolResult": {"toolUseId": "tooluse_b", "content": [{"text": "noon"}]}}]}
+            ])
+        );
+        req.tool_choice = Some(ToolChoice::Mode(ToolMode::Required));
+        assert_eq!(body(&req)["toolConfig"]["toolChoice"], json!({"any": {}}));
+        req.tool_choice = Some(ToolChoice::Named {
+            name: "weather".into(),
+        });
+        assert_eq!(
+            body(&req)["toolConfig"]["toolChoice"],
+            json!({"tool": {"name": "weather"}})
+        );
+        req.tool_choice = Some(ToolChoice::Mode(ToolMode::None));
+        let e = p.body(&req).unwrap_err();
+        assert!(
+            e.unsendable && e.message.contains("`none`"),
+            "{}",
+            e.message
         );
     }
 }
