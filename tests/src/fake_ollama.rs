@@ -11,6 +11,7 @@
 //! | `drop_mid_stream` | `The`, then the connection breaks |
 //! | `no_done` | `The`, then the body ends without `done:true` |
 //! | `malformed` | `The`, an unparseable line, ` sky`, `done:true` |
+//! | `tools` | given `tools` and no `tool` message after the last assistant message: one line whose `message.tool_calls` calls every tool (up to three) with `arguments` `{"q": "<the last user text>"}` as an object and no id (as Ollama before ids), then `done:true` with `done_reason: stop` (Ollama's reason after calls too), 20 in, 10 out; given the results, answers `results: <each tool message's content, joined by "; ">`; `stream: false` the same in one object |
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::{
@@ -114,6 +115,9 @@ async fn chat(State(seen): State<Arc<Mutex<OllamaSeen>>>, Json(body): Json<Value
         }
         _ => {}
     }
+    if model == "tools" {
+        return tools_answer(&body);
+    }
     if body["stream"] == json!(false) {
         let v: Value = serde_json::from_str(done(Some(26), 3).trim()).unwrap();
         let mut v = v;
@@ -153,4 +157,49 @@ async fn chat(State(seen): State<Arc<Mutex<OllamaSeen>>>, Json(body): Json<Value
         _ => vec![Step::Send(normal())],
     };
     scripted_body(steps, "application/x-ndjson")
+}
+
+/// The `tools` model's answer to `body`.
+fn tools_answer(body: &Value) -> Response {
+    let messages = body["messages"].as_array().cloned().unwrap_or_default();
+    let after_assistant: Vec<&Value> = messages
+        .iter()
+        .rev()
+        .take_while(|m| m["role"] != "assistant")
+        .collect();
+    let results: Vec<&str> = after_assistant
+        .iter()
+        .rev()
+        .filter(|m| m["role"] == "tool")
+        .filter_map(|m| m["content"].as_str())
+        .collect();
+    let q = messages
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "user")
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or("");
+    let tools = body["tools"].as_array().cloned().unwrap_or_default();
+    let message = if !results.is_empty() {
+        json!({"role": "assistant", "content": format!("results: {}", results.join("; "))})
+    } else if tools.is_empty() {
+        json!({"role": "assistant", "content": "no tools were called"})
+    } else {
+        json!({"role": "assistant", "content": "", "tool_calls": tools.iter().take(3)
+            .map(|t| json!({"function": {"name": t["function"]["name"], "arguments": {"q": q}}}))
+            .collect::<Vec<_>>()})
+    };
+    let mut last = json!({"model": "tools", "created_at": "2025-01-01T00:00:00Z",
+        "message": {"role": "assistant", "content": ""}, "done": true, "done_reason": "stop",
+        "prompt_eval_count": 20, "eval_count": 10});
+    if body["stream"] == json!(false) {
+        last["message"] = message;
+        return Json(last).into_response();
+    }
+    let first = json!({"model": "tools", "created_at": "2025-01-01T00:00:00Z",
+        "message": message, "done": false});
+    scripted_body(
+        vec![Step::Send(format!("{first}\n{last}\n"))],
+        "application/x-ndjson",
+    )
 }

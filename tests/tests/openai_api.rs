@@ -1330,6 +1330,71 @@ async fn bedrock_tool_use_reaches_openai_callers_as_openai_tool_calls() {
     s.stop().await;
 }
 
+/// A processor calling Ollama's native `/api/chat` (the fake, with its NDJSON tool-call lines
+/// and no call ids) behind the OpenAI route: the calls reach an OpenAI caller as OpenAI's
+/// `tool_calls` with ids sluice made, streamed and whole; Ollama's `stop` after calls is
+/// `finish_reason: tool_calls`; the results sent back go as `tool` messages naming the
+/// called tool (`tool_name`, found by the call id), and the model answers from them;
+/// `required`, which Ollama cannot honour, is the caller's 400 and nothing is sent. Then
+/// OpenAI's Python SDK runs its tool scenarios against it, when `OPENAI_PY` is set.
+#[tokio::test]
+async fn ollama_tool_calls_reach_openai_callers_as_openai_tool_calls() {
+    use sluice_tests::{RoutedService, fake_ollama::FakeOllama, provider_service};
+    use sluice_text_completion::providers::ollama::{OllamaConfig, OllamaProvider};
+    let fake = FakeOllama::start().await;
+    let config = OllamaConfig::new(fake.base_url(), "tools");
+    let service = provider_service(std::sync::Arc::new(OllamaProvider::new(config).unwrap()));
+    let s = RoutedService::start(service, |gc| {
+        gc.auth = Auth::new(Some(Secret::new(TOKEN)));
+    })
+    .await;
+    let url = s.url("/v1/chat/completions");
+
+    let got = streamed_tools(&url, ask_tools("tools", true)).await;
+    let named: Vec<(String, String)> = got
+        .calls
+        .iter()
+        .map(|(_, n, a)| (n.clone(), a.clone()))
+        .collect();
+    assert_eq!(named, both_called());
+    let ids: Vec<String> = got.calls.iter().map(|(id, _, _)| id.clone()).collect();
+    assert!(ids[0].starts_with("call_") && ids[0] != ids[1], "{ids:?}");
+    assert_eq!(got.finish, "tool_calls");
+    assert_eq!(got.usage["total_tokens"], 30, "{}", got.usage);
+    assert_eq!(fake.last_body()["tools"], weather_tools());
+
+    let (calls, v) = whole_tools(&url, ask_tools("tools", false)).await;
+    assert_eq!(calls, both_called(), "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+    assert_eq!(v["choices"][0]["message"]["content"], Value::Null, "{v}");
+
+    let got = streamed_tools(&url, results_sent_back([&ids[0], &ids[1]])).await;
+    assert_eq!(got.text, "results: sunny; noon");
+    assert_eq!(got.finish, "stop");
+    let sent = fake.last_body()["messages"].clone();
+    assert_eq!(
+        sent[1]["tool_calls"],
+        json!([{"id": ids[0], "function": {"name": "get_weather", "arguments": {"q": "Paris"}}},
+               {"id": ids[1], "function": {"name": "get_time", "arguments": {"q": "Paris"}}}]),
+        "{sent}"
+    );
+    assert_eq!(
+        sent[2],
+        json!({"role": "tool", "content": "sunny", "tool_name": "get_weather", "tool_call_id": ids[0]})
+    );
+    assert_eq!(sent[3]["tool_name"], "get_time", "{sent}");
+
+    let before = fake.calls("tools");
+    let mut required = ask_tools("tools", false);
+    required["tool_choice"] = json!("required");
+    let resp = post_to(&url, required).await;
+    assert_eq!(resp.status(), 400);
+    assert_eq!(fake.calls("tools"), before, "nothing sent");
+
+    python_sdk_tools_against(&s.url("/v1"), "Ollama", "tools", false).await;
+    s.stop().await;
+}
+
 /// Runs `tests/py/openai_client.py` (OpenAI's Python SDK) with `settings` under `python`;
 /// its findings, once it exited successfully.
 async fn run_python_sdk(python: &str, settings: &Value) -> Value {

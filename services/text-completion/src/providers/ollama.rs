@@ -6,6 +6,15 @@
 //! 0) and `eval_count`. Errors are `{"error":"..."}`, both as an HTTP error body and as a line
 //! after a 200. A stream that ends without `done:true` is truncated. `options` carries
 //! `temperature`, `num_ctx` (the context window) and `num_predict`.
+//!
+//! Tools: a request's tools go as `tools` (OpenAI's function shape). Ollama has no tool
+//! choice: `none` leaves the tools out, `auto` sends them, and `required` or a named tool,
+//! which it cannot honour, is refused rather than ignored. A call comes whole in a line's
+//! `message.tool_calls` (`function.name`, `function.arguments` as an object, an `id` from
+//! newer servers; one is made where none is given); calls are numbered across the stream, and
+//! `done_reason: stop` after calls is `tool_calls`. Calls go back as the assistant's
+//! `tool_calls` and results as `tool` messages with the called tool's `tool_name` (found by
+//! the call's id in the conversation) and its `tool_call_id`.
 
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -14,7 +23,7 @@ use sluice_runtime::{
     ndjson::{LineError, LineSplitter},
     secret::Secret,
 };
-use sluice_schema::TextCompletionRequest;
+use sluice_schema::{ChatRole, TextCompletionRequest, ToolCallDelta, ToolChoice, ToolMode};
 use tracing::warn;
 
 use crate::{
@@ -79,13 +88,51 @@ impl OllamaProvider {
         Ok(Self { config, http, url })
     }
 
-    fn body(&self, request: &TextCompletionRequest, stream: bool) -> Value {
+    fn body(&self, request: &TextCompletionRequest, stream: bool) -> Result<Value, ProviderError> {
         let mut messages = Vec::new();
         if !request.system.is_empty() {
             messages.push(json!({"role": "system", "content": request.system}));
         }
-        for turn in request.turns() {
-            messages.push(json!({"role": turn.role.as_str(), "content": turn.content}));
+        let turns = request.turns();
+        for (at, turn) in turns.iter().enumerate() {
+            let mut m = json!({"role": turn.role.as_str(), "content": turn.content});
+            if !turn.tool_calls.is_empty() {
+                m["tool_calls"] = turn
+                    .tool_calls
+                    .iter()
+                    .map(|c| {
+                        let arguments = if c.arguments.trim().is_empty() {
+                            json!({})
+                        } else {
+                            match serde_json::from_str::<Value>(&c.arguments) {
+                                Ok(v @ Value::Object(_)) => v,
+                                _ => {
+                                    return Err(ProviderError::unsendable(format!(
+                                        "the arguments of tool call {:?} are not a JSON object; ollama takes a call's arguments as one",
+                                        c.id
+                                    )));
+                                }
+                            }
+                        };
+                        Ok(json!({"id": c.id, "function": {"name": c.name, "arguments": arguments}}))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+                    .into();
+            }
+            if turn.role == ChatRole::Tool {
+                let id = turn.tool_call_id.as_deref().unwrap_or("");
+                // Ollama matches a result to its call by the tool's name.
+                if let Some(call) = turns[..at]
+                    .iter()
+                    .rev()
+                    .flat_map(|t| t.tool_calls.iter())
+                    .find(|c| c.id == id)
+                {
+                    m["tool_name"] = json!(call.name);
+                }
+                m["tool_call_id"] = json!(id);
+            }
+            messages.push(m);
         }
         let mut options = serde_json::Map::new();
         if let Some(t) = request
@@ -111,7 +158,30 @@ impl OllamaProvider {
         if request.response_format.as_deref() == Some("json") {
             body["format"] = request.schema.clone().unwrap_or_else(|| json!("json"));
         }
-        body
+        if let Some(tools) = request.tools.as_ref().filter(|t| !t.is_empty()) {
+            match &request.tool_choice {
+                None | Some(ToolChoice::Mode(ToolMode::Auto)) => {
+                    body["tools"] = tools
+                        .iter()
+                        .map(|t| {
+                            let mut f = json!({"name": t.name, "parameters": t.parameters});
+                            if let Some(d) = &t.description {
+                                f["description"] = json!(d);
+                            }
+                            json!({"type": "function", "function": f})
+                        })
+                        .collect();
+                }
+                // No tools offered: no call can be made, as `none` asks.
+                Some(ToolChoice::Mode(ToolMode::None)) => {}
+                Some(ToolChoice::Mode(ToolMode::Required) | ToolChoice::Named { .. }) => {
+                    return Err(ProviderError::unsendable(
+                        "ollama has no tool choice: it cannot be made to call a tool (`required` or a named tool); leave tool_choice out",
+                    ));
+                }
+            }
+        }
+        Ok(body)
     }
 
     async fn post(&self, body: &Value) -> Result<reqwest::Response, ProviderError> {
@@ -165,6 +235,13 @@ fn queue_lines(lines: Vec<Result<sluice_runtime::ndjson::Line, LineError>>, read
     }
 }
 
+/// Ollama ends an answer of tool calls with `stop`: it is `tool_calls`.
+fn tool_calls_finish(reason: &mut Option<String>) {
+    if reason.as_deref() == Some("stop") {
+        *reason = Some("tool_calls".to_owned());
+    }
+}
+
 /// Decodes one NDJSON line: a chunk, or the provider's error.
 fn decode_line(line: &str) -> Result<(Chunk, bool), ProviderError> {
     let v: Value = serde_json::from_str(line).map_err(|e| {
@@ -180,8 +257,29 @@ fn decode_line(line: &str) -> Result<(Chunk, bool), ProviderError> {
         ));
     }
     let done = v["done"].as_bool().unwrap_or(false);
+    let tool_calls: Vec<ToolCallDelta> = v["message"]["tool_calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .zip(0..)
+        .map(|(c, index)| ToolCallDelta {
+            index,
+            id: Some(c["id"].as_str().filter(|id| !id.is_empty()).map_or_else(
+                || format!("call_{:016x}", rand::random::<u64>()),
+                str::to_owned,
+            )),
+            name: c["function"]["name"].as_str().map(str::to_owned),
+            arguments: match &c["function"]["arguments"] {
+                Value::Null => "{}".to_owned(),
+                // Some servers send the arguments as JSON text, as OpenAI does.
+                Value::String(text) => text.clone(),
+                args => args.to_string(),
+            },
+        })
+        .collect();
     let chunk = Chunk {
         text: v["message"]["content"].as_str().unwrap_or("").to_owned(),
+        tool_calls,
         usage: done.then(|| Usage {
             input: v["prompt_eval_count"].as_u64().unwrap_or(0),
             output: v["eval_count"].as_u64().unwrap_or(0),
@@ -201,18 +299,28 @@ pub fn decode_stream(body: Body, timeouts: HttpTimeouts) -> ChunkStream {
         lines: LineSplitter,
         ready: Ready,
         over: bool,
+        /// Tool calls so far: a line numbers its own from 0.
+        calls: u32,
     }
     let state = State {
         bytes: body,
         lines: LineSplitter::new(MAX_LINE),
         ready: Default::default(),
         over: false,
+        calls: 0,
     };
     let stream = futures::stream::unfold(state, move |mut st| async move {
         loop {
             if let Some(item) = st.ready.pop_front() {
                 return match item {
-                    Ok((chunk, done)) => {
+                    Ok((mut chunk, done)) => {
+                        for call in &mut chunk.tool_calls {
+                            call.index += st.calls;
+                        }
+                        st.calls += u32::try_from(chunk.tool_calls.len()).unwrap_or(0);
+                        if st.calls > 0 {
+                            tool_calls_finish(&mut chunk.finish_reason);
+                        }
                         if done {
                             st.over = true;
                             st.ready.clear();
@@ -278,11 +386,15 @@ impl Provider for OllamaProvider {
         true
     }
 
+    fn supports_tools(&self) -> bool {
+        true
+    }
+
     async fn generate_stream(
         &self,
         request: &TextCompletionRequest,
     ) -> Result<ChunkStream, ProviderError> {
-        let resp = self.post(&self.body(request, true)).await?;
+        let resp = self.post(&self.body(request, true)?).await?;
         Ok(decode_stream(
             resp.bytes_stream().boxed(),
             self.config.timeouts,
@@ -290,7 +402,7 @@ impl Provider for OllamaProvider {
     }
 
     async fn generate(&self, request: &TextCompletionRequest) -> Result<Completion, ProviderError> {
-        let resp = self.post(&self.body(request, false)).await?;
+        let resp = self.post(&self.body(request, false)?).await?;
         let text = tokio::time::timeout(self.config.timeouts.first_token, resp.text())
             .await
             .map_err(|_| ProviderError::new(FailureKind::Timeout, "no answer in time"))?
@@ -302,10 +414,15 @@ impl Provider for OllamaProvider {
                 "the answer has no done:true",
             ));
         }
+        let mut finish_reason = chunk.finish_reason;
+        if !chunk.tool_calls.is_empty() {
+            tool_calls_finish(&mut finish_reason);
+        }
         Ok(Completion {
             text: chunk.text,
             usage: chunk.usage,
-            finish_reason: chunk.finish_reason,
+            finish_reason,
+            tool_calls: chunk.tool_calls,
             ..Completion::default()
         })
     }
@@ -345,13 +462,15 @@ mod tests {
         c.temperature = Some(0.3);
         let p = OllamaProvider::new(c).unwrap();
         assert_eq!(p.url, "http://h:11434/api/chat");
-        let b = p.body(
-            &TextCompletionRequest {
-                prompt: "x".into(),
-                ..Default::default()
-            },
-            true,
-        );
+        let b = p
+            .body(
+                &TextCompletionRequest {
+                    prompt: "x".into(),
+                    ..Default::default()
+                },
+                true,
+            )
+            .unwrap();
         assert_eq!(b["options"]["num_ctx"], 8192);
         assert_eq!(b["stream"], true);
     }
@@ -359,7 +478,9 @@ mod tests {
     #[test]
     fn a_conversation_and_its_settings_map_onto_chat_options() {
         let p = OllamaProvider::new(OllamaConfig::new("http://127.0.0.1:1", "m")).unwrap();
-        let b = p.body(&crate::providers::conversation_request(), true);
+        let b = p
+            .body(&crate::providers::conversation_request(), true)
+            .unwrap();
         assert_eq!(b["model"], "other-model");
         assert_eq!(b["messages"].as_array().unwrap().len(), 4);
         assert_eq!(
@@ -369,5 +490,90 @@ mod tests {
         assert_eq!(b["options"]["temperature"], 0.5);
         assert_eq!(b["options"]["num_predict"], 9);
         assert_eq!(b["options"]["stop"], json!(["END"]));
+    }
+
+    /// Tools, each choice, and a conversation with a call and its result, as Ollama wants
+    /// them; a choice Ollama cannot honour refused.
+    #[test]
+    fn tools_choices_and_tool_turns_map_onto_chat() {
+        use sluice_schema::{ChatMessage, Tool, ToolCall};
+        let p = OllamaProvider::new(OllamaConfig::new("http://127.0.0.1:1", "m")).unwrap();
+        let mut call = ChatMessage::new(ChatRole::Assistant, "");
+        call.tool_calls = vec![ToolCall {
+            id: "call_1".into(),
+            name: "weather".into(),
+            arguments: r#"{"city":"Paris"}"#.into(),
+        }];
+        let mut result = ChatMessage::new(ChatRole::Tool, "sunny");
+        result.tool_call_id = Some("call_1".into());
+        let mut req = TextCompletionRequest {
+            messages: Some(vec![
+                ChatMessage::new(ChatRole::User, "Paris?"),
+                call,
+                result,
+            ]),
+            tools: Some(vec![Tool {
+                name: "weather".into(),
+                description: None,
+                parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}}),
+                strict: None,
+            }]),
+            ..Default::default()
+        };
+        let b = p.body(&req, true).unwrap();
+        assert_eq!(
+            b["tools"],
+            json!([{"type": "function", "function": {"name": "weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])
+        );
+        assert_eq!(
+            b["messages"][1],
+            json!({"role": "assistant", "content": "", "tool_calls": [
+                {"id": "call_1", "function": {"name": "weather", "arguments": {"city": "Paris"}}}]})
+        );
+        assert_eq!(
+            b["messages"][2],
+            json!({"role": "tool", "content": "sunny", "tool_name": "weather", "tool_call_id": "call_1"})
+        );
+        req.tool_choice = Some(ToolChoice::Mode(ToolMode::None));
+        assert!(p.body(&req, true).unwrap().get("tools").is_none());
+        for choice in [
+            ToolChoice::Mode(ToolMode::Required),
+            ToolChoice::Named {
+                name: "weather".into(),
+            },
+        ] {
+            req.tool_choice = Some(choice);
+            let e = p.body(&req, true).unwrap_err();
+            assert!(e.unsendable, "{}", e.message);
+        }
+    }
+
+    /// Calls come whole in a line, numbered across the stream; `stop` after them is
+    /// `tool_calls`; ids made where the server gives none.
+    #[tokio::test]
+    async fn tool_call_lines_decode_into_numbered_calls() {
+        let lines = [
+            r#"{"message":{"role":"assistant","content":"","tool_calls":[{"function":{"name":"weather","arguments":{"city":"Paris"}}}]},"done":false}"#,
+            r#"{"message":{"role":"assistant","content":"","tool_calls":[{"id":"call_x","function":{"index":0,"name":"time","arguments":{}}}]},"done":false}"#,
+            r#"{"message":{"role":"assistant","content":""},"done":true,"done_reason":"stop","prompt_eval_count":3,"eval_count":4}"#,
+        ]
+        .join("\n")
+            + "\n";
+        let body = futures::stream::iter(vec![Ok(bytes::Bytes::from(lines))]).boxed();
+        let chunks: Vec<Chunk> = decode_stream(body, HttpTimeouts::default())
+            .map(Result::unwrap)
+            .collect()
+            .await;
+        let pieces: Vec<ToolCallDelta> = chunks.iter().flat_map(|c| c.tool_calls.clone()).collect();
+        assert_eq!(pieces.iter().map(|p| p.index).collect::<Vec<_>>(), [0, 1]);
+        assert!(pieces[0].id.as_deref().unwrap().starts_with("call_"));
+        assert_eq!(pieces[1].id.as_deref(), Some("call_x"));
+        assert_eq!(pieces[0].arguments, r#"{"city":"Paris"}"#);
+        assert_eq!(pieces[1].arguments, "{}");
+        assert_eq!(
+            chunks.last().unwrap().finish_reason.as_deref(),
+            Some("tool_calls")
+        );
     }
 }
