@@ -1395,6 +1395,75 @@ async fn ollama_tool_calls_reach_openai_callers_as_openai_tool_calls() {
     s.stop().await;
 }
 
+/// A processor calling Cohere's v2 chat (the fake, with Cohere's tool-plan and tool-call
+/// events) behind the OpenAI route: the plan reaches the caller as text before the calls,
+/// the calls as OpenAI's `tool_calls` (arguments in fragments), `TOOL_CALL` as
+/// `finish_reason: tool_calls`; the calls go back with the text as `tool_plan` and the
+/// results as `tool` messages, and the model answers from them; a named choice, which Cohere
+/// lacks, is the caller's 400. Then OpenAI's Python SDK's tool scenarios, when `OPENAI_PY` is
+/// set (the plan is the whole answer's `content`, so that scenario is checked here instead).
+#[tokio::test]
+async fn cohere_tool_calls_reach_openai_callers_as_openai_tool_calls() {
+    use sluice_tests::{RoutedService, fake_cohere::FakeCohere, provider_service};
+    use sluice_text_completion::providers::cohere::{CohereConfig, CohereProvider};
+    let fake = FakeCohere::start().await;
+    let mut config = CohereConfig::new(fake.base_url(), "tools");
+    config.api_key = Some(Secret::new("co-test-key"));
+    let service = provider_service(std::sync::Arc::new(CohereProvider::new(config).unwrap()));
+    let s = RoutedService::start(service, |gc| {
+        gc.auth = Auth::new(Some(Secret::new(TOKEN)));
+    })
+    .await;
+    let url = s.url("/v1/chat/completions");
+    let ids = ["get_weather_0", "get_time_1"];
+
+    let got = streamed_tools(&url, ask_tools("tools", true)).await;
+    assert_eq!(
+        got.calls,
+        both_called()
+            .into_iter()
+            .zip(ids)
+            .map(|((n, a), id)| (id.to_owned(), n, a))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(got.text, "I will look that up.");
+    assert!(got.pieces > 4, "{} pieces", got.pieces);
+    assert_eq!(got.finish, "tool_calls");
+    assert_eq!(got.usage["total_tokens"], 30, "{}", got.usage);
+    assert_eq!(fake.last_body()["tools"], weather_tools());
+
+    let (calls, v) = whole_tools(&url, ask_tools("tools", false)).await;
+    assert_eq!(calls, both_called(), "{v}");
+    assert_eq!(
+        v["choices"][0]["message"]["content"], "I will look that up.",
+        "{v}"
+    );
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+
+    let mut back = results_sent_back(ids);
+    back["messages"][1]["content"] = json!("I will look that up.");
+    let got = streamed_tools(&url, back).await;
+    assert_eq!(got.text, "results: sunny; noon");
+    let sent = fake.last_body()["messages"].clone();
+    assert_eq!(sent[1]["tool_plan"], "I will look that up.", "{sent}");
+    assert!(sent[1].get("content").is_none(), "{sent}");
+    assert_eq!(sent[1]["tool_calls"][1]["id"], ids[1], "{sent}");
+    assert_eq!(
+        sent[2],
+        json!({"role": "tool", "content": "sunny", "tool_call_id": ids[0]})
+    );
+
+    let mut required = ask_tools("tools", false);
+    required["tool_choice"] = json!("required");
+    let (calls, _) = whole_tools(&url, required).await;
+    assert_eq!(calls.len(), 2);
+    assert_eq!(fake.last_body()["tool_choice"], "REQUIRED");
+    let mut named = ask_tools("tools", false);
+    named["tool_choice"] = json!({"type": "function", "function": {"name": "get_time"}});
+    assert_eq!(post_to(&url, named).await.status(), 400);
+    s.stop().await;
+}
+
 /// Runs `tests/py/openai_client.py` (OpenAI's Python SDK) with `settings` under `python`;
 /// its findings, once it exited successfully.
 async fn run_python_sdk(python: &str, settings: &Value) -> Value {

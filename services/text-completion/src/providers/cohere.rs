@@ -6,13 +6,22 @@
 //! `ERROR`) and usage: `tokens` (what the model processed, used here) and `billed_units`. A
 //! `[DONE]` may follow. A stream without `message-end` is truncated. Errors are
 //! `{"message": "..."}`.
+//!
+//! Tools: a request's tools go as `tools` (OpenAI's function shape), `required` and `none` as
+//! `tool_choice` `REQUIRED` and `NONE`; Cohere cannot be made to call one named tool, so that
+//! choice is refused rather than ignored, and it has no switch for parallel calls. A streamed
+//! call is `tool-call-start` (its `index`, id and name in `delta.message.tool_calls`, an
+//! object), `tool-call-delta` argument fragments, `tool-call-end` (`{}` for a call without
+//! arguments); the model's `tool-plan-delta` text before its calls is answer text.
+//! `finish_reason: TOOL_CALL` is `tool_calls`. Calls go back as the assistant's `tool_calls`
+//! with its text as `tool_plan`, results as `tool` messages with their `tool_call_id`.
 
 use async_trait::async_trait;
 use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sluice_runtime::secret::Secret;
-use sluice_schema::TextCompletionRequest;
+use sluice_schema::{ChatRole, TextCompletionRequest, ToolCallDelta, ToolChoice, ToolMode};
 
 use crate::{
     provider::{Chunk, ChunkStream, FailureKind, Provider, ProviderError, Usage},
@@ -68,14 +77,26 @@ impl CohereProvider {
         Ok(Self { config, http, url })
     }
 
-    fn body(&self, request: &TextCompletionRequest) -> Value {
+    fn body(&self, request: &TextCompletionRequest) -> Result<Value, ProviderError> {
         let mut messages = Vec::new();
 
         if !request.system.is_empty() {
             messages.push(json!({"role": "system", "content": request.system}));
         }
         for turn in request.turns() {
-            messages.push(json!({"role": turn.role.as_str(), "content": turn.content}));
+            let mut m = json!({"role": turn.role.as_str(), "content": turn.content});
+            if turn.role == ChatRole::Tool {
+                m["tool_call_id"] = json!(turn.tool_call_id.unwrap_or_default());
+            } else if !turn.tool_calls.is_empty() {
+                // Cohere takes what the model said before its calls as the plan, not content.
+                m = json!({"role": "assistant",
+                    "tool_calls": turn.tool_calls.iter().map(sluice_schema::tools::openai_call)
+                        .collect::<Vec<_>>()});
+                if !turn.content.is_empty() {
+                    m["tool_plan"] = json!(turn.content);
+                }
+            }
+            messages.push(m);
         }
         let model = crate::providers::model_for(request, &self.config.model);
         let mut body = json!({"model": model, "messages": messages, "stream": true});
@@ -91,7 +112,31 @@ impl CohereProvider {
         if let Some(stop) = request.stop.as_ref().filter(|s| !s.is_empty()) {
             body["stop_sequences"] = json!(stop);
         }
-        body
+        if let Some(tools) = request.tools.as_ref().filter(|t| !t.is_empty()) {
+            body["tools"] = tools
+                .iter()
+                .map(|t| {
+                    let mut f = json!({"name": t.name, "parameters": t.parameters});
+                    if let Some(d) = &t.description {
+                        f["description"] = json!(d);
+                    }
+                    json!({"type": "function", "function": f})
+                })
+                .collect();
+            match &request.tool_choice {
+                None | Some(ToolChoice::Mode(ToolMode::Auto)) => {}
+                Some(ToolChoice::Mode(ToolMode::Required)) => {
+                    body["tool_choice"] = json!("REQUIRED")
+                }
+                Some(ToolChoice::Mode(ToolMode::None)) => body["tool_choice"] = json!("NONE"),
+                Some(ToolChoice::Named { .. }) => {
+                    return Err(ProviderError::unsendable(
+                        "cohere cannot be made to call one named tool: use `required`, or offer only that tool",
+                    ));
+                }
+            }
+        }
+        Ok(body)
     }
 
     fn http_error(&self, status: StatusCode, body: &str) -> ProviderError {
@@ -118,6 +163,96 @@ enum Event {
     Chunk(Chunk),
     End(Chunk),
     Ignore,
+}
+
+/// A stream's decoder: the calls begun, Cohere's index to ours and whether any arguments came.
+#[derive(Default)]
+struct Decoder {
+    calls: std::collections::HashMap<u64, (u32, bool)>,
+}
+
+impl Decoder {
+    fn event(&mut self, name: &str, data: &str) -> Result<Event, ProviderError> {
+        // Events named only by their `type` (no `event:` line) are read the same way.
+        let typed: Option<Value> = (name.is_empty() || name == "message")
+            .then(|| serde_json::from_str(data).ok())
+            .flatten();
+        let kind = typed
+            .as_ref()
+            .and_then(|v| v["type"].as_str())
+            .unwrap_or(name);
+        let tool_event = matches!(
+            kind,
+            "tool-call-start" | "tool-call-delta" | "tool-call-end" | "tool-plan-delta"
+        );
+        if !tool_event {
+            return decode_event(name, data);
+        }
+        let v: Value = serde_json::from_str(data).map_err(|e| {
+            ProviderError::new(
+                FailureKind::Protocol,
+                format!("unreadable stream event: {e}"),
+            )
+        })?;
+        let at = v["index"].as_u64().unwrap_or(0);
+        let call = &v["delta"]["message"]["tool_calls"];
+        let piece = |index, id: Option<&str>, name: Option<&str>, arguments: String| {
+            Event::Chunk(Chunk {
+                tool_calls: vec![ToolCallDelta {
+                    index,
+                    id: id.map(str::to_owned),
+                    name: name.map(str::to_owned),
+                    arguments,
+                }],
+                ..Chunk::default()
+            })
+        };
+        Ok(match kind {
+            "tool-plan-delta" => Event::Chunk(Chunk {
+                text: v["delta"]["message"]["tool_plan"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_owned(),
+                ..Chunk::default()
+            }),
+            "tool-call-start" => {
+                let index = u32::try_from(self.calls.len()).unwrap_or(u32::MAX);
+                let arguments = call["function"]["arguments"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_owned();
+                self.calls.insert(at, (index, !arguments.is_empty()));
+                piece(
+                    index,
+                    call["id"].as_str(),
+                    call["function"]["name"].as_str(),
+                    arguments,
+                )
+            }
+            "tool-call-delta" => {
+                let Some((index, any)) = self.calls.get_mut(&at) else {
+                    return Err(ProviderError::new(
+                        FailureKind::Protocol,
+                        format!("tool-call-delta for call {at}, which never started"),
+                    ));
+                };
+                let fragment = call["function"]["arguments"].as_str().unwrap_or("");
+                if fragment.is_empty() {
+                    return Ok(Event::Ignore);
+                }
+                *any = true;
+                piece(*index, None, None, fragment.to_owned())
+            }
+            // A call without arguments: `{}`, never empty arguments.
+            _ => match self.calls.get(&at).copied() {
+                Some((index, false)) => {
+                    self.calls.insert(at, (index, true));
+                    piece(index, None, None, "{}".to_owned())
+                }
+                _ => Event::Ignore,
+            },
+        })
+    }
 }
 
 fn decode_event(name: &str, data: &str) -> Result<Event, ProviderError> {
@@ -180,13 +315,16 @@ pub fn decode_stream(body: Body, timeouts: HttpTimeouts) -> ChunkStream {
         timeouts,
         false,
         "the stream ended without message-end: the answer is incomplete",
-        |event| {
-            Ok(match decode_event(&event.event, &event.data)? {
-                Event::Ignore => SseStep::Skip,
-                Event::Chunk(chunk) => SseStep::Chunk(chunk),
-                // message-end: its usage, then nothing (a trailing [DONE] is not read).
-                Event::End(chunk) => SseStep::End(Some(chunk)),
-            })
+        {
+            let mut decoder = Decoder::default();
+            move |event| {
+                Ok(match decoder.event(&event.event, &event.data)? {
+                    Event::Ignore => SseStep::Skip,
+                    Event::Chunk(chunk) => SseStep::Chunk(chunk),
+                    // message-end: its usage, then nothing (a trailing [DONE] is not read).
+                    Event::End(chunk) => SseStep::End(Some(chunk)),
+                })
+            }
         },
     )
 }
@@ -209,11 +347,15 @@ impl Provider for CohereProvider {
         true
     }
 
+    fn supports_tools(&self) -> bool {
+        true
+    }
+
     async fn generate_stream(
         &self,
         request: &TextCompletionRequest,
     ) -> Result<ChunkStream, ProviderError> {
-        let body = self.body(request);
+        let body = self.body(request)?;
         let mut req = self.http.post(&self.url).json(&body);
         if let Some(key) = &self.config.api_key {
             req = req.bearer_auth(key.expose());
@@ -267,7 +409,7 @@ mod tests {
     #[test]
     fn a_conversation_and_its_settings_map_onto_cohere_v2() {
         let p = CohereProvider::new(CohereConfig::new("http://127.0.0.1:1", "m")).unwrap();
-        let b = p.body(&crate::providers::conversation_request());
+        let b = p.body(&crate::providers::conversation_request()).unwrap();
         assert_eq!(b["model"], "other-model");
         assert_eq!(
             b["messages"][0],
@@ -281,5 +423,131 @@ mod tests {
         assert_eq!(b["temperature"], 0.5);
         assert_eq!(b["max_tokens"], 9);
         assert_eq!(b["stop_sequences"], json!(["END"]));
+    }
+
+    /// Tools, each choice, and a conversation with a call (after some text) and its result,
+    /// as Cohere wants them; a named choice refused.
+    #[test]
+    fn tools_choices_and_tool_turns_map_onto_v2_chat() {
+        use sluice_schema::{ChatMessage, Tool, ToolCall};
+        let p = CohereProvider::new(CohereConfig::new("http://127.0.0.1:1", "m")).unwrap();
+        let mut call = ChatMessage::new(ChatRole::Assistant, "I will check.");
+        call.tool_calls = vec![ToolCall {
+            id: "c1".into(),
+            name: "weather".into(),
+            arguments: r#"{"city":"Paris"}"#.into(),
+        }];
+        let mut result = ChatMessage::new(ChatRole::Tool, "sunny");
+        result.tool_call_id = Some("c1".into());
+        let mut req = TextCompletionRequest {
+            messages: Some(vec![
+                ChatMessage::new(ChatRole::User, "Paris?"),
+                call,
+                result,
+            ]),
+            tools: Some(vec![Tool {
+                name: "weather".into(),
+                description: None,
+                parameters: json!({"type": "object"}),
+                strict: None,
+            }]),
+            ..Default::default()
+        };
+        let b = p.body(&req).unwrap();
+        assert_eq!(
+            b["tools"],
+            json!([{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}])
+        );
+        assert!(b.get("tool_choice").is_none());
+        assert_eq!(
+            b["messages"][1],
+            json!({"role": "assistant", "tool_plan": "I will check.", "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}}]})
+        );
+        assert_eq!(
+            b["messages"][2],
+            json!({"role": "tool", "content": "sunny", "tool_call_id": "c1"})
+        );
+        req.tool_choice = Some(ToolChoice::Mode(ToolMode::Required));
+        assert_eq!(p.body(&req).unwrap()["tool_choice"], "REQUIRED");
+        req.tool_choice = Some(ToolChoice::Mode(ToolMode::None));
+        assert_eq!(p.body(&req).unwrap()["tool_choice"], "NONE");
+        req.tool_choice = Some(ToolChoice::Named {
+            name: "weather".into(),
+        });
+        assert!(p.body(&req).unwrap_err().unsendable);
+    }
+
+    /// A plan, then two calls: start with id and name, argument fragments, `{}` for the call
+    /// without arguments; named or typed events alike.
+    #[test]
+    fn tool_call_events_decode_into_pieces() {
+        let mut d = Decoder::default();
+        let mut text = String::new();
+        let mut pieces = Vec::new();
+        let mut feed =
+            |d: &mut Decoder, name: &str, v: Value| match d.event(name, &v.to_string()).unwrap() {
+                Event::Chunk(c) => {
+                    text.push_str(&c.text);
+                    pieces.extend(c.tool_calls);
+                }
+                Event::End(_) | Event::Ignore => {}
+            };
+        feed(
+            &mut d,
+            "tool-plan-delta",
+            json!({"type": "tool-plan-delta", "delta": {"message": {"tool_plan": "I will check."}}}),
+        );
+        feed(
+            &mut d,
+            "tool-call-start",
+            json!({"type": "tool-call-start", "index": 0, "delta": {"message": {"tool_calls": {"id": "weather_1", "type": "function", "function": {"name": "weather", "arguments": ""}}}}}),
+        );
+        feed(
+            &mut d,
+            "tool-call-delta",
+            json!({"type": "tool-call-delta", "index": 0, "delta": {"message": {"tool_calls": {"function": {"arguments": "{\"city\":"}}}}}),
+        );
+        feed(
+            &mut d,
+            "",
+            json!({"type": "tool-call-delta", "index": 0, "delta": {"message": {"tool_calls": {"function": {"arguments": "\"Paris\"}"}}}}}),
+        );
+        feed(
+            &mut d,
+            "tool-call-end",
+            json!({"type": "tool-call-end", "index": 0}),
+        );
+        feed(
+            &mut d,
+            "tool-call-start",
+            json!({"type": "tool-call-start", "index": 1, "delta": {"message": {"tool_calls": {"id": "time_2", "type": "function", "function": {"name": "time", "arguments": ""}}}}}),
+        );
+        feed(
+            &mut d,
+            "tool-call-end",
+            json!({"type": "tool-call-end", "index": 1}),
+        );
+        assert_eq!(text, "I will check.");
+        assert_eq!(
+            sluice_schema::tools::assemble(&pieces),
+            vec![
+                sluice_schema::ToolCall {
+                    id: "weather_1".into(),
+                    name: "weather".into(),
+                    arguments: r#"{"city":"Paris"}"#.into()
+                },
+                sluice_schema::ToolCall {
+                    id: "time_2".into(),
+                    name: "time".into(),
+                    arguments: "{}".into()
+                },
+            ]
+        );
+        let e = Decoder::default()
+            .event("tool-call-delta", r#"{"type":"tool-call-delta","index":5,"delta":{"message":{"tool_calls":{"function":{"arguments":"{"}}}}}"#)
+            .err()
+            .unwrap();
+        assert_eq!(e.kind, FailureKind::Protocol);
     }
 }
