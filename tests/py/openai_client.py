@@ -3,7 +3,8 @@
 Usage: python openai_client.py '<json settings>'
 Settings: base_url, api_key, model (answers normally), and optionally mid_error (a model whose
 stream fails after its first token), gated (a model whose stream waits after its first token),
-tools_model (a model that calls every tool it is offered) and only (a list of the scenarios to
+tools_model (a model that calls every tool it is offered), structured_model (a model asked
+for a Pydantic response_format) and only (a list of the scenarios to
 run). Prints one JSON object: each scenario's findings, or
 the exception it raised, so the Rust test asserts on them.
 """
@@ -101,6 +102,8 @@ def run(settings):
 
     if scenario("tools") and settings.get("tools_model"):
         tools_scenarios(client, settings["tools_model"], out)
+    if scenario("structured") and settings.get("structured_model"):
+        structured_scenarios(client, settings["structured_model"], out)
 
     if scenario("models"):
         out["models"] = sorted(m.id for m in client.models.list())
@@ -166,6 +169,29 @@ def tools_scenarios(client, model, out):
     p = parse(model=model, messages=asked, tools=[openai.pydantic_function_tool(Lookup)])
     out["tools_parse"] = {
         "parsed": p.choices[0].message.tool_calls[0].function.parsed_arguments.q}
+
+
+def structured_scenarios(client, model, out):
+    """`parse` and the stream helper with a Pydantic response_format: the answer comes back as
+    the model, whole and streamed."""
+    from typing import Literal
+
+    from pydantic import BaseModel
+
+    class Sky(BaseModel):
+        label: Literal["blue", "grey"]
+
+    asked = [{"role": "user", "content": "the sky"}]
+    parse = getattr(client.chat.completions, "parse", None) \
+        or client.beta.chat.completions.parse
+    p = parse(model=model, messages=asked, response_format=Sky)
+    stream_helper = getattr(client.chat.completions, "stream", None) \
+        or client.beta.chat.completions.stream
+    with stream_helper(model=model, messages=asked, response_format=Sky) as stream:
+        final = stream.get_final_completion()
+    out["structured"] = {"parsed": p.choices[0].message.parsed.label,
+                         "streamed": final.choices[0].message.parsed.label,
+                         "usage": p.usage.total_tokens}
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@
 //! | `error_mid_stream` | message_start, `Hello`, then `event: error` overloaded_error |
 //! | `no_stop` | message_start, `Hello`, then the body ends without message_stop |
 //! | `tools`, `tools-text` | tool use, with Anthropic's exact shapes: see [`tools`] |
+//! | `json` | structured output as a model without a JSON mode gives it: a first answer fenced and off the schema (`{"label": "azure"}` in a ```json block), then, asked again (an assistant turn in the conversation), `{"label": "blue"}`; each 25 in, 15 out |
+//! | `json-never` | prose, `The sky is blue.`, however often asked |
 //!
 //! Vertex errors that its front end raises (token, permission, quota) come in Google's shape;
 //! those from the model (overloaded) in Anthropic's, as Vertex passes them on.
@@ -203,6 +205,28 @@ async fn messages(
     }
     if tools::is_tools_model(&model) {
         return tools_answer(&model, &body, body["stream"] == true);
+    }
+    if model == "json" || model == "json-never" {
+        let asked_again = body["messages"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|t| t["role"] == "assistant"));
+        let said = match (model.as_str(), asked_again) {
+            ("json", false) => "```json\n{\"label\": \"azure\"}\n```",
+            ("json", true) => "{\"label\": \"blue\"}",
+            _ => "The sky is blue.",
+        };
+        return scripted_body(
+            vec![Step::Send(
+                [
+                    start(),
+                    text(said),
+                    out(15, Some("end_turn")),
+                    ev("message_stop", json!({"type": "message_stop"})),
+                ]
+                .concat(),
+            )],
+            "text/event-stream",
+        );
     }
     answer(&model, call, true)
 }

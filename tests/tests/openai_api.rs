@@ -1464,6 +1464,116 @@ async fn cohere_tool_calls_reach_openai_callers_as_openai_tool_calls() {
     s.stop().await;
 }
 
+/// Structured output from a provider with no JSON mode (Anthropic; the fake's `json` model
+/// fences its first answer and strays from the schema): the processor asks for the schema in
+/// the system prompt, checks the answer, makes one corrective call, and the caller gets only
+/// the valid JSON, streamed (in one piece: nothing is published before the check) and
+/// whole, with both calls' usage; a model that never complies ends with a clear 502 naming
+/// what was wrong, never the answer. Then OpenAI's Python SDK's `parse` and stream helper
+/// with a Pydantic `response_format` get the model back, when `OPENAI_PY` is set.
+#[tokio::test]
+async fn structured_output_is_held_to_the_schema_where_the_provider_cannot() {
+    use sluice_tests::{RoutedService, fake_anthropic::FakeAnthropic, provider_service};
+    use sluice_text_completion::providers::anthropic::{AnthropicConfig, AnthropicProvider};
+    let fake = FakeAnthropic::start().await;
+    let mut config = AnthropicConfig::new(fake.base_url(), "json");
+    config.credential = Some(Secret::new("sk-ant-test"));
+    let service = provider_service(std::sync::Arc::new(AnthropicProvider::new(config).unwrap()))
+        .with_models(["json-never".to_owned()]);
+    let s = RoutedService::start(service, |gc| {
+        gc.auth = Auth::new(Some(Secret::new(TOKEN)));
+    })
+    .await;
+    let url = s.url("/v1/chat/completions");
+    let ask = |model: &str, stream: bool| {
+        let mut body = json!({"model": model,
+            "messages": [{"role": "user", "content": "the sky"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "sky", "strict": true,
+                "schema": {"type": "object", "required": ["label"], "additionalProperties": false,
+                    "properties": {"label": {"type": "string", "enum": ["blue", "grey"]}}}}}});
+        if stream {
+            body["stream"] = json!(true);
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        body
+    };
+
+    let v: Value = post_to(&url, ask("json", false))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        v["choices"][0]["message"]["content"], r#"{"label": "blue"}"#,
+        "{v}"
+    );
+    assert_eq!(
+        (
+            &v["usage"]["prompt_tokens"],
+            &v["usage"]["completion_tokens"]
+        ),
+        (&json!(50), &json!(30)),
+        "both calls: {v}"
+    );
+    let sent = fake.last_body();
+    assert!(
+        sent["system"]
+            .as_str()
+            .unwrap()
+            .contains(r#""enum":["blue","grey"]"#),
+        "{sent}"
+    );
+    let correction = sent["messages"][2]["content"].as_str().unwrap();
+    assert!(
+        correction.starts_with("the answer does not match the schema: /label is not one of"),
+        "{correction}"
+    );
+
+    let resp = post_to(&url, ask("json", true)).await;
+    assert_eq!(resp.status(), 200);
+    let body = resp.bytes().await.unwrap();
+    let chunks: Vec<Value> = sse_data(&body)
+        .iter()
+        .filter(|d| d.as_str() != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let content: Vec<&str> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .filter(|t| !t.is_empty())
+        .collect();
+    assert_eq!(content, [r#"{"label": "blue"}"#], "one checked piece");
+    assert_eq!(chunks.last().unwrap()["usage"]["total_tokens"], 80);
+
+    let resp = post_to(&url, ask("json-never", false)).await;
+    assert_eq!(resp.status(), 502);
+    let v: Value = resp.json().await.unwrap();
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("also after one corrective call: the answer is not JSON"),
+        "{v}"
+    );
+    assert!(
+        !message.contains("sky is blue"),
+        "the answer is never quoted: {v}"
+    );
+
+    if let Some(python) = sluice_tests::outside_tool(
+        "OPENAI_PY",
+        "openai_api: OpenAI's Python SDK parsing structured output (scripts/openai-venv.sh)",
+    ) {
+        let settings = json!({"base_url": s.url("/v1"), "api_key": TOKEN, "model": "json",
+                              "structured_model": "json", "only": ["structured"]});
+        let r = run_python_sdk(&python, &settings).await;
+        assert_eq!(
+            r["structured"],
+            json!({"parsed": "blue", "streamed": "blue", "usage": 80}),
+            "{r}"
+        );
+    }
+    s.stop().await;
+}
+
 /// Runs `tests/py/openai_client.py` (OpenAI's Python SDK) with `settings` under `python`;
 /// its findings, once it exited successfully.
 async fn run_python_sdk(python: &str, settings: &Value) -> Value {

@@ -174,7 +174,7 @@ impl Answer<'_> {
                 .iter_errors(value)
                 .take(3)
                 .map(|e| {
-                    let mut m = schema_problem(&e);
+                    let mut m = sluice_runtime::json_schema::problem(&e);
                     if m.len() > 200 {
                         let mut cut = 200;
                         while !m.is_char_boundary(cut) {
@@ -368,45 +368,6 @@ async fn json(a: &mut Answer<'_>, mut reader: LlmReader) -> Result<(), Error> {
     last.object = Some(value.to_string());
     last.end_of_stream = true;
     a.end(last).await
-}
-
-/// What a schema failure is, in words that never quote the model's value (the validator's own
-/// message does: `7 is greater than the maximum of 5`), for logs and error records alike: where
-/// (the JSON pointer, `/` for the whole object) and which rule, with the schema's limit.
-fn schema_problem(e: &jsonschema::ValidationError<'_>) -> String {
-    use jsonschema::error::{TypeKind, ValidationErrorKind as K};
-    let at = match e.instance_path.as_str() {
-        "" => "/",
-        p => p,
-    };
-    let what = match &e.kind {
-        K::Required { property } => format!("lacks the required property {property}"),
-        K::Type {
-            kind: TypeKind::Single(t),
-        } => format!("is not of type {t}"),
-        K::Type { .. } => "is not of any type the schema allows".to_owned(),
-        K::Maximum { limit } => format!("is greater than the maximum of {limit}"),
-        K::Minimum { limit } => format!("is less than the minimum of {limit}"),
-        K::ExclusiveMaximum { limit } => format!("is not less than {limit}"),
-        K::ExclusiveMinimum { limit } => format!("is not greater than {limit}"),
-        K::MaxLength { limit } => format!("is longer than {limit} characters"),
-        K::MinLength { limit } => format!("is shorter than {limit} characters"),
-        K::MaxItems { limit } => format!("has more than {limit} items"),
-        K::MinItems { limit } => format!("has fewer than {limit} items"),
-        K::Enum { options } => format!("is not one of {options}"),
-        K::Constant { expected_value } => format!("is not {expected_value}"),
-        K::AdditionalProperties { unexpected } => format!(
-            "has {} propert{} the schema does not allow",
-            unexpected.len(),
-            if unexpected.len() == 1 { "y" } else { "ies" }
-        ),
-        K::Pattern { pattern } => format!("does not match the pattern {pattern:?}"),
-        _ => {
-            let keyword = e.schema_path.as_str().rsplit('/').next().unwrap_or("");
-            format!("does not satisfy the schema's `{keyword}`")
-        }
-    };
-    format!("{at} {what}")
 }
 
 /// A `jsonl` answer's state: what was published and skipped, the objects collected for a

@@ -19,6 +19,7 @@ pub mod bus;
 pub mod cancel;
 pub mod client;
 pub mod flows;
+pub mod json_schema;
 pub mod ledger;
 pub mod ndjson;
 pub mod processor;

@@ -642,6 +642,14 @@ impl Provider for Fallback {
         self.members.iter().all(|m| m.provider.supports_tools())
     }
 
+    /// Whether every provider holds its answers to a schema; otherwise the processor checks
+    /// whichever answers.
+    fn supports_structured_output(&self) -> bool {
+        self.members
+            .iter()
+            .all(|m| m.provider.supports_structured_output())
+    }
+
     async fn generate_stream(
         &self,
         request: &TextCompletionRequest,

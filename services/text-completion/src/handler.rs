@@ -109,6 +109,8 @@ pub struct TextCompletionService {
 impl TextCompletionService {
     /// A service calling `provider`.
     pub fn new(provider: Arc<dyn Provider>, retry: RetryPolicy, metrics: LlmMetrics) -> Self {
+        // Structured output the provider cannot hold itself is checked here.
+        let provider = crate::structured::enforcing(provider);
         metrics.provider_configured(provider.name(), provider.model());
         let served = vec![provider.model().to_owned()];
         let endpoint = shown_endpoint(provider.endpoint()).into();
@@ -570,6 +572,9 @@ impl TextCompletionService {
                     return Ok(());
                 }
                 Err(e) => {
+                    if let Some(u) = e.spent {
+                        usage.observe(u);
+                    }
                     self.note_failure(request, &e);
                     if self.backoff(request, ctx, policy, retry, &e).await {
                         retry += 1;

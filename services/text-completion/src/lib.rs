@@ -21,5 +21,6 @@ pub mod metrics;
 pub mod provider;
 pub mod providers;
 pub mod retry;
+pub mod structured;
 #[cfg(test)]
 mod testing;

@@ -143,6 +143,9 @@ pub struct ProviderError {
     /// The request cannot be put in this provider's terms (nothing was sent): the caller's to
     /// fix, so its error record is `invalid-request`, not `llm-error`.
     pub unsendable: bool,
+    /// What the failed call spent, when the provider reports it (a whole answer that failed
+    /// its check: [`crate::structured`]), so the ledger counts it.
+    pub spent: Option<Usage>,
 }
 
 impl ProviderError {
@@ -155,6 +158,7 @@ impl ProviderError {
             retry_after: None,
             should_retry: None,
             unsendable: false,
+            spent: None,
         }
     }
 
@@ -209,6 +213,15 @@ pub trait Provider: Send + Sync + 'static {
     /// refused before a provider that does not is called: an answer that silently ignored
     /// the tools would be wrong. Default: no.
     fn supports_tools(&self) -> bool {
+        false
+    }
+
+    /// Whether the provider itself holds its answer to a request's structured output
+    /// (`response_format: "json"`, with or without a `schema`): JSON mode, a JSON Schema
+    /// grammar or response schema. For one that does not, the processor asks for JSON in the
+    /// system prompt and checks the answer itself, with one corrective call
+    /// ([`crate::structured`]). Default: no.
+    fn supports_structured_output(&self) -> bool {
         false
     }
 

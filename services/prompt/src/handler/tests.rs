@@ -293,7 +293,7 @@ fn a_schema_problem_never_quotes_the_value() {
     });
     let problems: Vec<String> = validator
         .iter_errors(&value)
-        .map(|e| schema_problem(&e))
+        .map(|e| sluice_runtime::json_schema::problem(&e))
         .collect();
     assert!(problems.len() >= 5, "{problems:?}");
     for p in &problems {

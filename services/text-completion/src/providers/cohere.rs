@@ -7,6 +7,9 @@
 //! `[DONE]` may follow. A stream without `message-end` is truncated. Errors are
 //! `{"message": "..."}`.
 //!
+//! Structured output: `response_format: {"type": "json_object"}`, with the schema as its
+//! `json_schema` when there is one.
+//!
 //! Tools: a request's tools go as `tools` (OpenAI's function shape), `required` and `none` as
 //! `tool_choice` `REQUIRED` and `NONE`; Cohere cannot be made to call one named tool, so that
 //! choice is refused rather than ignored, and it has no switch for parallel calls. A streamed
@@ -111,6 +114,12 @@ impl CohereProvider {
         }
         if let Some(stop) = request.stop.as_ref().filter(|s| !s.is_empty()) {
             body["stop_sequences"] = json!(stop);
+        }
+        if request.response_format.as_deref() == Some("json") {
+            body["response_format"] = match &request.schema {
+                Some(schema) => json!({"type": "json_object", "json_schema": schema}),
+                None => json!({"type": "json_object"}),
+            };
         }
         if let Some(tools) = request.tools.as_ref().filter(|t| !t.is_empty()) {
             body["tools"] = tools
@@ -348,6 +357,10 @@ impl Provider for CohereProvider {
     }
 
     fn supports_tools(&self) -> bool {
+        true
+    }
+
+    fn supports_structured_output(&self) -> bool {
         true
     }
 

@@ -188,6 +188,10 @@ impl GeminiProvider {
         }
         if request.response_format.as_deref() == Some("json") {
             generation.insert("responseMimeType".into(), json!("application/json"));
+            // Full JSON Schema (`responseSchema` takes only an OpenAPI subset).
+            if let Some(schema) = &request.schema {
+                generation.insert("responseJsonSchema".into(), schema.clone());
+            }
         }
         if !generation.is_empty() {
             body["generationConfig"] = Value::Object(generation);
@@ -480,6 +484,10 @@ impl Provider for GeminiProvider {
     }
 
     fn supports_tools(&self) -> bool {
+        true
+    }
+
+    fn supports_structured_output(&self) -> bool {
         true
     }
 

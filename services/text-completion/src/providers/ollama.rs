@@ -390,6 +390,10 @@ impl Provider for OllamaProvider {
         true
     }
 
+    fn supports_structured_output(&self) -> bool {
+        true
+    }
+
     async fn generate_stream(
         &self,
         request: &TextCompletionRequest,

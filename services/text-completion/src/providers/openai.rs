@@ -401,6 +401,10 @@ impl Provider for OpenAiProvider {
         true
     }
 
+    fn supports_structured_output(&self) -> bool {
+        true
+    }
+
     async fn generate_stream(
         &self,
         request: &TextCompletionRequest,
