@@ -278,6 +278,10 @@ pub struct TextCompletionRequest {
     /// Whether the model may make several tool calls in one answer (default: the provider's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallel_tool_calls: Option<bool>,
+    /// Hold the answer to `schema` exactly (OpenAI's `json_schema.strict`), where the provider
+    /// has such a mode; the processor's own check of a provider without one is exact anyway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_strict: Option<bool>,
 }
 
 /// Who said a turn of a [`TextCompletionRequest::messages`] conversation. The system prompt is

@@ -686,6 +686,10 @@ pub(crate) fn parse_chat(body: &[u8]) -> Result<ChatCall, ApiError> {
             tools,
             tool_choice,
             parallel_tool_calls,
+            schema_strict: body
+                .get("response_format")
+                .filter(|f| f["type"] == "json_schema")
+                .and_then(|f| f["json_schema"]["strict"].as_bool()),
         },
         model,
         stream,
@@ -1876,6 +1880,14 @@ mod tests {
         .unwrap();
         assert_eq!(c.request.response_format.as_deref(), Some("json"));
         assert_eq!(c.request.schema, Some(json!({"type": "object"})));
+        assert_eq!(c.request.schema_strict, None);
+        let c = parse(
+            json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+            "response_format": {"type": "json_schema",
+                "json_schema": {"name": "r", "strict": true, "schema": {"type": "object"}}}}),
+        )
+        .unwrap();
+        assert_eq!(c.request.schema_strict, Some(true));
     }
 
     #[test]

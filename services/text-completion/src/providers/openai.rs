@@ -187,8 +187,13 @@ impl OpenAiProvider {
         }
         if request.response_format.as_deref() == Some("json") {
             body["response_format"] = match &request.schema {
-                Some(schema) => json!({"type": "json_schema",
-                    "json_schema": {"name": "response", "schema": schema}}),
+                Some(schema) => {
+                    let mut f = json!({"name": "response", "schema": schema});
+                    if let Some(strict) = request.schema_strict {
+                        f["strict"] = json!(strict);
+                    }
+                    json!({"type": "json_schema", "json_schema": f})
+                }
                 None => json!({"type": "json_object"}),
             };
         }
@@ -512,6 +517,36 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(f.finish_reason.as_deref(), Some("stop"));
+    }
+
+    /// JSON mode, a schema, and a strict schema, as OpenAI takes them.
+    #[test]
+    fn structured_output_maps_onto_response_format() {
+        let p = OpenAiProvider::new(OpenAiConfig::new(
+            Dialect::OpenAi,
+            "http://127.0.0.1:1",
+            "m",
+        ))
+        .unwrap();
+        let mut req = TextCompletionRequest {
+            prompt: "x".into(),
+            response_format: Some("json".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            p.body(&req, true)["response_format"],
+            json!({"type": "json_object"})
+        );
+        req.schema = Some(json!({"type": "object"}));
+        assert_eq!(
+            p.body(&req, true)["response_format"],
+            json!({"type": "json_schema", "json_schema": {"name": "response", "schema": {"type": "object"}}})
+        );
+        req.schema_strict = Some(true);
+        assert_eq!(
+            p.body(&req, true)["response_format"]["json_schema"]["strict"],
+            true
+        );
     }
 
     /// Tools, a named choice and a conversation with a tool call and its result, as OpenAI
