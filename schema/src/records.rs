@@ -668,6 +668,14 @@ pub struct AgentStep {
     /// Seed 003's (older TrustGraph's) user of the step, passed through.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// sluice's, only when set: the id of the native tool call this step made
+    /// (`--tool-calling native`), so the conversation sent back pairs the result with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
+    /// sluice's, only when set: this step's call was made in the same model turn as the
+    /// step before (several native calls in one turn count as one iteration).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub same_turn: bool,
 }
 
 /// A question for the agent, or the next iteration of a dialog (TrustGraph's `AgentRequest`;

@@ -13,7 +13,9 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sluice_agent::{
-    handler::{AgentLimits, AgentService, DEFAULT_REACT_TEMPLATE, NonStreaming, PlainAnswer},
+    handler::{
+        AgentLimits, AgentService, DEFAULT_REACT_TEMPLATE, NonStreaming, PlainAnswer, ToolCalling,
+    },
     mcp::{McpClient, McpTimeouts},
     metrics::AgentMetrics,
     tools::{self, AnyResponse, Backend, Tool, ToolKind},
@@ -530,6 +532,120 @@ async fn a_tool_call_streams_thought_action_observation_then_the_answer() {
         "{out:#?}"
     );
     assert_eq!(out.iter().filter_map(|r| r.in_token).sum::<u64>(), 18);
+    s.stop().await;
+}
+
+/// `--tool-calling native`: the model (the fake's `agent-tools`, with OpenAI's tool calls)
+/// calls three tools in one turn; the two whose arguments match the tools' schemas run (the
+/// lookup service and the MCP adder), the third's arguments (`"two"` for a number) are
+/// refused without calling the tool, and the model, given all three results in the next
+/// turn, answers from them. The turn is one iteration; no text is parsed.
+#[tokio::test]
+async fn native_tool_calls_of_one_turn_all_run_and_the_model_gets_every_result() {
+    let fake = FakeOpenAi::start().await;
+    let mut config = OpenAiConfig::new(Dialect::OpenAi, fake.base_url(), "agent-tools");
+    config.api_key = Some(Secret::new("sk-test"));
+    let limits = AgentLimits {
+        tool_calling: ToolCalling::Native,
+        max_iterations: 2,
+        ..AgentLimits::default()
+    };
+    let s = Setup::with_limits(config, fake, limits).await;
+    let out = s.ask(true).await;
+    // Every record, runs not collapsed: each thought and the answer whole, one action and one
+    // observation per call.
+    use AgentMessageType::{Action, Answer, Observation, Thought};
+    let types: Vec<(AgentMessageType, bool, bool)> = out
+        .iter()
+        .map(|r| (r.message_type, r.end_of_message, r.end_of_dialog))
+        .collect();
+    assert_eq!(
+        types,
+        [
+            (Thought, true, false),
+            (Action, true, false),
+            (Action, true, false),
+            (Action, true, false),
+            (Observation, true, false),
+            (Observation, true, false),
+            (Observation, true, false),
+            (Answer, true, true)
+        ],
+        "{out:#?}"
+    );
+    assert_eq!(
+        text(&out, AgentMessageType::Thought),
+        "Let me look these up."
+    );
+    let actions: Vec<Value> = out
+        .iter()
+        .filter(|r| r.message_type == AgentMessageType::Action)
+        .map(|r| serde_json::from_str(&r.content).unwrap())
+        .collect();
+    assert_eq!(
+        actions[0],
+        serde_json::json!({"name": "lookup", "arguments": {"key": "capital-of-france"}})
+    );
+    assert_eq!(
+        actions[1],
+        serde_json::json!({"name": "add", "arguments": {"a": 2, "b": 3}})
+    );
+    let observations: Vec<&str> = out
+        .iter()
+        .filter(|r| r.message_type == AgentMessageType::Observation)
+        .map(|r| r.content.as_str())
+        .collect();
+    // A service tool's observation is its terminal record.
+    assert!(
+        observations[0].contains(r#""value":"Paris""#),
+        "{observations:?}"
+    );
+    assert_eq!(observations[1], "5");
+    assert!(
+        observations[2].starts_with(
+            "The arguments for add do not match its schema: /a is not of type number."
+        ),
+        "{observations:?}"
+    );
+    assert!(!observations[2].contains("two"), "values are never quoted");
+    assert_eq!(s.mcp.calls(), 1, "the refused call never reached the tool");
+    assert_eq!(
+        text(&out, AgentMessageType::Answer),
+        format!("results: {}; 5; {}", observations[0], observations[2])
+    );
+    // The second turn got the calls and every result, paired by id.
+    let sent = s.fake.last_body();
+    let messages = sent["messages"].as_array().unwrap();
+    let ids: Vec<&str> = messages[2]["tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["call_lookup", "call_add", "call_add_bad"], "{sent}");
+    assert_eq!(messages[2]["content"], "Let me look these up.");
+    assert_eq!(messages[3]["tool_call_id"], "call_lookup");
+    assert_eq!(messages[5]["tool_call_id"], "call_add_bad");
+    assert!(
+        sent["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["function"]["name"] == "add"
+                && t["function"]["parameters"]["properties"]["a"]["type"] == "number"),
+        "{sent}"
+    );
+    assert_metrics_soon(
+        || s.metrics(),
+        &[
+            r#"sluice_agent_iterations_total{outcome="action"} 1"#,
+            r#"sluice_agent_iterations_total{outcome="answer"} 1"#,
+            r#"sluice_agent_tool_calls_total{kind="mcp",outcome="invalid_arguments",tool="add"} 1"#,
+            r#"sluice_agent_tool_calls_total{kind="mcp",outcome="success",tool="add"} 1"#,
+            r#"sluice_agent_tool_calls_total{kind="service",outcome="success",tool="lookup"} 1"#,
+        ],
+    )
+    .await;
     s.stop().await;
 }
 

@@ -126,6 +126,36 @@ impl std::str::FromStr for NonStreaming {
     }
 }
 
+/// How the agent has the model call tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ToolCalling {
+    /// The ReAct text format ([`DEFAULT_REACT_TEMPLATE`]) parsed from the model's text:
+    /// works with any model, streams thoughts and answers piece by piece.
+    #[default]
+    React,
+    /// The provider's own tool calling: the tools on the text-completion request, the calls
+    /// on its records, several per turn, arguments checked against each tool's schema; needs a
+    /// text-completion processor whose provider calls tools (docs/agent.md).
+    Native,
+}
+
+impl ToolCalling {
+    /// The values `--tool-calling` takes.
+    pub const NAMES: [&'static str; 2] = ["react", "native"];
+}
+
+impl std::str::FromStr for ToolCalling {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "react" => Ok(Self::React),
+            "native" => Ok(Self::Native),
+            other => Err(format!("expected react or native, not {other:?}")),
+        }
+    }
+}
+
 /// The agent's limits.
 #[derive(Debug, Clone)]
 pub struct AgentLimits {
@@ -139,6 +169,8 @@ pub struct AgentLimits {
     pub plain_answer: PlainAnswer,
     /// What a non-streaming request gets.
     pub non_streaming: NonStreaming,
+    /// How the model calls tools.
+    pub tool_calling: ToolCalling,
 }
 
 impl Default for AgentLimits {
@@ -149,6 +181,7 @@ impl Default for AgentLimits {
             tool_timeout: Duration::from_secs(120),
             plain_answer: PlainAnswer::default(),
             non_streaming: NonStreaming::default(),
+            tool_calling: ToolCalling::default(),
         }
     }
 }
@@ -327,6 +360,107 @@ enum Step {
 }
 
 impl AgentService {
+    /// Runs the tool `name` with `arguments` from `available`: its observation (its answer,
+    /// its failure, or that no such tool exists) and the state after it.
+    async fn run_tool(
+        &self,
+        available: &[&Arc<Tool>],
+        name: &str,
+        arguments: &BTreeMap<String, String>,
+        ctx: &RequestContext,
+        remaining: Duration,
+    ) -> (String, Option<String>) {
+        let tool = available.iter().find(|t| t.config.name == name);
+        match tool {
+            None => {
+                // The model's made-up name is never a label.
+                self.metrics
+                    .tool_call("", "", ToolOutcome::Unknown, Duration::ZERO);
+                let names: Vec<&str> = available.iter().map(|t| t.config.name.as_str()).collect();
+                (
+                    format!(
+                        "There is no tool called {name:?}. The tools are: {}.",
+                        if names.is_empty() {
+                            "(none)".to_owned()
+                        } else {
+                            names.join(", ")
+                        }
+                    ),
+                    None,
+                )
+            }
+            Some(t) => {
+                let timeout = self.limits.tool_timeout.min(remaining);
+                let started = Instant::now();
+                // The tool call's client span: its context goes to the service the
+                // tool calls (as the request's property, or the MCP server's HTTP
+                // `traceparent` header).
+                let mut span = trace::Span::start(
+                    trace::Kind::Client,
+                    format!("tool {}", t.config.name),
+                    ctx.traceparent.as_deref(),
+                );
+                span.set("sluice.tool.kind", kind_label(&t.config.kind));
+                let result = trace::OUTBOUND
+                    .scope(
+                        span.traceparent(),
+                        t.invoke(
+                            arguments,
+                            Some(span.traceparent()),
+                            ctx.key.clone(),
+                            timeout,
+                        ),
+                    )
+                    .await;
+                let outcome = match &result {
+                    Ok(_) => ToolOutcome::Success,
+                    Err(ToolError::Failed(_)) => ToolOutcome::Error,
+                    Err(ToolError::TimedOut(_)) => ToolOutcome::Timeout,
+                };
+                self.metrics.tool_call(
+                    &t.config.name,
+                    kind_label(&t.config.kind),
+                    outcome,
+                    started.elapsed(),
+                );
+                if outcome != ToolOutcome::Success {
+                    span.fail(outcome.as_str());
+                }
+                span.end();
+                let observation = match result {
+                    Ok(o) => o,
+                    Err(e) => {
+                        warn!(tool = %name, "tool failed; its error is the observation");
+                        format!("The tool failed: {e}")
+                    }
+                };
+                (observation, t.config.next_state.clone())
+            }
+        }
+    }
+
+    /// Hands the dialog's next step on over the agent's own request topic, with the usage no
+    /// record published yet.
+    async fn hand_off(
+        &self,
+        dialog: &mut Dialog<'_>,
+        request: &mut AgentRequest,
+    ) -> Result<(), Error> {
+        (request.pending_in_token, request.pending_out_token) = dialog.usage.take();
+        let payload = serde_json::to_vec(&*request)
+            .map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))?;
+        dialog
+            .sink
+            .hand_off(&*self.next_step, payload)
+            .await
+            .map_err(|e| {
+                Error::new(
+                    ErrorKind::Internal,
+                    format!("handing the next step on failed: {e}"),
+                )
+            })
+    }
+
     /// Calls the model once, streaming thought and answer pieces as they are parsed.
     async fn think(
         &self,
@@ -442,7 +576,9 @@ impl Handler for AgentService {
             self.metrics.dialog(DialogOutcome::Deadline);
             return dialog.fail(self.deadline_error()).await;
         }
-        if request.history.len() >= self.limits.max_iterations {
+        // An iteration is a model turn: native calls made in one turn are one.
+        let iterations = request.history.iter().filter(|s| !s.same_turn).count();
+        if iterations >= self.limits.max_iterations {
             self.metrics.dialog(DialogOutcome::MaxIterations);
             return dialog
                 .fail(Error::new(
@@ -459,6 +595,11 @@ impl Handler for AgentService {
             request.group.as_deref(),
             request.state.as_deref(),
         );
+        if self.limits.tool_calling == ToolCalling::Native {
+            return self
+                .native_step(request, available, &mut dialog, &ctx, remaining)
+                .await;
+        }
         let prompt = match self.render(&request, &available) {
             Ok(p) => p,
             Err(e) => {
@@ -574,74 +715,9 @@ impl Handler for AgentService {
                         .send(AgentMessageType::Action, action, true, false)
                         .await?;
                 }
-                let tool = available.iter().find(|t| t.config.name == name);
-                let (observation, next_state) = match tool {
-                    None => {
-                        // The model's made-up name is never a label.
-                        self.metrics
-                            .tool_call("", "", ToolOutcome::Unknown, Duration::ZERO);
-                        let names: Vec<&str> =
-                            available.iter().map(|t| t.config.name.as_str()).collect();
-                        (
-                            format!(
-                                "There is no tool called {name:?}. The tools are: {}.",
-                                if names.is_empty() {
-                                    "(none)".to_owned()
-                                } else {
-                                    names.join(", ")
-                                }
-                            ),
-                            None,
-                        )
-                    }
-                    Some(t) => {
-                        let timeout = self.limits.tool_timeout.min(remaining);
-                        let started = Instant::now();
-                        // The tool call's client span: its context goes to the service the
-                        // tool calls (as the request's property, or the MCP server's HTTP
-                        // `traceparent` header).
-                        let mut span = trace::Span::start(
-                            trace::Kind::Client,
-                            format!("tool {}", t.config.name),
-                            ctx.traceparent.as_deref(),
-                        );
-                        span.set("sluice.tool.kind", kind_label(&t.config.kind));
-                        let result = trace::OUTBOUND
-                            .scope(
-                                span.traceparent(),
-                                t.invoke(
-                                    &arguments,
-                                    Some(span.traceparent()),
-                                    ctx.key.clone(),
-                                    timeout,
-                                ),
-                            )
-                            .await;
-                        let outcome = match &result {
-                            Ok(_) => ToolOutcome::Success,
-                            Err(ToolError::Failed(_)) => ToolOutcome::Error,
-                            Err(ToolError::TimedOut(_)) => ToolOutcome::Timeout,
-                        };
-                        self.metrics.tool_call(
-                            &t.config.name,
-                            kind_label(&t.config.kind),
-                            outcome,
-                            started.elapsed(),
-                        );
-                        if outcome != ToolOutcome::Success {
-                            span.fail(outcome.as_str());
-                        }
-                        span.end();
-                        let observation = match result {
-                            Ok(o) => o,
-                            Err(e) => {
-                                warn!(tool = %name, "tool failed; its error is the observation");
-                                format!("The tool failed: {e}")
-                            }
-                        };
-                        (observation, t.config.next_state.clone())
-                    }
-                };
+                let (observation, next_state) = self
+                    .run_tool(&available, &name, &arguments, &ctx, remaining)
+                    .await;
                 if dialog.steps {
                     dialog
                         .send(
@@ -659,28 +735,19 @@ impl Handler for AgentService {
                     observation,
                     step_type: Some("react".into()),
                     user: request.user.clone(),
+                    call_id: None,
+                    same_turn: false,
                 });
-                // What no record published yet rides on to the next step.
-                (request.pending_in_token, request.pending_out_token) = dialog.usage.take();
                 if next_state.is_some() {
                     request.state = next_state;
                 }
-                let payload = serde_json::to_vec(&request)
-                    .map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))?;
-                dialog
-                    .sink
-                    .hand_off(&*self.next_step, payload)
-                    .await
-                    .map_err(|e| {
-                        Error::new(
-                            ErrorKind::Internal,
-                            format!("handing the next step on failed: {e}"),
-                        )
-                    })
+                self.hand_off(&mut dialog, &mut request).await
             }
         }
     }
 }
+
+mod native;
 
 #[cfg(test)]
 mod tests;

@@ -54,6 +54,9 @@ pub enum ToolOutcome {
     Timeout,
     /// The model named a tool that does not exist (or is not available to the request).
     Unknown,
+    /// The model's arguments did not match the tool's schema (native tool calling): the tool
+    /// was not called.
+    InvalidArguments,
 }
 
 impl ToolOutcome {
@@ -64,6 +67,7 @@ impl ToolOutcome {
             Self::Error => "error",
             Self::Timeout => "timeout",
             Self::Unknown => "unknown",
+            Self::InvalidArguments => "invalid_arguments",
         }
     }
 }

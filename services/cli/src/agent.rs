@@ -8,7 +8,9 @@ use async_trait::async_trait;
 use clap::Args;
 use serde_json::Value;
 use sluice_agent::{
-    handler::{AgentLimits, AgentService, DEFAULT_REACT_TEMPLATE, NonStreaming, PlainAnswer},
+    handler::{
+        AgentLimits, AgentService, DEFAULT_REACT_TEMPLATE, NonStreaming, PlainAnswer, ToolCalling,
+    },
     mcp::{McpClient, McpTimeouts},
     metrics::AgentMetrics,
     tools::{self, AnyResponse, Backend, Tool, ToolKind},
@@ -68,6 +70,13 @@ pub struct AgentArgs {
     #[arg(long, env = "SLUICE_AGENT_NON_STREAMING", default_value = "answer",
           value_parser = clap::builder::PossibleValuesParser::new(NonStreaming::NAMES))]
     pub non_streaming: String,
+    /// How the model calls tools: `react`, the ReAct text format parsed from its text (any
+    /// model); `native`, the provider's own tool calling (several calls per turn, arguments
+    /// checked against each tool's schema; the text-completion processor's provider must
+    /// call tools: docs/agent.md).
+    #[arg(long, env = "SLUICE_TOOL_CALLING", default_value = "react",
+          value_parser = clap::builder::PossibleValuesParser::new(ToolCalling::NAMES))]
+    pub tool_calling: String,
     /// The prompt service's request topic (for prompt tools).
     #[arg(long, default_value = defaults::PROMPT_REQUEST)]
     pub prompt_request_topic: String,
@@ -221,6 +230,7 @@ async fn build_agent(
         tool_timeout: Duration::from_secs(args.tool_timeout_secs),
         plain_answer: args.plain_answer.parse()?,
         non_streaming: args.non_streaming.parse()?,
+        tool_calling: args.tool_calling.parse()?,
     };
     let service = AgentService::new(llm, tools, next_step, template, limits, metrics)
         .map_err(|e| e.to_string())?;

@@ -12,6 +12,11 @@
 //! - `tools-interleaved`: the calls' pieces interleaved (call 0's first piece, call 1's
 //!   first piece, then their fragments alternating), as some compatible servers stream
 //!   parallel calls.
+//! - `agent-tools`: an agent's model (tests/tests/agent.rs) that, offered `lookup` and `add`,
+//!   says `Let me look these up.` and makes three calls in one turn: `lookup` with
+//!   `{"key": "capital-of-france"}`, `add` with `{"a": 2, "b": 3}`, and `add` with
+//!   `{"a": "two", "b": 3}` (off the tool's schema); given the results, answers as `tools`
+//!   does.
 
 use serde_json::{Value, json};
 
@@ -19,7 +24,10 @@ use crate::fake::Step;
 
 /// Whether `model` is one of the tool-calling models.
 pub(crate) fn is_tools_model(model: &str) -> bool {
-    matches!(model, "tools" | "tools-text" | "tools-interleaved")
+    matches!(
+        model,
+        "tools" | "tools-text" | "tools-interleaved" | "agent-tools"
+    )
 }
 
 /// The usage the tool-calling models report: (input, output).
@@ -52,6 +60,20 @@ fn turn(body: &Value, user_message: &str) -> Turn {
     let tools = body["tools"].as_array().cloned().unwrap_or_default();
     if tools.is_empty() || body["tool_choice"] == "none" {
         return Turn::Text("no tools were called".into());
+    }
+    if body["model"] == "agent-tools" {
+        let offered = |name: &str| tools.iter().any(|t| t["function"]["name"] == name);
+        return Turn::Call(
+            [
+                ("call_lookup", "lookup", json!({"key": "capital-of-france"})),
+                ("call_add", "add", json!({"a": 2, "b": 3})),
+                ("call_add_bad", "add", json!({"a": "two", "b": 3})),
+            ]
+            .into_iter()
+            .filter(|(_, name, _)| offered(name))
+            .map(|(id, name, args)| (id.to_owned(), name.to_owned(), args.to_string()))
+            .collect(),
+        );
     }
     let arguments = json!({"q": user_message}).to_string();
     let named = body["tool_choice"]["function"]["name"].as_str();
@@ -116,6 +138,12 @@ pub(crate) fn streamed(model: &str, body: &Value, user_message: &str) -> Vec<Ste
             if model == "tools-text" {
                 steps.push(Step::Send(chunk(
                     json!({"content": "Let me look that up."}),
+                    None,
+                )));
+            }
+            if model == "agent-tools" {
+                steps.push(Step::Send(chunk(
+                    json!({"content": "Let me look these up."}),
                     None,
                 )));
             }

@@ -1,0 +1,491 @@
+//! Native tool calling (`--tool-calling native`): the tools go on the text-completion request
+//! as tools, the model's calls come back as tool-call pieces on its records, and no text is
+//! parsed. A model turn may call several tools: each is an action with its observation, all
+//! run at once, and the turn is one iteration. A call's arguments are checked against the
+//! tool's schema before the tool runs; arguments that do not match are the observation
+//! (what is wrong, never their values), and the tool is not called.
+//!
+//! The model's text is held until its turn ends: only then is it known to be a thought
+//! (the turn called tools) or the answer (it did not), so a native dialog publishes each
+//! thought and the answer whole, not piece by piece.
+//!
+//! The conversation sent each iteration is the question, then per turn the assistant's text
+//! and calls, then each call's result as a `tool` turn: the dialog's history, grouped by
+//! `same_turn`, with each step's `call_id` (`step-<n>` for a ReAct step, which had none).
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use serde_json::{Map, Value, json};
+use sluice_runtime::{json_schema, processor::RequestContext, reader::Piece};
+use sluice_schema::{
+    AgentMessageType, AgentRequest, AgentStep, ChatMessage, ChatRole, Error, ErrorKind,
+    TextCompletionRequest, ToolCall, ToolCallDelta,
+    tools::{self as calls, Tool as ToolSpec},
+};
+use tracing::{debug, warn};
+
+use super::{AgentService, Dialog, read_policy, restarted};
+use crate::{
+    metrics::{DialogOutcome, IterationOutcome, ToolOutcome, kind_label},
+    tools::Tool,
+};
+
+/// The system prompt of a native dialog.
+const SYSTEM: &str = "Answer the user's question. Use the tools when they help: call them \
+with arguments that match their schemas, several at once when they do not depend on each \
+other. When you can answer, answer without calling a tool.";
+
+/// What one model turn produced.
+enum Turn {
+    /// Its text, and the calls it made.
+    Done(String, Vec<ToolCall>),
+    Failed(Error),
+    Deadline,
+}
+
+/// The JSON Schema of `tool`'s arguments: each an argument of its type, all required.
+fn schema_of(tool: &Tool) -> Value {
+    if tool.config.arguments.is_empty() {
+        return calls::no_parameters();
+    }
+    let properties: Map<String, Value> = tool
+        .config
+        .arguments
+        .iter()
+        .map(|a| {
+            let kind = match a.kind.as_str() {
+                k @ ("string" | "number" | "integer" | "boolean" | "object" | "array") => k,
+                _ => "string",
+            };
+            let mut p = json!({"type": kind});
+            if !a.description.is_empty() {
+                p["description"] = json!(a.description);
+            }
+            (a.name.clone(), p)
+        })
+        .collect();
+    let required: Vec<&str> = tool
+        .config
+        .arguments
+        .iter()
+        .map(|a| a.name.as_str())
+        .collect();
+    json!({"type": "object", "properties": properties, "required": required})
+}
+
+/// A step's arguments (strings, as TrustGraph keeps them) as the JSON text of a call: a
+/// string that reads as another JSON value is that value, as tools take it.
+fn arguments_json(arguments: &BTreeMap<String, String>) -> String {
+    let object: Map<String, Value> = arguments
+        .iter()
+        .map(|(k, v)| {
+            let value = serde_json::from_str(v)
+                .ok()
+                .filter(|x: &Value| !x.is_string())
+                .unwrap_or_else(|| Value::String(v.clone()));
+            (k.clone(), value)
+        })
+        .collect();
+    Value::Object(object).to_string()
+}
+
+/// A call's arguments as a step keeps them: strings as they are, other values as JSON text.
+fn arguments_strings(arguments: &Map<String, Value>) -> BTreeMap<String, String> {
+    arguments
+        .iter()
+        .map(|(k, v)| {
+            let text = match v {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            (k.clone(), text)
+        })
+        .collect()
+}
+
+/// The conversation of `request` so far: the question, then each turn's text and calls and
+/// their results.
+fn conversation(request: &AgentRequest) -> Vec<ChatMessage> {
+    let mut turns = vec![ChatMessage::new(ChatRole::User, request.question.clone())];
+    let mut results: Vec<ChatMessage> = Vec::new();
+    for (n, step) in request.history.iter().enumerate() {
+        let id = step.call_id.clone().unwrap_or_else(|| format!("step-{n}"));
+        let call = ToolCall {
+            id: id.clone(),
+            name: step.action.clone(),
+            arguments: arguments_json(&step.arguments),
+        };
+        match turns.last_mut() {
+            Some(last) if step.same_turn && last.role == ChatRole::Assistant => {
+                last.tool_calls.push(call);
+            }
+            _ => {
+                turns.append(&mut results);
+                let mut said = ChatMessage::new(ChatRole::Assistant, step.thought.clone());
+                said.tool_calls.push(call);
+                turns.push(said);
+            }
+        }
+        let mut result = ChatMessage::new(ChatRole::Tool, step.observation.clone());
+        result.tool_call_id = Some(id);
+        results.push(result);
+    }
+    turns.append(&mut results);
+    turns
+}
+
+impl AgentService {
+    /// One iteration of a native dialog: a model turn, then its calls run and the next step
+    /// handed on, or its answer published.
+    pub(super) async fn native_step(
+        &self,
+        mut request: AgentRequest,
+        available: Vec<&Arc<Tool>>,
+        dialog: &mut Dialog<'_>,
+        ctx: &RequestContext,
+        remaining: Duration,
+    ) -> Result<(), Error> {
+        let specs: Vec<(ToolSpec, Value)> = available
+            .iter()
+            .map(|t| {
+                let schema = schema_of(t);
+                let spec = ToolSpec {
+                    name: t.config.name.clone(),
+                    description: (!t.config.description.is_empty())
+                        .then(|| t.config.description.clone()),
+                    parameters: schema.clone(),
+                    strict: None,
+                };
+                (spec, schema)
+            })
+            .collect();
+        let turns = conversation(&request);
+        let asked = TextCompletionRequest {
+            system: SYSTEM.to_owned(),
+            prompt: TextCompletionRequest::flatten(&turns),
+            messages: Some(turns),
+            streaming: true,
+            tools: (!specs.is_empty()).then(|| specs.iter().map(|(s, _)| s.clone()).collect()),
+            ..TextCompletionRequest::default()
+        };
+        debug!(
+            iteration = request.history.len(),
+            tools = specs.len(),
+            "thinking (native tool calls)"
+        );
+        let turn =
+            match tokio::time::timeout(remaining, self.native_turn(&asked, dialog, ctx, remaining))
+                .await
+            {
+                Ok(turn) => turn?,
+                Err(_) => Turn::Deadline,
+            };
+        let (text, made) = match turn {
+            Turn::Done(text, made) => (text, made),
+            Turn::Failed(e) => {
+                self.metrics.iteration(IterationOutcome::Error);
+                self.metrics.dialog(DialogOutcome::Error);
+                return dialog.fail(e).await;
+            }
+            Turn::Deadline => {
+                self.metrics.iteration(IterationOutcome::Error);
+                self.metrics.dialog(DialogOutcome::Deadline);
+                return dialog.fail(self.deadline_error()).await;
+            }
+        };
+        let text = text.trim().to_owned();
+        if made.is_empty() {
+            self.metrics.iteration(IterationOutcome::Answer);
+            self.metrics.dialog(DialogOutcome::Answer);
+            return dialog
+                .send(AgentMessageType::Answer, text, true, true)
+                .await;
+        }
+        self.metrics.iteration(IterationOutcome::Action);
+        if dialog.steps && !text.is_empty() {
+            dialog
+                .send(AgentMessageType::Thought, text.clone(), true, false)
+                .await?;
+        }
+        // Each call's arguments, read and checked against its tool's schema.
+        let checked: Vec<Result<Map<String, Value>, String>> = made
+            .iter()
+            .map(|call| {
+                let schema = specs
+                    .iter()
+                    .find(|(s, _)| s.name == call.name)
+                    .map(|(_, schema)| schema);
+                check_arguments(call, schema)
+            })
+            .collect();
+        if dialog.steps {
+            for (call, args) in made.iter().zip(&checked) {
+                let shown = match args {
+                    Ok(a) => Value::Object(a.clone()),
+                    Err(_) => Value::String(call.arguments.clone()),
+                };
+                let action = json!({"name": call.name, "arguments": shown}).to_string();
+                dialog
+                    .send(AgentMessageType::Action, action, true, false)
+                    .await?;
+            }
+        }
+        // The calls run at once; their observations come in the order they were made.
+        let runs = made.iter().zip(&checked).map(|(call, args)| {
+            let available = &available;
+            async move {
+                match args {
+                    Ok(a) => {
+                        self.run_tool(available, &call.name, &arguments_strings(a), ctx, remaining)
+                            .await
+                    }
+                    Err(problem) => {
+                        let known = available.iter().find(|t| t.config.name == call.name);
+                        match known {
+                            // An unknown name gets run_tool's own observation.
+                            None => {
+                                self.run_tool(available, &call.name, &BTreeMap::new(), ctx, remaining)
+                                    .await
+                            }
+                            Some(t) => {
+                                warn!(tool = %call.name, %problem, "tool call arguments do not match the tool's schema; not called");
+                                self.metrics.tool_call(
+                                    &t.config.name,
+                                    kind_label(&t.config.kind),
+                                    ToolOutcome::InvalidArguments,
+                                    Duration::ZERO,
+                                );
+                                (
+                                    format!(
+                                        "The arguments for {} do not match its schema: {problem}. The tool was not called; call it again with arguments that match.",
+                                        call.name
+                                    ),
+                                    None,
+                                )
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        let results = futures::future::join_all(runs).await;
+        for (n, (call, ((observation, next_state), args))) in made
+            .iter()
+            .zip(results.into_iter().zip(checked))
+            .enumerate()
+        {
+            if dialog.steps {
+                dialog
+                    .send(
+                        AgentMessageType::Observation,
+                        observation.clone(),
+                        true,
+                        false,
+                    )
+                    .await?;
+            }
+            request.history.push(AgentStep {
+                thought: if n == 0 { text.clone() } else { String::new() },
+                action: call.name.clone(),
+                arguments: args.map(|a| arguments_strings(&a)).unwrap_or_default(),
+                observation,
+                step_type: Some("native".into()),
+                user: request.user.clone(),
+                call_id: Some(call.id.clone()),
+                same_turn: n > 0,
+            });
+            if next_state.is_some() {
+                request.state = next_state;
+            }
+        }
+        self.hand_off(dialog, &mut request).await
+    }
+
+    /// Calls the model once for a native turn: its whole text and its calls.
+    async fn native_turn(
+        &self,
+        asked: &TextCompletionRequest,
+        dialog: &mut Dialog<'_>,
+        ctx: &RequestContext,
+        remaining: Duration,
+    ) -> Result<Turn, Error> {
+        let options = sluice_runtime::client::RequestOptions {
+            traceparent: ctx.traceparent.clone(),
+            key: ctx.key.clone(),
+            total_timeout: Some(remaining),
+            ..Default::default()
+        };
+        let mut reader = match self.llm.read(asked, options, read_policy()).await {
+            Ok(r) => r,
+            Err(f) => return Ok(Turn::Failed(native_refusal(f.error))),
+        };
+        let mut text = String::new();
+        let mut pieces: Vec<ToolCallDelta> = Vec::new();
+        while let Some(piece) = reader.next().await {
+            let r = match piece {
+                Piece::Record(r) => r,
+                Piece::Failed(f) => {
+                    if let Some(r) = &f.record {
+                        dialog.usage.add(r);
+                    }
+                    if matches!(
+                        f.client,
+                        Some(sluice_runtime::client::ClientError::TotalTimeout(_))
+                    ) {
+                        return Ok(Turn::Deadline);
+                    }
+                    return Ok(Turn::Failed(native_refusal(f.error)));
+                }
+                Piece::Restarted => return Ok(Turn::Failed(restarted())),
+            };
+            dialog.usage.add(&r);
+            text.push_str(&r.response);
+            calls::append_deltas(&mut pieces, r.tool_calls.clone());
+            if r.end_of_stream {
+                break;
+            }
+        }
+        Ok(Turn::Done(text, calls::assemble(&pieces)))
+    }
+}
+
+/// `error`, with what to do when the text-completion processor's provider cannot call tools.
+fn native_refusal(error: Error) -> Error {
+    if error.kind == ErrorKind::InvalidRequest && error.message.contains("tools") {
+        Error::new(
+            error.kind.clone(),
+            format!(
+                "{} (the agent calls tools natively, --tool-calling native: give it a text-completion processor whose provider calls tools, or use --tool-calling react)",
+                error.message
+            ),
+        )
+    } else {
+        error
+    }
+}
+
+/// A call's arguments as an object, checked against its tool's `schema` (none: an unknown
+/// tool, whose arguments are not checked here); what is wrong, never the values, otherwise.
+fn check_arguments(call: &ToolCall, schema: Option<&Value>) -> Result<Map<String, Value>, String> {
+    let text = call.arguments.trim();
+    let value: Value = if text.is_empty() {
+        json!({})
+    } else {
+        serde_json::from_str(text).map_err(|e| {
+            format!(
+                "they are not JSON (line {} column {})",
+                e.line(),
+                e.column()
+            )
+        })?
+    };
+    let Value::Object(object) = value else {
+        return Err("they are not a JSON object".to_owned());
+    };
+    if let Some(schema) = schema {
+        let validator = json_schema::compile(schema)?;
+        json_schema::check(&validator, &Value::Object(object.clone()))?;
+    }
+    Ok(object)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(action: &str, id: Option<&str>, same_turn: bool, observation: &str) -> AgentStep {
+        AgentStep {
+            thought: if same_turn {
+                String::new()
+            } else {
+                "thinking".into()
+            },
+            action: action.into(),
+            arguments: BTreeMap::from([
+                ("n".to_owned(), "2".to_owned()),
+                ("s".to_owned(), "x".to_owned()),
+            ]),
+            observation: observation.into(),
+            step_type: Some("native".into()),
+            user: None,
+            call_id: id.map(str::to_owned),
+            same_turn,
+        }
+    }
+
+    /// A ReAct step, then a turn of two calls: the assistant's calls grouped, each result a
+    /// tool turn answering its id, after the turn's calls.
+    #[test]
+    fn history_becomes_a_conversation_of_turns() {
+        let request = AgentRequest {
+            question: "q?".into(),
+            history: vec![
+                step("a", None, false, "one"),
+                step("b", Some("c1"), false, "two"),
+                step("c", Some("c2"), true, "three"),
+            ],
+            ..AgentRequest::default()
+        };
+        let turns = conversation(&request);
+        let roles: Vec<ChatRole> = turns.iter().map(|t| t.role).collect();
+        assert_eq!(
+            roles,
+            [
+                ChatRole::User,
+                ChatRole::Assistant,
+                ChatRole::Tool,
+                ChatRole::Assistant,
+                ChatRole::Tool,
+                ChatRole::Tool
+            ]
+        );
+        assert_eq!(turns[1].tool_calls[0].id, "step-0");
+        assert_eq!(turns[1].tool_calls[0].arguments, r#"{"n":2,"s":"x"}"#);
+        assert_eq!(turns[2].tool_call_id.as_deref(), Some("step-0"));
+        assert_eq!(
+            turns[3]
+                .tool_calls
+                .iter()
+                .map(|c| c.id.as_str())
+                .collect::<Vec<_>>(),
+            ["c1", "c2"]
+        );
+        assert_eq!(turns[3].content, "thinking");
+        assert_eq!(turns[4].content, "two");
+        assert_eq!(turns[5].tool_call_id.as_deref(), Some("c2"));
+    }
+
+    #[test]
+    fn arguments_are_checked_against_the_schema_without_quoting_them() {
+        let schema =
+            json!({"type": "object", "properties": {"a": {"type": "number"}}, "required": ["a"]});
+        let call = |args: &str| ToolCall {
+            id: "c".into(),
+            name: "add".into(),
+            arguments: args.into(),
+        };
+        assert_eq!(
+            check_arguments(&call(r#"{"a": 2}"#), Some(&schema)).unwrap()["a"],
+            2
+        );
+        let e = check_arguments(&call(r#"{"a": "secret"}"#), Some(&schema)).unwrap_err();
+        assert_eq!(e, "/a is not of type number");
+        assert!(
+            check_arguments(&call("[1]"), Some(&schema))
+                .unwrap_err()
+                .contains("not a JSON object")
+        );
+        assert!(
+            check_arguments(&call("{"), None)
+                .unwrap_err()
+                .starts_with("they are not JSON")
+        );
+        assert_eq!(
+            arguments_strings(&check_arguments(&call(r#"{"a": 2, "b": "x"}"#), None).unwrap()),
+            BTreeMap::from([
+                ("a".to_owned(), "2".to_owned()),
+                ("b".to_owned(), "x".to_owned())
+            ])
+        );
+    }
+}
