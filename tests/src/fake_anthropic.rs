@@ -233,6 +233,9 @@ async fn messages(
 
 /// A tool-calling model's answer to `body`, streamed or whole.
 fn tools_answer(model: &str, body: &Value, streaming: bool) -> Response {
+    if let Some(message) = tools::refusal(body) {
+        return error(StatusCode::BAD_REQUEST, "invalid_request_error", &message);
+    }
     if streaming {
         let steps = tools::streamed(model, body)
             .into_iter()

@@ -483,6 +483,38 @@ fn tools_turn(body: &Value) -> Result<Vec<(String, String, Value)>, String> {
         .collect())
 }
 
+/// What Converse refuses in a conversation with tool blocks, as it words it: tool blocks
+/// without a toolConfig, a toolUseId off `^[a-zA-Z0-9_-]{1,64}$`, empty content.
+fn tools_refusal(body: &Value) -> Option<String> {
+    let messages = body["messages"].as_array().cloned().unwrap_or_default();
+    let mut tool_blocks = false;
+    for m in &messages {
+        let blocks = m["content"].as_array().cloned().unwrap_or_default();
+        if blocks.is_empty() {
+            return Some("The content field in the Message object is empty. Add a ContentBlock object to the content field and try again.".into());
+        }
+        for b in blocks {
+            let id = b["toolUse"]["toolUseId"]
+                .as_str()
+                .or(b["toolResult"]["toolUseId"].as_str());
+            if let Some(id) = id {
+                tool_blocks = true;
+                let ok = (1..=64).contains(&id.len())
+                    && id
+                        .bytes()
+                        .all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-');
+                if !ok {
+                    return Some("1 validation error detected: Value at 'messages.n.member.content.n.member.toolUse.toolUseId' failed to satisfy constraint: Member must satisfy regular expression pattern: [a-zA-Z0-9_-]+".into());
+                }
+            }
+        }
+    }
+    (tool_blocks && body.get("toolConfig").is_none()).then(|| {
+        "The toolConfig field must be defined when using toolUse and toolResult content blocks."
+            .into()
+    })
+}
+
 /// The `tools` script's frames for `body`.
 fn tools_frames(body: &Value) -> Vec<u8> {
     let mut frames = vec![start()];
@@ -588,9 +620,13 @@ async fn converse_stream(
                 Step::Bytes(bad),
             ]
         }
-        ("tools", _) => vec![Step::Bytes(tools_frames(
-            &serde_json::from_slice(&body).unwrap_or(Value::Null),
-        ))],
+        ("tools", _) => {
+            let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            if let Some(message) = tools_refusal(&body) {
+                return aws_error(StatusCode::BAD_REQUEST, "ValidationException", &message);
+            }
+            vec![Step::Bytes(tools_frames(&body))]
+        }
         ("no_metadata", _) => {
             let mut f = normal_frames();
             f.pop();
@@ -616,6 +652,10 @@ async fn converse(
         return resp;
     }
     if script == "tools" {
+        if let Some(message) = tools_refusal(&serde_json::from_slice(&body).unwrap_or(Value::Null))
+        {
+            return aws_error(StatusCode::BAD_REQUEST, "ValidationException", &message);
+        }
         let (content, stop) =
             match tools_turn(&serde_json::from_slice(&body).unwrap_or(Value::Null)) {
                 Err(text) => (json!([{"text": text}]), "end_turn"),

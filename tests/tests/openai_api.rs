@@ -1101,6 +1101,23 @@ async fn anthropic_tool_use_reaches_openai_callers_as_openai_tool_calls() {
         json!({"type": "tool", "name": "get_time", "disable_parallel_tool_use": true})
     );
 
+    // Calls a Gemini processor made (ids carrying thought signatures, kilobytes of base64 that
+    // Anthropic's id pattern refuses) sent back to Anthropic, as a fallback list would: their
+    // ids made portable, call and result still paired.
+    let signed = |bare: &str| format!("{bare}::sig::{}", "c2ln+/=".repeat(400));
+    let (a, b) = (signed("sluice_00aa"), signed("sluice_00bb"));
+    let got = streamed_tools(&url, results_sent_back([&a, &b])).await;
+    assert_eq!(got.text, "results: sunny; noon");
+    let sent = fake.last_body();
+    assert_eq!(
+        sent["messages"][1]["content"][0]["id"], "sluice_00aa",
+        "{sent}"
+    );
+    assert_eq!(
+        sent["messages"][2]["content"][1]["tool_use_id"], "sluice_00bb",
+        "{sent}"
+    );
+
     // A call sent back whose arguments are no JSON object cannot be put in Anthropic's terms:
     // the caller's 400, nothing sent.
     let calls_before = fake.calls("tools");
@@ -1229,7 +1246,7 @@ async fn gemini_function_calls_reach_openai_callers_as_openai_tool_calls() {
 /// own whole answer); `stop_reason: tool_use` is `finish_reason: tool_calls`; the tools go as
 /// `toolConfig` and a named choice as its `toolChoice`; the results sent back go as `toolUse`
 /// and `toolResult` blocks and the model answers from them; `tool_choice: none`, which
-/// Converse lacks, is the caller's 400 and nothing is sent. Then OpenAI's Python SDK runs its
+/// Converse lacks, sends no tools and the turns as text. Then OpenAI's Python SDK runs its
 /// tool scenarios against it, when `OPENAI_PY` is set.
 #[tokio::test]
 async fn bedrock_tool_use_reaches_openai_callers_as_openai_tool_calls() {
@@ -1314,17 +1331,22 @@ async fn bedrock_tool_use_reaches_openai_callers_as_openai_tool_calls() {
         json!({"tool": {"name": "get_time"}})
     );
 
-    let before = fake.calls("tools");
-    let mut none = ask_tools(&model, false);
+    // `none`, which Converse lacks, after the results: no tools sent, so none can be called,
+    // and the calls and results as text (the fake refuses tool blocks without a toolConfig,
+    // as Converse does).
+    let mut none = results_sent_back_to(&model, ids);
     none["tool_choice"] = json!("none");
-    let resp = post_to(&url, none).await;
-    assert_eq!(resp.status(), 400);
-    let v: Value = resp.json().await.unwrap();
-    assert!(
-        v["error"]["message"].as_str().unwrap().contains("`none`"),
-        "{v}"
+    let got = streamed_tools(&url, none).await;
+    assert_eq!(got.text, "no tools were called");
+    assert!(got.calls.is_empty());
+    let sent = fake.last_request().body;
+    assert!(sent.get("toolConfig").is_none(), "{sent}");
+    assert_eq!(
+        sent["messages"][2],
+        json!({"role": "user", "content": [{"text": "[result of get_weather]\nsunny"},
+            {"text": "[result of get_time]\nnoon"}]}),
+        "{sent}"
     );
-    assert_eq!(fake.calls("tools"), before, "nothing sent");
 
     python_sdk_tools_against(&s.url("/v1"), "Bedrock", &model, true).await;
     s.stop().await;

@@ -218,7 +218,7 @@ impl TextCompletionService {
             return invalid(format!(
                 "invalid request: field `tools`: this processor's provider ({}, or one of its \
                  fallback list) does not call tools; send the request to a processor whose \
-                 providers do (openai, azure, mistral, openai-compatible)",
+                 providers do (every built-in provider does)",
                 self.provider.name()
             ));
         }

@@ -138,6 +138,13 @@ fn sum(a: Option<Usage>, b: Option<Usage>) -> Option<Usage> {
 }
 
 impl Enforced {
+    /// A whole answer read from the provider's stream, so that the time limits between
+    /// chunks apply to a long answer, not one limit to all of it (Bedrock's `converse` and
+    /// Vertex's `rawPredict` would have it all within the first-token limit).
+    async fn whole(&self, request: &TextCompletionRequest) -> Result<Completion, ProviderError> {
+        crate::provider::collect(self.inner.generate_stream(request).await?).await
+    }
+
     /// The answer to `request` held to `wanted`: `Ok` with the answer, or `Err` with the
     /// error and the usage spent.
     async fn answer(
@@ -152,7 +159,7 @@ impl Enforced {
         } else {
             format!("{}\n\n{instruction}", asked.system)
         };
-        let first = self.inner.generate(&asked).await?;
+        let first = self.whole(&asked).await?;
         if !first.tool_calls.is_empty() {
             return Ok(Ok(first));
         }
@@ -173,13 +180,14 @@ impl Enforced {
         // The conversation so far, the failed answer, and what was wrong with it.
         let mut turns = asked.turns();
         turns.push(ChatMessage::new(ChatRole::Assistant, first.text.clone()));
+        // The instruction and schema are in the system prompt already: a reminder is enough.
         turns.push(ChatMessage::new(
             ChatRole::User,
-            format!("{problem}. {}", wanted.instruction()),
+            format!("{problem}. Answer again with only the JSON value the system prompt asks for."),
         ));
         asked.prompt = TextCompletionRequest::flatten(&turns);
         asked.messages = Some(turns);
-        let second = match self.inner.generate(&asked).await {
+        let second = match self.whole(&asked).await {
             Ok(second) => second,
             Err(e) => return Ok(Err((e, first.usage))),
         };

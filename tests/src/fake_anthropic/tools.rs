@@ -14,8 +14,56 @@
 //!   blocks are numbered from 1 (a tool call after some text).
 //!
 //! Usage: 20 input tokens in `message_start`, 10 output as `message_delta`'s total.
+//!
+//! Both refuse, as Anthropic's API does (400 `invalid_request_error`), tool blocks in a
+//! request without tools, a tool id off `^[a-zA-Z0-9_-]+$`, and a user message whose
+//! `tool_result` blocks do not come first.
 
 use serde_json::{Value, json};
+
+/// What Anthropic's API refuses in a conversation with tool blocks, as it words it: tool
+/// blocks without tools, a tool id off `^[a-zA-Z0-9_-]+$`, a user message whose
+/// `tool_result` blocks do not come first.
+pub(crate) fn refusal(body: &Value) -> Option<String> {
+    let messages = body["messages"].as_array().cloned().unwrap_or_default();
+    let blocks = |m: &Value| m["content"].as_array().cloned().unwrap_or_default();
+    let any_tool_block = messages
+        .iter()
+        .flat_map(blocks)
+        .any(|b| b["type"] == "tool_use" || b["type"] == "tool_result");
+    if any_tool_block && body["tools"].as_array().is_none_or(Vec::is_empty) {
+        return Some(
+            "Requests which include `tool_use` or `tool_result` blocks must define tools.".into(),
+        );
+    }
+    for (i, m) in messages.iter().enumerate() {
+        let bs = blocks(m);
+        for b in &bs {
+            if let Some(id) = b["id"].as_str().or(b["tool_use_id"].as_str()) {
+                let ok = !id.is_empty()
+                    && id
+                        .bytes()
+                        .all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-');
+                if !ok {
+                    return Some(format!(
+                        "messages.{i}.content: tool id: String should match pattern '^[a-zA-Z0-9_-]+$'"
+                    ));
+                }
+            }
+        }
+        let first_other = bs.iter().position(|b| b["type"] != "tool_result");
+        let last_result = bs.iter().rposition(|b| b["type"] == "tool_result");
+        if let (Some(t), Some(r)) = (first_other, last_result)
+            && t < r
+            && m["role"] == "user"
+        {
+            return Some(format!(
+                "messages.{i}: tool_result blocks must come first in the user message"
+            ));
+        }
+    }
+    None
+}
 
 /// Whether `model` is one of the tool-calling models.
 pub(crate) fn is_tools_model(model: &str) -> bool {

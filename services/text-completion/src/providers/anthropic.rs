@@ -40,8 +40,8 @@ use crate::{
         Chunk, ChunkStream, Completion, FailureKind, Provider, ProviderError, Usage, whole_calls,
     },
     providers::{
-        Body, HttpTimeouts, SseStep, classify_status, http_client, send, sse_body_chunks,
-        transport_error,
+        Body, HttpTimeouts, SseStep, classify_status, http_client, portable_call_id, send,
+        shown_call_id, sse_body_chunks, transport_error,
     },
 };
 
@@ -169,7 +169,12 @@ impl AnthropicProvider {
         streaming: bool,
     ) -> Result<Value, ProviderError> {
         let messages = if request.uses_tools() {
-            tool_messages(request.turns())?
+            // Anthropic refuses tool blocks in a request that declares no tools.
+            if request.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+                tool_messages(request.turns())?
+            } else {
+                tool_messages(crate::providers::tool_turns_as_text(request.turns()))?
+            }
         } else {
             request
                 .turns()
@@ -306,7 +311,7 @@ fn tool_messages(turns: Vec<ChatMessage>) -> Result<Vec<Value>, ProviderError> {
             ChatRole::Tool => (
                 "user",
                 vec![json!({"type": "tool_result",
-                    "tool_use_id": turn.tool_call_id.unwrap_or_default(),
+                    "tool_use_id": portable_call_id(turn.tool_call_id.as_deref().unwrap_or_default()),
                     "content": turn.content})],
             ),
             ChatRole::User => ("user", text_block(turn.content)),
@@ -325,7 +330,14 @@ fn tool_messages(turns: Vec<ChatMessage>) -> Result<Vec<Value>, ProviderError> {
     }
     Ok(messages
         .into_iter()
-        .map(|(role, content)| json!({"role": role, "content": content}))
+        // A turn with nothing to say (no text, no call) is left out: Anthropic refuses
+        // empty content.
+        .filter(|(_, content)| !content.is_empty())
+        .map(|(role, mut content)| {
+            // A user message's tool results come before its text, as Anthropic wants.
+            content.sort_by_key(|b| b["type"] != "tool_result");
+            json!({"role": role, "content": content})
+        })
         .collect())
 }
 
@@ -348,12 +360,15 @@ fn tool_use_block(call: &ToolCall) -> Result<Value, ProviderError> {
             _ => {
                 return Err(ProviderError::unsendable(format!(
                     "the arguments of tool call {:?} are not a JSON object; Anthropic takes a call's input as one",
-                    call.id
+                    shown_call_id(&call.id)
                 )));
             }
         }
     };
-    Ok(json!({"type": "tool_use", "id": call.id, "name": call.name, "input": input}))
+    Ok(
+        json!({"type": "tool_use", "id": portable_call_id(&call.id), "name": call.name,
+        "input": input}),
+    )
 }
 
 /// The input count of a Messages `usage` object: cache writes and reads are input too.

@@ -89,12 +89,28 @@ impl CohereProvider {
         for turn in request.turns() {
             let mut m = json!({"role": turn.role.as_str(), "content": turn.content});
             if turn.role == ChatRole::Tool {
-                m["tool_call_id"] = json!(turn.tool_call_id.unwrap_or_default());
+                m["tool_call_id"] = json!(crate::providers::portable_call_id(
+                    turn.tool_call_id.as_deref().unwrap_or_default()
+                ));
             } else if !turn.tool_calls.is_empty() {
-                // Cohere takes what the model said before its calls as the plan, not content.
-                m = json!({"role": "assistant",
-                    "tool_calls": turn.tool_calls.iter().map(sluice_schema::tools::openai_call)
-                        .collect::<Vec<_>>()});
+                // Cohere takes what the model said before its calls as the plan, not content;
+                // a call without arguments as `{}`, as the others do.
+                let calls: Vec<Value> = turn
+                    .tool_calls
+                    .iter()
+                    .map(|c| {
+                        sluice_schema::tools::openai_call(&sluice_schema::ToolCall {
+                            id: crate::providers::portable_call_id(&c.id),
+                            name: c.name.clone(),
+                            arguments: if c.arguments.trim().is_empty() {
+                                "{}".to_owned()
+                            } else {
+                                c.arguments.clone()
+                            },
+                        })
+                    })
+                    .collect();
+                m = json!({"role": "assistant", "tool_calls": calls});
                 if !turn.content.is_empty() {
                     m["tool_plan"] = json!(turn.content);
                 }

@@ -131,7 +131,12 @@ impl GeminiProvider {
 
     fn body(&self, request: &TextCompletionRequest) -> Result<Value, ProviderError> {
         let contents = if request.uses_tools() {
-            tool_contents(&request.turns())?
+            if request.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+                tool_contents(&request.turns())?
+            } else {
+                // No tools declared: the conversation's calls and results go as text.
+                tool_contents(&crate::providers::tool_turns_as_text(request.turns()))?
+            }
         } else {
             request
                 .turns()
@@ -274,7 +279,8 @@ fn tool_contents(turns: &[ChatMessage]) -> Result<Vec<Value>, ProviderError> {
                     .ok_or_else(|| {
                         ProviderError::unsendable(
                             format!(
-                                "the tool result for call {id:?} answers no call of the conversation; Gemini needs the called tool's name"
+                                "the tool result for call {:?} answers no call of the conversation; Gemini needs the called tool's name",
+                                crate::providers::shown_call_id(id)
                             ),
                         )
                     })?;
@@ -327,7 +333,7 @@ fn function_call_part(call: &sluice_schema::ToolCall) -> Result<Value, ProviderE
             _ => {
                 return Err(ProviderError::unsendable(format!(
                     "the arguments of tool call {:?} are not a JSON object; Gemini takes a call's args as one",
-                    call.id
+                    crate::providers::shown_call_id(&call.id)
                 )));
             }
         }

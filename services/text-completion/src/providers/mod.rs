@@ -28,6 +28,84 @@ pub fn model_for<'a>(
         .unwrap_or(configured)
 }
 
+/// A tool call's id as providers with strict ids take it (Anthropic and Bedrock: 1 to 64 of
+/// `[a-zA-Z0-9_-]`): an id sluice made for a Gemini call carries that call's thought
+/// signature (kilobytes of base64: [`gemini::SIGNATURE_MARK`]), which is cut off; other
+/// characters become `_`; a longer id becomes its first 47 characters and a hash of the
+/// whole. The same id always maps to the same one, so a call and its result still pair,
+/// whichever provider of a fallback list made the call.
+pub fn portable_call_id(id: &str) -> String {
+    let bare = id
+        .split_once(gemini::SIGNATURE_MARK)
+        .map_or(id, |(bare, _)| bare);
+    let clean: String = bare
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    match clean.len() {
+        0 => "call".to_owned(),
+        1..=64 => clean,
+        _ => {
+            // FNV-1a: stable across runs and builds (the std hasher promises neither).
+            let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+            format!("{}_{hash:016x}", &clean[..47])
+        }
+    }
+}
+
+/// A call's id as an error message shows it: without a signature, at most 64 characters.
+pub fn shown_call_id(id: &str) -> String {
+    id.split_once(gemini::SIGNATURE_MARK)
+        .map_or(id, |(bare, _)| bare)
+        .chars()
+        .take(64)
+        .collect()
+}
+
+/// A conversation's tool turns as plain text, for a provider sent no tools: Anthropic and
+/// Bedrock refuse tool blocks in a request that declares no tools (and Bedrock, which has no
+/// tool choice `none`, is sent none to honour it). A call becomes a line of its turn's text,
+/// a result a user turn naming the call.
+pub fn tool_turns_as_text(
+    turns: Vec<sluice_schema::ChatMessage>,
+) -> Vec<sluice_schema::ChatMessage> {
+    use sluice_schema::{ChatMessage, ChatRole};
+    let mut names = std::collections::HashMap::new();
+    turns
+        .into_iter()
+        .map(|t| match t.role {
+            ChatRole::Assistant if !t.tool_calls.is_empty() => {
+                let mut text = t.content.clone();
+                for call in &t.tool_calls {
+                    names.insert(call.id.clone(), call.name.clone());
+                    if !text.is_empty() {
+                        text.push('\n');
+                    }
+                    text.push_str(&format!("[called {}({})]", call.name, call.arguments));
+                }
+                ChatMessage::new(ChatRole::Assistant, text)
+            }
+            ChatRole::Tool => {
+                let id = t.tool_call_id.unwrap_or_default();
+                let name = names
+                    .get(&id)
+                    .cloned()
+                    .unwrap_or_else(|| "a tool".to_owned());
+                ChatMessage::new(ChatRole::User, format!("[result of {name}]\n{}", t.content))
+            }
+            _ => t,
+        })
+        .collect()
+}
+
 /// Vertex AI's public origin for `location`: the regional host
 /// `https://{location}-aiplatform.googleapis.com`, or for the `global` location (Google routes
 /// the call to a region with capacity) the host without a region, which is the only one that
@@ -391,5 +469,49 @@ mod tests {
         assert!(e.message.contains("no response"), "{}", e.message);
         assert!(started.elapsed() < Duration::from_secs(30));
         hold.abort();
+    }
+
+    #[test]
+    fn call_ids_become_portable_and_stay_paired() {
+        assert_eq!(portable_call_id("toolu_01A-b"), "toolu_01A-b");
+        assert_eq!(portable_call_id("call.1:x"), "call_1_x");
+        let signed = format!(
+            "sluice_00ff{}{}",
+            gemini::SIGNATURE_MARK,
+            "c2ln+/=".repeat(500)
+        );
+        assert_eq!(portable_call_id(&signed), "sluice_00ff");
+        assert_eq!(shown_call_id(&signed), "sluice_00ff");
+        let long = "x".repeat(100);
+        let p = portable_call_id(&long);
+        assert_eq!(p.len(), 64);
+        assert_eq!(p, portable_call_id(&long), "stable");
+        assert_ne!(p, portable_call_id(&"x".repeat(101)));
+        assert_eq!(portable_call_id(""), "call");
+    }
+
+    #[test]
+    fn tool_turns_become_text_for_a_provider_sent_no_tools() {
+        use sluice_schema::{ChatMessage, ChatRole, ToolCall};
+        let mut call = ChatMessage::new(ChatRole::Assistant, "Checking.");
+        call.tool_calls = vec![ToolCall {
+            id: "c1".into(),
+            name: "weather".into(),
+            arguments: r#"{"city":"Paris"}"#.into(),
+        }];
+        let mut result = ChatMessage::new(ChatRole::Tool, "sunny");
+        result.tool_call_id = Some("c1".into());
+        let turns = tool_turns_as_text(vec![
+            ChatMessage::new(ChatRole::User, "Paris?"),
+            call,
+            result,
+        ]);
+        assert_eq!(
+            turns[1].content,
+            "Checking.\n[called weather({\"city\":\"Paris\"})]"
+        );
+        assert!(turns[1].tool_calls.is_empty());
+        assert_eq!(turns[2].role, ChatRole::User);
+        assert_eq!(turns[2].content, "[result of weather]\nsunny");
     }
 }

@@ -109,12 +109,13 @@ impl OllamaProvider {
                                 _ => {
                                     return Err(ProviderError::unsendable(format!(
                                         "the arguments of tool call {:?} are not a JSON object; ollama takes a call's arguments as one",
-                                        c.id
+                                        crate::providers::shown_call_id(&c.id)
                                     )));
                                 }
                             }
                         };
-                        Ok(json!({"id": c.id, "function": {"name": c.name, "arguments": arguments}}))
+                        Ok(json!({"id": crate::providers::portable_call_id(&c.id),
+                            "function": {"name": c.name, "arguments": arguments}}))
                     })
                     .collect::<Result<Vec<_>, _>>()?
                     .into();
@@ -130,7 +131,7 @@ impl OllamaProvider {
                 {
                     m["tool_name"] = json!(call.name);
                 }
-                m["tool_call_id"] = json!(id);
+                m["tool_call_id"] = json!(crate::providers::portable_call_id(id));
             }
             messages.push(m);
         }

@@ -115,16 +115,24 @@ impl OpenAiProvider {
         for turn in request.turns() {
             let mut m = json!({"role": turn.role.as_str(), "content": turn.content});
             if turn.role == ChatRole::Tool {
-                m["tool_call_id"] = json!(turn.tool_call_id.unwrap_or_default());
+                m["tool_call_id"] = json!(crate::providers::portable_call_id(
+                    turn.tool_call_id.as_deref().unwrap_or_default()
+                ));
             }
             if !turn.tool_calls.is_empty() {
                 if turn.content.is_empty() {
                     m["content"] = Value::Null;
                 }
+                // A Gemini call's signed id goes without its signature (portable_call_id).
                 m["tool_calls"] = turn
                     .tool_calls
                     .iter()
-                    .map(sluice_schema::tools::openai_call)
+                    .map(|c| {
+                        sluice_schema::tools::openai_call(&sluice_schema::ToolCall {
+                            id: crate::providers::portable_call_id(&c.id),
+                            ..c.clone()
+                        })
+                    })
                     .collect();
             }
             messages.push(m);

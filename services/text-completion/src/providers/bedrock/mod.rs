@@ -17,8 +17,9 @@
 //!
 //! Tools: a request's tools go as `toolConfig.tools` (`toolSpec` with `inputSchema.json`), its
 //! choice as `toolConfig.toolChoice` (`auto`, `any` for required, `tool` for a named one;
-//! Converse has no `none`, so that choice is refused rather than ignored, and no switch for
-//! parallel calls). Calls go back as `toolUse` blocks of the assistant's message and results
+//! Converse has no `none`, so for that choice no tools are sent and the conversation's calls
+//! and results go as text, as for a request without tools, since Converse refuses tool
+//! blocks without them; no switch for parallel calls). Calls go back as `toolUse` blocks of the assistant's message and results
 //! as `toolResult` blocks of the user message after it. A streamed call is a content block:
 //! `contentBlockStart` with `start.toolUse` (id, name), `contentBlockDelta` with
 //! `delta.toolUse.input` fragments; each block one call, numbered in the order blocks began.
@@ -121,8 +122,17 @@ impl BedrockProvider {
     }
 
     fn body(&self, request: &TextCompletionRequest) -> Result<Vec<u8>, ProviderError> {
+        // Converse has no tool choice `none`: such a request is sent no tools, without which
+        // no call can be made; and Converse refuses tool blocks in a request without tools, so
+        // the conversation's calls and results then go as text.
+        let declared = request.tools.as_ref().is_some_and(|t| !t.is_empty())
+            && request.tool_choice != Some(ToolChoice::Mode(ToolMode::None));
         let messages: Vec<Value> = if request.uses_tools() {
-            tool_messages(request.turns())?
+            if declared {
+                tool_messages(request.turns())?
+            } else {
+                tool_messages(crate::providers::tool_turns_as_text(request.turns()))?
+            }
         } else {
             request
                 .turns()
@@ -131,7 +141,7 @@ impl BedrockProvider {
                 .collect()
         };
         let mut body = json!({ "messages": messages });
-        if let Some(tools) = request.tools.as_ref().filter(|t| !t.is_empty()) {
+        if let Some(tools) = request.tools.as_ref().filter(|_| declared) {
             let specs: Vec<Value> = tools
                 .iter()
                 .map(|t| {
@@ -151,11 +161,8 @@ impl BedrockProvider {
                 Some(ToolChoice::Named { name }) => {
                     body["toolConfig"]["toolChoice"] = json!({"tool": {"name": name}});
                 }
-                Some(ToolChoice::Mode(ToolMode::None)) => {
-                    return Err(ProviderError::unsendable(
-                        "bedrock's Converse has no tool choice `none`: leave the tools out (or the choice) instead",
-                    ));
-                }
+                // Not declared: no tools were sent.
+                Some(ToolChoice::Mode(ToolMode::None)) => {}
             }
         }
         if !request.system.is_empty() {
@@ -303,7 +310,8 @@ fn tool_messages(turns: Vec<ChatMessage>) -> Result<Vec<Value>, ProviderError> {
             ChatRole::Tool => (
                 "user",
                 vec![json!({"toolResult": {
-                    "toolUseId": turn.tool_call_id.unwrap_or_default(),
+                    "toolUseId": crate::providers::portable_call_id(
+                        turn.tool_call_id.as_deref().unwrap_or_default()),
                     "content": [{"text": turn.content}]}})],
             ),
             ChatRole::User => ("user", text(turn.content)),
@@ -318,13 +326,14 @@ fn tool_messages(turns: Vec<ChatMessage>) -> Result<Vec<Value>, ProviderError> {
                             _ => {
                                 return Err(ProviderError::unsendable(format!(
                                     "the arguments of tool call {:?} are not a JSON object; bedrock takes a call's input as one",
-                                    call.id
+                                    crate::providers::shown_call_id(&call.id)
                                 )));
                             }
                         }
                     };
-                    blocks.push(json!({"toolUse": {"toolUseId": call.id, "name": call.name,
-                        "input": input}}));
+                    blocks.push(json!({"toolUse": {
+                        "toolUseId": crate::providers::portable_call_id(&call.id),
+                        "name": call.name, "input": input}}));
                 }
                 ("assistant", blocks)
             }
@@ -336,7 +345,12 @@ fn tool_messages(turns: Vec<ChatMessage>) -> Result<Vec<Value>, ProviderError> {
     }
     Ok(messages
         .into_iter()
-        .map(|(role, content)| json!({"role": role, "content": content}))
+        // A turn with nothing to say is left out: Converse refuses empty content.
+        .filter(|(_, content)| !content.is_empty())
+        .map(|(role, mut content)| {
+            content.sort_by_key(|b| b.get("toolResult").is_none());
+            json!({"role": role, "content": content})
+        })
         .collect())
 }
 
@@ -504,7 +518,7 @@ mod tests {
     }
 
     /// Tools, each choice, and a conversation with two calls and their results, as Converse
-    /// wants them; `none`, which Converse lacks, refused.
+    /// wants them; `none`, which Converse lacks, as no tools and the turns as text.
     #[test]
     fn tools_choices_and_tool_turns_map_onto_converse() {
         use sluice_schema::{Tool, ToolCall};
@@ -574,12 +588,37 @@ mod tests {
             body(&req)["toolConfig"]["toolChoice"],
             json!({"tool": {"name": "weather"}})
         );
+        // `none`: no tools sent, the calls and results as text, one user message after the
+        // assistant's (Converse wants the roles to alternate).
         req.tool_choice = Some(ToolChoice::Mode(ToolMode::None));
-        let e = p.body(&req).unwrap_err();
-        assert!(
-            e.unsendable && e.message.contains("`none`"),
-            "{}",
-            e.message
+        let b = body(&req);
+        assert!(b.get("toolConfig").is_none(), "{b}");
+        assert_eq!(
+            b["messages"][1],
+            json!({"role": "assistant", "content": [{"text":
+                "[called weather({\"city\":\"Paris\"})]\n[called time()]"}]})
+        );
+        assert_eq!(
+            b["messages"][2],
+            json!({"role": "user", "content": [{"text": "[result of weather]\nsunny"},
+                {"text": "[result of time]\nnoon"}]})
+        );
+        assert_eq!(b["messages"].as_array().unwrap().len(), 3);
+        // A Gemini call's signed id, made portable for Converse.
+        let mut call = ChatMessage::new(ChatRole::Assistant, "");
+        call.tool_calls = vec![ToolCall {
+            id: format!(
+                "sluice_00ff{}c2ln",
+                crate::providers::gemini::SIGNATURE_MARK
+            ),
+            name: "weather".into(),
+            arguments: "{}".into(),
+        }];
+        req.tool_choice = None;
+        req.messages = Some(vec![ChatMessage::new(ChatRole::User, "Paris?"), call]);
+        assert_eq!(
+            body(&req)["messages"][1]["content"][0]["toolUse"]["toolUseId"],
+            "sluice_00ff"
         );
     }
 }
