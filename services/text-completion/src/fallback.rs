@@ -650,6 +650,12 @@ impl Provider for Fallback {
             .all(|m| m.provider.supports_structured_output())
     }
 
+    fn holds_structured_output(&self, request: &TextCompletionRequest) -> bool {
+        self.members
+            .iter()
+            .all(|m| m.provider.holds_structured_output(request))
+    }
+
     async fn generate_stream(
         &self,
         request: &TextCompletionRequest,

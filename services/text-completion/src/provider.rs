@@ -225,6 +225,15 @@ pub trait Provider: Send + Sync + 'static {
         false
     }
 
+    /// Whether the provider holds THIS request's answer to its structured output itself:
+    /// [`Provider::supports_structured_output`], unless the request asks for something the
+    /// provider's JSON mode cannot go with (Gemini 2 and Cohere refuse a JSON mode together
+    /// with tools); the processor checks the answer then.
+    fn holds_structured_output(&self, request: &TextCompletionRequest) -> bool {
+        let _ = request;
+        self.supports_structured_output()
+    }
+
     /// Starts a streamed call. Errors before the stream opens (HTTP status errors) are
     /// returned here; errors after, as stream items.
     async fn generate_stream(

@@ -26,14 +26,11 @@ use crate::provider::{
     Chunk, ChunkStream, Completion, FailureKind, Provider, ProviderError, Usage,
 };
 
-/// `provider`, with structured output checked by the processor when the provider cannot hold
-/// its answers to a schema itself; `provider` unchanged when it can.
+/// `provider`, with structured output checked by the processor for every request whose
+/// answer the provider cannot hold to the schema itself
+/// ([`Provider::holds_structured_output`]); other requests pass through untouched.
 pub fn enforcing(provider: Arc<dyn Provider>) -> Arc<dyn Provider> {
-    if provider.supports_structured_output() {
-        provider
-    } else {
-        Arc::new(Enforced { inner: provider })
-    }
+    Arc::new(Enforced { inner: provider })
 }
 
 /// A provider whose structured output the processor checks.
@@ -50,8 +47,13 @@ struct Wanted {
 impl Wanted {
     /// What `request` asks for, `None` for a plain answer; an error for a schema that is no
     /// JSON Schema (the caller's to fix).
-    fn of(request: &TextCompletionRequest) -> Result<Option<Self>, ProviderError> {
-        if request.response_format.as_deref() != Some("json") {
+    fn of(
+        request: &TextCompletionRequest,
+        provider: &dyn Provider,
+    ) -> Result<Option<Self>, ProviderError> {
+        if request.response_format.as_deref() != Some("json")
+            || provider.holds_structured_output(request)
+        {
             return Ok(None);
         }
         let Some(schema) = &request.schema else {
@@ -241,11 +243,15 @@ impl Provider for Enforced {
         true
     }
 
+    fn holds_structured_output(&self, _: &TextCompletionRequest) -> bool {
+        true
+    }
+
     async fn generate_stream(
         &self,
         request: &TextCompletionRequest,
     ) -> Result<ChunkStream, ProviderError> {
-        let Some(wanted) = Wanted::of(request)? else {
+        let Some(wanted) = Wanted::of(request, &*self.inner)? else {
             return self.inner.generate_stream(request).await;
         };
         let items: Vec<Result<Chunk, ProviderError>> = match self.answer(request, &wanted).await? {
@@ -269,7 +275,7 @@ impl Provider for Enforced {
     }
 
     async fn generate(&self, request: &TextCompletionRequest) -> Result<Completion, ProviderError> {
-        let Some(wanted) = Wanted::of(request)? else {
+        let Some(wanted) = Wanted::of(request, &*self.inner)? else {
             return self.inner.generate(request).await;
         };
         self.answer(request, &wanted)
@@ -495,6 +501,8 @@ mod tests {
         );
         assert_eq!(inner.asked.lock().unwrap().len(), 2);
 
+        /// A provider with a JSON mode that declines it with tools (as Gemini 2 does); it
+        /// answers with its request's system prompt.
         struct Native;
         #[async_trait]
         impl Provider for Native {
@@ -513,15 +521,34 @@ mod tests {
             fn supports_structured_output(&self) -> bool {
                 true
             }
+            fn holds_structured_output(&self, request: &TextCompletionRequest) -> bool {
+                request.tools.is_none()
+            }
             async fn generate_stream(
                 &self,
-                _: &TextCompletionRequest,
+                request: &TextCompletionRequest,
             ) -> Result<ChunkStream, ProviderError> {
-                Ok(Box::pin(futures::stream::empty()))
+                let said = Chunk {
+                    text: request.system.clone(),
+                    ..Chunk::default()
+                };
+                Ok(Box::pin(futures::stream::iter([Ok(said)])))
             }
         }
-        let native: Arc<dyn Provider> = Arc::new(Native);
-        assert!(Arc::ptr_eq(&enforcing(native.clone()), &native));
+        let p = enforcing(Arc::new(Native));
+        // Held by the provider: passed through, no instruction added.
+        let items = drain(&p, &asking(Some(label_schema()))).await;
+        assert_eq!(items[0].as_ref().unwrap().text, "Classify.");
+        // Declined for this request (tools): checked here, the instruction added.
+        let mut with_tools = asking(Some(label_schema()));
+        with_tools.tools = Some(Vec::new());
+        let items = drain(&p, &with_tools).await;
+        let e = items.last().unwrap().as_ref().unwrap_err();
+        assert!(
+            e.message.contains("did not give the structured output"),
+            "{}",
+            e.message
+        );
     }
 
     #[tokio::test]

@@ -131,7 +131,11 @@ impl CohereProvider {
         if let Some(stop) = request.stop.as_ref().filter(|s| !s.is_empty()) {
             body["stop_sequences"] = json!(stop);
         }
-        if request.response_format.as_deref() == Some("json") {
+        // Cohere takes no `response_format` together with tools: the processor checks the
+        // answer then (`holds_structured_output`).
+        if request.response_format.as_deref() == Some("json")
+            && self.holds_structured_output(request)
+        {
             body["response_format"] = match &request.schema {
                 Some(schema) => json!({"type": "json_object", "json_schema": schema}),
                 None => json!({"type": "json_object"}),
@@ -378,6 +382,10 @@ impl Provider for CohereProvider {
 
     fn supports_structured_output(&self) -> bool {
         true
+    }
+
+    fn holds_structured_output(&self, request: &TextCompletionRequest) -> bool {
+        request.tools.as_ref().is_none_or(Vec::is_empty)
     }
 
     async fn generate_stream(

@@ -191,7 +191,11 @@ impl GeminiProvider {
         if let Some(stop) = request.stop.as_ref().filter(|s| !s.is_empty()) {
             generation.insert("stopSequences".into(), json!(stop));
         }
-        if request.response_format.as_deref() == Some("json") {
+        // Gemini 2 refuses a JSON response type together with function calling: with tools,
+        // the processor checks the answer instead (`holds_structured_output`).
+        if request.response_format.as_deref() == Some("json")
+            && self.holds_structured_output(request)
+        {
             generation.insert("responseMimeType".into(), json!("application/json"));
             // Full JSON Schema (`responseSchema` takes only an OpenAPI subset).
             if let Some(schema) = &request.schema {
@@ -497,6 +501,10 @@ impl Provider for GeminiProvider {
         true
     }
 
+    fn holds_structured_output(&self, request: &TextCompletionRequest) -> bool {
+        request.tools.as_ref().is_none_or(Vec::is_empty)
+    }
+
     async fn generate_stream(
         &self,
         request: &TextCompletionRequest,
@@ -648,6 +656,19 @@ mod tests {
                 "parametersJsonSchema": {"type": "object", "properties": {"city": {"type": "string"}}}}]}])
         );
         assert!(b.get("toolConfig").is_none(), "{b}");
+        // A JSON mode with tools is not sent (Gemini 2 refuses both together): the processor
+        // checks that answer.
+        let mut json_too = req.clone();
+        json_too.response_format = Some("json".into());
+        json_too.schema = Some(json!({"type": "object"}));
+        assert!(p.body(&json_too).unwrap().get("generationConfig").is_none());
+        assert!(!p.holds_structured_output(&json_too));
+        json_too.tools = None;
+        assert!(p.holds_structured_output(&json_too));
+        assert_eq!(
+            p.body(&json_too).unwrap()["generationConfig"]["responseJsonSchema"],
+            json!({"type": "object"})
+        );
         assert_eq!(
             b["contents"],
             json!([
