@@ -8,6 +8,7 @@
 #   bash bench/run.sh gateway            # TTFT over HTTP through the gateway, requests/s
 #   bash bench/run.sh loss               # what TrustGraph's non-persistent mapping loses, and when it is seen
 #   bash bench/run.sh pacing             # TrustGraph's own client at 64 and 512 streams, unpaced and paced
+#   bash bench/run.sh structured         # the local model's malformed JSON lines with and without native structured output
 #   bash bench/run.sh soak --minutes 30  # the soak under chaos (its own broker on 6657)
 #   bash bench/run.sh soak --minutes 30 --cluster  # the same on the secured cluster, its faults
 set -euo pipefail
@@ -34,6 +35,13 @@ esac
 # The pacing scenario reads the answers with TrustGraph's own client (PyPI, in a venv).
 case " $* " in
   *" pacing "*) TG_FLOW_VENV=$(bash scripts/tg-flow-venv.sh); export TG_FLOW_VENV ;;
+esac
+# The structured scenario asks the real local model (started here when none serves).
+case " $* " in
+  *" structured "*)
+    export SLUICE_LLM_API_KEY="${SLUICE_LLM_API_KEY:-sluice-bench-$RANDOM$RANDOM}"
+    curl -sf -m 3 http://127.0.0.1:8766/health >/dev/null 2>&1 || deploy/local-llm/llama-server.sh start
+    ;;
 esac
 scenario="${1:-foundation}"
 [ $# -gt 0 ] && shift

@@ -13,6 +13,7 @@ mod procs;
 mod prompt;
 mod report;
 mod soak;
+mod structured;
 mod text_completion;
 
 use std::path::PathBuf;
@@ -54,6 +55,16 @@ enum Scenario {
         /// Calls per row.
         #[arg(long, default_value_t = 500)]
         requests: u64,
+    },
+    /// Structured output on the local model: the JSON lines seed 000's classification gets
+    /// wrong with and without `--structured-output native` (two `sluice serve`).
+    Structured {
+        /// Requests per mode.
+        #[arg(long, default_value_t = 20)]
+        rounds: u64,
+        /// Most output tokens per answer.
+        #[arg(long, default_value_t = 400)]
+        max_tokens: u32,
     },
     /// The prompt jsonl path: a line's last token to its object record, objects/s; against
     /// text-completion called directly.
@@ -155,6 +166,17 @@ async fn main() {
             let md = text_completion::fallback_bench(requests).await;
             std::fs::write(cli.out.join("fallback.md"), &md).unwrap();
             splice(&cli.docs, "fallback", &md);
+            println!("{md}");
+        }
+        Scenario::Structured { rounds, max_tokens } => {
+            let (md, json) = structured::bench(rounds, max_tokens).await;
+            std::fs::write(cli.out.join("structured.md"), &md).unwrap();
+            std::fs::write(
+                cli.out.join("structured.json"),
+                serde_json::to_string_pretty(&json).unwrap(),
+            )
+            .unwrap();
+            splice(&cli.docs, "structured", &md);
             println!("{md}");
         }
         Scenario::Prompt { requests, objects } => {

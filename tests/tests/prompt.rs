@@ -62,6 +62,11 @@ impl Setup {
     }
 
     async fn with(model: &str, templates: &str, builtins: bool) -> Self {
+        Self::options(model, templates, builtins, false).await
+    }
+
+    /// As [`Setup::with`], with `--structured-output native` when `native`.
+    async fn options(model: &str, templates: &str, builtins: bool, native: bool) -> Self {
         init_logging();
         let broker = Broker::from_env().await;
         let fake = FakeOpenAi::start().await;
@@ -93,7 +98,8 @@ impl Setup {
                 .await
                 .unwrap(),
         );
-        let handler = PromptService::new(store.clone(), llm_client, prompt_metrics);
+        let handler = PromptService::new(store.clone(), llm_client, prompt_metrics)
+            .with_native_structured_output(native);
         let (p_req, p_resp, p_cancel) = (
             unique_topic("prompt-req"),
             unique_topic("prompt-resp"),
@@ -200,6 +206,61 @@ async fn text_streams_deltas_with_token_counts() {
 }
 
 const JSONL: &str = "Here you go:\n```json\n{\"fact\": \"water is wet\", \"score\": 0.9}\n\n{\"fact\": \"broken\", \"score\": \n{\"fact\": \"fire is hot\", \"score\": 0.8}\n{\"fact\": \"too sure\", \"score\": 7}\n[1, 2]\n```\n{\"fact\": \"last line, no newline\", \"score\": 0.1}";
+
+/// `--structured-output native`: a `jsonl` template asks for an array of its schema's
+/// objects, and the array the model answers (pretty-printed, streamed in 5-byte pieces, a
+/// comma and a bracket inside a string) is published object by object as each element
+/// completes, with the template's validation kept (a score off the schema and an element that
+/// is not JSON are skipped); a `json` template asks for its schema itself.
+#[tokio::test]
+async fn native_structured_output_asks_for_the_schema_and_reads_an_array_as_lines() {
+    let s = Setup::options("replay-5", TEMPLATES, false, true).await;
+    let array = "[\n  {\"fact\": \"water is wet\", \"score\": 0.9},\n  {\"fact\": \"fire is hot\", \"score\": 1.5},\n  nope,\n  {\"fact\": \"ice, [cold]\", \"score\": 0.2}\n]";
+    let out = s.ask("facts", array, true).await;
+    let facts: Vec<String> = objects(&out)
+        .iter()
+        .map(|o| o["fact"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(facts, ["water is wet", "ice, [cold]"]);
+    assert_eq!(
+        out.len(),
+        3,
+        "each object its own record, then the terminal one"
+    );
+    let last = out.last().unwrap();
+    assert_eq!(last.objects_emitted, Some(2));
+    assert_eq!(last.lines_skipped, Some(2));
+    let sent = s.fake.last_body();
+    assert_eq!(sent["response_format"]["type"], "json_schema", "{sent}");
+    let schema = &sent["response_format"]["json_schema"]["schema"];
+    assert_eq!(schema["type"], "array", "{sent}");
+    assert_eq!(
+        schema["items"]["required"],
+        serde_json::json!(["fact", "score"])
+    );
+    // A model that answers lines anyway is read as lines.
+    let out = s.ask("facts", JSONL, true).await;
+    assert_eq!(out.last().unwrap().objects_emitted, Some(3));
+    // A `json` template asks for its own schema.
+    let out = s.ask("one", "{\"answer\": 42}", false).await;
+    assert_eq!(
+        out.last().unwrap().object.as_deref(),
+        Some("{\"answer\":42}")
+    );
+    let sent = s.fake.last_body();
+    assert_eq!(
+        sent["response_format"]["json_schema"]["schema"]["required"],
+        serde_json::json!(["answer"]),
+        "{sent}"
+    );
+    s.stop().await;
+
+    // Off (the default): nothing asked of the provider.
+    let s = Setup::new("replay-5", TEMPLATES).await;
+    s.ask("facts", JSONL, true).await;
+    assert!(s.fake.last_body().get("response_format").is_none());
+    s.stop().await;
+}
 
 #[tokio::test]
 async fn jsonl_publishes_each_valid_line_and_skips_the_rest() {

@@ -46,6 +46,13 @@ pub struct TemplateArgs {
     /// Off by default: without it the log carries ids, names, counts and positions only.
     #[arg(long, env = "SLUICE_LOG_CONTENT")]
     pub log_content: bool,
+    /// How a `json` or `jsonl` template with a schema asks for its answer: `native`, the
+    /// provider's JSON mode with the schema (a `jsonl` template's as an array of its
+    /// objects, turned back into lines as they complete), the template's own validation
+    /// kept as the safety net; `off`, the template's instructions only (docs/prompt.md).
+    #[arg(long, env = "SLUICE_STRUCTURED_OUTPUT", default_value = "off",
+          value_parser = ["native", "off"])]
+    pub structured_output: String,
 }
 
 impl TemplateArgs {
@@ -191,6 +198,7 @@ struct Flows {
     metrics: PromptMetrics,
     builtins: bool,
     log_content: bool,
+    native_structured_output: bool,
     stores: std::sync::Mutex<BTreeMap<String, Arc<TemplateStore>>>,
     clients: tokio::sync::Mutex<BTreeMap<(String, String), SharedClient>>,
 }
@@ -280,7 +288,8 @@ impl FlowService for Flows {
         };
         Ok(Arc::new(
             PromptService::new(store, llm, self.metrics.clone())
-                .with_content_logging(self.log_content),
+                .with_content_logging(self.log_content)
+                .with_native_structured_output(self.native_structured_output),
         ))
     }
 
@@ -324,6 +333,7 @@ async fn run_flows(
         metrics,
         builtins: !args.templates.no_builtin_templates,
         log_content: args.templates.log_content,
+        native_structured_output: args.templates.structured_output == "native",
         stores: std::sync::Mutex::default(),
         clients: tokio::sync::Mutex::default(),
     });
@@ -357,7 +367,8 @@ pub async fn run(args: PromptCommand) -> Result<(), String> {
         .await?;
     let handler = Arc::new(
         PromptService::new(store, llm.clone(), metrics)
-            .with_content_logging(args.templates.log_content),
+            .with_content_logging(args.templates.log_content)
+            .with_native_structured_output(args.templates.structured_output == "native"),
     );
     let result = run_until_signalled(bus, config, handler, telemetry, args.processor.metrics_addr)
         .await

@@ -141,7 +141,8 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
     args.templates.announce_content_logging();
     let prompt_handler = Arc::new(
         PromptService::new(store, llm_client.clone(), prompt_metrics)
-            .with_content_logging(args.templates.log_content),
+            .with_content_logging(args.templates.log_content)
+            .with_native_structured_output(args.templates.structured_output == "native"),
     );
     let agent_handler = Arc::new(
         agent_service(

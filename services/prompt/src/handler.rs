@@ -40,7 +40,7 @@ use crate::{
     coverage::{Coverage, Verdict},
     metrics::PromptMetrics,
     normalise::{Answers, Normalised},
-    output::{JsonlParser, LineItem, extract_json},
+    output::{ArrayLines, JsonlParser, LineItem, extract_json},
     requestlog::RequestLog,
     store::TemplateStore,
     templates::{RenderError, Template},
@@ -56,6 +56,8 @@ pub struct PromptService {
     metrics: PromptMetrics,
     /// Whether the request log carries content (prompts, objects, malformed lines).
     log_content: bool,
+    /// Whether a template with a schema asks for the provider's JSON mode.
+    native_structured_output: bool,
 }
 
 impl PromptService {
@@ -66,6 +68,7 @@ impl PromptService {
             llm,
             metrics,
             log_content: false,
+            native_structured_output: false,
         }
     }
 
@@ -74,6 +77,16 @@ impl PromptService {
     /// often kept longer and read by more people than the data.
     pub fn with_content_logging(mut self, on: bool) -> Self {
         self.log_content = on;
+        self
+    }
+
+    /// With `on`, a `json` template with a schema asks for the provider's JSON mode with that
+    /// schema, and a `jsonl` template for an array of its objects, which is turned back into
+    /// lines as its elements complete ([`crate::output::ArrayLines`]); the template's own
+    /// validation stays. Providers without a JSON mode are held to it by the text-completion
+    /// processor (docs/protocol.md#structured-output).
+    pub fn with_native_structured_output(mut self, on: bool) -> Self {
+        self.native_structured_output = on;
         self
     }
 }
@@ -216,6 +229,16 @@ impl Handler for PromptService {
         })?;
         drop(set);
         let mode = rendered.template.response_type;
+        let native = self.native_structured_output;
+        let (response_format, schema) = match (&rendered.template.schema, mode) {
+            (Some(s), ResponseType::Json) if native => (Some("json".to_owned()), Some(s.clone())),
+            (Some(s), ResponseType::Jsonl) if native => (
+                Some("json".to_owned()),
+                Some(serde_json::json!({"type": "array", "items": s})),
+            ),
+            _ => (None, None),
+        };
+        let array_lines = mode == ResponseType::Jsonl && response_format.is_some();
         let completion = TextCompletionRequest {
             operation: None,
             system: rendered.system,
@@ -226,8 +249,8 @@ impl Handler for PromptService {
                 ResponseType::Json => false,
                 ResponseType::Jsonl => true,
             },
-            response_format: None,
-            schema: None,
+            response_format,
+            schema,
             temperature: rendered.template.call.temperature,
             max_tokens: rendered.template.call.max_tokens,
             retry: rendered.template.call.retry.clone(),
@@ -275,6 +298,7 @@ impl Handler for PromptService {
                     lines,
                     request.streaming,
                     &request.terms,
+                    array_lines,
                 )
                 .await
             }
@@ -449,8 +473,11 @@ async fn jsonl(
     mut lines: Lines,
     streaming: bool,
     terms: &BTreeMap<String, String>,
+    array_lines: bool,
 ) -> Result<(), Error> {
     let mut parser = JsonlParser::default();
+    // The answer to a native JSON mode: an array whose elements become the lines.
+    let mut array = array_lines.then(ArrayLines::default);
     let rules = a.template.answers;
     let id = a.template.id.clone();
     while let Some(piece) = reader.next().await {
@@ -458,6 +485,7 @@ async fn jsonl(
             Piece::Record(r) => r,
             Piece::Restarted => {
                 parser = JsonlParser::default();
+                array = array_lines.then(ArrayLines::default);
                 lines = Lines::new(rules, terms);
                 a.pending = PendingUsage::default();
                 a.log.restarted();
@@ -470,8 +498,14 @@ async fn jsonl(
             }
         };
         a.pending.add(&r);
-        let mut items = parser.push(&r.response);
+        let mut items = match array.as_mut() {
+            Some(array) => parser.push(&array.push(&r.response)),
+            None => parser.push(&r.response),
+        };
         if r.end_of_stream {
+            if let Some(array) = array.as_mut() {
+                items.extend(parser.push(&array.finish()));
+            }
             items.extend(parser.finish());
         }
         for item in items {

@@ -30,6 +30,117 @@ pub enum LineItem {
     },
 }
 
+/// Turns a streamed JSON array into JSON lines for the [`JsonlParser`]: what a provider's JSON
+/// mode gives for a `jsonl` template asked for natively, as an array of its lines' objects
+/// (a JSON mode holds an answer to ONE value). Each top-level element becomes one compact line
+/// as soon as it is complete, so objects still go out as they arrive; an element that is not
+/// JSON becomes one line the parser then reports as malformed. An answer that does not start
+/// with `[` passes through unchanged (lines after all). Written here rather than taken from a
+/// crate: what is needed is a cut of the text at top-level commas that keeps pace with the
+/// deltas, not a parse of the whole value.
+#[derive(Debug, Default)]
+pub struct ArrayLines {
+    state: ArrayState,
+    /// Nesting inside the current element.
+    depth: u32,
+    in_string: bool,
+    escaped: bool,
+    element: String,
+}
+
+#[derive(Debug, Default, PartialEq)]
+enum ArrayState {
+    #[default]
+    Start,
+    Passthrough,
+    InArray,
+    Done,
+}
+
+impl ArrayLines {
+    /// Feeds a text delta; returns the text of the lines it completed (or the delta itself,
+    /// for an answer that is not an array).
+    pub fn push(&mut self, delta: &str) -> String {
+        let mut out = String::new();
+        for c in delta.chars() {
+            match self.state {
+                ArrayState::Passthrough => out.push(c),
+                ArrayState::Done => {}
+                ArrayState::Start => {
+                    if c.is_whitespace() {
+                        continue;
+                    }
+                    if c == '[' {
+                        self.state = ArrayState::InArray;
+                    } else {
+                        self.state = ArrayState::Passthrough;
+                        out.push(c);
+                    }
+                }
+                ArrayState::InArray => self.step(c, &mut out),
+            }
+        }
+        out
+    }
+
+    /// Ends the answer: an element the array never closed, as a line.
+    pub fn finish(&mut self) -> String {
+        let mut out = String::new();
+        if self.state == ArrayState::InArray {
+            self.emit(&mut out);
+        }
+        out
+    }
+
+    fn step(&mut self, c: char, out: &mut String) {
+        if self.in_string {
+            self.element.push(c);
+            if self.escaped {
+                self.escaped = false;
+            } else if c == '\\' {
+                self.escaped = true;
+            } else if c == '"' {
+                self.in_string = false;
+            }
+            return;
+        }
+        match c {
+            '"' => {
+                self.in_string = true;
+                self.element.push(c);
+            }
+            '{' | '[' => {
+                self.depth += 1;
+                self.element.push(c);
+            }
+            ']' if self.depth == 0 => {
+                self.emit(out);
+                self.state = ArrayState::Done;
+            }
+            '}' | ']' => {
+                self.depth = self.depth.saturating_sub(1);
+                self.element.push(c);
+            }
+            ',' if self.depth == 0 => self.emit(out),
+            _ => self.element.push(c),
+        }
+    }
+
+    /// The current element as one line: compact JSON, or its text on one line.
+    fn emit(&mut self, out: &mut String) {
+        let text = std::mem::take(&mut self.element);
+        let text = text.trim();
+        if text.is_empty() {
+            return;
+        }
+        match serde_json::from_str::<Value>(text) {
+            Ok(v) => out.push_str(&v.to_string()),
+            Err(_) => out.push_str(&text.replace(['\n', '\r'], " ")),
+        }
+        out.push('\n');
+    }
+}
+
 /// Splits a streamed answer into JSON-lines items as text deltas arrive: a line split across
 /// any number of deltas, several lines in one delta, a final line without newline. Blank
 /// lines and markdown fence lines (```` ``` ````, ```` ```json ````) are ignored, not skipped.
@@ -266,5 +377,38 @@ mod tests {
                 .unwrap_err()
                 .contains("no JSON")
         );
+    }
+
+    /// A pretty-printed array cut into lines however the deltas fall; an unterminated last
+    /// element and one that is not JSON become lines the parser reports; text that is not an
+    /// array passes through.
+    #[test]
+    fn an_array_becomes_lines_as_its_elements_complete() {
+        let text =
+            "[\n  {\"a\": \"x, [y]\", \"b\": {\"c\": 1}},\n  {\"a\": \"q\\\"]\"}\n]  trailing";
+        for size in 1..text.len() {
+            let mut a = ArrayLines::default();
+            let mut out = String::new();
+            let chars: Vec<char> = text.chars().collect();
+            for piece in chars.chunks(size) {
+                out.push_str(&a.push(&piece.iter().collect::<String>()));
+            }
+            out.push_str(&a.finish());
+            assert_eq!(
+                out, "{\"a\":\"x, [y]\",\"b\":{\"c\":1}}\n{\"a\":\"q\\\"]\"}\n",
+                "deltas of {size}"
+            );
+        }
+        let mut a = ArrayLines::default();
+        let mut out = a.push("[{\"a\": 1}, nope\n, {\"b\":");
+        out.push_str(&a.finish());
+        assert_eq!(out, "{\"a\":1}\nnope\n{\"b\":\n");
+        let mut p = JsonlParser::default();
+        let items: Vec<LineItem> = p.push(&out).into_iter().chain(p.finish()).collect();
+        assert!(matches!(items[0], LineItem::Object { .. }));
+        assert!(matches!(items[1], LineItem::Malformed { .. }));
+        assert!(matches!(items[2], LineItem::Malformed { .. }));
+        let mut a = ArrayLines::default();
+        assert_eq!(a.push("  {\"a\": 1}\n"), "{\"a\": 1}\n");
     }
 }
