@@ -49,8 +49,9 @@ pub struct TemplateArgs {
     /// How a `json` or `jsonl` template with a schema asks for its answer: `native`, the
     /// provider's JSON mode with the schema (a `jsonl` template's as an array of its
     /// objects, turned back into lines as they complete), the template's own validation
-    /// kept as the safety net; `off`, the template's instructions only (docs/prompt.md).
-    #[arg(long, env = "SLUICE_STRUCTURED_OUTPUT", default_value = "off",
+    /// kept as the safety net (on the local model: 0 usable lines without it, most with it);
+    /// `off`, the template's instructions only (docs/prompt.md).
+    #[arg(long, env = "SLUICE_STRUCTURED_OUTPUT", default_value = "native",
           value_parser = ["native", "off"])]
     pub structured_output: String,
 }
