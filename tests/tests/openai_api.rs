@@ -546,6 +546,79 @@ async fn async_openai_reads_whole_and_streamed_answers() {
     s.stop().await;
 }
 
+/// async-openai (Rust) calling tools: its typed request with tools, its typed whole answer's
+/// `tool_calls` and its typed stream chunks' pieces (interleaved calls, put together by
+/// index), then the results sent back as its typed assistant and tool messages.
+#[tokio::test]
+async fn async_openai_calls_tools_whole_and_streamed() {
+    use async_openai::{Client, config::OpenAIConfig, types::chat::CreateChatCompletionRequest};
+    sluice_runtime::install_crypto_provider();
+    let s = GatewayStack::start_serving("tools", &["tools-interleaved"], |gc| {
+        gc.auth = Auth::new(Some(Secret::new(TOKEN)));
+    })
+    .await;
+    let client = Client::with_config(
+        OpenAIConfig::new()
+            .with_api_base(s.url("/v1"))
+            .with_api_key(TOKEN),
+    );
+    let request: CreateChatCompletionRequest =
+        serde_json::from_value(ask_tools("tools", false)).unwrap();
+    let whole = client.chat().create(request).await.unwrap();
+    // Read back through async-openai's own types (they deserialized the answer).
+    let whole = serde_json::to_value(&whole).unwrap();
+    let calls: Vec<(String, String, String)> = whole["choices"][0]["message"]["tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["id"].as_str().unwrap().to_owned(),
+                c["function"]["name"].as_str().unwrap().to_owned(),
+                c["function"]["arguments"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        calls
+            .iter()
+            .map(|(_, n, a)| (n.clone(), a.clone()))
+            .collect::<Vec<_>>(),
+        both_called(),
+        "{whole}"
+    );
+    assert_eq!(whole["choices"][0]["finish_reason"], "tool_calls");
+
+    let mut streamed: CreateChatCompletionRequest =
+        serde_json::from_value(ask_tools("tools-interleaved", true)).unwrap();
+    streamed.stream_options = serde_json::from_value(json!({"include_usage": true})).unwrap();
+    let mut stream = client.chat().create_stream(streamed).await.unwrap();
+    let mut chunks = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        chunks.push(serde_json::to_value(chunk.unwrap()).unwrap());
+    }
+    let got = assemble_streamed(&chunks);
+    assert_eq!(
+        got.iter()
+            .map(|(_, n, a)| (n.clone(), a.clone()))
+            .collect::<Vec<_>>(),
+        both_called()
+    );
+
+    let back: CreateChatCompletionRequest = serde_json::from_value({
+        let mut b = results_sent_back([&calls[0].0, &calls[1].0]);
+        b["stream"] = json!(false);
+        b
+    })
+    .unwrap();
+    let answer = client.chat().create(back).await.unwrap();
+    assert_eq!(
+        answer.choices[0].message.content.as_deref(),
+        Some("results: sunny; noon")
+    );
+    s.stop().await;
+}
+
 /// OpenAI's own Python SDK against the gateway: whole, streamed with usage, a conversation,
 /// a refused model, a refused parameter, an error mid-stream, a stream closed early (which
 /// must cancel the provider call) and the model list. Runs when `OPENAI_PY` is set.
