@@ -170,3 +170,62 @@ async fn serve_answers_openai_clients_from_the_local_llm() {
     assert_eq!(r["not_found"]["status"], 404, "{r}");
     assert_eq!(r["models"], serde_json::json!(["smollm2"]));
 }
+
+/// Structured output from the real local model through `sluice serve`'s OpenAI route:
+/// `response_format: json_schema` reaches llama.cpp's server as its JSON-schema grammar, so
+/// the 135M model, which left to itself writes prose, answers JSON of the schema; then
+/// OpenAI's Python SDK's `parse` and stream helper with a Pydantic model get the model back,
+/// when `OPENAI_PY` is set.
+#[tokio::test]
+async fn serve_holds_the_local_llm_to_a_json_schema() {
+    let (_serve, gateway) = serve("64").await;
+    sluice_runtime::install_crypto_provider();
+    let resp = reqwest::Client::new()
+        .post(format!("{gateway}/v1/chat/completions"))
+        .json(&serde_json::json!({"model": "smollm2",
+            "messages": [{"role": "user", "content": "What colour is the sky?"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "sky",
+                "schema": {"type": "object", "required": ["label"],
+                    "properties": {"label": {"type": "string", "enum": ["blue", "grey"]}}}}}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+    let answer: serde_json::Value = serde_json::from_str(content).unwrap();
+    assert!(
+        ["blue", "grey"].contains(&answer["label"].as_str().unwrap()),
+        "{v}"
+    );
+
+    let Some(python) = sluice_tests::outside_tool(
+        "OPENAI_PY",
+        "serve_local_llm: OpenAI's Python SDK parsing the local model's structured output (scripts/openai-venv.sh)",
+    ) else {
+        return;
+    };
+    let settings = serde_json::json!({"base_url": format!("{gateway}/v1"), "api_key": "unused",
+        "model": "smollm2", "structured_model": "smollm2", "only": ["structured"]});
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/py/openai_client.py"
+    );
+    let out = tokio::time::timeout(
+        Duration::from_secs(300),
+        Command::new(&python)
+            .arg(script)
+            .arg(settings.to_string())
+            .output(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for how in ["parsed", "streamed"] {
+        let label = r["structured"][how].as_str().unwrap_or_default();
+        assert!(["blue", "grey"].contains(&label), "{how}: {r}");
+    }
+}
