@@ -282,6 +282,11 @@ pub struct TextCompletionRequest {
     /// has such a mode; the processor's own check of a provider without one is exact anyway.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema_strict: Option<bool>,
+    /// The caller checks the answer against `schema` itself (the prompt service's templates):
+    /// use the provider's JSON mode where it has one, but a provider without one is not held
+    /// to the schema by the processor (no buffering, no corrective call).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub caller_checks: bool,
 }
 
 /// Who said a turn of a [`TextCompletionRequest::messages`] conversation. The system prompt is
@@ -676,6 +681,11 @@ pub struct AgentStep {
     /// step before (several native calls in one turn count as one iteration).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub same_turn: bool,
+    /// sluice's, only when set: the native call's arguments as the model sent them (JSON
+    /// text), so the conversation sent back shows them exactly (`arguments` keeps strings,
+    /// as TrustGraph does, which cannot tell `"12"` from `12`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_arguments: Option<String>,
 }
 
 /// A question for the agent, or the next iteration of a dialog (TrustGraph's `AgentRequest`;

@@ -623,6 +623,11 @@ async fn native_tool_calls_of_one_turn_all_run_and_the_model_gets_every_result()
         .map(|c| c["id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, ["call_lookup", "call_add", "call_add_bad"], "{sent}");
+    // Each call goes back with the arguments the model sent, the refused one too.
+    assert_eq!(
+        messages[2]["tool_calls"][2]["function"]["arguments"], r#"{"a":"two","b":3}"#,
+        "{sent}"
+    );
     assert_eq!(messages[2]["content"], "Let me look these up.");
     assert_eq!(messages[3]["tool_call_id"], "call_lookup");
     assert_eq!(messages[5]["tool_call_id"], "call_add_bad");

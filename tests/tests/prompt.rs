@@ -207,8 +207,8 @@ async fn text_streams_deltas_with_token_counts() {
 
 const JSONL: &str = "Here you go:\n```json\n{\"fact\": \"water is wet\", \"score\": 0.9}\n\n{\"fact\": \"broken\", \"score\": \n{\"fact\": \"fire is hot\", \"score\": 0.8}\n{\"fact\": \"too sure\", \"score\": 7}\n[1, 2]\n```\n{\"fact\": \"last line, no newline\", \"score\": 0.1}";
 
-/// `--structured-output native`: a `jsonl` template asks for an array of its schema's
-/// objects, and the array the model answers (pretty-printed, streamed in 5-byte pieces, a
+/// `--structured-output native`: a `jsonl` template asks for `{"items": [...]}` of its
+/// schema's objects, and the array the model answers (pretty-printed, streamed in 5-byte pieces, a
 /// comma and a bracket inside a string) is published object by object as each element
 /// completes, with the template's validation kept (a score off the schema and an element that
 /// is not JSON are skipped); a `json` template asks for its schema itself.
@@ -233,11 +233,17 @@ async fn native_structured_output_asks_for_the_schema_and_reads_an_array_as_line
     let sent = s.fake.last_body();
     assert_eq!(sent["response_format"]["type"], "json_schema", "{sent}");
     let schema = &sent["response_format"]["json_schema"]["schema"];
-    assert_eq!(schema["type"], "array", "{sent}");
+    assert_eq!(schema["type"], "object", "{sent}");
+    let lines = &schema["properties"]["items"];
+    assert_eq!(lines["type"], "array", "{sent}");
     assert_eq!(
-        schema["items"]["required"],
+        lines["items"]["required"],
         serde_json::json!(["fact", "score"])
     );
+    // The object the schema asks for, `{"items": [...]}`, read the same way.
+    let wrapped = format!("{{\"items\": {array}}}");
+    let out = s.ask("facts", &wrapped, true).await;
+    assert_eq!(out.last().unwrap().objects_emitted, Some(2));
     // A model that answers lines anyway is read as lines.
     let out = s.ask("facts", JSONL, true).await;
     assert_eq!(out.last().unwrap().objects_emitted, Some(3));

@@ -737,6 +737,7 @@ impl Handler for AgentService {
                     user: request.user.clone(),
                     call_id: None,
                     same_turn: false,
+                    call_arguments: None,
                 });
                 if next_state.is_some() {
                     request.state = next_state;

@@ -690,6 +690,7 @@ pub(crate) fn parse_chat(body: &[u8]) -> Result<ChatCall, ApiError> {
                 .get("response_format")
                 .filter(|f| f["type"] == "json_schema")
                 .and_then(|f| f["json_schema"]["strict"].as_bool()),
+            caller_checks: false,
         },
         model,
         stream,

@@ -234,11 +234,12 @@ impl Handler for PromptService {
             (Some(s), ResponseType::Json) if native => (Some("json".to_owned()), Some(s.clone())),
             (Some(s), ResponseType::Jsonl) if native => (
                 Some("json".to_owned()),
-                Some(serde_json::json!({"type": "array", "items": s})),
+                Some(crate::output::lines_schema(s)),
             ),
             _ => (None, None),
         };
         let array_lines = mode == ResponseType::Jsonl && response_format.is_some();
+        let caller_checks = response_format.is_some();
         let completion = TextCompletionRequest {
             operation: None,
             system: rendered.system,
@@ -251,6 +252,9 @@ impl Handler for PromptService {
             },
             response_format,
             schema,
+            // The template's own normalisation and validation hold the answer: a provider
+            // without a JSON mode is not to buffer or correct it.
+            caller_checks,
             temperature: rendered.template.call.temperature,
             max_tokens: rendered.template.call.max_tokens,
             retry: rendered.template.call.retry.clone(),

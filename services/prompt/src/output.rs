@@ -30,14 +30,39 @@ pub enum LineItem {
     },
 }
 
-/// Turns a streamed JSON array into JSON lines for the [`JsonlParser`]: what a provider's JSON
-/// mode gives for a `jsonl` template asked for natively, as an array of its lines' objects
-/// (a JSON mode holds an answer to ONE value). Each top-level element becomes one compact line
-/// as soon as it is complete, so objects still go out as they arrive; an element that is not
-/// JSON becomes one line the parser then reports as malformed. An answer that does not start
-/// with `[` passes through unchanged (lines after all). Written here rather than taken from a
-/// crate: what is needed is a cut of the text at top-level commas that keeps pace with the
-/// deltas, not a parse of the whole value.
+/// The schema a `jsonl` template asks a provider's JSON mode for: `{"items": [<line>, ...]}`,
+/// an object (OpenAI's structured outputs want one at the root) holding the array of the
+/// lines' objects, since a JSON mode holds an answer to ONE value. The line schema's
+/// definitions (`$defs`, `definitions`) move to the root, where its `#/$defs/...` references
+/// still find them, and its `$schema` goes (it belongs at the root only).
+pub fn lines_schema(line: &Value) -> Value {
+    let mut item = line.clone();
+    let mut root = serde_json::Map::new();
+    if let Value::Object(o) = &mut item {
+        o.remove("$schema");
+        for key in ["$defs", "definitions"] {
+            if let Some(defs) = o.remove(key) {
+                root.insert(key.to_owned(), defs);
+            }
+        }
+    }
+    root.insert("type".into(), "object".into());
+    root.insert(
+        "properties".into(),
+        serde_json::json!({"items": {"type": "array", "items": item}}),
+    );
+    root.insert("required".into(), serde_json::json!(["items"]));
+    Value::Object(root)
+}
+
+/// Turns the answer to [`lines_schema`], streamed, into JSON lines for the [`JsonlParser`]:
+/// the array's elements (found at the answer's first `[`, so a bare array is read as well),
+/// each as one line as soon as it is complete, so objects still go out as they arrive; an
+/// element that is not JSON becomes one line the parser then reports as malformed. An answer
+/// that starts with neither `{` nor `[` passes through unchanged (lines after all); a fence
+/// line before it is dropped. Written here rather than taken from a crate: what is needed is
+/// a cut of the text at the array's top-level commas that keeps pace with the deltas, not a
+/// parse of the whole value.
 #[derive(Debug, Default)]
 pub struct ArrayLines {
     state: ArrayState,
@@ -46,12 +71,22 @@ pub struct ArrayLines {
     in_string: bool,
     escaped: bool,
     element: String,
+    /// What `Seek` read: given back as it was if the object is a line, not the wrapper.
+    held: String,
+    /// `Seek`'s nesting, and the last string and key it read at the object's top level.
+    seek_depth: u32,
+    seek_string: String,
+    seek_key: String,
 }
 
 #[derive(Debug, Default, PartialEq)]
 enum ArrayState {
     #[default]
     Start,
+    /// A fence line (```` ```json ````) before the value: skipped to its end.
+    Fence,
+    /// Inside the wrapping object, before its array.
+    Seek,
     Passthrough,
     InArray,
     Done,
@@ -66,17 +101,26 @@ impl ArrayLines {
             match self.state {
                 ArrayState::Passthrough => out.push(c),
                 ArrayState::Done => {}
-                ArrayState::Start => {
-                    if c.is_whitespace() {
-                        continue;
+                ArrayState::Fence => {
+                    if c == '\n' {
+                        self.state = ArrayState::Start;
                     }
-                    if c == '[' {
-                        self.state = ArrayState::InArray;
-                    } else {
+                }
+                ArrayState::Start => match c {
+                    c if c.is_whitespace() => {}
+                    '`' => self.state = ArrayState::Fence,
+                    '[' => self.state = ArrayState::InArray,
+                    '{' => {
+                        self.state = ArrayState::Seek;
+                        self.held.push(c);
+                        self.seek_depth = 1;
+                    }
+                    c => {
                         self.state = ArrayState::Passthrough;
                         out.push(c);
                     }
-                }
+                },
+                ArrayState::Seek => self.seek(c, &mut out),
                 ArrayState::InArray => self.step(c, &mut out),
             }
         }
@@ -86,10 +130,52 @@ impl ArrayLines {
     /// Ends the answer: an element the array never closed, as a line.
     pub fn finish(&mut self) -> String {
         let mut out = String::new();
-        if self.state == ArrayState::InArray {
-            self.emit(&mut out);
+        match self.state {
+            ArrayState::InArray => self.emit(&mut out),
+            // An object that never closed: given back for the parser to report.
+            ArrayState::Seek => out.push_str(&std::mem::take(&mut self.held)),
+            _ => {}
         }
         out
+    }
+
+    /// In an object at the answer's start: the wrapper when its `items` member opens an
+    /// array; a line of JSON lines when it closes first, given back whole, and the rest read
+    /// as lines.
+    fn seek(&mut self, c: char, out: &mut String) {
+        self.held.push(c);
+        if self.in_string {
+            if self.escaped {
+                self.escaped = false;
+            } else if c == '\\' {
+                self.escaped = true;
+            } else if c == '"' {
+                self.in_string = false;
+            } else if self.seek_depth == 1 {
+                self.seek_string.push(c);
+            }
+            return;
+        }
+        match c {
+            '"' => {
+                self.in_string = true;
+                self.seek_string.clear();
+            }
+            ':' if self.seek_depth == 1 => self.seek_key = std::mem::take(&mut self.seek_string),
+            '[' if self.seek_depth == 1 && self.seek_key == "items" => {
+                self.held.clear();
+                self.state = ArrayState::InArray;
+            }
+            '{' | '[' => self.seek_depth += 1,
+            '}' | ']' => {
+                self.seek_depth = self.seek_depth.saturating_sub(1);
+                if self.seek_depth == 0 {
+                    out.push_str(&std::mem::take(&mut self.held));
+                    self.state = ArrayState::Passthrough;
+                }
+            }
+            _ => {}
+        }
     }
 
     fn step(&mut self, c: char, out: &mut String) {
@@ -126,17 +212,16 @@ impl ArrayLines {
         }
     }
 
-    /// The current element as one line: compact JSON, or its text on one line.
+    /// The current element as one line. Newlines become spaces: JSON has none inside its
+    /// strings, so a valid element keeps every byte of its meaning (numbers too, which a
+    /// round trip through a parser could round).
     fn emit(&mut self, out: &mut String) {
         let text = std::mem::take(&mut self.element);
         let text = text.trim();
         if text.is_empty() {
             return;
         }
-        match serde_json::from_str::<Value>(text) {
-            Ok(v) => out.push_str(&v.to_string()),
-            Err(_) => out.push_str(&text.replace(['\n', '\r'], " ")),
-        }
+        out.push_str(&text.replace(['\n', '\r'], " "));
         out.push('\n');
     }
 }
@@ -395,20 +480,63 @@ mod tests {
             }
             out.push_str(&a.finish());
             assert_eq!(
-                out, "{\"a\":\"x, [y]\",\"b\":{\"c\":1}}\n{\"a\":\"q\\\"]\"}\n",
+                out, "{\"a\": \"x, [y]\", \"b\": {\"c\": 1}}\n{\"a\": \"q\\\"]\"}\n",
                 "deltas of {size}"
             );
+        }
+        // The wrapper lines_schema asks for, behind a fence, pretty-printed: its array read.
+        let wrapped =
+            "```json\n{\n  \"items\": [\n    {\"a\": 1},\n    {\"tags\": [\"x\"]}\n  ]\n}\n```";
+        for size in 1..wrapped.len() {
+            let mut a = ArrayLines::default();
+            let mut out = String::new();
+            let chars: Vec<char> = wrapped.chars().collect();
+            for piece in chars.chunks(size) {
+                out.push_str(&a.push(&piece.iter().collect::<String>()));
+            }
+            out.push_str(&a.finish());
+            assert_eq!(out, "{\"a\": 1}\n{\"tags\": [\"x\"]}\n", "deltas of {size}");
+        }
+        // JSON lines after all (an object with an array that is not `items`): as they were.
+        let lines = "{\"tags\": [\"x\"], \"n\": 1}\n{\"n\": 2}\n";
+        for size in 1..lines.len() {
+            let mut a = ArrayLines::default();
+            let mut out = String::new();
+            let chars: Vec<char> = lines.chars().collect();
+            for piece in chars.chunks(size) {
+                out.push_str(&a.push(&piece.iter().collect::<String>()));
+            }
+            out.push_str(&a.finish());
+            assert_eq!(out, lines, "deltas of {size}");
         }
         let mut a = ArrayLines::default();
         let mut out = a.push("[{\"a\": 1}, nope\n, {\"b\":");
         out.push_str(&a.finish());
-        assert_eq!(out, "{\"a\":1}\nnope\n{\"b\":\n");
+        assert_eq!(out, "{\"a\": 1}\nnope\n{\"b\":\n");
         let mut p = JsonlParser::default();
         let items: Vec<LineItem> = p.push(&out).into_iter().chain(p.finish()).collect();
         assert!(matches!(items[0], LineItem::Object { .. }));
         assert!(matches!(items[1], LineItem::Malformed { .. }));
         assert!(matches!(items[2], LineItem::Malformed { .. }));
         let mut a = ArrayLines::default();
-        assert_eq!(a.push("  {\"a\": 1}\n"), "{\"a\": 1}\n");
+        assert_eq!(a.push("  Here: {\"a\": 1}\n"), "Here: {\"a\": 1}\n");
+    }
+
+    #[test]
+    fn the_lines_schema_wraps_the_line_schema_with_its_definitions_at_the_root() {
+        let line = serde_json::json!({"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "type": "object", "properties": {"k": {"$ref": "#/$defs/k"}}, "$defs": {"k": {"type": "string"}}});
+        let s = lines_schema(&line);
+        assert_eq!(s["type"], "object");
+        assert_eq!(s["required"], serde_json::json!(["items"]));
+        assert_eq!(s["$defs"]["k"]["type"], "string");
+        let item = &s["properties"]["items"]["items"];
+        assert!(
+            item.get("$schema").is_none() && item.get("$defs").is_none(),
+            "{s}"
+        );
+        let v = jsonschema::validator_for(&s).unwrap();
+        assert!(v.is_valid(&serde_json::json!({"items": [{"k": "x"}]})));
+        assert!(!v.is_valid(&serde_json::json!({"items": [{"k": 1}]})));
     }
 }

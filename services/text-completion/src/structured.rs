@@ -52,6 +52,7 @@ impl Wanted {
         provider: &dyn Provider,
     ) -> Result<Option<Self>, ProviderError> {
         if request.response_format.as_deref() != Some("json")
+            || request.caller_checks
             || provider.holds_structured_output(request)
         {
             return Ok(None);

@@ -24,7 +24,7 @@ use sluice_schema::{
 };
 use tracing::{debug, warn};
 
-use super::{AgentService, Dialog, read_policy, restarted};
+use super::{AgentService, Dialog, read_policy};
 use crate::{
     metrics::{DialogOutcome, IterationOutcome, ToolOutcome, kind_label},
     tools::Tool,
@@ -113,7 +113,10 @@ fn conversation(request: &AgentRequest) -> Vec<ChatMessage> {
         let call = ToolCall {
             id: id.clone(),
             name: step.action.clone(),
-            arguments: arguments_json(&step.arguments),
+            arguments: step
+                .call_arguments
+                .clone()
+                .unwrap_or_else(|| arguments_json(&step.arguments)),
         };
         match turns.last_mut() {
             Some(last) if step.same_turn && last.role == ChatRole::Assistant => {
@@ -180,7 +183,7 @@ impl AgentService {
                 Ok(turn) => turn?,
                 Err(_) => Turn::Deadline,
             };
-        let (text, made) = match turn {
+        let (text, mut made) = match turn {
             Turn::Done(text, made) => (text, made),
             Turn::Failed(e) => {
                 self.metrics.iteration(IterationOutcome::Error);
@@ -194,6 +197,28 @@ impl AgentService {
             }
         };
         let text = text.trim().to_owned();
+        if made.is_empty() && text.is_empty() {
+            self.metrics.iteration(IterationOutcome::Error);
+            self.metrics.dialog(DialogOutcome::Error);
+            return dialog
+                .fail(Error::new(
+                    ErrorKind::Agent,
+                    "the model answered nothing: no text and no tool call",
+                ))
+                .await;
+        }
+        // Calls a server gave no id (some OpenAI-compatible ones): one of ours, unique in the
+        // dialog, so each result answers its own call.
+        let turn_number = request.history.iter().filter(|s| !s.same_turn).count();
+        for (n, call) in made.iter_mut().enumerate() {
+            if call.id.is_empty() {
+                call.id = format!("call-{turn_number}-{n}");
+            }
+        }
+        // The tools get what is left of the dialog's time after the model's turn.
+        let remaining = request.deadline_ms.map_or(remaining, |d| {
+            Duration::from_millis(d.saturating_sub(super::now_ms()))
+        });
         if made.is_empty() {
             self.metrics.iteration(IterationOutcome::Answer);
             self.metrics.dialog(DialogOutcome::Answer);
@@ -288,6 +313,7 @@ impl AgentService {
                 thought: if n == 0 { text.clone() } else { String::new() },
                 action: call.name.clone(),
                 arguments: args.map(|a| arguments_strings(&a)).unwrap_or_default(),
+                call_arguments: Some(call.arguments.clone()),
                 observation,
                 step_type: Some("native".into()),
                 user: request.user.clone(),
@@ -315,7 +341,12 @@ impl AgentService {
             total_timeout: Some(remaining),
             ..Default::default()
         };
-        let mut reader = match self.llm.read(asked, options, read_policy()).await {
+        // A restart is passed on and the turn read again: nothing of it was published yet.
+        let policy = sluice_runtime::reader::ReadPolicy {
+            on_restart: sluice_runtime::reader::OnRestart::Report,
+            ..read_policy()
+        };
+        let mut reader = match self.llm.read(asked, options, policy).await {
             Ok(r) => r,
             Err(f) => return Ok(Turn::Failed(native_refusal(f.error))),
         };
@@ -336,7 +367,13 @@ impl AgentService {
                     }
                     return Ok(Turn::Failed(native_refusal(f.error)));
                 }
-                Piece::Restarted => return Ok(Turn::Failed(restarted())),
+                // Nothing of a native turn is published before it ends: the text-completion
+                // processor's answer starting over costs nothing but the pieces read so far.
+                Piece::Restarted => {
+                    text.clear();
+                    pieces.clear();
+                    continue;
+                }
             };
             dialog.usage.add(&r);
             text.push_str(&r.response);
@@ -410,6 +447,7 @@ mod tests {
             user: None,
             call_id: id.map(str::to_owned),
             same_turn,
+            call_arguments: None,
         }
     }
 
@@ -453,6 +491,16 @@ mod tests {
         assert_eq!(turns[3].content, "thinking");
         assert_eq!(turns[4].content, "two");
         assert_eq!(turns[5].tool_call_id.as_deref(), Some("c2"));
+
+        // A native step's own arguments go back exactly: the string "12" stays a string.
+        let mut exact = step("d", Some("c3"), false, "four");
+        exact.call_arguments = Some(r#"{"n":"12"}"#.into());
+        let turns = conversation(&AgentRequest {
+            question: "q?".into(),
+            history: vec![exact],
+            ..AgentRequest::default()
+        });
+        assert_eq!(turns[1].tool_calls[0].arguments, r#"{"n":"12"}"#);
     }
 
     #[test]
