@@ -41,7 +41,7 @@ use crate::{
     },
     providers::{
         Body, HttpTimeouts, SseStep, classify_status, http_client, portable_call_id, send,
-        shown_call_id, sse_body_chunks, transport_error,
+        sse_body_chunks, transport_error,
     },
 };
 
@@ -352,19 +352,7 @@ fn text_block(text: String) -> Vec<Value> {
 
 /// A call the model made earlier, as the `tool_use` block Anthropic wants back.
 fn tool_use_block(call: &ToolCall) -> Result<Value, ProviderError> {
-    let input = if call.arguments.trim().is_empty() {
-        json!({})
-    } else {
-        match serde_json::from_str::<Value>(&call.arguments) {
-            Ok(v @ Value::Object(_)) => v,
-            _ => {
-                return Err(ProviderError::unsendable(format!(
-                    "the arguments of tool call {:?} are not a JSON object; Anthropic takes a call's input as one",
-                    shown_call_id(&call.id)
-                )));
-            }
-        }
-    };
+    let input = crate::providers::call_arguments(call, "Anthropic")?;
     Ok(
         json!({"type": "tool_use", "id": portable_call_id(&call.id), "name": call.name,
         "input": input}),

@@ -274,11 +274,7 @@ fn tool_contents(turns: &[ChatMessage]) -> Result<Vec<Value>, ProviderError> {
                 let id = turn.tool_call_id.as_deref().unwrap_or("");
                 // The latest call with this id before the result: ids of calls Gemini gave
                 // none are ours, unique within an answer, not across a conversation.
-                let name = turns[..at]
-                    .iter()
-                    .rev()
-                    .flat_map(|t| t.tool_calls.iter())
-                    .find(|c| c.id == id)
+                let name = crate::providers::call_answered(&turns[..at], id)
                     .map(|c| c.name.clone())
                     .ok_or_else(|| {
                         ProviderError::unsendable(
@@ -329,19 +325,7 @@ fn gemini_call_id(id: &str) -> Option<&str> {
 /// A call the model made earlier, as the `functionCall` part Gemini wants back, with the
 /// `thoughtSignature` its id carries.
 fn function_call_part(call: &sluice_schema::ToolCall) -> Result<Value, ProviderError> {
-    let args = if call.arguments.trim().is_empty() {
-        json!({})
-    } else {
-        match serde_json::from_str::<Value>(&call.arguments) {
-            Ok(v @ Value::Object(_)) => v,
-            _ => {
-                return Err(ProviderError::unsendable(format!(
-                    "the arguments of tool call {:?} are not a JSON object; Gemini takes a call's args as one",
-                    crate::providers::shown_call_id(&call.id)
-                )));
-            }
-        }
-    };
+    let args = crate::providers::call_arguments(call, "Gemini")?;
     let mut f = json!({"name": call.name, "args": args});
     if let Some(id) = gemini_call_id(&call.id) {
         f["id"] = json!(id);

@@ -61,6 +61,38 @@ pub fn portable_call_id(id: &str) -> String {
     }
 }
 
+/// A call's arguments as the JSON object the providers that parse them (Anthropic, Gemini,
+/// Bedrock, Ollama) send back: `{}` for none; anything but an object is the caller's to fix,
+/// refused naming `provider`.
+pub fn call_arguments(
+    call: &sluice_schema::ToolCall,
+    provider: &str,
+) -> Result<serde_json::Value, ProviderError> {
+    if call.arguments.trim().is_empty() {
+        return Ok(serde_json::json!({}));
+    }
+    match serde_json::from_str::<serde_json::Value>(&call.arguments) {
+        Ok(v @ serde_json::Value::Object(_)) => Ok(v),
+        _ => Err(ProviderError::unsendable(format!(
+            "the arguments of tool call {:?} are not a JSON object; {provider} takes a call's arguments as one",
+            shown_call_id(&call.id)
+        ))),
+    }
+}
+
+/// The latest call with `id` in `turns` (a tool result's call, looked for in the turns
+/// before it): ids of calls sluice made are unique within an answer, not a conversation.
+pub fn call_answered<'a>(
+    turns: &'a [sluice_schema::ChatMessage],
+    id: &str,
+) -> Option<&'a sluice_schema::ToolCall> {
+    turns
+        .iter()
+        .rev()
+        .flat_map(|t| t.tool_calls.iter())
+        .find(|c| c.id == id)
+}
+
 /// A call's id as an error message shows it: without a signature, at most 64 characters.
 pub fn shown_call_id(id: &str) -> String {
     id.split_once(gemini::SIGNATURE_MARK)

@@ -101,19 +101,7 @@ impl OllamaProvider {
                     .tool_calls
                     .iter()
                     .map(|c| {
-                        let arguments = if c.arguments.trim().is_empty() {
-                            json!({})
-                        } else {
-                            match serde_json::from_str::<Value>(&c.arguments) {
-                                Ok(v @ Value::Object(_)) => v,
-                                _ => {
-                                    return Err(ProviderError::unsendable(format!(
-                                        "the arguments of tool call {:?} are not a JSON object; ollama takes a call's arguments as one",
-                                        crate::providers::shown_call_id(&c.id)
-                                    )));
-                                }
-                            }
-                        };
+                        let arguments = crate::providers::call_arguments(c, "ollama")?;
                         Ok(json!({"id": crate::providers::portable_call_id(&c.id),
                             "function": {"name": c.name, "arguments": arguments}}))
                     })
@@ -123,12 +111,7 @@ impl OllamaProvider {
             if turn.role == ChatRole::Tool {
                 let id = turn.tool_call_id.as_deref().unwrap_or("");
                 // Ollama matches a result to its call by the tool's name.
-                if let Some(call) = turns[..at]
-                    .iter()
-                    .rev()
-                    .flat_map(|t| t.tool_calls.iter())
-                    .find(|c| c.id == id)
-                {
+                if let Some(call) = crate::providers::call_answered(&turns[..at], id) {
                     m["tool_name"] = json!(call.name);
                 }
                 m["tool_call_id"] = json!(crate::providers::portable_call_id(id));

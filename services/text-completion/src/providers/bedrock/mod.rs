@@ -318,19 +318,7 @@ fn tool_messages(turns: Vec<ChatMessage>) -> Result<Vec<Value>, ProviderError> {
             ChatRole::Assistant => {
                 let mut blocks = text(turn.content);
                 for call in &turn.tool_calls {
-                    let input = if call.arguments.trim().is_empty() {
-                        json!({})
-                    } else {
-                        match serde_json::from_str::<Value>(&call.arguments) {
-                            Ok(v @ Value::Object(_)) => v,
-                            _ => {
-                                return Err(ProviderError::unsendable(format!(
-                                    "the arguments of tool call {:?} are not a JSON object; bedrock takes a call's input as one",
-                                    crate::providers::shown_call_id(&call.id)
-                                )));
-                            }
-                        }
-                    };
+                    let input = crate::providers::call_arguments(call, "bedrock")?;
                     blocks.push(json!({"toolUse": {
                         "toolUseId": crate::providers::portable_call_id(&call.id),
                         "name": call.name, "input": input}}));
