@@ -693,7 +693,7 @@ mod tests {
             ("integration-with-skip", INTEGRATION),
         ] {
             let template = builtin(id);
-            let validator = template.validator.as_ref().unwrap();
+            let validator = template.validator().unwrap().unwrap();
             let normalise = template.normalise.unwrap();
             let text = super::stream(stream).unwrap();
             for line in text.lines() {
@@ -714,7 +714,7 @@ mod tests {
     /// ignore blank and fence lines, parse, normalise, validate.
     fn consume(id: &str, text: &str) -> (Vec<Value>, usize, usize) {
         let template = builtin(id);
-        let validator = template.validator.as_ref().unwrap();
+        let validator = template.validator().unwrap().unwrap();
         let (mut objects, mut skipped, mut warned) = (Vec::new(), 0, 0);
         for line in text.split('\n').map(str::trim) {
             if line.is_empty() || line.starts_with("```") {

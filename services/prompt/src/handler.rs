@@ -182,7 +182,13 @@ impl Answer<'_> {
                 Normalised::Skip { reason } => return Err(("rejected", reason)),
             }
         }
-        if let Some(v) = &t.validator {
+        if let Some(v) = t.validator() {
+            let v = v.map_err(|e| {
+                (
+                    "invalid",
+                    format!("the template's schema does not compile: {e}"),
+                )
+            })?;
             let problems: Vec<String> = v
                 .iter_errors(value)
                 .take(3)

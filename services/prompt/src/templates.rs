@@ -8,7 +8,7 @@ use std::{
     collections::BTreeMap,
     fmt,
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{Arc, OnceLock},
 };
 
 use minijinja::{Environment, UndefinedBehavior};
@@ -20,6 +20,9 @@ use crate::{
     normalise::{self, Normaliser},
 };
 
+/// The `origin` of the templates compiled into the binary.
+const BUILTIN_ORIGIN: &str = "built-in";
+
 /// One template, compiled.
 pub struct Template {
     /// Its id.
@@ -30,8 +33,9 @@ pub struct Template {
     pub response_type: ResponseType,
     /// The schema, for `json` and `jsonl`.
     pub schema: Option<Value>,
-    /// The compiled schema.
-    pub validator: Option<jsonschema::Validator>,
+    /// The compiled schema, compiled when it is first needed ([`Template::validator`]): the
+    /// built-in set's dozen validators held 12 MB, most of an idle process's heap.
+    validator: OnceLock<Result<jsonschema::Validator, String>>,
     /// Corrections applied before validation (the normaliser the template names).
     pub normalise: Option<Normaliser>,
     /// The rules that need the request, which come with the normaliser.
@@ -70,6 +74,22 @@ impl CallSettings {
             sluice_schema::RetryPolicy::parse(line).map_err(|e| format!("retry: {e}"))?;
         }
         Ok(())
+    }
+}
+
+impl Template {
+    /// The compiled schema (`json` and `jsonl` templates), compiled on first use. A file's
+    /// schema was compiled once when the file was loaded, and the built-in schemas are
+    /// compiled by their tests, so the error is for a schema that compiled before and no
+    /// longer does: never skipped, it fails the object it should have checked.
+    pub fn validator(&self) -> Option<Result<&jsonschema::Validator, &str>> {
+        let schema = self.schema.as_ref()?;
+        Some(
+            self.validator
+                .get_or_init(|| jsonschema::validator_for(schema).map_err(|e| e.to_string()))
+                .as_ref()
+                .map_err(String::as_str),
+        )
     }
 }
 
@@ -206,6 +226,8 @@ struct Source {
     answers: Option<&'static normalise::Answers>,
     call: CallSettings,
     origin: String,
+    /// Compiled into the binary (its schema is checked by the tests, not at each load).
+    builtin: bool,
 }
 
 /// Parses a template file: `{"system": ..., "templates": {id: {...}}}`, or TrustGraph's
@@ -245,6 +267,7 @@ fn parse_file(path: &Path, text: &str) -> Result<(Option<String>, Vec<Source>), 
             answers: t.normaliser.as_deref().and_then(normalise::answers),
             call,
             origin: origin.clone(),
+            builtin: false,
         });
         Ok(())
     };
@@ -281,7 +304,7 @@ fn parse_file(path: &Path, text: &str) -> Result<(Option<String>, Vec<Source>), 
 fn builtin_sources() -> Result<Vec<Source>, LoadError> {
     let templates = builtin::all().map_err(|e| LoadError::Template {
         id: e.id.to_owned(),
-        origin: "built-in".into(),
+        origin: BUILTIN_ORIGIN.into(),
         message: e.message,
     })?;
     Ok(templates
@@ -299,7 +322,8 @@ fn builtin_sources() -> Result<Vec<Source>, LoadError> {
                 max_tokens: None,
                 retry: b.retry.map(str::to_owned),
             },
-            origin: "built-in".into(),
+            origin: BUILTIN_ORIGIN.into(),
+            builtin: true,
         })
         .collect())
 }
@@ -378,18 +402,19 @@ impl TemplateSet {
                     origin: s.origin.clone(),
                     message: describe(&e),
                 })?;
-            let validator = match &s.schema {
-                Some(schema) => {
-                    Some(
-                        jsonschema::validator_for(schema).map_err(|e| LoadError::Schema {
-                            id: s.id.clone(),
-                            origin: s.origin.clone(),
-                            message: e.to_string(),
-                        })?,
-                    )
-                }
-                None => None,
-            };
+            // A file's schema is checked now, so that a bad one fails the load and the
+            // previous set stays; the validator itself is built when first needed, and the
+            // memory this check used goes back to the allocator. The built-in schemas are
+            // checked by their tests.
+            if let Some(schema) = &s.schema
+                && !s.builtin
+            {
+                jsonschema::validator_for(schema).map_err(|e| LoadError::Schema {
+                    id: s.id.clone(),
+                    origin: s.origin.clone(),
+                    message: e.to_string(),
+                })?;
+            }
             templates.insert(
                 s.id.clone(),
                 Arc::new(Template {
@@ -397,7 +422,7 @@ impl TemplateSet {
                     system: s.system,
                     response_type: s.response_type,
                     schema: s.schema,
-                    validator,
+                    validator: OnceLock::new(),
                     normalise: s.normalise,
                     answers: s.answers,
                     call: s.call,
@@ -634,7 +659,7 @@ mod tests {
             let builtin = set.get(id).unwrap();
             assert_eq!(builtin.origin, "built-in");
             assert!(
-                builtin.normalise.is_some() && builtin.validator.is_some(),
+                builtin.normalise.is_some() && builtin.validator().is_some_and(|v| v.is_ok()),
                 "{id}"
             );
         }
