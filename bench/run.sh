@@ -9,6 +9,7 @@
 #   bash bench/run.sh loss               # what TrustGraph's non-persistent mapping loses, and when it is seen
 #   bash bench/run.sh pacing             # TrustGraph's own client at 64 and 512 streams, unpaced and paced
 #   bash bench/run.sh structured         # the local model's malformed JSON lines with and without native structured output
+#   bash bench/run.sh overhead           # TTFT added over the provider: serve, the gateway over the broker, LiteLLM, TensorZero (+ PNG plot)
 #   bash bench/run.sh soak --minutes 30  # the soak under chaos (its own broker on 6657)
 #   bash bench/run.sh soak --minutes 30 --cluster  # the same on the secured cluster, its faults
 set -euo pipefail
@@ -43,6 +44,22 @@ case " $* " in
     curl -sf -m 3 http://127.0.0.1:8766/health >/dev/null 2>&1 || deploy/local-llm/llama-server.sh start
     ;;
 esac
+# The overhead scenario compares LiteLLM's proxy (PyPI, pinned, in a venv with matplotlib for
+# the plot) and TensorZero's gateway when bench/tensorzero.sh has built it.
+case " $* " in
+  *" overhead "*)
+    BENCH_VENV=$(bash scripts/bench-venv.sh)
+    LITELLM_VERSION=$("$BENCH_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("litellm"))')
+    export BENCH_VENV LITELLM_VERSION
+    tz="${TENSORZERO_GATEWAY:-$HOME/.cache/sluice/tensorzero-target/release/gateway}"
+    if [ -x "$tz" ]; then
+      export TENSORZERO_GATEWAY="$tz" TENSORZERO_VERSION="${TENSORZERO_VERSION:-2026.4.0 (built by bench/tensorzero.sh)}"
+    fi
+    ;;
+esac
 scenario="${1:-foundation}"
 [ $# -gt 0 ] && shift
 "$bin/sluice-bench" --out bench/results --docs docs "$scenario" "$@"
+if [ "$scenario" = overhead ]; then
+  mkdir -p docs/images && "$BENCH_VENV/bin/python" bench/plot.py bench/results/overhead.json docs/images/overhead.png
+fi

@@ -396,7 +396,10 @@ async fn no_ledger_processor(
 
 /// Starts a `sluice gateway` process for text-completion on the default topics with `extra`
 /// flags, once ready; returns it and the address it listens on.
-async fn start_gateway(broker: &Broker, extra: &[&str]) -> (tokio::process::Child, String) {
+pub(crate) async fn start_gateway(
+    broker: &Broker,
+    extra: &[&str],
+) -> (tokio::process::Child, String) {
     let metrics_port = free_port();
     let metrics_addr = format!("127.0.0.1:{metrics_port}");
     let mut args = vec![

@@ -8,6 +8,7 @@
 mod foundation;
 mod gateway;
 mod loss;
+mod overhead;
 mod pacing;
 mod procs;
 mod prompt;
@@ -139,6 +140,25 @@ enum Scenario {
         #[arg(long)]
         cluster: bool,
     },
+    /// What each gateway adds to the time to first token over calling the provider directly
+    /// (issue #27): `sluice serve`, the gateway over the broker, LiteLLM's proxy (when
+    /// BENCH_VENV has it) and TensorZero (when TENSORZERO_GATEWAY names it), one fake
+    /// provider and one load driver, at each number of concurrent callers.
+    Overhead {
+        /// Concurrent caller levels.
+        #[arg(long, value_delimiter = ',', default_value = "1,64,256")]
+        callers: Vec<u64>,
+        /// Requests per target at one caller (interleaved request by request).
+        #[arg(long, default_value_t = 400)]
+        serial_requests: u64,
+        /// Requests per target at each higher level.
+        #[arg(long, default_value_t = 4000)]
+        requests: u64,
+        /// Only these targets besides the direct baseline (`serve`, `broker`, `broker-paced`,
+        /// `litellm`, `tensorzero`), e.g. to profile one of them under load.
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
+    },
     /// The foundation: raw pulsar-rs round trip vs sluice runtime + client, throughput.
     Foundation {
         /// Sequential round trips per latency measurement.
@@ -248,6 +268,23 @@ async fn main() {
                 callers,
                 restart_every_secs,
                 cluster,
+            )
+            .await
+        }
+        Scenario::Overhead {
+            callers,
+            serial_requests,
+            requests,
+            only,
+        } => {
+            overhead::bench(
+                &broker,
+                &cli.out,
+                &cli.docs,
+                &callers,
+                serial_requests,
+                requests,
+                &only,
             )
             .await
         }

@@ -330,7 +330,7 @@ pub fn unique_topic(name: &str) -> String {
 /// The bench's result tables. `bench` splices each between `<!-- bench:NAME -->` and
 /// `<!-- /bench:NAME -->` in the one page under `docs/` that holds them, and
 /// `tests/tests/docs.rs` checks that exactly one page does.
-pub const BENCH_TABLES: [&str; 11] = [
+pub const BENCH_TABLES: [&str; 12] = [
     "foundation",
     "text-completion",
     "fallback",
@@ -342,6 +342,7 @@ pub const BENCH_TABLES: [&str; 11] = [
     "soak-restarts",
     "soak-cluster",
     "structured",
+    "overhead",
 ];
 
 /// A fresh non-persistent topic in the test namespace: TrustGraph's mapping of its `request`

@@ -1,0 +1,659 @@
+//! The overhead scenario (issue #27): what each gateway adds to the time to first token over
+//! calling the provider directly, at several numbers of concurrent callers, with the same
+//! fake provider and the same load driver, every target in the same run:
+//!
+//! - the fake provider called directly (the baseline every other row is measured against);
+//! - `sluice serve` (the embedded default: gateway, processor and the in-process bus in one
+//!   process);
+//! - `sluice gateway` and `sluice text-completion` as processes over the broker (the durable
+//!   mapping), beside a raw pulsar-rs round trip (the broker's own two hops) in the same run;
+//! - LiteLLM's proxy (PyPI, the version `scripts/bench-venv.sh` pins) when `BENCH_VENV` names
+//!   a venv that has it, and TensorZero's gateway when `TENSORZERO_GATEWAY` names its binary.
+//!
+//! Every target is driven by the same closed loop of reqwest callers in this process, which
+//! also runs the fake; the targets' CPU time per request and memory are read from /proc.
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    path::Path,
+    sync::Arc,
+    sync::atomic::{AtomicU64, Ordering},
+    time::{Duration, Instant},
+};
+
+use futures::StreamExt;
+use hdrhistogram::Histogram;
+use sluice_tests::{Broker, free_port};
+
+use crate::{foundation::RawPair, procs::*, report::*};
+
+/// The fake's behaviour: 20 one-word tokens, the first 50 ms after the request (a model's
+/// time to first token), the rest 1 ms apart.
+const MODEL: &str = "tokens-20-1-50";
+
+/// One gateway under test: where callers send `POST /v1/chat/completions` and the processes
+/// whose CPU time and memory are its cost.
+struct Target {
+    name: &'static str,
+    url: String,
+    /// The `model` callers name (LiteLLM and TensorZero map it onto the fake's).
+    model: String,
+    /// Root processes; their descendants are counted too (LiteLLM's workers).
+    pids: Vec<u32>,
+    children: Vec<tokio::process::Child>,
+    /// Idle resident memory per process (MiB) after start-up, before any request.
+    idle: Vec<(String, f64)>,
+}
+
+/// What one target did at one level.
+#[derive(Default)]
+struct Level {
+    ttft: Option<Histogram<u64>>,
+    requests: u64,
+    ok: u64,
+    secs: f64,
+    cpu_secs: f64,
+}
+
+impl Level {
+    fn hist(&mut self) -> &mut Histogram<u64> {
+        self.ttft.get_or_insert_with(hist)
+    }
+    fn q(&self, q: f64) -> f64 {
+        self.ttft.as_ref().map_or(f64::NAN, |h| ms(h, q))
+    }
+    fn rps(&self) -> f64 {
+        self.requests as f64 / self.secs
+    }
+}
+
+/// Streams one chat completion and returns the time to the first chunk whose
+/// `choices[0].delta.content` is a non-empty string (OpenAI's first chunk carries only the
+/// role), and whether the stream ended with `[DONE]`. The JSON is parsed: servers differ in
+/// spacing (LiteLLM writes `"content": ""`).
+async fn sse_call(http: &reqwest::Client, url: &str, model: &str) -> (Option<Duration>, bool) {
+    let t0 = Instant::now();
+    let body = serde_json::json!({"model": model, "stream": true,
+        "messages": [{"role": "user", "content": "bench"}]});
+    let Ok(resp) = http
+        .post(url)
+        .bearer_auth("sk-bench")
+        .json(&body)
+        .send()
+        .await
+    else {
+        return (None, false);
+    };
+    if !resp.status().is_success() {
+        return (None, false);
+    }
+    let (mut first, mut done) = (None, false);
+    let mut stream = resp.bytes_stream();
+    let mut buf = Vec::new();
+    while let Some(Ok(bytes)) = stream.next().await {
+        buf.extend_from_slice(&bytes);
+        while let Some(end) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=end).collect();
+            let Some(data) = line.strip_prefix(b"data:") else {
+                continue;
+            };
+            let data = data.trim_ascii();
+            if data == b"[DONE]" {
+                done = true;
+            } else if first.is_none()
+                && let Ok(v) = serde_json::from_slice::<serde_json::Value>(data)
+                && v["choices"][0]["delta"]["content"]
+                    .as_str()
+                    .is_some_and(|c| !c.is_empty())
+            {
+                first = Some(t0.elapsed());
+            }
+        }
+    }
+    (first, done && first.is_some())
+}
+
+/// `callers` closed-loop callers send `n` requests to `target` between them.
+async fn drive(http: &reqwest::Client, target: &Target, callers: u64, n: u64, level: &mut Level) {
+    let cpu0 = cpu_secs(&target.pids);
+    let remaining = Arc::new(AtomicU64::new(n));
+    let t0 = Instant::now();
+    let workers: Vec<_> = (0..callers)
+        .map(|_| {
+            let (http, url, model, remaining) = (
+                http.clone(),
+                target.url.clone(),
+                target.model.clone(),
+                remaining.clone(),
+            );
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                while remaining
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_sub(1))
+                    .is_ok()
+                {
+                    got.push(sse_call(&http, &url, &model).await);
+                }
+                got
+            })
+        })
+        .collect();
+    for w in workers {
+        for (first, ok) in w.await.unwrap() {
+            level.requests += 1;
+            if ok {
+                level.ok += 1;
+            }
+            if let Some(first) = first {
+                level.hist().record(first.as_micros() as u64).unwrap();
+            }
+        }
+    }
+    level.secs += t0.elapsed().as_secs_f64();
+    level.cpu_secs += cpu_secs(&target.pids) - cpu0;
+}
+
+/// The processes `roots` and all their descendants, from /proc.
+fn tree(roots: &[u32]) -> Vec<u32> {
+    let mut parent: Vec<(u32, u32)> = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().filter_map(Result::ok) {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Some(ppid) = stat_fields(pid).and_then(|f| f.get(1).and_then(|p| p.parse().ok())) {
+            parent.push((pid, ppid));
+        }
+    }
+    let mut all = roots.to_vec();
+    let mut i = 0;
+    while i < all.len() {
+        let p = all[i];
+        all.extend(parent.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    all
+}
+
+/// The fields of /proc/PID/stat after the command name (state, ppid, …).
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
+/// CPU time (user + system, seconds) of `roots` and their descendants.
+fn cpu_secs(roots: &[u32]) -> f64 {
+    // The kernel's USER_HZ, which /proc reports in: 100 on every Linux this runs on.
+    const TICKS: f64 = 100.0;
+    tree(roots)
+        .into_iter()
+        .filter_map(stat_fields)
+        .map(|f| {
+            let t = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+            // utime and stime are the 14th and 15th fields of stat, 12th and 13th here.
+            (t(11) + t(12)) / TICKS
+        })
+        .sum()
+}
+
+/// Resident memory (MiB) of `roots` and their descendants, summed.
+fn tree_rss(roots: &[u32]) -> f64 {
+    tree(roots).into_iter().map(|p| rss_mib(p).1).sum()
+}
+
+async fn serve_target(fake_url: &str) -> Target {
+    let mut child = sluice_process(&[
+        "serve",
+        "--provider",
+        "openai-compatible",
+        "--base-url",
+        fake_url,
+        "--model",
+        MODEL,
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ]);
+    let mut lines =
+        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(child.stdout.take().unwrap()));
+    let gateway = loop {
+        let line = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("sluice serve exited before it listened; see its error above");
+        if let Some(rest) = line.split("gateway on ").nth(1) {
+            break rest.split(',').next().unwrap().to_owned();
+        }
+    };
+    let pid = child.id().unwrap();
+    Target {
+        name: "`sluice serve` (in-process bus)",
+        url: format!("{gateway}/v1/chat/completions"),
+        model: MODEL.into(),
+        pids: vec![pid],
+        children: vec![child],
+        idle: Vec::new(),
+    }
+}
+
+async fn broker_target(broker: &Broker, fake_url: &str) -> Target {
+    let processor = gateway_processor_with(broker, fake_url, MODEL, &[]).await;
+    let (gateway, addr) = crate::gateway::start_gateway(broker, &[]).await;
+    Target {
+        name: "`sluice gateway` + `sluice text-completion` over the broker",
+        url: format!("http://{addr}/v1/chat/completions"),
+        model: MODEL.into(),
+        pids: vec![gateway.id().unwrap(), processor.id().unwrap()],
+        children: vec![gateway, processor],
+        idle: Vec::new(),
+    }
+}
+
+/// Waits until `url` answers 200; `who` names the server in the failure.
+async fn answers(url: &str, who: &str) {
+    let http = reqwest::Client::new();
+    let t0 = Instant::now();
+    while !http
+        .get(url)
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(180),
+            "{who} did not answer {url} within 180 s"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    eprintln!("{who} ready in {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+/// The topicspace of the paced broker target.
+const PACED_TOPICSPACE: &str = "benchpaced";
+
+/// [`broker_target`] with the response records paced (`--response-pacing on`, 10 ms, no rate
+/// bound), in a topicspace of its own: what merging the deltas that come within 10 ms of the
+/// last record saves when the broker, not the provider, is the limit. The first record is
+/// never held, so time to first token is not paced.
+async fn broker_paced_target(broker: &Broker, fake_url: &str) -> Target {
+    let ts = PACED_TOPICSPACE;
+    let (req, resp, cancel) = (
+        format!("request:{ts}:text-completion"),
+        format!("response:{ts}:text-completion"),
+        format!("notify:{ts}:text-completion-cancel"),
+    );
+    let processor = gateway_processor_with(
+        broker,
+        fake_url,
+        MODEL,
+        &[
+            "--request-topic",
+            &req,
+            "--response-topic",
+            &resp,
+            "--cancel-topic",
+            &cancel,
+            "--response-pacing",
+            "on",
+            "--pace-interval-ms",
+            "10",
+            "--max-response-records-per-sec",
+            "0",
+        ],
+    )
+    .await;
+    let (gateway, addr) = crate::gateway::start_gateway(broker, &["--topicspace", ts]).await;
+    Target {
+        name: "the same, records paced (`--response-pacing on --pace-interval-ms 10`)",
+        url: format!("http://{addr}/v1/chat/completions"),
+        model: MODEL.into(),
+        pids: vec![gateway.id().unwrap(), processor.id().unwrap()],
+        children: vec![gateway, processor],
+        idle: Vec::new(),
+    }
+}
+
+/// LiteLLM's proxy from `venv`, run as bench/litellm.md says: every model forwarded to the
+/// fake as an OpenAI-compatible provider, no database, no network at start-up, no retries,
+/// `workers` uvicorn workers (its production guide: one per CPU).
+async fn litellm_target(venv: &str, fake_base: &str, workers: u32) -> Target {
+    let dir = std::env::temp_dir().join(format!("sluice-bench-litellm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("litellm.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "model_list:\n  - model_name: \"*\"\n    litellm_params:\n      model: \"openai/*\"\n      api_base: \"{fake_base}/v1\"\n      api_key: \"sk-fake\"\nlitellm_settings:\n  set_verbose: false\n  drop_params: true\n  num_retries: 0\n  request_timeout: 600\n  telemetry: false\n",
+        ),
+    )
+    .unwrap();
+    let log_config = dir.join("log_config.yaml");
+    std::fs::write(
+        &log_config,
+        "version: 1\ndisable_existing_loggers: false\nformatters:\n  plain: {format: \"%(levelname)s: %(message)s\"}\nhandlers:\n  stderr: {class: logging.StreamHandler, formatter: plain, stream: ext://sys.stderr}\nloggers:\n  uvicorn: {handlers: [stderr], level: INFO, propagate: false}\n  uvicorn.access: {handlers: [stderr], level: WARNING, propagate: false}\n",
+    )
+    .unwrap();
+    let log = dir.join("litellm.log");
+    let port = free_port();
+    let child = tokio::process::Command::new(format!("{venv}/bin/litellm"))
+        .current_dir(&dir)
+        .args(["--config", &config.display().to_string()])
+        .args(["--log_config", &log_config.display().to_string()])
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--num_workers", &workers.to_string()])
+        .env_remove("DATABASE_URL")
+        .env_remove("DIRECT_URL")
+        .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        .env("LITELLM_LOG", "ERROR")
+        .env("LITELLM_MODE", "PRODUCTION")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    answers(
+        &format!("http://127.0.0.1:{port}/health/liveliness"),
+        "LiteLLM's proxy",
+    )
+    .await;
+    // The liveliness route answers once one worker is up: wait for every worker.
+    let t0 = Instant::now();
+    while std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .matches("Application startup complete")
+        .count()
+        < workers as usize
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(180),
+            "LiteLLM's workers did not all start; see {}",
+            log.display()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Target {
+        name: "LiteLLM proxy",
+        url: format!("http://127.0.0.1:{port}/v1/chat/completions"),
+        model: MODEL.into(),
+        pids: vec![child.id().unwrap()],
+        children: vec![child],
+        idle: Vec::new(),
+    }
+}
+
+/// TensorZero's gateway (`binary`, built from its published source), observability off,
+/// the fake as an `openai` provider of a model of the same name. Its OpenAI-compatible route
+/// names models `tensorzero::model_name::NAME`.
+async fn tensorzero_target(binary: &str, fake_base: &str) -> Target {
+    let dir = std::env::temp_dir().join(format!("sluice-bench-tensorzero-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("tensorzero.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[gateway]\nobservability.enabled = false\ndisable_pseudonymous_usage_analytics = true\n\n[models.\"{MODEL}\"]\nrouting = [\"fake\"]\n\n[models.\"{MODEL}\".providers.fake]\ntype = \"openai\"\nmodel_name = \"{MODEL}\"\napi_base = \"{fake_base}/v1\"\napi_key_location = \"none\"\n"
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let child = tokio::process::Command::new(binary)
+        .args(["--config-file", &config.display().to_string()])
+        .args(["--bind-address", &format!("127.0.0.1:{port}")])
+        .env("RUST_LOG", "warn")
+        .env("TENSORZERO_DISABLE_PSEUDONYMOUS_USAGE_ANALYTICS", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("gateway.log")).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    answers(
+        &format!("http://127.0.0.1:{port}/health"),
+        "TensorZero's gateway",
+    )
+    .await;
+    Target {
+        name: "TensorZero gateway",
+        url: format!("http://127.0.0.1:{port}/openai/v1/chat/completions"),
+        model: format!("tensorzero::model_name::{MODEL}"),
+        pids: vec![child.id().unwrap()],
+        children: vec![child],
+        idle: Vec::new(),
+    }
+}
+
+/// The processes' idle memory, read after `settle`.
+async fn record_idle(target: &mut Target, settle: Duration) {
+    tokio::time::sleep(settle).await;
+    target.idle = tree(&target.pids)
+        .into_iter()
+        .map(|p| {
+            let name = std::fs::read_to_string(format!("/proc/{p}/cmdline"))
+                .unwrap_or_default()
+                .split('\0')
+                .take(2)
+                .map(|a| a.rsplit('/').next().unwrap_or(a).to_owned())
+                .collect::<Vec<_>>()
+                .join(" ");
+            (name, rss_mib(p).1)
+        })
+        .collect();
+}
+
+pub(crate) async fn bench(
+    broker: &Broker,
+    out: &Path,
+    docs: &Path,
+    levels: &[u64],
+    serial_requests: u64,
+    requests: u64,
+    only: &[String],
+) {
+    let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
+    sluice_runtime::install_crypto_provider();
+    let fake = sluice_tests::fake_openai::FakeOpenAi::start().await;
+    let fake_base = fake.base_url();
+    let bench_pid = std::process::id();
+    let mut targets = vec![Target {
+        name: "the provider called directly",
+        url: format!("{fake_base}/v1/chat/completions"),
+        model: MODEL.into(),
+        pids: Vec::new(),
+        children: Vec::new(),
+        idle: Vec::new(),
+    }];
+    if wanted("serve") {
+        targets.push(serve_target(&fake_base).await);
+    }
+    if wanted("broker") {
+        targets.push(broker_target(broker, &fake_base).await);
+    }
+    if wanted("broker-paced") {
+        targets.push(broker_paced_target(broker, &fake_base).await);
+    }
+    let litellm_workers = std::env::var("LITELLM_WORKERS")
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(2);
+    let litellm = std::env::var("BENCH_VENV")
+        .ok()
+        .filter(|v| wanted("litellm") && Path::new(&format!("{v}/bin/litellm")).exists());
+    if let Some(venv) = &litellm {
+        targets.push(litellm_target(venv, &fake_base, litellm_workers).await);
+    }
+    let tensorzero = std::env::var("TENSORZERO_GATEWAY")
+        .ok()
+        .filter(|b| wanted("tensorzero") && Path::new(b).exists());
+    if let Some(binary) = &tensorzero {
+        targets.push(tensorzero_target(binary, &fake_base).await);
+    }
+    for t in targets.iter_mut().skip(1) {
+        record_idle(t, Duration::from_secs(5)).await;
+    }
+
+    // The broker's own two hops in this run: publish → responder → receive, raw pulsar-rs
+    // with separate clients per side (the floor the foundation scenario measures).
+    let mut raw = RawPair::start(&broker.url, true).await;
+    let mut raw_hist = hist();
+    raw.batch(100, &mut hist()).await;
+    raw.batch(serial_requests.max(500), &mut raw_hist).await;
+    raw.stop().await;
+
+    let http = reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .pool_max_idle_per_host(1024)
+        .build()
+        .unwrap();
+    // Warm every target (connections, caches, the JIT-less Python's imports).
+    for t in &targets {
+        drive(&http, t, 8, 64, &mut Level::default()).await;
+    }
+    let mut results: BTreeMap<u64, Vec<Level>> = BTreeMap::new();
+    let mut bench_cpu: BTreeMap<u64, f64> = BTreeMap::new();
+    for &callers in levels {
+        eprintln!("{callers} concurrent callers …");
+        let mut row: Vec<Level> = targets.iter().map(|_| Level::default()).collect();
+        let own0 = cpu_secs(&[bench_pid]);
+        if callers == 1 {
+            // One caller: request by request, interleaved, so drift hits every target alike.
+            for _ in 0..serial_requests {
+                for (t, l) in targets.iter().zip(row.iter_mut()) {
+                    drive(&http, t, 1, 1, l).await;
+                }
+            }
+        } else {
+            // Blocks rotated four times, so drift hits every target alike.
+            let block = (requests / 4).max(callers);
+            for _ in 0..4 {
+                for (t, l) in targets.iter().zip(row.iter_mut()) {
+                    drive(&http, t, callers, block, l).await;
+                }
+            }
+        }
+        let secs: f64 = row.iter().map(|l| l.secs).sum();
+        bench_cpu.insert(callers, (cpu_secs(&[bench_pid]) - own0) / secs);
+        results.insert(callers, row);
+    }
+    let peaks: Vec<f64> = targets
+        .iter()
+        .map(|t| tree(&t.pids).into_iter().map(|p| rss_mib(p).0).sum())
+        .collect();
+    let after: Vec<f64> = targets.iter().map(|t| tree_rss(&t.pids)).collect();
+    for t in &mut targets {
+        for c in t.children.drain(..) {
+            terminate(c).await;
+        }
+    }
+
+    let raw_p50 = ms(&raw_hist, 0.5);
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "{}: release build; the fake OpenAI server ({MODEL}: 20 tokens, the first 50 ms after the request, then 1 ms apart) and the load driver (reqwest, closed loop) in the bench's process; Pulsar standalone on loopback; LiteLLM {}; TensorZero {}.\n",
+        provenance(),
+        match &litellm {
+            Some(_) => format!(
+                "{} with {litellm_workers} worker(s)",
+                std::env::var("LITELLM_VERSION").unwrap_or_else(|_| "(version unknown)".into())
+            ),
+            None => "not run (BENCH_VENV has no litellm; run through bench/run.sh)".into(),
+        },
+        match &tensorzero {
+            Some(_) =>
+                std::env::var("TENSORZERO_VERSION").unwrap_or_else(|_| "(version unknown)".into()),
+            None => "not run (TENSORZERO_GATEWAY names no binary; bench/tensorzero.sh builds one)"
+                .into(),
+        }
+    );
+    let _ = writeln!(
+        md,
+        "Raw pulsar-rs round trip in the same run (publish → responder → receive, the broker's two hops): p50 {raw_p50:.2} ms, p99 {:.2} ms.\n",
+        ms(&raw_hist, 0.99)
+    );
+    let _ = writeln!(
+        md,
+        "| callers | target | TTFT p50 ms | added p50 ms | added p99 ms | requests/s (vs direct) | CPU ms/request | completed |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
+    let mut plot_targets: Vec<serde_json::Value> = Vec::new();
+    let mut provider_ttft = serde_json::Map::new();
+    for (i, t) in targets.iter().enumerate() {
+        let mut plot_levels = Vec::new();
+        for (&callers, row) in &results {
+            let (l, d) = (&row[i], &row[0]);
+            let (a50, a99) = (l.q(0.5) - d.q(0.5), l.q(0.99) - d.q(0.99));
+            if i == 0 {
+                provider_ttft.insert(callers.to_string(), d.q(0.5).into());
+            }
+            let cpu = if t.pids.is_empty() {
+                "–".to_owned()
+            } else {
+                format!("{:.3}", l.cpu_secs * 1000.0 / l.requests as f64)
+            };
+            let _ = writeln!(
+                md,
+                "| {callers} | {} | {:.2} | {} | {} | {:.0} ({:.2}x) | {cpu} | {}/{} |",
+                t.name,
+                l.q(0.5),
+                if i == 0 {
+                    "–".into()
+                } else {
+                    format!("{a50:+.2}")
+                },
+                if i == 0 {
+                    "–".into()
+                } else {
+                    format!("{a99:+.2}")
+                },
+                l.rps(),
+                l.rps() / d.rps(),
+                l.ok,
+                l.requests
+            );
+            plot_levels.push(serde_json::json!({"concurrency": callers,
+                "added_p50_ms": a50, "added_p99_ms": a99, "rps": l.rps(),
+                "rps_ratio": l.rps() / d.rps(),
+                "cpu_ms_per_request": l.cpu_secs * 1000.0 / l.requests as f64,
+                "completed": l.ok, "requests": l.requests}));
+        }
+        if i > 0 {
+            plot_targets.push(serde_json::json!({"name": t.name.replace('`', ""), "levels": plot_levels,
+                "idle_rss_mib": t.idle.iter().map(|(n, r)| serde_json::json!({"process": n, "mib": r})).collect::<Vec<_>>(),
+                "peak_rss_mib": peaks[i], "rss_after_mib": after[i]}));
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\n| target | idle RSS per process (MiB) | peak RSS, all processes (MiB) |"
+    );
+    let _ = writeln!(md, "|---|---|---|");
+    for (i, t) in targets.iter().enumerate().skip(1) {
+        let idle: Vec<String> = t.idle.iter().map(|(n, r)| format!("{n}: {r:.1}")).collect();
+        let _ = writeln!(md, "| {} | {} | {:.1} |", t.name, idle.join("; "), peaks[i]);
+    }
+    let _ = writeln!(
+        md,
+        "\nThe bench's own process (driver and fake) used {} of a core per second of traffic.",
+        bench_cpu
+            .iter()
+            .map(|(c, u)| format!("{:.0}% at {c} callers", u * 100.0))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let json = serde_json::json!({
+        "title": "Time to first token added over calling the provider directly",
+        "raw_pulsar_round_trip_p50_ms": raw_p50,
+        "provider_ttft_ms": provider_ttft,
+        "targets": plot_targets,
+    });
+    std::fs::write(out.join("overhead.md"), &md).unwrap();
+    std::fs::write(
+        out.join("overhead.json"),
+        serde_json::to_string_pretty(&json).unwrap(),
+    )
+    .unwrap();
+    splice(docs, "overhead", &md);
+    println!("{md}");
+}
