@@ -60,6 +60,6 @@ esac
 scenario="${1:-foundation}"
 [ $# -gt 0 ] && shift
 "$bin/sluice-bench" --out bench/results --docs docs "$scenario" "$@"
-if [ "$scenario" = overhead ]; then
+if [ "$scenario" = overhead ] && [[ " $* " != *" --only"* ]]; then
   mkdir -p docs/images && "$BENCH_VENV/bin/python" bench/plot.py bench/results/overhead.json docs/images/overhead.png
 fi

@@ -11,8 +11,8 @@
 # tensorzero/durable): where GitHub is out of reach, set TZ_GIT_MIRRORS to a directory holding
 # bare mirrors named hyperium+mime/repo and tensorzero+durable/repo.
 #
-# Settings: TZ_SRC (default ~/.cache/sluice/tensorzero-src), CARGO_TARGET_DIR for it (default
-# ~/.cache/sluice/tensorzero-target). Measured here: 502 crates, about 40 min at nice 19 on
+# Settings: TZ_SRC (default ~/.cache/sluice/tensorzero-src), TZ_TARGET_DIR (its cargo target
+# directory, default ~/.cache/sluice/tensorzero-target). Measured here: 502 crates, about 40 min at nice 19 on
 # 2 busy cores.
 set -euo pipefail
 tag=2026.4.0
@@ -23,7 +23,8 @@ export CARGO_INCREMENTAL=0 SQLX_OFFLINE=true
 if [ ! -d "$src/.git" ]; then
   git clone -q --branch "$tag" https://github.com/tensorzero/tensorzero "$src" >&2
 fi
-[ "$(git -C "$src" rev-parse HEAD)" = "$commit" ] || git -C "$src" checkout -q "$tag"
+[ "$(git -C "$src" rev-parse HEAD)" = "$commit" ] || git -C "$src" checkout -q "$commit"
+[ "$(git -C "$src" rev-parse HEAD)" = "$commit" ] || { echo "tensorzero.sh: $src is not at $commit" >&2; exit 1; }
 cd "$src/crates"
 rustup toolchain list | grep -q '^1\.93\.0' || rustup toolchain install 1.93.0 --profile minimal >&2
 export RUSTUP_TOOLCHAIN=1.93.0

@@ -155,6 +155,12 @@ if installed; then
 fi
 
 log "building $venv (litellm[proxy] $litellm_version, matplotlib $matplotlib_version; once, then cached)"
+# Only a venv this script made (or the default path) is replaced: BENCH_VENV may name
+# somebody's own.
+if [ -e "$venv" ] && [ "$venv" != "$HOME/.cache/sluice/bench-venv" ] &&
+  ! compgen -G "$venv/.sluice-bench-*" >/dev/null; then
+  fail "$venv exists and was not made by this script; remove it or set BENCH_VENV elsewhere"
+fi
 rm -rf "$venv"
 "$python" -m venv "$venv" >&2
 cons="$venv/constraints.txt"

@@ -156,7 +156,8 @@ enum Scenario {
         requests: u64,
         /// Only these targets besides the direct baseline (`serve`, `broker`, `broker-paced`,
         /// `litellm`, `tensorzero`), e.g. to profile one of them under load.
-        #[arg(long, value_delimiter = ',')]
+        #[arg(long, value_delimiter = ',',
+              value_parser = ["serve", "broker", "broker-paced", "litellm", "tensorzero"])]
         only: Vec<String>,
     },
     /// The foundation: raw pulsar-rs round trip vs sluice runtime + client, throughput.

@@ -32,6 +32,28 @@ use crate::{foundation::RawPair, procs::*, report::*};
 /// time to first token), the rest 1 ms apart.
 const MODEL: &str = "tokens-20-1-50";
 
+/// Kills a process group when dropped: LiteLLM's supervisor spawns its workers, and killing
+/// only the supervisor (what `kill_on_drop` does, on a panic or a stop that timed out) would
+/// leave them serving.
+struct GroupGuard(u32);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.0)])
+            .status();
+    }
+}
+
+/// The scratch directories of the gateways this run configured.
+fn temp_dirs() -> [std::path::PathBuf; 2] {
+    let pid = std::process::id();
+    [
+        std::env::temp_dir().join(format!("sluice-bench-litellm-{pid}")),
+        std::env::temp_dir().join(format!("sluice-bench-tensorzero-{pid}")),
+    ]
+}
+
 /// One gateway under test: where callers send `POST /v1/chat/completions` and the processes
 /// whose CPU time and memory are its cost.
 struct Target {
@@ -42,6 +64,8 @@ struct Target {
     /// Root processes; their descendants are counted too (LiteLLM's workers).
     pids: Vec<u32>,
     children: Vec<tokio::process::Child>,
+    /// Process groups killed when the target is dropped.
+    groups: Vec<GroupGuard>,
     /// Idle resident memory per process (MiB) after start-up, before any request.
     idle: Vec<(String, f64)>,
 }
@@ -53,7 +77,10 @@ struct Level {
     requests: u64,
     ok: u64,
     secs: f64,
+    /// The target's processes' CPU time over the whole level (set after it).
     cpu_secs: f64,
+    /// The bench's own process (driver and fake) while it drove this target.
+    own_cpu_secs: f64,
 }
 
 impl Level {
@@ -116,7 +143,7 @@ async fn sse_call(http: &reqwest::Client, url: &str, model: &str) -> (Option<Dur
 
 /// `callers` closed-loop callers send `n` requests to `target` between them.
 async fn drive(http: &reqwest::Client, target: &Target, callers: u64, n: u64, level: &mut Level) {
-    let cpu0 = cpu_secs(&target.pids);
+    let own0 = own_cpu_secs();
     let remaining = Arc::new(AtomicU64::new(n));
     let t0 = Instant::now();
     let workers: Vec<_> = (0..callers)
@@ -146,12 +173,12 @@ async fn drive(http: &reqwest::Client, target: &Target, callers: u64, n: u64, le
                 level.ok += 1;
             }
             if let Some(first) = first {
-                level.hist().record(first.as_micros() as u64).unwrap();
+                level.hist().saturating_record(first.as_micros() as u64);
             }
         }
     }
     level.secs += t0.elapsed().as_secs_f64();
-    level.cpu_secs += cpu_secs(&target.pids) - cpu0;
+    level.own_cpu_secs += own_cpu_secs() - own0;
 }
 
 /// The processes `roots` and all their descendants, from /proc.
@@ -197,6 +224,16 @@ fn cpu_secs(roots: &[u32]) -> f64 {
         .sum()
 }
 
+/// CPU time (user + system, seconds) of this process alone (the driver and the fake), not of
+/// the targets it started.
+fn own_cpu_secs() -> f64 {
+    const TICKS: f64 = 100.0;
+    stat_fields(std::process::id()).map_or(0.0, |f| {
+        let t = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        (t(11) + t(12)) / TICKS
+    })
+}
+
 /// Resident memory (MiB) of `roots` and their descendants, summed.
 fn tree_rss(roots: &[u32]) -> f64 {
     tree(roots).into_iter().map(|p| rss_mib(p).1).sum()
@@ -235,6 +272,7 @@ async fn serve_target(fake_url: &str) -> Target {
         model: MODEL.into(),
         pids: vec![pid],
         children: vec![child],
+        groups: Vec::new(),
         idle: Vec::new(),
     }
 }
@@ -248,6 +286,7 @@ async fn broker_target(broker: &Broker, fake_url: &str) -> Target {
         model: MODEL.into(),
         pids: vec![gateway.id().unwrap(), processor.id().unwrap()],
         children: vec![gateway, processor],
+        groups: Vec::new(),
         idle: Vec::new(),
     }
 }
@@ -312,6 +351,7 @@ async fn broker_paced_target(broker: &Broker, fake_url: &str) -> Target {
         model: MODEL.into(),
         pids: vec![gateway.id().unwrap(), processor.id().unwrap()],
         children: vec![gateway, processor],
+        groups: Vec::new(),
         idle: Vec::new(),
     }
 }
@@ -320,13 +360,13 @@ async fn broker_paced_target(broker: &Broker, fake_url: &str) -> Target {
 /// fake as an OpenAI-compatible provider, no database, no network at start-up, no retries,
 /// `workers` uvicorn workers (its production guide: one per CPU).
 async fn litellm_target(venv: &str, fake_base: &str, workers: u32) -> Target {
-    let dir = std::env::temp_dir().join(format!("sluice-bench-litellm-{}", std::process::id()));
+    let [dir, _] = temp_dirs();
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("litellm.yaml");
     std::fs::write(
         &config,
         format!(
-            "model_list:\n  - model_name: \"*\"\n    litellm_params:\n      model: \"openai/*\"\n      api_base: \"{fake_base}/v1\"\n      api_key: \"sk-fake\"\nlitellm_settings:\n  set_verbose: false\n  drop_params: true\n  num_retries: 0\n  request_timeout: 600\n  telemetry: false\n",
+            "model_list:\n  - model_name: \"*\"\n    litellm_params:\n      model: \"openai/*\"\n      api_base: \"{fake_base}/v1\"\n      api_key: \"fake-key\"\nlitellm_settings:\n  set_verbose: false\n  drop_params: true\n  num_retries: 0\n  request_timeout: 600\n  telemetry: false\n",
         ),
     )
     .unwrap();
@@ -344,6 +384,8 @@ async fn litellm_target(venv: &str, fake_base: &str, workers: u32) -> Target {
         .args(["--log_config", &log_config.display().to_string()])
         .args(["--host", "127.0.0.1", "--port", &port.to_string()])
         .args(["--num_workers", &workers.to_string()])
+        .args(["--telemetry", "False"])
+        .process_group(0)
         .env_remove("DATABASE_URL")
         .env_remove("DIRECT_URL")
         .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -354,6 +396,7 @@ async fn litellm_target(venv: &str, fake_base: &str, workers: u32) -> Target {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
+    let group = GroupGuard(child.id().unwrap());
     answers(
         &format!("http://127.0.0.1:{port}/health/liveliness"),
         "LiteLLM's proxy",
@@ -380,6 +423,7 @@ async fn litellm_target(venv: &str, fake_base: &str, workers: u32) -> Target {
         model: MODEL.into(),
         pids: vec![child.id().unwrap()],
         children: vec![child],
+        groups: vec![group],
         idle: Vec::new(),
     }
 }
@@ -388,7 +432,7 @@ async fn litellm_target(venv: &str, fake_base: &str, workers: u32) -> Target {
 /// the fake as an `openai` provider of a model of the same name. Its OpenAI-compatible route
 /// names models `tensorzero::model_name::NAME`.
 async fn tensorzero_target(binary: &str, fake_base: &str) -> Target {
-    let dir = std::env::temp_dir().join(format!("sluice-bench-tensorzero-{}", std::process::id()));
+    let [_, dir] = temp_dirs();
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("tensorzero.toml");
     std::fs::write(
@@ -420,6 +464,7 @@ async fn tensorzero_target(binary: &str, fake_base: &str) -> Target {
         model: format!("tensorzero::model_name::{MODEL}"),
         pids: vec![child.id().unwrap()],
         children: vec![child],
+        groups: Vec::new(),
         idle: Vec::new(),
     }
 }
@@ -455,13 +500,13 @@ pub(crate) async fn bench(
     sluice_runtime::install_crypto_provider();
     let fake = sluice_tests::fake_openai::FakeOpenAi::start().await;
     let fake_base = fake.base_url();
-    let bench_pid = std::process::id();
     let mut targets = vec![Target {
         name: "the provider called directly",
         url: format!("{fake_base}/v1/chat/completions"),
         model: MODEL.into(),
         pids: Vec::new(),
         children: Vec::new(),
+        groups: Vec::new(),
         idle: Vec::new(),
     }];
     if wanted("serve") {
@@ -504,6 +549,8 @@ pub(crate) async fn bench(
     let http = reqwest::Client::builder()
         .tcp_nodelay(true)
         .pool_max_idle_per_host(1024)
+        // A hung target fails its requests instead of hanging the run.
+        .timeout(Duration::from_secs(300))
         .build()
         .unwrap();
     // Warm every target (connections, caches, the JIT-less Python's imports).
@@ -511,11 +558,12 @@ pub(crate) async fn bench(
         drive(&http, t, 8, 64, &mut Level::default()).await;
     }
     let mut results: BTreeMap<u64, Vec<Level>> = BTreeMap::new();
-    let mut bench_cpu: BTreeMap<u64, f64> = BTreeMap::new();
     for &callers in levels {
         eprintln!("{callers} concurrent callers …");
         let mut row: Vec<Level> = targets.iter().map(|_| Level::default()).collect();
-        let own0 = cpu_secs(&[bench_pid]);
+        // Each target's CPU over the whole level: what it spends after a stream's last byte
+        // (acks, ledger records, a proxy's callbacks) and while idle counts too.
+        let cpu0: Vec<f64> = targets.iter().map(|t| cpu_secs(&t.pids)).collect();
         if callers == 1 {
             // One caller: request by request, interleaved, so drift hits every target alike.
             for _ in 0..serial_requests {
@@ -532,8 +580,9 @@ pub(crate) async fn bench(
                 }
             }
         }
-        let secs: f64 = row.iter().map(|l| l.secs).sum();
-        bench_cpu.insert(callers, (cpu_secs(&[bench_pid]) - own0) / secs);
+        for ((l, t), c0) in row.iter_mut().zip(&targets).zip(cpu0) {
+            l.cpu_secs = cpu_secs(&t.pids) - c0;
+        }
         results.insert(callers, row);
     }
     let peaks: Vec<f64> = targets
@@ -545,6 +594,8 @@ pub(crate) async fn bench(
         for c in t.children.drain(..) {
             terminate(c).await;
         }
+        // Whatever a supervisor left of its group goes too.
+        t.groups.clear();
     }
 
     let raw_p50 = ms(&raw_hist, 0.5);
@@ -574,9 +625,9 @@ pub(crate) async fn bench(
     );
     let _ = writeln!(
         md,
-        "| callers | target | TTFT p50 ms | added p50 ms | added p99 ms | requests/s (vs direct) | CPU ms/request | completed |"
+        "| callers | target | TTFT p50 ms | added p50 ms | added p99 ms | requests/s (vs direct) | CPU ms/request | driver + fake, cores | completed |"
     );
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
     let mut plot_targets: Vec<serde_json::Value> = Vec::new();
     let mut provider_ttft = serde_json::Map::new();
     for (i, t) in targets.iter().enumerate() {
@@ -594,7 +645,7 @@ pub(crate) async fn bench(
             };
             let _ = writeln!(
                 md,
-                "| {callers} | {} | {:.2} | {} | {} | {:.0} ({:.2}x) | {cpu} | {}/{} |",
+                "| {callers} | {} | {:.2} | {} | {} | {:.0} ({:.2}x) | {cpu} | {:.2} | {}/{} |",
                 t.name,
                 l.q(0.5),
                 if i == 0 {
@@ -609,6 +660,7 @@ pub(crate) async fn bench(
                 },
                 l.rps(),
                 l.rps() / d.rps(),
+                l.own_cpu_secs / l.secs,
                 l.ok,
                 l.requests
             );
@@ -616,6 +668,7 @@ pub(crate) async fn bench(
                 "added_p50_ms": a50, "added_p99_ms": a99, "rps": l.rps(),
                 "rps_ratio": l.rps() / d.rps(),
                 "cpu_ms_per_request": l.cpu_secs * 1000.0 / l.requests as f64,
+                "driver_cores": l.own_cpu_secs / l.secs,
                 "completed": l.ok, "requests": l.requests}));
         }
         if i > 0 {
@@ -635,12 +688,7 @@ pub(crate) async fn bench(
     }
     let _ = writeln!(
         md,
-        "\nThe bench's own process (driver and fake) used {} of a core per second of traffic.",
-        bench_cpu
-            .iter()
-            .map(|(c, u)| format!("{:.0}% at {c} callers", u * 100.0))
-            .collect::<Vec<_>>()
-            .join(", ")
+        "\nCPU ms/request: the target's processes (and their children) over the whole level, per request it served. Driver + fake: the bench's own process while it drove that target, in cores (of 2)."
     );
     let json = serde_json::json!({
         "title": "Time to first token added over calling the provider directly",
@@ -648,12 +696,23 @@ pub(crate) async fn bench(
         "provider_ttft_ms": provider_ttft,
         "targets": plot_targets,
     });
-    std::fs::write(out.join("overhead.md"), &md).unwrap();
+    // A run of some targets only (`--only`, to profile one) leaves the published figures alone.
+    let name = if only.is_empty() {
+        "overhead"
+    } else {
+        "overhead-partial"
+    };
+    std::fs::write(out.join(format!("{name}.md")), &md).unwrap();
     std::fs::write(
-        out.join("overhead.json"),
+        out.join(format!("{name}.json")),
         serde_json::to_string_pretty(&json).unwrap(),
     )
     .unwrap();
-    splice(docs, "overhead", &md);
+    if only.is_empty() {
+        splice(docs, "overhead", &md);
+    }
+    for dir in temp_dirs() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
     println!("{md}");
 }
