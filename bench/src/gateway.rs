@@ -370,26 +370,12 @@ async fn no_ledger_processor(
     fake_url: &str,
     model: &str,
 ) -> tokio::process::Child {
-    let ts = NO_LEDGER_TOPICSPACE;
-    let (req, resp, cancel) = (
-        format!("request:{ts}:text-completion"),
-        format!("response:{ts}:text-completion"),
-        format!("notify:{ts}:text-completion-cancel"),
-    );
-    gateway_processor_with(
+    topicspace_processor(
         broker,
         fake_url,
         model,
-        &[
-            "--request-topic",
-            &req,
-            "--response-topic",
-            &resp,
-            "--cancel-topic",
-            &cancel,
-            "--usage-topic",
-            "none",
-        ],
+        NO_LEDGER_TOPICSPACE,
+        &["--usage-topic", "none"],
     )
     .await
 }
@@ -417,19 +403,7 @@ pub(crate) async fn start_gateway(
     ];
     args.extend_from_slice(extra);
     let mut gateway = sluice_process(&args);
-    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(
-        gateway.stdout.take().unwrap(),
-    ));
-    let addr = loop {
-        let line = lines
-            .next_line()
-            .await
-            .unwrap()
-            .expect("the gateway exited before it listened; see its error above");
-        if let Some(addr) = line.strip_prefix("gateway listening on ") {
-            break addr.trim().to_owned();
-        }
-    };
+    let addr = announced(&mut gateway, "gateway listening on ").await;
     wait_ready(&mut gateway, metrics_port).await;
     (gateway, addr)
 }

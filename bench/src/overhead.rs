@@ -253,18 +253,9 @@ async fn serve_target(fake_url: &str) -> Target {
         "--metrics-addr",
         "127.0.0.1:0",
     ]);
-    let mut lines =
-        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(child.stdout.take().unwrap()));
-    let gateway = loop {
-        let line = lines
-            .next_line()
-            .await
-            .unwrap()
-            .expect("sluice serve exited before it listened; see its error above");
-        if let Some(rest) = line.split("gateway on ").nth(1) {
-            break rest.split(',').next().unwrap().to_owned();
-        }
-    };
+    // `sluice serve: gateway on http://ADDR, metrics on ...`
+    let announcement = announced(&mut child, "gateway on ").await;
+    let gateway = announcement.split(',').next().unwrap().to_owned();
     let pid = child.id().unwrap();
     Target {
         name: "`sluice serve` (in-process bus)",
@@ -277,76 +268,38 @@ async fn serve_target(fake_url: &str) -> Target {
     }
 }
 
-async fn broker_target(broker: &Broker, fake_url: &str) -> Target {
-    let processor = gateway_processor_with(broker, fake_url, MODEL, &[]).await;
-    let (gateway, addr) = crate::gateway::start_gateway(broker, &[]).await;
-    Target {
-        name: "`sluice gateway` + `sluice text-completion` over the broker",
-        url: format!("http://{addr}/v1/chat/completions"),
-        model: MODEL.into(),
-        pids: vec![gateway.id().unwrap(), processor.id().unwrap()],
-        children: vec![gateway, processor],
-        groups: Vec::new(),
-        idle: Vec::new(),
-    }
-}
-
-/// Waits until `url` answers 200; `who` names the server in the failure.
-async fn answers(url: &str, who: &str) {
-    let http = reqwest::Client::new();
-    let t0 = Instant::now();
-    while !http
-        .get(url)
-        .send()
-        .await
-        .is_ok_and(|r| r.status().is_success())
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(180),
-            "{who} did not answer {url} within 180 s"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    eprintln!("{who} ready in {:.1} s", t0.elapsed().as_secs_f64());
-}
-
 /// The topicspace of the paced broker target.
 const PACED_TOPICSPACE: &str = "benchpaced";
 
-/// [`broker_target`] with the response records paced (`--response-pacing on`, 10 ms, no rate
-/// bound), in a topicspace of its own: what merging the deltas that come within 10 ms of the
-/// last record saves when the broker, not the provider, is the limit. The first record is
-/// never held, so time to first token is not paced.
-async fn broker_paced_target(broker: &Broker, fake_url: &str) -> Target {
-    let ts = PACED_TOPICSPACE;
-    let (req, resp, cancel) = (
-        format!("request:{ts}:text-completion"),
-        format!("response:{ts}:text-completion"),
-        format!("notify:{ts}:text-completion-cancel"),
-    );
-    let processor = gateway_processor_with(
-        broker,
-        fake_url,
-        MODEL,
-        &[
-            "--request-topic",
-            &req,
-            "--response-topic",
-            &resp,
-            "--cancel-topic",
-            &cancel,
+/// `sluice gateway` and `sluice text-completion` over the broker. Unpaced on the default
+/// topics; `paced`: the response records paced (`--response-pacing on`, 10 ms, no rate bound),
+/// in a topicspace of its own, for what merging the deltas that come within 10 ms of the last
+/// record saves when the broker, not the provider, is the limit. The first record is never
+/// held, so time to first token is not paced.
+async fn broker_target(broker: &Broker, fake_url: &str, paced: bool) -> Target {
+    let (processor, (gateway, addr), name) = if paced {
+        let pacing = [
             "--response-pacing",
             "on",
             "--pace-interval-ms",
             "10",
             "--max-response-records-per-sec",
             "0",
-        ],
-    )
-    .await;
-    let (gateway, addr) = crate::gateway::start_gateway(broker, &["--topicspace", ts]).await;
+        ];
+        (
+            topicspace_processor(broker, fake_url, MODEL, PACED_TOPICSPACE, &pacing).await,
+            crate::gateway::start_gateway(broker, &["--topicspace", PACED_TOPICSPACE]).await,
+            "the same, records paced (`--response-pacing on --pace-interval-ms 10`)",
+        )
+    } else {
+        (
+            gateway_processor_with(broker, fake_url, MODEL, &[]).await,
+            crate::gateway::start_gateway(broker, &[]).await,
+            "`sluice gateway` + `sluice text-completion` over the broker",
+        )
+    };
     Target {
-        name: "the same, records paced (`--response-pacing on --pace-interval-ms 10`)",
+        name,
         url: format!("http://{addr}/v1/chat/completions"),
         model: MODEL.into(),
         pids: vec![gateway.id().unwrap(), processor.id().unwrap()],
@@ -354,6 +307,16 @@ async fn broker_paced_target(broker: &Broker, fake_url: &str) -> Target {
         groups: Vec::new(),
         idle: Vec::new(),
     }
+}
+
+/// Waits until `child` answers `url` with 2xx (`sluice_tests::process::ready`: fails at once
+/// if it exits), within 180 s; `who` names it in the failure and the start-up time.
+async fn started(child: &mut tokio::process::Child, url: &str, who: &str) {
+    let t0 = Instant::now();
+    if let Err(e) = sluice_tests::process::ready(child, url, Duration::from_secs(180)).await {
+        panic!("{who} {e}; see its log");
+    }
+    eprintln!("{who} ready in {:.1} s", t0.elapsed().as_secs_f64());
 }
 
 /// LiteLLM's proxy from `venv`, run as bench/litellm.md says: every model forwarded to the
@@ -378,7 +341,7 @@ async fn litellm_target(venv: &str, fake_base: &str, workers: u32) -> Target {
     .unwrap();
     let log = dir.join("litellm.log");
     let port = free_port();
-    let child = tokio::process::Command::new(format!("{venv}/bin/litellm"))
+    let mut child = tokio::process::Command::new(format!("{venv}/bin/litellm"))
         .current_dir(&dir)
         .args(["--config", &config.display().to_string()])
         .args(["--log_config", &log_config.display().to_string()])
@@ -397,7 +360,8 @@ async fn litellm_target(venv: &str, fake_base: &str, workers: u32) -> Target {
         .spawn()
         .unwrap();
     let group = GroupGuard(child.id().unwrap());
-    answers(
+    started(
+        &mut child,
         &format!("http://127.0.0.1:{port}/health/liveliness"),
         "LiteLLM's proxy",
     )
@@ -443,7 +407,7 @@ async fn tensorzero_target(binary: &str, fake_base: &str) -> Target {
     )
     .unwrap();
     let port = free_port();
-    let child = tokio::process::Command::new(binary)
+    let mut child = tokio::process::Command::new(binary)
         .args(["--config-file", &config.display().to_string()])
         .args(["--bind-address", &format!("127.0.0.1:{port}")])
         .env("RUST_LOG", "warn")
@@ -453,7 +417,8 @@ async fn tensorzero_target(binary: &str, fake_base: &str) -> Target {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    answers(
+    started(
+        &mut child,
         &format!("http://127.0.0.1:{port}/health"),
         "TensorZero's gateway",
     )
@@ -513,10 +478,10 @@ pub(crate) async fn bench(
         targets.push(serve_target(&fake_base).await);
     }
     if wanted("broker") {
-        targets.push(broker_target(broker, &fake_base).await);
+        targets.push(broker_target(broker, &fake_base, false).await);
     }
     if wanted("broker-paced") {
-        targets.push(broker_paced_target(broker, &fake_base).await);
+        targets.push(broker_target(broker, &fake_base, true).await);
     }
     let litellm_workers = std::env::var("LITELLM_WORKERS")
         .ok()

@@ -122,6 +122,24 @@ pub(crate) fn sluice_process(args: &[&str]) -> tokio::process::Child {
         .expect("build the sluice binary first: cargo build --release -p sluice-cli")
 }
 
+/// Reads `child`'s stdout (piped, as [`sluice_process`] pipes it) up to the first line that
+/// holds `marker` and returns what follows the marker on that line, trimmed: the address a
+/// gateway or `sluice serve` prints once it listens. Fails if the child exits first.
+pub(crate) async fn announced(child: &mut tokio::process::Child, marker: &str) -> String {
+    let mut lines =
+        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(child.stdout.take().unwrap()));
+    loop {
+        let line = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("the sluice process exited before it listened; see its error above");
+        if let Some((_, rest)) = line.split_once(marker) {
+            return rest.trim().to_owned();
+        }
+    }
+}
+
 /// Stops a child with SIGTERM so that it drains and deletes its response subscription, as
 /// a deployment would; SIGKILL if it has not exited after 10 s.
 pub(crate) async fn terminate(mut child: tokio::process::Child) {
@@ -136,6 +154,32 @@ pub(crate) async fn gateway_processor(
     model: &str,
 ) -> tokio::process::Child {
     gateway_processor_with(broker, fake_url, model, &[]).await
+}
+
+/// [`gateway_processor_with`] on topicspace `ts`'s text-completion topics (where a gateway
+/// started with `--topicspace ts` sends), with `extra` flags.
+pub(crate) async fn topicspace_processor(
+    broker: &Broker,
+    fake_url: &str,
+    model: &str,
+    ts: &str,
+    extra: &[&str],
+) -> tokio::process::Child {
+    let (req, resp, cancel) = (
+        format!("request:{ts}:text-completion"),
+        format!("response:{ts}:text-completion"),
+        format!("notify:{ts}:text-completion-cancel"),
+    );
+    let mut args = vec![
+        "--request-topic",
+        &req,
+        "--response-topic",
+        &resp,
+        "--cancel-topic",
+        &cancel,
+    ];
+    args.extend_from_slice(extra);
+    gateway_processor_with(broker, fake_url, model, &args).await
 }
 
 /// [`gateway_processor`] with `extra` flags (other topics, the ledger off).
