@@ -380,13 +380,55 @@ pub async fn eventually_every<T>(
     }
 }
 
-/// A free loopback port: bound, then released for the caller to bind (another process could
-/// take it in between; the tests' ports are few and short-lived, so they do not collide).
+/// A free loopback port for a process the test starts: bound, then released for that process
+/// to bind.
+///
+/// The port comes from below the kernel's ephemeral range (`ip_local_port_range`, 32768 and
+/// up here) and below Kubernetes' NodePorts (30000 and up): a port the kernel handed out for
+/// `bind(0)` is also one it hands out as the source port of any outgoing connection, and
+/// with a broker, fakes and processes connecting all the time, one of them took a test's
+/// metrics port between the check and the process's bind (CI, stop 48: "cannot serve
+/// metrics on 127.0.0.1:37739: Address already in use"). Below that range only another
+/// listener can take it, and a listener the tests start gets its port from here, each port
+/// once per test binary, starting at an offset of the process id so that binaries running
+/// at the same time walk different ports.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("no free loopback port: {e}"))
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let high = ephemeral_low().min(30_000);
+    if high < LOW + 1_000 {
+        // An unusual ephemeral range: the kernel's choice, with the race described above.
+        return std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or_else(|e| panic!("no free loopback port: {e}"));
+    }
+    let span = high - LOW;
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(7_919) % span,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    for _ in 0..span {
+        let port = LOW + NEXT.fetch_add(1, Ordering::Relaxed) % span;
+        let port = u16::try_from(port).unwrap_or_else(|_| panic!("port {port} out of range"));
+        // Bound on every address, so a listener on any of them (the broker's, a fake's) makes
+        // the port busy for a process that binds 0.0.0.0 as well as for one on loopback.
+        if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {LOW}..{high}")
+}
+
+/// The low end of the kernel's ephemeral port range (Linux's default when it cannot be read).
+fn ephemeral_low() -> u32 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 /// [`eventually`] for a metrics text, up to 10 s.
@@ -755,6 +797,23 @@ mod tests {
         assert_eq!(s.delay, Duration::from_millis(10));
         assert!(s.hang && !s.fail);
         assert_eq!(EchoScript::parse("").records, 1);
+    }
+
+    #[test]
+    fn free_ports_are_outside_the_ephemeral_range_and_never_handed_out_twice() {
+        let ports: Vec<u16> = (0..50).map(|_| free_port()).collect();
+        let low = ephemeral_low();
+        // Each one free, and none handed out twice: all of them bind at once.
+        let _bound: Vec<_> = ports
+            .iter()
+            .map(|port| {
+                assert!(
+                    u32::from(*port) < low.min(30_000),
+                    "{port} is not below {low}"
+                );
+                std::net::TcpListener::bind(("127.0.0.1", *port)).unwrap()
+            })
+            .collect();
     }
 }
 
