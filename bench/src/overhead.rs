@@ -268,35 +268,55 @@ async fn serve_target(fake_url: &str) -> Target {
     }
 }
 
-/// The topicspace of the paced broker target.
-const PACED_TOPICSPACE: &str = "benchpaced";
+/// How the broker targets' text-completion publishes a stream's deltas.
+#[derive(Clone, Copy)]
+enum Records {
+    /// The default on the durable mapping: every delta a record of its own.
+    EveryDelta,
+    /// `--response-pacing merge`: a delta merged into the next while the broker has not
+    /// confirmed the stream's previous record.
+    MergedWhileBehind,
+    /// `--response-pacing on`, 10 ms, no rate bound: at most one record per 10 ms per stream.
+    Paced,
+}
 
-/// `sluice gateway` and `sluice text-completion` over the broker. Unpaced on the default
-/// topics; `paced`: the response records paced (`--response-pacing on`, 10 ms, no rate bound),
-/// in a topicspace of its own, for what merging the deltas that come within 10 ms of the last
-/// record saves when the broker, not the provider, is the limit. The first record is never
-/// held, so time to first token is not paced.
-async fn broker_target(broker: &Broker, fake_url: &str, paced: bool) -> Target {
-    let (processor, (gateway, addr), name) = if paced {
-        let pacing = [
-            "--response-pacing",
-            "on",
-            "--pace-interval-ms",
-            "10",
-            "--max-response-records-per-sec",
-            "0",
-        ];
-        (
-            topicspace_processor(broker, fake_url, MODEL, PACED_TOPICSPACE, &pacing).await,
-            crate::gateway::start_gateway(broker, &["--topicspace", PACED_TOPICSPACE]).await,
-            "the same, records paced (`--response-pacing on --pace-interval-ms 10`)",
-        )
-    } else {
-        (
+/// `sluice gateway` and `sluice text-completion` over the broker, on the default topics
+/// (`Records::EveryDelta`) or a topicspace of their own. The first record is never held, so
+/// time to first token is not paced in any of them.
+async fn broker_target(broker: &Broker, fake_url: &str, records: Records) -> Target {
+    let (processor, (gateway, addr), name) = match records {
+        Records::EveryDelta => (
             gateway_processor_with(broker, fake_url, MODEL, &[]).await,
             crate::gateway::start_gateway(broker, &[]).await,
             "`sluice gateway` + `sluice text-completion` over the broker",
-        )
+        ),
+        Records::MergedWhileBehind => (
+            topicspace_processor(
+                broker,
+                fake_url,
+                MODEL,
+                "benchmerged",
+                &["--response-pacing", "merge"],
+            )
+            .await,
+            crate::gateway::start_gateway(broker, &["--topicspace", "benchmerged"]).await,
+            "the same, deltas merged while the broker is behind (`--response-pacing merge`)",
+        ),
+        Records::Paced => {
+            let pacing = [
+                "--response-pacing",
+                "on",
+                "--pace-interval-ms",
+                "10",
+                "--max-response-records-per-sec",
+                "0",
+            ];
+            (
+                topicspace_processor(broker, fake_url, MODEL, "benchpaced", &pacing).await,
+                crate::gateway::start_gateway(broker, &["--topicspace", "benchpaced"]).await,
+                "the same, records paced (`--response-pacing on --pace-interval-ms 10`)",
+            )
+        }
     };
     Target {
         name,
@@ -478,10 +498,13 @@ pub(crate) async fn bench(
         targets.push(serve_target(&fake_base).await);
     }
     if wanted("broker") {
-        targets.push(broker_target(broker, &fake_base, false).await);
+        targets.push(broker_target(broker, &fake_base, Records::EveryDelta).await);
+    }
+    if wanted("broker-merged") {
+        targets.push(broker_target(broker, &fake_base, Records::MergedWhileBehind).await);
     }
     if wanted("broker-paced") {
-        targets.push(broker_target(broker, &fake_base, true).await);
+        targets.push(broker_target(broker, &fake_base, Records::Paced).await);
     }
     let litellm_workers = std::env::var("LITELLM_WORKERS")
         .ok()

@@ -9,6 +9,7 @@ use sluice_runtime::{
     bus::{Bus, BusError, Message, SubscribeOptions},
     client::{ClientConfig, ClientError, Received},
     processor::{Handler, RequestContext, ResponseSink},
+    sink::PaceWhen,
 };
 use sluice_schema::{
     Error, TextCompletionRequest, TextCompletionResponse, TopicMapping, TopicName, properties,
@@ -260,6 +261,51 @@ async fn a_stream_of_1000_records_arrives_complete_and_in_order() {
     }
     assert!(records[1000].end_of_stream);
     assert_eq!(records[1000].out_token, Some(1000));
+    client.close().await;
+    p.stop().await;
+}
+
+/// `--response-pacing merge`: a durable topic's stream merges the deltas that come while the
+/// broker has not confirmed its previous record. A handler that sends 1,000 deltas back to
+/// back outruns the broker's receipts, so fewer records go out, and together they carry
+/// exactly the text of the 1,000, in order.
+#[tokio::test]
+async fn deltas_sent_faster_than_the_broker_confirms_them_are_merged_without_losing_a_byte() {
+    let broker = Broker::from_env().await;
+    let (req, resp) = (unique_topic("merged-req"), unique_topic("merged-resp"));
+    let mut config = echo_config(&req, &resp, 4);
+    config.pacing.when = PaceWhen::Merge;
+    let p = RunningProcessor::start(broker.bus().await, config, EchoHandler).await;
+    let client = text_client(broker.bus().await, &req, &resp).await;
+    let records = collect(&client, &request("w", "records=1000", true))
+        .await
+        .unwrap();
+    let expected: String = (0..1000).map(|i| format!("w#{i}")).collect();
+    let text: String = records.iter().map(|r| r.response.as_str()).collect();
+    assert_eq!(text, expected, "every delta's text, in order");
+    assert!(
+        records.len() < 500,
+        "the deltas were merged: {} records",
+        records.len()
+    );
+    let last = records.last().unwrap();
+    assert!(last.end_of_stream && last.error.is_none());
+    assert_eq!(last.out_token, Some(1000));
+    assert!(
+        records[..records.len() - 1]
+            .iter()
+            .all(|r| !r.end_of_stream)
+    );
+    assert_eq!(records[0].response, "w#0", "the first record is never held");
+    let merged = metric_value(
+        &p.telemetry.render(),
+        "sluice_processor_deltas_coalesced_total",
+    ) as usize;
+    assert_eq!(
+        merged + records.len(),
+        1001,
+        "each merged delta counted once"
+    );
     client.close().await;
     p.stop().await;
 }

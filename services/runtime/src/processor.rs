@@ -33,6 +33,7 @@ use std::{
 
 use async_trait::async_trait;
 use futures::FutureExt;
+use prometheus::IntCounter;
 use serde::de::DeserializeOwned;
 use sluice_schema::{Error, ErrorKind, ResponseRecord, properties, usage::UsageRecord};
 use tokio::{
@@ -50,7 +51,7 @@ use crate::{
     bus::{Bus, BusError, Delivery, Message, Publisher, SubscribeOptions},
     cancel::{self, CancelRegistry},
     ledger::{AttemptEnd, Ledger, STORE_WAIT, UsageMeter},
-    sink::Pacer,
+    sink::{Merging, Pacer},
     store::StoreGuard,
     sync::StreamBook,
     telemetry::{Outcome, Telemetry},
@@ -252,10 +253,11 @@ pub async fn run<H: Handler>(
         });
     // One pacer per processor name in the process: the flows a process serves share its rate
     // bound.
-    let pacer = config
-        .pacing
-        .applies_to(&config.response_topic)
-        .then(|| telemetry.metrics.pacer(&config.name, config.pacing));
+    let merging = config.pacing.merging(&config.response_topic);
+    let pacer =
+        (merging == Merging::Paced).then(|| telemetry.metrics.pacer(&config.name, config.pacing));
+    let behind = (merging == Merging::WhileBehind)
+        .then(|| telemetry.metrics.coalesced_counter(&config.name));
     let shared = Arc::new(Shared {
         publisher: publisher.clone(),
         telemetry: telemetry.clone(),
@@ -264,6 +266,7 @@ pub async fn run<H: Handler>(
         store: store.clone(),
         book: book.clone(),
         pacer: pacer.clone(),
+        behind,
     });
     let semaphore = Arc::new(Semaphore::new(concurrency));
     let waiting = Arc::new(AtomicBool::new(false));
@@ -560,6 +563,8 @@ struct Shared {
     book: Option<Arc<StreamBook>>,
     /// Set when the response records are paced.
     pacer: Option<Arc<Pacer>>,
+    /// Set when deltas are merged while the broker is behind: the count of merged deltas.
+    behind: Option<IntCounter>,
 }
 
 async fn handle_delivery<H: Handler>(
@@ -576,6 +581,7 @@ async fn handle_delivery<H: Handler>(
         store,
         book,
         pacer,
+        behind,
     } = shared;
     let started = Instant::now();
     let metrics = &telemetry.metrics;
@@ -636,6 +642,7 @@ async fn handle_delivery<H: Handler>(
         carried,
         book.clone(),
         pacer.clone(),
+        behind.clone(),
         metrics.records_counter(processor),
     );
     let in_flight = cancels.begin(&id);

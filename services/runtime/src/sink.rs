@@ -29,6 +29,20 @@
 //! terminal record, or goes out just before it where the two cannot merge (an error).
 //! Records that are not deltas (objects, actions, observations) are never held by the
 //! interval, but they count against the rate bound.
+//!
+//! # Merging while the broker is behind (issue #27)
+//! On a durable response topic nothing is lost, but a record per provider chunk costs the
+//! broker a message each: at 64 callers of 20 tokens each, the broker's JVM was the first to
+//! run out of CPU and the path gave 0.62x of the provider's rate (0.94x paced by time, which
+//! adds up to an interval's wait to every later token). So with `--response-pacing merge`
+//! (not yet the default: many tests still expect a record per provider chunk), a stream on
+//! such a topic holds a text delta only while the broker has not yet confirmed the stream's
+//! previous record, merging what comes meanwhile, and publishes the merge as soon as that
+//! confirmation arrives (a [`Receipt`], not a timer). A broker that keeps up confirms a record
+//! before the next token comes and sees every token as its own record, as before; a busy one
+//! gets fewer, larger records, as many as it can confirm. The first record, records that are
+//! not deltas and terminal records are never held, and the text and token counts a client
+//! adds up are the same.
 
 use std::{
     collections::BTreeMap,
@@ -42,7 +56,10 @@ use std::{
 use futures::{FutureExt, StreamExt, stream::FuturesUnordered};
 use prometheus::{Gauge, IntCounter};
 use sluice_schema::{Error, ErrorKind, ResponseRecord, properties};
-use tokio::{sync::Mutex, time::Instant};
+use tokio::{
+    sync::{Mutex, oneshot},
+    time::Instant,
+};
 
 use crate::{
     bus::{BusError, Message, Publisher, Receipt},
@@ -60,6 +77,9 @@ pub enum PaceWhen {
     On,
     /// Never.
     Off,
+    /// As `Auto`, and on a durable topic a delta waits, merged with those after it, while the
+    /// broker has not confirmed the stream's previous record (see the module docs).
+    Merge,
 }
 
 /// How a paced processor publishes: at most one record per stream per `min_interval`, and
@@ -73,6 +93,18 @@ pub struct Pacing {
     /// The processor's bound on records per second, over all its paced streams and every kind
     /// of record; `None` for no bound.
     pub max_records_per_sec: Option<u32>,
+}
+
+/// What a sink does with a stream's text deltas: publish each at once, pace them by time (a
+/// non-persistent topic's), or merge them while the broker is behind (a durable topic's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Merging {
+    /// Every record at once.
+    Never,
+    /// Paced by the processor's [`Pacer`].
+    Paced,
+    /// Held while the stream's previous record is unconfirmed.
+    WhileBehind,
 }
 
 /// The default least time between two records of one paced stream.
@@ -110,7 +142,8 @@ impl std::str::FromStr for PaceWhen {
             "auto" => Ok(Self::Auto),
             "on" => Ok(Self::On),
             "off" => Ok(Self::Off),
-            other => Err(format!("`{other}` is not one of auto, on, off")),
+            "merge" => Ok(Self::Merge),
+            other => Err(format!("`{other}` is not one of auto, on, off, merge")),
         }
     }
 }
@@ -121,6 +154,7 @@ impl std::fmt::Display for PaceWhen {
             Self::Auto => "auto",
             Self::On => "on",
             Self::Off => "off",
+            Self::Merge => "merge",
         })
     }
 }
@@ -128,10 +162,18 @@ impl std::fmt::Display for PaceWhen {
 impl Pacing {
     /// Whether a processor answering on `response_topic` paces.
     pub fn applies_to(&self, response_topic: &str) -> bool {
+        self.merging(response_topic) == Merging::Paced
+    }
+
+    /// How a processor answering on `response_topic` merges deltas.
+    pub(crate) fn merging(&self, response_topic: &str) -> Merging {
+        let lossy = response_topic.starts_with("non-persistent://");
         match self.when {
-            PaceWhen::Auto => response_topic.starts_with("non-persistent://"),
-            PaceWhen::On => true,
-            PaceWhen::Off => false,
+            PaceWhen::Auto | PaceWhen::Merge if lossy => Merging::Paced,
+            PaceWhen::Auto => Merging::Never,
+            PaceWhen::Merge => Merging::WhileBehind,
+            PaceWhen::On => Merging::Paced,
+            PaceWhen::Off => Merging::Never,
         }
     }
 }
@@ -276,8 +318,21 @@ struct Core<R> {
     /// stream's attempt.
     book: Option<(Arc<StreamBook>, String)>,
     pace: Option<Pace<R>>,
+    /// Set when deltas are merged while the broker is behind.
+    behind: Option<Behind<R>>,
     /// The processor's count of records published.
     records: IntCounter,
+}
+
+/// Where a stream that merges while the broker is behind stands.
+struct Behind<R> {
+    /// The delta held back (the merge of those that came while a record was unconfirmed).
+    held: Option<R>,
+    /// A task awaits the receipts taken from `pending` and then publishes the held delta; it
+    /// reports a failed receipt here before it takes the stream's lock.
+    waiting: Option<oneshot::Receiver<Option<BusError>>>,
+    /// The processor's count of merged deltas.
+    coalesced: IntCounter,
 }
 
 impl<R> Drop for Core<R> {
@@ -298,6 +353,7 @@ impl<R: ResponseRecord> ResponseSink<R> {
         carried: BTreeMap<String, String>,
         book: Option<Arc<StreamBook>>,
         pacer: Option<Arc<Pacer>>,
+        behind: Option<IntCounter>,
         records: IntCounter,
     ) -> Self {
         let book = book.and_then(|book| {
@@ -327,6 +383,12 @@ impl<R: ResponseRecord> ResponseSink<R> {
                 error_kind: None,
                 published: 0,
                 book,
+                // Pacing by time takes precedence: it merges too.
+                behind: behind.filter(|_| pace.is_none()).map(|coalesced| Behind {
+                    held: None,
+                    waiting: None,
+                    coalesced,
+                }),
                 pace,
                 records,
             })),
@@ -485,6 +547,9 @@ impl<R: ResponseRecord> Core<R> {
         if let Some(e) = &self.failed {
             return Err(SinkError::Bus(BusError::Unavailable(e.to_string())));
         }
+        if self.behind.is_some() {
+            return self.send_behind(record, me).await;
+        }
         if self.pace.as_ref().and_then(|p| p.last).is_none() {
             // Unpaced, or the first record: at once, whatever it is.
             return self.emit(record).await;
@@ -525,9 +590,94 @@ impl<R: ResponseRecord> Core<R> {
         self.emit(candidate).await
     }
 
+    /// [`Core::send`] for a stream that merges while the broker is behind: a delta waits
+    /// (merged with what comes after it) while a record published before it is unconfirmed.
+    async fn send_behind(&mut self, record: R, me: &Arc<Mutex<Core<R>>>) -> Result<(), SinkError> {
+        let held = self.behind.as_mut().and_then(|b| b.held.take());
+        let candidate = match held {
+            None => record,
+            Some(mut held) => match held.coalesce(record) {
+                Ok(()) => {
+                    if let Some(behind) = &self.behind {
+                        behind.coalesced.inc();
+                    }
+                    held
+                }
+                Err(record) => {
+                    // An error record: the held text goes out first, in order.
+                    self.emit(held).await?;
+                    record
+                }
+            },
+        };
+        if candidate.is_delta() && self.unconfirmed()? {
+            let waiting = self.behind.as_ref().is_some_and(|b| b.waiting.is_some());
+            if !waiting {
+                // The receipts go to a task that publishes the held delta once they are in;
+                // the records after it start a set of their own.
+                let receipts = std::mem::take(&mut self.pending);
+                let (tx, rx) = oneshot::channel();
+                tokio::spawn(release_when_confirmed(Arc::downgrade(me), receipts, tx));
+                if let Some(behind) = self.behind.as_mut() {
+                    behind.waiting = Some(rx);
+                }
+            }
+            if let Some(behind) = self.behind.as_mut() {
+                behind.held = Some(candidate);
+            }
+            return Ok(());
+        }
+        self.emit(candidate).await
+    }
+
+    /// Whether a record this stream published is not yet confirmed by the broker. A failed
+    /// receipt that came in meanwhile fails the send.
+    fn unconfirmed(&mut self) -> Result<bool, SinkError> {
+        let mut waiting = false;
+        if let Some(behind) = self.behind.as_mut()
+            && let Some(rx) = behind.waiting.as_mut()
+        {
+            match rx.try_recv() {
+                Err(oneshot::error::TryRecvError::Empty) => waiting = true,
+                Ok(failure) => {
+                    behind.waiting = None;
+                    if let Some(e) = failure {
+                        self.failed.get_or_insert(e);
+                    }
+                }
+                Err(oneshot::error::TryRecvError::Closed) => {
+                    behind.waiting = None;
+                    self.failed.get_or_insert(BusError::Unavailable(
+                        "the task awaiting the broker's receipts ended without them".into(),
+                    ));
+                }
+            }
+        }
+        self.settle_ready();
+        if let Some(e) = &self.failed {
+            return Err(SinkError::Bus(BusError::Unavailable(e.to_string())));
+        }
+        Ok(waiting || !self.pending.is_empty())
+    }
+
+    /// Takes in the receipts that are already settled, so memory stays flat on long streams
+    /// and a failure is noticed early.
+    fn settle_ready(&mut self) {
+        while let Some(Some(result)) = self.pending.next().now_or_never() {
+            if let Err(e) = result {
+                self.failed.get_or_insert(e);
+            }
+        }
+    }
+
     /// Publishes the held delta, if any.
     async fn release(&mut self) -> Result<(), SinkError> {
-        match self.pace.as_mut().and_then(|p| p.held.take()) {
+        let held = match (self.pace.as_mut(), self.behind.as_mut()) {
+            (Some(pace), _) => pace.held.take(),
+            (None, Some(behind)) => behind.held.take(),
+            (None, None) => None,
+        };
+        match held {
             Some(held) => self.emit(held).await,
             None => Ok(()),
         }
@@ -541,6 +691,20 @@ impl<R: ResponseRecord> Core<R> {
                     self.failed.get_or_insert(e);
                 }
                 Err(SinkError::Ended) | Ok(()) => {}
+            }
+        }
+        if let Some(rx) = self.behind.as_mut().and_then(|b| b.waiting.take()) {
+            // The task sends before it takes the lock this holds: no deadlock.
+            match rx.await {
+                Ok(None) => {}
+                Ok(Some(e)) => {
+                    self.failed.get_or_insert(e);
+                }
+                Err(_) => {
+                    self.failed.get_or_insert(BusError::Unavailable(
+                        "the task awaiting the broker's receipts ended without them".into(),
+                    ));
+                }
             }
         }
         while let Some(result) = self.pending.next().await {
@@ -613,13 +777,7 @@ impl<R: ResponseRecord> Core<R> {
                 if let Some((book, attempt)) = &self.book {
                     book.published(attempt, self.published);
                 }
-                // Settle receipts that are already in, so memory stays flat on long streams
-                // and a failure is noticed early.
-                while let Some(Some(result)) = self.pending.next().now_or_never() {
-                    if let Err(e) = result {
-                        self.failed.get_or_insert(e);
-                    }
-                }
+                self.settle_ready();
                 match &self.failed {
                     Some(e) => Err(BusError::Unavailable(e.to_string())),
                     None => Ok(()),
@@ -667,6 +825,43 @@ async fn release_at<R: ResponseRecord>(core: Weak<Mutex<Core<R>>>, mut due: Inst
     }
 }
 
+/// A stream's task while the broker is behind: awaits the receipts of the records published
+/// so far, reports a failure, and publishes the delta held meanwhile (unless a record sent
+/// since took it along). Its record's receipt is then outstanding in turn, so the next delta
+/// is held again until the broker confirms it.
+async fn release_when_confirmed<R: ResponseRecord>(
+    core: Weak<Mutex<Core<R>>>,
+    mut receipts: FuturesUnordered<Receipt>,
+    done: oneshot::Sender<Option<BusError>>,
+) {
+    let mut failure = None;
+    while let Some(result) = receipts.next().await {
+        if let Err(e) = result {
+            failure.get_or_insert(e);
+        }
+    }
+    let failed = failure.is_some();
+    // Sent before the lock is taken: a flush holding the lock waits for this, not for us.
+    if done.send(failure).is_err() || failed {
+        // Flushed meanwhile (it took the held delta), or a failure: the handler's next send,
+        // or the runtime's flush, reports it.
+        return;
+    }
+    let Some(core) = core.upgrade() else { return };
+    let mut guard = core.lock().await;
+    if guard.ended {
+        return;
+    }
+    // Takes in what this task sent (it was received by nobody yet, or by a send that found
+    // the stream caught up and took the held delta along).
+    if guard.unconfirmed().is_err() {
+        return;
+    }
+    // A failure is kept in the core: the handler's next send, or the runtime's flush, reports
+    // it.
+    let _ = guard.release().await;
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Mutex as StdMutex;
@@ -682,6 +877,9 @@ mod tests {
         sent: StdMutex<Vec<(Duration, Message)>>,
         start: StdMutex<Option<Instant>>,
         refuse_larger_than: Option<usize>,
+        /// When set, a receipt settles only when the test confirms it (see `confirm`).
+        confirm_later: bool,
+        unconfirmed: StdMutex<Vec<oneshot::Sender<Result<(), BusError>>>>,
     }
 
     #[async_trait]
@@ -700,7 +898,15 @@ mod tests {
                 .lock()
                 .unwrap()
                 .push((Instant::now() - start, message));
-            Ok(Receipt::ready(Ok(())))
+            if !self.confirm_later {
+                return Ok(Receipt::ready(Ok(())));
+            }
+            let (tx, rx) = oneshot::channel();
+            self.unconfirmed.lock().unwrap().push(tx);
+            Ok(Receipt::new(async move {
+                rx.await
+                    .unwrap_or_else(|_| Err(BusError::Unavailable("dropped".into())))
+            }))
         }
 
         fn topic(&self) -> &str {
@@ -709,6 +915,31 @@ mod tests {
     }
 
     impl Recorder {
+        fn confirming_later() -> Self {
+            Self {
+                confirm_later: true,
+                ..Self::default()
+            }
+        }
+
+        /// Settles every receipt handed out so far with `result`, and lets the tasks waiting
+        /// for them run.
+        async fn confirm(&self, result: Result<(), &str>) {
+            for tx in self.unconfirmed.lock().unwrap().drain(..) {
+                let _ = tx.send(result.map_err(|e| BusError::Unavailable(e.into())));
+            }
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+        }
+
+        fn texts(&self) -> Vec<String> {
+            self.records::<TextCompletionResponse>()
+                .into_iter()
+                .map(|(_, r)| r.response)
+                .collect()
+        }
+
         fn records<R: ResponseRecord>(&self) -> Vec<(Duration, R)> {
             self.sent
                 .lock()
@@ -764,6 +995,7 @@ mod tests {
             BTreeMap::from([(properties::KEY.to_owned(), "team-a".to_owned())]),
             None,
             pacer,
+            None,
             IntCounter::new("records", "test").unwrap(),
         )
     }
@@ -968,6 +1200,138 @@ mod tests {
         assert_eq!(records[1].1.response, "b");
         assert!(records[2].1.error.is_some() && records[2].1.end_of_stream);
         assert!(sink.ended_with_error());
+    }
+
+    fn behind_sink(
+        publisher: &Arc<Recorder>,
+    ) -> (ResponseSink<TextCompletionResponse>, IntCounter) {
+        let coalesced = IntCounter::new("coalesced", "test").unwrap();
+        let sink = ResponseSink::new(
+            publisher.clone(),
+            BTreeMap::from([
+                (properties::ID.to_owned(), "r1".to_owned()),
+                (properties::ATTEMPT.to_owned(), "a1".to_owned()),
+            ]),
+            BTreeMap::new(),
+            None,
+            None,
+            Some(coalesced.clone()),
+            IntCounter::new("records", "test").unwrap(),
+        );
+        (sink, coalesced)
+    }
+
+    /// While the broker has not confirmed a stream's record, its next deltas are held and
+    /// merged; the merge goes out as soon as the confirmation comes, with no record of the
+    /// handler's to carry it, and the text and token counts are the unmerged stream's.
+    #[tokio::test]
+    async fn deltas_merge_while_the_previous_record_is_unconfirmed() {
+        let publisher = Arc::new(Recorder::confirming_later());
+        let (mut sink, coalesced) = behind_sink(&publisher);
+        sink.send(delta("a")).await.unwrap();
+        for text in ["b", "c", "d"] {
+            sink.send(delta(text)).await.unwrap();
+        }
+        assert_eq!(
+            publisher.texts(),
+            ["a"],
+            "the first record goes at once, alone"
+        );
+        publisher.confirm(Ok(())).await;
+        assert_eq!(publisher.texts(), ["a", "bcd"], "released by the receipt");
+        assert_eq!(coalesced.get(), 2);
+        sink.send(delta("e")).await.unwrap();
+        sink.send(end()).await.unwrap();
+        publisher.confirm(Ok(())).await;
+        sink.flush().await.unwrap();
+        let records = publisher.records::<TextCompletionResponse>();
+        assert_eq!(publisher.texts(), ["a", "bcd", "e"]);
+        assert!(
+            records[2].1.end_of_stream,
+            "the held delta rides on the terminal record"
+        );
+        let out: u64 = records.iter().filter_map(|(_, r)| r.out_token).sum();
+        assert_eq!(out, 5, "token deltas add up");
+        assert_eq!(records[2].1.in_token, Some(7));
+        assert_eq!(publisher.seqs(), ["0", "1", "2"]);
+    }
+
+    /// A broker that confirms each record before the next delta comes sees every delta as a
+    /// record of its own.
+    #[tokio::test]
+    async fn a_broker_that_keeps_up_gets_every_delta_as_a_record() {
+        let publisher = Arc::new(Recorder::default());
+        let (mut sink, coalesced) = behind_sink(&publisher);
+        for i in 0..20 {
+            sink.send(delta(&i.to_string())).await.unwrap();
+        }
+        sink.send(end()).await.unwrap();
+        assert_eq!(publisher.records::<TextCompletionResponse>().len(), 21);
+        assert_eq!(coalesced.get(), 0);
+    }
+
+    /// The runtime's flush publishes the held delta and waits for every receipt, those the
+    /// releasing task holds included.
+    #[tokio::test]
+    async fn flush_publishes_what_is_held_behind_and_waits_for_its_receipts() {
+        let publisher = Arc::new(Recorder::confirming_later());
+        let (mut sink, _) = behind_sink(&publisher);
+        sink.send(delta("a")).await.unwrap();
+        sink.send(delta("b")).await.unwrap();
+        let flushing = tokio::spawn(async move {
+            let result = sink.flush().await;
+            (sink, result)
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(
+            publisher.texts(),
+            ["a", "b"],
+            "the flush published the held delta"
+        );
+        assert!(!flushing.is_finished(), "it waits for the receipts");
+        publisher.confirm(Ok(())).await;
+        let (sink, result) = flushing.await.unwrap();
+        result.unwrap();
+        assert_eq!(sink.records_sent(), 2);
+        assert_eq!(publisher.texts(), ["a", "b"], "nothing twice");
+    }
+
+    /// A record the broker did not store fails the stream's next send and its flush, and the
+    /// delta held meanwhile is not published after it.
+    #[tokio::test]
+    async fn a_failed_receipt_fails_the_stream_and_releases_nothing() {
+        let publisher = Arc::new(Recorder::confirming_later());
+        let (mut sink, _) = behind_sink(&publisher);
+        sink.send(delta("a")).await.unwrap();
+        sink.send(delta("b")).await.unwrap();
+        publisher.confirm(Err("bookie gone")).await;
+        assert_eq!(publisher.texts(), ["a"]);
+        let err = sink.send(delta("c")).await.unwrap_err();
+        assert!(err.to_string().contains("bookie gone"), "{err}");
+        assert!(sink.flush().await.is_err());
+        assert_eq!(publisher.texts(), ["a"]);
+    }
+
+    /// An error record never absorbs the held text: the text goes out first.
+    #[tokio::test]
+    async fn an_error_goes_out_after_the_delta_held_behind() {
+        let publisher = Arc::new(Recorder::confirming_later());
+        let (mut sink, _) = behind_sink(&publisher);
+        sink.send(delta("a")).await.unwrap();
+        sink.send(delta("b")).await.unwrap();
+        sink.send(TextCompletionResponse::from_error(Error::new(
+            ErrorKind::Timeout,
+            "late",
+        )))
+        .await
+        .unwrap();
+        let records = publisher.records::<TextCompletionResponse>();
+        assert_eq!(publisher.texts(), ["a", "b", ""]);
+        assert!(records[2].1.error.is_some() && records[2].1.end_of_stream);
+        assert!(sink.ended_with_error());
+        publisher.confirm(Ok(())).await;
+        sink.flush().await.unwrap();
+        assert_eq!(publisher.records::<TextCompletionResponse>().len(), 3);
     }
 
     /// The rate bound: with 10 streams open at 20 records/s, a stream's interval is 500 ms.

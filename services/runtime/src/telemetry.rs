@@ -252,7 +252,7 @@ impl RuntimeMetrics {
         let coalesced = IntCounterVec::new(
             Opts::new(
                 "sluice_processor_deltas_coalesced_total",
-                "Streamed deltas a paced processor merged into the record before them instead of publishing them as records of their own.",
+                "Streamed deltas a processor merged into the record before them instead of publishing them as records of their own (paced, or while the broker had not confirmed the stream's previous record).",
             ),
             &["processor"],
         )?;
@@ -322,6 +322,11 @@ impl RuntimeMetrics {
                 ))
             })
             .clone()
+    }
+
+    /// The counter of `processor`'s deltas merged into the record before them.
+    pub(crate) fn coalesced_counter(&self, processor: &str) -> IntCounter {
+        self.coalesced.with_label_values(&[processor])
     }
 
     /// The counter of `processor`'s published response records, counted as each is
