@@ -35,7 +35,7 @@
 //! broker a message each: at 64 callers of 20 tokens each, the broker's JVM was the first to
 //! run out of CPU and the path gave 0.62x of the provider's rate (0.94x paced by time, which
 //! adds up to an interval's wait to every later token). So with `--response-pacing merge`
-//! (not yet the default: many tests still expect a record per provider chunk), a stream on
+//! (not yet the default: 25 broker tests still expect a record per provider chunk), a stream on
 //! such a topic holds a text delta only while the broker has not yet confirmed the stream's
 //! previous record, merging what comes meanwhile, and publishes the merge as soon as that
 //! confirmation arrives (a [`Receipt`], not a timer). A broker that keeps up confirms a record
@@ -593,6 +593,9 @@ impl<R: ResponseRecord> Core<R> {
     /// [`Core::send`] for a stream that merges while the broker is behind: a delta waits
     /// (merged with what comes after it) while a record published before it is unconfirmed.
     async fn send_behind(&mut self, record: R, me: &Arc<Mutex<Core<R>>>) -> Result<(), SinkError> {
+        // First: a receipt that failed meanwhile fails this send, whatever the record is, so
+        // nothing (a terminal record least of all) goes out after a record not stored.
+        let behind = self.unconfirmed()?;
         let held = self.behind.as_mut().and_then(|b| b.held.take());
         let candidate = match held {
             None => record,
@@ -610,7 +613,7 @@ impl<R: ResponseRecord> Core<R> {
                 }
             },
         };
-        if candidate.is_delta() && self.unconfirmed()? {
+        if candidate.is_delta() && behind {
             let waiting = self.behind.as_ref().is_some_and(|b| b.waiting.is_some());
             if !waiting {
                 // The receipts go to a task that publishes the held delta once they are in;
@@ -684,17 +687,10 @@ impl<R: ResponseRecord> Core<R> {
     }
 
     async fn flush(&mut self) -> Result<(), BusError> {
-        if !self.ended && self.failed.is_none() {
-            // A stream handed back or ended by the runtime still gets what it was sent.
-            match self.release().await {
-                Err(SinkError::Bus(e)) => {
-                    self.failed.get_or_insert(e);
-                }
-                Err(SinkError::Ended) | Ok(()) => {}
-            }
-        }
         if let Some(rx) = self.behind.as_mut().and_then(|b| b.waiting.take()) {
-            // The task sends before it takes the lock this holds: no deadlock.
+            // First the receipts a merging stream's task awaits (it sends before it takes the
+            // lock this holds: no deadlock), so that a delta held behind a record that was
+            // not stored is not published after it.
             match rx.await {
                 Ok(None) => {}
                 Ok(Some(e)) => {
@@ -705,6 +701,15 @@ impl<R: ResponseRecord> Core<R> {
                         "the task awaiting the broker's receipts ended without them".into(),
                     ));
                 }
+            }
+        }
+        if !self.ended && self.failed.is_none() {
+            // A stream handed back or ended by the runtime still gets what it was sent.
+            match self.release().await {
+                Err(SinkError::Bus(e)) => {
+                    self.failed.get_or_insert(e);
+                }
+                Err(SinkError::Ended) | Ok(()) => {}
             }
         }
         while let Some(result) = self.pending.next().await {
@@ -853,9 +858,12 @@ async fn release_when_confirmed<R: ResponseRecord>(
         return;
     }
     // Takes in what this task sent (it was received by nobody yet, or by a send that found
-    // the stream caught up and took the held delta along).
-    if guard.unconfirmed().is_err() {
-        return;
+    // the stream caught up and took the held delta along). Another task awaiting newer
+    // receipts releases the held delta when they are in.
+    match guard.unconfirmed() {
+        Err(_) => return,
+        Ok(_) if guard.behind.as_ref().is_some_and(|b| b.waiting.is_some()) => return,
+        Ok(_) => {}
     }
     // A failure is kept in the core: the handler's next send, or the runtime's flush, reports
     // it.
@@ -1270,10 +1278,10 @@ mod tests {
         assert_eq!(coalesced.get(), 0);
     }
 
-    /// The runtime's flush publishes the held delta and waits for every receipt, those the
-    /// releasing task holds included.
+    /// The runtime's flush first waits for the receipts the releasing task holds, then
+    /// publishes the held delta and waits for its receipt too.
     #[tokio::test]
-    async fn flush_publishes_what_is_held_behind_and_waits_for_its_receipts() {
+    async fn flush_waits_for_the_receipts_held_behind_then_publishes_the_held_delta() {
         let publisher = Arc::new(Recorder::confirming_later());
         let (mut sink, _) = behind_sink(&publisher);
         sink.send(delta("a")).await.unwrap();
@@ -1283,12 +1291,16 @@ mod tests {
             (sink, result)
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(publisher.texts(), ["a"], "b waits for a's receipt");
+        assert!(!flushing.is_finished(), "it waits for a's receipt");
+        publisher.confirm(Ok(())).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(
             publisher.texts(),
             ["a", "b"],
             "the flush published the held delta"
         );
-        assert!(!flushing.is_finished(), "it waits for the receipts");
+        assert!(!flushing.is_finished(), "it waits for b's receipt");
         publisher.confirm(Ok(())).await;
         let (sink, result) = flushing.await.unwrap();
         result.unwrap();
@@ -1296,20 +1308,54 @@ mod tests {
         assert_eq!(publisher.texts(), ["a", "b"], "nothing twice");
     }
 
-    /// A record the broker did not store fails the stream's next send and its flush, and the
-    /// delta held meanwhile is not published after it.
+    /// After a record the broker did not store, nothing more goes out for the attempt: not
+    /// the held delta at the runtime's flush, not a terminal record, not an error record.
     #[tokio::test]
-    async fn a_failed_receipt_fails_the_stream_and_releases_nothing() {
+    async fn nothing_goes_out_after_a_failed_receipt() {
+        let ends: [fn() -> TextCompletionResponse; 3] = [
+            || delta("c"),
+            end,
+            || TextCompletionResponse::from_error(Error::new(ErrorKind::Timeout, "late")),
+        ];
+        for (i, next) in ends.iter().enumerate() {
+            let publisher = Arc::new(Recorder::confirming_later());
+            let (mut sink, _) = behind_sink(&publisher);
+            sink.send(delta("a")).await.unwrap();
+            sink.send(delta("b")).await.unwrap();
+            publisher.confirm(Err("bookie gone")).await;
+            let err = sink.send(next()).await.unwrap_err();
+            assert!(err.to_string().contains("bookie gone"), "{i}: {err}");
+            assert!(!sink.is_ended(), "{i}");
+            assert!(sink.flush().await.is_err(), "{i}");
+            assert_eq!(publisher.texts(), ["a"], "{i}");
+        }
+        // And the flush alone, with no send after the failure.
         let publisher = Arc::new(Recorder::confirming_later());
         let (mut sink, _) = behind_sink(&publisher);
         sink.send(delta("a")).await.unwrap();
         sink.send(delta("b")).await.unwrap();
         publisher.confirm(Err("bookie gone")).await;
-        assert_eq!(publisher.texts(), ["a"]);
-        let err = sink.send(delta("c")).await.unwrap_err();
+        let err = sink.flush().await.unwrap_err();
         assert!(err.to_string().contains("bookie gone"), "{err}");
-        assert!(sink.flush().await.is_err());
         assert_eq!(publisher.texts(), ["a"]);
+    }
+
+    /// Which topics merge how under each `--response-pacing`.
+    #[test]
+    fn merging_while_behind_is_for_durable_topics_under_merge_only() {
+        let with = |when| Pacing {
+            when,
+            ..Pacing::default()
+        };
+        let (durable, lossy) = ("persistent://t/n/x", "non-persistent://t/n/x");
+        assert_eq!(with(PaceWhen::Merge).merging(durable), Merging::WhileBehind);
+        assert_eq!(with(PaceWhen::Merge).merging(lossy), Merging::Paced);
+        assert_eq!(with(PaceWhen::Auto).merging(durable), Merging::Never);
+        assert_eq!(with(PaceWhen::Auto).merging(lossy), Merging::Paced);
+        assert_eq!(with(PaceWhen::On).merging(durable), Merging::Paced);
+        assert_eq!(with(PaceWhen::Off).merging(lossy), Merging::Never);
+        assert_eq!("merge".parse::<PaceWhen>(), Ok(PaceWhen::Merge));
+        assert_eq!(PaceWhen::Merge.to_string(), "merge");
     }
 
     /// An error record never absorbs the held text: the text goes out first.
