@@ -154,10 +154,10 @@ enum Scenario {
         /// Requests per target at each higher level.
         #[arg(long, default_value_t = 4000)]
         requests: u64,
-        /// Only these targets besides the direct baseline (`serve`, `broker`, `broker-merged`,
+        /// Only these targets besides the direct baseline (`serve`, `broker`, `broker-per-delta`,
         /// `broker-paced`, `litellm`, `tensorzero`), e.g. to profile one of them under load.
         #[arg(long, value_delimiter = ',',
-              value_parser = ["serve", "broker", "broker-merged", "broker-paced", "litellm", "tensorzero"])]
+              value_parser = ["serve", "broker", "broker-per-delta", "broker-paced", "litellm", "tensorzero"])]
         only: Vec<String>,
     },
     /// The foundation: raw pulsar-rs round trip vs sluice runtime + client, throughput.

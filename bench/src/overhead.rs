@@ -271,36 +271,36 @@ async fn serve_target(fake_url: &str) -> Target {
 /// How the broker targets' text-completion publishes a stream's deltas.
 #[derive(Clone, Copy)]
 enum Records {
-    /// The default on the durable mapping: every delta a record of its own.
-    EveryDelta,
-    /// `--response-pacing merge`: a delta merged into the next while the broker has not
-    /// confirmed the stream's previous record.
+    /// The default (`--response-pacing merge`): a delta merged into the next while the broker
+    /// has not confirmed the stream's previous record.
     MergedWhileBehind,
+    /// `--response-pacing auto`: every delta a record of its own (the default before #27).
+    EveryDelta,
     /// `--response-pacing on`, 10 ms, no rate bound: at most one record per 10 ms per stream.
     Paced,
 }
 
 /// `sluice gateway` and `sluice text-completion` over the broker, on the default topics
-/// (`Records::EveryDelta`) or a topicspace of their own. The first record is never held, so
-/// time to first token is not paced in any of them.
+/// (`Records::MergedWhileBehind`) or a topicspace of their own. The first record is never
+/// held, so time to first token is not paced in any of them.
 async fn broker_target(broker: &Broker, fake_url: &str, records: Records) -> Target {
     let (processor, (gateway, addr), name) = match records {
-        Records::EveryDelta => (
+        Records::MergedWhileBehind => (
             gateway_processor_with(broker, fake_url, MODEL, &[]).await,
             crate::gateway::start_gateway(broker, &[]).await,
-            "`sluice gateway` + `sluice text-completion` over the broker",
+            "`sluice gateway` + `sluice text-completion` over the broker (deltas merged while the broker is behind, the default)",
         ),
-        Records::MergedWhileBehind => (
+        Records::EveryDelta => (
             topicspace_processor(
                 broker,
                 fake_url,
                 MODEL,
-                "benchmerged",
-                &["--response-pacing", "merge"],
+                "benchperdelta",
+                &["--response-pacing", "auto"],
             )
             .await,
-            crate::gateway::start_gateway(broker, &["--topicspace", "benchmerged"]).await,
-            "the same, deltas merged while the broker is behind (`--response-pacing merge`)",
+            crate::gateway::start_gateway(broker, &["--topicspace", "benchperdelta"]).await,
+            "the same, a record per delta (`--response-pacing auto`)",
         ),
         Records::Paced => {
             let pacing = [
@@ -498,10 +498,10 @@ pub(crate) async fn bench(
         targets.push(serve_target(&fake_base).await);
     }
     if wanted("broker") {
-        targets.push(broker_target(broker, &fake_base, Records::EveryDelta).await);
-    }
-    if wanted("broker-merged") {
         targets.push(broker_target(broker, &fake_base, Records::MergedWhileBehind).await);
+    }
+    if wanted("broker-per-delta") {
+        targets.push(broker_target(broker, &fake_base, Records::EveryDelta).await);
     }
     if wanted("broker-paced") {
         targets.push(broker_target(broker, &fake_base, Records::Paced).await);

@@ -92,7 +92,17 @@ pub fn echo_config(
     let mut config = ProcessorConfig::new("echo", request_topic, response_topic);
     config.concurrency = concurrency;
     config.drain_grace = Duration::from_secs(5);
+    record_per_delta(&mut config);
     config
+}
+
+/// A record per delta on durable topics (`--response-pacing auto`) instead of the default's
+/// merge while the broker is behind: for suites that check how a stream is cut into records
+/// (a decoder's deltas, an agent's message shapes, OpenAI's chunks), which merging makes
+/// depend on the broker's timing. `tests/tests/broker_runtime.rs` and the process suites
+/// run the default.
+pub fn record_per_delta(config: &mut ProcessorConfig) {
+    config.pacing.when = sluice_runtime::processor::PaceWhen::Auto;
 }
 
 /// A processor running in this process.
@@ -620,6 +630,7 @@ impl RoutedService {
             cancel: Some(unique_topic("gw-cancel")),
         };
         let mut pc = ProcessorConfig::new("text-completion", &topics.request, &topics.response);
+        record_per_delta(&mut pc);
         pc.cancel_topic.clone_from(&topics.cancel);
         pc.drain_grace = Duration::from_secs(5);
         let processor = RunningProcessor::start(broker.bus().await, pc, service).await;

@@ -205,6 +205,7 @@ impl Setup {
             .unwrap(),
         );
         let mut p_config = ProcessorConfig::new("prompt", &topics.prompt.0, &topics.prompt.1);
+        sluice_tests::record_per_delta(&mut p_config);
         p_config.drain_grace = Duration::from_secs(5);
         let prompt = RunningProcessor::start(
             broker.bus().await,
@@ -214,6 +215,7 @@ impl Setup {
         .await;
 
         let mut l_config = ProcessorConfig::new("lookup", &topics.lookup.0, &topics.lookup.1);
+        sluice_tests::record_per_delta(&mut l_config);
         l_config.drain_grace = Duration::from_secs(5);
         let lookup = RunningProcessor::start(broker.bus().await, l_config, LookupService).await;
 
@@ -338,6 +340,7 @@ async fn start_agent(
     )
     .unwrap();
     let mut config = ProcessorConfig::new("agent", &t.agent.0, &t.agent.1);
+    sluice_tests::record_per_delta(&mut config);
     config.drain_grace = Duration::from_secs(5);
     RunningProcessor::start_with(bus, config, handler, telemetry).await
 }

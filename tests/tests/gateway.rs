@@ -652,6 +652,7 @@ async fn the_agent_route_streams_typed_tokens_and_the_dialogs_usage() {
     )
     .unwrap();
     let mut config = ProcessorConfig::new("agent", &agent_topics.request, &agent_topics.response);
+    sluice_tests::record_per_delta(&mut config);
     config.cancel_topic.clone_from(&agent_topics.cancel);
     config.drain_grace = Duration::from_secs(5);
     let agent = RunningProcessor::start_with(bus, config, handler, telemetry).await;

@@ -106,6 +106,7 @@ impl Setup {
             unique_topic("prompt-cancel"),
         );
         let mut p_config = ProcessorConfig::new("prompt", &p_req, &p_resp);
+        sluice_tests::record_per_delta(&mut p_config);
         p_config.drain_grace = Duration::from_secs(5);
         p_config.cancel_topic = Some(p_cancel.clone());
         let prompt = RunningProcessor::start(broker.bus().await, p_config, handler).await;

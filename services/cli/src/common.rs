@@ -98,10 +98,10 @@ pub struct ProcessorArgs {
     /// mapping, where the broker drops what a slow consumer has no room for), `on`, `off`.
     /// A paced stream publishes at most one record per interval, merging the text deltas
     /// between; under the rate bound its first and last records are never delayed
-    /// (docs/operations.md, "TrustGraph's mapping"). `merge`: as `auto`, and on a
-    /// durable topic a stream merges a delta into the next while the broker has not
+    /// (docs/operations.md, "TrustGraph's mapping"). `merge` (the default): as `auto`, and
+    /// on a durable topic a stream merges a delta into the next while the broker has not
     /// confirmed its previous record (fewer records when the broker is busy).
-    #[arg(long, env = "SLUICE_RESPONSE_PACING", default_value_t = PaceWhen::Auto)]
+    #[arg(long, env = "SLUICE_RESPONSE_PACING", default_value_t = PaceWhen::Merge)]
     pub response_pacing: PaceWhen,
     /// The least time between two records of one paced stream, in milliseconds.
     #[arg(long, env = "SLUICE_PACE_INTERVAL_MS", default_value_t = DEFAULT_PACE_INTERVAL.as_millis() as u64)]

@@ -34,9 +34,8 @@
 //! On a durable response topic nothing is lost, but a record per provider chunk costs the
 //! broker a message each: at 64 callers of 20 tokens each, the broker's JVM was the first to
 //! run out of CPU and the path gave 0.62x of the provider's rate (0.94x paced by time, which
-//! adds up to an interval's wait to every later token). So with `--response-pacing merge`
-//! (not yet the default: 25 broker tests still expect a record per provider chunk), a stream on
-//! such a topic holds a text delta only while the broker has not yet confirmed the stream's
+//! adds up to an interval's wait to every later token). So by default
+//! (`--response-pacing merge`; `auto` is a record per delta), a stream on such a topic holds a text delta only while the broker has not yet confirmed the stream's
 //! previous record, merging what comes meanwhile, and publishes the merge as soon as that
 //! confirmation arrives (a [`Receipt`], not a timer). A broker that keeps up confirms a record
 //! before the next token comes and sees every token as its own record, as before; a busy one
@@ -70,15 +69,17 @@ use crate::{
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PaceWhen {
     /// On non-persistent response topics (TrustGraph's mapping), where a slow consumer loses
-    /// records; never on persistent ones, whose consumers the broker slows down instead.
-    #[default]
+    /// records; never on persistent ones, whose consumers the broker slows down instead: a
+    /// record per delta there.
     Auto,
     /// Always.
     On,
     /// Never.
     Off,
     /// As `Auto`, and on a durable topic a delta waits, merged with those after it, while the
-    /// broker has not confirmed the stream's previous record (see the module docs).
+    /// broker has not confirmed the stream's previous record (see the module docs). The
+    /// default.
+    #[default]
     Merge,
 }
 
@@ -127,7 +128,7 @@ pub const DEFAULT_MAX_RECORDS_PER_SEC: u32 = 500;
 impl Default for Pacing {
     fn default() -> Self {
         Self {
-            when: PaceWhen::Auto,
+            when: PaceWhen::Merge,
             min_interval: DEFAULT_PACE_INTERVAL,
             max_records_per_sec: Some(DEFAULT_MAX_RECORDS_PER_SEC),
         }

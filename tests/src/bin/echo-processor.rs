@@ -28,6 +28,7 @@ async fn main() {
     .await
     .unwrap();
     let mut config = ProcessorConfig::new("echo", env("REQUEST_TOPIC"), env("RESPONSE_TOPIC"));
+    sluice_tests::record_per_delta(&mut config);
     config.subscription = env("SUBSCRIPTION");
     if let Ok(c) = std::env::var("CONCURRENCY") {
         config.concurrency = c.parse().unwrap();
