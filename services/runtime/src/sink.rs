@@ -555,22 +555,8 @@ impl<R: ResponseRecord> Core<R> {
             // Unpaced, or the first record: at once, whatever it is.
             return self.emit(record).await;
         }
-        let candidate = match self.pace.as_mut().and_then(|p| p.held.take()) {
-            None => record,
-            Some(mut held) => match held.coalesce(record) {
-                Ok(()) => {
-                    if let Some(pace) = &self.pace {
-                        pace.pacer.coalesced.inc();
-                    }
-                    held
-                }
-                Err(record) => {
-                    // Not one record's worth: the held delta goes out first, in order.
-                    self.emit(held).await?;
-                    record
-                }
-            },
-        };
+        let held = self.pace.as_mut().and_then(|p| p.held.take());
+        let candidate = self.merged_with_held(held, record).await?;
         // What is not a delta (a terminal record, the held text merged into a clean one, an
         // object) goes out now: the held text rides on a clean terminal record (one record
         // where synchronised streams would put two on the topic at the same moment), and
@@ -598,22 +584,7 @@ impl<R: ResponseRecord> Core<R> {
         // nothing (a terminal record least of all) goes out after a record not stored.
         let behind = self.unconfirmed()?;
         let held = self.behind.as_mut().and_then(|b| b.held.take());
-        let candidate = match held {
-            None => record,
-            Some(mut held) => match held.coalesce(record) {
-                Ok(()) => {
-                    if let Some(behind) = &self.behind {
-                        behind.coalesced.inc();
-                    }
-                    held
-                }
-                Err(record) => {
-                    // An error record: the held text goes out first, in order.
-                    self.emit(held).await?;
-                    record
-                }
-            },
-        };
+        let candidate = self.merged_with_held(held, record).await?;
         if candidate.is_delta() && behind {
             let waiting = self.behind.as_ref().is_some_and(|b| b.waiting.is_some());
             if !waiting {
@@ -632,6 +603,30 @@ impl<R: ResponseRecord> Core<R> {
             return Ok(());
         }
         self.emit(candidate).await
+    }
+
+    /// The record merged into the delta held back (by pacing or while the broker is behind),
+    /// counted as a merge. Where the two are not one record's worth (an error record), the
+    /// held delta goes out first, in order, and the record is returned as it came.
+    async fn merged_with_held(&mut self, held: Option<R>, record: R) -> Result<R, SinkError> {
+        let Some(mut held) = held else {
+            return Ok(record);
+        };
+        match held.coalesce(record) {
+            Ok(()) => {
+                // Pacing and merging count in the same series; a stream does one or the other.
+                if let Some(pace) = &self.pace {
+                    pace.pacer.coalesced.inc();
+                } else if let Some(behind) = &self.behind {
+                    behind.coalesced.inc();
+                }
+                Ok(held)
+            }
+            Err(record) => {
+                self.emit(held).await?;
+                Ok(record)
+            }
+        }
     }
 
     /// Whether a record this stream published is not yet confirmed by the broker. A failed
