@@ -17,6 +17,9 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sluice/target}"
 deploy/pulsar/pulsar.sh start
 export PULSAR_URL=pulsar://127.0.0.1:6650 PULSAR_ADMIN_URL=http://127.0.0.1:8080
+# The broker's process, whose CPU the overhead scenario counts per target over it.
+BENCH_BROKER_PID=$(cat "${PULSAR_STATE_DIR:-${SLUICE_CACHE:-$HOME/.cache/sluice}/pulsar-state/6650}/pid" 2>/dev/null || true)
+export BENCH_BROKER_PID
 # BENCH_PROFILE=debug runs the debug build (for the soak and loss scenarios, whose figures are
 # about loss and memory, not speed, and where a release build would take too long).
 if [ "${BENCH_PROFILE:-release}" = "debug" ]; then

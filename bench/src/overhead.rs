@@ -68,6 +68,9 @@ struct Target {
     groups: Vec<GroupGuard>,
     /// Idle resident memory per process (MiB) after start-up, before any request.
     idle: Vec<(String, f64)>,
+    /// The broker's process, for a target that works through it (its CPU while this target
+    /// is driven is counted as this target's).
+    broker: Option<u32>,
 }
 
 /// What one target did at one level.
@@ -81,6 +84,8 @@ struct Level {
     cpu_secs: f64,
     /// The bench's own process (driver and fake) while it drove this target.
     own_cpu_secs: f64,
+    /// The broker's CPU time while this target was driven (only targets over the broker).
+    broker_cpu_secs: f64,
 }
 
 impl Level {
@@ -144,6 +149,7 @@ async fn sse_call(http: &reqwest::Client, url: &str, model: &str) -> (Option<Dur
 /// `callers` closed-loop callers send `n` requests to `target` between them.
 async fn drive(http: &reqwest::Client, target: &Target, callers: u64, n: u64, level: &mut Level) {
     let own0 = own_cpu_secs();
+    let broker0 = target.broker.map(|b| cpu_secs(&[b]));
     let remaining = Arc::new(AtomicU64::new(n));
     let t0 = Instant::now();
     let workers: Vec<_> = (0..callers)
@@ -179,6 +185,9 @@ async fn drive(http: &reqwest::Client, target: &Target, callers: u64, n: u64, le
     }
     level.secs += t0.elapsed().as_secs_f64();
     level.own_cpu_secs += own_cpu_secs() - own0;
+    if let (Some(b), Some(b0)) = (target.broker, broker0) {
+        level.broker_cpu_secs += cpu_secs(&[b]) - b0;
+    }
 }
 
 /// The processes `roots` and all their descendants, from /proc.
@@ -265,6 +274,7 @@ async fn serve_target(fake_url: &str) -> Target {
         children: vec![child],
         groups: Vec::new(),
         idle: Vec::new(),
+        broker: None,
     }
 }
 
@@ -326,6 +336,10 @@ async fn broker_target(broker: &Broker, fake_url: &str, records: Records) -> Tar
         children: vec![gateway, processor],
         groups: Vec::new(),
         idle: Vec::new(),
+        // bench/run.sh names the broker it started.
+        broker: std::env::var("BENCH_BROKER_PID")
+            .ok()
+            .and_then(|p| p.parse().ok()),
     }
 }
 
@@ -409,6 +423,7 @@ async fn litellm_target(venv: &str, fake_base: &str, workers: u32) -> Target {
         children: vec![child],
         groups: vec![group],
         idle: Vec::new(),
+        broker: None,
     }
 }
 
@@ -451,6 +466,7 @@ async fn tensorzero_target(binary: &str, fake_base: &str) -> Target {
         children: vec![child],
         groups: Vec::new(),
         idle: Vec::new(),
+        broker: None,
     }
 }
 
@@ -493,6 +509,7 @@ pub(crate) async fn bench(
         children: Vec::new(),
         groups: Vec::new(),
         idle: Vec::new(),
+        broker: None,
     }];
     if wanted("serve") {
         targets.push(serve_target(&fake_base).await);
@@ -613,9 +630,9 @@ pub(crate) async fn bench(
     );
     let _ = writeln!(
         md,
-        "| callers | target | TTFT p50 ms | added p50 ms | added p99 ms | requests/s (vs direct) | CPU ms/request | driver + fake, cores | completed |"
+        "| callers | target | TTFT p50 ms | added p50 ms | added p99 ms | requests/s (vs direct) | CPU ms/request | broker CPU ms/request | driver + fake, cores | completed |"
     );
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|");
     let mut plot_targets: Vec<serde_json::Value> = Vec::new();
     let mut provider_ttft = serde_json::Map::new();
     for (i, t) in targets.iter().enumerate() {
@@ -631,9 +648,14 @@ pub(crate) async fn bench(
             } else {
                 format!("{:.3}", l.cpu_secs * 1000.0 / l.requests as f64)
             };
+            let broker_cpu = if t.broker.is_some() {
+                format!("{:.3}", l.broker_cpu_secs * 1000.0 / l.requests as f64)
+            } else {
+                "–".to_owned()
+            };
             let _ = writeln!(
                 md,
-                "| {callers} | {} | {:.2} | {} | {} | {:.0} ({:.2}x) | {cpu} | {:.2} | {}/{} |",
+                "| {callers} | {} | {:.2} | {} | {} | {:.0} ({:.2}x) | {cpu} | {broker_cpu} | {:.2} | {}/{} |",
                 t.name,
                 l.q(0.5),
                 if i == 0 {
@@ -656,6 +678,7 @@ pub(crate) async fn bench(
                 "added_p50_ms": a50, "added_p99_ms": a99, "rps": l.rps(),
                 "rps_ratio": l.rps() / d.rps(),
                 "cpu_ms_per_request": l.cpu_secs * 1000.0 / l.requests as f64,
+                "broker_cpu_ms_per_request": t.broker.map(|_| l.broker_cpu_secs * 1000.0 / l.requests as f64),
                 "driver_cores": l.own_cpu_secs / l.secs,
                 "completed": l.ok, "requests": l.requests}));
         }
@@ -676,7 +699,7 @@ pub(crate) async fn bench(
     }
     let _ = writeln!(
         md,
-        "\nCPU ms/request: the target's processes (and their children) over the whole level, per request it served. Driver + fake: the bench's own process while it drove that target, in cores (of 2)."
+        "\nCPU ms/request: the target's processes (and their children) over the whole level, per request it served. Broker CPU ms/request: the Pulsar standalone's JVM while that target was driven, per request. Driver + fake: the bench's own process while it drove that target, in cores (of 2)."
     );
     let json = serde_json::json!({
         "title": "Time to first token added over calling the provider directly",

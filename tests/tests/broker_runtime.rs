@@ -15,8 +15,8 @@ use sluice_schema::{
     Error, TextCompletionRequest, TextCompletionResponse, TopicMapping, TopicName, properties,
 };
 use sluice_tests::{
-    Broker, EchoHandler, RunningProcessor, TextClient, echo_config, eventually, init_logging,
-    metric_value, text_client, unique_topic, wait_for_metrics,
+    Broker, EchoHandler, RunningProcessor, TextClient, echo_config, eventually, eventually_every,
+    init_logging, metric_value, text_client, unique_topic, wait_for_metrics,
 };
 
 type Client = TextClient;
@@ -202,6 +202,92 @@ async fn an_exclusive_subscription_refuses_a_second_consumer() {
         .expect("refused");
     assert!(matches!(err, BusError::ExclusiveTaken(_)), "{err}");
     a.unsubscribe().await;
+}
+
+/// A subscriber that acks in order (a client's response router): the bus settles runs of
+/// its acks cumulatively, and the broker keeps nothing of what was acked.
+#[tokio::test]
+async fn acks_in_order_settle_every_message_and_nothing_is_delivered_again() {
+    init_logging();
+    let broker = Broker::from_env().await;
+    let bus = broker.bus().await;
+    let topic = unique_topic("in-order-acks");
+    let mut options = SubscribeOptions::exclusive(100);
+    options.acks_in_order = true;
+    let mut sub = bus
+        .subscribe(&topic, "router", options.clone())
+        .await
+        .unwrap();
+    let publisher = bus.publisher(&topic).await.unwrap();
+    let receipts = join_all((0..500).map(|i| publisher.send(Message::new(format!("m{i}")))))
+        .await
+        .into_iter()
+        .map(Result::unwrap);
+    for receipt in receipts {
+        receipt.await.unwrap();
+    }
+    for i in 0..500 {
+        let d = tokio::time::timeout(Duration::from_secs(30), sub.next())
+            .await
+            .expect("every message arrives")
+            .unwrap()
+            .unwrap();
+        assert_eq!(d.payload(), format!("m{i}").as_bytes());
+        d.ack();
+    }
+    let (backlog, _) = eventually_every(
+        Duration::from_millis(200),
+        Duration::from_secs(20),
+        async || broker.subscription_stats(&topic, "router").await,
+        |stats| stats.0 == 0,
+    )
+    .await;
+    assert_eq!(backlog, 0, "the broker holds messages acked in order");
+    // A new consumer of the same subscription gets nothing again.
+    sub.close().await;
+    let mut again = bus.subscribe(&topic, "router", options).await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(2), again.next()).await;
+    assert!(next.is_err(), "a message acked in order came back");
+    // A nack among them is not swallowed by the acks after it: the message comes again.
+    for i in 0..10 {
+        publisher
+            .send(Message::new(format!("n{i}")))
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let mut got = Vec::new();
+    for _ in 0..10 {
+        got.push(
+            tokio::time::timeout(Duration::from_secs(30), again.next())
+                .await
+                .expect("every message arrives")
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    for (i, d) in got.into_iter().enumerate() {
+        if i == 5 {
+            d.nack();
+        } else {
+            d.ack();
+        }
+    }
+    let redelivered = loop {
+        let d = tokio::time::timeout(Duration::from_secs(30), again.next())
+            .await
+            .expect("the nacked message comes again")
+            .unwrap()
+            .unwrap();
+        let text = String::from_utf8(d.payload().to_vec()).unwrap();
+        d.ack();
+        if text == "n5" {
+            break text;
+        }
+    };
+    assert_eq!(redelivered, "n5");
+    again.unsubscribe().await;
 }
 
 #[tokio::test]

@@ -612,6 +612,7 @@ impl Limiter {
             start: StartPosition::Replay,
             prefetch: 1000,
             consumer_name: None,
+            acks_in_order: false,
         };
         let subscription = format!("limits-{}", self.replica);
         // A broker down or a role without the grant: asked again, less and less often, so

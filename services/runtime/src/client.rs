@@ -456,6 +456,8 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
         };
         let mut options = SubscribeOptions::exclusive(1000);
         options.consumer_name = Some(config.subscription.clone());
+        // The router acks every record as it reads it, in order (see `dispatch`).
+        options.acks_in_order = true;
         let subscription =
             while_unavailable(config.start_wait, "the response subscription", || {
                 bus.subscribe(
@@ -621,6 +623,7 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
         subscribe.start = after.map_or(StartPosition::Earliest, StartPosition::At);
         let name = format!("{}-resume-{}", self.config.subscription, crate::short_id());
         subscribe.consumer_name = Some(name.clone());
+        subscribe.acks_in_order = true;
         let subscription = self
             .bus
             .subscribe(&self.config.response_topic, &name, subscribe)

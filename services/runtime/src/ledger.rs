@@ -650,6 +650,7 @@ pub async fn read_records(
         start: StartPosition::Replay,
         prefetch: 1000,
         consumer_name: None,
+        acks_in_order: false,
     };
     let subscription = format!("sluice-usage-{}", uuid::Uuid::new_v4().simple());
     let mut sub = bus.subscribe(topic, &subscription, options).await?;

@@ -154,6 +154,12 @@ pub struct SubscribeOptions {
     pub prefetch: u32,
     /// A consumer name for the broker's statistics.
     pub consumer_name: Option<String>,
+    /// The subscriber settles every delivery in the order it came, with an ack (a nack, or a
+    /// delivery dropped unsettled, only on its way out). An exclusive subscription may then
+    /// settle a run of acks that queued up with one cumulative ack: the broker handles one
+    /// command instead of one per message. A client's response router is such a subscriber;
+    /// a processor's request subscription (shared, settled out of order) is not.
+    pub acks_in_order: bool,
 }
 
 impl SubscribeOptions {
@@ -164,6 +170,7 @@ impl SubscribeOptions {
             start: StartPosition::Earliest,
             prefetch: prefetch.max(1),
             consumer_name: None,
+            acks_in_order: false,
         }
     }
 
@@ -174,6 +181,7 @@ impl SubscribeOptions {
             start: StartPosition::Latest,
             prefetch: prefetch.max(1),
             consumer_name: None,
+            acks_in_order: false,
         }
     }
 }

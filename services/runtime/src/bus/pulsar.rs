@@ -690,6 +690,68 @@ impl RedeliveryTracker {
     }
 }
 
+/// The acks of a subscriber that acks every delivery in the order it came
+/// ([`SubscribeOptions::acks_in_order`]), on an exclusive subscription: a run of them is
+/// settled by one cumulative ack per topic (partition) for the last of the run, as the broker
+/// then handles one command instead of one per message. A nack ends this for the consumer's
+/// life: a cumulative ack past a nacked message would ack it too.
+struct InOrderAcks {
+    enabled: bool,
+    /// The last ack per topic not yet sent.
+    last: Vec<(Arc<str>, MessageIdData)>,
+    /// How many acks `last` stands for.
+    held: usize,
+}
+
+impl InOrderAcks {
+    /// The most acks held before they go out whatever comes next: what a crash of this
+    /// process makes the broker deliver again (and the subscriber skip) stays small.
+    const MAX_HELD: usize = 256;
+
+    fn new(enabled: bool) -> Self {
+        Self {
+            enabled,
+            last: Vec::new(),
+            held: 0,
+        }
+    }
+
+    fn full(&self) -> bool {
+        self.held >= Self::MAX_HELD
+    }
+
+    /// Keeps an ack to send cumulatively; gives back a settlement to apply on its own.
+    fn take(
+        &mut self,
+        topic: Arc<str>,
+        id: MessageIdData,
+        settlement: Settlement,
+    ) -> Option<(Arc<str>, MessageIdData, Settlement)> {
+        if !self.enabled {
+            return Some((topic, id, settlement));
+        }
+        if settlement == Settlement::Nack {
+            self.enabled = false;
+            return Some((topic, id, settlement));
+        }
+        match self.last.iter_mut().find(|(t, _)| *t == topic) {
+            Some((_, last)) => *last = id,
+            None => self.last.push((topic, id)),
+        }
+        self.held += 1;
+        None
+    }
+
+    fn due(&self) -> bool {
+        !self.last.is_empty()
+    }
+
+    fn drain(&mut self) -> std::vec::Drain<'_, (Arc<str>, MessageIdData)> {
+        self.held = 0;
+        self.last.drain(..)
+    }
+}
+
 struct Supervisor {
     client: Pulsar<TokioExecutor>,
     config: Arc<PulsarConfig>,
@@ -787,6 +849,20 @@ impl Supervisor {
                     info!(topic = %self.spec.topic, subscription = %self.spec.subscription,
                           "consumer stream ended; re-subscribing");
                 }
+            }
+        }
+    }
+
+    /// Sends the acks `acks` holds: one cumulative ack per topic (partition), for the last
+    /// message acked there.
+    async fn flush_acks(
+        &mut self,
+        consumer: &mut Consumer<Vec<u8>, TokioExecutor>,
+        acks: &mut InOrderAcks,
+    ) {
+        for (topic, id) in acks.drain() {
+            if let Err(e) = consumer.cumulative_ack_with_id(&topic, id).await {
+                warn!(topic = %topic, error = %e, "acking messages failed");
             }
         }
     }
@@ -965,6 +1041,10 @@ impl Supervisor {
         // found the consumer suspect.
         let batch = flow_permits(&self.spec.topic, self.spec.options.prefetch);
         let mut suspect = false;
+        let mut acks = InOrderAcks::new(
+            self.spec.options.acks_in_order
+                && self.spec.options.kind == SubscriptionKind::Exclusive,
+        );
         loop {
             if !*paused && let Some(permit) = slot.take() {
                 match ready.pop_front() {
@@ -982,7 +1062,21 @@ impl Supervisor {
             tokio::select! {
                 biased;
                 ctl = self.control.recv() => match ctl {
-                    Some(Control::Settle(topic, id, s)) => self.apply(consumer, &topic, id, s).await,
+                    Some(Control::Settle(topic, id, s)) => {
+                        if s == Settlement::Ack {
+                            self.redeliveries.forget(&id);
+                        }
+                        match acks.take(topic, id, s) {
+                            Some((topic, id, s)) => {
+                                // Not held (a nack, or acks one by one): what was held goes out
+                                // first, as it came.
+                                self.flush_acks(consumer, &mut acks).await;
+                                self.apply(consumer, &topic, id, s).await;
+                            }
+                            None if acks.full() => self.flush_acks(consumer, &mut acks).await,
+                            None => {}
+                        }
+                    }
                     Some(Control::Pause) => {
                         *paused = true;
                         // Dropped unsettled, each is released to the broker (a nack).
@@ -991,11 +1085,13 @@ impl Supervisor {
                     // Bounded: a consumer's engine that waits to hand over a message nobody reads
                     // cannot answer; dropping the consumer then is all that is left.
                     Some(Control::Close(done)) => {
+                        self.flush_acks(consumer, &mut acks).await;
                         let _ = tokio::time::timeout(CONSUMER_CHECK_TIMEOUT, consumer.close()).await;
                         let _ = done.send(());
                         return Exit::Stop;
                     }
                     Some(Control::Unsubscribe(done)) => {
+                        self.flush_acks(consumer, &mut acks).await;
                         match tokio::time::timeout(CONSUMER_CHECK_TIMEOUT, consumer.unsubscribe()).await {
                             Ok(Ok(())) => {}
                             Ok(Err(e)) => warn!(subscription = %self.spec.subscription, error = %e, "unsubscribe failed"),
@@ -1008,6 +1104,10 @@ impl Supervisor {
                     // Unreachable while `self.control_tx` lives; kept for completeness.
                     None => return Exit::Stop,
                 },
+                // Second in this biased select: the acks that queued up while the control
+                // channel had more for this loop go out once it has none (one command for a
+                // run of them under load, one per message when idle).
+                () = std::future::ready(()), if acks.due() => self.flush_acks(consumer, &mut acks).await,
                 permit = self.deliveries.clone().reserve_owned(), if slot.is_none() && !*paused => match permit {
                     Ok(p) => slot = Some(p),
                     // The subscription handle is gone without a close: stop.
@@ -1071,7 +1171,12 @@ impl Supervisor {
                         // not built in). It stays unacked on the broker; log and go on.
                         warn!(topic = %self.spec.topic, error = %e, "consumer error");
                     }
-                    None => return Exit::Resubscribe,
+                    None => {
+                        // Whatever the broker still takes; what it does not, it redelivers to the
+                        // new consumer, and the subscriber skips what it already had.
+                        self.flush_acks(consumer, &mut acks).await;
+                        return Exit::Resubscribe;
+                    }
                 },
                 // Last in this biased select, so a message already there is read first. Only a
                 // consumer this loop reads is asked (nothing queued, not paused): pulsar-rs
@@ -1134,6 +1239,55 @@ mod tests {
             entry_id: entry,
             ..MessageIdData::default()
         }
+    }
+
+    #[test]
+    fn acks_in_order_are_held_as_the_last_per_topic_until_a_nack_ends_it() {
+        let (a, b): (Arc<str>, Arc<str>) = (Arc::from("t-partition-0"), Arc::from("t-partition-1"));
+        let mut acks = InOrderAcks::new(true);
+        assert!(!acks.due());
+        for e in 0..3 {
+            assert!(acks.take(a.clone(), id(1, e), Settlement::Ack).is_none());
+        }
+        assert!(acks.take(b.clone(), id(2, 7), Settlement::Ack).is_none());
+        assert!(acks.due());
+        let held: Vec<_> = acks.drain().map(|(t, i)| (t, i.entry_id)).collect();
+        assert_eq!(held, vec![(a.clone(), 2), (b.clone(), 7)]);
+        assert!(!acks.due());
+        // A nack goes out on its own, and so does every ack after it: a cumulative ack past
+        // the nacked message would ack it.
+        assert!(acks.take(a.clone(), id(1, 3), Settlement::Ack).is_none());
+        let nack = acks.take(a.clone(), id(1, 4), Settlement::Nack);
+        assert!(matches!(nack, Some((_, _, Settlement::Nack))));
+        assert!(acks.take(a.clone(), id(1, 5), Settlement::Ack).is_some());
+        // The ack held before the nack is still there, to go out before it.
+        assert_eq!(
+            acks.drain().map(|(_, i)| i.entry_id).collect::<Vec<_>>(),
+            vec![3]
+        );
+    }
+
+    #[test]
+    fn acks_one_by_one_unless_in_order() {
+        let mut acks = InOrderAcks::new(false);
+        assert!(
+            acks.take(Arc::from("t"), id(1, 1), Settlement::Ack)
+                .is_some()
+        );
+        assert!(!acks.due());
+    }
+
+    #[test]
+    fn a_long_run_of_acks_goes_out_before_it_grows_past_its_bound() {
+        let t: Arc<str> = Arc::from("t");
+        let mut acks = InOrderAcks::new(true);
+        for e in 0..InOrderAcks::MAX_HELD as u64 {
+            assert!(!acks.full());
+            assert!(acks.take(t.clone(), id(1, e), Settlement::Ack).is_none());
+        }
+        assert!(acks.full());
+        assert_eq!(acks.drain().count(), 1);
+        assert!(!acks.full());
     }
 
     #[test]
