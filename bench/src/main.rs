@@ -159,6 +159,11 @@ enum Scenario {
         #[arg(long, value_delimiter = ',',
               value_parser = ["serve", "broker", "broker-per-delta", "broker-paced", "litellm", "tensorzero"])]
         only: Vec<String>,
+        /// Milliseconds between the fake provider's tokens after the first (1 in the
+        /// published figures; a model streaming 50 tokens/s is 20). Any other value writes
+        /// overhead-partial.* as `--only` does.
+        #[arg(long, default_value_t = 1)]
+        token_gap_ms: u64,
     },
     /// The foundation: raw pulsar-rs round trip vs sluice runtime + client, throughput.
     Foundation {
@@ -277,15 +282,19 @@ async fn main() {
             serial_requests,
             requests,
             only,
+            token_gap_ms,
         } => {
             overhead::bench(
                 &broker,
                 &cli.out,
                 &cli.docs,
-                &callers,
-                serial_requests,
-                requests,
-                &only,
+                overhead::Options {
+                    levels: &callers,
+                    serial_requests,
+                    requests,
+                    only: &only,
+                    token_gap_ms,
+                },
             )
             .await
         }

@@ -29,8 +29,11 @@ use sluice_tests::{Broker, free_port};
 use crate::{foundation::RawPair, procs::*, report::*};
 
 /// The fake's behaviour: 20 one-word tokens, the first 50 ms after the request (a model's
-/// time to first token), the rest 1 ms apart.
-const MODEL: &str = "tokens-20-1-50";
+/// time to first token), the rest `gap_ms` apart (1 ms by default: a provider far faster than
+/// a person reads, which makes every token a record's worth of work).
+fn fake_model(gap_ms: u64) -> String {
+    format!("tokens-20-{gap_ms}-50")
+}
 
 /// Kills a process group when dropped: LiteLLM's supervisor spawns its workers, and killing
 /// only the supervisor (what `kill_on_drop` does, on a panic or a stop that timed out) would
@@ -248,7 +251,7 @@ fn tree_rss(roots: &[u32]) -> f64 {
     tree(roots).into_iter().map(|p| rss_mib(p).1).sum()
 }
 
-async fn serve_target(fake_url: &str) -> Target {
+async fn serve_target(fake_url: &str, model: &str) -> Target {
     let mut child = sluice_process(&[
         "serve",
         "--provider",
@@ -256,7 +259,7 @@ async fn serve_target(fake_url: &str) -> Target {
         "--base-url",
         fake_url,
         "--model",
-        MODEL,
+        model,
         "--listen",
         "127.0.0.1:0",
         "--metrics-addr",
@@ -269,7 +272,7 @@ async fn serve_target(fake_url: &str) -> Target {
     Target {
         name: "`sluice serve` (in-process bus)",
         url: format!("{gateway}/v1/chat/completions"),
-        model: MODEL.into(),
+        model: model.into(),
         pids: vec![pid],
         children: vec![child],
         groups: Vec::new(),
@@ -293,10 +296,10 @@ enum Records {
 /// `sluice gateway` and `sluice text-completion` over the broker, on the default topics
 /// (`Records::MergedWhileBehind`) or a topicspace of their own. The first record is never
 /// held, so time to first token is not paced in any of them.
-async fn broker_target(broker: &Broker, fake_url: &str, records: Records) -> Target {
+async fn broker_target(broker: &Broker, fake_url: &str, model: &str, records: Records) -> Target {
     let (processor, (gateway, addr), name) = match records {
         Records::MergedWhileBehind => (
-            gateway_processor_with(broker, fake_url, MODEL, &[]).await,
+            gateway_processor_with(broker, fake_url, model, &[]).await,
             crate::gateway::start_gateway(broker, &[]).await,
             "`sluice gateway` + `sluice text-completion` over the broker (deltas merged while the broker is behind, the default)",
         ),
@@ -304,7 +307,7 @@ async fn broker_target(broker: &Broker, fake_url: &str, records: Records) -> Tar
             topicspace_processor(
                 broker,
                 fake_url,
-                MODEL,
+                model,
                 "benchperdelta",
                 &["--response-pacing", "auto"],
             )
@@ -322,7 +325,7 @@ async fn broker_target(broker: &Broker, fake_url: &str, records: Records) -> Tar
                 "0",
             ];
             (
-                topicspace_processor(broker, fake_url, MODEL, "benchpaced", &pacing).await,
+                topicspace_processor(broker, fake_url, model, "benchpaced", &pacing).await,
                 crate::gateway::start_gateway(broker, &["--topicspace", "benchpaced"]).await,
                 "the same, records paced (`--response-pacing on --pace-interval-ms 10`)",
             )
@@ -331,7 +334,7 @@ async fn broker_target(broker: &Broker, fake_url: &str, records: Records) -> Tar
     Target {
         name,
         url: format!("http://{addr}/v1/chat/completions"),
-        model: MODEL.into(),
+        model: model.into(),
         pids: vec![gateway.id().unwrap(), processor.id().unwrap()],
         children: vec![gateway, processor],
         groups: Vec::new(),
@@ -356,7 +359,7 @@ async fn started(child: &mut tokio::process::Child, url: &str, who: &str) {
 /// LiteLLM's proxy from `venv`, run as bench/litellm.md says: every model forwarded to the
 /// fake as an OpenAI-compatible provider, no database, no network at start-up, no retries,
 /// `workers` uvicorn workers (its production guide: one per CPU).
-async fn litellm_target(venv: &str, fake_base: &str, workers: u32) -> Target {
+async fn litellm_target(venv: &str, fake_base: &str, model: &str, workers: u32) -> Target {
     let [dir, _] = temp_dirs();
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("litellm.yaml");
@@ -418,7 +421,7 @@ async fn litellm_target(venv: &str, fake_base: &str, workers: u32) -> Target {
     Target {
         name: "LiteLLM proxy",
         url: format!("http://127.0.0.1:{port}/v1/chat/completions"),
-        model: MODEL.into(),
+        model: model.into(),
         pids: vec![child.id().unwrap()],
         children: vec![child],
         groups: vec![group],
@@ -430,14 +433,14 @@ async fn litellm_target(venv: &str, fake_base: &str, workers: u32) -> Target {
 /// TensorZero's gateway (`binary`, built from its published source), observability off,
 /// the fake as an `openai` provider of a model of the same name. Its OpenAI-compatible route
 /// names models `tensorzero::model_name::NAME`.
-async fn tensorzero_target(binary: &str, fake_base: &str) -> Target {
+async fn tensorzero_target(binary: &str, fake_base: &str, model: &str) -> Target {
     let [_, dir] = temp_dirs();
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("tensorzero.toml");
     std::fs::write(
         &config,
         format!(
-            "[gateway]\nobservability.enabled = false\ndisable_pseudonymous_usage_analytics = true\n\n[models.\"{MODEL}\"]\nrouting = [\"fake\"]\n\n[models.\"{MODEL}\".providers.fake]\ntype = \"openai\"\nmodel_name = \"{MODEL}\"\napi_base = \"{fake_base}/v1\"\napi_key_location = \"none\"\n"
+            "[gateway]\nobservability.enabled = false\ndisable_pseudonymous_usage_analytics = true\n\n[models.\"{model}\"]\nrouting = [\"fake\"]\n\n[models.\"{model}\".providers.fake]\ntype = \"openai\"\nmodel_name = \"{model}\"\napi_base = \"{fake_base}/v1\"\napi_key_location = \"none\"\n"
         ),
     )
     .unwrap();
@@ -461,7 +464,7 @@ async fn tensorzero_target(binary: &str, fake_base: &str) -> Target {
     Target {
         name: "TensorZero gateway",
         url: format!("http://127.0.0.1:{port}/openai/v1/chat/completions"),
-        model: format!("tensorzero::model_name::{MODEL}"),
+        model: format!("tensorzero::model_name::{model}"),
         pids: vec![child.id().unwrap()],
         children: vec![child],
         groups: Vec::new(),
@@ -488,23 +491,40 @@ async fn record_idle(target: &mut Target, settle: Duration) {
         .collect();
 }
 
-pub(crate) async fn bench(
-    broker: &Broker,
-    out: &Path,
-    docs: &Path,
-    levels: &[u64],
-    serial_requests: u64,
-    requests: u64,
-    only: &[String],
-) {
+/// What one run of the scenario does (the command line's options).
+pub(crate) struct Options<'a> {
+    /// Concurrent caller levels.
+    pub levels: &'a [u64],
+    /// Requests per target at one caller.
+    pub serial_requests: u64,
+    /// Requests per target at each higher level.
+    pub requests: u64,
+    /// Only these targets besides the direct baseline (all when empty).
+    pub only: &'a [String],
+    /// Milliseconds between the fake's tokens after the first.
+    pub token_gap_ms: u64,
+}
+
+pub(crate) async fn bench(broker: &Broker, out: &Path, docs: &Path, options: Options<'_>) {
+    let Options {
+        levels,
+        serial_requests,
+        requests,
+        only,
+        token_gap_ms,
+    } = options;
     let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
+    let model = fake_model(token_gap_ms);
+    // Some targets only (`--only`, to profile one), or another provider than the published
+    // one: the published figures stay as they are.
+    let partial = !only.is_empty() || token_gap_ms != 1;
     sluice_runtime::install_crypto_provider();
     let fake = sluice_tests::fake_openai::FakeOpenAi::start().await;
     let fake_base = fake.base_url();
     let mut targets = vec![Target {
         name: "the provider called directly",
         url: format!("{fake_base}/v1/chat/completions"),
-        model: MODEL.into(),
+        model: model.clone(),
         pids: Vec::new(),
         children: Vec::new(),
         groups: Vec::new(),
@@ -512,16 +532,16 @@ pub(crate) async fn bench(
         broker: None,
     }];
     if wanted("serve") {
-        targets.push(serve_target(&fake_base).await);
+        targets.push(serve_target(&fake_base, &model).await);
     }
     if wanted("broker") {
-        targets.push(broker_target(broker, &fake_base, Records::MergedWhileBehind).await);
+        targets.push(broker_target(broker, &fake_base, &model, Records::MergedWhileBehind).await);
     }
     if wanted("broker-per-delta") {
-        targets.push(broker_target(broker, &fake_base, Records::EveryDelta).await);
+        targets.push(broker_target(broker, &fake_base, &model, Records::EveryDelta).await);
     }
     if wanted("broker-paced") {
-        targets.push(broker_target(broker, &fake_base, Records::Paced).await);
+        targets.push(broker_target(broker, &fake_base, &model, Records::Paced).await);
     }
     let litellm_workers = std::env::var("LITELLM_WORKERS")
         .ok()
@@ -531,13 +551,13 @@ pub(crate) async fn bench(
         .ok()
         .filter(|v| wanted("litellm") && Path::new(&format!("{v}/bin/litellm")).exists());
     if let Some(venv) = &litellm {
-        targets.push(litellm_target(venv, &fake_base, litellm_workers).await);
+        targets.push(litellm_target(venv, &fake_base, &model, litellm_workers).await);
     }
     let tensorzero = std::env::var("TENSORZERO_GATEWAY")
         .ok()
         .filter(|b| wanted("tensorzero") && Path::new(b).exists());
     if let Some(binary) = &tensorzero {
-        targets.push(tensorzero_target(binary, &fake_base).await);
+        targets.push(tensorzero_target(binary, &fake_base, &model).await);
     }
     for t in targets.iter_mut().skip(1) {
         record_idle(t, Duration::from_secs(5)).await;
@@ -607,7 +627,7 @@ pub(crate) async fn bench(
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "{}: release build; the fake OpenAI server ({MODEL}: 20 tokens, the first 50 ms after the request, then 1 ms apart) and the load driver (reqwest, closed loop) in the bench's process; Pulsar standalone on loopback; LiteLLM {}; TensorZero {}.\n",
+        "{}: release build; the fake OpenAI server ({model}: 20 tokens, the first 50 ms after the request, then {token_gap_ms} ms apart) and the load driver (reqwest, closed loop) in the bench's process; Pulsar standalone on loopback; LiteLLM {}; TensorZero {}.\n",
         provenance(),
         match &litellm {
             Some(_) => format!(
@@ -707,8 +727,7 @@ pub(crate) async fn bench(
         "provider_ttft_ms": provider_ttft,
         "targets": plot_targets,
     });
-    // A run of some targets only (`--only`, to profile one) leaves the published figures alone.
-    let name = if only.is_empty() {
+    let name = if !partial {
         "overhead"
     } else {
         "overhead-partial"
@@ -719,7 +738,7 @@ pub(crate) async fn bench(
         serde_json::to_string_pretty(&json).unwrap(),
     )
     .unwrap();
-    if only.is_empty() {
+    if !partial {
         splice(docs, "overhead", &md);
     }
     for dir in temp_dirs() {
