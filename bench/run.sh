@@ -9,7 +9,8 @@
 #   bash bench/run.sh loss               # what TrustGraph's non-persistent mapping loses, and when it is seen
 #   bash bench/run.sh pacing             # TrustGraph's own client at 64 and 512 streams, unpaced and paced
 #   bash bench/run.sh structured         # the local model's malformed JSON lines with and without native structured output
-#   bash bench/run.sh overhead           # TTFT added over the provider: serve, the gateway over the broker, LiteLLM, TensorZero (+ PNG plot)
+#   bash bench/run.sh overhead           # TTFT added over the provider: a bare pass-through, serve, the gateway over the broker, LiteLLM, TensorZero (+ PNG plot)
+#   bash bench/run.sh overhead --only broker --callers 64 --token-gap-ms 20   # some targets, another token pace (overhead-partial.*)
 #   bash bench/run.sh soak --minutes 30  # the soak under chaos (its own broker on 6657)
 #   bash bench/run.sh soak --minutes 30 --cluster  # the same on the secured cluster, its faults
 set -euo pipefail

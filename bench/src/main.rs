@@ -10,6 +10,7 @@ mod gateway;
 mod loss;
 mod overhead;
 mod pacing;
+mod passthrough;
 mod procs;
 mod prompt;
 mod report;
@@ -154,16 +155,24 @@ enum Scenario {
         /// Requests per target at each higher level.
         #[arg(long, default_value_t = 4000)]
         requests: u64,
-        /// Only these targets besides the direct baseline (`serve`, `broker`, `broker-per-delta`,
+        /// Only these targets besides the direct baseline (`pass-through`, `serve`, `broker`, `broker-per-delta`,
         /// `broker-paced`, `litellm`, `tensorzero`), e.g. to profile one of them under load.
         #[arg(long, value_delimiter = ',',
-              value_parser = ["serve", "broker", "broker-per-delta", "broker-paced", "litellm", "tensorzero"])]
+              value_parser = ["pass-through", "serve", "broker", "broker-per-delta", "broker-paced", "litellm", "tensorzero"])]
         only: Vec<String>,
         /// Milliseconds between the fake provider's tokens after the first (1 in the
         /// published figures; a model streaming 50 tokens/s is 20). Any other value writes
         /// overhead-partial.* as `--only` does.
         #[arg(long, default_value_t = 1)]
         token_gap_ms: u64,
+    },
+    /// The overhead scenario's floor, run as a process of its own by the scenario: a bare
+    /// HTTP pass-through to `upstream` (see `passthrough.rs`).
+    #[command(hide = true)]
+    PassThrough {
+        /// The provider's base URL.
+        #[arg(long)]
+        upstream: String,
     },
     /// The foundation: raw pulsar-rs round trip vs sluice runtime + client, throughput.
     Foundation {
@@ -179,6 +188,11 @@ enum Scenario {
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
+    if let Scenario::PassThrough { upstream } = cli.scenario {
+        // A process of the overhead scenario's: no broker, no results.
+        passthrough::serve(upstream).await;
+        return;
+    }
     let broker = Broker::from_env().await;
     std::fs::create_dir_all(&cli.out).unwrap();
     match cli.scenario {
@@ -298,6 +312,8 @@ async fn main() {
             )
             .await
         }
+        // Served above, before the broker.
+        Scenario::PassThrough { .. } => {}
         Scenario::Foundation {
             round_trips,
             requests,

@@ -251,6 +251,28 @@ fn tree_rss(roots: &[u32]) -> f64 {
     tree(roots).into_iter().map(|p| rss_mib(p).1).sum()
 }
 
+/// The floor: a bare HTTP pass-through to the fake, a process of its own (this binary's
+/// hidden `pass-through` command), what any gateway's added time includes.
+async fn pass_through_target(fake_url: &str, model: &str) -> Target {
+    let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args(["pass-through", "--upstream", fake_url])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let addr = announced(&mut child, "pass-through listening on ").await;
+    Target {
+        name: "a bare HTTP pass-through (no parsing, no bus: the floor of any gateway)",
+        url: format!("http://{addr}/v1/chat/completions"),
+        model: model.into(),
+        pids: vec![child.id().unwrap()],
+        children: vec![child],
+        groups: Vec::new(),
+        idle: Vec::new(),
+        broker: None,
+    }
+}
+
 async fn serve_target(fake_url: &str, model: &str) -> Target {
     let mut child = sluice_process(&[
         "serve",
@@ -531,6 +553,9 @@ pub(crate) async fn bench(broker: &Broker, out: &Path, docs: &Path, options: Opt
         idle: Vec::new(),
         broker: None,
     }];
+    if wanted("pass-through") {
+        targets.push(pass_through_target(&fake_base, &model).await);
+    }
     if wanted("serve") {
         targets.push(serve_target(&fake_base, &model).await);
     }
