@@ -695,6 +695,11 @@ impl RedeliveryTracker {
 /// settled by one cumulative ack per topic (partition) for the last of the run, as the broker
 /// then handles one command instead of one per message. A nack ends this for the consumer's
 /// life: a cumulative ack past a nacked message would ack it too.
+/// Where a message id stands in its topic's order.
+fn position(id: &MessageIdData) -> (u64, u64, i32) {
+    (id.ledger_id, id.entry_id, id.batch_index.unwrap_or(-1))
+}
+
 struct InOrderAcks {
     enabled: bool,
     /// The last ack per topic not yet sent.
@@ -735,7 +740,14 @@ impl InOrderAcks {
             return Some((topic, id, settlement));
         }
         match self.last.iter_mut().find(|(t, _)| *t == topic) {
-            Some((_, last)) => *last = id,
+            // The highest, not the latest: a consumer that pulsar-rs re-attached, or a reader
+            // started again, gets earlier messages again, and everything up to the highest
+            // one acked was acked once already.
+            Some((_, last)) => {
+                if position(&id) > position(last) {
+                    *last = id;
+                }
+            }
             None => self.last.push((topic, id)),
         }
         self.held += 1;
@@ -1168,7 +1180,10 @@ impl Supervisor {
                     }
                     Some(Err(e)) => {
                         // A message pulsar-rs could not decode (e.g. compressed with a codec
-                        // not built in). It stays unacked on the broker; log and go on.
+                        // not built in). It stays unacked on the broker (on a subscription that
+                        // acks in order, the next cumulative ack settles it: a response nobody
+                        // here can read would otherwise hold the subscription's backlog for
+                        // ever); log and go on.
                         warn!(topic = %self.spec.topic, error = %e, "consumer error");
                     }
                     None => {
@@ -1264,6 +1279,26 @@ mod tests {
         assert_eq!(
             acks.drain().map(|(_, i)| i.entry_id).collect::<Vec<_>>(),
             vec![3]
+        );
+    }
+
+    #[test]
+    fn the_highest_ack_of_a_run_is_kept_when_earlier_messages_come_again() {
+        let t: Arc<str> = Arc::from("t");
+        let mut acks = InOrderAcks::new(true);
+        assert!(acks.take(t.clone(), id(1, 10), Settlement::Ack).is_none());
+        // Replayed after pulsar-rs re-attached the consumer: acked again, lower.
+        assert!(acks.take(t.clone(), id(1, 3), Settlement::Ack).is_none());
+        assert_eq!(
+            acks.drain().map(|(_, i)| i.entry_id).collect::<Vec<_>>(),
+            vec![10]
+        );
+        // A later ledger is later whatever its entry.
+        assert!(acks.take(t.clone(), id(1, 10), Settlement::Ack).is_none());
+        assert!(acks.take(t.clone(), id(2, 0), Settlement::Ack).is_none());
+        assert_eq!(
+            acks.drain().map(|(_, i)| i.ledger_id).collect::<Vec<_>>(),
+            vec![2]
         );
     }
 
