@@ -35,9 +35,10 @@
 //! broker a message each: at 64 callers of 20 tokens each, the broker's JVM was the first to
 //! run out of CPU and the path gave 0.62x of the provider's rate (0.94x paced by time, which
 //! adds up to an interval's wait to every later token). So by default
-//! (`--response-pacing merge`; `auto` is a record per delta), a stream on such a topic holds a text delta only while the broker has not yet confirmed the stream's
-//! previous record, merging what comes meanwhile, and publishes the merge as soon as that
-//! confirmation arrives (a [`Receipt`], not a timer). A broker that keeps up confirms a record
+//! (`--response-pacing merge`; `auto` is a record per delta), a stream on such a topic holds
+//! a text delta only while the broker has not yet confirmed the stream's previous record,
+//! merging what comes meanwhile, and publishes the merge as soon as that confirmation arrives
+//! (a [`Receipt`], not a timer). A broker that keeps up confirms a record
 //! before the next token comes and sees every token as its own record, as before; a busy one
 //! gets fewer, larger records, as many as it can confirm. The first record, records that are
 //! not deltas and terminal records are never held, and the text and token counts a client

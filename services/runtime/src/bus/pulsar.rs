@@ -690,19 +690,19 @@ impl RedeliveryTracker {
     }
 }
 
-/// The acks of a subscriber that acks every delivery in the order it came
-/// ([`SubscribeOptions::acks_in_order`]), on an exclusive subscription: a run of them is
-/// settled by one cumulative ack per topic (partition) for the last of the run, as the broker
-/// then handles one command instead of one per message. A nack ends this for the consumer's
-/// life: a cumulative ack past a nacked message would ack it too.
 /// Where a message id stands in its topic's order.
 fn position(id: &MessageIdData) -> (u64, u64, i32) {
     (id.ledger_id, id.entry_id, id.batch_index.unwrap_or(-1))
 }
 
+/// The acks of a subscriber that acks every delivery in the order it came
+/// ([`SubscribeOptions::acks_in_order`]), on an exclusive subscription: a run of them is
+/// settled by one cumulative ack per topic (partition) for the highest of the run, as the
+/// broker then handles one command instead of one per message. A nack ends this for the
+/// consumer's life: a cumulative ack past a nacked message would ack it too.
 struct InOrderAcks {
     enabled: bool,
-    /// The last ack per topic not yet sent.
+    /// The highest ack per topic not yet sent.
     last: Vec<(Arc<str>, MessageIdData)>,
     /// How many acks `last` stands for.
     held: usize,
@@ -865,7 +865,7 @@ impl Supervisor {
         }
     }
 
-    /// Sends the acks `acks` holds: one cumulative ack per topic (partition), for the last
+    /// Sends the acks `acks` holds: one cumulative ack per topic (partition), for the highest
     /// message acked there.
     async fn flush_acks(
         &mut self,
