@@ -242,16 +242,20 @@ impl Broker {
             .unwrap()
     }
 
+    /// A topic's stats, as the broker's admin API gives them.
+    pub async fn topic_stats(&self, topic: &str) -> serde_json::Value {
+        let path = topic.replacen("://", "/", 1);
+        reqwest::get(format!("{}/admin/v2/{path}/stats", self.admin_url))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
     /// A subscription's backlog and unacked counts from the broker's topic stats.
     pub async fn subscription_stats(&self, topic: &str, subscription: &str) -> (u64, u64) {
-        let path = topic.replacen("://", "/", 1);
-        let stats: serde_json::Value =
-            reqwest::get(format!("{}/admin/v2/{path}/stats", self.admin_url))
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+        let stats = self.topic_stats(topic).await;
         let sub = &stats["subscriptions"][subscription];
         (
             sub["msgBacklog"].as_u64().unwrap_or(0),

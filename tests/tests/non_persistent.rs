@@ -4,14 +4,23 @@
 //! is never dropped, whatever came before it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU32, Ordering},
+    },
+    time::Duration,
+};
 
 use futures::future::join_all;
-use sluice_runtime::client::{ClientConfig, Received};
+use sluice_runtime::{
+    bus::{Bus, BusError, Delivery, Link, Publisher, SubscribeOptions, Subscription},
+    client::{ClientConfig, Received},
+};
 use sluice_schema::TextCompletionRequest;
 use sluice_tests::{
-    Broker, EchoHandler, RunningProcessor, TextClient, echo_config, init_logging, metric_value,
-    unique_non_persistent_topic,
+    Broker, EchoHandler, RunningProcessor, TextClient, echo_config, eventually_every, init_logging,
+    metric_value, unique_non_persistent_topic,
 };
 
 fn slow_request(prompt: &str) -> TextCompletionRequest {
@@ -325,10 +334,163 @@ async fn a_request_no_processor_received_ends_fast_as_lost() {
     processor.stop().await;
 }
 
+/// A response subscription the broker stopped serving without a word (as seen on the
+/// cluster after namespace unloads): while `deaf`, it acks and swallows what arrives. A
+/// re-subscription it is asked for goes to the real subscription, and cures it.
+struct Deafened {
+    inner: Box<dyn Subscription>,
+    deaf: Arc<AtomicBool>,
+    renewals: Arc<AtomicU32>,
+}
+
+#[async_trait::async_trait]
+impl Subscription for Deafened {
+    async fn next(&mut self) -> Option<Result<Delivery, BusError>> {
+        loop {
+            match self.inner.next().await? {
+                Ok(d) if self.deaf.load(Ordering::SeqCst) => d.ack(),
+                other => return Some(other),
+            }
+        }
+    }
+    async fn close(self: Box<Self>) {
+        self.inner.close().await;
+    }
+    async fn unsubscribe(self: Box<Self>) {
+        self.inner.unsubscribe().await;
+    }
+    fn link(&self) -> Link {
+        self.inner.link()
+    }
+    fn renew(&mut self, why: &str) -> bool {
+        self.renewals.fetch_add(1, Ordering::SeqCst);
+        self.deaf.store(false, Ordering::SeqCst);
+        self.inner.renew(why)
+    }
+}
+
+/// A broker connection whose subscriptions are [`Deafened`] on one switch.
+struct DeafeningBus {
+    inner: Arc<dyn Bus>,
+    deaf: Arc<AtomicBool>,
+    renewals: Arc<AtomicU32>,
+}
+
+#[async_trait::async_trait]
+impl Bus for DeafeningBus {
+    async fn publisher(&self, topic: &str) -> Result<Arc<dyn Publisher>, BusError> {
+        self.inner.publisher(topic).await
+    }
+    async fn subscribe(
+        &self,
+        topic: &str,
+        subscription: &str,
+        options: SubscribeOptions,
+    ) -> Result<Box<dyn Subscription>, BusError> {
+        Ok(Box::new(Deafened {
+            inner: self.inner.subscribe(topic, subscription, options).await?,
+            deaf: self.deaf.clone(),
+            renewals: self.renewals.clone(),
+        }))
+    }
+    fn max_message_bytes(&self) -> usize {
+        self.inner.max_message_bytes()
+    }
+}
+
+/// When the one consumer on `topic` (a client's response topic) was connected, per the
+/// broker's topic stats.
+async fn consumer_connected_since(broker: &Broker, topic: &str) -> Option<String> {
+    let stats = broker.topic_stats(topic).await;
+    let subs = stats["subscriptions"].as_object()?;
+    let mut since = subs.values().flat_map(|s| {
+        s["consumers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["connectedSince"].as_str().map(str::to_owned))
+    });
+    let first = since.next();
+    assert!(since.next().is_none(), "one consumer on {topic}: {stats}");
+    first
+}
+
+/// The unload stall of the cluster suite (TrustGraph's mapping): the broker dropped a
+/// client's response consumer from its topic while still answering the consumer's stats, so
+/// the subscription's checks found nothing wrong and every stream waited for its inactivity
+/// timeout. A client that hears nothing at all, not even the processors' syncs, while a
+/// stream waits, re-subscribes at the broker (a new consumer there), the stream ends as lost
+/// within seconds of that, and the next request is answered.
+#[tokio::test]
+async fn a_client_that_hears_nothing_re_subscribes_and_ends_the_stream_as_lost() {
+    init_logging();
+    let broker = Broker::from_env().await;
+    let req = unique_non_persistent_topic("deaf-req");
+    let resp = unique_non_persistent_topic("deaf-resp");
+    let processor =
+        RunningProcessor::start(broker.bus().await, echo_config(&req, &resp, 8), EchoHandler).await;
+    let (deaf, renewals) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU32::new(0)),
+    );
+    let bus = Arc::new(DeafeningBus {
+        inner: broker.bus().await,
+        deaf: deaf.clone(),
+        renewals: renewals.clone(),
+    });
+    let mut config = ClientConfig::new("echo", &req, &resp);
+    config.inactivity_timeout = Duration::from_secs(60);
+    let client = TextClient::start(bus, config, None).await.unwrap();
+    assert_eq!(client.call(&slow_request("before")).await.unwrap().len(), 2);
+    let before = consumer_connected_since(&broker, &resp).await.unwrap();
+
+    // 40 records 500 ms apart: the stream is still running when the client hears again.
+    let long = TextCompletionRequest {
+        system: "records=40 delay_ms=500".into(),
+        prompt: "long".into(),
+        streaming: true,
+        ..Default::default()
+    };
+    let mut s = client.request(&long).await.unwrap();
+    assert!(matches!(s.next().await, Some(Ok(Received::Record(_)))));
+    deaf.store(true, Ordering::SeqCst);
+    let deaf_since = std::time::Instant::now();
+    let ended = loop {
+        match s.next().await {
+            Some(Ok(_)) => {}
+            Some(Err(e)) => break e,
+            None => panic!("the stream ended whole, though the client heard nothing"),
+        }
+    };
+    assert!(ended.is_loss(), "{ended}");
+    let waited = deaf_since.elapsed();
+    assert!(
+        waited < Duration::from_secs(30),
+        "ended after {waited:?}: the inactivity timeout is 60 s, re-subscribing comes after 10"
+    );
+    assert_eq!(renewals.load(Ordering::SeqCst), 1);
+    // A new consumer at the broker, not the old one heard again.
+    let after = eventually_every(
+        Duration::from_millis(200),
+        Duration::from_secs(10),
+        async || consumer_connected_since(&broker, &resp).await,
+        |since| since.as_ref().is_some_and(|s| *s != before),
+    )
+    .await;
+    assert_ne!(
+        after.as_ref(),
+        Some(&before),
+        "the broker's consumer was not re-created"
+    );
+    assert_eq!(client.call(&slow_request("after")).await.unwrap().len(), 2);
+    client.close().await;
+    processor.stop().await;
+}
+
 /// A service that answers every request with numbered records whose index `2` is missing, as
 /// a client reading a non-persistent topic sees them when the broker dropped one.
 async fn serve_with_a_hole(bus: Arc<dyn sluice_runtime::bus::Bus>, req: String, resp: String) {
-    use sluice_runtime::bus::{Message, SubscribeOptions};
+    use sluice_runtime::bus::Message;
     use sluice_schema::{TextCompletionResponse, properties};
     let mut requests = bus
         .subscribe(&req, "holes", SubscribeOptions::shared(16))

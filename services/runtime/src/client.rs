@@ -25,6 +25,15 @@
 //! stream whose every record was dropped, a request no processor took, and a stream whose
 //! processor went away each end with [`ClientError::LostInTransit`].
 //!
+//! A fourth sees the consumer itself go deaf. After topic moves under load, the broker has
+//! been seen to drop a response consumer from its non-persistent topic for good while still
+//! answering the consumer's stats requests, so the subscription's own checks (see
+//! `bus::pulsar`) found nothing wrong and every stream waited out its inactivity timeout.
+//! Processors sync every second, so a router that has heard syncs and then hears nothing at
+//! all for [`DEAF_AFTER_TICKS`] seconds while streams are open asks its subscription to
+//! re-subscribe ([`crate::bus::Subscription::renew`]); the syncs that arrive then end the
+//! streams whose records were lost meanwhile.
+//!
 //! On a durable (`persistent://`) response topic the broker drops nothing, so an index that
 //! skips means the processor failed to store a record of that attempt (a broker restart
 //! mid-stream). That processor hands the request back to the broker, and another attempt
@@ -798,12 +807,31 @@ async fn route<R: ResponseRecord>(
         latest,
     } = router;
     let mut seen = Seen::default();
+    let mut deaf = Deafness::default();
+    // Counts seconds of silence in ticks, not in elapsed time: a router whose process stalled
+    // (its runtime busy) sees one tick for the whole stall, then the deliveries that queued.
+    let mut ticks = tokio::time::interval(DEAF_TICK);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         let delivery = tokio::select! {
             biased;
             () = stop.cancelled() => break,
             d = subscription.next() => d,
+            // Last: a delivery already there counts first. Only lossy topics have syncs.
+            _ = ticks.tick(), if lossy => {
+                let open = !lock(&routes).is_empty();
+                if let Some(why) = deaf.tick(seen.syncs.heard, open)
+                    && subscription.renew(&why)
+                {
+                    warn!(service, reason = %why, "re-subscribing to the response topic");
+                    if let Some(m) = &metrics {
+                        m.client_resubscribed(&service);
+                    }
+                }
+                continue;
+            }
         };
+        deaf.heard();
         match delivery {
             Some(Ok(d)) => {
                 if let (Some(latest), Some(position)) = (&latest, d.position()) {
@@ -865,6 +893,7 @@ fn dispatch<R: ResponseRecord>(
     }
     if delivery.property(properties::SYNC).is_some() {
         // A processor's sync: its sequence has done its work above; what it lists, here.
+        seen.syncs.heard = true;
         if lossy {
             match delivery
                 .property(properties::SYNC_STATE)
@@ -999,6 +1028,62 @@ fn dispatch<R: ResponseRecord>(
     delivery.ack();
 }
 
+/// How often a router on a lossy topic counts a second of silence (see [`Deafness`]).
+const DEAF_TICK: Duration = Duration::from_secs(1);
+
+/// Ticks of [`DEAF_TICK`] with nothing at all heard, while streams are open and syncs were
+/// heard before, after which a router asks its subscription to re-subscribe. Processors sync
+/// every [`crate::processor::SYNC_INTERVAL`] (1 s); this is the same as the time after which
+/// a processor that stopped syncing counts as gone ([`SILENT_AFTER`]), which is longer than a
+/// producer's reconnect after its topic moved, so a topic move alone does not trigger it.
+pub const DEAF_AFTER_TICKS: u32 = 10;
+
+/// The longest silence, in ticks, between two re-subscriptions that heard nothing in between
+/// (every processor gone, or no broker owns the topic): each doubles the wait, up to this.
+const DEAF_AFTER_TICKS_MAX: u32 = 80;
+
+/// A router's count of the seconds in which nothing arrived on its subscription.
+struct Deafness {
+    quiet: u32,
+    /// Quiet ticks before the next re-subscription.
+    due: u32,
+}
+
+impl Default for Deafness {
+    fn default() -> Self {
+        Self {
+            quiet: 0,
+            due: DEAF_AFTER_TICKS,
+        }
+    }
+}
+
+impl Deafness {
+    /// Something arrived.
+    fn heard(&mut self) {
+        self.quiet = 0;
+        self.due = DEAF_AFTER_TICKS;
+    }
+
+    /// A tick passed with nothing heard. Returns why to re-subscribe when it is time to:
+    /// `synced` (a processor's sync was heard since the client started: silence means
+    /// something) and `open` (some stream waits: only then does the silence cost anyone).
+    fn tick(&mut self, synced: bool, open: bool) -> Option<String> {
+        self.quiet = self.quiet.saturating_add(1);
+        if !synced || !open || self.quiet < self.due {
+            return None;
+        }
+        let quiet = self.quiet;
+        self.quiet = 0;
+        self.due = self.due.saturating_mul(2).min(DEAF_AFTER_TICKS_MAX);
+        Some(format!(
+            "nothing arrived on the response topic for {quiet} s, not even a processor's sync \
+             (sent every second and heard before), while requests wait: the broker no longer \
+             delivers to this consumer, or every processor is gone"
+        ))
+    }
+}
+
 /// What a client's router learned from the messages on its topic, to see losses.
 #[derive(Default)]
 struct Seen {
@@ -1016,6 +1101,8 @@ struct Syncs {
     /// When a sync without a state (an older sluice, mid-upgrade) was last seen: that
     /// processor does not say which requests it took either.
     stateless_sync: Option<Instant>,
+    /// Some sync arrived since the client started (see [`Deafness`]).
+    heard: bool,
 }
 
 /// How long after a sync without a state a request no sync lists is not ended for it: the
@@ -2445,5 +2532,245 @@ pub(crate) mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(cancel.property(properties::ID), Some(id.as_str()));
+    }
+
+    /// The response subscription of a client the broker stopped serving without a word: while
+    /// `deaf`, it acks and swallows whatever arrives. It counts the re-subscriptions asked of
+    /// it; one cures it when `cures`.
+    struct Deafened {
+        inner: Box<dyn Subscription>,
+        deaf: Arc<std::sync::atomic::AtomicBool>,
+        renewals: Arc<std::sync::atomic::AtomicU32>,
+        cures: bool,
+    }
+
+    #[async_trait::async_trait]
+    impl Subscription for Deafened {
+        async fn next(&mut self) -> Option<Result<Delivery, BusError>> {
+            loop {
+                let d = self.inner.next().await?;
+                match d {
+                    Ok(d) if self.deaf.load(std::sync::atomic::Ordering::SeqCst) => d.ack(),
+                    other => return Some(other),
+                }
+            }
+        }
+        async fn close(self: Box<Self>) {
+            self.inner.close().await;
+        }
+        async fn unsubscribe(self: Box<Self>) {
+            self.inner.unsubscribe().await;
+        }
+        fn link(&self) -> Link {
+            self.inner.link()
+        }
+        fn renew(&mut self, why: &str) -> bool {
+            assert!(why.contains("not even a processor's sync"), "{why}");
+            self.renewals
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if self.cures {
+                self.deaf.store(false, std::sync::atomic::Ordering::SeqCst);
+            }
+            true
+        }
+    }
+
+    /// The in-process bus, with the response subscription [`Deafened`].
+    struct DeafBus {
+        inner: MemoryBus,
+        deaf: Arc<std::sync::atomic::AtomicBool>,
+        renewals: Arc<std::sync::atomic::AtomicU32>,
+        cures: bool,
+    }
+
+    #[async_trait::async_trait]
+    impl Bus for DeafBus {
+        async fn publisher(&self, topic: &str) -> Result<Arc<dyn Publisher>, BusError> {
+            self.inner.publisher(topic).await
+        }
+        async fn subscribe(
+            &self,
+            topic: &str,
+            subscription: &str,
+            options: SubscribeOptions,
+        ) -> Result<Box<dyn Subscription>, BusError> {
+            let inner = self.inner.subscribe(topic, subscription, options).await?;
+            Ok(Box::new(Deafened {
+                inner,
+                deaf: self.deaf.clone(),
+                renewals: self.renewals.clone(),
+                cures: self.cures,
+            }))
+        }
+        fn max_message_bytes(&self) -> usize {
+            self.inner.max_message_bytes()
+        }
+    }
+
+    /// What [`deaf_setup`] returns: the bus, the client, the switch and the count.
+    struct DeafClient {
+        bus: MemoryBus,
+        client: Client,
+        deaf: Arc<std::sync::atomic::AtomicBool>,
+        renewals: Arc<std::sync::atomic::AtomicU32>,
+        _requests: Box<dyn Subscription>,
+    }
+
+    impl DeafClient {
+        fn renewals(&self) -> u32 {
+            self.renewals.load(std::sync::atomic::Ordering::SeqCst)
+        }
+        fn go_deaf(&self) {
+            self.deaf.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    async fn deaf_setup(cures: bool) -> DeafClient {
+        let bus = MemoryBus::default();
+        let requests = bus
+            .subscribe("req", "svc", SubscribeOptions::shared(10))
+            .await
+            .unwrap();
+        let deaf = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let renewals = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let wrapped = DeafBus {
+            inner: bus.clone(),
+            deaf: deaf.clone(),
+            renewals: renewals.clone(),
+            cures,
+        };
+        let client = Client::start(
+            Arc::new(wrapped),
+            ClientConfig::new("test", "req", "resp"),
+            None,
+        )
+        .await
+        .unwrap();
+        DeafClient {
+            bus,
+            client,
+            deaf,
+            renewals,
+            _requests: requests,
+        }
+    }
+
+    /// A processor that syncs every second until `stop`, listing `id` (attempt "a") with the
+    /// records `published` holds.
+    fn syncing(
+        bus: &MemoryBus,
+        id: Option<String>,
+        published: Arc<std::sync::atomic::AtomicU64>,
+        stop: CancellationToken,
+    ) -> JoinHandle<()> {
+        let bus = bus.clone();
+        tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                let n = published.load(std::sync::atomic::Ordering::SeqCst);
+                match &id {
+                    Some(id) => sync(&bus, "p1", true, &[(id, "a", n, true)]).await,
+                    None => sync(&bus, "p1", true, &[]).await,
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    }
+
+    /// The unload stall seen on the cluster (TrustGraph's mapping, three namespace unloads
+    /// under load): the broker dropped the client's response consumer while answering its
+    /// stats, and every stream waited out its inactivity timeout. Heard nothing at all, not
+    /// even the syncs, the client re-subscribes; the syncs then end what was lost meanwhile,
+    /// long before the timeout.
+    // The paused clock: the ten quiet seconds pass at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_hears_nothing_while_streams_wait_re_subscribes_and_the_syncs_end_the_lost()
+     {
+        let c = deaf_setup(true).await;
+        let mut s = patient(&c.client).await;
+        let published = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let stop = CancellationToken::new();
+        let ticker = syncing(
+            &c.bus,
+            Some(s.id().to_owned()),
+            published.clone(),
+            stop.clone(),
+        );
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        assert_eq!(c.renewals(), 0, "the syncs were heard");
+        c.go_deaf();
+        let deaf_since = Instant::now();
+        numbered(&c.bus, s.id(), "a", 0, "a0", false).await;
+        numbered(&c.bus, s.id(), "a", 1, "a1", false).await;
+        published.store(2, std::sync::atomic::Ordering::SeqCst);
+        let (why, _) = lost_in_transit(&mut s).await;
+        assert!(why.contains("lost in transit"), "{why}");
+        let waited = deaf_since.elapsed();
+        assert_eq!(c.renewals(), 1);
+        let due = Duration::from_secs(u64::from(DEAF_AFTER_TICKS));
+        assert!(waited >= due - Duration::from_secs(1), "{waited:?}");
+        assert!(waited < due + Duration::from_secs(3), "{waited:?}");
+        stop.cancel();
+        ticker.await.unwrap();
+    }
+
+    /// Silence alone is not deafness: with no stream waiting, or with no sync ever heard
+    /// (TrustGraph's own processors do not sync), the client does not re-subscribe. A client
+    /// that went deaf while idle re-subscribes as soon as a stream waits.
+    #[tokio::test(start_paused = true)]
+    async fn silence_without_a_waiting_stream_or_without_syncs_heard_is_not_deafness() {
+        // No sync ever heard: a stream waits 25 s in silence.
+        let c = deaf_setup(true).await;
+        let mut s = patient(&c.client).await;
+        c.go_deaf();
+        tokio::time::sleep(Duration::from_secs(25)).await;
+        assert_eq!(c.renewals(), 0);
+        drop(s.next());
+        drop(s);
+
+        // Syncs heard, then silence with nothing waiting.
+        let c = deaf_setup(true).await;
+        let stop = CancellationToken::new();
+        let ticker = syncing(&c.bus, None, Arc::default(), stop.clone());
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        c.go_deaf();
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(c.renewals(), 0);
+        // A stream waits: the silence has been long enough already.
+        let _s = patient(&c.client).await;
+        tokio::time::sleep(Duration::from_millis(2100)).await;
+        assert_eq!(c.renewals(), 1);
+        stop.cancel();
+        ticker.await.unwrap();
+    }
+
+    /// Re-subscribing that cures nothing (every processor gone, or no broker owns the topic)
+    /// is not repeated every ten seconds: each silence after one doubles the wait.
+    #[tokio::test(start_paused = true)]
+    async fn re_subscriptions_that_hear_nothing_back_off() {
+        let c = deaf_setup(false).await;
+        let stop = CancellationToken::new();
+        let ticker = syncing(&c.bus, None, Arc::default(), stop.clone());
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let _s = c
+            .client
+            .request_with(
+                &TextCompletionRequest::default(),
+                RequestOptions {
+                    inactivity_timeout: Some(Duration::from_secs(600)),
+                    ..RequestOptions::default()
+                },
+            )
+            .await
+            .unwrap();
+        c.go_deaf();
+        // Re-subscriptions at 10, 30 and 70 s of silence; the next one at 150.
+        tokio::time::sleep(Duration::from_secs(75)).await;
+        assert_eq!(c.renewals(), 3);
+        tokio::time::sleep(Duration::from_secs(70)).await;
+        assert_eq!(c.renewals(), 3);
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(c.renewals(), 4);
+        stop.cancel();
+        ticker.await.unwrap();
     }
 }

@@ -151,6 +151,7 @@ pub struct RuntimeMetrics {
     client_requests: IntCounterVec,
     client_unroutable: IntCounterVec,
     client_dropped: IntCounterVec,
+    client_resubscribed: IntCounterVec,
     store_blocked: IntGaugeVec,
     config_version: IntGaugeVec,
     flows: IntGaugeVec,
@@ -228,6 +229,13 @@ impl RuntimeMetrics {
             ),
             &["service"],
         )?;
+        let client_resubscribed = IntCounterVec::new(
+            Opts::new(
+                "sluice_client_resubscribed_total",
+                "Times a client re-created its response subscription because nothing at all arrived on it, not even processors' syncs, while its requests waited (non-persistent topics).",
+            ),
+            &["service"],
+        )?;
         let config_version = IntGaugeVec::new(
             Opts::new(
                 "sluice_config_version",
@@ -280,6 +288,7 @@ impl RuntimeMetrics {
             &client_requests,
             &client_unroutable,
             &client_dropped,
+            &client_resubscribed,
             &config_failures,
         ] {
             registry.register(Box::new(c.clone()))?;
@@ -297,6 +306,7 @@ impl RuntimeMetrics {
             client_requests,
             client_unroutable,
             client_dropped,
+            client_resubscribed,
             store_blocked,
             config_version,
             flows,
@@ -385,6 +395,7 @@ impl RuntimeMetrics {
         }
         self.client_unroutable.with_label_values(&[service]);
         self.client_dropped.with_label_values(&[service]);
+        self.client_resubscribed.with_label_values(&[service]);
     }
 
     /// A request finished.
@@ -419,6 +430,11 @@ impl RuntimeMetrics {
     /// The broker dropped `n` records on a client's response subscription.
     pub fn client_dropped(&self, service: &str, n: u64) {
         self.client_dropped.with_label_values(&[service]).inc_by(n);
+    }
+
+    /// A client re-created its response subscription because it heard nothing at all.
+    pub fn client_resubscribed(&self, service: &str) {
+        self.client_resubscribed.with_label_values(&[service]).inc();
     }
 
     /// A response record arrived that no caller was waiting for.
@@ -798,6 +814,7 @@ mod tests {
             "sluice_processor_request_duration_seconds_count{processor=\"echo\"} 0",
             "sluice_client_unroutable_records_total{service=\"text-completion\"} 0",
             "sluice_client_dropped_records_total{service=\"text-completion\"} 0",
+            "sluice_client_resubscribed_total{service=\"text-completion\"} 0",
         ] {
             assert!(text.contains(line), "{line} missing:\n{text}");
         }

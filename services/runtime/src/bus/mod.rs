@@ -288,6 +288,19 @@ pub trait Subscription: Send {
     /// called when draining, before [`Subscription::close`]. Undelivered messages go back
     /// to the broker on close.
     fn pause(&mut self) {}
+
+    /// Re-creates the subscription's consumer at the broker, because its owner saw that it
+    /// receives nothing it should (`why`, for the log). Returns whether this bus can: the
+    /// in-process bus cannot lose a consumer and returns `false`.
+    ///
+    /// Why the owner decides: on a non-persistent topic, after topic moves under load, the
+    /// broker has been seen to drop a consumer from its topic while still answering the
+    /// consumer's stats requests, so the subscription's own checks find nothing wrong (see
+    /// `crate::client`, which hears the processors' syncs stop).
+    fn renew(&mut self, why: &str) -> bool {
+        let _ = why;
+        false
+    }
 }
 
 /// A bus: publishers and subscriptions by topic.

@@ -561,6 +561,8 @@ enum Control {
     /// of a partitioned topic unacked and redelivered for ever.
     Settle(Arc<str>, MessageIdData, Settlement),
     Pause,
+    /// Re-create the consumer (see [`Subscription::renew`]), for the reason given.
+    Renew(String),
     Close(oneshot::Sender<()>),
     Unsubscribe(oneshot::Sender<()>),
 }
@@ -601,6 +603,10 @@ impl Subscription for PulsarSubscription {
 
     fn link(&self) -> Link {
         self.connected.clone()
+    }
+
+    fn renew(&mut self, why: &str) -> bool {
+        self.control.send(Control::Renew(why.to_owned())).is_ok()
     }
 
     fn pause(&mut self) {
@@ -859,7 +865,7 @@ impl Supervisor {
                     // dropping it is all that is left to do then.
                     let _ = tokio::time::timeout(CONSUMER_CHECK_TIMEOUT, current.close()).await;
                     info!(topic = %self.spec.topic, subscription = %self.spec.subscription,
-                          "consumer stream ended; re-subscribing");
+                          "consumer closed; re-subscribing");
                 }
             }
         }
@@ -1017,6 +1023,8 @@ impl Supervisor {
                     ctl = self.control.recv() => match ctl {
                         Some(Control::Settle(topic, id, s)) => settles.push((topic, id, s)),
                         Some(Control::Pause) => *paused = true,
+                        // Being re-created already.
+                        Some(Control::Renew(_)) => {}
                         Some(Control::Close(done) | Control::Unsubscribe(done)) => {
                             let _ = done.send(());
                             return None;
@@ -1093,6 +1101,14 @@ impl Supervisor {
                         *paused = true;
                         // Dropped unsettled, each is released to the broker (a nack).
                         ready.clear();
+                    }
+                    Some(Control::Renew(why)) => {
+                        warn!(topic = %self.spec.topic, subscription = %self.spec.subscription,
+                              reason = %why, "re-subscribing at the subscriber's request");
+                        // What the broker still takes; the rest it redelivers (durable topics)
+                        // to the new consumer, and the subscriber skips what it already had.
+                        self.flush_acks(consumer, &mut acks).await;
+                        return Exit::Resubscribe;
                     }
                     // Bounded: a consumer's engine that waits to hand over a message nobody reads
                     // cannot answer; dropping the consumer then is all that is left.
