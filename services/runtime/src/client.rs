@@ -820,7 +820,7 @@ async fn route<R: ResponseRecord>(
             // Last: a delivery already there counts first. Only lossy topics have syncs.
             _ = ticks.tick(), if lossy => {
                 let open = !lock(&routes).is_empty();
-                if let Some(why) = deaf.tick(seen.syncs.heard, open)
+                if let Some(why) = deaf.tick(seen.syncs.last_sync, open)
                     && subscription.renew(&why)
                 {
                     warn!(service, reason = %why, "re-subscribing to the response topic");
@@ -893,7 +893,7 @@ fn dispatch<R: ResponseRecord>(
     }
     if delivery.property(properties::SYNC).is_some() {
         // A processor's sync: its sequence has done its work above; what it lists, here.
-        seen.syncs.heard = true;
+        seen.syncs.last_sync = Some(Instant::now());
         if lossy {
             match delivery
                 .property(properties::SYNC_STATE)
@@ -1031,12 +1031,20 @@ fn dispatch<R: ResponseRecord>(
 /// How often a router on a lossy topic counts a second of silence (see [`Deafness`]).
 const DEAF_TICK: Duration = Duration::from_secs(1);
 
-/// Ticks of [`DEAF_TICK`] with nothing at all heard, while streams are open and syncs were
-/// heard before, after which a router asks its subscription to re-subscribe. Processors sync
-/// every [`crate::processor::SYNC_INTERVAL`] (1 s); this is the same as the time after which
-/// a processor that stopped syncing counts as gone ([`SILENT_AFTER`]), which is longer than a
-/// producer's reconnect after its topic moved, so a topic move alone does not trigger it.
+/// Ticks of [`DEAF_TICK`] with nothing at all heard (10 to 11 s: the ticks' phase is not
+/// reset by what arrives, which would cost a timer per record), while streams are open and
+/// syncs were heard just before, after which a router asks its subscription to re-subscribe.
+/// Processors sync every [`crate::processor::SYNC_INTERVAL`] (1 s). The same as the time
+/// after which a processor that stopped syncing counts as gone ([`SILENT_AFTER`]). A topic
+/// move alone does not reach it (pulsar-rs reconnects within seconds after an unload); a
+/// broker's SIGKILL does (no broker owns the topic for ~20-30 s), and the re-subscription
+/// then retries like pulsar-rs's own reconnect would.
 pub const DEAF_AFTER_TICKS: u32 = 10;
+
+/// How recent, before the silence began, the last sync must be for the silence to mean
+/// anything: a client that heard sluice's processors long ago and now only TrustGraph's
+/// (which do not sync) hears nothing for as long as their answer takes.
+const SYNCED_BEFORE: Duration = Duration::from_secs(5);
 
 /// The longest silence, in ticks, between two re-subscriptions that heard nothing in between
 /// (every processor gone, or no broker owns the topic): each doubles the wait, up to this.
@@ -1045,8 +1053,10 @@ const DEAF_AFTER_TICKS_MAX: u32 = 80;
 /// A router's count of the seconds in which nothing arrived on its subscription.
 struct Deafness {
     quiet: u32,
-    /// Quiet ticks before the next re-subscription.
+    /// Quiet ticks before the next re-subscription (more than this many).
     due: u32,
+    /// When something last arrived: the silence began then.
+    last_heard: Instant,
 }
 
 impl Default for Deafness {
@@ -1054,6 +1064,7 @@ impl Default for Deafness {
         Self {
             quiet: 0,
             due: DEAF_AFTER_TICKS,
+            last_heard: Instant::now(),
         }
     }
 }
@@ -1063,14 +1074,18 @@ impl Deafness {
     fn heard(&mut self) {
         self.quiet = 0;
         self.due = DEAF_AFTER_TICKS;
+        self.last_heard = Instant::now();
     }
 
     /// A tick passed with nothing heard. Returns why to re-subscribe when it is time to:
-    /// `synced` (a processor's sync was heard since the client started: silence means
-    /// something) and `open` (some stream waits: only then does the silence cost anyone).
-    fn tick(&mut self, synced: bool, open: bool) -> Option<String> {
+    /// `last_sync` (when a processor's sync last arrived: the silence means something only if
+    /// syncs came just before it began) and `open` (some stream waits: only then does the
+    /// silence cost anyone).
+    fn tick(&mut self, last_sync: Option<Instant>, open: bool) -> Option<String> {
         self.quiet = self.quiet.saturating_add(1);
-        if !synced || !open || self.quiet < self.due {
+        let synced = last_sync
+            .is_some_and(|at| self.last_heard.saturating_duration_since(at) <= SYNCED_BEFORE);
+        if !synced || !open || self.quiet <= self.due {
             return None;
         }
         let quiet = self.quiet;
@@ -1101,8 +1116,8 @@ struct Syncs {
     /// When a sync without a state (an older sluice, mid-upgrade) was last seen: that
     /// processor does not say which requests it took either.
     stateless_sync: Option<Instant>,
-    /// Some sync arrived since the client started (see [`Deafness`]).
-    heard: bool,
+    /// When the last sync arrived (see [`Deafness`]).
+    last_sync: Option<Instant>,
 }
 
 /// How long after a sync without a state a request no sync lists is not ended for it: the
@@ -2720,11 +2735,28 @@ pub(crate) mod tests {
     async fn silence_without_a_waiting_stream_or_without_syncs_heard_is_not_deafness() {
         // No sync ever heard: a stream waits 25 s in silence.
         let c = deaf_setup(true).await;
-        let mut s = patient(&c.client).await;
+        let s = patient(&c.client).await;
         c.go_deaf();
         tokio::time::sleep(Duration::from_secs(25)).await;
         assert_eq!(c.renewals(), 0);
-        drop(s.next());
+        drop(s);
+
+        // Syncs heard, then, 6 s later, records without syncs (TrustGraph's processors
+        // answer now), then silence while a stream waits.
+        let c = deaf_setup(true).await;
+        let stop = CancellationToken::new();
+        let ticker = syncing(&c.bus, None, Arc::default(), stop.clone());
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        stop.cancel();
+        ticker.await.unwrap();
+        let s = patient(&c.client).await;
+        for _ in 0..6 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            reply(&c.bus, "someone-else", "t", "x", false).await;
+        }
+        c.go_deaf();
+        tokio::time::sleep(Duration::from_secs(25)).await;
+        assert_eq!(c.renewals(), 0);
         drop(s);
 
         // Syncs heard, then silence with nothing waiting.
@@ -2763,13 +2795,16 @@ pub(crate) mod tests {
             .await
             .unwrap();
         c.go_deaf();
-        // Re-subscriptions at 10, 30 and 70 s of silence; the next one at 150.
+        // Re-subscriptions after 11, 21 and 41 quiet ticks (at 11, 32 and 73 s of silence),
+        // then after 81 (at 154), and no longer apart than that (235).
         tokio::time::sleep(Duration::from_secs(75)).await;
         assert_eq!(c.renewals(), 3);
         tokio::time::sleep(Duration::from_secs(70)).await;
         assert_eq!(c.renewals(), 3);
         tokio::time::sleep(Duration::from_secs(10)).await;
         assert_eq!(c.renewals(), 4);
+        tokio::time::sleep(Duration::from_secs(80)).await;
+        assert_eq!(c.renewals(), 5);
         stop.cancel();
         ticker.await.unwrap();
     }

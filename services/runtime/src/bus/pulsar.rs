@@ -561,8 +561,9 @@ enum Control {
     /// of a partitioned topic unacked and redelivered for ever.
     Settle(Arc<str>, MessageIdData, Settlement),
     Pause,
-    /// Re-create the consumer (see [`Subscription::renew`]), for the reason given.
-    Renew(String),
+    /// Re-create the consumer (see [`Subscription::renew`]), for the reason given, as asked
+    /// at that instant: a request older than the consumer is not about it.
+    Renew(String, Instant),
     Close(oneshot::Sender<()>),
     Unsubscribe(oneshot::Sender<()>),
 }
@@ -606,7 +607,9 @@ impl Subscription for PulsarSubscription {
     }
 
     fn renew(&mut self, why: &str) -> bool {
-        self.control.send(Control::Renew(why.to_owned())).is_ok()
+        self.control
+            .send(Control::Renew(why.to_owned(), Instant::now()))
+            .is_ok()
     }
 
     fn pause(&mut self) {
@@ -1024,7 +1027,7 @@ impl Supervisor {
                         Some(Control::Settle(topic, id, s)) => settles.push((topic, id, s)),
                         Some(Control::Pause) => *paused = true,
                         // Being re-created already.
-                        Some(Control::Renew(_)) => {}
+                        Some(Control::Renew(..)) => {}
                         Some(Control::Close(done) | Control::Unsubscribe(done)) => {
                             let _ = done.send(());
                             return None;
@@ -1041,6 +1044,7 @@ impl Supervisor {
         consumer: &mut Consumer<Vec<u8>, TokioExecutor>,
         paused: &mut bool,
     ) -> Exit {
+        let made = Instant::now();
         let limit = self.spec.options.prefetch as usize;
         // Parked messages (arrived while draining) are never handed out: they are released
         // to the broker RELEASE_PARKED_AFTER after the first of a batch arrived, or with the
@@ -1102,7 +1106,11 @@ impl Supervisor {
                         // Dropped unsettled, each is released to the broker (a nack).
                         ready.clear();
                     }
-                    Some(Control::Renew(why)) => {
+                    // Asked before this consumer was made (while a check or a close waited):
+                    // about the one it replaced. Or messages wait here for the subscriber: it
+                    // is not deaf, only behind.
+                    Some(Control::Renew(_, asked)) if asked < made || !ready.is_empty() => {}
+                    Some(Control::Renew(why, _)) => {
                         warn!(topic = %self.spec.topic, subscription = %self.spec.subscription,
                               reason = %why, "re-subscribing at the subscriber's request");
                         // What the broker still takes; the rest it redelivers (durable topics)
