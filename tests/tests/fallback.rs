@@ -47,18 +47,29 @@ impl Setup {
     /// when `refused`), its backup `normal` at another fake, as `settings` says; no retries,
     /// so what a test sees is the fallback's doing.
     async fn new(primary_model: &str, refused: bool, settings: FallbackSettings) -> Self {
-        init_logging();
-        let broker = Broker::from_env().await;
-        let (primary, backup) = (FakeOpenAi::start().await, FakeOpenAi::start().await);
+        let primary = FakeOpenAi::start().await;
         let primary_url = if refused {
             format!("http://127.0.0.1:{}", free_port())
         } else {
             primary.base_url()
         };
+        let provider = openai(&primary_url, primary_model, "sk-primary");
+        Self::with_primary(primary, provider, settings).await
+    }
+
+    /// The same with `provider` first (`primary`: a fake it may or may not call).
+    async fn with_primary(
+        primary: FakeOpenAi,
+        provider: Arc<dyn Provider>,
+        settings: FallbackSettings,
+    ) -> Self {
+        init_logging();
+        let broker = Broker::from_env().await;
+        let backup = FakeOpenAi::start().await;
         let telemetry = Telemetry::new().unwrap();
         let metrics = LlmMetrics::register(&telemetry.registry).unwrap();
         let fallback = Fallback::new(
-            openai(&primary_url, primary_model, "sk-primary"),
+            provider,
             vec![openai(&backup.base_url(), "normal", "sk-backup")],
             settings,
             metrics.clone(),
@@ -156,6 +167,50 @@ async fn a_primary_answering_5xx_moves_each_call_to_the_backup() {
         ),
         2
     );
+    s.stop().await;
+}
+
+/// A request the primary cannot be sent in its terms (Cohere cannot be made to call one
+/// named tool) goes to the backup, which takes it: nothing was sent to the primary (the move
+/// is counted as `unsendable`, not as a refused connection to the port nothing listens on).
+#[tokio::test]
+async fn a_request_the_primary_cannot_be_sent_is_answered_by_the_backup() {
+    use sluice_schema::tools::{Tool, ToolChoice};
+    use sluice_text_completion::providers::cohere::{CohereConfig, CohereProvider};
+    let mut config = CohereConfig::new(format!("http://127.0.0.1:{}", free_port()), "command-r");
+    config.api_key = Some(Secret::new("co-primary"));
+    let cohere: Arc<dyn Provider> = Arc::new(CohereProvider::new(config).unwrap());
+    let s = Setup::with_primary(FakeOpenAi::start().await, cohere, settings()).await;
+    let stream = s
+        .client
+        .request(&TextCompletionRequest {
+            prompt: "say hello".into(),
+            streaming: true,
+            tools: Some(vec![Tool {
+                name: "get_weather".into(),
+                description: None,
+                parameters: sluice_schema::tools::no_parameters(),
+                strict: None,
+            }]),
+            tool_choice: Some(ToolChoice::Named {
+                name: "get_weather".into(),
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    answered_by_backup(&records_of_one_attempt(stream).await);
+    assert_eq!(
+        s.backup.bodies().last().unwrap()["tool_choice"]["function"]["name"],
+        "get_weather"
+    );
+    let moved = |reason: &str| {
+        s.metric(&format!(
+            r#"sluice_llm_fallbacks_total{{model="command-r",position="0",provider="cohere",reason="{reason}"}}"#
+        ))
+    };
+    assert_eq!(moved("unsendable"), 1);
+    assert_eq!(moved("connect"), 0);
     s.stop().await;
 }
 

@@ -6,7 +6,10 @@
 //!   first text chunk (a refused connection, a timeout, 429, 5xx, a stream that breaks or
 //!   ends badly before any text, an auth or quota refusal, no first text within the
 //!   deadline) moves it to the next. A refusal of the request itself (400, 413, 422) does
-//!   not: the next provider would refuse it too, and the caller must fix it.
+//!   not: the next provider would refuse it too, and the caller must fix it. A request a
+//!   provider cannot be sent in its own terms (nothing sent: Cohere cannot be made to call
+//!   one named tool, say) does move: another provider may take it, and that refusal says
+//!   nothing of the provider's health. If none takes it, the last one's refusal is the call's.
 //! - Once a text chunk has come back the call stays where it is: the stream returned is that
 //!   provider's, and a later failure ends it (the handler's rule: nothing is moved or
 //!   retried after a record was published).
@@ -259,6 +262,9 @@ struct Opened {
 /// The calls under way: each one's position, permit and outcome up to its first text.
 type Running = FuturesUnordered<BoxFuture<'static, (usize, Permit, Result<Opened, Failed>)>>;
 
+/// The `reason` of a move away from a provider that cannot be sent the request in its terms.
+const UNSENDABLE: &str = "unsendable";
+
 /// A provider's failure, and the `reason` label a move away from it gets.
 struct Failed {
     error: ProviderError,
@@ -325,6 +331,7 @@ impl Fallback {
                 FailureKind::Server.as_str(),
                 "first_token_deadline",
                 "breaker_open",
+                UNSENDABLE,
             ] {
                 metrics.fallbacks.with_label_values(&m.with(reason));
             }
@@ -546,7 +553,7 @@ impl Fallback {
                     }
                     Err(Failed { error, reason }) => {
                         let member = &self.members[position];
-                        if error.kind == FailureKind::BadRequest {
+                        if error.kind == FailureKind::BadRequest && !error.unsendable {
                             permit.neutral();
                             if running.is_empty() {
                                 // The request itself is refused: no other provider is asked.
@@ -555,7 +562,14 @@ impl Fallback {
                             // A hedge partner refused it: the other call goes on.
                             continue;
                         }
-                        permit.failure();
+                        let reason = if error.unsendable {
+                            // Not this provider's fault, nor its breaker's business.
+                            permit.neutral();
+                            UNSENDABLE
+                        } else {
+                            permit.failure();
+                            reason
+                        };
                         if hedge == Some(position) {
                             self.metrics.hedges.with_label_values(&member.with("failed")).inc();
                             if !running.is_empty() {
@@ -717,6 +731,8 @@ mod tests {
         Answer(&'static [&'static str], Option<Duration>),
         /// Fails before the stream opens.
         Fail(FailureKind, Option<u16>),
+        /// Refuses the request as one it cannot put in its terms (nothing sent).
+        Unsendable,
         /// Opens the stream and never says anything.
         Stall,
         /// One piece, then a failure inside the stream.
@@ -809,6 +825,13 @@ mod tests {
                     guard.done();
                     Err(ProviderError::new(kind, format!("{} failed", self.name))
                         .with_status(status))
+                }
+                Act::Unsendable => {
+                    guard.done();
+                    Err(ProviderError::unsendable(format!(
+                        "{} cannot be made to call one named tool",
+                        self.name
+                    )))
                 }
                 Act::Stall => Ok(futures::stream::pending()
                     .chain(futures::stream::iter(std::iter::from_fn(move || {
@@ -958,6 +981,38 @@ mod tests {
         let e = answer(&f).await.unwrap_err();
         assert_eq!(e.kind, FailureKind::BadRequest);
         assert_eq!(backup.calls(), 0);
+    }
+
+    /// A request one provider cannot be sent in its terms goes to the next, which may take it;
+    /// the refusal neither opens the first one's breaker nor costs a probe. If no provider
+    /// takes it, the call ends with the last one's refusal, the caller's to fix.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_a_provider_cannot_be_sent_moves_to_the_next() {
+        let primary = Scripted::new("cohere", "command", &[Act::Unsendable]);
+        let backup = Scripted::new("openai", "gpt", &[Act::Answer(AB, None)]);
+        // Breakers open after 2 failures in a row: 3 refusals must not open the primary's.
+        let (f, registry) = list(&primary, &[&backup], settings());
+        for _ in 0..3 {
+            let (text, by) = answer(&f).await.unwrap();
+            assert_eq!(text, "ab");
+            assert_eq!(by.unwrap().provider, "openai");
+        }
+        assert_eq!(primary.calls(), 3, "the primary's breaker stays closed");
+        assert_eq!(
+            value(
+                &registry,
+                "sluice_llm_fallbacks_total",
+                &[("position", "0"), ("reason", "unsendable")]
+            ),
+            3.0
+        );
+
+        let backup = Scripted::new("ollama", "llama", &[Act::Unsendable]);
+        let (f, _) = list(&primary, &[&backup], settings());
+        let e = answer(&f).await.unwrap_err();
+        assert!(e.unsendable);
+        assert_eq!(e.kind, FailureKind::BadRequest);
+        assert!(e.message.starts_with("ollama"), "{}", e.message);
     }
 
     /// A first provider that stalls is left at the deadline for the next; the stalled call
