@@ -281,6 +281,29 @@ impl From<ProviderError> for Failed {
     }
 }
 
+/// The error of a call no member answered, given the last member's `error`: a member's
+/// outage (retryable, and the real reason) before a refusal to be sent the request, and the
+/// refusals of every member together when none could be sent it.
+fn call_error(
+    error: ProviderError,
+    outage: Option<ProviderError>,
+    refusals: Vec<String>,
+) -> ProviderError {
+    if !error.unsendable {
+        return error;
+    }
+    if let Some(outage) = outage {
+        return outage;
+    }
+    if refusals.len() < 2 {
+        return error;
+    }
+    ProviderError::unsendable(format!(
+        "no provider of the fallback list can be sent this request: {}",
+        refusals.join("; ")
+    ))
+}
+
 impl Fallback {
     /// `primary` then `backups`, in that order.
     pub fn new(
@@ -510,6 +533,10 @@ impl Fallback {
         let mut hedge: Option<usize> = None;
         let mut hedged = false;
         let mut current_started = Instant::now();
+        // What the members that could not be sent the request said, and the last failure of
+        // a member's health: the call's error if no member answers (see `call_error`).
+        let mut refusals: Vec<String> = Vec::new();
+        let mut outage: Option<ProviderError> = None;
         loop {
             if running.is_empty() {
                 if !self.start_next(
@@ -565,11 +592,22 @@ impl Fallback {
                         let reason = if error.unsendable {
                             // Not this provider's fault, nor its breaker's business.
                             permit.neutral();
+                            refusals.push(error.message.clone());
                             UNSENDABLE
                         } else {
                             permit.failure();
+                            outage = Some(error.clone());
                             reason
                         };
+                        if hedge == Some(position) && error.unsendable && !running.is_empty() {
+                            // The hedge could not be sent (it answered at once, nothing was
+                            // sent): not a hedge that failed. The next member, if any, is
+                            // started beside instead, now (the delay is already over).
+                            hedge = None;
+                            hedged = false;
+                            self.metrics.fallbacks.with_label_values(&member.with(reason)).inc();
+                            continue;
+                        }
                         if hedge == Some(position) {
                             self.metrics.hedges.with_label_values(&member.with("failed")).inc();
                             if !running.is_empty() {
@@ -580,8 +618,7 @@ impl Fallback {
                         let moves = !running.is_empty()
                             || self.start_next(&mut next, request, streaming, &mut running, &mut soonest_probe);
                         if !moves {
-                            // The last provider's failure is the call's.
-                            return Err(error);
+                            return Err(call_error(error, outage, refusals));
                         }
                         self.metrics.fallbacks.with_label_values(&member.with(reason)).inc();
                         let [position_label, provider, model] = member.labels();
@@ -1007,12 +1044,70 @@ mod tests {
             3.0
         );
 
+        // No member can be sent it: every refusal is in the call's error.
         let backup = Scripted::new("ollama", "llama", &[Act::Unsendable]);
         let (f, _) = list(&primary, &[&backup], settings());
         let e = answer(&f).await.unwrap_err();
         assert!(e.unsendable);
         assert_eq!(e.kind, FailureKind::BadRequest);
-        assert!(e.message.starts_with("ollama"), "{}", e.message);
+        assert!(
+            e.message.contains("cohere cannot") && e.message.contains("ollama cannot"),
+            "{}",
+            e.message
+        );
+
+        // A member down and the other unable to take it: the outage is the call's error (a
+        // retry may find the first member back), not the refusal.
+        let down = Scripted::new(
+            "openai",
+            "gpt",
+            &[Act::Fail(FailureKind::Server, Some(503))],
+        );
+        let (f, _) = list(&down, &[&backup], settings());
+        let e = answer(&f).await.unwrap_err();
+        assert_eq!(e.kind, FailureKind::Server);
+        assert!(!e.unsendable);
+    }
+
+    /// A hedge partner that cannot be sent the request is not a hedge that failed: the next
+    /// member is started beside the slow one instead, and answers.
+    #[tokio::test(start_paused = true)]
+    async fn a_hedge_partner_that_cannot_be_sent_the_request_hands_the_hedge_on() {
+        let slow = Scripted::new(
+            "openai",
+            "gpt",
+            &[Act::Answer(AB, Some(Duration::from_secs(5)))],
+        );
+        let unable = Scripted::new("cohere", "command", &[Act::Unsendable]);
+        let third = Scripted::new("anthropic", "claude", &[Act::Answer(AB, None)]);
+        let mut s = settings();
+        s.hedge_after = Some(Duration::from_millis(500));
+        let (f, registry) = list(&slow, &[&unable, &third], s);
+        let started = Instant::now();
+        let (text, by) = answer(&f).await.unwrap();
+        assert_eq!(text, "ab");
+        assert_eq!(by.unwrap().provider, "anthropic");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            value(
+                &registry,
+                "sluice_llm_hedges_total",
+                &[("position", "1"), ("outcome", "failed")]
+            ),
+            0.0
+        );
+        assert_eq!(
+            value(
+                &registry,
+                "sluice_llm_hedges_total",
+                &[("position", "2"), ("outcome", "won")]
+            ),
+            1.0
+        );
     }
 
     /// A first provider that stalls is left at the deadline for the next; the stalled call
