@@ -4,18 +4,13 @@
 //! is never dropped, whatever came before it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicBool, AtomicU32, Ordering},
-    },
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use futures::future::join_all;
 use sluice_runtime::{
-    bus::{Bus, BusError, Delivery, Link, Publisher, SubscribeOptions, Subscription},
+    bus::SubscribeOptions,
     client::{ClientConfig, Received},
+    testkit::{DeafeningBus, OnRenew},
 };
 use sluice_schema::TextCompletionRequest;
 use sluice_tests::{
@@ -334,70 +329,6 @@ async fn a_request_no_processor_received_ends_fast_as_lost() {
     processor.stop().await;
 }
 
-/// A response subscription the broker stopped serving without a word (as seen on the
-/// cluster after namespace unloads): while `deaf`, it acks and swallows what arrives. A
-/// re-subscription it is asked for goes to the real subscription, and cures it.
-struct Deafened {
-    inner: Box<dyn Subscription>,
-    deaf: Arc<AtomicBool>,
-    renewals: Arc<AtomicU32>,
-}
-
-#[async_trait::async_trait]
-impl Subscription for Deafened {
-    async fn next(&mut self) -> Option<Result<Delivery, BusError>> {
-        loop {
-            match self.inner.next().await? {
-                Ok(d) if self.deaf.load(Ordering::SeqCst) => d.ack(),
-                other => return Some(other),
-            }
-        }
-    }
-    async fn close(self: Box<Self>) {
-        self.inner.close().await;
-    }
-    async fn unsubscribe(self: Box<Self>) {
-        self.inner.unsubscribe().await;
-    }
-    fn link(&self) -> Link {
-        self.inner.link()
-    }
-    fn renew(&mut self, why: &str) -> bool {
-        self.renewals.fetch_add(1, Ordering::SeqCst);
-        self.deaf.store(false, Ordering::SeqCst);
-        self.inner.renew(why)
-    }
-}
-
-/// A broker connection whose subscriptions are [`Deafened`] on one switch.
-struct DeafeningBus {
-    inner: Arc<dyn Bus>,
-    deaf: Arc<AtomicBool>,
-    renewals: Arc<AtomicU32>,
-}
-
-#[async_trait::async_trait]
-impl Bus for DeafeningBus {
-    async fn publisher(&self, topic: &str) -> Result<Arc<dyn Publisher>, BusError> {
-        self.inner.publisher(topic).await
-    }
-    async fn subscribe(
-        &self,
-        topic: &str,
-        subscription: &str,
-        options: SubscribeOptions,
-    ) -> Result<Box<dyn Subscription>, BusError> {
-        Ok(Box::new(Deafened {
-            inner: self.inner.subscribe(topic, subscription, options).await?,
-            deaf: self.deaf.clone(),
-            renewals: self.renewals.clone(),
-        }))
-    }
-    fn max_message_bytes(&self) -> usize {
-        self.inner.max_message_bytes()
-    }
-}
-
 /// When the one consumer on `topic` (a client's response topic) was connected, per the
 /// broker's topic stats.
 async fn consumer_connected_since(broker: &Broker, topic: &str) -> Option<String> {
@@ -429,15 +360,9 @@ async fn a_client_that_hears_nothing_re_subscribes_and_ends_the_stream_as_lost()
     let resp = unique_non_persistent_topic("deaf-resp");
     let processor =
         RunningProcessor::start(broker.bus().await, echo_config(&req, &resp, 8), EchoHandler).await;
-    let (deaf, renewals) = (
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicU32::new(0)),
-    );
-    let bus = Arc::new(DeafeningBus {
-        inner: broker.bus().await,
-        deaf: deaf.clone(),
-        renewals: renewals.clone(),
-    });
+    // Deliveries are dropped above the supervisor; a re-subscription goes to the real one.
+    let (bus, switch) = DeafeningBus::new(broker.bus().await, OnRenew::PassOn);
+    let bus = Arc::new(bus);
     let mut config = ClientConfig::new("echo", &req, &resp);
     config.inactivity_timeout = Duration::from_secs(60);
     let client = TextClient::start(bus, config, None).await.unwrap();
@@ -453,7 +378,7 @@ async fn a_client_that_hears_nothing_re_subscribes_and_ends_the_stream_as_lost()
     };
     let mut s = client.request(&long).await.unwrap();
     assert!(matches!(s.next().await, Some(Ok(Received::Record(_)))));
-    deaf.store(true, Ordering::SeqCst);
+    switch.go_deaf();
     let deaf_since = std::time::Instant::now();
     let ended = loop {
         match s.next().await {
@@ -468,7 +393,7 @@ async fn a_client_that_hears_nothing_re_subscribes_and_ends_the_stream_as_lost()
         waited < Duration::from_secs(30),
         "ended after {waited:?}: the inactivity timeout is 60 s, re-subscribing comes after 10"
     );
-    assert_eq!(renewals.load(Ordering::SeqCst), 1);
+    assert_eq!(switch.renewals(), 1);
     // A new consumer at the broker, not the old one heard again.
     let after = eventually_every(
         Duration::from_millis(200),

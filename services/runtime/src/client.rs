@@ -1380,7 +1380,10 @@ pub(crate) mod tests {
     use sluice_schema::{TextCompletionRequest, TextCompletionResponse};
 
     use super::*;
-    use crate::bus::{Subscription, memory::MemoryBus};
+    use crate::{
+        bus::{Subscription, memory::MemoryBus},
+        testkit::{DeafSwitch, DeafeningBus, OnRenew},
+    };
 
     pub(crate) type Client = RequestClient<TextCompletionRequest, TextCompletionResponse>;
 
@@ -2549,111 +2552,42 @@ pub(crate) mod tests {
         assert_eq!(cancel.property(properties::ID), Some(id.as_str()));
     }
 
-    /// The response subscription of a client the broker stopped serving without a word: while
-    /// `deaf`, it acks and swallows whatever arrives. It counts the re-subscriptions asked of
-    /// it; one cures it when `cures`.
-    struct Deafened {
-        inner: Box<dyn Subscription>,
-        deaf: Arc<std::sync::atomic::AtomicBool>,
-        renewals: Arc<std::sync::atomic::AtomicU32>,
-        cures: bool,
-    }
-
-    #[async_trait::async_trait]
-    impl Subscription for Deafened {
-        async fn next(&mut self) -> Option<Result<Delivery, BusError>> {
-            loop {
-                let d = self.inner.next().await?;
-                match d {
-                    Ok(d) if self.deaf.load(std::sync::atomic::Ordering::SeqCst) => d.ack(),
-                    other => return Some(other),
-                }
-            }
-        }
-        async fn close(self: Box<Self>) {
-            self.inner.close().await;
-        }
-        async fn unsubscribe(self: Box<Self>) {
-            self.inner.unsubscribe().await;
-        }
-        fn link(&self) -> Link {
-            self.inner.link()
-        }
-        fn renew(&mut self, why: &str) -> bool {
-            assert!(why.contains("not even a processor's sync"), "{why}");
-            self.renewals
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            if self.cures {
-                self.deaf.store(false, std::sync::atomic::Ordering::SeqCst);
-            }
-            true
-        }
-    }
-
-    /// The in-process bus, with the response subscription [`Deafened`].
-    struct DeafBus {
-        inner: MemoryBus,
-        deaf: Arc<std::sync::atomic::AtomicBool>,
-        renewals: Arc<std::sync::atomic::AtomicU32>,
-        cures: bool,
-    }
-
-    #[async_trait::async_trait]
-    impl Bus for DeafBus {
-        async fn publisher(&self, topic: &str) -> Result<Arc<dyn Publisher>, BusError> {
-            self.inner.publisher(topic).await
-        }
-        async fn subscribe(
-            &self,
-            topic: &str,
-            subscription: &str,
-            options: SubscribeOptions,
-        ) -> Result<Box<dyn Subscription>, BusError> {
-            let inner = self.inner.subscribe(topic, subscription, options).await?;
-            Ok(Box::new(Deafened {
-                inner,
-                deaf: self.deaf.clone(),
-                renewals: self.renewals.clone(),
-                cures: self.cures,
-            }))
-        }
-        fn max_message_bytes(&self) -> usize {
-            self.inner.max_message_bytes()
-        }
-    }
-
-    /// What [`deaf_setup`] returns: the bus, the client, the switch and the count.
+    /// What [`deaf_setup`] returns: the bus, the client and its subscriptions' switch.
     struct DeafClient {
         bus: MemoryBus,
         client: Client,
-        deaf: Arc<std::sync::atomic::AtomicBool>,
-        renewals: Arc<std::sync::atomic::AtomicU32>,
+        switch: Arc<DeafSwitch>,
         _requests: Box<dyn Subscription>,
     }
 
     impl DeafClient {
-        fn renewals(&self) -> u32 {
-            self.renewals.load(std::sync::atomic::Ordering::SeqCst)
+        /// The re-subscriptions asked for, each checked to give the reason the client's rule
+        /// gives.
+        fn renewals(&self) -> usize {
+            for why in self.switch.reasons() {
+                assert!(why.contains("not even a processor's sync"), "{why}");
+            }
+            self.switch.renewals()
         }
         fn go_deaf(&self) {
-            self.deaf.store(true, std::sync::atomic::Ordering::SeqCst);
+            self.switch.go_deaf();
         }
     }
 
-    async fn deaf_setup(cures: bool) -> DeafClient {
+    /// A client on the in-process bus whose response subscription goes deaf on its switch; a
+    /// re-subscription asked of it heals it when `heals`, and leaves it deaf otherwise.
+    async fn deaf_setup(heals: bool) -> DeafClient {
         let bus = MemoryBus::default();
         let requests = bus
             .subscribe("req", "svc", SubscribeOptions::shared(10))
             .await
             .unwrap();
-        let deaf = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let renewals = Arc::new(std::sync::atomic::AtomicU32::new(0));
-        let wrapped = DeafBus {
-            inner: bus.clone(),
-            deaf: deaf.clone(),
-            renewals: renewals.clone(),
-            cures,
+        let on_renew = if heals {
+            OnRenew::Heal
+        } else {
+            OnRenew::StayDeaf
         };
+        let (wrapped, switch) = DeafeningBus::new(Arc::new(bus.clone()), on_renew);
         let client = Client::start(
             Arc::new(wrapped),
             ClientConfig::new("test", "req", "resp"),
@@ -2664,8 +2598,7 @@ pub(crate) mod tests {
         DeafClient {
             bus,
             client,
-            deaf,
-            renewals,
+            switch,
             _requests: requests,
         }
     }

@@ -29,7 +29,7 @@ pub mod sink;
 mod store;
 pub mod sync;
 pub mod telemetry;
-#[cfg(feature = "testkit")]
+#[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 pub mod trace;
 

@@ -1,14 +1,25 @@
 //! What the services' unit tests share (the crate feature `testkit`, which only their
-//! dev-dependencies enable): a service played by the test on the in-process bus.
+//! dev-dependencies enable, and the runtime's own unit tests): a service played by the test
+//! on the in-process bus, and a bus whose subscriptions go deaf.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::time::Duration;
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
+use async_trait::async_trait;
 use futures::FutureExt;
 use serde::{Serialize, de::DeserializeOwned};
 use sluice_schema::properties;
 
-use crate::bus::{Bus, Message, SubscribeOptions, Subscription, memory::MemoryBus};
+use crate::bus::{
+    Bus, BusError, Delivery, Link, Message, Publisher, SubscribeOptions, Subscription,
+    memory::MemoryBus,
+};
 
 /// How long a test waits for a request before it fails.
 const WAIT: Duration = Duration::from_secs(10);
@@ -70,5 +81,137 @@ impl ServiceStub {
             )
             .await
             .unwrap();
+    }
+}
+
+/// The switch of a [`DeafeningBus`]: whether its subscriptions hear, and what re-subscriptions
+/// were asked of them.
+#[derive(Default)]
+pub struct DeafSwitch {
+    deaf: AtomicBool,
+    reasons: Mutex<Vec<String>>,
+}
+
+impl DeafSwitch {
+    /// From now on the subscriptions ack and swallow whatever arrives.
+    pub fn go_deaf(&self) {
+        self.deaf.store(true, Ordering::SeqCst);
+    }
+
+    /// How many re-subscriptions were asked for.
+    pub fn renewals(&self) -> usize {
+        self.reasons.lock().unwrap().len()
+    }
+
+    /// The reason given with each re-subscription asked for, in order.
+    pub fn reasons(&self) -> Vec<String> {
+        self.reasons.lock().unwrap().clone()
+    }
+
+    fn is_deaf(&self) -> bool {
+        self.deaf.load(Ordering::SeqCst)
+    }
+}
+
+/// What a [`DeafeningBus`]'s subscription does when asked to re-subscribe, once it counted
+/// the request. The in-process bus's own subscriptions cannot re-subscribe, so over it the
+/// client's side of a re-subscription is what a test sees.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum OnRenew {
+    /// Hears again, and answers that it re-subscribed.
+    Heal,
+    /// Stays deaf, and answers that it re-subscribed (a re-subscription that did not help).
+    StayDeaf,
+    /// Hears again, and passes the request on to the real subscription (a broker's consumer
+    /// is re-created).
+    PassOn,
+}
+
+/// A bus whose subscriptions the broker stopped serving without a word, as seen on the
+/// cluster after namespace unloads: once [`DeafSwitch::go_deaf`], every subscription acks and
+/// swallows whatever arrives, until a re-subscription is asked of it
+/// ([`Subscription::renew`]). Publishers are the inner bus's own.
+pub struct DeafeningBus {
+    inner: Arc<dyn Bus>,
+    switch: Arc<DeafSwitch>,
+    on_renew: OnRenew,
+}
+
+impl DeafeningBus {
+    /// `inner`, deafened by the returned switch.
+    pub fn new(inner: Arc<dyn Bus>, on_renew: OnRenew) -> (Self, Arc<DeafSwitch>) {
+        let switch = Arc::new(DeafSwitch::default());
+        let bus = Self {
+            inner,
+            switch: switch.clone(),
+            on_renew,
+        };
+        (bus, switch)
+    }
+}
+
+#[async_trait]
+impl Bus for DeafeningBus {
+    async fn publisher(&self, topic: &str) -> Result<Arc<dyn Publisher>, BusError> {
+        self.inner.publisher(topic).await
+    }
+
+    async fn subscribe(
+        &self,
+        topic: &str,
+        subscription: &str,
+        options: SubscribeOptions,
+    ) -> Result<Box<dyn Subscription>, BusError> {
+        Ok(Box::new(Deafened {
+            inner: self.inner.subscribe(topic, subscription, options).await?,
+            switch: self.switch.clone(),
+            on_renew: self.on_renew,
+        }))
+    }
+
+    fn max_message_bytes(&self) -> usize {
+        self.inner.max_message_bytes()
+    }
+}
+
+/// A [`DeafeningBus`]'s subscription.
+struct Deafened {
+    inner: Box<dyn Subscription>,
+    switch: Arc<DeafSwitch>,
+    on_renew: OnRenew,
+}
+
+#[async_trait]
+impl Subscription for Deafened {
+    async fn next(&mut self) -> Option<Result<Delivery, BusError>> {
+        loop {
+            match self.inner.next().await? {
+                Ok(d) if self.switch.is_deaf() => d.ack(),
+                other => return Some(other),
+            }
+        }
+    }
+
+    async fn close(self: Box<Self>) {
+        self.inner.close().await;
+    }
+
+    async fn unsubscribe(self: Box<Self>) {
+        self.inner.unsubscribe().await;
+    }
+
+    fn link(&self) -> Link {
+        self.inner.link()
+    }
+
+    fn renew(&mut self, why: &str) -> bool {
+        self.switch.reasons.lock().unwrap().push(why.to_owned());
+        if self.on_renew != OnRenew::StayDeaf {
+            self.switch.deaf.store(false, Ordering::SeqCst);
+        }
+        match self.on_renew {
+            OnRenew::Heal | OnRenew::StayDeaf => true,
+            OnRenew::PassOn => self.inner.renew(why),
+        }
     }
 }
