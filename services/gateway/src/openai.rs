@@ -1374,11 +1374,16 @@ pub(crate) async fn chat(
     let token = chunks.numbering.token().map(str::to_owned);
     // As OpenAI: `content` null on the first chunk of an answer that starts with a tool call.
     let content = if first.response.is_empty() && !first.tool_calls.is_empty() {
-        Value::Null
+        None
     } else {
-        json!("")
+        Some("")
     };
-    chunks.push_chunk(json!({"role": "assistant", "content": content}), None);
+    let role = Delta {
+        content: Some(content),
+        role: Some("assistant"),
+        ..Delta::default()
+    };
+    chunks.push_chunk(role, None);
     chunks.take(first);
     let body = futures::stream::unfold(chunks, |mut s| async move {
         s.next_bytes().await.map(|b| (Ok::<_, Infallible>(b), s))
@@ -1483,48 +1488,112 @@ struct ChunkStream {
     numbering: Numbering,
 }
 
+/// A `chat.completion.chunk` as the stream sends it, serialized straight from borrowed fields:
+/// a chunk per token is on every stream's path, and building a `serde_json::Value` and
+/// printing it through `Display` cost five times the instructions. The fields are in the
+/// order `json!` printed them before (serde_json's maps are sorted), so the bytes are the same.
+#[derive(serde::Serialize)]
+struct Chunk<'a> {
+    choices: [Choice<'a>; 1],
+    created: u64,
+    id: &'a str,
+    model: &'a str,
+    object: &'static str,
+    system_fingerprint: Option<&'static str>,
+    /// `null` on every chunk of a stream asked for its usage, absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Option<&'static str>>,
+}
+
+#[derive(serde::Serialize)]
+struct Choice<'a> {
+    delta: Delta<'a>,
+    finish_reason: Option<&'a str>,
+    index: u32,
+    logprobs: Option<&'static str>,
+}
+
+/// What a chunk adds to the answer; absent fields are not sent.
+#[derive(Default, serde::Serialize)]
+struct Delta<'a> {
+    /// `Some(None)` is `"content": null` (the first chunk of an answer that starts with a
+    /// tool call).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<Option<&'a str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<[Value; 1]>,
+}
+
+/// `data: <json>\n\n`, the SSE event of one JSON value.
+fn sse_data(v: &impl serde::Serialize) -> Vec<u8> {
+    let mut event = Vec::with_capacity(320);
+    event.extend_from_slice(b"data: ");
+    // Serializing these types cannot fail: no map has keys that are not strings.
+    let _ = serde_json::to_writer(&mut event, v);
+    event.extend_from_slice(b"\n\n");
+    event
+}
+
 impl ChunkStream {
-    fn push_data(&mut self, v: &Value) {
-        self.push_event(&format!("data: {v}\n\n"));
+    fn push_data(&mut self, v: &impl serde::Serialize) {
+        self.push_event(sse_data(v));
     }
 
     /// Queues one SSE event (`data: ...\n\n`) under its id, unless the caller had it.
-    fn push_event(&mut self, event: &str) {
+    fn push_event(&mut self, event: Vec<u8>) {
         match self.numbering.step() {
             Step::Skip => {}
-            Step::Send(None) => self.pending.push_back(Bytes::from(event.to_owned())),
-            Step::Send(Some(id)) => self
-                .pending
-                .push_back(Bytes::from(format!("id: {id}\n{event}"))),
+            Step::Send(None) => self.pending.push_back(Bytes::from(event)),
+            Step::Send(Some(id)) => {
+                let mut numbered = format!("id: {id}\n").into_bytes();
+                numbered.extend_from_slice(&event);
+                self.pending.push_back(Bytes::from(numbered));
+            }
         }
     }
 
     /// A chunk with one choice carrying `delta`. With `include_usage`, every chunk but the
     /// last carries `"usage": null`, as OpenAI's do.
-    fn push_chunk(&mut self, delta: Value, finish: Option<String>) {
-        let mut chunk = json!({
-            "id": self.id, "object": "chat.completion.chunk", "created": self.created,
-            "model": self.model, "system_fingerprint": null,
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+    fn push_chunk(&mut self, delta: Delta<'_>, finish: Option<&str>) {
+        let event = sse_data(&Chunk {
+            choices: [Choice {
+                delta,
+                finish_reason: finish,
+                index: 0,
+                logprobs: None,
+            }],
+            created: self.created,
+            id: &self.id,
+            model: &self.model,
+            object: "chat.completion.chunk",
+            system_fingerprint: None,
+            usage: self.include_usage.then_some(None),
         });
-        if self.include_usage {
-            chunk["usage"] = Value::Null;
-        }
-        self.push_data(&chunk);
+        self.push_event(event);
     }
 
     /// Turns a non-error record into chunks; the terminal one ends the stream.
     fn take(&mut self, r: TextCompletionResponse) {
         if !r.response.is_empty() {
-            self.push_chunk(json!({ "content": r.response }), None);
+            let delta = Delta {
+                content: Some(Some(&r.response)),
+                ..Delta::default()
+            };
+            self.push_chunk(delta, None);
         }
         // One piece per chunk, as OpenAI sends them.
         for piece in &r.tool_calls {
-            self.push_chunk(json!({"tool_calls": [tool_call_delta(piece)]}), None);
+            let delta = Delta {
+                tool_calls: Some([tool_call_delta(piece)]),
+                ..Delta::default()
+            };
+            self.push_chunk(delta, None);
         }
         if r.is_terminal() {
-            let finish = r.finish_reason.unwrap_or_else(|| "stop".into());
-            self.push_chunk(json!({}), Some(finish));
+            let finish = r.finish_reason.as_deref().unwrap_or("stop");
+            self.push_chunk(Delta::default(), Some(finish));
             if self.include_usage {
                 let usage = json!({
                     "id": self.id, "object": "chat.completion.chunk", "created": self.created,
@@ -1533,7 +1602,7 @@ impl ChunkStream {
                 });
                 self.push_data(&usage);
             }
-            self.push_event("data: [DONE]\n\n");
+            self.push_event(b"data: [DONE]\n\n".to_vec());
             self.outcome = Some(ClientOutcome::Success);
             self.reader = None;
         }
