@@ -205,6 +205,18 @@ pub fn http_client(timeouts: &HttpTimeouts) -> Result<reqwest::Client, ProviderE
         .map_err(|e| ProviderError::new(FailureKind::Protocol, format!("HTTP client: {e}")))
 }
 
+/// A provider's endpoint, parsed when the provider is built: a base URL that is not a URL is
+/// a setting to fix, said at start-up, and a URL parsed once is not parsed again per request.
+/// The message does not repeat the URL (a base URL may carry credentials).
+pub fn endpoint_url(url: &str) -> Result<reqwest::Url, ProviderError> {
+    reqwest::Url::parse(url).map_err(|e| {
+        ProviderError::new(
+            FailureKind::BadRequest,
+            format!("the provider's base URL is not a valid URL: {e}"),
+        )
+    })
+}
+
 /// Sends a request. A non-2xx answer becomes the provider's error, built by `describe` from
 /// the status and body, with the server's `retry-after(-ms)` hint and `x-should-retry`
 /// verdict attached when it sent them. A server that sends no response headers (or no error
