@@ -85,11 +85,13 @@ struct SubInner {
     exclusive_owner: Option<u64>,
 }
 
+/// A message in a subscription's queue. Cheap to clone: the payload and the properties are
+/// shared with the other subscriptions' copies and with its deliveries.
 #[derive(Clone)]
 struct Entry {
     seq: u64,
     payload: Bytes,
-    properties: BTreeMap<String, String>,
+    properties: Arc<BTreeMap<String, String>>,
     redelivery_count: u32,
 }
 
@@ -140,11 +142,12 @@ impl Publisher for MemoryPublisher {
         check_size(&message, self.max_message_bytes)?;
         let seq = NEXT_SEQ.fetch_add(1, Ordering::Relaxed);
         let subs: Vec<Arc<SubState>> = lock(&self.topic.subscriptions).values().cloned().collect();
+        let properties = Arc::new(message.properties);
         for sub in subs {
             let entry = Entry {
                 seq,
                 payload: message.payload.clone(),
-                properties: message.properties.clone(),
+                properties: properties.clone(),
                 redelivery_count: 0,
             };
             loop {

@@ -229,6 +229,17 @@ impl Receipt {
     pub fn ready(result: Result<(), BusError>) -> Self {
         Self(Box::pin(std::future::ready(result)))
     }
+
+    /// The outcome if it is known already (the in-process bus settles at once), else the
+    /// receipt to wait on: a caller with nothing else to do than wait can skip spawning a task
+    /// for it, and with it a wake-up of another worker thread on every request's path.
+    pub fn settled(mut self) -> Result<Result<(), BusError>, Receipt> {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match self.0.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(outcome) => Ok(outcome),
+            std::task::Poll::Pending => Err(self),
+        }
+    }
 }
 
 impl Future for Receipt {
@@ -402,7 +413,10 @@ pub struct Origin {
 /// A message received from a subscription, to be acked or nacked exactly once.
 pub struct Delivery {
     payload: Bytes,
-    properties: BTreeMap<String, String>,
+    /// Shared: the in-process bus hands the same message to every subscription of its topic
+    /// (a response topic has one per client), and a deep copy per delivery was most of the
+    /// bus's cost.
+    properties: Arc<BTreeMap<String, String>>,
     redelivery_count: u32,
     origin: Option<Origin>,
     position: Option<Position>,
@@ -413,13 +427,13 @@ impl Delivery {
     /// Builds a delivery; for bus implementations.
     pub fn new(
         payload: Bytes,
-        properties: BTreeMap<String, String>,
+        properties: impl Into<Arc<BTreeMap<String, String>>>,
         redelivery_count: u32,
         settle: Box<dyn Settle>,
     ) -> Self {
         Self {
             payload,
-            properties,
+            properties: properties.into(),
             redelivery_count,
             origin: None,
             position: None,

@@ -28,7 +28,7 @@
 //! This file must never log payloads or properties' values: they carry prompts.
 
 use std::{
-    collections::{HashMap, HashSet, VecDeque},
+    collections::{BTreeMap, HashMap, HashSet, VecDeque},
     path::PathBuf,
     sync::{
         Arc, Mutex,
@@ -1173,7 +1173,7 @@ impl Supervisor {
                         }
                         let id = m.message_id.id.clone();
                         let count = self.redeliveries.observe(&id);
-                        let properties = m
+                        let properties: BTreeMap<String, String> = m
                             .payload
                             .metadata
                             .properties
