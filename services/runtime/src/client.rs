@@ -512,6 +512,11 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
         })
     }
 
+    /// What this client was started with.
+    pub fn config(&self) -> &ClientConfig {
+        &self.config
+    }
+
     /// Whether the response subscription is attached (for readiness).
     pub fn link(&self) -> Link {
         self.link.clone()
@@ -579,6 +584,17 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
         };
         match self.publisher.send(message.clone()).await {
             Ok(receipt) => {
+                let receipt = match receipt.settled() {
+                    // Stored already (the in-process bus): nothing to wait for.
+                    Ok(Ok(())) => {
+                        if let Some(route) = lock(&self.routes).get_mut(&id) {
+                            route.stored_at = Some(Instant::now());
+                        }
+                        return Ok(stream);
+                    }
+                    Ok(Err(e)) => crate::bus::Receipt::ready(Err(e)),
+                    Err(pending) => pending,
+                };
                 tokio::spawn(confirm_stored(
                     receipt,
                     message,
