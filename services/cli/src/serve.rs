@@ -192,7 +192,9 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
             };
         }
     }
-    let gateway = Gateway::start(bus, gateway_config, &telemetry)
+    // The gateway reads text-completion's answers through the processors' client: one
+    // response subscription in the process (see Gateway::start_sharing).
+    let gateway = Gateway::start_sharing(bus, gateway_config, &telemetry, Some(llm_client.clone()))
         .await
         .map_err(|e| e.to_string())?;
     let telemetry_stop = CancellationToken::new();

@@ -256,10 +256,27 @@ async fn serve_streams_to_invoke_and_errors_exit_non_zero_with_a_readable_messag
     assert!(metrics.contains("sluice_gateway_requests_total"));
     assert!(metrics.contains("sluice_llm_requests_total"));
     assert!(!metrics.contains(KEY));
+    // One text-completion client in the process: the gateway's calls went through the
+    // processors' client (one response subscription, one router per record), not a second one.
+    assert!(
+        metrics.contains(
+            "sluice_client_requests_total{outcome=\"success\",service=\"text-completion\"}"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("service=\"gateway-text-completion\""),
+        "{metrics}"
+    );
     let (status, log) = s.stop().await;
     assert!(status.success(), "exit after SIGTERM: {status:?}\n{log}");
     assert!(!log.contains(KEY), "the provider key reached the log");
     assert!(!log.contains("say hello"), "a prompt reached the log");
+    // The log goes to a pipe here, not a terminal: plain text, no colour escapes.
+    assert!(
+        !log.contains('\u{1b}'),
+        "escape codes in a piped log: {log}"
+    );
 }
 
 #[tokio::test]

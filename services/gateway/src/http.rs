@@ -62,7 +62,7 @@ pub(crate) trait Routed: Kind {
 
 impl Routed for TextCompletion {
     fn client(clients: &Clients) -> Option<&RequestClient<Self::Request, Self::Response>> {
-        clients.text_completion.as_ref()
+        clients.text_completion.as_deref()
     }
 
     fn model(request: &Self::Request) -> Option<&str> {

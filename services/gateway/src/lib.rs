@@ -112,7 +112,9 @@ impl Default for GatewayConfig {
 /// The bus clients of the enabled services.
 #[derive(Default)]
 pub(crate) struct Clients {
-    text_completion: Option<RequestClient<TextCompletionRequest, TextCompletionResponse>>,
+    /// Shared with the process's other callers of text-completion where it runs beside them
+    /// (see [`Gateway::start_sharing`]).
+    text_completion: Option<Arc<TextCompletionClient>>,
     prompt: Option<RequestClient<PromptRequest, PromptResponse>>,
     agent: Option<RequestClient<AgentRequest, AgentResponse>>,
 }
@@ -212,6 +214,9 @@ pub enum GatewayError {
     Listen(SocketAddr, std::io::Error),
 }
 
+/// A text-completion client, as the gateway and the prompt and agent processors hold it.
+pub type TextCompletionClient = RequestClient<TextCompletionRequest, TextCompletionResponse>;
+
 impl Gateway {
     /// Connects a client per enabled service and registers the metrics.
     pub async fn start(
@@ -219,9 +224,25 @@ impl Gateway {
         config: GatewayConfig,
         telemetry: &Telemetry,
     ) -> Result<Self, GatewayError> {
+        Self::start_sharing(bus, config, telemetry, None).await
+    }
+
+    /// [`Gateway::start`], reaching text-completion through `text_completion`, a client the
+    /// process has already (`sluice serve`: the prompt and agent processors' own), instead of
+    /// subscribing to its responses again. One subscription per topic and process is not only
+    /// thriftier: every record on a topic wakes each subscription's router, and a second task
+    /// woken on the same worker thread pushes the first out of tokio's LIFO slot and wakes
+    /// another worker to take it, a thread hand-off on every token's way to the caller.
+    pub async fn start_sharing(
+        bus: Arc<dyn Bus>,
+        config: GatewayConfig,
+        telemetry: &Telemetry,
+        text_completion: Option<Arc<TextCompletionClient>>,
+    ) -> Result<Self, GatewayError> {
         let metrics = GatewayMetrics::register(&telemetry.registry)?;
         metrics.route_served(socket::ROUTE);
         let mut clients = Clients::default();
+        let mut shared = text_completion;
         for (kind, topics) in &config.services {
             metrics.route_served(kind.as_str());
             let mut cc = ClientConfig::new(
@@ -242,7 +263,19 @@ impl Gateway {
                 ServiceKind::TextCompletion => {
                     metrics.route_served(openai::CHAT_ROUTE);
                     metrics.route_served(openai::MODELS_ROUTE);
-                    clients.text_completion = Some(new_client.client().await?)
+                    // Only a client that reads as this gateway's own would is shared.
+                    let same = |c: &Arc<TextCompletionClient>| {
+                        let (theirs, ours) = (c.config(), &new_client.config);
+                        theirs.request_topic == ours.request_topic
+                            && theirs.response_topic == ours.response_topic
+                            && theirs.cancel_topic == ours.cancel_topic
+                            && theirs.inactivity_timeout == ours.inactivity_timeout
+                            && theirs.total_timeout == ours.total_timeout
+                    };
+                    clients.text_completion = match shared.take().filter(same) {
+                        Some(c) => Some(c),
+                        None => Some(Arc::new(new_client.client().await?)),
+                    };
                 }
                 ServiceKind::Prompt => clients.prompt = Some(new_client.client().await?),
                 ServiceKind::Agent => clients.agent = Some(new_client.client().await?),

@@ -674,12 +674,16 @@ pub enum LogFormat {
 }
 
 /// Installs the global tracing subscriber: level from `RUST_LOG` (default `info`), output to
-/// stderr. Does nothing if one is installed already (tests install their own).
+/// stderr, in colour only when stderr is a terminal (a pipe or file, as under Kubernetes or
+/// systemd, gets plain text, not escape codes). Does nothing if one is installed already
+/// (tests install their own).
 pub fn init_tracing(format: LogFormat) {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
