@@ -11,6 +11,8 @@
 #   bash bench/run.sh structured         # the local model's malformed JSON lines with and without native structured output
 #   bash bench/run.sh overhead           # TTFT added over the provider: a bare pass-through, serve, the gateway over the broker, LiteLLM, TensorZero (+ PNG plot)
 #   bash bench/run.sh overhead --only broker --callers 64 --token-gap-ms 20   # some targets, another token pace (overhead-partial.*)
+#   BENCH_SERVE_BEFORE=/path/to/old/sluice bash bench/run.sh overhead --only serve --callers 1,64   # a change's before and after in one run
+#   bash bench/run.sh timeline [--only serve]   # where one request's time goes, from perf's tracepoints (bench/timeline.py)
 #   bash bench/run.sh soak --minutes 30  # the soak under chaos (its own broker on 6657)
 #   bash bench/run.sh soak --minutes 30 --cluster  # the same on the secured cluster, its faults
 set -euo pipefail
@@ -63,6 +65,27 @@ case " $* " in
 esac
 scenario="${1:-foundation}"
 [ $# -gt 0 ] && shift
+# The timeline of a request at one caller (bench/timeline.py): the kernel's scheduler and
+# system-call tracepoints (perf) around the overhead scenario's one-caller level, cut where the
+# request and its first token cross between the processes. perf's data stays in the cache.
+if [ "$scenario" = timeline ]; then
+  . scripts/prereqs.sh
+  prereqs perf:linux-perf
+  dir="$HOME/.cache/sluice/timeline"
+  rm -rf "$dir"
+  [[ " $* " == *" --only"* ]] || set -- --only pass-through,serve,broker "$@"
+  python3 bench/timeline.py record "$dir" -- "$bin/sluice-bench" --out "$dir/out" --docs "$dir/docs" \
+    overhead --callers 1 --serial-requests 300 "$@"
+  {
+    echo "Measured $(date -u '+%Y-%m-%d %H:%M') UTC at commit $(git rev-parse --short HEAD) on this machine ($(nproc) cores, release build) by \`bash bench/run.sh timeline $*\`: perf's tracepoints around the overhead scenario's one-caller level (the fake provider's first token 50 ms after the request; every figure is a time on the kernel's clock, p50 and p90 over the requests)."
+    echo
+    echo '```'
+    python3 bench/timeline.py report "$dir" --json bench/results/timeline.json --show 100
+    echo '```'
+  } >bench/results/timeline.md
+  cat bench/results/timeline.md
+  exit 0
+fi
 "$bin/sluice-bench" --out bench/results --docs docs "$scenario" "$@"
 if [ "$scenario" = overhead ] && [[ " $* " != *" --only"* ]]; then
   mkdir -p docs/images && "$BENCH_VENV/bin/python" bench/plot.py bench/results/overhead.json docs/images/overhead.png

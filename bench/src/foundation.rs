@@ -25,6 +25,16 @@ pub(crate) struct RawPair {
     pub(crate) consume_b: pulsar::Consumer<Vec<u8>, TokioExecutor>,
     pub(crate) stop: CancellationToken,
     pub(crate) responder: tokio::task::JoinHandle<()>,
+    /// How long the responder waits before it answers (see [`RawPair::paced`]), and when it
+    /// last received and answered.
+    pace: Arc<Pace>,
+}
+
+/// The responder's delay and its last message's times, shared with the caller's side.
+#[derive(Default)]
+struct Pace {
+    delay_us: AtomicU64,
+    times: std::sync::Mutex<Option<(Instant, Instant)>>,
 }
 
 impl RawPair {
@@ -53,6 +63,8 @@ impl RawPair {
             .unwrap();
         let stop = CancellationToken::new();
         let responder_stop = stop.clone();
+        let pace = Arc::new(Pace::default());
+        let responder_pace = pace.clone();
         let responder = tokio::spawn(async move {
             loop {
                 let msg = tokio::select! {
@@ -60,7 +72,13 @@ impl RawPair {
                     m = consume_a.next() => m,
                 };
                 let Some(Ok(m)) = msg else { break };
+                let received = Instant::now();
                 consume_a.ack(&m).await.unwrap();
+                let delay = responder_pace.delay_us.load(Ordering::Relaxed);
+                if delay > 0 {
+                    tokio::time::sleep(std::time::Duration::from_micros(delay)).await;
+                }
+                *responder_pace.times.lock().unwrap() = Some((received, Instant::now()));
                 let receipt = produce_b
                     .send_non_blocking(m.payload.data.clone())
                     .await
@@ -94,7 +112,45 @@ impl RawPair {
             consume_b,
             stop,
             responder,
+            pace,
         }
+    }
+
+    /// Round trips shaped as a request through a gateway meets the broker: each after `delay`
+    /// of silence, the responder answering `delay` after it received the request (a
+    /// provider's time to first token), so both hops come after an idle broker, as a
+    /// request's and its first token's do. Records each hop on its own (the responder runs
+    /// in this process: one clock) and the two together, `delay` not counted.
+    pub(crate) async fn paced(
+        &mut self,
+        n: u64,
+        delay: std::time::Duration,
+        request: &mut Histogram<u64>,
+        response: &mut Histogram<u64>,
+        both: &mut Histogram<u64>,
+    ) {
+        let payload = br#"{"system":"","prompt":"ping","streaming":false}"#.to_vec();
+        self.pace
+            .delay_us
+            .store(delay.as_micros() as u64, Ordering::Relaxed);
+        for _ in 0..n {
+            tokio::time::sleep(delay).await;
+            let t0 = Instant::now();
+            let _receipt = self
+                .produce_a
+                .send_non_blocking(payload.clone())
+                .await
+                .unwrap();
+            let m = self.consume_b.next().await.unwrap().unwrap();
+            let t3 = Instant::now();
+            self.consume_b.ack(&m).await.unwrap();
+            let (t1, t2) = self.pace.times.lock().unwrap().take().unwrap();
+            let (hop1, hop2) = (t1 - t0, t3 - t2);
+            request.record(hop1.as_micros() as u64).unwrap();
+            response.record(hop2.as_micros() as u64).unwrap();
+            both.record((hop1 + hop2).as_micros() as u64).unwrap();
+        }
+        self.pace.delay_us.store(0, Ordering::Relaxed);
     }
 
     pub(crate) async fn batch(&mut self, n: u64, h: &mut Histogram<u64>) {

@@ -144,7 +144,9 @@ enum Scenario {
     /// What each gateway adds to the time to first token over calling the provider directly
     /// (issue #27): `sluice serve`, the gateway over the broker, LiteLLM's proxy (when
     /// BENCH_VENV has it) and TensorZero (when TENSORZERO_GATEWAY names it), one fake
-    /// provider and one load driver, at each number of concurrent callers.
+    /// provider and one load driver, at each number of concurrent callers. BENCH_SERVE_BEFORE
+    /// names another build's `sluice` binary to run beside this one's `sluice serve` (a
+    /// change's before and after in one run; written as overhead-partial.*).
     Overhead {
         /// Concurrent caller levels.
         #[arg(long, value_delimiter = ',', default_value = "1,64,256")]

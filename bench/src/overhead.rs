@@ -32,8 +32,11 @@ use crate::{foundation::RawPair, procs::*, report::*};
 /// time to first token), the rest `gap_ms` apart (1 ms by default: a provider far faster than
 /// a person reads, which makes every token a record's worth of work).
 fn fake_model(gap_ms: u64) -> String {
-    format!("tokens-20-{gap_ms}-50")
+    format!("tokens-20-{gap_ms}-{FIRST_TOKEN_MS}")
 }
+
+/// The fake's time to first token, ms.
+const FIRST_TOKEN_MS: u64 = 50;
 
 /// Kills a process group when dropped: LiteLLM's supervisor spawns its workers, and killing
 /// only the supervisor (what `kill_on_drop` does, on a panic or a stop that timed out) would
@@ -273,8 +276,10 @@ async fn pass_through_target(fake_url: &str, model: &str) -> Target {
     }
 }
 
-async fn serve_target(fake_url: &str, model: &str) -> Target {
-    let mut child = sluice_process(&[
+/// `sluice serve` of this build, or of `before` (another build's binary, for a before/after
+/// comparison in one run: `BENCH_SERVE_BEFORE`).
+async fn serve_target(fake_url: &str, model: &str, before: Option<&Path>) -> Target {
+    let args = [
         "serve",
         "--provider",
         "openai-compatible",
@@ -286,13 +291,21 @@ async fn serve_target(fake_url: &str, model: &str) -> Target {
         "127.0.0.1:0",
         "--metrics-addr",
         "127.0.0.1:0",
-    ]);
+    ];
+    let mut child = match before {
+        Some(exe) => sluice_binary_process(exe, &args),
+        None => sluice_process(&args),
+    };
     // `sluice serve: gateway on http://ADDR, metrics on ...`
     let announcement = announced(&mut child, "gateway on ").await;
     let gateway = announcement.split(',').next().unwrap().to_owned();
     let pid = child.id().unwrap();
     Target {
-        name: "`sluice serve` (in-process bus)",
+        name: if before.is_some() {
+            "`sluice serve` before (BENCH_SERVE_BEFORE's build)"
+        } else {
+            "`sluice serve` (in-process bus)"
+        },
         url: format!("{gateway}/v1/chat/completions"),
         model: model.into(),
         pids: vec![pid],
@@ -539,7 +552,8 @@ pub(crate) async fn bench(broker: &Broker, out: &Path, docs: &Path, options: Opt
     let model = fake_model(token_gap_ms);
     // Some targets only (`--only`, to profile one), or another provider than the published
     // one: the published figures stay as they are.
-    let partial = !only.is_empty() || token_gap_ms != 1;
+    let partial =
+        !only.is_empty() || token_gap_ms != 1 || std::env::var_os("BENCH_SERVE_BEFORE").is_some();
     sluice_runtime::install_crypto_provider();
     let fake = sluice_tests::fake_openai::FakeOpenAi::start().await;
     let fake_base = fake.base_url();
@@ -557,7 +571,12 @@ pub(crate) async fn bench(broker: &Broker, out: &Path, docs: &Path, options: Opt
         targets.push(pass_through_target(&fake_base, &model).await);
     }
     if wanted("serve") {
-        targets.push(serve_target(&fake_base, &model).await);
+        targets.push(serve_target(&fake_base, &model, None).await);
+    }
+    // An earlier build beside this one, in the same run: a change's before and after.
+    let before = std::env::var_os("BENCH_SERVE_BEFORE").map(std::path::PathBuf::from);
+    if let Some(exe) = &before {
+        targets.push(serve_target(&fake_base, &model, Some(exe)).await);
     }
     if wanted("broker") {
         targets.push(broker_target(broker, &fake_base, &model, Records::MergedWhileBehind).await);
@@ -594,7 +613,14 @@ pub(crate) async fn bench(broker: &Broker, out: &Path, docs: &Path, options: Opt
     let mut raw_hist = hist();
     raw.batch(100, &mut hist()).await;
     raw.batch(serial_requests.max(500), &mut raw_hist).await;
-    raw.stop().await;
+    // The same two hops as a request through a gateway over the broker meets them at one
+    // caller: each after the broker was idle (the other targets' turns), the answer 50 ms
+    // after the request (the fake's time to first token). Back to back, the broker's code and
+    // threads stay hot, and the hops take about half as long as they do for such a request.
+    let over_broker = ["broker", "broker-per-delta", "broker-paced"]
+        .into_iter()
+        .any(wanted);
+    let (mut paced_request, mut paced_response, mut paced_both) = (hist(), hist(), hist());
 
     let http = reqwest::Client::builder()
         .tcp_nodelay(true)
@@ -620,6 +646,16 @@ pub(crate) async fn bench(broker: &Broker, out: &Path, docs: &Path, options: Opt
                 for (t, l) in targets.iter().zip(row.iter_mut()) {
                     drive(&http, t, 1, 1, l).await;
                 }
+                if over_broker {
+                    raw.paced(
+                        1,
+                        Duration::from_millis(FIRST_TOKEN_MS),
+                        &mut paced_request,
+                        &mut paced_response,
+                        &mut paced_both,
+                    )
+                    .await;
+                }
             }
         } else {
             // Blocks rotated four times, so drift hits every target alike.
@@ -635,6 +671,7 @@ pub(crate) async fn bench(broker: &Broker, out: &Path, docs: &Path, options: Opt
         }
         results.insert(callers, row);
     }
+    raw.stop().await;
     let peaks: Vec<f64> = targets
         .iter()
         .map(|t| tree(&t.pids).into_iter().map(|p| rss_mib(p).0).sum())
@@ -670,8 +707,19 @@ pub(crate) async fn bench(broker: &Broker, out: &Path, docs: &Path, options: Opt
     );
     let _ = writeln!(
         md,
-        "Raw pulsar-rs round trip in the same run (publish → responder → receive, the broker's two hops): p50 {raw_p50:.2} ms, p99 {:.2} ms.\n",
-        ms(&raw_hist, 0.99)
+        "Raw pulsar-rs round trip in the same run (publish → responder → receive, the broker's two hops): back to back p50 {raw_p50:.2} ms, p99 {:.2} ms{}.\n",
+        ms(&raw_hist, 0.99),
+        if paced_both.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; as a request over the broker meets them at one caller (each hop after the broker was idle, the answer {FIRST_TOKEN_MS} ms after the request): the request's hop p50 {:.2} ms, the first token's p50 {:.2} ms, both p50 {:.2} ms (p99 {:.2} ms)",
+                ms(&paced_request, 0.5),
+                ms(&paced_response, 0.5),
+                ms(&paced_both, 0.5),
+                ms(&paced_both, 0.99),
+            )
+        }
     );
     let _ = writeln!(
         md,
@@ -749,6 +797,7 @@ pub(crate) async fn bench(broker: &Broker, out: &Path, docs: &Path, options: Opt
     let json = serde_json::json!({
         "title": "Time to first token added over calling the provider directly",
         "raw_pulsar_round_trip_p50_ms": raw_p50,
+        "raw_pulsar_paced_round_trip_p50_ms": (!paced_both.is_empty()).then(|| ms(&paced_both, 0.5)),
         "provider_ttft_ms": provider_ttft,
         "targets": plot_targets,
     });

@@ -1,7 +1,7 @@
 //! Process control: `sluice` processes of the bench's build started, waited for and
 //! stopped, and their memory.
 
-use std::time::Duration;
+use std::{path::Path, time::Duration};
 
 use sluice_tests::{
     Broker, TextClient, free_port, text_client, unique_non_persistent_topic, unique_topic,
@@ -113,6 +113,11 @@ pub(crate) async fn wait_ready(child: &mut tokio::process::Child, port: u16) {
 /// (the gateway prints its address there).
 pub(crate) fn sluice_process(args: &[&str]) -> tokio::process::Child {
     let exe = std::env::current_exe().unwrap().with_file_name("sluice");
+    sluice_binary_process(&exe, args)
+}
+
+/// [`sluice_process`] of another `sluice` binary (an earlier build, for a before/after run).
+pub(crate) fn sluice_binary_process(exe: &Path, args: &[&str]) -> tokio::process::Child {
     tokio::process::Command::new(exe)
         .args(args)
         .env("RUST_LOG", "warn")
