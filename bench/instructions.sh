@@ -5,6 +5,7 @@
 # changes to the request path.
 #
 #   bash bench/instructions.sh [REQUESTS] [SLUICE_BIN]     # default 200, the release build
+#   BENCH_SERVE_BEFORE=/path/to/old/sluice bash bench/instructions.sh   # and an earlier build
 #
 # `sluice serve` (release build, RUST_LOG=warn as the overhead scenario runs it, and again at
 # the default INFO) answers REQUESTS sequential `POST /v1/chat/completions` (stream: true)
@@ -37,14 +38,14 @@ wait_ready 10 fake-openai "${pids[0]}" "$work/fake.log" quietly curl -sf "http:/
   fail "fake-openai did not start"
 
 body='{"model":"fake-model","stream":true,"messages":[{"role":"user","content":"bench"}]}'
-# count LEVEL: instructions per request of `sluice serve` at log level LEVEL; also leaves the
-# callgrind file at $work/cg.LEVEL.
+# count LEVEL [BIN]: instructions per request of `sluice serve` (BIN, default this build's) at
+# log level LEVEL; also leaves the callgrind file at $work/cg.LEVEL.
 count() {
-  local level=$1 port metrics pid
+  local level=$1 exe=${2:-$bin} port metrics pid
   port=$(free_port)
   metrics=$(free_port)
   RUST_LOG=$level valgrind --tool=callgrind --callgrind-out-file="$work/cg.$level" --dump-instr=no \
-    "$bin" serve --provider openai-compatible --base-url "http://127.0.0.1:$fake_port" \
+    "$exe" serve --provider openai-compatible --base-url "http://127.0.0.1:$fake_port" \
     --model fake-model --listen "127.0.0.1:$port" --metrics-addr "127.0.0.1:$metrics" \
     >"$work/serve.$level.log" 2>&1 &
   pid=$!
@@ -64,6 +65,11 @@ count() {
   echo $((total / requests))
 }
 
+# BENCH_SERVE_BEFORE: another build's binary, counted the same way (a change's before).
+if [ -n "${BENCH_SERVE_BEFORE:-}" ]; then
+  before_warn=$(count warn "$BENCH_SERVE_BEFORE")
+  before_info=$(count info "$BENCH_SERVE_BEFORE")
+fi
 warn=$(count warn)
 info=$(count info)
 commit=$(git rev-parse --short HEAD)
@@ -71,10 +77,17 @@ out=bench/results/instructions.md
 {
   echo "Measured $(date -u '+%Y-%m-%d %H:%M') UTC at commit $commit$([ -z "$(git status --porcelain -- services schema)" ] || echo ' (with uncommitted changes)') by \`bash bench/instructions.sh $requests\`: \`sluice serve\` (release build) answering $requests streamed chat completions from fake-openai (3 content chunks each), under valgrind's callgrind."
   echo
-  echo "| log level | instructions per request |"
-  echo "|---|---|"
-  echo "| warn (as the overhead scenario runs it) | $warn |"
-  echo "| info (the default) | $info |"
+  if [ -n "${BENCH_SERVE_BEFORE:-}" ]; then
+    echo "| log level | instructions per request | before ($(basename "$BENCH_SERVE_BEFORE")) | after / before |"
+    echo "|---|---|---|---|"
+    echo "| warn (as the overhead scenario runs it) | $warn | $before_warn | $(awk "BEGIN { printf \"%.3f\", $warn / $before_warn }") |"
+    echo "| info (the default) | $info | $before_info | $(awk "BEGIN { printf \"%.3f\", $info / $before_info }") |"
+  else
+    echo "| log level | instructions per request |"
+    echo "|---|---|"
+    echo "| warn (as the overhead scenario runs it) | $warn |"
+    echo "| info (the default) | $info |"
+  fi
   echo
   echo "The functions with the largest inclusive share at warn (each counted with what it calls):"
   echo

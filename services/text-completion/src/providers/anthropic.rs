@@ -131,6 +131,8 @@ impl AnthropicProvider {
     pub fn new(config: AnthropicConfig) -> Result<Self, ProviderError> {
         let http = http_client(&config.timeouts)?;
         let url = Self::url_for(&config, &config.model, true);
+        // Said at start-up, not as a failure of every request.
+        super::endpoint_url(&url)?;
         Ok(Self { config, http, url })
     }
 

@@ -77,6 +77,8 @@ impl CohereProvider {
     pub fn new(config: CohereConfig) -> Result<Self, ProviderError> {
         let http = http_client(&config.timeouts)?;
         let url = format!("{}/v2/chat", config.base_url.trim_end_matches('/'));
+        // Said at start-up, not as a failure of every request.
+        super::endpoint_url(&url)?;
         Ok(Self { config, http, url })
     }
 

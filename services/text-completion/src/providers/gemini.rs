@@ -113,6 +113,8 @@ impl GeminiProvider {
     pub fn new(config: GeminiConfig) -> Result<Self, ProviderError> {
         let http = http_client(&config.timeouts)?;
         let url = Self::url_for(&config, &config.model);
+        // Said at start-up, not as a failure of every request.
+        super::endpoint_url(&url)?;
         Ok(Self { config, http, url })
     }
 

@@ -85,6 +85,8 @@ impl OllamaProvider {
     pub fn new(config: OllamaConfig) -> Result<Self, ProviderError> {
         let http = http_client(&config.timeouts)?;
         let url = format!("{}/api/chat", config.base_url.trim_end_matches('/'));
+        // Said at start-up, not as a failure of every request.
+        super::endpoint_url(&url)?;
         Ok(Self { config, http, url })
     }
 

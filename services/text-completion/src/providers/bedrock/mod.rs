@@ -113,6 +113,8 @@ impl BedrockProvider {
         let http = http_client(&config.timeouts)?;
         let model = encode_path_segment(&config.model);
         let base = config.base_url.trim_end_matches('/');
+        // Said at start-up, not as a failure of every request.
+        super::endpoint_url(base)?;
         Ok(Self {
             stream_url: format!("{base}/model/{model}/converse-stream"),
             whole_url: format!("{base}/model/{model}/converse"),
