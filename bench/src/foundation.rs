@@ -129,21 +129,12 @@ impl RawPair {
         response: &mut Histogram<u64>,
         both: &mut Histogram<u64>,
     ) {
-        let payload = br#"{"system":"","prompt":"ping","streaming":false}"#.to_vec();
         self.pace
             .delay_us
             .store(delay.as_micros() as u64, Ordering::Relaxed);
         for _ in 0..n {
             tokio::time::sleep(delay).await;
-            let t0 = Instant::now();
-            let _receipt = self
-                .produce_a
-                .send_non_blocking(payload.clone())
-                .await
-                .unwrap();
-            let m = self.consume_b.next().await.unwrap().unwrap();
-            let t3 = Instant::now();
-            self.consume_b.ack(&m).await.unwrap();
+            let (t0, t3) = self.round_trip().await;
             let (t1, t2) = self.pace.times.lock().unwrap().take().unwrap();
             let (hop1, hop2) = (t1 - t0, t3 - t2);
             request.record(hop1.as_micros() as u64).unwrap();
@@ -154,18 +145,23 @@ impl RawPair {
     }
 
     pub(crate) async fn batch(&mut self, n: u64, h: &mut Histogram<u64>) {
-        let payload = br#"{"system":"","prompt":"ping","streaming":false}"#.to_vec();
         for _ in 0..n {
-            let t0 = Instant::now();
-            let _receipt = self
-                .produce_a
-                .send_non_blocking(payload.clone())
-                .await
-                .unwrap();
-            let m = self.consume_b.next().await.unwrap().unwrap();
-            self.consume_b.ack(&m).await.unwrap();
+            // Until the answer is acked, as this scenario has always counted it.
+            let (t0, _) = self.round_trip().await;
             h.record(t0.elapsed().as_micros() as u64).unwrap();
         }
+    }
+
+    /// Publishes a request on A and reads (and acks) the responder's answer on B: when it was
+    /// sent and when the answer arrived.
+    async fn round_trip(&mut self) -> (Instant, Instant) {
+        let payload = br#"{"system":"","prompt":"ping","streaming":false}"#.to_vec();
+        let t0 = Instant::now();
+        let _receipt = self.produce_a.send_non_blocking(payload).await.unwrap();
+        let m = self.consume_b.next().await.unwrap().unwrap();
+        let received = Instant::now();
+        self.consume_b.ack(&m).await.unwrap();
+        (t0, received)
     }
 
     pub(crate) async fn stop(self) {
