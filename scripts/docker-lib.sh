@@ -27,3 +27,29 @@ docker_down() {
   WAIT_INTERVAL=1 wait_gone 30 "dockerd (pid $STARTED_DOCKERD) to exit" "$STARTED_DOCKERD" || true
   STARTED_DOCKERD=""
 }
+# docker_reap PREFIX SCRIPT: removes what an earlier run of SCRIPT left behind when it was
+# killed before its clean-up (a CI job's limit, a session's end): compose projects and
+# containers named PREFIX-PID whose PID is no longer a running SCRIPT. Such leftovers come
+# back with the engine (the stack's services restart `unless-stopped`) and a second broker,
+# Prometheus and replicas beside this run's slowed it past its waits (2026-12-01).
+docker_reap() {
+  local prefix=$1 script=$2 name pid project
+  # owner_alive PID: PID is a running SCRIPT (not a reused pid of something else).
+  owner_alive() { [ -r "/proc/$1/cmdline" ] && tr '\0' ' ' <"/proc/$1/cmdline" | grep -q -- "$script"; }
+  for project in $(docker ps -a --format '{{.Label "com.docker.compose.project"}}' | sort -u); do
+    [[ $project == "$prefix"-* ]] || continue
+    pid=${project##*-}
+    [[ $pid =~ ^[0-9]+$ ]] && ! owner_alive "$pid" || continue
+    echo "removing compose project $project, left behind by a run that did not finish" >&2
+    docker ps -aq --filter "label=com.docker.compose.project=$project" | xargs -r docker rm -f >/dev/null
+    docker volume ls -q --filter "label=com.docker.compose.project=$project" | xargs -r docker volume rm >/dev/null
+    docker network ls -q --filter "label=com.docker.compose.project=$project" | xargs -r docker network rm >/dev/null
+  done
+  for name in $(docker ps -a --format '{{.Names}}'); do
+    [[ $name == "$prefix"-* ]] || continue
+    pid=${name##*-}
+    [[ $pid =~ ^[0-9]+$ ]] && ! owner_alive "$pid" || continue
+    echo "removing container $name, left behind by a run that did not finish" >&2
+    docker rm -f "$name" >/dev/null
+  done
+}

@@ -121,6 +121,7 @@ trap 'exit 143' TERM
 # -- 1. the node, the image, the broker, the provider -------------------------------------------
 [ -x "$SLUICE_BIN" ] || fail "no sluice binary at $SLUICE_BIN (cargo build, or set SLUICE_BIN)"
 docker_up || fail "dockerd did not start"   # the pause image, the sluice image
+docker_reap sluice-k8s-prometheus test-k8s-run.sh
 t=$SECONDS
 deploy/k8s-local/cluster.sh start
 eval "$(deploy/k8s-local/cluster.sh env)"

@@ -34,7 +34,12 @@ T0=$SECONDS
 FIGURES=()
 
 LOG_TAG="stack"
-fail() { log "FAILED: $*"; exit 1; }
+# What failed, said again after the services' logs at the end (CI shows a run's last lines).
+FAILED_WITH=""
+fail() { FAILED_WITH="$*"; log "FAILED: $*"; exit 1; }
+# A command that fails outside fail() (a check script, under `set -e`) is named too.
+set -o errtrace
+trap 'FAILED_WITH="${FAILED_WITH:-line $LINENO: $BASH_COMMAND}"' ERR
 figure() { FIGURES+=("$1"); log "figure: $1"; }
 
 . scripts/prereqs.sh
@@ -49,6 +54,7 @@ cleanup() {
     compose logs --no-color --tail 40 >&2 2>&1 || true
     [ -f "$WORK/front.log" ] && tail -n 20 "$WORK/front.log" >&2
   fi
+  [ "$rc" -eq 0 ] || log "FAILED (exit $rc): ${FAILED_WITH:-see above}"
   [ -n "${COMPOSE_BIN:-}" ] && { compose down -v --remove-orphans --timeout 20 >/dev/null 2>&1 || true; }
   [ -n "$front_pid" ] && kill "$front_pid" 2>/dev/null || true
   [ -n "${started_llm:-}" ] && LLM_PORT="$LLM_PORT" deploy/local-llm/llama-server.sh stop >/dev/null 2>&1 || true
@@ -60,6 +66,7 @@ cleanup() {
 trap cleanup EXIT
 # -- the Docker engine -------------------------------------------------------------------------
 docker_up || fail "dockerd did not start"
+docker_reap sluice-stack test-stack.sh
 COMPOSE_BIN=$(bash scripts/check-deploy.sh --compose-bin)
 compose() {
   "$COMPOSE_BIN" --project-name "$PROJECT" --project-directory . \

@@ -136,7 +136,14 @@ stop_background() {
   done
   [ -z "$prefetch_pid" ] || kill "$prefetch_pid" 2>/dev/null || true
 }
-trap stop_background EXIT
+# on_exit CLEANUP: runs CLEANUP; when the run failed, says last which stage it failed in (CI
+# shows a run's last lines, and a stage's own message may be followed by its services' logs).
+on_exit() {
+  local rc=$?
+  "$1"
+  [ "$rc" -eq 0 ] || echo "== FAILED (exit $rc) in the stage: ${STAGE_NAME:-setting up}; its message is above" >&2
+}
+trap 'on_exit stop_background' EXIT
 # wait_job PID LOG WHAT: waits for a background job; if it failed, shows its log's tail and
 # ends the run. The run has nothing else to do meanwhile, so the job (its process group, the
 # compilers it starts included; its session, see low_priority) goes on at normal priority: at
@@ -202,7 +209,7 @@ stop_brokers() {
 }
 
 if want broker || want interop; then
-trap stop_brokers EXIT
+trap 'on_exit stop_brokers' EXIT
 stage "Pulsar broker"
 # Both brokers start from empty data at every run (6 s and ~45 s, the latter in the background):
 # CI once failed because the cluster's data, left by a run the machine's restart cut short,
