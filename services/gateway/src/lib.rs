@@ -115,6 +115,9 @@ pub(crate) struct Clients {
     /// Shared with the process's other callers of text-completion where it runs beside them
     /// (see [`Gateway::start_sharing`]).
     text_completion: Option<Arc<TextCompletionClient>>,
+    /// Whether the gateway made `text_completion` (and so closes it): a shared client is
+    /// closed by its owner, after the processors that read through it have drained.
+    text_completion_owned: bool,
     prompt: Option<RequestClient<PromptRequest, PromptResponse>>,
     agent: Option<RequestClient<AgentRequest, AgentResponse>>,
 }
@@ -233,6 +236,9 @@ impl Gateway {
     /// thriftier: every record on a topic wakes each subscription's router, and a second task
     /// woken on the same worker thread pushes the first out of tokio's LIFO slot and wakes
     /// another worker to take it, a thread hand-off on every token's way to the caller.
+    /// The client is taken only when it reads as the gateway's own would
+    /// ([`ClientConfig::reads_as`]); [`Gateway::close`] leaves a taken client open, for its
+    /// owner to close after the others reading through it are done.
     pub async fn start_sharing(
         bus: Arc<dyn Bus>,
         config: GatewayConfig,
@@ -264,17 +270,14 @@ impl Gateway {
                     metrics.route_served(openai::CHAT_ROUTE);
                     metrics.route_served(openai::MODELS_ROUTE);
                     // Only a client that reads as this gateway's own would is shared.
-                    let same = |c: &Arc<TextCompletionClient>| {
-                        let (theirs, ours) = (c.config(), &new_client.config);
-                        theirs.request_topic == ours.request_topic
-                            && theirs.response_topic == ours.response_topic
-                            && theirs.cancel_topic == ours.cancel_topic
-                            && theirs.inactivity_timeout == ours.inactivity_timeout
-                            && theirs.total_timeout == ours.total_timeout
-                    };
+                    let same =
+                        |c: &Arc<TextCompletionClient>| c.config().reads_as(&new_client.config);
                     clients.text_completion = match shared.take().filter(same) {
                         Some(c) => Some(c),
-                        None => Some(Arc::new(new_client.client().await?)),
+                        None => {
+                            clients.text_completion_owned = true;
+                            Some(Arc::new(new_client.client().await?))
+                        }
                     };
                 }
                 ServiceKind::Prompt => clients.prompt = Some(new_client.client().await?),
@@ -379,12 +382,17 @@ impl Gateway {
         Ok((local, task))
     }
 
-    /// Closes the bus clients (their response subscriptions are deleted).
+    /// Closes the bus clients the gateway made (their response subscriptions are deleted);
+    /// a text-completion client given to [`Gateway::start_sharing`] stays open for its owner.
     pub async fn close(&self) {
         self.inner.background.cancel();
         let c = &self.inner.clients;
-        if let Some(c) = &c.text_completion {
-            c.close().await;
+        if let Some(tc) = c
+            .text_completion
+            .as_ref()
+            .filter(|_| c.text_completion_owned)
+        {
+            tc.close().await;
         }
         if let Some(c) = &c.prompt {
             c.close().await;
@@ -475,7 +483,101 @@ pub(crate) fn http_span(method: &str, path: &str, incoming: Option<&str>) -> tra
 
 #[cfg(test)]
 mod tests {
+    use sluice_runtime::{bus::memory::MemoryBus, testkit::ServiceStub};
+    use sluice_schema::TextCompletionResponse;
+
     use super::*;
+
+    /// A gateway serving text-completion on `bus`, handed `shared` to share, and the client
+    /// configuration that reads as its own would.
+    async fn sharing(
+        bus: &MemoryBus,
+        shared: impl FnOnce(ClientConfig) -> ClientConfig,
+    ) -> (Gateway, Arc<TextCompletionClient>) {
+        let mut config = GatewayConfig::new();
+        config.services = BTreeMap::from([(
+            ServiceKind::TextCompletion,
+            ServiceTopics {
+                request: "tc-req".into(),
+                response: "tc-resp".into(),
+                cancel: Some("tc-cancel".into()),
+            },
+        )]);
+        let mut cc = ClientConfig::new("text-completion", "tc-req", "tc-resp");
+        cc.cancel_topic = Some("tc-cancel".into());
+        cc.inactivity_timeout = config.inactivity_timeout;
+        cc.total_timeout = config.request_timeout;
+        let bus: Arc<dyn Bus> = Arc::new(bus.clone());
+        let client = Arc::new(
+            RequestClient::start(bus.clone(), shared(cc), None)
+                .await
+                .unwrap(),
+        );
+        let telemetry = Telemetry::new().unwrap();
+        let gateway = Gateway::start_sharing(bus, config, &telemetry, Some(client.clone()))
+            .await
+            .unwrap();
+        (gateway, client)
+    }
+
+    /// Asks `client` once, `stub` answering, and returns the answer's text.
+    async fn ask(
+        client: &TextCompletionClient,
+        stub: &mut ServiceStub,
+    ) -> Result<String, ClientError> {
+        let request = TextCompletionRequest {
+            prompt: "hello".into(),
+            ..TextCompletionRequest::default()
+        };
+        let stream = client.request(&request).await?;
+        let (id, _): (String, TextCompletionRequest) = stub.request().await;
+        let end = TextCompletionResponse {
+            response: "hi".into(),
+            end_of_stream: true,
+            ..TextCompletionResponse::default()
+        };
+        stub.answer(&id, "a1", &end).await;
+        let records = stream.collect().await?;
+        Ok(records.iter().map(|r| r.response.as_str()).collect())
+    }
+
+    #[tokio::test]
+    async fn a_shared_client_is_taken_only_when_it_reads_as_the_gateways_and_outlives_its_close() {
+        let bus = MemoryBus::new(1 << 20, 1000);
+        let mut stub = ServiceStub::start(&bus, "tc-req", "tc-resp").await;
+        let (gateway, shared) = sharing(&bus, |cc| cc).await;
+        let taken = gateway.inner.clients.text_completion.as_ref().unwrap();
+        assert!(Arc::ptr_eq(taken, &shared), "the same settings: shared");
+        // `sluice serve` closes the gateway when its HTTP server is done, while the prompt
+        // and agent processors may still be draining through the client they share.
+        gateway.close().await;
+        assert_eq!(ask(&shared, &mut stub).await.unwrap(), "hi");
+
+        for differs in [
+            (|mut cc: ClientConfig| {
+                cc.total_timeout += Duration::from_secs(1);
+                cc
+            }) as fn(ClientConfig) -> ClientConfig,
+            |mut cc| {
+                cc.cancel_topic = None;
+                cc
+            },
+            |mut cc| {
+                cc.loss_grace += Duration::from_secs(1);
+                cc
+            },
+        ] {
+            let (gateway, offered) = sharing(&bus, differs).await;
+            let own = gateway.inner.clients.text_completion.clone().unwrap();
+            assert!(!Arc::ptr_eq(&own, &offered), "other settings: not shared");
+            gateway.close().await;
+            assert!(matches!(
+                ask(&own, &mut stub).await,
+                Err(ClientError::Closed)
+            ));
+            assert_eq!(ask(&offered, &mut stub).await.unwrap(), "hi");
+        }
+    }
 
     #[test]
     fn the_server_span_continues_a_valid_trace_and_starts_one_otherwise() {

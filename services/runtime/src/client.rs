@@ -118,6 +118,31 @@ impl ClientConfig {
             start_wait: Duration::from_secs(120),
         }
     }
+
+    /// Whether a client with this configuration reads its service exactly as one with
+    /// `other` would: every setting but the metrics label and the subscription's name, which
+    /// only say whose client it is. Written field by field, so that a setting added later
+    /// is compared (or consciously left out) rather than shared by accident.
+    pub fn reads_as(&self, other: &ClientConfig) -> bool {
+        let ClientConfig {
+            service: _,
+            subscription: _,
+            request_topic,
+            response_topic,
+            inactivity_timeout,
+            total_timeout,
+            cancel_topic,
+            loss_grace,
+            start_wait,
+        } = self;
+        *request_topic == other.request_topic
+            && *response_topic == other.response_topic
+            && *inactivity_timeout == other.inactivity_timeout
+            && *total_timeout == other.total_timeout
+            && *cancel_topic == other.cancel_topic
+            && *loss_grace == other.loss_grace
+            && *start_wait == other.start_wait
+    }
 }
 
 /// `op` until it succeeds, fails otherwise than `BusError::Unavailable`, or `wait` has

@@ -207,14 +207,26 @@ pub fn http_client(timeouts: &HttpTimeouts) -> Result<reqwest::Client, ProviderE
 
 /// A provider's endpoint, parsed when the provider is built: a base URL that is not a URL is
 /// a setting to fix, said at start-up, and a URL parsed once is not parsed again per request.
-/// The message does not repeat the URL (a base URL may carry credentials).
+/// The message does not repeat the URL (a base URL may carry credentials). A URL that parses
+/// but that no HTTP client can call is refused too: `localhost:11434`, the common slip of a
+/// missing `http://`, parses as a URL of scheme `localhost` with no host, and would otherwise
+/// fail every request instead of the start.
 pub fn endpoint_url(url: &str) -> Result<reqwest::Url, ProviderError> {
-    reqwest::Url::parse(url).map_err(|e| {
+    let invalid = |why: String| {
         ProviderError::new(
             FailureKind::BadRequest,
-            format!("the provider's base URL is not a valid URL: {e}"),
+            format!("the provider's base URL is not a valid URL: {why}"),
         )
-    })
+    };
+    let parsed = reqwest::Url::parse(url).map_err(|e| invalid(e.to_string()))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(invalid(format!(
+            "its scheme is `{}`, not http or https (is `http://` missing?)",
+            parsed.scheme()
+        )));
+    }
+    // http and https URLs always have a host (the url crate refuses `http://` alone).
+    Ok(parsed)
 }
 
 /// Sends a request. A non-2xx answer becomes the provider's error, built by `describe` from

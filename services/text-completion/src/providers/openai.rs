@@ -720,6 +720,23 @@ mod tests {
         .unwrap();
         assert!(e.message.contains("not a valid URL"), "{e:?}");
         assert!(!e.message.contains("127.0.0.1"), "{e:?}");
+        // One that parses but that no HTTP client can call: `http://` left out, another scheme.
+        for (url, why) in [
+            (
+                "localhost:11434/v1",
+                "scheme is `localhost`, not http or https",
+            ),
+            ("ftp://files.example/v1", "scheme is `ftp`"),
+        ] {
+            let e = OpenAiProvider::new(OpenAiConfig::new(Dialect::Compatible, url, "m"))
+                .err()
+                .unwrap();
+            assert!(e.message.contains(why), "{url}: {e:?}");
+            assert!(
+                !e.message.contains("11434") && !e.message.contains("files.example"),
+                "{e:?}"
+            );
+        }
         let req = TextCompletionRequest {
             system: "s".into(),
             prompt: "p".into(),
