@@ -28,28 +28,38 @@ docker_down() {
   STARTED_DOCKERD=""
 }
 # docker_reap PREFIX SCRIPT: removes what an earlier run of SCRIPT left behind when it was
-# killed before its clean-up (a CI job's limit, a session's end): compose projects and
-# containers named PREFIX-PID whose PID is no longer a running SCRIPT. Such leftovers come
-# back with the engine (the stack's services restart `unless-stopped`) and a second broker,
-# Prometheus and replicas beside this run's slowed it past its waits (2026-12-01).
+# killed before its clean-up (a CI job's limit, a session's end): compose projects named
+# PREFIX-PID (with the containers on their network, such as a probe started by `docker run`)
+# and containers named exactly PREFIX-PID, whose PID is no longer a running SCRIPT. Such
+# leftovers come back with the engine (the stack's services restart `unless-stopped`) and
+# would run beside this run. Called before the caller makes anything, so a leftover whose
+# PID is this shell's own is one too (a PID reused after a restart). Never fails the caller:
+# what cannot be removed is said.
 docker_reap() {
   local prefix=$1 script=$2 name pid project
-  # owner_alive PID: PID is a running SCRIPT (not a reused pid of something else).
-  owner_alive() { [ -r "/proc/$1/cmdline" ] && tr '\0' ' ' <"/proc/$1/cmdline" | grep -q -- "$script"; }
+  # owner_alive PID: PID is a running SCRIPT other than this shell (not a reused pid).
+  owner_alive() {
+    [ "$1" != "$$" ] && [ -r "/proc/$1/cmdline" ] && tr '\0' ' ' <"/proc/$1/cmdline" | grep -q -- "$script"
+  }
   for project in $(docker ps -a --format '{{.Label "com.docker.compose.project"}}' | sort -u); do
-    [[ $project == "$prefix"-* ]] || continue
-    pid=${project##*-}
-    [[ $pid =~ ^[0-9]+$ ]] && ! owner_alive "$pid" || continue
+    [[ $project =~ ^$prefix-([0-9]+)$ ]] || continue
+    pid=${BASH_REMATCH[1]}
+    owner_alive "$pid" && continue
     echo "removing compose project $project, left behind by a run that did not finish" >&2
-    docker ps -aq --filter "label=com.docker.compose.project=$project" | xargs -r docker rm -f >/dev/null
-    docker volume ls -q --filter "label=com.docker.compose.project=$project" | xargs -r docker volume rm >/dev/null
-    docker network ls -q --filter "label=com.docker.compose.project=$project" | xargs -r docker network rm >/dev/null
+    { docker ps -aq --filter "label=com.docker.compose.project=$project"
+      docker ps -aq --filter "network=${project}_default"; } | sort -u | xargs -r docker rm -f >/dev/null ||
+      echo "could not remove all of $project's containers" >&2
+    docker volume ls -q --filter "label=com.docker.compose.project=$project" | xargs -r docker volume rm >/dev/null ||
+      echo "could not remove all of $project's volumes" >&2
+    docker network ls -q --filter "label=com.docker.compose.project=$project" | xargs -r docker network rm >/dev/null ||
+      echo "could not remove all of $project's networks" >&2
   done
   for name in $(docker ps -a --format '{{.Names}}'); do
-    [[ $name == "$prefix"-* ]] || continue
-    pid=${name##*-}
-    [[ $pid =~ ^[0-9]+$ ]] && ! owner_alive "$pid" || continue
+    [[ $name =~ ^$prefix-([0-9]+)$ ]] || continue
+    pid=${BASH_REMATCH[1]}
+    owner_alive "$pid" && continue
     echo "removing container $name, left behind by a run that did not finish" >&2
-    docker rm -f "$name" >/dev/null
+    docker rm -f "$name" >/dev/null || echo "could not remove container $name" >&2
   done
+  return 0
 }
