@@ -488,12 +488,9 @@ mod tests {
 
     use super::*;
 
-    /// A gateway serving text-completion on `bus`, handed `shared` to share, and the client
-    /// configuration that reads as its own would.
-    async fn sharing(
-        bus: &MemoryBus,
-        shared: impl FnOnce(ClientConfig) -> ClientConfig,
-    ) -> (Gateway, Arc<TextCompletionClient>) {
+    /// A gateway's configuration serving only text-completion, on the topics `tc-req`,
+    /// `tc-resp` and `tc-cancel` (the in-process bus's tests of this crate).
+    pub(crate) fn serving_text_completion() -> GatewayConfig {
         let mut config = GatewayConfig::new();
         config.services = BTreeMap::from([(
             ServiceKind::TextCompletion,
@@ -503,6 +500,16 @@ mod tests {
                 cancel: Some("tc-cancel".into()),
             },
         )]);
+        config
+    }
+
+    /// A gateway serving text-completion on `bus`, handed `shared` to share, and the client
+    /// configuration that reads as its own would.
+    async fn sharing(
+        bus: &MemoryBus,
+        shared: impl FnOnce(ClientConfig) -> ClientConfig,
+    ) -> (Gateway, Arc<TextCompletionClient>) {
+        let config = serving_text_completion();
         let mut cc = ClientConfig::new("text-completion", "tc-req", "tc-resp");
         cc.cancel_topic = Some("tc-cancel".into());
         cc.inactivity_timeout = config.inactivity_timeout;

@@ -18,7 +18,7 @@ use tokio_tungstenite::{
 use tokio_util::sync::CancellationToken;
 
 use super::*;
-use crate::{Gateway, GatewayConfig, ServiceTopics, auth::Auth};
+use crate::{Gateway, auth::Auth};
 
 type Socket = WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
 
@@ -41,16 +41,8 @@ impl Rig {
             .subscribe("tc-cancel", "stub", SubscribeOptions::shared(16))
             .await
             .unwrap();
-        let mut config = GatewayConfig::new();
+        let mut config = crate::tests::serving_text_completion();
         config.auth = Auth::new(token.map(Secret::new));
-        config.services = BTreeMap::from([(
-            ServiceKind::TextCompletion,
-            ServiceTopics {
-                request: "tc-req".into(),
-                response: "tc-resp".into(),
-                cancel: Some("tc-cancel".into()),
-            },
-        )]);
         let telemetry = Telemetry::new().unwrap();
         let gateway = Gateway::start(Arc::new(bus.clone()), config, &telemetry)
             .await
