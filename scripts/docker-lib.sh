@@ -36,15 +36,17 @@ docker_down() {
 # PID is this shell's own is one too (a PID reused after a restart). Never fails the caller:
 # what cannot be removed is said.
 docker_reap() {
-  local prefix=$1 script=$2 name pid project
-  # owner_alive PID: PID is a running SCRIPT other than this shell (not a reused pid).
-  owner_alive() {
-    [ "$1" != "$$" ] && [ -r "/proc/$1/cmdline" ] && tr '\0' ' ' <"/proc/$1/cmdline" | grep -q -- "$script"
+  local prefix=$1 script=$2 name project
+  # left_behind NAME: NAME is PREFIX-PID and PID is not a running SCRIPT other than this
+  # shell (a reused pid does not count).
+  left_behind() {
+    [[ $1 =~ ^$prefix-([0-9]+)$ ]] || return 1
+    local pid=${BASH_REMATCH[1]}
+    ! { [ "$pid" != "$$" ] && [ -r "/proc/$pid/cmdline" ] &&
+      tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- "$script"; }
   }
   for project in $(docker ps -a --format '{{.Label "com.docker.compose.project"}}' | sort -u); do
-    [[ $project =~ ^$prefix-([0-9]+)$ ]] || continue
-    pid=${BASH_REMATCH[1]}
-    owner_alive "$pid" && continue
+    left_behind "$project" || continue
     echo "removing compose project $project, left behind by a run that did not finish" >&2
     { docker ps -aq --filter "label=com.docker.compose.project=$project"
       docker ps -aq --filter "network=${project}_default"; } | sort -u | xargs -r docker rm -f >/dev/null ||
@@ -55,9 +57,7 @@ docker_reap() {
       echo "could not remove all of $project's networks" >&2
   done
   for name in $(docker ps -a --format '{{.Names}}'); do
-    [[ $name =~ ^$prefix-([0-9]+)$ ]] || continue
-    pid=${BASH_REMATCH[1]}
-    owner_alive "$pid" && continue
+    left_behind "$name" || continue
     echo "removing container $name, left behind by a run that did not finish" >&2
     docker rm -f "$name" >/dev/null || echo "could not remove container $name" >&2
   done
