@@ -248,7 +248,7 @@ out=$("$SLUICE_BIN" invoke agent -q "Please use a tool: what is two plus two?" 2
 grep -q 'There is no tool called "ask-llm"' <<<"$out$(cat "$WORK/err")" ||
   fail "the agent did not answer the model's tool request with its (empty) tool list: $out $(cat "$WORK/err")"
 log "agent (the shipped config has no tools: the model's tool request is refused, then it answers): ${out:0:100}"
-status=$(curl -s -o /dev/null -w '%{http_code}' -m 10 -d '{"system":"s","prompt":"[fake:echo] x"}' "$GW/api/v1/text-completion")
+status=$(curl -s -o /dev/null -w '%{http_code}' -m 10 -H 'Content-Type: application/json' -d '{"system":"s","prompt":"[fake:echo] x"}' "$GW/api/v1/text-completion")
 [ "$status" = 401 ] || fail "the gateway Service answered a caller without the token: HTTP $status"
 
 # -- Prometheus on the shipped PodMonitor ---------------------------------------------------------

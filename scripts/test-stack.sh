@@ -173,7 +173,7 @@ cancelled() {
     awk '/^sluice_processor_requests_total\{/ && /outcome="cancelled"/ { s += $NF } END { print s + 0 }'
 }
 cancelled_before=$(cancelled)
-curl -s -m 2 -N -H 'Accept: application/x-ndjson' -d '{"system":"s","prompt":"[fake:slow] go away"}' \
+curl -s -m 2 -N -H 'Accept: application/x-ndjson' -H 'Content-Type: application/json' -d '{"system":"s","prompt":"[fake:slow] go away"}' \
   "http://$GW/api/v1/text-completion" >/dev/null || true
 cancel_counted() { [ "$(cancelled)" -gt "$cancelled_before" ]; }
 WAIT_INTERVAL=0.2 wait_until 20 "the processor counting a cancelled request" cancel_counted ||
@@ -225,7 +225,7 @@ all_served() {
 sent=0
 until all_served; do
   [ "$sent" -lt 60 ] || fail "after $sent requests not every replica had served one"
-  out=$(curl -sf -m 30 -H 'Accept: application/x-ndjson' -d "{\"system\":\"s\",\"prompt\":\"[fake:echo] $sent\"}" \
+  out=$(curl -sf -m 30 -H 'Accept: application/x-ndjson' -H 'Content-Type: application/json' -d "{\"system\":\"s\",\"prompt\":\"[fake:echo] $sent\"}" \
     "http://$GW/api/v1/text-completion") || fail "request $sent failed"
   echo "$out" | tail -n 1 | grep '"type":"done"' | grep -q '"reason":"success"' ||
     fail "request $sent did not end with a successful done event: $(echo "$out" | tail -n 2)"

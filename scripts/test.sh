@@ -69,8 +69,9 @@ export SLUICE_SKIP_LOG
 # cmake, ninja and unzip build llama-server, the local LLM.
 # make and a C compiler build AFL++ for the fuzzing (scripts/fuzz.sh): installed here, before
 # the background jobs below, so that no two of them run apt at once.
+# Chromium (Debian's) is the real browser of the security suite's browser test.
 prereqs protoc:protobuf-compiler curl:curl mvn:maven cmake:cmake ninja:ninja-build unzip:unzip \
-  make:make cc:gcc
+  make:make cc:gcc chromium:chromium
 
 # The Kubernetes stages' Go builds (kube-apiserver, kubelet, ..., KEDA, metrics-server: ~25 min
 # of CPU from nothing, seconds when cached) run from here at the lowest priority, in the time
@@ -230,6 +231,12 @@ elif [ "${CI:-}" = "true" ]; then
   exit 1
 else
   echo "trustgraph-cli could not be installed; the gateway test skips the real tg-list-models" >&2
+fi
+
+# Debian's Chromium (installed above): the security suite loads a page of another origin in it
+# (services/cli/tests/security.rs); never a browser build downloaded by a test tool.
+if command -v chromium >/dev/null 2>&1; then
+  export SLUICE_CHROMIUM="$(command -v chromium)"
 fi
 
 # OpenAI's own Python SDK (PyPI openai, in a venv): the OpenAI-dialect tests drive the

@@ -3,7 +3,10 @@
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use clap::Args;
-use sluice_gateway::{Auth, Gateway, GatewayConfig, ServiceKind, ServiceTopics, keys::Keys};
+use sluice_gateway::{
+    Access, Auth, Gateway, GatewayConfig, ServerLimits, ServiceKind, ServiceTopics, keys::Keys,
+    server,
+};
 use sluice_runtime::{
     bus::Bus,
     secret::Secret,
@@ -23,8 +26,9 @@ const LIMITS_RETENTION_MINUTES: u32 = 32 * 24 * 60;
 const LIMITS_RETENTION_MB: i64 = -1;
 
 /// How the gateway serves HTTP (shared by `gateway` and `serve`). The bearer token comes
-/// from SLUICE_GATEWAY_TOKEN or the file named by SLUICE_GATEWAY_TOKEN_FILE; without one,
-/// every caller is accepted.
+/// from SLUICE_GATEWAY_TOKEN or the file named by SLUICE_GATEWAY_TOKEN_FILE; without one (and
+/// without a keys file), every caller is accepted, which a gateway listening beyond loopback
+/// allows only with --allow-unauthenticated (docs/security.md).
 #[derive(Args, Debug, Clone)]
 pub struct GatewayArgs {
     /// Address the gateway listens on (default: 0.0.0.0:8088 for `gateway`, 127.0.0.1:8088
@@ -58,13 +62,57 @@ pub struct GatewayArgs {
     /// alone. The in-process bus always counts alone.
     #[arg(long, env = "SLUICE_GATEWAY_LIMITS_TOPIC")]
     pub limits_topic: Option<String>,
+    /// An origin (`scheme://host[:port]`) whose web pages may call the gateway from a browser
+    /// (CORS, WebSocket); repeat, or comma-separate in the variable. None by default: a
+    /// request with any other `Origin` is refused. `*` allows every origin, and needs a token
+    /// or keys file.
+    #[arg(
+        long = "allowed-origin",
+        env = "SLUICE_ALLOWED_ORIGINS",
+        value_delimiter = ','
+    )]
+    pub allowed_origins: Vec<String>,
+    /// A host name (`NAME` or `NAME:PORT`) callers may reach the gateway by besides loopback
+    /// ones, where the `Host` check is on: on a loopback listener, and on any listener
+    /// without credentials (DNS rebinding); repeat, or comma-separate. `*` turns the check
+    /// off.
+    #[arg(
+        long = "allowed-host",
+        env = "SLUICE_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
+    pub allowed_hosts: Vec<String>,
+    /// Start without a token or keys file on an address beyond loopback: anyone who can
+    /// reach it may spend the providers' keys. Refused otherwise.
+    #[arg(long, env = "SLUICE_ALLOW_UNAUTHENTICATED")]
+    pub allow_unauthenticated: bool,
+    /// HTTP connections served at once; more wait until one closes. Bounded by the
+    /// process's open-file limit.
+    #[arg(long, env = "SLUICE_MAX_CONNECTIONS", default_value_t = server::DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
+    /// Seconds a connection has to send its request's headers (from opening, or from its
+    /// last answer when kept alive); closed after that.
+    #[arg(long, env = "SLUICE_HEADER_READ_TIMEOUT_SECS", default_value_t = server::DEFAULT_HEADER_READ_TIMEOUT.as_secs())]
+    pub header_read_timeout_secs: u64,
+    /// Seconds a WebSocket has to authenticate, when credentials are required.
+    #[arg(long, env = "SLUICE_SOCKET_AUTH_WINDOW_SECS", default_value_t = 5)]
+    pub socket_auth_window_secs: u64,
+    /// Requests one WebSocket may have running at once.
+    #[arg(long, env = "SLUICE_SOCKET_MAX_REQUESTS", default_value_t = 64)]
+    pub socket_max_requests: usize,
 }
 
 impl GatewayArgs {
-    /// The gateway config for `services`, with their topics in `topicspace` (`tg` for
-    /// TrustGraph's) under `mapping`.
+    /// The address to listen on: `--listen`, else `default`.
+    pub fn listen_or(&self, default: SocketAddr) -> SocketAddr {
+        self.listen.unwrap_or(default)
+    }
+
+    /// The gateway config for `services` listening on `listen`, with their topics in
+    /// `topicspace` (`tg` for TrustGraph's) under `mapping`.
     pub fn config(
         &self,
+        listen: SocketAddr,
         services: &[ServiceKind],
         topicspace: &str,
         mapping: TopicMapping,
@@ -82,6 +130,23 @@ impl GatewayArgs {
             info!(keys = keys.ring().len(), path = %path.display(), "API keys loaded");
             config.auth = config.auth.with_keys(Arc::new(keys));
         }
+        let required = config.auth.required();
+        if !required && !listen.ip().is_loopback() {
+            if !self.allow_unauthenticated {
+                return Err(format!(
+                    "refusing to listen on {listen} without credentials: anyone who can reach it could use the providers' keys. Set SLUICE_GATEWAY_TOKEN (or SLUICE_GATEWAY_TOKEN_FILE) or --keys-file, listen on 127.0.0.1, or pass --allow-unauthenticated to open it deliberately"
+                ));
+            }
+            warn!(%listen, "the gateway accepts every caller (--allow-unauthenticated)");
+        }
+        config.access = Access::new(listen, required, &self.allowed_hosts, &self.allowed_origins)
+            .map_err(|e| e.to_string())?;
+        config.server = ServerLimits {
+            max_connections: server::connection_cap(self.max_connections),
+            header_read_timeout: Duration::from_secs(self.header_read_timeout_secs.max(1)),
+        };
+        config.socket_auth_window = Duration::from_secs(self.socket_auth_window_secs.max(1));
+        config.socket_max_requests = self.socket_max_requests.max(1);
         config.limits_topic = match self.limits_topic.as_deref() {
             Some("none") => None,
             Some(topic) => Some(topic.to_owned()),
@@ -170,9 +235,15 @@ pub async fn serve_until(
 
 /// Runs the gateway until SIGTERM/SIGINT.
 pub async fn run(args: GatewayCommand) -> Result<(), String> {
-    let (config, topics) =
-        args.gateway
-            .config(&args.services, &args.topicspace, args.bus.topic_mapping)?;
+    let addr = args
+        .gateway
+        .listen_or(SocketAddr::from(([0, 0, 0, 0], 8088)));
+    let (config, topics) = args.gateway.config(
+        addr,
+        &args.services,
+        &args.topicspace,
+        args.bus.topic_mapping,
+    )?;
     let bus: Arc<dyn Bus> = connect(&args.bus, &topics).await?;
     let telemetry = Telemetry::new().map_err(|e| e.to_string())?;
     let limits_topic = config
@@ -216,10 +287,6 @@ pub async fn run(args: GatewayCommand) -> Result<(), String> {
             health.set_draining();
         })
     };
-    let addr = args
-        .gateway
-        .listen
-        .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 8088)));
     let result = serve_until(
         &gateway,
         addr,

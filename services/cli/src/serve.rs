@@ -71,9 +71,12 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         ServiceKind::Prompt,
         ServiceKind::Agent,
     ];
+    let addr = args
+        .gateway
+        .listen_or(SocketAddr::from(([127, 0, 0, 1], 8088)));
     let (gateway_config, mut topics) =
         args.gateway
-            .config(&services, defaults::TOPICSPACE, mapping)?;
+            .config(addr, &services, defaults::TOPICSPACE, mapping)?;
     let grace = Duration::from_secs(args.drain_grace_secs);
     let processor_config = |kind: ServiceKind| -> Result<ProcessorConfig, String> {
         let name = kind.as_str();
@@ -203,10 +206,6 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot serve metrics on {}: {e}", args.metrics_addr))?;
     info!(%metrics, "serving /metrics /healthz /readyz");
-    let addr = args
-        .gateway
-        .listen
-        .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 8088)));
     let on_signal = {
         let (shutdown, health, processor_stop) = (
             shutdown.clone(),

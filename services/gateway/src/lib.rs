@@ -18,13 +18,16 @@
 
 pub mod auth;
 pub mod events;
+pub mod guard;
 mod http;
 pub mod keys;
 pub mod kinds;
 mod limits;
 pub mod metrics;
 mod openai;
+mod refusal;
 mod resume;
+pub mod server;
 pub mod socket;
 
 use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
@@ -32,8 +35,8 @@ use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
 use axum::{
     Router,
     extract::DefaultBodyLimit,
+    middleware,
     routing::{get, post},
-    serve::ListenerExt,
 };
 use sluice_runtime::{
     bus::Bus,
@@ -47,9 +50,11 @@ use sluice_schema::{
     TextCompletionRequest, TextCompletionResponse,
 };
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info};
+use tracing::info;
 
-pub use crate::{auth::Auth, kinds::ServiceKind, metrics::GatewayMetrics};
+pub use crate::{
+    auth::Auth, guard::Access, kinds::ServiceKind, metrics::GatewayMetrics, server::ServerLimits,
+};
 
 /// The bus topics (Pulsar URLs) of one service.
 #[derive(Debug, Clone)]
@@ -67,6 +72,16 @@ pub struct ServiceTopics {
 pub struct GatewayConfig {
     /// Who may call.
     pub auth: Auth,
+    /// Which browsers' pages and host names may reach the gateway (see [`guard`]).
+    pub access: Access,
+    /// Connections at once, and how long one has to send its headers (see [`server`]).
+    pub server: ServerLimits,
+    /// How long a WebSocket has to authenticate when credentials are required: closed
+    /// after that, as after [`SOCKET_AUTH_FAILURES`] failed attempts.
+    pub socket_auth_window: Duration,
+    /// Requests one WebSocket may have running at once; more are refused with an error
+    /// frame.
+    pub socket_max_requests: usize,
     /// The largest request body (and WebSocket frame) accepted, in bytes.
     pub body_limit: usize,
     /// A request that has not finished after this long ends with a `timeout` error.
@@ -87,11 +102,15 @@ pub struct GatewayConfig {
 }
 
 impl GatewayConfig {
-    /// Defaults: no auth, 1 MiB bodies, 600 s per request, 120 s of silence, flow `default`,
-    /// no services.
+    /// Defaults: no auth, loopback hosts and no browser origin, 1 MiB bodies, 600 s per
+    /// request, 120 s of silence, flow `default`, no services.
     pub fn new() -> Self {
         Self {
             auth: Auth::default(),
+            access: Access::default(),
+            server: ServerLimits::default(),
+            socket_auth_window: Duration::from_secs(5),
+            socket_max_requests: 64,
             body_limit: 1024 * 1024,
             request_timeout: Duration::from_secs(600),
             inactivity_timeout: Duration::from_secs(120),
@@ -108,6 +127,9 @@ impl Default for GatewayConfig {
         Self::new()
     }
 }
+
+/// Failed authentications after which a WebSocket is closed.
+pub const SOCKET_AUTH_FAILURES: u32 = 3;
 
 /// The bus clients of the enabled services.
 #[derive(Default)]
@@ -328,9 +350,10 @@ impl Gateway {
         })
     }
 
-    /// The HTTP routes.
+    /// The HTTP routes, behind the browser-facing checks of [`guard`] (and CORS answers for
+    /// the origins it allows).
     pub fn router(&self) -> Router {
-        Router::new()
+        let routes = Router::new()
             .route("/api/v1/socket", get(socket::upgrade))
             .route("/api/v1/models", get(http::models))
             .route(
@@ -349,12 +372,23 @@ impl Gateway {
                 post(http::flow_service),
             )
             .fallback(http::not_found)
-            .layer(DefaultBodyLimit::max(self.inner.config.body_limit))
+            .layer(DefaultBodyLimit::max(self.inner.config.body_limit));
+        let routes = match self.inner.config.access.cors() {
+            Some(cors) => routes.layer(cors),
+            None => routes,
+        };
+        // The checks wrap everything else, CORS preflights included: an origin that is not
+        // allowed learns nothing but its refusal.
+        routes
+            .layer(middleware::from_fn_with_state(
+                self.inner.clone(),
+                guard::guard,
+            ))
             .with_state(self.inner.clone())
     }
 
-    /// Serves until `shutdown`, then lets open responses finish. Accepted sockets get
-    /// TCP_NODELAY: each event is a small write that must leave at once.
+    /// Serves until `shutdown`, then lets open responses finish (see [`server`]: the
+    /// connection cap, the header deadline, TCP_NODELAY).
     pub async fn serve(
         &self,
         addr: SocketAddr,
@@ -366,19 +400,16 @@ impl Gateway {
         let local = listener
             .local_addr()
             .map_err(|e| GatewayError::Listen(addr, e))?;
-        let listener = listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
         let app = self.router();
-        info!(%local, "gateway listening");
-        let task = tokio::spawn(async move {
-            let served = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { shutdown.cancelled().await })
-                .await;
-            if let Err(e) = served {
-                error!(error = %e, "gateway stopped");
-            }
-        });
+        let limits = self.inner.config.server;
+        info!(
+            %local,
+            max_connections = limits.max_connections,
+            header_read_timeout_secs = limits.header_read_timeout.as_secs_f64(),
+            "gateway listening"
+        );
+        let metrics = self.inner.metrics.clone();
+        let task = tokio::spawn(server::serve(listener, app, limits, metrics, shutdown));
         Ok((local, task))
     }
 

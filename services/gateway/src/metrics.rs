@@ -27,7 +27,13 @@ pub struct GatewayMetrics {
     limit_peers: IntGauge,
     limit_share_failures: IntCounter,
     limit_share_delay: prometheus::Histogram,
+    refusals: IntCounterVec,
+    open_connections: IntGauge,
 }
+
+/// Why a request or connection was refused before any route saw it
+/// (`sluice_gateway_refusals_total{reason}`).
+pub const REFUSAL_REASONS: [&str; 4] = ["host", "origin", "content-type", "socket-auth"];
 
 /// What happened to an API key's request (`sluice_gateway_key_requests_total{outcome}`).
 pub const KEY_OUTCOMES: [&str; 4] = ["admitted", "rate-limited", "quota-exceeded", "forbidden"];
@@ -111,6 +117,17 @@ impl GatewayMetrics {
             "sluice_gateway_limit_share_failures_total",
             "Failures to publish or read the limit state shared by the replicas (while they last, each replica counts alone)",
         )?;
+        let refusals = IntCounterVec::new(
+            Opts::new(
+                "sluice_gateway_refusals_total",
+                "Requests refused before any route saw them, by reason: host (a Host name not served: DNS rebinding), origin (a web page of an origin not allowed), content-type (a POST body not declared JSON), socket-auth (a WebSocket that did not authenticate in time or failed too often)",
+            ),
+            &["reason"],
+        )?;
+        let open_connections = IntGauge::new(
+            "sluice_gateway_open_connections",
+            "HTTP connections open now (at most --max-connections; more wait in the listen backlog)",
+        )?;
         let limit_share_delay = prometheus::Histogram::with_opts(
             HistogramOpts::new(
                 "sluice_gateway_limit_share_delay_seconds",
@@ -126,6 +143,9 @@ impl GatewayMetrics {
         for kind in ["auth", "request", "invalid"] {
             socket_frames.with_label_values(&[kind]);
         }
+        for reason in REFUSAL_REASONS {
+            refusals.with_label_values(&[reason]);
+        }
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(streams.clone()))?;
         registry.register(Box::new(first_event.clone()))?;
@@ -139,6 +159,8 @@ impl GatewayMetrics {
         registry.register(Box::new(limit_peers.clone()))?;
         registry.register(Box::new(limit_share_failures.clone()))?;
         registry.register(Box::new(limit_share_delay.clone()))?;
+        registry.register(Box::new(refusals.clone()))?;
+        registry.register(Box::new(open_connections.clone()))?;
         Ok(Self {
             requests,
             streams,
@@ -153,6 +175,8 @@ impl GatewayMetrics {
             limit_peers,
             limit_share_failures,
             limit_share_delay,
+            refusals,
+            open_connections,
         })
     }
 
@@ -198,6 +222,17 @@ impl GatewayMetrics {
     /// Changes the open-stream gauge.
     pub fn open_streams(&self, route: &str, delta: i64) {
         self.open_streams.with_label_values(&[route]).add(delta);
+    }
+
+    /// Counts a request refused before any route saw it (`reason`: one of
+    /// [`REFUSAL_REASONS`]).
+    pub fn refusal(&self, reason: &str) {
+        self.refusals.with_label_values(&[reason]).inc();
+    }
+
+    /// Changes the open-connection gauge.
+    pub fn open_connections(&self, delta: i64) {
+        self.open_connections.add(delta);
     }
 
     /// Counts a WebSocket frame.

@@ -109,6 +109,18 @@ impl ApiError {
         }
     }
 
+    /// A refusal before any work (a check in front of every route): OpenAI's
+    /// `invalid_request_error` with the gateway's error type as its code.
+    pub(crate) fn refusal(status: StatusCode, message: &str, code: &str) -> Self {
+        Self {
+            status,
+            message: message.to_owned(),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some(code.to_owned()),
+        }
+    }
+
     fn unsupported(param: &str, why: &str) -> Self {
         Self::invalid(
             format!("'{param}' is not supported by this server: {why}"),

@@ -1,13 +1,19 @@
 //! TrustGraph's WebSocket protocol on `/api/v1/socket`: a first `auth` frame, then any number
 //! of concurrent requests multiplexed by the client's ids, each answered by response frames
 //! with a `complete` flag. Closing the socket cancels everything still running on it.
+//!
+//! Where credentials are required, a socket that has not authenticated within the gateway's
+//! `socket_auth_window`, or has failed to [`SOCKET_AUTH_FAILURES`] times, is closed (code
+//! 1008, policy violation): an open socket holds a task and a connection, and guessing keys
+//! on one must cost a new connection per few guesses. Each socket runs at most
+//! `socket_max_requests` requests at once; more are refused, each with an error frame.
 
 use std::{collections::HashMap, sync::Arc, time::Instant};
 
 use axum::{
     extract::{
         State, WebSocketUpgrade,
-        ws::{Message, WebSocket},
+        ws::{CloseFrame, Message, WebSocket, close_code},
     },
     response::Response,
 };
@@ -20,7 +26,7 @@ use tokio::{sync::mpsc, task::JoinSet};
 use tracing::debug;
 
 use crate::{
-    Inner, Refusal,
+    Inner, Refusal, SOCKET_AUTH_FAILURES,
     auth::Caller,
     http::Routed,
     kinds::{Agent, Prompt, ServiceKind, TextCompletion},
@@ -62,8 +68,18 @@ async fn run(inner: Arc<Inner>, mut socket: WebSocket) {
     // they are then, so a key revoked meanwhile stops working on open sockets too.
     let mut authed: Option<Option<Secret>> =
         inner.config.auth.caller(None).is_some().then_some(None);
+    let mut auth_failures = 0;
+    // Until the socket first authenticates (never, when nothing is required).
+    let auth_deadline = tokio::time::sleep(inner.config.socket_auth_window);
+    tokio::pin!(auth_deadline);
+    let mut awaiting_auth = authed.is_none();
     loop {
         tokio::select! {
+            () = &mut auth_deadline, if awaiting_auth => {
+                inner.metrics.refusal("socket-auth");
+                close(&mut socket, "not authenticated in time").await;
+                break;
+            }
             msg = socket.recv() => {
                 let text = match msg {
                     Some(Ok(Message::Text(t))) => t,
@@ -78,10 +94,18 @@ async fn run(inner: Arc<Inner>, mut socket: WebSocket) {
                     Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
                     Some(Ok(Message::Close(_)) | Err(_)) | None => break,
                 };
-                let reply = frame(&inner, text.as_str(), &mut authed, &mut tasks, &mut active, &out_tx);
+                let reply = frame(&inner, text.as_str(), &mut authed, &mut auth_failures, &mut tasks, &mut active, &out_tx);
+                if authed.is_some() {
+                    awaiting_auth = false;
+                }
                 if let Some(reply) = reply
                     && socket.send(Message::Text(reply.into())).await.is_err()
                 {
+                    break;
+                }
+                if auth_failures >= SOCKET_AUTH_FAILURES {
+                    inner.metrics.refusal("socket-auth");
+                    close(&mut socket, "too many failed authentications").await;
                     break;
                 }
             }
@@ -100,6 +124,15 @@ async fn run(inner: Arc<Inner>, mut socket: WebSocket) {
     // Dropping the tasks drops their response streams, which cancels the requests.
     debug!(open = tasks.len(), "socket closed");
     tasks.abort_all();
+}
+
+/// Closes `socket` for a policy violation, saying why.
+async fn close(socket: &mut WebSocket, reason: &'static str) {
+    let frame = CloseFrame {
+        code: close_code::POLICY,
+        reason: reason.into(),
+    };
+    let _ = socket.send(Message::Close(Some(frame))).await;
 }
 
 /// What a text frame of the WebSocket asks for.
@@ -179,6 +212,7 @@ fn frame(
     inner: &Arc<Inner>,
     text: &str,
     authed: &mut Option<Option<Secret>>,
+    auth_failures: &mut u32,
     tasks: &mut JoinSet<String>,
     active: &mut HashMap<String, tokio::task::AbortHandle>,
     out: &mpsc::Sender<String>,
@@ -198,6 +232,9 @@ fn frame(
             // The socket stays open after a failure: the client may try again.
             let accepted = inner.config.auth.caller(token.as_deref()).is_some();
             *authed = accepted.then(|| token.map(Secret::new));
+            if !accepted {
+                *auth_failures += 1;
+            }
             return Some(if accepted {
                 json!({ "type": "auth-ok", "default_workspace": "default" }).to_string()
             } else {
@@ -227,6 +264,17 @@ fn frame(
             Some(&id),
             &format!("request id {id:?} is already in flight on this socket"),
         );
+    }
+    if active.len() >= inner.config.socket_max_requests {
+        inner.metrics.socket_frame("invalid");
+        let err = Error::new(
+            ErrorKind::TooManyRequests,
+            format!(
+                "{} requests are already running on this socket, its limit; wait for one to complete",
+                active.len()
+            ),
+        );
+        return Some(error_frame(Some(&id), &err));
     }
     inner.metrics.socket_frame("request");
     let handle = match kind {
