@@ -24,7 +24,7 @@ use axum::{
 use futures::Stream;
 use serde_json::json;
 use sluice_runtime::{
-    client::{RequestClient, RequestOptions},
+    client::RequestClient,
     reader::{Piece, Reader},
     telemetry::ClientOutcome,
 };
@@ -32,10 +32,12 @@ use sluice_schema::{Error, ErrorKind, ResponseRecord};
 
 use crate::{
     Clients, Inner, Refusal,
+    auth::Caller,
     events::{Event, Reason, Status},
     kinds::{Agent, Kind, Prompt, ServiceKind, StreamState, TextCompletion},
+    preamble::{self, Call, Refused, Started, labelled},
     reporting,
-    resume::{self, Numbering, Step, Token},
+    resume::{self, Step},
     server_span, trace_outcome,
 };
 
@@ -272,11 +274,6 @@ pub(crate) fn refuse(
     resp
 }
 
-fn counted(inner: &Inner, route: &str, resp: Response) -> Response {
-    inner.metrics.request(route, resp.status().as_u16());
-    resp
-}
-
 /// `POST /api/v1/{service}`.
 pub(crate) async fn service(
     State(inner): State<Arc<Inner>>,
@@ -311,7 +308,7 @@ pub(crate) async fn flow_service(
             "invalid-request",
             &message,
         );
-        return counted(&inner, "flow", resp);
+        return labelled("flow", resp);
     }
     let ask = Ask {
         accept: accepted(&headers),
@@ -359,7 +356,7 @@ async fn dispatch(
             "invalid-request",
             &message,
         );
-        return counted(&inner, "unknown", resp);
+        return labelled("unknown", resp);
     };
     match kind {
         ServiceKind::TextCompletion => {
@@ -384,165 +381,72 @@ pub(crate) async fn handle<K: Routed>(
     ask: Ask,
     decode: impl FnOnce(&Bytes) -> Result<K::Request, String>,
 ) -> Response {
-    let route = K::KIND.as_str();
+    labelled(
+        K::KIND.as_str(),
+        answer::<K>(inner, headers, body, ask, decode).await,
+    )
+}
+
+/// [`handle`]'s work: decode, [`preamble::start`], then the answer in the mode asked for.
+async fn answer<K: Routed>(
+    inner: Arc<Inner>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    ask: Ask,
+    decode: impl FnOnce(&Bytes) -> Result<K::Request, String>,
+) -> Response {
     let started = Instant::now();
-    let Some(caller) = inner.config.auth.caller_of(&headers) else {
-        let resp = refuse(
-            ask.accept,
-            &headers,
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "a valid `Authorization: Bearer <token>` header is required",
-        );
-        return counted(&inner, route, resp);
-    };
-    let body = match body {
-        Ok(b) => b,
-        Err(rejection) => {
-            let status = rejection.status();
-            let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
-                format!(
-                    "the request body is larger than the limit of {} bytes",
-                    inner.config.body_limit
-                )
-            } else {
-                rejection.body_text()
-            };
-            let kind = if status == StatusCode::PAYLOAD_TOO_LARGE {
-                "message-too-large"
-            } else {
-                "invalid-request"
-            };
-            let resp = refuse(ask.accept, &headers, status, kind, &message);
-            return counted(&inner, route, resp);
-        }
-    };
-    let decoded = decode(&body).and_then(|r| match K::unanswerable(&r) {
-        Some(why) => Err(why),
-        None => Ok(r),
-    });
-    let mut request: K::Request = match decoded {
+    let read = read_request::<K>(&inner, &headers, body, decode);
+    let (caller, mut request) = match read {
         Ok(r) => r,
-        Err(e) => {
-            let resp = refuse(
-                ask.accept,
-                &headers,
-                StatusCode::BAD_REQUEST,
-                "invalid-request",
-                &e,
-            );
-            return counted(&inner, route, resp);
-        }
+        Err(refused) => return refused.rest(&inner, ask.accept, &headers),
     };
     let mode = ask.mode(K::streaming(&request));
-    let Some(client) = K::client(&inner.clients) else {
-        let message = format!("the {route} service is not enabled on this gateway");
-        let resp = refuse(
-            Some(mode),
-            &headers,
-            StatusCode::NOT_FOUND,
-            "no-configuration",
-            &message,
-        );
-        return counted(&inner, route, resp);
-    };
     K::set_streaming(&mut request, mode != Mode::Json);
-    let resume = match resume::checked(&inner, &headers, route, client.resumable()) {
-        Ok(r) => r,
-        Err((status, kind, message)) => {
-            let resp = refuse(Some(mode), &headers, status, kind, &message);
-            return counted(&inner, route, resp);
-        }
-    };
-    // A resumed stream was admitted when it started; its key must still be allowed to read
-    // it. Asking which models are served is not limited.
-    let admitted = if resume.is_some() || !K::calls_a_model(&request) {
-        inner
-            .permitted(&caller, K::KIND, K::model(&request))
-            .map(|()| None)
-    } else {
-        inner.admit(
-            &caller,
-            K::KIND,
-            K::model(&request),
-            K::max_tokens(&request),
-        )
-    };
-    let admission = match admitted {
-        Ok(a) => a,
-        Err(refusal) => {
-            return counted(&inner, route, refused(Some(mode), &headers, refusal));
-        }
-    };
+    let route = K::KIND.as_str();
     let incoming = headers.get("traceparent").and_then(|v| v.to_str().ok());
     let span = server_span(route, incoming);
-    let tp = span.traceparent();
+    let trace_id = span.context().trace_id();
+    let call = Call::<K> {
+        inner: &inner,
+        headers: &headers,
+        caller: &caller,
+        request: &request,
+        route,
+        span,
+        token_trace: Some(trace_id.clone()),
+        policy: reporting(),
+        resumable_route: true,
+    };
+    let Started {
+        reader,
+        mut span,
+        request_id,
+        resume,
+        numbering,
+    } = match preamble::start::<K>(call).await {
+        Ok(s) => s,
+        Err(refused) => return refused.rest(&inner, Some(mode), &headers),
+    };
     // A resumed stream's events carry the trace id the stream started with.
     let trace_id = match &resume {
         Some(r) => r.token.trace_id.clone(),
-        None => span.context().trace_id(),
-    };
-    let request_id = match &resume {
-        Some(r) => r.token.id.clone(),
-        None => uuid::Uuid::new_v4().to_string(),
+        None => trace_id,
     };
     // Without a session of its own, the request's id: the same again when it is resumed.
     let session_id = session_header(&headers)
         .or_else(|| K::session_id(&request))
-        .unwrap_or_else(|| request_id.clone());
-    let options = RequestOptions {
-        id: Some(request_id),
-        traceparent: Some(tp),
-        key: caller.key().map(|k| k.name.to_string()),
-        ..RequestOptions::default()
-    };
-    let read = match &resume {
-        Some(r) => {
-            client
-                .resume_read(&r.token.id, r.token.after, options, reporting())
-                .await
-        }
-        None => client.read(&request, options, reporting()).await,
-    };
-    let mut reader = match read {
-        Ok(r) => r,
-        Err(f) => {
-            let err = f.error;
-            let resp = refuse(
-                Some(mode),
-                &headers,
-                StatusCode::SERVICE_UNAVAILABLE,
-                err.kind.as_str(),
-                &err.message,
-            );
-            return counted(&inner, route, resp);
-        }
-    };
-    if let Some(a) = admission {
-        reader.meter(Box::new(a));
-    }
-    let numbering = match &resume {
-        Some(r) => Numbering::resumed(r),
-        None if resume::offered(&inner, client.resumable()) => Numbering::new(&Token::new(
-            route,
-            reader.id(),
-            reader.resume_after(),
-            &trace_id,
-        )),
-        None => Numbering::none(),
-    };
+        .unwrap_or(request_id);
     match mode {
         Mode::Json => {
-            let mut span = span;
             let resp = whole::<K>(reader).await;
             if !resp.status().is_success() {
                 span.fail(resp.status().as_str().to_owned());
             }
             span.end();
-            counted(&inner, route, resp)
+            resp
         }
         Mode::Records => {
-            inner.metrics.request(route, 200);
             let records = RecordStream::<K> {
                 reader: Some(reader),
                 tally: Tally::open(inner.clone(), route, started, span),
@@ -573,7 +477,6 @@ pub(crate) async fn handle<K: Routed>(
             resp
         }
         Mode::Ndjson | Mode::Sse => {
-            inner.metrics.request(route, 200);
             let events = EventStream::<K> {
                 reader: Some(reader),
                 state: StreamState {
@@ -604,6 +507,27 @@ pub(crate) async fn handle<K: Routed>(
             resp
         }
     }
+}
+
+/// Who is calling and what they ask: the caller's credential, the body, the record in it
+/// (and whether the event protocol can answer it).
+fn read_request<K: Routed>(
+    inner: &Inner,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    decode: impl FnOnce(&Bytes) -> Result<K::Request, String>,
+) -> Result<(Caller, K::Request), Refused> {
+    let caller = inner
+        .config
+        .auth
+        .caller_of(headers)
+        .ok_or(Refused::Unauthorized)?;
+    let body = body.map_err(|r| Refused::body(&r))?;
+    let request = decode(&body).map_err(Refused::Invalid)?;
+    if let Some(why) = K::unanswerable(&request) {
+        return Err(Refused::Invalid(why));
+    }
+    Ok((caller, request))
 }
 
 fn no_buffering(resp: &mut Response) {

@@ -25,6 +25,7 @@ pub mod kinds;
 mod limits;
 pub mod metrics;
 mod openai;
+mod preamble;
 mod refusal;
 mod resume;
 pub mod server;
@@ -378,8 +379,13 @@ impl Gateway {
             None => routes,
         };
         // The checks wrap everything else, CORS preflights included: an origin that is not
-        // allowed learns nothing but its refusal.
+        // allowed learns nothing but its refusal. Inside them, every labelled response is
+        // counted by its route.
         routes
+            .layer(middleware::from_fn_with_state(
+                self.inner.clone(),
+                preamble::count_requests,
+            ))
             .layer(middleware::from_fn_with_state(
                 self.inner.clone(),
                 guard::guard,

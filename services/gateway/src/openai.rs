@@ -57,11 +57,14 @@ use sluice_schema::{
 };
 
 use crate::{
-    Inner, Refusal, client_error,
+    Inner, Refusal,
+    auth::Caller,
+    client_error,
     http::{self, Ask, Mode},
     http_span,
-    kinds::{ServiceKind, TextCompletion},
-    resume::{self, Numbering, Step, Token},
+    kinds::TextCompletion,
+    preamble::{self, Call, Refused, Started, labelled},
+    resume::{self, Numbering, Step},
     trace_outcome,
 };
 
@@ -91,7 +94,7 @@ const IGNORED: &[&str] = &[
 /// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ApiError {
-    status: StatusCode,
+    pub(crate) status: StatusCode,
     message: String,
     kind: &'static str,
     param: Option<String>,
@@ -99,7 +102,11 @@ pub(crate) struct ApiError {
 }
 
 impl ApiError {
-    fn invalid(message: impl Into<String>, param: Option<&str>, code: Option<&str>) -> Self {
+    pub(crate) fn invalid(
+        message: impl Into<String>,
+        param: Option<&str>,
+        code: Option<&str>,
+    ) -> Self {
         Self {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
@@ -145,7 +152,7 @@ impl ApiError {
 
     /// The OpenAI error a sluice error record stands for. The code carries sluice's error
     /// type where OpenAI has no word of its own, so a caller can still tell them apart.
-    fn from_error(e: &Error) -> Self {
+    pub(crate) fn from_error(e: &Error) -> Self {
         let (status, kind, code) = match &e.kind {
             ErrorKind::InvalidRequest => (StatusCode::BAD_REQUEST, "invalid_request_error", None),
             ErrorKind::MessageTooLarge => (
@@ -193,7 +200,7 @@ impl ApiError {
 impl ApiError {
     /// An API key's refusal as OpenAI answers one: 429 `rate_limit_exceeded` with its type
     /// (`requests` or `tokens`) and `Retry-After`, or 403 `permission_denied`.
-    fn refused(refusal: Refusal) -> Response {
+    pub(crate) fn refused(refusal: Refusal) -> Response {
         match refusal {
             Refusal::Forbidden(message) => ApiError {
                 status: StatusCode::FORBIDDEN,
@@ -944,23 +951,24 @@ fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-fn counted(inner: &Inner, route: &str, resp: Response) -> Response {
-    inner.metrics.request(route, resp.status().as_u16());
-    resp
-}
-
-fn unauthorized() -> ApiError {
-    ApiError {
+impl ApiError {
+    /// No accepted credential, as OpenAI says it.
+    pub(crate) fn unauthorized() -> Self {
+        ApiError {
         status: StatusCode::UNAUTHORIZED,
         message: "Incorrect API key provided. Send the gateway's token as `Authorization: Bearer <token>` (the OpenAI SDKs send their api_key so).".into(),
         kind: "invalid_request_error",
         param: None,
         code: Some("invalid_api_key".into()),
+        }
     }
-}
 
-fn body_rejected(inner: &Inner, rejection: &BytesRejection) -> ApiError {
-    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+    /// A body the server could not read (`status` 413: over the limit), with the reader's
+    /// text.
+    pub(crate) fn body_rejected(inner: &Inner, status: StatusCode, text: String) -> Self {
+        if status != StatusCode::PAYLOAD_TOO_LARGE {
+            return ApiError::invalid(text, None, None);
+        }
         ApiError {
             status: StatusCode::PAYLOAD_TOO_LARGE,
             message: format!(
@@ -971,8 +979,6 @@ fn body_rejected(inner: &Inner, rejection: &BytesRejection) -> ApiError {
             param: None,
             code: Some("request_too_large".into()),
         }
-    } else {
-        ApiError::invalid(rejection.body_text(), None, None)
     }
 }
 
@@ -980,7 +986,7 @@ fn body_rejected(inner: &Inner, rejection: &BytesRejection) -> ApiError {
 /// (which also refreshes the cache the chat route checks `model` against).
 async fn fetch_models(inner: &Inner) -> Result<Vec<ModelInfo>, ApiError> {
     let Some(client) = inner.clients.text_completion.as_ref() else {
-        return Err(not_enabled());
+        return Err(ApiError::not_enabled());
     };
     let request = TextCompletionRequest {
         operation: Some(LIST_MODELS.into()),
@@ -1013,13 +1019,16 @@ async fn served_models(inner: &Inner) -> Result<Vec<String>, ApiError> {
         .collect())
 }
 
-fn not_enabled() -> ApiError {
-    ApiError {
-        status: StatusCode::NOT_FOUND,
-        message: "the text-completion service is not enabled on this gateway".into(),
-        kind: "invalid_request_error",
-        param: None,
-        code: Some("no-configuration".into()),
+impl ApiError {
+    /// The text-completion service is not enabled on this gateway.
+    pub(crate) fn not_enabled() -> Self {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: "the text-completion service is not enabled on this gateway".into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("no-configuration".into()),
+        }
     }
 }
 
@@ -1031,7 +1040,7 @@ fn model_object(m: &ModelInfo) -> Value {
 /// `GET /v1/models`.
 pub(crate) async fn models(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response {
     if !inner.config.auth.accepts_headers(&headers) {
-        return counted(&inner, MODELS_ROUTE, unauthorized().into_response());
+        return labelled(MODELS_ROUTE, Refused::Unauthorized.openai(&inner));
     }
     let resp = match fetch_models(&inner).await {
         Ok(models) => Json(json!({
@@ -1041,7 +1050,7 @@ pub(crate) async fn models(State(inner): State<Arc<Inner>>, headers: HeaderMap) 
         .into_response(),
         Err(e) => e.into_response(),
     };
-    counted(&inner, MODELS_ROUTE, resp)
+    labelled(MODELS_ROUTE, resp)
 }
 
 /// `GET /v1/models/{model}`.
@@ -1051,7 +1060,7 @@ pub(crate) async fn model(
     headers: HeaderMap,
 ) -> Response {
     if !inner.config.auth.accepts_headers(&headers) {
-        return counted(&inner, MODELS_ROUTE, unauthorized().into_response());
+        return labelled(MODELS_ROUTE, Refused::Unauthorized.openai(&inner));
     }
     let resp = match fetch_models(&inner).await {
         Ok(models) => match models.iter().find(|m| m.id == id) {
@@ -1063,7 +1072,7 @@ pub(crate) async fn model(
         },
         Err(e) => e.into_response(),
     };
-    counted(&inner, MODELS_ROUTE, resp)
+    labelled(MODELS_ROUTE, resp)
 }
 
 /// Any other method or path under `/v1`: OpenAI's own answer to a URL it does not serve, so
@@ -1177,115 +1186,68 @@ pub(crate) async fn chat(
     if accept == Some(Mode::Ndjson) {
         return seed_004(inner, headers, body, accept).await;
     }
-    let started = Instant::now();
     let Some(caller) = inner.config.auth.caller_of(&headers) else {
         if body.as_ref().is_ok_and(|b| Seed004Fields::prompt_only(b)) {
             return seed_004(inner, headers, body, accept).await;
         }
-        return counted(&inner, CHAT_ROUTE, unauthorized().into_response());
+        return labelled(CHAT_ROUTE, Refused::Unauthorized.openai(&inner));
     };
     let body = match body {
         Ok(b) => b,
-        Err(rejection) => {
-            let e = body_rejected(&inner, &rejection);
-            return counted(&inner, CHAT_ROUTE, e.into_response());
-        }
+        Err(rejection) => return labelled(CHAT_ROUTE, Refused::body(&rejection).openai(&inner)),
     };
     let call = match parse_chat(&body) {
         Ok(c) => c,
         Err(_) if Seed004Fields::prompt_only(&body) => {
             return seed_004(inner, headers, Ok(body), accept).await;
         }
-        Err(e) => return counted(&inner, CHAT_ROUTE, e.into_response()),
+        Err(e) => return labelled(CHAT_ROUTE, e.into_response()),
     };
-    let Some(client) = inner.clients.text_completion.as_ref() else {
-        return counted(&inner, CHAT_ROUTE, not_enabled().into_response());
-    };
+    labelled(CHAT_ROUTE, complete(inner, headers, caller, call).await)
+}
+
+/// Answers a chat call as OpenAI does: the model checked against those served, then
+/// [`preamble::start`], then a whole `chat.completion` or its stream of chunks.
+async fn complete(
+    inner: Arc<Inner>,
+    headers: HeaderMap,
+    caller: Caller,
+    call: ChatCall,
+) -> Response {
+    let started = Instant::now();
     match served_models(&inner).await {
         Ok(ids) if ids.contains(&call.model) => {}
-        Ok(ids) => {
-            let e = ApiError::model_not_found(&call.model, &ids);
-            return counted(&inner, CHAT_ROUTE, e.into_response());
-        }
-        Err(e) => return counted(&inner, CHAT_ROUTE, e.into_response()),
+        Ok(ids) => return ApiError::model_not_found(&call.model, &ids).into_response(),
+        Err(e) => return e.into_response(),
     }
-    let resume = match resume::checked(&inner, &headers, CHAT_ROUTE, client.resumable()) {
-        Ok(r) => r,
-        Err((status, code, message)) => {
-            let e = ApiError {
-                status,
-                message,
-                kind: "invalid_request_error",
-                param: None,
-                code: Some(code.to_owned()),
-            };
-            return counted(&inner, CHAT_ROUTE, e.into_response());
-        }
-    };
-    // A resumed stream was admitted when it started; its key must still be allowed to read
-    // it.
-    let admitted = match &resume {
-        Some(_) => inner
-            .permitted(&caller, ServiceKind::TextCompletion, Some(&call.model))
-            .map(|()| None),
-        None => inner.admit(
-            &caller,
-            ServiceKind::TextCompletion,
-            Some(&call.model),
-            call.request.max_tokens.map(u64::from),
-        ),
-    };
-    let admission = match admitted {
-        Ok(a) => a,
-        Err(refusal) => return counted(&inner, CHAT_ROUTE, ApiError::refused(refusal)),
-    };
     let incoming = headers.get("traceparent").and_then(|v| v.to_str().ok());
     let mut span = http_span("POST", "/v1/chat/completions", incoming);
     span.set("gen_ai.request.model", call.model.clone());
+    let start = Call::<TextCompletion> {
+        inner: &inner,
+        headers: &headers,
+        caller: &caller,
+        request: &call.request,
+        route: CHAT_ROUTE,
+        span,
+        token_trace: None,
+        policy: chat_policy(),
+        resumable_route: true,
+    };
+    let Started {
+        mut reader,
+        mut span,
+        request_id,
+        resume,
+        numbering,
+    } = match preamble::start::<TextCompletion>(start).await {
+        Ok(s) => s,
+        Err(refused) => return refused.openai(&inner),
+    };
     // The request's id names the completion (`chatcmpl-<id>`): the same again when resumed.
-    let request_id = match &resume {
-        Some(r) => r.token.id.clone(),
-        None => uuid::Uuid::new_v4().to_string(),
-    };
-    let options = RequestOptions {
-        id: Some(request_id.clone()),
-        traceparent: Some(span.traceparent()),
-        key: caller.key().map(|k| k.name.to_string()),
-        ..RequestOptions::default()
-    };
-    let read = match &resume {
-        Some(r) => {
-            client
-                .resume_read(&r.token.id, r.token.after, options, chat_policy())
-                .await
-        }
-        None => client.read(&call.request, options, chat_policy()).await,
-    };
-    let mut reader = match read {
-        Ok(r) => r,
-        Err(f) => {
-            let mut err = ApiError::from_error(&f.error);
-            err.status = StatusCode::SERVICE_UNAVAILABLE;
-            span.fail("503");
-            return counted(&inner, CHAT_ROUTE, err.into_response());
-        }
-    };
-    if let Some(a) = admission {
-        reader.meter(Box::new(a));
-    }
     let id = match uuid::Uuid::parse_str(&request_id) {
         Ok(u) => format!("chatcmpl-{}", u.simple()),
         Err(_) => format!("chatcmpl-{request_id}"),
-    };
-    let numbering = match &resume {
-        Some(r) => Numbering::resumed(r),
-        None if resume::offered(&inner, client.resumable()) => Numbering::new(&Token::new(
-            CHAT_ROUTE,
-            &request_id,
-            reader.resume_after(),
-            "",
-        )),
-        None => Numbering::none(),
     };
     let created = match &resume {
         Some(r) => r.token.created,
@@ -1330,7 +1292,7 @@ pub(crate) async fn chat(
             span.fail(resp.status().as_str().to_owned());
         }
         span.end();
-        let mut resp = counted(&inner, CHAT_ROUTE, resp);
+        let mut resp = resp;
         request_id_header(&mut resp, &id);
         return resp;
     }
@@ -1351,7 +1313,7 @@ pub(crate) async fn chat(
             Some(Piece::Failed(f)) => {
                 let err = ApiError::from_error(&f.error);
                 span.fail(err.status.as_str().to_owned());
-                return counted(&inner, CHAT_ROUTE, err.into_response());
+                return err.into_response();
             }
             None => {
                 let err = ApiError::from_error(&Error::new(
@@ -1359,11 +1321,10 @@ pub(crate) async fn chat(
                     "the answer ended without a final record",
                 ));
                 span.fail("502");
-                return counted(&inner, CHAT_ROUTE, err.into_response());
+                return err.into_response();
             }
         }
     };
-    inner.metrics.request(CHAT_ROUTE, 200);
     inner
         .metrics
         .first_event(CHAT_ROUTE, started.elapsed().as_secs_f64());

@@ -15,21 +15,21 @@ use axum::{
         State, WebSocketUpgrade,
         ws::{CloseFrame, Message, WebSocket, close_code},
     },
+    http::HeaderMap,
     response::Response,
 };
 use serde_json::{Map, Value, json};
-use sluice_runtime::{
-    client::RequestOptions, reader::Piece, secret::Secret, telemetry::ClientOutcome,
-};
+use sluice_runtime::{reader::Piece, secret::Secret, telemetry::ClientOutcome};
 use sluice_schema::{Error, ErrorKind, ResponseRecord};
 use tokio::{sync::mpsc, task::JoinSet};
 use tracing::debug;
 
 use crate::{
-    Inner, Refusal, SOCKET_AUTH_FAILURES,
+    Inner, SOCKET_AUTH_FAILURES,
     auth::Caller,
     http::Routed,
     kinds::{Agent, Prompt, ServiceKind, TextCompletion},
+    preamble::{self, Call, Started, labelled},
     reporting, server_span, trace_outcome,
 };
 
@@ -41,11 +41,12 @@ pub(crate) const ROUTE: &str = "socket";
 
 /// `GET /api/v1/socket`.
 pub(crate) async fn upgrade(State(inner): State<Arc<Inner>>, ws: WebSocketUpgrade) -> Response {
-    inner.metrics.request(ROUTE, 101);
     let limit = inner.config.body_limit;
-    ws.max_message_size(limit)
+    let resp = ws
+        .max_message_size(limit)
         .max_frame_size(limit)
-        .on_upgrade(move |socket| run(inner, socket))
+        .on_upgrade(move |socket| run(inner, socket));
+    labelled(ROUTE, resp)
 }
 
 fn error_frame(id: Option<&str>, err: &Error) -> String {
@@ -336,55 +337,28 @@ async fn serve<K: Routed>(
             return id;
         }
     };
-    let Some(client) = K::client(&inner.clients) else {
-        let err = Error::new(
-            ErrorKind::NoConfiguration,
-            format!(
-                "the {} service is not enabled on this gateway",
-                K::KIND.as_str()
-            ),
-        );
-        send(error_frame(Some(&id), &err)).await;
-        return id;
+    let call = Call::<K> {
+        inner: &inner,
+        headers: &HeaderMap::new(),
+        caller: &caller,
+        request: &request,
+        route: ROUTE,
+        span: server_span(K::KIND.as_str(), None),
+        token_trace: None,
+        policy: reporting(),
+        resumable_route: false,
     };
-    let admission = match inner.admit(
-        &caller,
-        K::KIND,
-        K::model(&request),
-        K::max_tokens(&request),
-    ) {
-        Ok(a) => a,
-        Err(refusal) => {
-            let err = match refusal {
-                Refusal::Forbidden(why) => Error::new(ErrorKind::InvalidRequest, why),
-                Refusal::Limited(l) => {
-                    let mut message = l.message;
-                    if let Some(secs) = l.retry_after {
-                        message.push_str(&format!("; retry after {secs} s"));
-                    }
-                    Error::new(ErrorKind::TooManyRequests, message)
-                }
-            };
-            send(error_frame(Some(&id), &err)).await;
+    let Started {
+        mut reader,
+        mut span,
+        ..
+    } = match preamble::start::<K>(call).await {
+        Ok(s) => s,
+        Err(refused) => {
+            send(error_frame(Some(&id), &refused.into_error())).await;
             return id;
         }
     };
-    let mut span = server_span(K::KIND.as_str(), None);
-    let options = RequestOptions {
-        traceparent: Some(span.traceparent()),
-        key: caller.key().map(|k| k.name.to_string()),
-        ..RequestOptions::default()
-    };
-    let mut reader = match client.read(&request, options, reporting()).await {
-        Ok(r) => r,
-        Err(f) => {
-            send(error_frame(Some(&id), &f.error)).await;
-            return id;
-        }
-    };
-    if let Some(a) = admission {
-        reader.meter(Box::new(a));
-    }
     inner.metrics.open_streams(ROUTE, 1);
     let mut first = true;
     let mut outcome = ClientOutcome::Cancelled;
