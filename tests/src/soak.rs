@@ -81,10 +81,16 @@ pub struct SoakConfig {
     /// About how often a replica is killed (±20%).
     pub kill_every: Duration,
     /// How often a broker fault comes (each starts this long after the last one was
-    /// repaired; none in the last 30 s of traffic): on the soak's own broker a restart,
-    /// graceful and SIGKILL in turn; on the cluster one of [`ClusterFault`].
+    /// repaired): on the soak's own broker a restart, graceful and SIGKILL in turn; on the
+    /// cluster one of [`ClusterFault`].
     pub fault_every: Duration,
-    /// At most this many faults.
+    /// Exactly this many faults: the traffic goes on past `duration` until each has been
+    /// done and repaired and [`FAULT_TAIL`] of traffic followed the last (a fault needs
+    /// traffic after it to mean anything), up to twice `duration`. How long a repair takes
+    /// depends on how busy the machine is (a graceful broker restart took 10 s on a quiet
+    /// machine and 36 s on a loaded one): a schedule that fits faults into a fixed window
+    /// left the last one out on a busy machine. `None`: as many as fit, none in the last
+    /// [`FAULT_TAIL`] of `duration`.
     pub max_faults: Option<usize>,
     /// Concurrent callers.
     pub callers: usize,
@@ -96,6 +102,9 @@ pub struct SoakConfig {
     /// `broker_ports` are then not used).
     pub cluster: Option<Cluster>,
 }
+
+/// The traffic a soak keeps after its last fault's repair.
+pub const FAULT_TAIL: Duration = Duration::from_secs(30);
 
 /// The faults of the cluster mode, each repaired before the soak goes on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1553,9 +1562,10 @@ async fn soak(config: &SoakConfig, target: Arc<Target>) -> Result<SoakReport, St
         )),
     ];
 
-    // Traffic.
+    // Traffic, until the chaos loop below says it is over.
     let started = Instant::now();
-    let traffic_ends = started + config.duration;
+    let planned_end = started + config.duration;
+    let traffic = tokio_util::sync::CancellationToken::new();
     let counter = Arc::new(AtomicU64::new(0));
     // Each request's kind, fault, verdict, and when it ran (seconds since the start).
     type Judged = (Kind, Fault, Verdict, (f64, f64));
@@ -1563,8 +1573,9 @@ async fn soak(config: &SoakConfig, target: Arc<Target>) -> Result<SoakReport, St
     let callers: Vec<_> = (0..config.callers)
         .map(|_| {
             let (clients, counter, results) = (clients.clone(), counter.clone(), results.clone());
+            let traffic = traffic.clone();
             tokio::spawn(async move {
-                while Instant::now() < traffic_ends {
+                while !traffic.is_cancelled() {
                     let n = counter.fetch_add(1, Ordering::Relaxed);
                     let (kind, fault) = {
                         let mut rng = rand::rng();
@@ -1600,8 +1611,25 @@ async fn soak(config: &SoakConfig, target: Arc<Target>) -> Result<SoakReport, St
     let mut faults_stopped = false;
     let mut rss: HashMap<String, Vec<(Duration, f64, f64)>> = HashMap::new();
     let mut next_sample = started;
-    while Instant::now() < traffic_ends {
+    // When the last fault was repaired, if any was.
+    let mut last_repair: Option<Instant> = None;
+    loop {
         let now = Instant::now();
+        let faults_done = faults_stopped
+            || config
+                .max_faults
+                .is_some_and(|max| report.faults.len() >= max);
+        let over = match config.max_faults {
+            None => now >= planned_end,
+            Some(_) => {
+                now >= planned_end
+                    && faults_done
+                    && last_repair.is_none_or(|t| now >= t + FAULT_TAIL)
+            }
+        };
+        if over || now >= started + config.duration * 2 {
+            break;
+        }
         if now >= next_sample {
             for m in fleet.members.iter().filter(|m| m.sentinel) {
                 let heap = scrape_heap_mib(&http, m.metrics_port).await;
@@ -1613,12 +1641,13 @@ async fn soak(config: &SoakConfig, target: Arc<Target>) -> Result<SoakReport, St
             }
             next_sample = now + Duration::from_secs(5);
         }
-        // A fault needs traffic after it to mean anything: none in the last 30 s.
+        // A fault needs traffic after it to mean anything: without a number of faults to
+        // make, none in the last FAULT_TAIL of the planned traffic (with one, the traffic
+        // waits for it instead).
         let may_fault = !faults_stopped
-            && traffic_ends.saturating_duration_since(now) > Duration::from_secs(30)
-            && config
-                .max_faults
-                .is_none_or(|max| report.faults.len() < max);
+            && !faults_done
+            && (config.max_faults.is_some()
+                || planned_end.saturating_duration_since(now) > FAULT_TAIL);
         if now >= next_fault && may_fault {
             let at = (now - started).as_secs_f64();
             report.broker_restart_at.push(at);
@@ -1631,6 +1660,7 @@ async fn soak(config: &SoakConfig, target: Arc<Target>) -> Result<SoakReport, St
                 report.violations.push(format!("fault {}: {e}", done.name));
                 faults_stopped = true;
             }
+            last_repair = Some(Instant::now());
             next_fault = Instant::now() + config.fault_every;
         }
         // A fault takes a while: the time now, for the kill below.
@@ -1647,6 +1677,7 @@ async fn soak(config: &SoakConfig, target: Arc<Target>) -> Result<SoakReport, St
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    traffic.cancel();
     for c in callers {
         let _ = c.await;
     }
