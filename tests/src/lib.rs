@@ -253,14 +253,21 @@ impl Broker {
             .unwrap()
     }
 
-    /// A subscription's backlog and unacked counts from the broker's topic stats.
+    /// A subscription's backlog and unacked counts from the broker's topic stats. Panics when
+    /// the topic has no such subscription (or the broker no such topic): the broker leaves an
+    /// unknown name out of its stats, and reading that as 0 made a wait for an empty backlog
+    /// pass on a wrong name.
     pub async fn subscription_stats(&self, topic: &str, subscription: &str) -> (u64, u64) {
         let stats = self.topic_stats(topic).await;
-        let sub = &stats["subscriptions"][subscription];
-        (
-            sub["msgBacklog"].as_u64().unwrap_or(0),
-            sub["unackedMessages"].as_u64().unwrap_or(0),
-        )
+        let Some(sub) = stats["subscriptions"].get(subscription) else {
+            panic!("{topic} has no subscription {subscription:?}; the broker's stats: {stats}")
+        };
+        let count = |field: &str| {
+            sub[field]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{topic}, {subscription:?}: no {field} in {sub}"))
+        };
+        (count("msgBacklog"), count("unackedMessages"))
     }
 }
 
