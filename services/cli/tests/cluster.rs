@@ -5,8 +5,9 @@
 //!
 //! Every test here runs real `sluice` processes against that cluster, one test at a time
 //! (some kill brokers and bookies), each in its own tenant with its own topic-level grants.
-//! Without the cluster's environment (`SLUICE_CLUSTER_URL`, printed by `cluster.sh env`) the
-//! tests say so loudly and pass, except under CI, where they fail.
+//! Without the cluster's environment (`SLUICE_CLUSTER_URL`, printed by `cluster.sh env`) each
+//! test says so, counts its skip in `SLUICE_SKIP_LOG` (the test command's summary line) and
+//! passes, except under CI, where it fails.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
