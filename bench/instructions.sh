@@ -75,7 +75,7 @@ info=$(count info)
 commit=$(git rev-parse --short HEAD)
 out=bench/results/instructions.md
 {
-  echo "Measured $(date -u '+%Y-%m-%d %H:%M') UTC at commit $commit$([ -z "$(git status --porcelain -- services schema)" ] || echo ' (with uncommitted changes)') by \`bash bench/instructions.sh $requests\`: \`sluice serve\` (release build) answering $requests streamed chat completions from fake-openai (3 content chunks each), under valgrind's callgrind."
+  echo "Measured $(date -u '+%Y-%m-%d %H:%M') UTC at commit $commit$([ -z "$(git status --porcelain -- services schema)" ] || echo ' with uncommitted changes') on this machine ($(nproc) cores) by \`bash bench/instructions.sh $requests\`: \`sluice serve\` (release build) answering $requests streamed chat completions from fake-openai (3 content chunks each), under valgrind's callgrind."
   echo
   if [ -n "${BENCH_SERVE_BEFORE:-}" ]; then
     echo "| log level | instructions per request | before ($(basename "$BENCH_SERVE_BEFORE")) | after / before |"

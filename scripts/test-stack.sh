@@ -250,7 +250,11 @@ find_victim() {
   return 1
 }
 WAIT_INTERVAL=0.1 wait_until 10 "a replica taking the slow request" find_victim || fail "no replica took the slow request"
-sleep 1   # mid-stream: tokens are flowing
+# Mid-stream: the caller has its first tokens (curl -N writes them as they arrive), and the
+# rest of the answer (200 chunks, 100 ms apart) is still to come.
+slow_streaming() { grep -q '"type":"token"' "$WORK/slow.ndjson"; }
+WAIT_INTERVAL=0.1 wait_until 15 "the slow answer's first tokens at the caller" slow_streaming ||
+  fail "the slow request streamed no token: $(tail -c 400 "$WORK/slow.ndjson")"
 docker kill -s KILL "$victim" >/dev/null
 log "killed replica ${victim:0:12} mid-stream"
 wait "$slow_pid" || fail "the caller's request failed after the kill: $(tail -c 400 "$WORK/slow.ndjson")"

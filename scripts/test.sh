@@ -375,7 +375,8 @@ stage "the compose stack (docker)"
 # cores to a fresh machine's run, past CI's limit. `docker build -f deploy/docker/Dockerfile .`
 # builds the shipped image (docs/deploying.md).
 export SLUICE_IMAGE_BINARY="$CARGO_TARGET_DIR/debug/sluice"
-bash scripts/test-stack.sh
+# Its figures as a results file (docs/deploying.md quotes them from there).
+SLUICE_STACK_FIGURES="${SLUICE_STACK_FIGURES:-$PWD/bench/results/stack.md}" bash scripts/test-stack.sh
 fi
 
 # The manifests applied to a real kube-apiserver (built from the Go module proxy) on Debian's
@@ -390,7 +391,8 @@ bash scripts/test-k8s.sh
 # the gateway's Service, rolling updates, a pod deleted mid-stream and a node drained under
 # 64 streams, KEDA scaling text-completion on a backlog.
 stage "Kubernetes: deploy/k8s running on two nodes"
-SLUICE_BIN="$CARGO_TARGET_DIR/debug/sluice" bash scripts/test-k8s-run.sh
+SLUICE_K8S_FIGURES="${SLUICE_K8S_FIGURES:-$PWD/bench/results/k8s.md}" \
+  SLUICE_BIN="$CARGO_TARGET_DIR/debug/sluice" bash scripts/test-k8s-run.sh
 fi
 
 # The book of docs/ built with mdBook, warnings failing it (its links and chapters were

@@ -58,8 +58,9 @@ enum Scenario {
         #[arg(long, default_value_t = 500)]
         requests: u64,
     },
-    /// Structured output on the local model: the JSON lines seed 000's classification gets
-    /// wrong with and without `--structured-output native` (two `sluice serve`).
+    /// Structured output on the local model: the JSON lines the LLM streaming contract's
+    /// (docs/specs.md#the-structured-ndjson-contracts) classification gets wrong with and without
+    /// `--structured-output native` (two `sluice serve`).
     Structured {
         /// Requests per mode.
         #[arg(long, default_value_t = 20)]

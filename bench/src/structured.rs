@@ -1,12 +1,12 @@
-//! The structured-output scenario (`bash bench/run.sh structured`): how many JSON lines the
-//! real local model (llama.cpp's server, SmolLM2-135M) gets wrong for seed 000's knowledge
-//! classification, with and without native structured output. Two `sluice serve` processes
-//! (the embedded default, `deploy/serve/local-llm.toml`) in front of the same model: one with
-//! `--structured-output native` (the template's schema as llama.cpp's JSON-schema grammar,
-//! asked for as an array of the lines' objects), one with `off` (the template's
-//! instructions only). Requests alternate between them, so both see the same machine. Each
-//! answer's `done` event counts the objects published and the lines skipped (not JSON, or
-//! failing the schema).
+//! The structured-output scenario (`bash bench/run.sh structured`): how many JSON lines the real
+//! local model (llama.cpp's server, SmolLM2-135M) gets wrong for the LLM streaming contract's
+//! (docs/specs.md#the-structured-ndjson-contracts) knowledge classification, with and without
+//! native structured output. Two `sluice serve` processes (the embedded default,
+//! `deploy/serve/local-llm.toml`) in front of the same model: one with `--structured-output native`
+//! (the template's schema as llama.cpp's JSON-schema grammar, asked for as an array of the lines'
+//! objects), one with `off` (the template's instructions only). Requests alternate between them, so
+//! both see the same machine. Each answer's `done` event counts the objects published and the lines
+//! skipped (not JSON, or failing the schema).
 
 use std::{fmt::Write as _, process::Stdio, time::Duration};
 
@@ -15,7 +15,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::procs::terminate;
 
-/// Journal blocks in seed 000's shape: some lasting knowledge, some activity.
+/// Journal blocks in the LLM streaming contract's shape: some lasting knowledge, some activity.
 fn blocks() -> Value {
     json!([
         {"block_id": "b1", "content": "Learned that Rust's borrow checker prevents data races at compile time."},
@@ -171,7 +171,7 @@ pub(crate) async fn bench(rounds: u64, max_tokens: u32) -> (String, Value) {
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "{}: `sluice serve` twice in front of the local model (llama.cpp's server, SmolLM2-135M, temperature from the template, at most {max_tokens} output tokens), seed 000's knowledge classification of 6 journal blocks, {rounds} requests each, alternating.\n",
+        "{}: `sluice serve` twice in front of the local model (llama.cpp's server, SmolLM2-135M, temperature from the template, at most {max_tokens} output tokens), the LLM streaming contract's knowledge classification of 6 journal blocks, {rounds} requests each, alternating.\n",
         crate::report::provenance()
     );
     let _ = writeln!(

@@ -586,8 +586,9 @@ pub struct PromptResponse {
     /// As `items_expected`: how many of them the answer's objects cover.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub items_answered: Option<u64>,
-    /// As `items_expected`, where every item expects an object (rewording, seed 002's
-    /// classification): the ids of the items without one, for the caller to retry.
+    /// As `items_expected`, where every item expects an object (rewording, the NDJSON parser
+    /// contract's (docs/specs.md#the-structured-ndjson-contracts) classification): the ids of the
+    /// items without one, for the caller to retry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub items_pending: Option<Vec<String>>,
 }
@@ -670,7 +671,8 @@ pub struct AgentStep {
     /// TrustGraph's step type, when set.
     #[serde(default)]
     pub step_type: Option<String>,
-    /// Seed 003's (older TrustGraph's) user of the step, passed through.
+    /// The step's user, as TrustGraph's streaming spec (docs/specs.md#trustgraphs-streaming-spec)
+    /// and older TrustGraph write it, passed through.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
     /// sluice's, only when set: the id of the native tool call this step made
@@ -758,7 +760,7 @@ pub enum AgentMessageType {
 /// One record of an agent dialog (TrustGraph's `AgentResponse`; docs/protocol.md#agent-messages).
 ///
 /// The type field is written twice, as `message_type` (TrustGraph 2.x) and as `chunk_type`
-/// (seed 003's streaming spec, older TrustGraph), so a client of either reads it; both names
+/// (TrustGraph's streaming spec, older TrustGraph), so a client of either reads it; both names
 /// are read, `message_type` first when a record has both.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(from = "AgentResponseIn")]
@@ -994,8 +996,8 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(r.message_type, AgentMessageType::Observation);
-        // Written under both names: seed 003's clients read `chunk_type`, TrustGraph 2.x's
-        // `message_type`; and a record with both reads back the same.
+        // Written under both names: TrustGraph's streaming spec's clients read `chunk_type`,
+        // TrustGraph 2.x's `message_type`; and a record with both reads back the same.
         let out = serde_json::to_value(&r).unwrap();
         assert_eq!(out["message_type"], "observation");
         assert_eq!(out["chunk_type"], "observation");

@@ -120,7 +120,7 @@ impl RetryPolicy {
     ///   and 504 (its §4.4; the code sample in its §4.2 makes 3 attempts in all, which is
     ///   `seed-002,attempts=3`).
     ///
-    /// The seeds' policies follow no server hint.
+    /// The structured contracts' policies follow no server hint.
     pub fn preset(name: &str) -> Option<Self> {
         match name {
             "default" | "sluice" => Some(Self::default()),

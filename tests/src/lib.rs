@@ -6,7 +6,8 @@
 //! - [`EchoHandler`]: a scriptable processor handler (records per request, delay, size),
 //!   also run as a separate process by the `echo-processor` binary for crash and drain tests;
 //! - [`mcp_server`]: a real MCP server (the official SDK) with scripted tools, for the agent;
-//! - [`seed_streams`]: the seeds' model outputs for the prompt processor's built-in templates;
+//! - [`seed_streams`]: the structured contracts' model outputs for the prompt processor's
+//!   built-in templates;
 //! - [`cluster`]: the secured multi-broker cluster the test command starts;
 //! - [`soak`]: the soak under chaos, every processor as a real process;
 //! - [`tg_load`]: TrustGraph's own client against a text-completion process on its mapping
@@ -33,7 +34,7 @@ pub mod tg_load;
 
 pub use metrics_text::{eventually_value, metric_value, scrape, value};
 
-use std::{sync::Arc, time::Duration};
+use std::{path::Path, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use sluice_runtime::{
@@ -253,14 +254,21 @@ impl Broker {
             .unwrap()
     }
 
-    /// A subscription's backlog and unacked counts from the broker's topic stats.
+    /// A subscription's backlog and unacked counts from the broker's topic stats. Panics when
+    /// the topic has no such subscription (or the broker no such topic): the broker leaves an
+    /// unknown name out of its stats, and reading that as 0 made a wait for an empty backlog
+    /// pass on a wrong name.
     pub async fn subscription_stats(&self, topic: &str, subscription: &str) -> (u64, u64) {
         let stats = self.topic_stats(topic).await;
-        let sub = &stats["subscriptions"][subscription];
-        (
-            sub["msgBacklog"].as_u64().unwrap_or(0),
-            sub["unackedMessages"].as_u64().unwrap_or(0),
-        )
+        let Some(sub) = stats["subscriptions"].get(subscription) else {
+            panic!("{topic} has no subscription {subscription:?}; the broker's stats: {stats}")
+        };
+        let count = |field: &str| {
+            sub[field]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{topic}, {subscription:?}: no {field} in {sub}"))
+        };
+        (count("msgBacklog"), count("unackedMessages"))
     }
 }
 
@@ -312,25 +320,42 @@ pub fn outside_tool(var: &str, check: &str) -> Option<String> {
     if let Ok(value) = std::env::var(var) {
         return Some(value);
     }
-    let line = format!("{check}: skipped, {var} is not set");
+    skipped(
+        &format!("{check}: skipped, {var} is not set"),
+        &format!("scripts/test.sh sets {var}"),
+    );
+    None
+}
+
+/// Says that a check could not run here, never silently: under CI (`CI=true`) it fails the
+/// test (`why_ci_has_it` says what CI provides instead); elsewhere `line` is printed and
+/// appended to the file `SLUICE_SKIP_LOG` names, which the test command counts in its summary
+/// line. For [`outside_tool`] and for suites that need what the test command starts (the
+/// secured cluster: [`cluster::Cluster::from_env`]).
+pub fn skipped(line: &str, why_ci_has_it: &str) {
     assert!(
         std::env::var("CI").as_deref() != Ok("true"),
-        "{line}; CI runs every check (scripts/test.sh sets {var})"
+        "{line}; CI runs every check ({why_ci_has_it})"
     );
     eprintln!("SKIPPED {line}");
     if let Ok(path) = std::env::var("SLUICE_SKIP_LOG") {
-        use std::io::Write as _;
-        let appended = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .and_then(|mut f| writeln!(f, "{line}"));
-        assert!(
-            appended.is_ok(),
-            "could not count the skip in {path}: {appended:?}"
-        );
+        count_skip(Path::new(&path), line);
     }
-    None
+}
+
+/// Appends `line` to the skip log at `path`; a skip that cannot be counted fails the test.
+fn count_skip(path: &Path, line: &str) {
+    use std::io::Write as _;
+    let appended = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| writeln!(f, "{line}"));
+    assert!(
+        appended.is_ok(),
+        "could not count the skip in {}: {appended:?}",
+        path.display()
+    );
 }
 
 /// A fresh persistent topic in the test namespace.
@@ -829,6 +854,19 @@ mod tests {
                 std::net::TcpListener::bind(("127.0.0.1", *port)).unwrap()
             })
             .collect();
+    }
+
+    #[test]
+    fn each_skip_is_a_line_of_the_skip_log() {
+        let path = std::env::temp_dir().join(format!("sluice-skips-{}", uuid::Uuid::new_v4()));
+        count_skip(&path, "one: skipped, A is not set");
+        count_skip(&path, "two: skipped, no secured Pulsar cluster");
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(
+            text,
+            "one: skipped, A is not set\ntwo: skipped, no secured Pulsar cluster\n"
+        );
     }
 }
 

@@ -1,15 +1,16 @@
-//! The model outputs of seeds 000/001/002 (a knowledge-base application's NDJSON contracts) as
-//! exact text, for a fake LLM to emit token by token to the prompt processor's built-in
-//! `jsonl` templates, with what a correct parser and validator makes of each.
+//! The model outputs of the structured contracts (docs/specs.md#the-structured-ndjson-contracts) (a
+//! knowledge-base application's NDJSON contracts) as exact text, for a fake LLM to emit token by
+//! token to the prompt processor's built-in `jsonl` templates, with what a correct parser and
+//! validator makes of each.
 //!
 //! Plain data; this module's tests check [`expected`] against the prompt crate's real
 //! built-in templates (normalisers and schemas).
 //!
 //! # How a stream is counted
 //!
-//! The text is split into lines at `\n`; a final piece without `\n` is a line too (seed 002
-//! §4.3: parse the final line if it is complete JSON). Each line is trimmed of whitespace
-//! (so `\r\n` endings are fine), then:
+//! The text is split into lines at `\n`; a final piece without `\n` is a line too (the NDJSON
+//! parser contract (docs/specs.md#the-structured-ndjson-contracts) §4.3: parse the final line if it
+//! is complete JSON). Each line is trimmed of whitespace (so `\r\n` endings are fine), then:
 //! - a blank line is ignored, and so is a Markdown fence line (one starting with three
 //!   backticks, e.g. a json fence opener): neither is counted anywhere;
 //! - every other line is counted exactly once, in [`Expected::objects`] if it parses as a
@@ -58,8 +59,9 @@ const fn expect(template: &'static str, objects: usize, skipped: usize) -> Expec
     }
 }
 
-// Seed 000's example lines (each a complete JSON object without newline), as macros so
-// that `concat!` can build the streams from them.
+// The LLM streaming contract's (docs/specs.md#the-structured-ndjson-contracts) example lines (each
+// a complete JSON object without newline), as macros so that `concat!` can build the streams from
+// them.
 macro_rules! classification_abc {
     () => {
         r#"{"block_id":"abc123","is_knowledge":true,"confidence":0.92,"reason":"Contains a reusable insight about Python's asyncio.Queue being thread-safe, which is evergreen knowledge applicable to any async Python development."}"#
@@ -92,16 +94,17 @@ macro_rules! integration_textual {
 }
 
 const CASES: &[Case] = &[
-    // Seed 000 Phase 1, "Example NDJSON Stream", exactly: 2 knowledge blocks of 3 (the
-    // activity block def456 is omitted by the model).
+    // The LLM streaming contract Phase 1, "Example NDJSON Stream", exactly: 2 knowledge blocks of 3
+    // (the activity block def456 is omitted by the model).
     Case {
         name: "classification",
         text: concat!(classification_abc!(), "\n", classification_ghi!(), "\n",),
         expected: expect(CLASSIFICATION, 2, 0),
         not_objects: 0,
     },
-    // Seed 001 Phase 1's expected output, exactly: its prompt asks for no `is_knowledge`, and
-    // seed 001's own template keeps both lines as written (seed 000's would drop them).
+    // The LLM API contracts (docs/specs.md#the-structured-ndjson-contracts) Phase 1's expected
+    // output, exactly: its prompt asks for no `is_knowledge`, and the LLM API contracts' own
+    // template keeps both lines as written (the LLM streaming contract's would drop them).
     Case {
         name: "classification-without-is-knowledge",
         text: concat!(
@@ -113,8 +116,8 @@ const CASES: &[Case] = &[
         expected: expect(CLASSIFICATION_001, 2, 0),
         not_objects: 0,
     },
-    // Seed 002 §4.1's three malformed lines (verbatim: unquoted key, trailing comma,
-    // unquoted key) between seed 000's two valid lines.
+    // The NDJSON parser contract §4.1's three malformed lines (verbatim: unquoted key, trailing
+    // comma, unquoted key) between the LLM streaming contract's two valid lines.
     Case {
         name: "classification-malformed",
         text: concat!(
@@ -132,10 +135,10 @@ const CASES: &[Case] = &[
         expected: expect(CLASSIFICATION, 2, 3),
         not_objects: 3,
     },
-    // Seed 002 §5.3's partial stream: three valid lines, a malformed fourth (unquoted key),
-    // then the stream ends (timeout; block-5 never arrives). Adapted to seed 000's model: each
-    // line gains a `reason` (seed 002's objects have none, so the schema, not the parser,
-    // would have rejected them all).
+    // The NDJSON parser contract §5.3's partial stream: three valid lines, a malformed fourth
+    // (unquoted key), then the stream ends (timeout; block-5 never arrives). Adapted to the LLM
+    // streaming contract's model: each line gains a `reason` (the NDJSON parser contract's objects
+    // have none, so the schema, not the parser, would have rejected them all).
     Case {
         name: "classification-error-recovery",
         text: concat!(
@@ -151,8 +154,8 @@ const CASES: &[Case] = &[
         expected: expect(CLASSIFICATION, 3, 1),
         not_objects: 1,
     },
-    // A valid line, then seed 000's truncated line (its "Malformed JSON Line" example),
-    // cut where the stream ends, without a newline.
+    // A valid line, then the LLM streaming contract's truncated line (its "Malformed JSON Line"
+    // example), cut where the stream ends, without a newline.
     Case {
         name: "classification-truncated",
         text: concat!(
@@ -163,8 +166,9 @@ const CASES: &[Case] = &[
         expected: expect(CLASSIFICATION, 1, 1),
         not_objects: 1,
     },
-    // Seed 000's two lines with blank lines around and between them, a whitespace-only
-    // line, and a `\r\n` ending (seed 000: "Empty lines ignored during parsing").
+    // The LLM streaming contract's two lines with blank lines around and between them, a
+    // whitespace-only line, and a `\r\n` ending (the LLM streaming contract: "Empty lines ignored
+    // during parsing").
     Case {
         name: "classification-blank-lines",
         text: concat!(
@@ -179,8 +183,8 @@ const CASES: &[Case] = &[
         expected: expect(CLASSIFICATION, 2, 0),
         not_objects: 0,
     },
-    // Values normalisation fixes (seed 002 §3): confidence above 1 and below 0 are clamped;
-    // an unknown extra field is kept and ignored. All three are emitted.
+    // Values normalisation fixes (the NDJSON parser contract §3): confidence above 1 and below 0
+    // are clamped; an unknown extra field is kept and ignored. All three are emitted.
     Case {
         name: "classification-normalised",
         text: concat!(
@@ -194,7 +198,7 @@ const CASES: &[Case] = &[
         expected: expect(CLASSIFICATION, 3, 0),
         not_objects: 0,
     },
-    // The model wraps its answer in a JSON array on one line (seed 001: "No JSON array
+    // The model wraps its answer in a JSON array on one line (the LLM API contracts: "No JSON array
     // wrapping"): the line parses, but as an array, not an object, so it is skipped.
     Case {
         name: "classification-array",
@@ -208,9 +212,9 @@ const CASES: &[Case] = &[
         expected: expect(CLASSIFICATION, 0, 1),
         not_objects: 1,
     },
-    // Seed 002 §2.2's Ollama chunks joined: one object pretty-printed over five lines. A
-    // line-based parser sees five malformed lines and emits nothing (the object also lacks
-    // seed 000's `reason`).
+    // The NDJSON parser contract §2.2's Ollama chunks joined: one object pretty-printed over five
+    // lines. A line-based parser sees five malformed lines and emits nothing (the object also lacks
+    // the LLM streaming contract's `reason`).
     Case {
         name: "classification-pretty-printed",
         text: concat!(
@@ -223,14 +227,14 @@ const CASES: &[Case] = &[
         expected: expect(CLASSIFICATION, 0, 5),
         not_objects: 5,
     },
-    // Seed 000 Phase 2, "Example NDJSON Stream", exactly.
+    // The LLM streaming contract Phase 2, "Example NDJSON Stream", exactly.
     Case {
         name: "rewording",
         text: concat!(rewording_abc!(), "\n", rewording_ghi!(), "\n",),
         expected: expect(REWORDING, 2, 0),
         not_objects: 0,
     },
-    // Seed 001 Phase 2's expected output, exactly (spaces after the separators).
+    // The LLM API contracts Phase 2's expected output, exactly (spaces after the separators).
     Case {
         name: "rewording-spaced",
         text: concat!(
@@ -242,8 +246,8 @@ const CASES: &[Case] = &[
         expected: expect(REWORDING, 2, 0),
         not_objects: 0,
     },
-    // Seed 000 Phase 2's stream with no newline after the last line (the connection closes
-    // right after it; seed 002 §4.3 parses such a final line).
+    // The LLM streaming contract Phase 2's stream with no newline after the last line (the
+    // connection closes right after it; the NDJSON parser contract §4.3 parses such a final line).
     Case {
         name: "rewording-no-final-newline",
         text: concat!(rewording_abc!(), "\n", rewording_ghi!(),),
@@ -251,7 +255,7 @@ const CASES: &[Case] = &[
         not_objects: 0,
     },
     // Reworded content that is an indented bullet outline; normalisation flattens it into
-    // plain continuation lines (seed 002 §3.3) and keeps the object.
+    // plain continuation lines (the NDJSON parser contract §3.3) and keeps the object.
     Case {
         name: "rewording-normalised",
         text: concat!(
@@ -261,7 +265,7 @@ const CASES: &[Case] = &[
         expected: expect(REWORDING, 1, 0),
         not_objects: 0,
     },
-    // Values normalisation cannot fix (seed 002 §3.3): empty and whitespace-only
+    // Values normalisation cannot fix (the NDJSON parser contract §3.3): empty and whitespace-only
     // `reworded_content`, a missing `reworded_content`, after one valid line.
     Case {
         name: "rewording-rejected",
@@ -278,15 +282,15 @@ const CASES: &[Case] = &[
         expected: expect(REWORDING, 1, 3),
         not_objects: 0,
     },
-    // Seed 000 Phase 3, "Example NDJSON Stream", exactly: 2 relevant pages of 3.
+    // The LLM streaming contract Phase 3, "Example NDJSON Stream", exactly: 2 relevant pages of 3.
     Case {
         name: "integration",
         text: concat!(integration_python!(), "\n", integration_textual!(), "\n",),
         expected: expect(INTEGRATION, 2, 0),
         not_objects: 0,
     },
-    // Seed 001 Phase 3's expected output, exactly: an `add_under` and a `skip` decision,
-    // each with `skip_reason`.
+    // The LLM API contracts Phase 3's expected output, exactly: an `add_under` and a `skip`
+    // decision, each with `skip_reason`.
     Case {
         name: "integration-with-skip",
         text: concat!(
@@ -298,7 +302,8 @@ const CASES: &[Case] = &[
         expected: expect(INTEGRATION, 2, 0),
         not_objects: 0,
     },
-    // Seed 000 Phase 3's stream inside a json code fence; the fence lines are ignored.
+    // The LLM streaming contract Phase 3's stream inside a json code fence; the fence lines are
+    // ignored.
     Case {
         name: "integration-fenced",
         text: concat!(
@@ -312,8 +317,8 @@ const CASES: &[Case] = &[
         expected: expect(INTEGRATION, 2, 0),
         not_objects: 0,
     },
-    // Seed 000 Phase 3's first line, then its second cut mid-`reasoning` where the
-    // connection drops (no newline).
+    // The LLM streaming contract Phase 3's first line, then its second cut mid-`reasoning` where
+    // the connection drops (no newline).
     Case {
         name: "integration-truncated",
         text: concat!(
@@ -324,9 +329,10 @@ const CASES: &[Case] = &[
         expected: expect(INTEGRATION, 1, 1),
         not_objects: 1,
     },
-    // Values normalisation fixes (seed 002 §3.2), all five emitted: `add_under` with a null
-    // target and `replace` with an empty one become `add_section`; an unknown action becomes
-    // `skip`; `add_section` with a target gets its target cleared; confidence 1.4 is clamped.
+    // Values normalisation fixes (the NDJSON parser contract §3.2), all five emitted: `add_under`
+    // with a null target and `replace` with an empty one become `add_section`; an unknown action
+    // becomes `skip`; `add_section` with a target gets its target cleared; confidence 1.4 is
+    // clamped.
     Case {
         name: "integration-normalised",
         text: concat!(
@@ -344,10 +350,10 @@ const CASES: &[Case] = &[
         expected: expect(INTEGRATION, 5, 0),
         not_objects: 0,
     },
-    // Values normalisation cannot fix, after one valid line, each dropped: confidence
-    // "high" (invalid type, seed 002 §3.1), no `target_page` and no `action` (missing
-    // required fields), an empty `knowledge_block_id`, `reasoning` a number (the schema
-    // rejects it).
+    // Values normalisation cannot fix, after one valid line, each dropped: confidence "high"
+    // (invalid type, the NDJSON parser contract §3.1), no `target_page` and no `action` (missing
+    // required fields), an empty `knowledge_block_id`, `reasoning` a number (the schema rejects
+    // it).
     Case {
         name: "integration-rejected",
         text: concat!(
@@ -367,7 +373,7 @@ const CASES: &[Case] = &[
         expected: expect(INTEGRATION, 1, 5),
         not_objects: 0,
     },
-    // Seed 002 §5.1, verbatim: three blocks classified, one of them activity
+    // The NDJSON parser contract §5.1, verbatim: three blocks classified, one of them activity
     // (`is_knowledge: false` is an answer, kept): "Classified 3/3 blocks".
     Case {
         name: "seed-002-extraction",
@@ -382,8 +388,8 @@ const CASES: &[Case] = &[
         expected: expect(CLASSIFICATION_002, 3, 0),
         not_objects: 0,
     },
-    // Seed 002 §5.3, verbatim: three valid lines, the fourth malformed (unquoted key), then
-    // the stream ends: 3 objects, 1 line skipped.
+    // The NDJSON parser contract §5.3, verbatim: three valid lines, the fourth malformed (unquoted
+    // key), then the stream ends: 3 objects, 1 line skipped.
     Case {
         name: "seed-002-error-recovery",
         text: concat!(
@@ -399,7 +405,7 @@ const CASES: &[Case] = &[
         expected: expect(CLASSIFICATION_002, 3, 1),
         not_objects: 1,
     },
-    // Seed 002 §1.1's expected output, §2.3's Phase 1 lines and §3.1's example.
+    // The NDJSON parser contract §1.1's expected output, §2.3's Phase 1 lines and §3.1's example.
     Case {
         name: "seed-002-classification-examples",
         text: concat!(
@@ -419,7 +425,8 @@ const CASES: &[Case] = &[
         expected: expect(CLASSIFICATION_002, 6, 0),
         not_objects: 0,
     },
-    // Seed 002 §5.2, verbatim: add_section to Software Architecture, skip Microservices.
+    // The NDJSON parser contract §5.2, verbatim: add_section to Software Architecture, skip
+    // Microservices.
     Case {
         name: "seed-002-decisions",
         text: concat!(
@@ -431,8 +438,8 @@ const CASES: &[Case] = &[
         expected: expect(INTEGRATION_002, 2, 0),
         not_objects: 0,
     },
-    // Seed 002 §1.2's expected output, §2.3's Phase 3.1 lines, and §3.2's two examples (one
-    // line each).
+    // The NDJSON parser contract §1.2's expected output, §2.3's Phase 3.1 lines, and §3.2's two
+    // examples (one line each).
     Case {
         name: "seed-002-decision-examples",
         text: concat!(
@@ -454,9 +461,9 @@ const CASES: &[Case] = &[
         expected: expect(INTEGRATION_002, 7, 0),
         not_objects: 0,
     },
-    // Seed 002 §1.3's expected output and §3.3's example (one line; its `\n` are continuation
-    // lines inside the string). §2.3's rewording line (`"- Bounded contexts..."`) is a bullet
-    // outline: kept, flattened.
+    // The NDJSON parser contract §1.3's expected output and §3.3's example (one line; its `\n` are
+    // continuation lines inside the string). §2.3's rewording line (`"- Bounded contexts..."`) is a
+    // bullet outline: kept, flattened.
     Case {
         name: "seed-002-rewording-examples",
         text: concat!(
@@ -488,24 +495,25 @@ pub fn names() -> Vec<&'static str> {
 
 /// The exact text of the named stream.
 ///
-/// Streams for `knowledge-classification`: `classification` (seed 000, 2 objects),
-/// `classification-without-is-knowledge` (seed 001's older form, all dropped),
-/// `classification-malformed` (seed 002 §4.1), `classification-error-recovery` (seed 002
-/// §5.3), `classification-truncated` (final line cut, no newline),
-/// `classification-blank-lines`, `classification-normalised` (confidence clamped),
-/// `classification-array` (a one-line JSON array), `classification-pretty-printed` (one
-/// object over five lines). For `content-rewording`: `rewording` (seed 000), `rewording-spaced`
-/// (seed 001), `rewording-no-final-newline`, `rewording-normalised` (bullets flattened),
-/// `rewording-rejected` (empty content). For `integration-decisions`: `integration`
-/// (seed 000), `integration-with-skip` (seed 001), `integration-fenced` (a json code fence),
+/// Streams for `knowledge-classification`: `classification` (the LLM streaming contract, 2
+/// objects), `classification-without-is-knowledge` (the LLM API contracts' older form, all
+/// dropped), `classification-malformed` (the NDJSON parser contract §4.1),
+/// `classification-error-recovery` (the NDJSON parser contract §5.3), `classification-truncated`
+/// (final line cut, no newline), `classification-blank-lines`, `classification-normalised`
+/// (confidence clamped), `classification-array` (a one-line JSON array),
+/// `classification-pretty-printed` (one object over five lines). For `content-rewording`:
+/// `rewording` (the LLM streaming contract), `rewording-spaced` (the LLM API contracts),
+/// `rewording-no-final-newline`, `rewording-normalised` (bullets flattened), `rewording-rejected`
+/// (empty content). For `integration-decisions`: `integration` (the LLM streaming contract),
+/// `integration-with-skip` (the LLM API contracts), `integration-fenced` (a json code fence),
 /// `integration-truncated`, `integration-normalised` (actions and targets corrected),
-/// `integration-rejected` (invalid types, missing fields). For seed 001's and seed 002's own
-/// templates (`...-seed-001`, `...-seed-002`): `classification-without-is-knowledge` (seed
-/// 001, 2 objects), `seed-002-extraction` (§5.1, 3), `seed-002-error-recovery` (§5.3, 3 and 1
-/// skipped), `seed-002-classification-examples` (§1.1, §2.3, §3.1), `seed-002-decisions`
-/// (§5.2, 2), `seed-002-decision-examples` (§1.2, §2.3, §3.2), `seed-002-rewording-examples`
-/// (§1.3, §3.3), `seed-002-rewording-normalised` (§2.3's bullet line, flattened). See
-/// [`expected`] for the counts.
+/// `integration-rejected` (invalid types, missing fields). For the LLM API contracts' and the
+/// NDJSON parser contract's own templates (`...-seed-001`, `...-seed-002`):
+/// `classification-without-is-knowledge` (the LLM API contracts, 2 objects), `seed-002-extraction` (§5.1, 3),
+/// `seed-002-error-recovery` (§5.3, 3 and 1 skipped), `seed-002-classification-examples` (§1.1,
+/// §2.3, §3.1), `seed-002-decisions` (§5.2, 2), `seed-002-decision-examples` (§1.2, §2.3, §3.2),
+/// `seed-002-rewording-examples` (§1.3, §3.3), `seed-002-rewording-normalised` (§2.3's bullet line,
+/// flattened). See [`expected`] for the counts.
 pub fn stream(name: &str) -> Option<&'static str> {
     CASES.iter().find(|c| c.name == name).map(|c| c.text)
 }
@@ -675,8 +683,8 @@ mod tests {
         }
     }
 
-    // Every object of the seeds' clean streams (seed 000 and seed 001) validates as it is,
-    // and the normaliser keeps it without a warning.
+    // Every object of the structured contracts' clean streams (the LLM streaming contract and the
+    // LLM API contracts) validates as it is, and the normaliser keeps it without a warning.
     #[test]
     fn seed_example_objects_validate_unchanged() {
         for (stream, id) in [

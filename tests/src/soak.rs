@@ -240,6 +240,19 @@ impl Fault {
     fn answerable(self) -> bool {
         matches!(self, Fault::None | Fault::RateLimited | Fault::ServerError)
     }
+
+    /// The error types this fault itself ends a request with: a malformed event or a dropped
+    /// connection after the first record is the provider's failure (`llm-error`); a stall
+    /// is that, or the caller's deadline when the stalled attempts outlast it (`timeout`).
+    /// None for the faults the processor retries: those requests must be answered. Any other
+    /// error (`not-stored` included) is explained only by a broker fault or a killed replica.
+    fn own_errors(self) -> &'static [&'static str] {
+        match self {
+            Fault::None | Fault::RateLimited | Fault::ServerError => &[],
+            Fault::Malformed | Fault::Dropped => &["llm-error"],
+            Fault::Stalled => &["llm-error", "timeout"],
+        }
+    }
 }
 
 /// How one request ended, as its caller saw it.
@@ -1001,10 +1014,11 @@ struct Clients {
     gateway: String,
 }
 
-/// A prompt request whose answer is the seed's classification example with every block id
-/// prefixed by `soak{n}-` (the fake's `seed-tagged-` model): each object names its request.
+/// A prompt request whose answer is the LLM streaming contract's classification example with every
+/// block id prefixed by `soak{n}-` (the fake's `seed-tagged-` model): each object names its
+/// request.
 fn seed_prompt(n: u64) -> (PromptRequest, usize) {
-    // The request names the blocks the tagged answer classifies (the seed's abc123 and
+    // The request names the blocks the tagged answer classifies (the contract's abc123 and
     // ghi789): an object for a block the request does not name would be dropped.
     let blocks = json!([
         {"block_id": format!("soak{n}-abc123"),
@@ -1813,18 +1827,11 @@ async fn soak(config: &SoakConfig, target: Arc<Target>) -> Result<SoakReport, St
                 report.clear_errors += 1;
                 if fault.answerable() {
                     *report.unanswered_clean.entry(t.clone()).or_default() += 1;
-                    if !explained_by_an_outage(kind, t, message, ran, &outages)
-                        && !explained_by_a_kill(kind, t, message, ran, &report.kill_at)
-                    {
-                        report.violations.push(format!(
-                            "{} ({fault:?}): a request that should have been answered ended \
-                             with `{t}` ({message:?}) at {:.1}-{:.1} s, not explained by a \
-                             broker restart or a killed replica",
-                            kind.name(),
-                            ran.0,
-                            ran.1
-                        ));
-                    }
+                }
+                if let Some(finding) =
+                    unexplained_error(kind, fault, t, message, ran, &outages, &report.kill_at)
+                {
+                    report.violations.push(finding);
                 }
                 format!("error `{t}`")
             }
@@ -1991,6 +1998,48 @@ fn explained_by_an_outage(
             .any(|(down, up)| began <= up + AFTER && ended >= down - BEFORE)
 }
 
+/// What is wrong with a request under `fault` ending with the clear error `error` (`message`)
+/// while it ran (`ran`, seconds since the start), if anything: an error that is not the
+/// fault's own ([`Fault::own_errors`]; a request without a fault, or with one the processor
+/// retries, has none) must be explained by a broker fault ([`explained_by_an_outage`]) or a
+/// killed replica ([`explained_by_a_kill`]).
+fn unexplained_error(
+    kind: Kind,
+    fault: Fault,
+    error: &str,
+    message: &str,
+    ran: (f64, f64),
+    outages: &[(f64, f64)],
+    kills: &[(f64, String)],
+) -> Option<String> {
+    if fault.own_errors().contains(&error)
+        || explained_by_an_outage(kind, error, message, ran, outages)
+        || explained_by_a_kill(kind, error, message, ran, kills)
+    {
+        return None;
+    }
+    let expected = if fault.answerable() {
+        "a request that should have been answered".to_owned()
+    } else {
+        format!(
+            "a request whose fault ends it with {}",
+            fault
+                .own_errors()
+                .iter()
+                .map(|e| format!("`{e}`"))
+                .collect::<Vec<_>>()
+                .join(" or ")
+        )
+    };
+    Some(format!(
+        "{} ({fault:?}): {expected} ended with `{error}` ({message:?}) at {:.1}-{:.1} s, not \
+         explained by a broker fault or a killed replica",
+        kind.name(),
+        ran.0,
+        ran.1
+    ))
+}
+
 /// Whether a clear error is the documented end of a caller of text-completion whose model
 /// answer restarted on a second delivery after it had streamed part of the first, which it
 /// cannot take back:
@@ -2104,8 +2153,8 @@ fn jitter(every: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::{
-        Kind, block_id, explained_by_a_kill, explained_by_an_outage, foreign_objects,
-        heap_findings, in_flight_in,
+        Fault, Kind, block_id, explained_by_a_kill, explained_by_an_outage, foreign_objects,
+        heap_findings, in_flight_in, unexplained_error,
     };
     use serde_json::json;
 
@@ -2172,6 +2221,59 @@ mod tests {
         let unread = [(50.0, f64::NAN), (180.0, f64::NAN)];
         assert!(heap_findings("gw", &unread, 45.0, &[])[0].contains("could not be read"));
         assert!(heap_findings("gw", &[], 45.0, &[])[0].contains("no heap sample"));
+    }
+
+    #[test]
+    fn an_injected_fault_explains_only_its_own_errors() {
+        let outages = [(90.0, 98.0)];
+        let kills = [(50.0, "text-completion-3".to_owned())];
+        let judge = |kind, fault, error, ran| {
+            unexplained_error(kind, fault, error, "m", ran, &outages, &kills)
+        };
+        let quiet = (10.0, 12.0);
+        // Each fault's own error, at any time.
+        assert_eq!(
+            judge(Kind::HttpLlmStream, Fault::Malformed, "llm-error", quiet),
+            None
+        );
+        assert_eq!(
+            judge(Kind::BusLlmWhole, Fault::Dropped, "llm-error", quiet),
+            None
+        );
+        assert_eq!(
+            judge(Kind::BusLlmStream, Fault::Stalled, "timeout", quiet),
+            None
+        );
+        assert_eq!(
+            judge(Kind::BusLlmStream, Fault::Stalled, "llm-error", quiet),
+            None
+        );
+        // Another fault's error, or one no fault makes, is a finding.
+        for (fault, error) in [
+            (Fault::Malformed, "timeout"),
+            (Fault::Dropped, "internal-error"),
+            (Fault::Stalled, "records-lost"),
+            (Fault::Malformed, "not-stored"),
+        ] {
+            let found = judge(Kind::BusLlmStream, fault, error, quiet);
+            assert!(
+                found.as_deref().is_some_and(|f| f.contains(error)),
+                "{fault:?} ending with {error}: {found:?}"
+            );
+        }
+        // `not-stored` is explained by a broker restart while the request ran, and only then.
+        assert_eq!(
+            judge(
+                Kind::BusLlmStream,
+                Fault::Dropped,
+                "not-stored",
+                (95.0, 96.0)
+            ),
+            None
+        );
+        // A request that should be answered has no error of its own.
+        assert!(judge(Kind::HttpLlmWhole, Fault::RateLimited, "llm-error", quiet).is_some());
+        assert!(judge(Kind::HttpLlmWhole, Fault::None, "too-many-requests", quiet).is_some());
     }
 
     #[test]

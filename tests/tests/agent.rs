@@ -491,7 +491,8 @@ async fn a_tool_call_streams_thought_action_observation_then_the_answer() {
     assert_eq!(out.iter().filter_map(|r| r.in_token).sum::<u64>(), 18);
     assert_eq!(s.mcp.calls(), 1);
 
-    // Not streaming: seed 003's single response, with both model calls' usage.
+    // Not streaming: TrustGraph's streaming spec's (docs/specs.md#trustgraphs-streaming-spec)
+    // single response, with both model calls' usage.
     let out = s.ask(false).await;
     assert_eq!(shape(&out), ["answer.!"], "{out:#?}");
     assert_eq!(out[0].content, "The sum is 5.");

@@ -204,6 +204,24 @@ async fn an_exclusive_subscription_refuses_a_second_consumer() {
     a.unsubscribe().await;
 }
 
+/// The test kit's read of a subscription's stats refuses a name the topic does not have: the
+/// broker leaves it out of its stats, and reading that as an empty backlog let a wait for "no
+/// backlog" pass on a wrong name.
+#[tokio::test]
+#[should_panic(expected = "has no subscription \"routr\"")]
+async fn the_stats_of_a_subscription_the_topic_does_not_have_are_refused() {
+    init_logging();
+    let broker = Broker::from_env().await;
+    let bus = broker.bus().await;
+    let topic = unique_topic("stats-of-a-wrong-name");
+    let _sub = bus
+        .subscribe(&topic, "router", SubscribeOptions::exclusive(10))
+        .await
+        .unwrap();
+    assert_eq!(broker.subscription_stats(&topic, "router").await, (0, 0));
+    broker.subscription_stats(&topic, "routr").await;
+}
+
 /// A subscriber that acks in order (a client's response router): the bus settles runs of
 /// its acks cumulatively, and the broker keeps nothing of what was acked.
 #[tokio::test]
@@ -226,7 +244,7 @@ async fn acks_in_order_settle_every_message_and_nothing_is_delivered_again() {
     for receipt in receipts {
         receipt.await.unwrap();
     }
-    // The stats below read this subscription (a name the broker does not know reads as 0).
+    // The stats below read this subscription.
     assert_eq!(broker.subscription_stats(&topic, "router").await.0, 500);
     for i in 0..500 {
         let d = tokio::time::timeout(Duration::from_secs(30), sub.next())

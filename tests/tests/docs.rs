@@ -9,7 +9,11 @@
 //! - every page of `docs/` is a chapter of `SUMMARY.md`;
 //! - the bench's result tables (`<!-- bench:NAME -->` … `<!-- /bench:NAME -->`, spliced by
 //!   `bench`) are each in exactly one page of the book;
-//! - the README starts with the two set-up commands.
+//! - the README starts with the two set-up commands;
+//! - every figure the README and the book quote is in a committed results file, each bench
+//!   table is its committed file, and every results file says when, at which commit, on what
+//!   machine and by which command it was made (`docs/figures.rs`; the convention is in
+//!   docs/benchmarks.md, "Where a figure comes from").
 //!
 //! Written here rather than taken from mdbook-linkcheck: that plugin pulls an HTTP client and
 //! a second Markdown stack into the test command's build, and follows mdBook's releases late;
@@ -22,6 +26,9 @@ use std::path::{Component, Path, PathBuf};
 use pulldown_cmark::{Event, Options, Parser, Tag, TagEnd};
 
 use sluice_tests::BENCH_TABLES;
+
+#[path = "docs/figures.rs"]
+mod figures;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -349,4 +356,88 @@ fn heading_ids_are_mdbooks() {
     // In the book `--` is a dash, which the id drops; on GitHub it stays.
     assert!(parse("## A -- B\n", Reader::MdBook).ids.contains("a--b"));
     assert!(parse("## A -- B\n", Reader::GitHub).ids.contains("a----b"));
+}
+
+/// A bench table's body in a page: what lies between its markers.
+fn bench_table_body<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+    let start = format!("<!-- bench:{name} -->\n");
+    let end = format!("<!-- /bench:{name} -->");
+    let a = text.find(&start)? + start.len();
+    let b = a + text[a..].find(&end)?;
+    Some(&text[a..b])
+}
+
+#[test]
+fn each_bench_table_is_its_committed_results_file() {
+    let root = root();
+    let pages: Vec<(PathBuf, String)> = documents()
+        .into_iter()
+        .map(|f| {
+            let text = std::fs::read_to_string(&f).unwrap();
+            (f, text)
+        })
+        .collect();
+    let mut wrong = Vec::new();
+    for name in BENCH_TABLES {
+        let Some((page, body)) = pages
+            .iter()
+            .find_map(|(f, t)| bench_table_body(t, name).map(|b| (f, b)))
+        else {
+            wrong.push(format!("bench:{name}: no page holds it"));
+            continue;
+        };
+        let file = root.join(format!("bench/results/{name}.md"));
+        match std::fs::read_to_string(&file) {
+            Ok(committed) if committed == body => {}
+            Ok(_) => wrong.push(format!(
+                "{}: the bench:{name} table is not bench/results/{name}.md as committed \
+                 (a table is spliced by the run that writes the file, never edited)",
+                page.display()
+            )),
+            // No run to show: the page says so in prose, which the figures' check reads.
+            Err(_) => {}
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn every_results_file_says_when_where_and_how_it_was_made() {
+    let dir = root().join("bench/results");
+    let mut wrong = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|x| x != "md") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        if let Some(problem) = figures::header_problem(text.lines().next().unwrap_or_default()) {
+            wrong.push(format!("{}: {problem}", path.display()));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn every_figure_of_the_readme_and_the_book_is_in_a_committed_results_file() {
+    let root = root();
+    let results = figures::Results::read(&root);
+    let mut wrong = Vec::new();
+    for file in documents() {
+        if file.ends_with("CHANGELOG.md") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap();
+        let name = file.strip_prefix(&root).unwrap().display().to_string();
+        for f in figures::check_document(&text, &results) {
+            wrong.push(format!("{name}:{}: {}", f.line, f.what));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} figure(s) without their committed results file (docs/benchmarks.md, \"Where a \
+         figure comes from\"):\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
 }

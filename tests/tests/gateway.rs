@@ -728,8 +728,8 @@ async fn the_agent_route_streams_typed_tokens_and_the_dialogs_usage() {
     }
     assert_eq!(mcp.calls(), 1);
 
-    // Seed 004's client, which shows every token as the answer: the same dialog's steps are
-    // status events only, and the tokens are the answer's.
+    // The event protocol's (docs/specs.md#the-event-protocol) client, which shows every token as
+    // the answer: the same dialog's steps are status events only, and the tokens are the answer's.
     let resp = http()
         .post(s.url("/api/v1/agent"))
         .header("accept", "application/x-ndjson")
@@ -870,11 +870,11 @@ async fn sse_events(resp: reqwest::Response) -> Vec<(String, String)> {
     out
 }
 
-/// Seed 003's REST streaming: with no `Accept` that names a stream, the body's
-/// `streaming: true` gets SSE whose events' data are the response records themselves, the
-/// last with `end_of_stream` and the usage; a failure is the error record ending the stream.
-/// An `Accept` header still picks the events, and TrustGraph's REST form, which never
-/// streams, still answers whole.
+/// TrustGraph's streaming spec's (docs/specs.md#trustgraphs-streaming-spec) REST streaming: with no
+/// `Accept` that names a stream, the body's `streaming: true` gets SSE whose events' data are the
+/// response records themselves, the last with `end_of_stream` and the usage; a failure is the error
+/// record ending the stream. An `Accept` header still picks the events, and TrustGraph's REST form,
+/// which never streams, still answers whole.
 #[tokio::test]
 async fn the_bodys_streaming_flag_streams_the_records_as_sse() {
     let s = Stack::start("normal", |_| {}).await;
@@ -959,11 +959,10 @@ async fn the_bodys_streaming_flag_streams_the_records_as_sse() {
     s.stop().await;
 }
 
-/// Seed 004's own test, exactly as written: `curl .../v1/chat/completions -H 'Content-Type:
-/// application/json' -d '{"prompt":"Hello","stream":true}'`, no `Accept` header, answers
-/// with NDJSON `status`/`token`/`done` events. An OpenAI conversation sent with `Accept:
-/// application/x-ndjson` gets the events too, and OpenAI's dialect on the same path is
-/// untouched.
+/// The event protocol's own test, exactly as written: `curl .../v1/chat/completions -H
+/// 'Content-Type: application/json' -d '{"prompt":"Hello","stream":true}'`, no `Accept` header,
+/// answers with NDJSON `status`/`token`/`done` events. An OpenAI conversation sent with `Accept:
+/// application/x-ndjson` gets the events too, and OpenAI's dialect on the same path is untouched.
 #[tokio::test]
 async fn seed_004s_curl_on_the_chat_path_gets_ndjson_events() {
     let s = Stack::start("normal", |_| {}).await;
@@ -1057,7 +1056,7 @@ async fn errors_before_the_stream_are_ndjson_events_for_an_ndjson_caller() {
             events
         }
     };
-    // 401, on the REST route and on seed 004's request on the chat path.
+    // 401, on the REST route and on the event protocol's request on the chat path.
     let resp = c
         .post(s.url("/api/v1/text-completion"))
         .header("accept", "application/x-ndjson")
@@ -1229,11 +1228,11 @@ async fn first_pieces(
     }
 }
 
-/// A stream read partly through one gateway replica is resumed through another: the rest,
-/// byte for byte what the first replica goes on to send, nothing repeated; and a resume from
-/// nothing, after the end, gives the whole stream again. For the OpenAI route's SSE (resumed
-/// by `Last-Event-ID`, as a browser does), seed 004's events as SSE and as NDJSON (resumed by
-/// `Sluice-Resume` with the number of lines received), and seed 003's records as SSE.
+/// A stream read partly through one gateway replica is resumed through another: the rest, byte for
+/// byte what the first replica goes on to send, nothing repeated; and a resume from nothing, after
+/// the end, gives the whole stream again. For the OpenAI route's SSE (resumed by `Last-Event-ID`,
+/// as a browser does), the event protocol's events as SSE and as NDJSON (resumed by `Sluice-Resume`
+/// with the number of lines received), and TrustGraph's streaming spec's records as SSE.
 #[tokio::test]
 async fn a_stream_resumes_through_another_replica_with_nothing_lost_or_repeated() {
     let model = "tokens-24-40";
@@ -1250,21 +1249,21 @@ async fn a_stream_resumes_through_another_replica_with_nothing_lost_or_repeated(
     let cases = [
         ("openai sse", "/v1/chat/completions", None, &chat, true),
         (
-            "seed 004 sse",
+            "the event protocol sse",
             "/api/v1/text-completion",
             Some("text/event-stream"),
             &request(),
             true,
         ),
         (
-            "seed 004 ndjson",
+            "the event protocol ndjson",
             "/api/v1/text-completion",
             Some("application/x-ndjson"),
             &request(),
             false,
         ),
         (
-            "seed 003 records",
+            "TrustGraph's streaming spec records",
             "/api/v1/text-completion",
             None,
             &records,

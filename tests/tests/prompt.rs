@@ -473,7 +473,7 @@ async fn templates_reload_on_file_change_without_disturbing_requests_in_flight()
 }
 
 /// Terms that render each built-in template (the fake ignores the prompt and answers with
-/// the seed's example stream).
+/// the structured contract's example stream).
 /// The ids (`block_id`, `knowledge_block_id`, `page`) a stream's lines that are JSON objects
 /// name, so the request can name them as its items (the other lines are skipped whatever
 /// they name).
@@ -531,9 +531,10 @@ fn builtin_terms_for(template: &str, stream: &str) -> std::collections::BTreeMap
     }
 }
 
-/// Every example stream of seeds 000-002, token by token through the broker, against the
-/// built-in templates: the objects a correct parser, normaliser and validator emits, and the
-/// lines it skips, as `seed_streams::expected` counts them.
+/// Every example stream of the structured contracts
+/// (docs/specs.md#the-structured-ndjson-contracts), token by token through the broker, against the
+/// built-in templates: the objects a correct parser, normaliser and validator emits, and the lines
+/// it skips, as `seed_streams::expected` counts them.
 #[tokio::test]
 async fn the_seed_streams_through_the_builtin_templates() {
     use sluice_tests::seed_streams;
@@ -600,11 +601,11 @@ async fn a_cancel_passes_through_the_prompt_processor_to_the_provider_call() {
     s.stop().await;
 }
 
-/// The rules that need the request, through the real processor: an object for a block the
-/// request does not name is dropped; the terminal record says how many of the request's items
-/// the answer covered and (where every item expects one) which are pending, seed 002's
-/// "Classified 2/3 blocks, 1 pending"; decisions are held per knowledge block and at most two
-/// per block and page are kept, streamed or whole.
+/// The rules that need the request, through the real processor: an object for a block the request
+/// does not name is dropped; the terminal record says how many of the request's items the answer
+/// covered and (where every item expects one) which are pending, the NDJSON parser contract's
+/// (docs/specs.md#the-structured-ndjson-contracts) "Classified 2/3 blocks, 1 pending"; decisions
+/// are held per knowledge block and at most two per block and page are kept, streamed or whole.
 #[tokio::test]
 async fn request_rules_drop_strangers_and_count_the_pending_items() {
     let s = Setup::new("replay-8", TEMPLATES).await;
@@ -670,10 +671,10 @@ async fn request_rules_drop_strangers_and_count_the_pending_items() {
     s.stop().await;
 }
 
-/// A template's retry policy goes with its calls and the text-completion processor follows
-/// it: seed 000's template treats a 503 as final (its seed retries timeouts and connection
-/// errors only), seed 002's retries a 502, and sluice's own template keeps the processor's
-/// policy, which retries a 500.
+/// A template's retry policy goes with its calls and the text-completion processor follows it: the
+/// LLM streaming contract's (docs/specs.md#the-structured-ndjson-contracts) template treats a 503
+/// as final (it retries timeouts and connection errors only), the NDJSON parser contract's retries
+/// a 502, and sluice's own template keeps the processor's policy, which retries a 500.
 #[tokio::test]
 async fn each_seeds_template_retries_as_its_seed_says() {
     let s = Setup::with("routed", r#"{"templates": {}}"#, true).await;
@@ -702,7 +703,10 @@ async fn each_seeds_template_retries_as_its_seed_says() {
     let final_503 = "status-503-1-seed-classification";
     let out = ask("knowledge-classification-seed-000", final_503).await;
     let last = out.last().unwrap();
-    let error = last.error.as_ref().expect("a 503 is final for seed 000");
+    let error = last
+        .error
+        .as_ref()
+        .expect("a 503 is final for the LLM streaming contract");
     assert_eq!(error.kind, "llm-error");
     assert!(error.message.contains("503"), "{}", error.message);
     assert_eq!(s.fake.calls(final_503), 1);
@@ -711,7 +715,11 @@ async fn each_seeds_template_retries_as_its_seed_says() {
     let out = ask("knowledge-classification-seed-002", retried_502).await;
     assert!(out.last().unwrap().error.is_none(), "{out:?}");
     assert_eq!(objects(&out).len(), 2);
-    assert_eq!(s.fake.calls(retried_502), 2, "seed 002 retries a 502");
+    assert_eq!(
+        s.fake.calls(retried_502),
+        2,
+        "the NDJSON parser contract retries a 502"
+    );
 
     let retried_500 = "status-500-1-seed-classification";
     let out = ask("knowledge-classification", retried_500).await;

@@ -164,9 +164,10 @@ async fn a_non_streaming_request_gets_exactly_one_record() {
     s.stop().await;
 }
 
-/// A provider that cannot stream (seed 003: `supports_streaming` false, the processor falls
-/// back): a streaming request still gets its answer, as one whole record ending the stream,
-/// from one non-streaming provider call, with the usage.
+/// A provider that cannot stream (TrustGraph's streaming spec
+/// (docs/specs.md#trustgraphs-streaming-spec): `supports_streaming` false, the processor falls
+/// back): a streaming request still gets its answer, as one whole record ending the stream, from
+/// one non-streaming provider call, with the usage.
 #[tokio::test]
 async fn a_provider_that_cannot_stream_answers_a_streaming_request_with_one_record() {
     struct Whole(OpenAiProvider);
@@ -281,7 +282,9 @@ fn error_of(records: &[TextCompletionResponse]) -> &sluice_schema::Error {
 }
 
 /// A request's `retry` line, applied over the processor's policy, decides which failures are
-/// retried and how often: seed 002's policy retries 502 but not 500, sluice's retries both.
+/// retried and how often: the NDJSON parser contract's
+/// (docs/specs.md#the-structured-ndjson-contracts) policy retries 502 but not 500, sluice's retries
+/// both.
 #[tokio::test]
 async fn a_requests_retry_line_decides_which_failures_are_retried_and_how_often() {
     let s = Setup::new("status-502-2").await;
@@ -305,7 +308,7 @@ async fn a_requests_retry_line_decides_which_failures_are_retried_and_how_often(
     assert_eq!(
         s.fake.calls("status-500-2"),
         1,
-        "seed 002 does not retry 500"
+        "the NDJSON parser contract does not retry 500"
     );
     // The processor's own policy (sluice's default) retries it: the second call fails too,
     // the third answers.
@@ -328,7 +331,8 @@ async fn a_requests_retry_line_decides_which_failures_are_retried_and_how_often(
 /// applied over it, and a line that cannot be read is refused before any provider call.
 #[tokio::test]
 async fn the_processors_policy_applies_and_a_bad_retry_line_is_an_invalid_request() {
-    // Seeds 000 and 001 treat every HTTP error as final.
+    // the LLM streaming contract (docs/specs.md#the-structured-ndjson-contracts) and the LLM API
+    // contracts (docs/specs.md#the-structured-ndjson-contracts) treat every HTTP error as final.
     let s = Setup::retrying("status-503-1", "seed-000").await;
     let records = s.ask(true).await;
     assert!(error_of(&records).message.contains("503"));
@@ -343,7 +347,7 @@ async fn the_processors_policy_applies_and_a_bad_retry_line_is_an_invalid_reques
     assert_eq!(
         s.fake.calls("status-503-1"),
         2,
-        "the request's failures, the seed's attempts"
+        "the request's failures, the contract's attempts"
     );
     for (line, says) in [
         ("seed-009", "unknown retry preset \"seed-009\""),

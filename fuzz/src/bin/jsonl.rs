@@ -14,7 +14,7 @@ fn items(pieces: &[&str]) -> Vec<output::LineItem> {
     out
 }
 
-/// Runs the normaliser `selector` picks among every registered one (each seed's included).
+/// Runs the normaliser `selector` picks among every registered one (each contract's included).
 fn normalise(selector: u8, value: &serde_json::Value) {
     let count = normalise::names().count();
     let name = normalise::names().nth(usize::from(selector) % count);

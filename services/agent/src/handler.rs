@@ -1,14 +1,15 @@
 //! The agent handler: one ReAct iteration per request.
 //!
-//! Each iteration renders the ReAct prompt (question, tools, history), streams the model's
-//! output through the ReAct parser and publishes what it finds as it finds it: `thought`
-//! pieces (`end_of_message` on the last), then either `answer` pieces and a last record with
+//! Each iteration renders the ReAct prompt (question, tools, history), streams the model's output
+//! through the ReAct parser and publishes what it finds as it finds it: `thought` pieces
+//! (`end_of_message` on the last), then either `answer` pieces and a last record with
 //! `end_of_dialog`, or one `action` record (the tool and its arguments, as JSON), the tool's
-//! `observation`, and a hand-off: the request, its history one step longer, is re-published
-//! on the agent's own request topic with the same id, so any replica takes the next step and
-//! a crash costs at most one iteration. A non-streaming request gets one record, the answer
-//! (seed 003), with the whole dialog's usage; [`NonStreaming::Steps`] gives TrustGraph 2.x's
-//! multipart reply instead: the same message types as a stream, each whole.
+//! `observation`, and a hand-off: the request, its history one step longer, is re-published on the
+//! agent's own request topic with the same id, so any replica takes the next step and a crash costs
+//! at most one iteration. A non-streaming request gets one record, the answer (TrustGraph's
+//! streaming spec (docs/specs.md#trustgraphs-streaming-spec)), with the whole dialog's usage;
+//! [`NonStreaming::Steps`] gives TrustGraph 2.x's multipart reply instead: the same message types
+//! as a stream, each whole.
 //!
 //! Limits: a maximum number of iterations and a total dialog time (a terminal `agent-error`);
 //! a tool error or an unknown tool becomes the observation; output that cannot be parsed gets
@@ -94,9 +95,9 @@ impl std::str::FromStr for PlainAnswer {
     }
 }
 
-/// What a non-streaming request (`streaming: false`) gets. Seed 003 says one response with
-/// the complete answer; TrustGraph 2.x's agent sends each thought, action and observation
-/// whole before the answer, and its `tg-invoke-agent --no-streaming -v` shows them.
+/// What a non-streaming request (`streaming: false`) gets. TrustGraph's streaming spec says one
+/// response with the complete answer; TrustGraph 2.x's agent sends each thought, action and
+/// observation whole before the answer, and its `tg-invoke-agent --no-streaming -v` shows them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum NonStreaming {
     /// One record: the answer (or the terminal error), with the whole dialog's usage.

@@ -64,9 +64,10 @@ pub struct AgentArgs {
     #[arg(long, env = "SLUICE_PLAIN_ANSWER", default_value = "retry-final",
           value_parser = clap::builder::PossibleValuesParser::new(PlainAnswer::NAMES))]
     pub plain_answer: String,
-    /// What a non-streaming request (`streaming: false`) gets: `answer`, one record with the
-    /// answer and the whole dialog's usage (seed 003); `steps`, every thought, action and
-    /// observation whole before the answer (TrustGraph 2.x's multipart reply).
+    /// What a non-streaming request (`streaming: false`) gets: `answer`, one record with the answer
+    /// and the whole dialog's usage (TrustGraph's streaming spec
+    /// (docs/specs.md#trustgraphs-streaming-spec)); `steps`, every thought, action and observation
+    /// whole before the answer (TrustGraph 2.x's multipart reply).
     #[arg(long, env = "SLUICE_AGENT_NON_STREAMING", default_value = "answer",
           value_parser = clap::builder::PossibleValuesParser::new(NonStreaming::NAMES))]
     pub non_streaming: String,

@@ -250,8 +250,9 @@ fn route(base: &str, flow: Option<&str>, service: &str) -> Result<String, Invoke
             None => path.push(service),
         };
     }
-    // The agent's thoughts, actions and observations are shown on stderr, so they are asked
-    // for: the gateway sends only the answer as tokens otherwise (seed 004).
+    // The agent's thoughts, actions and observations are shown on stderr, so they are asked for:
+    // the gateway sends only the answer as tokens otherwise (the event protocol
+    // (docs/specs.md#the-event-protocol)).
     if service == "agent" {
         url.set_query(Some("steps=true"));
     }
@@ -489,8 +490,8 @@ fn whole(printer: &mut Printer, record: &Value) -> Result<(), InvokeError> {
 /// a script does not take "nothing printed" for "nothing found".
 fn counts(v: &Value) -> Result<(), InvokeError> {
     let n = |k: &str| v.get(k).and_then(Value::as_u64);
-    // Seed 002's "Classified 8/10 blocks. 2 pending.": the request's items the answer left
-    // out, for the user to ask again.
+    // The NDJSON parser contract's (docs/specs.md#the-structured-ndjson-contracts) "Classified 8/10
+    // blocks. 2 pending.": the request's items the answer left out, for the user to ask again.
     if let (Some(expected), Some(answered)) = (n("items_expected"), n("items_answered")) {
         let pending: Vec<&str> = v
             .get("items_pending")

@@ -42,8 +42,9 @@ pub struct TemplateArgs {
     #[arg(long, default_value_t = 2)]
     pub template_poll_secs: u64,
     /// Put content in the prompt processor's request log: the prompts sent (`messages`), the
-    /// objects received (`data`) and malformed lines (`line_text`), as seed 000 logs them.
-    /// Off by default: without it the log carries ids, names, counts and positions only.
+    /// objects received (`data`) and malformed lines (`line_text`), as the LLM streaming contract
+    /// (docs/specs.md#the-structured-ndjson-contracts) logs them. Off by default: without it the
+    /// log carries ids, names, counts and positions only.
     #[arg(long, env = "SLUICE_LOG_CONTENT")]
     pub log_content: bool,
     /// How a `json` or `jsonl` template with a schema asks for its answer: `native`, the

@@ -5,8 +5,9 @@
 //!
 //! Every test here runs real `sluice` processes against that cluster, one test at a time
 //! (some kill brokers and bookies), each in its own tenant with its own topic-level grants.
-//! Without the cluster's environment (`SLUICE_CLUSTER_URL`, printed by `cluster.sh env`) the
-//! tests say so loudly and pass, except under CI, where they fail.
+//! Without the cluster's environment (`SLUICE_CLUSTER_URL`, printed by `cluster.sh env`) each
+//! test says so, counts its skip in `SLUICE_SKIP_LOG` (the test command's summary line) and
+//! passes, except under CI, where it fails.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -168,10 +169,12 @@ enum Outcome {
     Lost(String),
 }
 
-/// One request's record: its outcome, when it ended, and the longest silence it saw.
+/// One request's record: its outcome, when it started and ended, and the longest silence it
+/// saw.
 #[derive(Debug, Clone)]
 struct Finished {
     outcome: Outcome,
+    started: Instant,
     ended: Instant,
     longest_gap: Duration,
 }
@@ -184,6 +187,7 @@ async fn stream_one(http: &reqwest::Client, gateway: &str, prompt: &str) -> Fini
     let mut longest_gap = Duration::ZERO;
     let finish = |outcome, longest_gap| Finished {
         outcome,
+        started,
         ended: Instant::now(),
         longest_gap,
     };
@@ -255,9 +259,10 @@ async fn stream_one(http: &reqwest::Client, gateway: &str, prompt: &str) -> Fini
     finish(outcome, longest_gap)
 }
 
-/// `callers` concurrent callers streaming distinct prompts through the gateway until `stop`.
+/// `callers` concurrent callers streaming distinct prompts through the gateway until `stop`;
+/// each request is kept with its caller's number.
 struct Load {
-    finished: Arc<Mutex<Vec<Finished>>>,
+    finished: Arc<Mutex<Vec<(usize, Finished)>>>,
     stop: CancellationToken,
     callers: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -281,7 +286,7 @@ impl Load {
                         n += 1;
                         let prompt = format!("caller {c} request {n}: the quick brown fox");
                         let f = stream_one(&http, &gateway, &prompt).await;
-                        finished.lock().unwrap().push(f);
+                        finished.lock().unwrap().push((c, f));
                     }
                 })
             })
@@ -298,7 +303,7 @@ impl Load {
     }
 
     /// Stops issuing requests, waits for every caller's last one, returns them all.
-    async fn finish(self) -> Vec<Finished> {
+    async fn finish(self) -> Vec<(usize, Finished)> {
         self.stop.cancel();
         for c in self.callers {
             c.await.unwrap();
@@ -320,6 +325,55 @@ struct FaultReport {
     lost: Vec<String>,
     longest_stall: Duration,
     back_after: Option<Duration>,
+    /// Callers, and how the requests stood against the fault's window ([`recovery`]).
+    callers: usize,
+    recovery: Recovery,
+}
+
+/// How a fault's errors stood against its window, which opens when the fault is applied and
+/// closes, for each caller, at its first answer to a request it started after the repair.
+#[derive(Debug, Default, PartialEq)]
+struct Recovery {
+    /// Errors outside the window: a request that ended before the fault, or one a caller
+    /// started after it had an answer again.
+    outside: Vec<String>,
+    /// The callers that had an answer to a request started after the repair.
+    callers_back: usize,
+}
+
+/// Reads `finished` (each request with its caller) against a fault applied at `fault_at` and
+/// repaired at `repaired`. No wall time is judged: only the order of each caller's requests.
+fn recovery(finished: &[(usize, Finished)], fault_at: Instant, repaired: Instant) -> Recovery {
+    let mut by_caller: HashMap<usize, Vec<&Finished>> = HashMap::new();
+    for (c, f) in finished {
+        by_caller.entry(*c).or_default().push(f);
+    }
+    let mut out = Recovery::default();
+    for (caller, mut requests) in by_caller {
+        requests.sort_by_key(|f| f.started);
+        let mut back = false;
+        for f in requests {
+            let error = match &f.outcome {
+                Outcome::Error(e) => Some(e),
+                Outcome::Answered | Outcome::Lost(_) => None,
+            };
+            if let Some(e) = error {
+                if f.ended < fault_at {
+                    out.outside
+                        .push(format!("caller {caller}, before the fault: {e}"));
+                } else if back {
+                    out.outside.push(format!(
+                        "caller {caller}, after it had an answer again since the repair: {e}"
+                    ));
+                }
+            }
+            if f.started >= repaired && matches!(f.outcome, Outcome::Answered) && !back {
+                back = true;
+                out.callers_back += 1;
+            }
+        }
+    }
+    out
 }
 
 impl FaultReport {
@@ -327,6 +381,23 @@ impl FaultReport {
     fn assert_nothing_lost(&self) {
         let shown = &self.lost[..self.lost.len().min(5)];
         assert!(self.lost.is_empty(), "{}: lost {shown:?}", self.fault);
+    }
+
+    /// The service came back: every caller had an answer to a request it started after the
+    /// repair, and no error fell outside the fault's window ([`Recovery`]).
+    fn assert_recovered(&self) {
+        let shown = &self.recovery.outside[..self.recovery.outside.len().min(5)];
+        assert!(
+            self.recovery.outside.is_empty(),
+            "{}: {} error(s) outside the fault's window, e.g. {shown:?}",
+            self.fault,
+            self.recovery.outside.len()
+        );
+        assert_eq!(
+            self.recovery.callers_back, self.callers,
+            "{}: callers with an answer to a request started after the repair",
+            self.fault
+        );
     }
 
     /// No caller saw an error.
@@ -415,6 +486,7 @@ where
     }
     let fault_at = Instant::now();
     fault().await;
+    let repaired = Instant::now();
     let applied = load.completed();
     // Keep the load on for a while after the fault's repair so that late effects show (a
     // topic moving back to a restarted broker, a ledger recovered): at least 20 s and 4
@@ -427,7 +499,7 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let finished = load.finish().await;
-    let done: Vec<Instant> = finished.iter().map(|f| f.ended).collect();
+    let done: Vec<Instant> = finished.iter().map(|(_, f)| f.ended).collect();
     let mut report = FaultReport {
         fault: name.to_owned(),
         requests: finished.len(),
@@ -436,8 +508,10 @@ where
         lost: Vec::new(),
         longest_stall: Duration::ZERO,
         back_after: back_after(&done, start, fault_at),
+        callers,
+        recovery: recovery(&finished, fault_at, repaired),
     };
-    for f in finished {
+    for (_, f) in finished {
         report.longest_stall = report.longest_stall.max(f.longest_gap);
         match f.outcome {
             Outcome::Answered => report.answered += 1,
@@ -1034,7 +1108,62 @@ async fn on_trustgraphs_mapping_cluster_faults_end_affected_requests_with_a_clea
             r.fault,
             r.longest_stall
         );
+        // And the service comes back: each caller is answered again after the repair, and
+        // once it is, it sees no more errors; nor did any caller before the fault.
+        r.assert_recovered();
     }
+}
+
+/// The window rule on made-up requests (no cluster): an error after a caller's first answer
+/// since the repair, or before the fault, is outside; a caller never answered after the
+/// repair is not back.
+#[test]
+fn errors_outside_a_faults_window_and_callers_not_back_are_found() {
+    let t0 = Instant::now();
+    let at = |s: u64| t0 + Duration::from_secs(s);
+    let f = |outcome: Outcome, started: u64, ended: u64| Finished {
+        outcome,
+        started: at(started),
+        ended: at(ended),
+        longest_gap: Duration::ZERO,
+    };
+    let error = || Outcome::Error("records-lost: lost in transit".into());
+    let (fault_at, repaired) = (at(10), at(20));
+    // Caller 0: answered, an error during the fault, an error just after the repair, then
+    // answered for good. Caller 1: answered after the repair.
+    let within = vec![
+        (0, f(Outcome::Answered, 0, 5)),
+        (0, f(error(), 8, 12)),
+        (0, f(error(), 21, 22)),
+        (0, f(Outcome::Answered, 22, 23)),
+        (0, f(Outcome::Answered, 23, 24)),
+        (1, f(Outcome::Answered, 25, 26)),
+    ];
+    assert_eq!(
+        recovery(&within, fault_at, repaired),
+        Recovery {
+            outside: Vec::new(),
+            callers_back: 2
+        }
+    );
+    // An error after caller 0 was answered again, one before the fault, and caller 1 with
+    // no answer since the repair.
+    let mut outside = within;
+    outside.push((0, f(error(), 24, 25)));
+    outside.push((2, f(error(), 1, 2)));
+    outside.push((2, f(Outcome::Answered, 21, 22)));
+    outside[5] = (1, f(error(), 25, 26));
+    let r = recovery(&outside, fault_at, repaired);
+    assert_eq!(r.callers_back, 2, "{r:?}");
+    assert_eq!(r.outside.len(), 2, "{r:?}");
+    assert!(
+        r.outside.iter().any(|e| e.starts_with("caller 0, after")),
+        "{r:?}"
+    );
+    assert!(
+        r.outside.iter().any(|e| e.starts_with("caller 2, before")),
+        "{r:?}"
+    );
 }
 
 /// The other side of a revoke: a processor whose role may no longer consume its requests is

@@ -136,8 +136,8 @@ async fn serve_streams_to_invoke_and_errors_exit_non_zero_with_a_readable_messag
     assert_eq!(out.stdout, "Hello world!\n");
     assert_eq!(fake.last_body()["stream"], false);
 
-    // Seed 003's `-f FLOW`: the flow the gateway serves answers, streamed or whole; another
-    // flow is a clear error.
+    // TrustGraph's streaming spec's (docs/specs.md#trustgraphs-streaming-spec) `-f FLOW`: the flow
+    // the gateway serves answers, streamed or whole; another flow is a clear error.
     for extra in [&[][..], &["--no-streaming"][..]] {
         let mut args = vec!["-u", url.as_str(), "-f", "default"];
         args.extend_from_slice(extra);
@@ -189,8 +189,9 @@ async fn serve_streams_to_invoke_and_errors_exit_non_zero_with_a_readable_messag
         );
         assert_eq!(out.stdout.trim(), if streaming { "" } else { "[]" });
     }
-    // Seed 002's accounting: a built-in whose every block expects a line, answered with no
-    // JSON at all: the done event and the CLI say which blocks are pending.
+    // The NDJSON parser contract's (docs/specs.md#the-structured-ndjson-contracts) accounting: a
+    // built-in whose every block expects a line, answered with no JSON at all: the done event and
+    // the CLI say which blocks are pending.
     let blocks = r#"blocks=[{"block_id":"b1","content":"x"},{"block_id":"b2","content":"y"}]"#;
     let (events, done) = ndjson_events(
         &url,
@@ -346,12 +347,12 @@ fn events<'a>(
         .collect()
 }
 
-/// Seed 000's request log, read from `sluice serve`'s JSON log as an operator would: the
-/// prompt processor logs `llm_request_started` (phase, number of blocks), one
-/// `llm_response_chunk` per object, `malformed_json_line` per bad line, and
-/// `llm_request_completed` or `llm_request_failed`; text-completion's start names the
-/// endpoint. Content (the prompt, objects, the bad lines' text) is in them only with
-/// `--log-content`, and then exactly in the seed's fields.
+/// The LLM streaming contract's (docs/specs.md#the-structured-ndjson-contracts) request log, read
+/// from `sluice serve`'s JSON log as an operator would: the prompt processor logs
+/// `llm_request_started` (phase, number of blocks), one `llm_response_chunk` per object,
+/// `malformed_json_line` per bad line, and `llm_request_completed` or `llm_request_failed`;
+/// text-completion's start names the endpoint. Content (the prompt, objects, the bad lines' text)
+/// is in them only with `--log-content`, and then exactly in the contract's fields.
 #[tokio::test]
 async fn the_request_log_has_seed_000s_events_with_content_only_when_asked() {
     let fake = FakeOpenAi::start().await;
@@ -478,7 +479,7 @@ async fn the_request_log_has_seed_000s_events_with_content_only_when_asked() {
 }
 
 /// The agent through `sluice invoke`: the answer on stdout and the thoughts on stderr (the CLI
-/// asks the gateway for the steps), while a seed 004 client that does not ask gets the
+/// asks the gateway for the steps), while an event-protocol client that does not ask gets the
 /// steps as `status` events and only the answer as tokens.
 #[tokio::test]
 async fn invoke_shows_the_agents_thoughts_and_a_seed_004_client_gets_only_the_answer() {
@@ -574,7 +575,7 @@ async fn a_fallback_file_moves_calls_to_the_backup_with_its_own_key() {
     assert_eq!(answer["choices"][0]["message"]["content"], "Hello world!");
 
     // TrustGraph's REST answer (one record) names the provider and model that answered, and
-    // a seed 004 client's done event the model.
+    // an event-protocol client's done event the model.
     let record: serde_json::Value = reqwest::Client::new()
         .post(format!("{url}/api/v1/text-completion"))
         .json(&serde_json::json!({"system": "s", "prompt": "p", "streaming": false}))

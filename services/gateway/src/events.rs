@@ -190,7 +190,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn lines_match_seed_004() {
+    fn lines_match_the_event_protocol() {
         let mut e = Event::status(Status::Thinking);
         e.trace_id = Arc::from("t");
         e.session_id = Arc::from("s");

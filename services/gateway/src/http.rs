@@ -1,12 +1,12 @@
 //! The REST routes: a whole answer as JSON, a stream of gateway events as NDJSON or SSE
-//! (docs/protocol.md#gateway-events-ndjson-and-sse), or seed 003's stream of the records
-//! themselves as SSE.
+//! (docs/protocol.md#gateway-events-ndjson-and-sse), or TrustGraph's streaming spec's
+//! (docs/specs.md#trustgraphs-streaming-spec) stream of the records themselves as SSE.
 //!
 //! What is sent: the `Accept` header decides when it names a stream (`application/x-ndjson`,
-//! `text/event-stream`: the gateway's events); without one, the body's `streaming: true`
-//! gets seed 003's REST streaming (SSE, each event's data one response record), and anything
-//! else one JSON answer. A request refused before its stream starts, by a caller that asked
-//! for NDJSON, gets its error as NDJSON events too (`error`, then `done`), with the HTTP
+//! `text/event-stream`: the gateway's events); without one, the body's `streaming: true` gets
+//! TrustGraph's streaming spec's REST streaming (SSE, each event's data one response record), and
+//! anything else one JSON answer. A request refused before its stream starts, by a caller that
+//! asked for NDJSON, gets its error as NDJSON events too (`error`, then `done`), with the HTTP
 //! status the error maps to.
 
 use std::{collections::VecDeque, convert::Infallible, sync::Arc, time::Instant};
@@ -101,7 +101,8 @@ pub(crate) enum Mode {
     Ndjson,
     /// The gateway's events as SSE, each named by its type.
     Sse,
-    /// Seed 003's REST streaming: SSE whose events' data are the response records.
+    /// TrustGraph's streaming spec's REST streaming: SSE whose events' data are the response
+    /// records.
     Records,
 }
 
@@ -133,7 +134,8 @@ pub(crate) struct Ask {
 }
 
 impl Ask {
-    /// The REST routes' rule: the `Accept` header, else the body's flag (seed 003's SSE).
+    /// The REST routes' rule: the `Accept` header, else the body's flag (TrustGraph's streaming
+    /// spec's SSE).
     fn rest(headers: &HeaderMap, query: Option<&str>) -> Self {
         Self {
             accept: accepted(headers),
@@ -237,7 +239,7 @@ pub(crate) fn retry_after(resp: &mut Response, secs: Option<u64>) {
 }
 
 /// A refusal before the stream started: NDJSON `error` and `done` events when the caller
-/// asked for NDJSON (a seed 004 client reads the body's lines whatever the status), else the
+/// asked for NDJSON (an event-protocol client reads the body's lines whatever the status), else the
 /// JSON error; the HTTP status is the error's either way.
 pub(crate) fn refuse(
     mode: Option<Mode>,
@@ -651,9 +653,9 @@ impl Drop for Tally {
     }
 }
 
-/// Seed 003's REST streaming: each response record as one SSE event's data, an error as the
-/// error record that ends the stream. A restart (another replica starts the answer over) is
-/// an event named `restarted`: discard what arrived so far.
+/// TrustGraph's streaming spec's REST streaming: each response record as one SSE event's data, an
+/// error as the error record that ends the stream. A restart (another replica starts the answer
+/// over) is an event named `restarted`: discard what arrived so far.
 struct RecordStream<K: Kind> {
     /// `None` once the stream has ended.
     reader: Option<Reader<K::Response>>,
@@ -820,7 +822,7 @@ mod tests {
         assert_eq!(
             Ask::rest(&h, None).mode(true),
             Mode::Records,
-            "seed 003's SSE"
+            "TrustGraph's streaming spec's SSE"
         );
         h.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
         assert_eq!(Ask::rest(&h, None).mode(true), Mode::Records);

@@ -57,8 +57,9 @@ pub struct StreamState {
     pub counts: Option<(u64, u64)>,
     /// `jsonl` prompts whose contract names the request's items: expected, answered, pending.
     pub items: Option<(u64, u64, Option<Vec<String>>)>,
-    /// Agents: the caller asked for every step as `token` events (`?steps=true`); otherwise
-    /// only the answer is, and the steps are `status` events, as seed 004 intends.
+    /// Agents: the caller asked for every step as `token` events (`?steps=true`); otherwise only
+    /// the answer is, and the steps are `status` events, as the event protocol
+    /// (docs/specs.md#the-event-protocol) intends.
     pub steps: bool,
 }
 
@@ -247,7 +248,7 @@ impl Kind for Agent {
             state.status = Some(status);
             out.push(Event::status(status));
         }
-        // A seed 004 client shows every token as the answer: the agent's thoughts, actions
+        // An event-protocol client shows every token as the answer: the agent's thoughts, actions
         // and observations would read as if they were. They are `status` events (above)
         // unless the caller asked for the steps.
         let shown = state.steps || record.message_type == AgentMessageType::Answer;

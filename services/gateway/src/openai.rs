@@ -19,11 +19,11 @@
 //! error shape and status, never silently ignored. Unknown parameters are refused as OpenAI
 //! refuses them.
 //!
-//! Seed 004's event protocol shares the path: a body with `prompt` and no `messages` (seed
-//! 004's own test sends `{"prompt":"Hello","stream":true}`, which is not an OpenAI chat
-//! request), or any body sent with `Accept: application/x-ndjson`, is answered as
-//! `POST /api/v1/text-completion` answers it: `status`/`token`/`done` events when it streams,
-//! its errors as `error` and `done` events.
+//! The event protocol (docs/specs.md#the-event-protocol) shares the path: a body with `prompt` and
+//! no `messages` (the protocol's own test sends `{"prompt":"Hello","stream":true}`, which is not an
+//! OpenAI chat request), or any body sent with `Accept: application/x-ndjson`, is answered as `POST
+//! /api/v1/text-completion` answers it: `status`/`token`/`done` events when it streams, its errors
+//! as `error` and `done` events.
 //!
 //! A streamed call answers its HTTP status only once the first record arrives, so an error
 //! before the first token (429, a bad model, a provider refusal) is an HTTP error, as
@@ -1108,9 +1108,9 @@ impl Tokens {
     }
 }
 
-/// The top-level fields of a chat body that tell seed 004's requests from OpenAI's.
+/// The top-level fields of a chat body that tell the event protocol's requests from OpenAI's.
 #[derive(Clone, Copy, Default, serde::Deserialize)]
-struct Seed004Fields {
+struct EventProtocolFields {
     #[serde(default)]
     prompt: Option<serde::de::IgnoredAny>,
     #[serde(default)]
@@ -1121,19 +1121,19 @@ struct Seed004Fields {
     streaming: Option<bool>,
 }
 
-impl Seed004Fields {
+impl EventProtocolFields {
     fn of(body: &[u8]) -> Self {
         serde_json::from_slice(body).unwrap_or_default()
     }
 
-    /// Not an OpenAI chat request: a `prompt` and no `messages` (seed 004's own body).
+    /// Not an OpenAI chat request: a `prompt` and no `messages` (the event protocol's own body).
     fn prompt_only(body: &[u8]) -> bool {
         let fields = Self::of(body);
         fields.prompt.is_some() && fields.messages.is_none()
     }
 }
 
-/// Answers a `/v1/chat/completions` call in seed 004's events, as `POST
+/// Answers a `/v1/chat/completions` call in the event protocol's events, as `POST
 /// /api/v1/text-completion` answers it. The body's fields are read once, here: whether it
 /// streams (known before it is decoded, so a refusal comes as the events asked for) and how
 /// it is decoded.
@@ -1145,7 +1145,7 @@ async fn seed_004(
 ) -> Response {
     let fields = body
         .as_ref()
-        .map(|b| Seed004Fields::of(b))
+        .map(|b| EventProtocolFields::of(b))
         .unwrap_or_default();
     let streams = fields.stream.or(fields.streaming).unwrap_or(false);
     let ask = Ask {
@@ -1153,13 +1153,19 @@ async fn seed_004(
         streamed: Mode::Ndjson,
         steps: false,
     };
-    http::handle::<TextCompletion>(inner, headers, body, ask, |b| seed_004_request(b, fields)).await
+    http::handle::<TextCompletion>(inner, headers, body, ask, |b| {
+        event_protocol_request(b, fields)
+    })
+    .await
 }
 
-/// A seed 004 body as a text-completion request: `prompt` (and `system`) as the REST route
+/// An event-protocol body as a text-completion request: `prompt` (and `system`) as the REST route
 /// reads them, `stream` as `streaming`; an OpenAI conversation (`messages`) as the OpenAI
 /// route reads it.
-fn seed_004_request(body: &Bytes, fields: Seed004Fields) -> Result<TextCompletionRequest, String> {
+fn event_protocol_request(
+    body: &Bytes,
+    fields: EventProtocolFields,
+) -> Result<TextCompletionRequest, String> {
     if fields.messages.is_some() {
         let call = parse_chat(body).map_err(|e| e.message)?;
         let mut request = call.request;
@@ -1179,15 +1185,18 @@ pub(crate) async fn chat(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    // Seed 004's requests: asked for by the header, or a body the OpenAI dialect refuses
-    // (no `messages`) that is seed 004's. Its fields are read only then, so an OpenAI request
-    // pays for no second reading of its body.
+    // The event protocol's requests: asked for by the header, or a body the OpenAI dialect refuses
+    // (no `messages`) that is the event protocol's. Its fields are read only then, so an OpenAI
+    // request pays for no second reading of its body.
     let accept = http::accepted(&headers);
     if accept == Some(Mode::Ndjson) {
         return seed_004(inner, headers, body, accept).await;
     }
     let Some(caller) = inner.config.auth.caller_of(&headers) else {
-        if body.as_ref().is_ok_and(|b| Seed004Fields::prompt_only(b)) {
+        if body
+            .as_ref()
+            .is_ok_and(|b| EventProtocolFields::prompt_only(b))
+        {
             return seed_004(inner, headers, body, accept).await;
         }
         return labelled(CHAT_ROUTE, Refused::Unauthorized.openai(&inner));
@@ -1198,7 +1207,7 @@ pub(crate) async fn chat(
     };
     let call = match parse_chat(&body) {
         Ok(c) => c,
-        Err(_) if Seed004Fields::prompt_only(&body) => {
+        Err(_) if EventProtocolFields::prompt_only(&body) => {
             return seed_004(inner, headers, Ok(body), accept).await;
         }
         Err(e) => return labelled(CHAT_ROUTE, e.into_response()),

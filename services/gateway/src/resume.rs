@@ -43,7 +43,8 @@ pub(crate) struct Token {
     /// When the stream started, in Unix seconds (the OpenAI chunks' `created`; the age
     /// limit).
     pub created: u64,
-    /// The trace id the stream's events carry (seed 004's `trace_id`), empty if none.
+    /// The trace id the stream's events carry (the event protocol's
+    /// (docs/specs.md#the-event-protocol) `trace_id`), empty if none.
     pub trace_id: String,
     /// The request's correlation id.
     pub id: String,

@@ -51,10 +51,12 @@ pub struct BuiltinTemplate {
     pub normalise: Option<Normaliser>,
     /// The rules that need the request, which come with the normaliser.
     pub answers: Option<&'static normalise::Answers>,
-    /// The sampling temperature its calls ask for (the phase's, as the seeds set it).
+    /// The sampling temperature its calls ask for (the phase's, as the structured contracts set
+    /// it).
     pub temperature: Option<f64>,
-    /// The retry policy its calls ask for: a seed's template asks for its seed's policy (the
-    /// preset of the same name, `seed-000`...); sluice's own leave the processor's.
+    /// The retry policy its calls ask for: a structured contract's template asks for its
+    /// contract's policy (the preset of the same name, `seed-000`...); sluice's own leave the
+    /// processor's.
     pub retry: Option<&'static str>,
 }
 
@@ -99,15 +101,17 @@ macro_rules! files {
     };
 }
 
-/// The phases' temperatures, as seeds 000 and 001 set them (seed 002 sets none).
+/// The phases' temperatures, as the LLM streaming contract and the LLM API contracts set them
+/// (the NDJSON parser contract sets none; docs/specs.md#the-structured-ndjson-contracts).
 const CLASSIFICATION_TEMPERATURE: Option<f64> = Some(0.3);
 const REWORDING_TEMPERATURE: Option<f64> = Some(0.5);
 const INTEGRATION_TEMPERATURE: Option<f64> = Some(0.4);
 
-/// Every built-in template, in the order the docs list them: sluice's three (seed 000's
-/// prompts with one sentence added, which small local models need to keep to the format),
-/// then each seed's own, its prompt text verbatim (seed 002 has none: its templates ask for
-/// its shapes in words of ours) and its line shape.
+/// Every built-in template, in the order the docs list them: sluice's three (the LLM
+/// streaming contract's prompts with one sentence added, which small local models need to keep
+/// to the format), then each structured contract's own, its prompt text verbatim (the NDJSON
+/// parser contract has none: its templates ask for its shapes in words of ours) and its line
+/// shape.
 const FILES: [Files; 12] = [
     files!("knowledge-classification", system: "knowledge-classification",
            prompt: "knowledge-classification", schema: "knowledge-classification",

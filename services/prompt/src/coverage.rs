@@ -58,8 +58,9 @@ impl Coverage {
                 None => Vec::new(),
             };
             match items.iter_mut().find(|(known, _)| known == id) {
-                // An item named twice (seed 002's decisions name a block once per page): one
-                // item, all its links.
+                // An item named twice (the NDJSON parser contract's
+                // (docs/specs.md#the-structured-ndjson-contracts) decisions name a block once per
+                // page): one item, all its links.
                 Some((_, known)) => {
                     for l in links {
                         if !known.contains(&l) {

@@ -14,11 +14,12 @@
 //!   `objects_emitted` and `lines_skipped`. A non-streaming request gets one record whose
 //!   `object` is the JSON array of the objects.
 //!
-//! Failures end the stream with one error record that carries the usage so far: an unknown
-//! template or a missing variable (`invalid-request`), a text-completion error (its own type
-//! and message), an answer that is not the JSON the template asks for (`llm-error`).
-//! Each request's model call is logged as seed 000 asks ([`crate::requestlog`]); nothing of
-//! the prompt or the answer is logged unless the operator opts in to content logging.
+//! Failures end the stream with one error record that carries the usage so far: an unknown template
+//! or a missing variable (`invalid-request`), a text-completion error (its own type and message),
+//! an answer that is not the JSON the template asks for (`llm-error`). Each request's model call is
+//! logged as the LLM streaming contract (docs/specs.md#the-structured-ndjson-contracts) asks
+//! ([`crate::requestlog`]); nothing of the prompt or the answer is logged unless the operator opts
+//! in to content logging.
 
 use std::{collections::BTreeMap, sync::Arc};
 
@@ -72,8 +73,8 @@ impl PromptService {
         }
     }
 
-    /// With content in the request log (`--log-content`): the prompts sent, the objects
-    /// received and the malformed lines, as seed 000 logs them. Off by default: logs are
+    /// With content in the request log (`--log-content`): the prompts sent, the objects received
+    /// and the malformed lines, as the LLM streaming contract logs them. Off by default: logs are
     /// often kept longer and read by more people than the data.
     pub fn with_content_logging(mut self, on: bool) -> Self {
         self.log_content = on;

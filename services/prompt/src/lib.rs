@@ -10,7 +10,8 @@
 //!   their schemas (docs/protocol.md#structured-output-contracts);
 //! - [`normalise`]: the normalisers a template names, which correct its output objects before
 //!   validation;
-//! - [`requestlog`]: seed 000's request log, content only when the operator opts in.
+//! - [`requestlog`]: the LLM streaming contract's (docs/specs.md#the-structured-ndjson-contracts)
+//!   request log, content only when the operator opts in.
 
 pub mod builtin;
 pub mod coverage;

@@ -35,15 +35,17 @@ pub const KNOWLEDGE_CLASSIFICATION: &str = "knowledge-classification";
 pub const CONTENT_REWORDING: &str = "content-rewording";
 /// The normaliser of the integration contract ([`normalise_integration`]).
 pub const INTEGRATION_DECISIONS: &str = "integration-decisions";
-/// Seed 001's classification lines: no `is_knowledge` ([`normalise_classification_seed_001`]).
+/// The LLM API contracts' (docs/specs.md#the-structured-ndjson-contracts) classification lines: no
+/// `is_knowledge` ([`normalise_classification_seed_001`]).
 pub const KNOWLEDGE_CLASSIFICATION_SEED_001: &str = "knowledge-classification-seed-001";
-/// Seed 002's classification lines: one per block, `is_knowledge` true or false, no `reason`
+/// The NDJSON parser contract's (docs/specs.md#the-structured-ndjson-contracts) classification
+/// lines: one per block, `is_knowledge` true or false, no `reason`
 /// ([`normalise_classification_seed_002`]).
 pub const KNOWLEDGE_CLASSIFICATION_SEED_002: &str = "knowledge-classification-seed-002";
-/// Seed 002's rewording lines: `refined_text` ([`normalise_rewording_seed_002`]).
+/// The NDJSON parser contract's rewording lines: `refined_text` ([`normalise_rewording_seed_002`]).
 pub const CONTENT_REWORDING_SEED_002: &str = "content-rewording-seed-002";
-/// Seed 002's decision lines: `page`, `target_id`, `target_title`, one knowledge block per
-/// request ([`normalise_integration_seed_002`]).
+/// The NDJSON parser contract's decision lines: `page`, `target_id`, `target_title`, one knowledge
+/// block per request ([`normalise_integration_seed_002`]).
 pub const INTEGRATION_DECISIONS_SEED_002: &str = "integration-decisions-seed-002";
 
 /// The rules of a contract that need the request or the other lines of the answer: which ids
@@ -61,11 +63,12 @@ pub struct Answers {
     /// Whether every item expects an object (the ones without are reported as pending), or
     /// only some do (classification returns only the knowledge blocks).
     pub every: bool,
-    /// At most this many objects per item and value of this field (seed 000: at most 2
-    /// decisions per knowledge block and target page); later ones are dropped.
+    /// At most this many objects per item and value of this field (the LLM streaming contract
+    /// (docs/specs.md#the-structured-ndjson-contracts): at most 2 decisions per knowledge block and
+    /// target page); later ones are dropped.
     pub per_pair: Option<(&'static str, usize)>,
     /// An item's objects are held until the answer moves on to another item, then published
-    /// together (seed 000 Phase 3: all decisions of a block before any is shown).
+    /// together (the LLM streaming contract Phase 3: all decisions of a block before any is shown).
     pub grouped: bool,
     /// The object's text field that must keep the `[[links]]` and `((refs))` of the item's
     /// text fields (rewording): a lost one is a warning.
@@ -211,9 +214,9 @@ pub fn normalise_classification(value: &mut Value) -> Normalised {
     ))
 }
 
-/// Seed 001's classification lines, `{"block_id","confidence","reason"}`: the rules of
-/// [`normalise_classification`] without `is_knowledge` (seed 001 returns only the knowledge
-/// blocks and has no such field); one written anyway must be a boolean.
+/// The LLM API contracts' classification lines, `{"block_id","confidence","reason"}`: the rules of
+/// [`normalise_classification`] without `is_knowledge` (the LLM API contracts return only the
+/// knowledge blocks and has no such field); one written anyway must be a boolean.
 pub fn normalise_classification_seed_001(value: &mut Value) -> Normalised {
     outcome(classification_rules(
         value,
@@ -226,9 +229,9 @@ pub fn normalise_classification_seed_001(value: &mut Value) -> Normalised {
     ))
 }
 
-/// Seed 002's classification lines, `{"block_id","is_knowledge","confidence"}` (§3.1): one
-/// per block, `is_knowledge` false kept (it is the answer for an activity block); the rules
-/// of [`normalise_classification`] without `reason`, which must be a string if written.
+/// The NDJSON parser contract's classification lines, `{"block_id","is_knowledge","confidence"}`
+/// (§3.1): one per block, `is_knowledge` false kept (it is the answer for an activity block); the
+/// rules of [`normalise_classification`] without `reason`, which must be a string if written.
 pub fn normalise_classification_seed_002(value: &mut Value) -> Normalised {
     outcome(classification_rules(
         value,
@@ -280,7 +283,7 @@ pub fn normalise_rewording(value: &mut Value) -> Normalised {
     outcome(rewording_rules(value, "reworded_content"))
 }
 
-/// Seed 002's rewording lines, `{"block_id","refined_text"}` (§3.3): the rules of
+/// The NDJSON parser contract's rewording lines, `{"block_id","refined_text"}` (§3.3): the rules of
 /// [`normalise_rewording`] on `refined_text`.
 pub fn normalise_rewording_seed_002(value: &mut Value) -> Normalised {
     outcome(rewording_rules(value, "refined_text"))
@@ -334,9 +337,9 @@ pub fn normalise_integration(value: &mut Value) -> Normalised {
     outcome(integration_rules(value, &DECISION_FIELDS))
 }
 
-/// Seed 002's decision lines, `{"page","action","target_id","target_title","confidence",
-/// "reasoning"}` (§3.2, one knowledge block per request, so no block id): the rules of
-/// [`normalise_integration`] under those names.
+/// The NDJSON parser contract's decision lines,
+/// `{"page","action","target_id","target_title","confidence", "reasoning"}` (§3.2, one knowledge
+/// block per request, so no block id): the rules of [`normalise_integration`] under those names.
 pub fn normalise_integration_seed_002(value: &mut Value) -> Normalised {
     outcome(integration_rules(value, &DECISION_FIELDS_SEED_002))
 }

@@ -1,10 +1,11 @@
-//! The request log of seed 000 (docs/prompt.md#request-log): one event when a prompt
+//! The request log of the LLM streaming contract (docs/specs.md#the-structured-ndjson-contracts;
+//! docs/prompt.md#request-log): one event when a prompt
 //! request's model call starts, one per object its answer yields, one per line that is not
 //! JSON, and one when it completes or fails, each with the request id.
 //!
 //! Content stays out of logs unless the operator opts in (`--log-content`): by default the
 //! events carry counts, names and positions only. With content logging on, they also carry
-//! exactly the seed's content fields: the call's `messages`, each object's `data`, and a
+//! exactly the contract's content fields: the call's `messages`, each object's `data`, and a
 //! malformed line's text (`line_text`, at most [`MAX_LINE_TEXT`] bytes).
 
 use std::time::Instant;
@@ -103,7 +104,7 @@ impl RequestLog {
     }
 }
 
-/// The call's messages in the chat shape the seed logs: the system prompt, then the turns.
+/// The call's messages in the chat shape the contract logs: the system prompt, then the turns.
 fn messages(completion: &TextCompletionRequest) -> Value {
     let mut all = Vec::new();
     if !completion.system.is_empty() {

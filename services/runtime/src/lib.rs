@@ -8,7 +8,7 @@
 //! - [`flows`]: flows assigned by TrustGraph's config service (`--config-service`);
 //! - [`cancel`]: client cancellation over the bus;
 //! - [`ledger`]: the usage ledger, one record per attempt that called a provider;
-//! - [`ndjson`]: the incremental NDJSON line splitter of the seeds;
+//! - [`ndjson`]: the incremental NDJSON line splitter of the structured contracts;
 //! - [`telemetry`]: metrics, `/metrics` `/healthz` `/readyz`, tracing, shutdown signals;
 //! - [`secret`]: secrets from the environment or files, never printed.
 //!

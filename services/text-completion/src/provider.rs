@@ -199,9 +199,9 @@ pub trait Provider: Send + Sync + 'static {
     /// The configured model.
     fn model(&self) -> &str;
 
-    /// The URL calls for the configured model go to, for the request log (seed 000's
-    /// `endpoint`). The handler logs it without user-info or query, so a URL that carries a
-    /// credential never reaches a log.
+    /// The URL calls for the configured model go to, for the request log (the LLM streaming
+    /// contract's (docs/specs.md#the-structured-ndjson-contracts) `endpoint`). The handler logs it
+    /// without user-info or query, so a URL that carries a credential never reaches a log.
     fn endpoint(&self) -> &str;
 
     /// Whether [`Provider::generate_stream`] streams; when false the processor answers every

@@ -228,9 +228,10 @@ async fn a_final_answer_streams_its_thought_and_answer_and_ends_the_dialog() {
     rig.stop().await;
 }
 
-/// Not streamed, by default: seed 003's single response, the answer, carrying the usage of
-/// every step (the first step's counts ride in the handed-off request), and the steps the
-/// agent adds keep the request's `user`.
+/// Not streamed, by default: TrustGraph's streaming spec's
+/// (docs/specs.md#trustgraphs-streaming-spec) single response, the answer, carrying the usage of
+/// every step (the first step's counts ride in the handed-off request), and the steps the agent
+/// adds keep the request's `user`.
 #[tokio::test]
 async fn a_request_that_does_not_stream_gets_one_answer_with_the_whole_usage() {
     let mut rig = Rig::start(AgentLimits::default()).await;

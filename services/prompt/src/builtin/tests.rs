@@ -48,7 +48,8 @@ fn skip(reason: &str) -> Normalised {
     }
 }
 
-/// Seed 000 Phase 1's "Formatted Blocks Example" as terms.
+/// The LLM streaming contract (docs/specs.md#the-structured-ndjson-contracts) Phase 1's "Formatted
+/// Blocks Example" as terms.
 fn classification_terms() -> Value {
     json!({"blocks": [
         {"block_id": "abc123", "content": "- Learned that Python's asyncio.Queue is thread-safe\n  This is important for background tasks in Textual"},
@@ -57,7 +58,7 @@ fn classification_terms() -> Value {
     ]})
 }
 
-/// Seed 000 Phase 3's "Formatted Knowledge and Candidates Example" as terms.
+/// The LLM streaming contract Phase 3's "Formatted Knowledge and Candidates Example" as terms.
 fn integration_terms() -> Value {
     json!({"knowledge_blocks": [{
         "block_id": "abc123",
@@ -71,7 +72,7 @@ fn integration_terms() -> Value {
     }]})
 }
 
-/// sluice's three and each seed's own.
+/// sluice's three and each contract's own.
 const SLUICES: [&str; 3] = [
     "knowledge-classification",
     "content-rewording",
@@ -106,7 +107,9 @@ fn every_builtin_is_jsonl_with_a_valid_schema_a_normaliser_its_phases_temperatur
             "{}",
             t.id
         );
-        // Seeds 000 and 001 set each phase's temperature; seed 002 sets none.
+        // the LLM streaming contract and the LLM API contracts
+        // (docs/specs.md#the-structured-ndjson-contracts) set each phase's temperature; the NDJSON
+        // parser contract (docs/specs.md#the-structured-ndjson-contracts) sets none.
         let phase = if t.id.starts_with("knowledge-classification") {
             0.3
         } else if t.id.starts_with("content-rewording") {
@@ -116,7 +119,8 @@ fn every_builtin_is_jsonl_with_a_valid_schema_a_normaliser_its_phases_temperatur
         };
         let expected = (!t.id.ends_with("-seed-002")).then_some(phase);
         assert_eq!(t.temperature, expected, "{}", t.id);
-        // Each seed's template retries as its seed says; sluice's leave the processor's policy.
+        // Each contract's template retries as its contract says; sluice's leave the processor's
+        // policy.
         let seed = t.id.rsplit_once("-seed-").map(|(_, n)| format!("seed-{n}"));
         assert_eq!(t.retry.map(str::to_owned), seed, "{}", t.id);
         if let Some(preset) = t.retry {
@@ -218,7 +222,7 @@ fn rewording_renders_seed_000_formatted_blocks() {
 #[test]
 fn integration_renders_seed_000_knowledge_and_candidates() {
     let out = render(INTEGRATION_DECISIONS, &integration_terms()).unwrap();
-    // Seed 000's example, byte for byte (up to its closing fence).
+    // The LLM streaming contract's example, byte for byte (up to its closing fence).
     let seed = "Decide integration for these knowledge blocks and candidate pages:
 
 Knowledge Block ID: abc123
@@ -310,9 +314,9 @@ fn a_missing_term_fails_rendering() {
     }
 }
 
-// Seed 002's objects use other field names (`page`, `target_id`, `refined_text`, no
-// `reason`): not valid lines of seed 000's templates, and exactly the lines of seed 002's,
-// kept as written (its section 1 examples: 3, 3 and 2 objects).
+// The NDJSON parser contract's objects use other field names (`page`, `target_id`, `refined_text`,
+// no `reason`): not valid lines of the LLM streaming contract's templates, and exactly the lines of
+// the NDJSON parser contract's, kept as written (its section 1 examples: 3, 3 and 2 objects).
 #[test]
 fn seed_002s_lines_are_its_own_templates_lines() {
     let decisions = [
@@ -355,8 +359,9 @@ fn seed_002s_lines_are_its_own_templates_lines() {
     }
 }
 
-/// Seed 001's classification lines have no `is_knowledge`: its own template keeps them (seed
-/// 000's drops them), and one that writes `is_knowledge` anyway must write a boolean.
+/// The LLM API contracts' classification lines have no `is_knowledge`: its own template keeps
+/// them (the LLM streaming contract's drops them), and one that writes `is_knowledge` anyway
+/// must write a boolean.
 #[test]
 fn seed_001s_classification_lines_are_its_own_templates_lines() {
     let lines = [
@@ -380,8 +385,8 @@ fn seed_001s_classification_lines_are_its_own_templates_lines() {
     assert_eq!(outcome, skip("missing required field `reason`"));
 }
 
-/// Seed 002's decision rules under its names: a missing `target_id` for `add_under` makes it
-/// `add_section`, an unknown action `skip`, confidence is clamped.
+/// The NDJSON parser contract's decision rules under its names: a missing `target_id` for
+/// `add_under` makes it `add_section`, an unknown action `skip`, confidence is clamped.
 #[test]
 fn seed_002s_decision_rules_apply_to_its_names() {
     let (outcome, value) = normalised(
@@ -415,8 +420,9 @@ fn seed_002s_decision_rules_apply_to_its_names() {
     assert_eq!(outcome, skip("field `refined_text` is empty"));
 }
 
-/// Seed 000's and 001's prompts verbatim: the user message is exactly the seed's (sluice's
-/// own adds one sentence), the system prompts are the seeds'.
+/// The LLM streaming contract's and the LLM API contracts' prompts verbatim: the user message is
+/// exactly the contract's (sluice's own adds one sentence), the system prompts are the
+/// contracts'.
 #[test]
 fn the_seeds_own_templates_send_the_seeds_text() {
     let sluice = render(KNOWLEDGE_CLASSIFICATION, &classification_terms()).unwrap();
@@ -453,8 +459,9 @@ fn the_seeds_own_templates_send_the_seeds_text() {
     );
 }
 
-/// Seed 002's inputs: blocks with `hierarchy`; one `knowledge_block` with `candidate_pages`
-/// and their `chunks`; the accepted `decisions`, each knowledge block reworded once.
+/// The NDJSON parser contract's inputs: blocks with `hierarchy`; one `knowledge_block` with
+/// `candidate_pages` and their `chunks`; the accepted `decisions`, each knowledge block reworded
+/// once.
 #[test]
 fn seed_002s_inputs_render() {
     let out = render(
@@ -690,7 +697,8 @@ fn rule_unknown_fields_are_kept() {
     let (outcome, after) = normalised(KNOWLEDGE_CLASSIFICATION, v.clone());
     assert_eq!(outcome, keep(&[]));
     assert_eq!(after, v);
-    // is_knowledge false (seed 002's activity lines) is a valid answer, kept as is.
+    // is_knowledge false (the NDJSON parser contract's activity lines) is a valid answer, kept as
+    // is.
     let mut v = classification_line();
     v["is_knowledge"] = json!(false);
     assert_eq!(normalised(KNOWLEDGE_CLASSIFICATION, v).0, keep(&[]));
