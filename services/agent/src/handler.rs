@@ -28,9 +28,10 @@ use minijinja::{Environment, UndefinedBehavior};
 use serde_json::json;
 use sluice_runtime::{
     bus::Publisher,
-    client::{ClientError, RequestClient, RequestOptions},
+    client::{RequestClient, RequestOptions},
     processor::{Handler, RequestContext, ResponseSink},
-    reader::{OnRestart, Piece, ReadPolicy},
+    reader::{Encoder, End, Fail, Out, ReadPolicy, Whole},
+    sink::SinkError,
     trace,
 };
 use sluice_schema::{
@@ -287,6 +288,32 @@ struct Dialog<'a> {
     steps: bool,
 }
 
+/// A record of the dialog, carrying the usage no record passed on yet.
+fn message(
+    usage: &mut PendingUsage,
+    message_type: AgentMessageType,
+    content: String,
+    end_of_message: bool,
+    end_of_dialog: bool,
+) -> AgentResponse {
+    let (in_token, out_token) = usage.take();
+    AgentResponse {
+        message_type,
+        content,
+        end_of_message,
+        end_of_dialog,
+        in_token,
+        out_token,
+        model: usage.model.clone(),
+        ..AgentResponse::default()
+    }
+}
+
+/// A record that could not be published: the request is attempted again.
+fn unsent(e: SinkError) -> Error {
+    Error::new(ErrorKind::Internal, e.to_string())
+}
+
 impl Dialog<'_> {
     async fn send(
         &mut self,
@@ -295,21 +322,14 @@ impl Dialog<'_> {
         end_of_message: bool,
         end_of_dialog: bool,
     ) -> Result<(), Error> {
-        let (in_token, out_token) = self.usage.take();
-        let record = AgentResponse {
+        let record = message(
+            &mut self.usage,
             message_type,
             content,
             end_of_message,
             end_of_dialog,
-            in_token,
-            out_token,
-            model: self.usage.model.clone(),
-            ..AgentResponse::default()
-        };
-        self.sink
-            .send(record)
-            .await
-            .map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))
+        );
+        self.sink.send(record).await.map_err(unsent)
     }
 
     /// The terminal error, with the usage so far.
@@ -317,10 +337,7 @@ impl Dialog<'_> {
         let mut record = AgentResponse::from_error(error);
         (record.in_token, record.out_token) = self.usage.take();
         record.model.clone_from(&self.usage.model);
-        self.sink
-            .send(record)
-            .await
-            .map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))
+        self.sink.send(record).await.map_err(unsent)
     }
 }
 
@@ -331,14 +348,12 @@ fn restarted() -> Error {
     )
 }
 
-/// How the agent reads the model's answers: a restart ends the step (the ReAct parser has
-/// already acted on the abandoned attempt); a client-side failure is reported with the agent's
-/// kind.
-fn read_policy() -> ReadPolicy {
-    ReadPolicy {
-        on_restart: OnRestart::Fail(restarted()),
-        client_error: |e: &ClientError| e.to_error("text-completion", ErrorKind::Agent),
-    }
+/// How the agent reads the model's answers under `on_restart`: a client-side failure is
+/// reported with the agent's kind.
+fn read_policy<P>(on_restart: P) -> ReadPolicy<P> {
+    ReadPolicy::new(on_restart, |e| {
+        e.to_error("text-completion", ErrorKind::Agent)
+    })
 }
 
 fn now_ms() -> u64 {
@@ -481,66 +496,93 @@ impl AgentService {
             total_timeout: Some(remaining),
             ..RequestOptions::default()
         };
-        let mut reader = match self.llm.read(&request, options, read_policy()).await {
+        // A restart ends the step: the ReAct parser has already acted on the abandoned
+        // attempt.
+        let reader = match self
+            .llm
+            .read(&request, options, read_policy(Fail(restarted())))
+            .await
+        {
             Ok(r) => r,
             Err(f) => return Ok(Step::Failed(f.error)),
         };
-        let mut parser = ReactParser::new();
-        let mut text = String::new();
-        while let Some(piece) = reader.next().await {
-            let r = match piece {
-                Piece::Record(r) => r,
-                Piece::Failed(f) => {
-                    if let Some(r) = &f.record {
-                        dialog.usage.add(r);
-                    }
-                    // The call's total time limit is what is left of the dialog's.
-                    if matches!(f.client, Some(ClientError::TotalTimeout(_))) {
-                        return Ok(Step::Deadline);
-                    }
-                    return Ok(Step::Failed(f.error));
-                }
-                // Not given under `OnRestart::Fail`.
-                Piece::Restarted => return Ok(Step::Failed(restarted())),
-            };
-            dialog.usage.add(&r);
-            text.push_str(&r.response);
-            let mut events = parser.push(&r.response);
-            if r.end_of_stream {
-                // The last line may still have been held back as a possible marker.
-                events.extend(parser.close());
-            }
-            for event in events {
-                if !dialog.streaming {
-                    continue;
-                }
-                match event {
-                    Event::Thought(t) if !t.is_empty() => {
-                        dialog
-                            .send(AgentMessageType::Thought, t, false, false)
-                            .await?;
-                    }
-                    Event::ThoughtEnd => {
-                        dialog
-                            .send(AgentMessageType::Thought, String::new(), true, false)
-                            .await?;
-                    }
-                    Event::Answer(a) if !a.is_empty() => {
-                        dialog
-                            .send(AgentMessageType::Answer, a, false, false)
-                            .await?;
-                    }
-                    _ => {}
-                }
-            }
-            if r.end_of_stream {
-                break;
-            }
+        let Dialog {
+            sink,
+            usage,
+            streaming,
+            ..
+        } = dialog;
+        let thinking = Thinking {
+            usage,
+            streaming: *streaming,
+            parser: ReactParser::new(),
+            whole: Whole::default(),
+        };
+        reader
+            .drive(thinking)
+            .send_to(&mut **sink)
+            .await
+            .map_err(unsent)
+    }
+}
+
+/// One ReAct model call: the model's output through the parser, thought and answer pieces
+/// published as they are found (streaming), and what the call produced.
+struct Thinking<'a> {
+    usage: &'a mut PendingUsage,
+    streaming: bool,
+    parser: ReactParser,
+    /// The output, for a corrective retry or as prose.
+    whole: Whole,
+}
+
+impl Encoder<TextCompletionResponse> for Thinking<'_> {
+    type Item = AgentResponse;
+    type Done = Step;
+
+    fn record(&mut self, r: TextCompletionResponse, out: &mut Out<AgentResponse>) {
+        self.usage.add(&r);
+        let mut events = self.parser.push(&r.response);
+        if r.end_of_stream {
+            // The last line may still have been held back as a possible marker.
+            events.extend(self.parser.close());
         }
-        Ok(match parser.finish() {
-            Ok(outcome) => Step::Decided(outcome),
-            Err(e) => Step::Unparsable(e.to_string(), text, e.is_plain_prose()),
-        })
+        self.whole.add(r);
+        if !self.streaming {
+            return;
+        }
+        for event in events {
+            let (kind, content, end_of_message) = match event {
+                Event::Thought(t) if !t.is_empty() => (AgentMessageType::Thought, t, false),
+                Event::ThoughtEnd => (AgentMessageType::Thought, String::new(), true),
+                Event::Answer(a) if !a.is_empty() => (AgentMessageType::Answer, a, false),
+                _ => continue,
+            };
+            out.push(message(self.usage, kind, content, end_of_message, false));
+        }
+    }
+
+    fn end(&mut self, end: End<TextCompletionResponse>, _: &mut Out<AgentResponse>) -> Step {
+        let (failure, deadline) = match end {
+            End::Answered => {
+                let text = std::mem::take(&mut self.whole.text);
+                return match std::mem::take(&mut self.parser).finish() {
+                    Ok(outcome) => Step::Decided(outcome),
+                    Err(e) => Step::Unparsable(e.to_string(), text, e.is_plain_prose()),
+                };
+            }
+            End::Failed(f) => (f, false),
+            End::Deadline(f) => (f, true),
+        };
+        if let Some(r) = &failure.record {
+            self.usage.add(r);
+        }
+        // The call's total time limit is what is left of the dialog's.
+        if deadline {
+            Step::Deadline
+        } else {
+            Step::Failed(failure.error)
+        }
     }
 }
 

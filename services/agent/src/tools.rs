@@ -24,7 +24,8 @@ use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
 use serde::Deserialize;
 use serde_json::Value;
 use sluice_runtime::{
-    client::{ClientError, RequestClient, RequestOptions},
+    client::{RequestClient, RequestOptions},
+    reader::{Failure, ReadPolicy, Report},
     secret::Secret,
 };
 use sluice_schema::{
@@ -383,18 +384,10 @@ impl Tool {
                         terms,
                         streaming: false,
                     };
-                    let records = collect(client.request_with(&request, options).await).await?;
-                    let last = records
-                        .last()
-                        .ok_or_else(|| failed("the prompt service answered nothing"))?;
-                    if let Some(e) = &last.error {
-                        return Err(failed(format!("{}: {}", e.kind, e.message)));
-                    }
-                    Ok(last
-                        .text
-                        .clone()
-                        .or_else(|| last.object.clone())
-                        .unwrap_or_default())
+                    let reader = client.read(&request, options, read_policy()).await;
+                    let last = reader.map_err(observation)?.last().await;
+                    let last = last.map_err(observation)?;
+                    Ok(last.text.or(last.object).unwrap_or_default())
                 }
                 Backend::TextCompletion(client) => {
                     let system = match &self.config.kind {
@@ -411,14 +404,12 @@ impl Tool {
                         prompt,
                         ..TextCompletionRequest::default()
                     };
-                    let records = collect(client.request_with(&request, options).await).await?;
-                    let last = records
-                        .last()
-                        .ok_or_else(|| failed("text-completion answered nothing"))?;
-                    if let Some(e) = &last.error {
-                        return Err(failed(format!("{}: {}", e.kind, e.message)));
-                    }
-                    Ok(records.iter().map(|r| r.response.as_str()).collect())
+                    let reader = client.read(&request, options, read_policy()).await;
+                    reader
+                        .map_err(observation)?
+                        .text()
+                        .await
+                        .map_err(observation)
                 }
                 Backend::Mcp(client) => {
                     let remote = match &self.config.kind {
@@ -452,14 +443,9 @@ impl Tool {
                 Backend::Service(client) => {
                     let request =
                         serde_json::to_value(arguments).map_err(|e| failed(e.to_string()))?;
-                    let records = collect(client.request_with(&request, options).await).await?;
-                    let last = records
-                        .last()
-                        .ok_or_else(|| failed("the service answered nothing"))?;
-                    if let Some(e) = &last.error {
-                        return Err(failed(format!("{}: {}", e.kind, e.message)));
-                    }
-                    Ok(last.value.to_string())
+                    let reader = client.read(&request, options, read_policy()).await;
+                    let last = reader.map_err(observation)?.last().await;
+                    Ok(last.map_err(observation)?.value.to_string())
                 }
             }
         };
@@ -490,22 +476,21 @@ fn failed(message: impl Into<String>) -> ToolError {
     ToolError::Failed(message.into())
 }
 
-fn client_error(e: ClientError) -> ToolError {
-    if e.is_timeout() {
-        ToolError::TimedOut(e.to_string())
-    } else {
-        failed(e.to_string())
-    }
+/// How a tool reads its service's answer: a restart drops what came before (the final
+/// attempt is the answer); a client-side failure in the client's own words (the observation
+/// names the tool, not the service behind it).
+fn read_policy() -> ReadPolicy<Report> {
+    ReadPolicy::new(Report, |e| e.as_error(ErrorKind::Agent))
 }
 
-async fn collect<R: ResponseRecord>(
-    stream: Result<sluice_runtime::client::ResponseStream<R>, ClientError>,
-) -> Result<Vec<R>, ToolError> {
-    stream
-        .map_err(client_error)?
-        .collect()
-        .await
-        .map_err(client_error)
+/// The observation a failed answer is: the service's own error as its type and message; the
+/// client's failure in its words, a time limit as such.
+fn observation<R>(f: Failure<R>) -> ToolError {
+    match f.record {
+        Some(_) => failed(format!("{}: {}", f.error.kind, f.error.message)),
+        None if f.error.kind == ErrorKind::Timeout => ToolError::TimedOut(f.error.message),
+        None => failed(f.error.message),
+    }
 }
 
 /// The error a tool-configuration problem is reported as at start-up.

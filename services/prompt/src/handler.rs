@@ -26,9 +26,9 @@ use std::{collections::BTreeMap, sync::Arc};
 use async_trait::async_trait;
 use serde_json::Value;
 use sluice_runtime::{
-    client::{ClientError, RequestClient, RequestOptions},
+    client::{RequestClient, RequestOptions},
     processor::{Handler, RequestContext, ResponseSink},
-    reader::{Failure, OnRestart, Piece, ReadPolicy, Reader},
+    reader::{Encoder, End, Failure, Out, ReadPolicy, Restartable, StartOver, Whole},
 };
 use sluice_schema::{
     Error, ErrorKind, PendingUsage, PromptRequest, PromptResponse, TextCompletionRequest,
@@ -103,25 +103,21 @@ fn with_usage(pending: &mut PendingUsage) -> PromptResponse {
     }
 }
 
-/// A text-completion answer as the prompt service reads it.
-type LlmReader = Reader<TextCompletionResponse>;
-
 /// How the prompt service reads text-completion's answers: a restart starts the answer over
 /// while nothing of it was published, and ends it after that (a published record cannot be
 /// taken back); a client-side failure is reported with the prompt service's kind.
-fn read_policy() -> ReadPolicy {
-    ReadPolicy {
-        on_restart: OnRestart::StartOver(Error::new(
+fn read_policy() -> ReadPolicy<StartOver> {
+    ReadPolicy::new(
+        StartOver(Error::new(
             ErrorKind::Llm,
             "text-completion restarted its answer after part of it was published; send the request again",
         )),
-        client_error: |e: &ClientError| e.to_error("text-completion", ErrorKind::Llm),
-    }
+        |e| e.to_error("text-completion", ErrorKind::Llm),
+    )
 }
 
-/// The state of one answer.
+/// The state of one answer, whatever its output mode.
 struct Answer<'a> {
-    sink: &'a mut ResponseSink<PromptResponse>,
     pending: PendingUsage,
     template: Arc<Template>,
     metrics: &'a PromptMetrics,
@@ -129,21 +125,14 @@ struct Answer<'a> {
 }
 
 impl Answer<'_> {
-    async fn send(&mut self, record: PromptResponse) -> Result<(), Error> {
-        self.sink
-            .send(record)
-            .await
-            .map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))
-    }
-
     /// Ends the stream with `last`, the answer's terminal record.
-    async fn end(&mut self, last: PromptResponse) -> Result<(), Error> {
+    fn end(&mut self, last: PromptResponse, out: &mut Out<PromptResponse>) {
         self.log.completed();
-        self.send(last).await
+        out.push(last);
     }
 
     /// Ends the stream with `error`, the usage so far, and (jsonl) the counts and coverage.
-    async fn fail(&mut self, error: Error, lines: Option<&Lines>) -> Result<(), Error> {
+    fn fail(&mut self, error: Error, lines: Option<&Lines>, out: &mut Out<PromptResponse>) {
         self.log.failed(&error);
         let mut r = with_usage(&mut self.pending);
         r.error = Some(error);
@@ -151,20 +140,21 @@ impl Answer<'_> {
         if let Some(lines) = lines {
             lines.finish(&mut r);
         }
-        self.send(r).await
+        out.push(r);
     }
 
     /// Ends the stream as text-completion's answer failed: its error, with the usage its
     /// error record carried.
-    async fn failed(
+    fn failed(
         &mut self,
         f: Failure<TextCompletionResponse>,
         lines: Option<&Lines>,
-    ) -> Result<(), Error> {
+        out: &mut Out<PromptResponse>,
+    ) {
         if let Some(r) = &f.record {
             self.pending.add(r);
         }
-        self.fail(f.error, lines).await
+        self.fail(f.error, lines, out);
     }
 
     /// Corrects and validates `value`; `Err` is why it is dropped (and the metric's reason).
@@ -294,51 +284,45 @@ impl Handler for PromptService {
                 return Err(f.error);
             }
         };
-        let mut answer = Answer {
-            sink,
+        let answer = Answer {
             pending: PendingUsage::default(),
             template,
             metrics: &self.metrics,
             log,
         };
-        match lines {
+        let sent = match lines {
             Some(lines) => {
-                jsonl(
-                    &mut answer,
-                    reader,
+                let jsonl = JsonlAnswer::new(
+                    answer,
                     lines,
                     request.streaming,
                     &request.terms,
                     array_lines,
-                )
-                .await
+                );
+                reader.drive(jsonl).send_to(sink).await
             }
-            None if mode == ResponseType::Json => json(&mut answer, reader).await,
-            None => text(&mut answer, reader).await,
-        }
+            None if mode == ResponseType::Json => {
+                let json = JsonAnswer {
+                    a: answer,
+                    whole: Whole::default(),
+                };
+                reader.drive(json).send_to(sink).await
+            }
+            None => reader.drive(TextAnswer(answer)).send_to(sink).await,
+        };
+        sent.map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))
     }
 }
 
-/// A stream the reader ended without its terminal record: a guard, not a path (a reader's last
-/// piece is its terminal record or a failure).
-fn unfinished() -> Error {
-    Error::new(
-        ErrorKind::Internal,
-        "the text-completion stream ended without a final record",
-    )
-}
+/// `text`: each text delta a record as it arrives, the last one on the terminal record.
+struct TextAnswer<'a>(Answer<'a>);
 
-async fn text(a: &mut Answer<'_>, mut reader: LlmReader) -> Result<(), Error> {
-    while let Some(piece) = reader.next().await {
-        let r = match piece {
-            Piece::Record(r) => r,
-            Piece::Restarted => {
-                a.pending = PendingUsage::default();
-                a.log.restarted();
-                continue;
-            }
-            Piece::Failed(f) => return a.failed(f, None).await,
-        };
+impl Encoder<TextCompletionResponse> for TextAnswer<'_> {
+    type Item = PromptResponse;
+    type Done = ();
+
+    fn record(&mut self, r: TextCompletionResponse, out: &mut Out<PromptResponse>) {
+        let a = &mut self.0;
         a.pending.add(&r);
         if !r.response.is_empty() {
             a.log.chunk(&r.response);
@@ -347,65 +331,83 @@ async fn text(a: &mut Answer<'_>, mut reader: LlmReader) -> Result<(), Error> {
             let mut last = with_usage(&mut a.pending);
             last.text = Some(r.response);
             last.end_of_stream = true;
-            return a.end(last).await;
-        }
-        if !r.response.is_empty() {
+            a.end(last, out);
+        } else if !r.response.is_empty() {
             let mut rec = with_usage(&mut a.pending);
             rec.text = Some(r.response);
-            a.send(rec).await?;
-            reader.commit();
+            out.push(rec);
         }
     }
-    a.fail(unfinished(), None).await
+
+    fn end(&mut self, end: End<TextCompletionResponse>, out: &mut Out<PromptResponse>) {
+        if let Some(f) = end.failure() {
+            self.0.failed(f, None, out);
+        }
+    }
 }
 
-async fn json(a: &mut Answer<'_>, mut reader: LlmReader) -> Result<(), Error> {
-    // Nothing is passed on before the whole answer: a restart starts it over.
-    let mut text = String::new();
-    loop {
-        match reader.next().await {
-            Some(Piece::Record(r)) => {
-                a.pending.add(&r);
-                text.push_str(&r.response);
-                if r.end_of_stream {
-                    break;
-                }
-            }
-            Some(Piece::Restarted) => {
-                text.clear();
-                a.pending = PendingUsage::default();
-                a.log.restarted();
-            }
-            Some(Piece::Failed(f)) => return a.failed(f, None).await,
-            None => return a.fail(unfinished(), None).await,
-        }
+impl Restartable<TextCompletionResponse> for TextAnswer<'_> {
+    fn restarted(&mut self, _: &mut Out<PromptResponse>) {
+        self.0.pending = PendingUsage::default();
+        self.0.log.restarted();
     }
-    let id = a.template.id.clone();
-    let mut value = match extract_json(&text) {
-        Ok(v) => v,
-        Err(why) => {
-            warn!(template = %id, reason = %why, "json answer unusable");
-            let e = Error::new(ErrorKind::Llm, format!("template {id:?}: {why}"));
-            return a.fail(e, None).await;
-        }
-    };
-    if let Err((_, why)) = a.check(&mut value, 1) {
-        warn!(template = %id, "json answer does not match the template's schema");
-        let e = Error::new(
-            ErrorKind::Llm,
-            format!("template {id:?}: the model's answer does not match the schema: {why}"),
-        );
-        return a.fail(e, None).await;
-    }
-    a.metrics.object(&id);
-    a.log.chunk(&value);
-    let mut last = with_usage(&mut a.pending);
-    last.object = Some(value.to_string());
-    last.end_of_stream = true;
-    a.end(last).await
 }
 
-/// A `jsonl` answer's state: what was published and skipped, the objects collected for a
+/// `json`: the answer read whole (nothing is passed on before its end, so a restart starts it
+/// over), then one terminal record with the object.
+struct JsonAnswer<'a> {
+    a: Answer<'a>,
+    whole: Whole,
+}
+
+impl Encoder<TextCompletionResponse> for JsonAnswer<'_> {
+    type Item = PromptResponse;
+    type Done = ();
+
+    fn record(&mut self, r: TextCompletionResponse, _: &mut Out<PromptResponse>) {
+        self.whole.add(r);
+    }
+
+    fn end(&mut self, end: End<TextCompletionResponse>, out: &mut Out<PromptResponse>) {
+        let a = &mut self.a;
+        a.pending = std::mem::take(&mut self.whole.usage);
+        if let Some(f) = end.failure() {
+            return a.failed(f, None, out);
+        }
+        let id = a.template.id.clone();
+        let mut value = match extract_json(&self.whole.text) {
+            Ok(v) => v,
+            Err(why) => {
+                warn!(template = %id, reason = %why, "json answer unusable");
+                let e = Error::new(ErrorKind::Llm, format!("template {id:?}: {why}"));
+                return a.fail(e, None, out);
+            }
+        };
+        if let Err((_, why)) = a.check(&mut value, 1) {
+            warn!(template = %id, "json answer does not match the template's schema");
+            let e = Error::new(
+                ErrorKind::Llm,
+                format!("template {id:?}: the model's answer does not match the schema: {why}"),
+            );
+            return a.fail(e, None, out);
+        }
+        a.metrics.object(&id);
+        a.log.chunk(&value);
+        let mut last = with_usage(&mut a.pending);
+        last.object = Some(value.to_string());
+        last.end_of_stream = true;
+        a.end(last, out);
+    }
+}
+
+impl Restartable<TextCompletionResponse> for JsonAnswer<'_> {
+    fn restarted(&mut self, _: &mut Out<PromptResponse>) {
+        self.whole = Whole::default();
+        self.a.log.restarted();
+    }
+}
+
+/// A `jsonl` answer's counts: what was published and skipped, the objects collected for a
 /// non-streaming caller, and the request rules' tracker.
 struct Lines {
     emitted: u64,
@@ -437,145 +439,163 @@ impl Lines {
     }
 }
 
-impl Answer<'_> {
-    /// Publishes `objects` (streaming: one record each; else collected for the last record).
-    async fn publish(
-        &mut self,
-        lines: &mut Lines,
-        objects: Vec<Value>,
+/// `jsonl`: the completion parsed line by line as it arrives, each good object published at
+/// once (streaming) or collected for the terminal record.
+struct JsonlAnswer<'a> {
+    a: Answer<'a>,
+    lines: Lines,
+    parser: JsonlParser,
+    /// The answer to a native JSON mode: an array whose elements become the lines.
+    array: Option<ArrayLines>,
+    array_lines: bool,
+    streaming: bool,
+    /// The request's terms, for the request rules of an answer started over.
+    terms: &'a BTreeMap<String, String>,
+}
+
+impl<'a> JsonlAnswer<'a> {
+    fn new(
+        a: Answer<'a>,
+        lines: Lines,
         streaming: bool,
-        reader: &mut LlmReader,
-    ) -> Result<(), Error> {
+        terms: &'a BTreeMap<String, String>,
+        array_lines: bool,
+    ) -> Self {
+        Self {
+            a,
+            lines,
+            parser: JsonlParser::default(),
+            array: array_lines.then(ArrayLines::default),
+            array_lines,
+            streaming,
+            terms,
+        }
+    }
+
+    /// Publishes `objects` (streaming: one record each; else collected for the last record).
+    fn publish(&mut self, objects: Vec<Value>, out: &mut Out<PromptResponse>) {
         for value in objects {
-            self.metrics.object(&self.template.id);
-            self.log.chunk(&value);
-            lines.emitted += 1;
-            if streaming {
-                let mut rec = with_usage(&mut self.pending);
+            self.a.metrics.object(&self.a.template.id);
+            self.a.log.chunk(&value);
+            self.lines.emitted += 1;
+            if self.streaming {
+                let mut rec = with_usage(&mut self.a.pending);
                 rec.object = Some(value.to_string());
-                self.send(rec).await?;
-                reader.commit();
+                out.push(rec);
             } else {
-                lines.collected.push(value);
+                self.lines.collected.push(value);
             }
         }
-        Ok(())
     }
 
     /// Publishes what the request rules held back ([`Coverage::release`]).
-    async fn publish_held(
-        &mut self,
-        lines: &mut Lines,
-        streaming: bool,
-        reader: &mut LlmReader,
-    ) -> Result<(), Error> {
-        let held = lines
+    fn publish_held(&mut self, out: &mut Out<PromptResponse>) {
+        let held = self
+            .lines
             .coverage
             .as_mut()
             .map(Coverage::release)
             .unwrap_or_default();
-        self.publish(lines, held, streaming, reader).await
+        self.publish(held, out);
+    }
+
+    /// The objects of one parsed line that may be published: checked, then admitted by the
+    /// request rules; `None` when the line is skipped (logged and counted).
+    fn admit(&mut self, item: LineItem) -> Option<Vec<Value>> {
+        let id = &self.a.template.id;
+        let (line, mut value) = match item {
+            LineItem::Object { line, value } => (line, value),
+            LineItem::Malformed { line, text, reason } => {
+                self.a.log.malformed(line, &text, &reason);
+                self.a.metrics.skipped(id, "malformed");
+                self.lines.skipped += 1;
+                return None;
+            }
+        };
+        if let Err((kind, why)) = self.a.check(&mut value, line) {
+            warn!(template = %id, line, reason = %why, "jsonl line skipped: {kind}");
+            self.a.metrics.skipped(id, kind);
+            self.lines.skipped += 1;
+            return None;
+        }
+        let Some(c) = self.lines.coverage.as_mut() else {
+            return Some(vec![value]);
+        };
+        let mut lost = 0;
+        match c.admit(value, &mut lost) {
+            Verdict::Publish(objects) => {
+                if lost > 0 {
+                    warn!(template = %id, line, lost, "object kept, but it lost links of its item");
+                }
+                Some(objects)
+            }
+            Verdict::Drop(kind, why) => {
+                warn!(template = %id, line, reason = %why, "jsonl line skipped: {kind}");
+                self.a.metrics.skipped(id, kind);
+                self.lines.skipped += 1;
+                None
+            }
+        }
     }
 }
 
-async fn jsonl(
-    a: &mut Answer<'_>,
-    mut reader: LlmReader,
-    mut lines: Lines,
-    streaming: bool,
-    terms: &BTreeMap<String, String>,
-    array_lines: bool,
-) -> Result<(), Error> {
-    let mut parser = JsonlParser::default();
-    // The answer to a native JSON mode: an array whose elements become the lines.
-    let mut array = array_lines.then(ArrayLines::default);
-    let rules = a.template.answers;
-    let id = a.template.id.clone();
-    while let Some(piece) = reader.next().await {
-        let r = match piece {
-            Piece::Record(r) => r,
-            Piece::Restarted => {
-                parser = JsonlParser::default();
-                array = array_lines.then(ArrayLines::default);
-                lines = Lines::new(rules, terms);
-                a.pending = PendingUsage::default();
-                a.log.restarted();
-                continue;
-            }
-            Piece::Failed(f) => {
-                // What was held back is an answer all the same: published before the error.
-                a.publish_held(&mut lines, streaming, &mut reader).await?;
-                return a.failed(f, Some(&lines)).await;
-            }
-        };
-        a.pending.add(&r);
-        let mut items = match array.as_mut() {
-            Some(array) => parser.push(&array.push(&r.response)),
-            None => parser.push(&r.response),
+impl Encoder<TextCompletionResponse> for JsonlAnswer<'_> {
+    type Item = PromptResponse;
+    type Done = ();
+
+    fn record(&mut self, r: TextCompletionResponse, out: &mut Out<PromptResponse>) {
+        self.a.pending.add(&r);
+        let mut items = match self.array.as_mut() {
+            Some(array) => self.parser.push(&array.push(&r.response)),
+            None => self.parser.push(&r.response),
         };
         if r.end_of_stream {
-            if let Some(array) = array.as_mut() {
-                items.extend(parser.push(&array.finish()));
+            if let Some(array) = self.array.as_mut() {
+                items.extend(self.parser.push(&array.finish()));
             }
-            items.extend(parser.finish());
+            items.extend(self.parser.finish());
         }
         for item in items {
-            let (line, mut value) = match item {
-                LineItem::Object { line, value } => (line, value),
-                LineItem::Malformed { line, text, reason } => {
-                    a.log.malformed(line, &text, &reason);
-                    a.metrics.skipped(&id, "malformed");
-                    lines.skipped += 1;
-                    continue;
-                }
-            };
-            if let Err((kind, why)) = a.check(&mut value, line) {
-                warn!(template = %id, line, reason = %why, "jsonl line skipped: {kind}");
-                a.metrics.skipped(&id, kind);
-                lines.skipped += 1;
-                continue;
+            if let Some(objects) = self.admit(item) {
+                self.publish(objects, out);
             }
-            let objects = match lines.coverage.as_mut() {
-                None => vec![value],
-                Some(c) => {
-                    let mut lost = 0;
-                    match c.admit(value, &mut lost) {
-                        Verdict::Publish(objects) => {
-                            if lost > 0 {
-                                warn!(template = %id, line, lost, "object kept, but it lost links of its item");
-                            }
-                            objects
-                        }
-                        Verdict::Drop(kind, why) => {
-                            warn!(template = %id, line, reason = %why, "jsonl line skipped: {kind}");
-                            a.metrics.skipped(&id, kind);
-                            lines.skipped += 1;
-                            continue;
-                        }
-                    }
-                }
-            };
-            a.publish(&mut lines, objects, streaming, &mut reader)
-                .await?;
         }
         if r.end_of_stream {
-            a.publish_held(&mut lines, streaming, &mut reader).await?;
-            let mut last = with_usage(&mut a.pending);
+            self.publish_held(out);
+            let mut last = with_usage(&mut self.a.pending);
             last.end_of_stream = true;
-            lines.finish(&mut last);
-            if !streaming {
-                last.object = Some(Value::Array(std::mem::take(&mut lines.collected)).to_string());
+            self.lines.finish(&mut last);
+            if !self.streaming {
+                let collected = std::mem::take(&mut self.lines.collected);
+                last.object = Some(Value::Array(collected).to_string());
             }
             debug!(
-                template = %id,
-                emitted = lines.emitted,
-                skipped = lines.skipped,
+                template = %self.a.template.id,
+                emitted = self.lines.emitted,
+                skipped = self.lines.skipped,
                 "jsonl answer complete"
             );
-            return a.end(last).await;
+            self.a.end(last, out);
         }
     }
-    a.fail(unfinished(), Some(&lines)).await
+
+    fn end(&mut self, end: End<TextCompletionResponse>, out: &mut Out<PromptResponse>) {
+        if let Some(f) = end.failure() {
+            // What was held back is an answer all the same: published before the error.
+            self.publish_held(out);
+            self.a.failed(f, Some(&self.lines), out);
+        }
+    }
+}
+
+impl Restartable<TextCompletionResponse> for JsonlAnswer<'_> {
+    fn restarted(&mut self, _: &mut Out<PromptResponse>) {
+        self.parser = JsonlParser::default();
+        self.array = self.array_lines.then(ArrayLines::default);
+        self.lines = Lines::new(self.a.template.answers, self.terms);
+        self.a.pending = PendingUsage::default();
+        self.a.log.restarted();
+    }
 }
 
 #[cfg(test)]

@@ -248,6 +248,12 @@ impl ClientError {
         }
     }
 
+    /// This failure as an error record in its own words, under [`ClientError::kind`]: for a
+    /// caller that names the service itself (an agent's tool observation).
+    pub fn as_error(&self, unavailable: ErrorKind) -> Error {
+        Error::new(self.kind(unavailable), self.to_string())
+    }
+
     /// The error record a service that called `service` answers its own client with (see
     /// [`ClientError::kind`]); the message names `service` and what happened.
     pub fn to_error(&self, service: &str, unavailable: ErrorKind) -> Error {
@@ -634,7 +640,7 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
     }
 
     /// Sends a request and waits for its terminal record, ignoring records of an abandoned
-    /// attempt. For non-streaming calls.
+    /// attempt (see [`ResponseStream::collect`]). For non-streaming calls.
     pub async fn call(&self, request: &Req) -> Result<Vec<Resp>, ClientError> {
         self.request(request).await?.collect().await
     }
@@ -1383,17 +1389,19 @@ impl<R: ResponseRecord> ResponseStream<R> {
         Some(item)
     }
 
-    /// The records of the answer's final attempt, once the stream has ended: those of an
-    /// attempt that was started over are dropped at its restart.
-    pub async fn collect(mut self) -> Result<Vec<R>, ClientError> {
-        let mut records = Vec::new();
-        while let Some(item) = self.next().await {
-            match item? {
-                Received::Record(r) => records.push(r),
-                Received::Restarted => records.clear(),
-            }
-        }
-        Ok(records)
+    /// The records of the answer's final attempt, once the stream has ended, read by the
+    /// reader's driver (see [`crate::reader::Records`]): those of an attempt that was started
+    /// over are dropped at its restart; an error record is the last of them, where a
+    /// [`crate::reader::Reader`] fails with it. For tests and benchmarks of the client itself;
+    /// a service reads through a `Reader`.
+    pub async fn collect(self) -> Result<Vec<R>, ClientError> {
+        let policy = crate::reader::ReadPolicy::new(crate::reader::Report, |e| {
+            e.as_error(ErrorKind::Internal)
+        });
+        crate::reader::Reader::new(self, policy)
+            .drive(crate::reader::Records::default())
+            .run()
+            .await
     }
 
     /// Adapts this into a `futures::Stream`.
@@ -1469,6 +1477,12 @@ pub(crate) mod tests {
                     && record.message.ends_with(&e.to_string()),
                 "{}",
                 record.message
+            );
+            // In its own words: the same kind, the client's message as it is.
+            assert_eq!(
+                e.as_error(ErrorKind::Agent),
+                Error::new(kind, e.to_string()),
+                "{e}"
             );
         }
     }

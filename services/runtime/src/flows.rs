@@ -26,7 +26,7 @@ use std::{
 
 use async_trait::async_trait;
 use sluice_schema::{
-    TopicMapping, TopicName,
+    ErrorKind, TopicMapping, TopicName,
     config::{ConfigPush, ConfigRequest, ConfigResponse, FlowDefinition},
 };
 use tokio::{
@@ -38,8 +38,9 @@ use tracing::{debug, error, info, warn};
 
 use crate::{
     bus::{Bus, BusError, SubscribeOptions, Subscription},
-    client::{ClientConfig, ClientError, RequestClient},
+    client::{ClientConfig, ClientError, RequestClient, RequestOptions},
     processor::{self, Handler, ProcessorConfig},
+    reader::{Failure, ReadPolicy, Report},
     telemetry::Telemetry,
 };
 
@@ -61,32 +62,38 @@ pub struct ConfigTopics {
 /// Why a config read failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// The bus failed.
-    #[error(transparent)]
-    Bus(#[from] BusError),
-    /// No answer in time.
-    #[error("the config service did not answer within {0:?}")]
-    Timeout(Duration),
     /// The config service answered with an error.
     #[error("the config service refused: {0}")]
     Refused(sluice_schema::Error),
-    /// The client was closed.
-    #[error("the config client is closed")]
-    Closed,
-    /// The answer could not be read, or the request not sent as it was.
-    #[error(transparent)]
-    Answer(ClientError),
+    /// The config service could not be asked, or its answer did not arrive or could not be
+    /// read.
+    #[error("{}", .error.message)]
+    Unanswered {
+        /// What happened, in the config client's words ([`ClientError::to_error`]).
+        error: sluice_schema::Error,
+        /// The client's failure (`None`: the answer ended without its record).
+        cause: Option<ClientError>,
+    },
 }
 
-impl ConfigError {
-    fn from_client(e: ClientError, timeout: Duration) -> Self {
-        match e {
-            ClientError::Bus(e) => ConfigError::Bus(e),
-            e if e.is_timeout() => ConfigError::Timeout(timeout),
-            ClientError::Closed => ConfigError::Closed,
-            e => ConfigError::Answer(e),
+impl From<Failure<ConfigResponse>> for ConfigError {
+    fn from(f: Failure<ConfigResponse>) -> Self {
+        match f.record {
+            Some(_) => ConfigError::Refused(f.error),
+            None => ConfigError::Unanswered {
+                error: f.error,
+                cause: f.client,
+            },
         }
     }
+}
+
+/// How the config client reads an answer: the one record it is (a restart changes nothing
+/// before it); a client-side failure named as the config service's.
+fn read_policy() -> ReadPolicy<Report> {
+    ReadPolicy::new(Report, |e| {
+        e.to_error("the config service", ErrorKind::NoConfiguration)
+    })
 }
 
 /// Asks TrustGraph's config service over the bus: the runtime's request client, with a
@@ -96,7 +103,6 @@ impl ConfigError {
 /// acked and dropped.
 pub struct ConfigClient {
     client: RequestClient<ConfigRequest, ConfigResponse>,
-    timeout: Duration,
 }
 
 impl ConfigClient {
@@ -118,21 +124,14 @@ impl ConfigClient {
                 ClientError::Bus(e) => e,
                 e => BusError::Config(e.to_string()),
             })?;
-        Ok(Self { client, timeout })
+        Ok(Self { client })
     }
 
     /// Sends `request` and waits for its answer; an answer carrying an error is an error.
     pub async fn request(&self, request: &ConfigRequest) -> Result<ConfigResponse, ConfigError> {
-        let answer = async { self.client.request(request).await?.collect().await };
-        let response = answer
-            .await
-            .map_err(|e| ConfigError::from_client(e, self.timeout))?
-            .pop()
-            .ok_or(ConfigError::Closed)?;
-        match response.error {
-            Some(e) => Err(ConfigError::Refused(e)),
-            None => Ok(response),
-        }
+        let options = RequestOptions::default();
+        let reader = self.client.read(request, options, read_policy()).await?;
+        Ok(reader.last().await?)
     }
 
     /// The entries of `kind` in `workspace`, key -> value, and the config version.

@@ -13,13 +13,17 @@
 //! and calls, then each call's result as a `tool` turn: the dialog's history, grouped by
 //! `same_turn`, with each step's `call_id` (`step-<n>` for a ReAct step, which had none).
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, convert::Infallible, sync::Arc, time::Duration};
 
 use serde_json::{Map, Value, json};
-use sluice_runtime::{json_schema, processor::RequestContext, reader::Piece};
+use sluice_runtime::{
+    json_schema,
+    processor::RequestContext,
+    reader::{Encoder, End, Out, Report, Restartable, Whole},
+};
 use sluice_schema::{
     AgentMessageType, AgentRequest, AgentStep, ChatMessage, ChatRole, Error, ErrorKind,
-    TextCompletionRequest, ToolCall, ToolCallDelta,
+    PendingUsage, TextCompletionRequest, TextCompletionResponse, ToolCall,
     tools::{self as calls, Tool as ToolSpec},
 };
 use tracing::{debug, warn};
@@ -342,47 +346,59 @@ impl AgentService {
             ..Default::default()
         };
         // A restart is passed on and the turn read again: nothing of it was published yet.
-        let policy = sluice_runtime::reader::ReadPolicy {
-            on_restart: sluice_runtime::reader::OnRestart::Report,
-            ..read_policy()
-        };
-        let mut reader = match self.llm.read(asked, options, policy).await {
+        let reader = match self.llm.read(asked, options, read_policy(Report)).await {
             Ok(r) => r,
             Err(f) => return Ok(Turn::Failed(native_refusal(f.error))),
         };
-        let mut text = String::new();
-        let mut pieces: Vec<ToolCallDelta> = Vec::new();
-        while let Some(piece) = reader.next().await {
-            let r = match piece {
-                Piece::Record(r) => r,
-                Piece::Failed(f) => {
-                    if let Some(r) = &f.record {
-                        dialog.usage.add(r);
-                    }
-                    if matches!(
-                        f.client,
-                        Some(sluice_runtime::client::ClientError::TotalTimeout(_))
-                    ) {
-                        return Ok(Turn::Deadline);
-                    }
-                    return Ok(Turn::Failed(native_refusal(f.error)));
-                }
-                // Nothing of a native turn is published before it ends: the text-completion
-                // processor's answer starting over costs nothing but the pieces read so far.
-                Piece::Restarted => {
-                    text.clear();
-                    pieces.clear();
-                    continue;
-                }
-            };
-            dialog.usage.add(&r);
-            text.push_str(&r.response);
-            calls::append_deltas(&mut pieces, r.tool_calls.clone());
-            if r.end_of_stream {
-                break;
+        let turn = NativeTurn {
+            usage: &mut dialog.usage,
+            whole: Whole::default(),
+        };
+        Ok(reader.drive(turn).run().await)
+    }
+}
+
+/// A native model turn: its text and tool calls put together, nothing published until it
+/// ends; every attempt's usage goes to the dialog (the provider bills them all).
+struct NativeTurn<'a> {
+    usage: &'a mut PendingUsage,
+    whole: Whole,
+}
+
+impl Encoder<TextCompletionResponse> for NativeTurn<'_> {
+    type Item = Infallible;
+    type Done = Turn;
+
+    fn record(&mut self, r: TextCompletionResponse, _: &mut Out<Infallible>) {
+        self.usage.add(&r);
+        self.whole.add(r);
+    }
+
+    fn end(&mut self, end: End<TextCompletionResponse>, _: &mut Out<Infallible>) -> Turn {
+        let (failure, deadline) = match end {
+            End::Answered => {
+                let calls = self.whole.tool_calls();
+                return Turn::Done(std::mem::take(&mut self.whole.text), calls);
             }
+            End::Failed(f) => (f, false),
+            End::Deadline(f) => (f, true),
+        };
+        if let Some(r) = &failure.record {
+            self.usage.add(r);
         }
-        Ok(Turn::Done(text, calls::assemble(&pieces)))
+        if deadline {
+            Turn::Deadline
+        } else {
+            Turn::Failed(native_refusal(failure.error))
+        }
+    }
+}
+
+impl Restartable<TextCompletionResponse> for NativeTurn<'_> {
+    /// Nothing of a native turn is published before it ends: the text-completion processor's
+    /// answer starting over costs nothing but the pieces read so far.
+    fn restarted(&mut self, _: &mut Out<Infallible>) {
+        self.whole = Whole::default();
     }
 }
 

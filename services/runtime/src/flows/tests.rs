@@ -142,7 +142,7 @@ async fn a_config_service_that_does_not_answer_is_a_timeout() {
     let started = Instant::now();
     let e = client.values("a", "prompt").await.unwrap_err();
     assert!(
-        matches!(e, ConfigError::Timeout(t) if t == Duration::from_secs(3)),
+        matches!(e, ConfigError::Unanswered { cause: Some(ClientError::TotalTimeout(t)), .. } if t == Duration::from_secs(3)),
         "{e}"
     );
     let waited = started.elapsed();
@@ -164,6 +164,15 @@ async fn a_closed_client_asks_nothing() {
         .unwrap();
     client.client.close().await;
     let e = client.values("a", "prompt").await.unwrap_err();
-    assert!(matches!(e, ConfigError::Closed), "{e}");
+    assert!(
+        matches!(
+            e,
+            ConfigError::Unanswered {
+                cause: Some(ClientError::Closed),
+                ..
+            }
+        ),
+        "{e}"
+    );
     service.abort();
 }
