@@ -10,10 +10,12 @@
 //!   their schemas (docs/protocol.md#structured-output-contracts);
 //! - [`normalise`]: the normalisers a template names, which correct its output objects before
 //!   validation;
-//! - [`requestlog`]: seed 000's request log, content only when the operator opts in.
+//! - [`requestlog`]: seed 000's request log, content only when the operator opts in;
+//! - [`flows`]: the flows TrustGraph's config service assigns, templates from its config.
 
 pub mod builtin;
 pub mod coverage;
+pub mod flows;
 pub mod handler;
 pub mod metrics;
 pub mod normalise;
