@@ -12,12 +12,10 @@ use sluice_runtime::{
     telemetry::Telemetry,
 };
 use sluice_text_completion::{
-    config::{ProviderConfig, ProviderOptions},
-    fallback::{Fallback, FallbackSettings},
+    config::{ConfigError, ProviderConfig, ProviderOptions, ServiceConfig},
+    fallback::FallbackSettings,
     flows::TextCompletionFlows,
     handler::TextCompletionService,
-    metrics::LlmMetrics,
-    provider::Provider,
     retry::RetryPolicy,
 };
 use tracing::{info, warn};
@@ -223,52 +221,40 @@ impl LlmArgs {
     }
 }
 
+impl LlmArgs {
+    /// The processor's providers and how it calls them, as these options (and the
+    /// `--fallback` file) describe them; checked, nothing built.
+    pub fn service_config(&self) -> Result<ServiceConfig, String> {
+        let mut config = ServiceConfig::new(self.provider_config()?);
+        if let Some(path) = &self.fallback {
+            config.fallback = fallback_list(path)?;
+            config.fallback_settings = self.fallback_settings()?;
+        } else if self.first_token_deadline_ms.is_some() || self.hedge_after_ms.is_some() {
+            return Err("--first-token-deadline-ms and --hedge-after-ms need --fallback: a list of providers to move to".into());
+        }
+        config.retry = RetryPolicy::parse(&self.retry).map_err(|e| format!("--retry: {e}"))?;
+        if let Some(n) = self.max_retries {
+            config.retry = config
+                .retry
+                .with(&format!("attempts={}", n.saturating_add(1)))
+                .map_err(|e| format!("--max-retries: {e}"))?;
+        }
+        config.extra_models = self.extra_models.clone();
+        Ok(config)
+    }
+}
+
 /// The text-completion handler `args` describe, its metrics registered in `telemetry`.
 pub fn service(args: &LlmArgs, telemetry: &Telemetry) -> Result<TextCompletionService, String> {
-    let mut provider = args.provider_config()?.build().map_err(|e| e.to_string())?;
-    let metrics = LlmMetrics::register(&telemetry.registry).map_err(|e| e.to_string())?;
-    if let Some(path) = &args.fallback {
-        let mut backups = Vec::new();
-        for (i, config) in fallback_list(path)?.iter().enumerate() {
-            backups.push(config.build().map_err(|e| {
-                format!(
-                    "--fallback {}: provider {} ({}): {e}",
-                    path.display(),
-                    i + 1,
-                    config.call().model
-                )
-            })?);
-        }
-        let fallback = Fallback::new(
-            provider,
-            backups,
-            args.fallback_settings()?,
-            metrics.clone(),
-        );
-        let list: Vec<String> = fallback
-            .providers()
-            .iter()
-            .map(|(name, model)| format!("{name}/{model}"))
-            .collect();
-        info!(providers = %list.join(", "), "fallback list");
-        provider = Arc::new(fallback) as Arc<dyn Provider>;
-    } else if args.first_token_deadline_ms.is_some() || args.hedge_after_ms.is_some() {
-        return Err("--first-token-deadline-ms and --hedge-after-ms need --fallback: a list of providers to move to".into());
-    }
-    let mut retry = RetryPolicy::parse(&args.retry).map_err(|e| format!("--retry: {e}"))?;
-    if let Some(n) = args.max_retries {
-        retry = retry
-            .with(&format!("attempts={}", n.saturating_add(1)))
-            .map_err(|e| format!("--max-retries: {e}"))?;
-    }
-    Ok(
-        TextCompletionService::new(provider, retry, metrics).with_models(
-            args.extra_models
-                .iter()
-                .map(|m| m.trim().to_owned())
-                .filter(|m| !m.is_empty()),
-        ),
-    )
+    let config = args.service_config()?;
+    config
+        .service(&telemetry.registry)
+        .map_err(|e| match (&e, &args.fallback) {
+            (ConfigError::Fallback { .. }, Some(path)) => {
+                format!("--fallback {}: {e}", path.display())
+            }
+            _ => e.to_string(),
+        })
 }
 
 /// Runs the processor until SIGTERM/SIGINT, then drains.

@@ -23,6 +23,9 @@ use serde::Deserialize;
 use sluice_runtime::secret::{Secret, SecretError};
 
 use crate::{
+    fallback::{Fallback, FallbackSettings},
+    handler::TextCompletionService,
+    metrics::LlmMetrics,
     provider::{Provider, ProviderError},
     providers::{
         HttpTimeouts,
@@ -35,6 +38,7 @@ use crate::{
         openai::{Dialect, OpenAiConfig, OpenAiProvider},
         vertex_origin,
     },
+    retry::RetryPolicy,
 };
 
 /// Which provider serves the completions.
@@ -274,6 +278,88 @@ pub enum ConfigError {
     /// set halfway).
     #[error(transparent)]
     Provider(#[from] ProviderError),
+    /// A provider of the fallback list cannot be built.
+    #[error("provider {position} ({model}): {source}")]
+    Fallback {
+        /// Its place in the list, from 1.
+        position: usize,
+        /// Its model.
+        model: String,
+        /// Why.
+        source: Box<ConfigError>,
+    },
+    /// The metrics cannot be registered.
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+}
+
+/// A text-completion processor's providers and how it calls them: what a front end (the
+/// CLI's options, a program embedding this crate) describes, and [`ServiceConfig::service`]
+/// wires into the handler.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// The provider called first, whose models the processor serves.
+    pub provider: ProviderConfig,
+    /// Providers to fall back on, in order (empty: none).
+    pub fallback: Vec<ProviderConfig>,
+    /// How the fallback list behaves.
+    pub fallback_settings: FallbackSettings,
+    /// How a call that fails before its first chunk is retried.
+    pub retry: RetryPolicy,
+    /// Other models of the provider a request may ask for by name.
+    pub extra_models: Vec<String>,
+}
+
+impl ServiceConfig {
+    /// `provider` alone, with the default retry policy.
+    pub fn new(provider: ProviderConfig) -> Self {
+        Self {
+            provider,
+            fallback: Vec::new(),
+            fallback_settings: FallbackSettings::default(),
+            retry: RetryPolicy::default(),
+            extra_models: Vec::new(),
+        }
+    }
+
+    /// The handler: every provider built (secrets read from the environment), behind a
+    /// [`Fallback`] when there is a list, its metrics registered in `registry`.
+    pub fn service(
+        &self,
+        registry: &prometheus::Registry,
+    ) -> Result<TextCompletionService, ConfigError> {
+        let mut provider = self.provider.build()?;
+        let metrics = LlmMetrics::register(registry)?;
+        if !self.fallback.is_empty() {
+            let mut backups = Vec::new();
+            for (i, config) in self.fallback.iter().enumerate() {
+                backups.push(config.build().map_err(|e| ConfigError::Fallback {
+                    position: i + 1,
+                    model: config.call().model.clone(),
+                    source: Box::new(e),
+                })?);
+            }
+            let fallback = Fallback::new(
+                provider,
+                backups,
+                self.fallback_settings.clone(),
+                metrics.clone(),
+            );
+            let list: Vec<String> = fallback
+                .providers()
+                .iter()
+                .map(|(name, model)| format!("{name}/{model}"))
+                .collect();
+            tracing::info!(providers = %list.join(", "), "fallback list");
+            provider = Arc::new(fallback) as Arc<dyn Provider>;
+        }
+        let extra = self
+            .extra_models
+            .iter()
+            .map(|m| m.trim().to_owned())
+            .filter(|m| !m.is_empty());
+        Ok(TextCompletionService::new(provider, self.retry.clone(), metrics).with_models(extra))
+    }
 }
 
 /// What every provider takes: the model, its sampling and the call's time limits.

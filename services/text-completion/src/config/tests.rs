@@ -325,3 +325,33 @@ fn each_vendors_public_endpoint_is_its_own_host() {
         assert!(!(v.owns)("127.0.0.1"), "{}", v.var);
     }
 }
+
+/// The service wires what it is given: the first provider's model and the extra ones it
+/// serves; a fallback provider that cannot be built is named by its place and model.
+#[test]
+fn the_service_serves_its_models_and_names_a_fallback_that_cannot_be_built() {
+    let local = |model: &str, base: &str| {
+        ProviderConfig::try_from(ProviderOptions {
+            base_url: Some(base.into()),
+            ..ProviderOptions::new(ProviderKind::Ollama, model)
+        })
+        .unwrap()
+    };
+    let mut config = ServiceConfig::new(local("main", "http://127.0.0.1:9"));
+    config.extra_models = vec!["second".into(), " ".into(), " third ".into()];
+    let service = config.service(&prometheus::Registry::new()).unwrap();
+    assert_eq!(service.models(), ["main", "second", "third"]);
+    config.fallback = vec![
+        local("backup", "http://127.0.0.1:9"),
+        local("broken", "localhost:11434"),
+    ];
+    let e = config
+        .service(&prometheus::Registry::new())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.starts_with("provider 2 (broken): ") && e.contains("not a valid URL"),
+        "{e}"
+    );
+}
