@@ -217,7 +217,7 @@ impl fmt::Display for Setting {
             "vertex-project" => Some("SLUICE_VERTEX_PROJECT"),
             "vertex-location" => Some("SLUICE_VERTEX_LOCATION"),
             "num-ctx" => Some("SLUICE_NUM_CTX"),
-            "region" => Some("AWS_REGION"),
+            // `region` has none: AWS_REGION is the AWS SDKs' variable, read by Bedrock alone.
             _ => None,
         };
         match var {
@@ -249,6 +249,9 @@ pub enum ConfigError {
         /// The provider.
         provider: ProviderKind,
     },
+    /// Bedrock without a region.
+    #[error("{} or AWS_REGION is required for provider bedrock", Setting("region"))]
+    NoRegion,
     /// `api-key-env` names no variable.
     #[error(
         "{}: {value:?} is not an environment variable's name (letters, digits and _)",
@@ -973,10 +976,7 @@ fn bedrock(
         None => std::env::var("AWS_REGION")
             .ok()
             .filter(|r| !r.is_empty())
-            .ok_or(ConfigError::Missing {
-                setting: Setting("region"),
-                provider: kind,
-            })?,
+            .ok_or(ConfigError::NoRegion)?,
     };
     let mut config = BedrockConfig::new(region, call.model.clone());
     let (api_key, _) = key(

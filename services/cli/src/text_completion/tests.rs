@@ -75,7 +75,7 @@ fn a_flag_of_another_providers_setting_is_refused() {
     for (argv, says) in [
         (
             &["--provider", "openai", "--region", "us-east-1"][..],
-            "`region` (--region, AWS_REGION) does not apply to provider openai",
+            "`region` (--region) does not apply to provider openai",
         ),
         (
             &["--provider", "anthropic", "--num-ctx", "8192"][..],
@@ -266,7 +266,7 @@ fn a_bad_fallback_file_is_refused_saying_what_is_wrong() {
         ),
         (
             "[[provider]]\nprovider = \"openai\"\nmodel = \"m\"\nregion = \"us-east-1\"\n",
-            "`region` (--region, AWS_REGION) does not apply to provider openai",
+            "`region` (--region) does not apply to provider openai",
         ),
     ] {
         let (path, _gone) = fallback_file(text);

@@ -64,7 +64,7 @@ fn a_setting_of_another_provider_is_refused_naming_setting_and_provider() {
             "openai",
             "region",
             r#""us-east-1""#,
-            "`region` (--region, AWS_REGION) does not apply to provider openai; it is a setting of bedrock",
+            "`region` (--region) does not apply to provider openai; it is a setting of bedrock",
         ),
         (
             "anthropic",
@@ -172,6 +172,16 @@ fn a_missing_setting_is_named() {
     }
     let e = read(r#"{"provider": "openai", "model": "m", "api-key-env": "A KEY"}"#).unwrap_err();
     assert!(e.contains("is not an environment variable's name"), "{e}");
+    // Bedrock's region may come from AWS_REGION, read when the provider is built.
+    if std::env::var_os("AWS_REGION").is_none() {
+        let e = ProviderConfig::new(ProviderKind::Bedrock, "m")
+            .unwrap()
+            .build()
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("--region") && e.contains("AWS_REGION"), "{e}");
+    }
 }
 
 /// The time limits: each given one replaces its default.
