@@ -11,7 +11,10 @@
 //! | `rate_limited_once` | 429 on the first call, then `normal`: `rate_limit_error` with `retry-after: 0`; on Vertex, Google's `RESOURCE_EXHAUSTED` quota error (no header) |
 //! | `unauthorized` | 401 `authentication_error`; on Vertex, Google's `UNAUTHENTICATED` |
 //! | `forbidden` | 403 `permission_error`; on Vertex, Google's `PERMISSION_DENIED` |
+//! | `invalid_request` | 400 `invalid_request_error` |
 //! | `error_mid_stream` | message_start, `Hello`, then `event: error` overloaded_error |
+//! | `malformed` | message_start, `Hello`, an event whose data is not JSON, ` there`, message_delta 15, message_stop |
+//! | `hang` | message_start, `Hello`, then nothing more, ever (a call its client cancels: [`Fake::abandoned_streams`]) |
 //! | `no_stop` | message_start, `Hello`, then the body ends without message_stop |
 //! | `tools`, `tools-text` | tool use, with Anthropic's exact shapes: see [`tools`] |
 //! | `json` | structured output as a model without a JSON mode gives it: a first answer fenced and off the schema (`{"label": "azure"}` in a ```json block), then, asked again (an assistant turn in the conversation), `{"label": "blue"}`; each 25 in, 15 out |
@@ -32,7 +35,7 @@ use axum::{
 };
 use serde_json::{Value, json};
 
-use crate::fake::{Calls, Fake, Step, scripted_body};
+use crate::fake::{Calls, Fake, Step, scripted_body, tracked_body};
 
 pub mod tools;
 
@@ -46,6 +49,7 @@ pub struct AnthropicSeen {
     headers: Vec<(Option<String>, Option<String>)>,
     bodies: Vec<Value>,
     vertex: Vec<VertexCall>,
+    abandoned: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// One call on Vertex AI's path, as the fake received it.
@@ -97,6 +101,13 @@ impl Fake<AnthropicSeen> {
     /// The body of the last call on Anthropic's path.
     pub fn last_body(&self) -> Value {
         self.seen().bodies.last().cloned().unwrap_or(Value::Null)
+    }
+
+    /// Streams whose client went away before their end (cancelled calls).
+    pub fn abandoned_streams(&self) -> usize {
+        self.seen()
+            .abandoned
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The last `(x-api-key, anthropic-version)` headers.
@@ -228,7 +239,8 @@ async fn messages(
             "text/event-stream",
         );
     }
-    answer(&model, call, true)
+    let abandoned = seen.lock().unwrap().abandoned.clone();
+    answer(&model, call, true, abandoned)
 }
 
 /// A tool-calling model's answer to `body`, streamed or whole.
@@ -308,11 +320,24 @@ async fn vertex(
         }
         _ => {}
     }
-    answer(&model, n, streaming)
+    let abandoned = seen.lock().unwrap().abandoned.clone();
+    answer(&model, n, streaming, abandoned)
 }
 
 /// The scripted answer for call number `call` of `model`, as events or as one message.
-fn answer(model: &str, call: usize, streaming: bool) -> Response {
+fn answer(
+    model: &str,
+    call: usize,
+    streaming: bool,
+    abandoned: Arc<std::sync::atomic::AtomicUsize>,
+) -> Response {
+    if model == "invalid_request" {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "max_tokens: Field required",
+        );
+    }
     if (model, call) == ("overloaded_once", 1) {
         return error(
             StatusCode::from_u16(529).unwrap(),
@@ -333,6 +358,15 @@ fn answer(model: &str, call: usize, streaming: bool) -> Response {
         "error_mid_stream" => vec![Step::Send(start()), Step::Send(text("Hello")),
             Step::Send(ev("error", json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})))],
         "no_stop" => vec![Step::Send(start()), Step::Send(text("Hello"))],
+        "malformed" => vec![Step::Send([
+            start(),
+            text("Hello"),
+            "event: content_block_delta\ndata: {\"type\": \"content_block_del\n\n".to_owned(),
+            text(" there"),
+            out(15, Some("end_turn")),
+            ev("message_stop", json!({"type": "message_stop"})),
+        ].concat())],
+        "hang" => vec![Step::Send(start()), Step::Send(text("Hello")), Step::Hang],
         _ => vec![Step::Send([
             start(),
             ev("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
@@ -346,5 +380,5 @@ fn answer(model: &str, call: usize, streaming: bool) -> Response {
             ev("message_stop", json!({"type": "message_stop"})),
         ].concat())],
     };
-    scripted_body(steps, "text/event-stream")
+    tracked_body(steps, "text/event-stream", abandoned)
 }

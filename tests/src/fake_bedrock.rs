@@ -29,6 +29,7 @@
 //! | `drop_mid_stream` | `Hel`, then the connection breaks |
 //! | `no_stop` | `Hel`, then the body ends without messageStop |
 //! | `corrupt` | `Hel`, then a frame whose message CRC is wrong |
+//! | `hang` | `Hel`, then nothing more, ever (a call its client cancels: [`Fake::abandoned_streams`]) |
 //! | `no_metadata` | as `normal` without the metadata frame |
 //! | `tools` | tool use with Converse's exact frames: given `toolConfig.tools` and no `toolResult` in the last user message, calls every tool (up to three; only the named one for `toolChoice.tool`) with input `{"q": "<the last user text>"}`: per call a `contentBlockStart` with `start.toolUse` (`tooluse_<i>_<name>`), the input in `contentBlockDelta` `delta.toolUse.input` fragments of at most six bytes, `contentBlockStop`; `messageStop` `tool_use`, metadata 20 in, 10 out. Given results, answers `results: <each toolResult's text, joined by "; ">` (`end_turn`). `converse` answers the same, whole |
 //!
@@ -52,7 +53,7 @@ use axum::{
 };
 use serde_json::{Value, json};
 
-use crate::fake::{Calls, Fake, Step, scripted_body};
+use crate::fake::{Calls, Fake, Step, tracked_body};
 
 /// The access key id the fake accepts.
 pub const ACCESS_KEY_ID: &str = "AKIDFAKEBEDROCK";
@@ -103,6 +104,7 @@ pub struct SeenRequest {
 pub struct BedrockSeen {
     calls: Calls,
     requests: Vec<SeenRequest>,
+    abandoned: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Fake<BedrockSeen> {
@@ -125,6 +127,13 @@ impl Fake<BedrockSeen> {
     /// The last request received.
     pub fn last_request(&self) -> SeenRequest {
         self.seen().requests.last().cloned().unwrap()
+    }
+
+    /// Streams whose client went away before their end (cancelled calls).
+    pub fn abandoned_streams(&self) -> usize {
+        self.seen()
+            .abandoned
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
@@ -610,6 +619,7 @@ async fn converse_stream(
             Step::Break,
         ],
         ("no_stop", _) => vec![Step::Bytes(hel().concat())],
+        ("hang", _) => vec![Step::Bytes(hel().concat()), Step::Hang],
         ("corrupt", _) => {
             let mut bad = delta("lo");
             let at = bad.len() - 1;
@@ -634,7 +644,8 @@ async fn converse_stream(
         }
         _ => vec![Step::Bytes(normal_frames().concat())],
     };
-    scripted_body(frames, "application/vnd.amazon.eventstream")
+    let abandoned = seen.lock().unwrap().abandoned.clone();
+    tracked_body(frames, "application/vnd.amazon.eventstream", abandoned)
 }
 
 async fn converse(

@@ -8,6 +8,11 @@
 //! | `normal` | `The` (snapshot 9 in), ` sky is blue.` with `finishReason: STOP` (6 candidates + 25 thoughts), connection closes |
 //! | `rate_limited_once` | 429 `RESOURCE_EXHAUSTED` with `RetryInfo.retryDelay: 0.1s` on the first call, then `normal` |
 //! | `bad_key` | 400 `INVALID_ARGUMENT` with reason `API_KEY_INVALID` |
+//! | `unauthorized` | 401 `UNAUTHENTICATED` (Vertex's answer to a bad token) |
+//! | `invalid_argument` | 400 `INVALID_ARGUMENT` (a request the model refuses) |
+//! | `server_error_once` | 500 `INTERNAL` on the first call, then `normal` |
+//! | `malformed` | `The`, an event whose data is not JSON, then `normal`'s last event |
+//! | `hang` | `The`, then nothing more, ever (a call its client cancels: [`Fake::abandoned_streams`]) |
 //! | `blocked` | 200 with `promptFeedback.blockReason: SAFETY` and no candidates |
 //! | `no_finish` | `The`, then the connection closes without a `finishReason` |
 //! | `tools` | function calling, with Gemini's exact shapes: see [`tools`] |
@@ -24,7 +29,7 @@ use axum::{
 };
 use serde_json::{Value, json};
 
-use crate::fake::{Calls, Fake, Step, scripted_body};
+use crate::fake::{Calls, Fake, Step, scripted_body, tracked_body};
 
 pub mod tools;
 
@@ -39,6 +44,7 @@ pub struct GeminiSeen {
     bodies: Vec<Value>,
     /// Vertex calls: the project, the location and the `Authorization` header.
     vertex: Vec<(String, String, Option<String>)>,
+    abandoned: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Fake<GeminiSeen> {
@@ -64,6 +70,13 @@ impl Fake<GeminiSeen> {
     /// The body of the last call.
     pub fn last_body(&self) -> Value {
         self.seen().bodies.last().cloned().unwrap_or(Value::Null)
+    }
+
+    /// Streams whose client went away before their end (cancelled calls).
+    pub fn abandoned_streams(&self) -> usize {
+        self.seen()
+            .abandoned
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The last `x-goog-api-key` header.
@@ -148,6 +161,28 @@ fn answer(seen: &Mutex<GeminiSeen>, call: &str, body: &Value) -> Response {
             "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "API_KEY_INVALID"}]}}),
             );
         }
+        ("unauthorized", _) => {
+            return error(
+                StatusCode::UNAUTHORIZED,
+                json!({"error": {"code": 401,
+            "message": "Request had invalid authentication credentials. Expected OAuth 2 access token, login cookie or other valid authentication credential.",
+            "status": "UNAUTHENTICATED"}}),
+            );
+        }
+        ("invalid_argument", _) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                json!({"error": {"code": 400,
+            "message": "Request contains an invalid argument.", "status": "INVALID_ARGUMENT"}}),
+            );
+        }
+        ("server_error_once", 1) => {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                json!({"error": {"code": 500,
+            "message": "An internal error has occurred.", "status": "INTERNAL"}}),
+            );
+        }
         ("rate_limited_once", 1) => {
             return error(
                 StatusCode::TOO_MANY_REQUESTS,
@@ -164,14 +199,23 @@ fn answer(seen: &Mutex<GeminiSeen>, call: &str, body: &Value) -> Response {
             "usageMetadata": {"promptTokenCount": 9, "totalTokenCount": 9}}),
         ))],
         "no_finish" => vec![Step::Send(first())],
-        _ => vec![
+        "hang" => vec![Step::Send(first()), Step::Hang],
+        "malformed" => vec![
             Step::Send(first()),
-            Step::Send(data(
-                json!({"candidates": [{"content": {"parts": [{"text": " sky is blue."}],
-            "role": "model"}, "finishReason": "STOP", "index": 0}], "usageMetadata": {"promptTokenCount": 9,
-            "candidatesTokenCount": 6, "thoughtsTokenCount": 25, "totalTokenCount": 40}}),
-            )),
+            Step::Send("data: {\"candidates\": [{\"content\n\n".to_owned()),
+            Step::Send(last()),
         ],
+        _ => vec![Step::Send(first()), Step::Send(last())],
     };
-    scripted_body(steps, "text/event-stream")
+    let abandoned = seen.lock().unwrap().abandoned.clone();
+    tracked_body(steps, "text/event-stream", abandoned)
+}
+
+/// `normal`'s last event: the rest of the text, the finish reason and the totals.
+fn last() -> String {
+    data(
+        json!({"candidates": [{"content": {"parts": [{"text": " sky is blue."}],
+    "role": "model"}, "finishReason": "STOP", "index": 0}], "usageMetadata": {"promptTokenCount": 9,
+    "candidatesTokenCount": 6, "thoughtsTokenCount": 25, "totalTokenCount": 40}}),
+    )
 }

@@ -7,6 +7,9 @@
 //! | `tiny_writes` | as `normal`, the body written 7 bytes at a time (lines split across reads) |
 //! | `missing` | 404 `model "missing" not found, try pulling it first` |
 //! | `server_error_once` | 500 on the first call, then `normal` |
+//! | `unauthorized` | 401 `{"error": "unauthorized"}` (an authenticating proxy, or ollama.com) |
+//! | `rate_limited_once` | 429 with `retry-after: 2` on the first call, then `normal` |
+//! | `hang` | `The`, then nothing more, ever (a call its client cancels: [`Fake::abandoned_streams`]) |
 //! | `error_mid_stream` | `The`, then `{"error": ...}` |
 //! | `drop_mid_stream` | `The`, then the connection breaks |
 //! | `no_done` | `The`, then the body ends without `done:true` |
@@ -28,7 +31,7 @@ use axum::{
 };
 use serde_json::{Value, json};
 
-use crate::fake::{Calls, Fake, Step, scripted_body};
+use crate::fake::{Calls, Fake, Step, scripted_body, tracked_body};
 
 /// The fake Ollama server.
 pub type FakeOllama = Fake<OllamaSeen>;
@@ -38,6 +41,8 @@ pub type FakeOllama = Fake<OllamaSeen>;
 pub struct OllamaSeen {
     calls: Calls,
     bodies: Vec<Value>,
+    auth: Vec<Option<String>>,
+    abandoned: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Fake<OllamaSeen> {
@@ -59,6 +64,18 @@ impl Fake<OllamaSeen> {
     /// The last request body.
     pub fn last_body(&self) -> Value {
         self.seen().bodies.last().cloned().unwrap_or(Value::Null)
+    }
+
+    /// The last `authorization` header.
+    pub fn last_auth(&self) -> Option<String> {
+        self.seen().auth.last().cloned().flatten()
+    }
+
+    /// Streams whose client went away before their end (cancelled calls).
+    pub fn abandoned_streams(&self) -> usize {
+        self.seen()
+            .abandoned
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
@@ -90,12 +107,22 @@ fn normal() -> String {
     .concat()
 }
 
-async fn chat(State(seen): State<Arc<Mutex<OllamaSeen>>>, Json(body): Json<Value>) -> Response {
+async fn chat(
+    State(seen): State<Arc<Mutex<OllamaSeen>>>,
+    headers: axum::http::HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
     let model = body["model"].as_str().unwrap_or("").to_owned();
-    let call = {
+    let (call, abandoned) = {
         let mut s = seen.lock().unwrap();
         s.bodies.push(body.clone());
-        s.calls.count(&model)
+        s.auth.push(
+            headers
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+        );
+        (s.calls.count(&model), s.abandoned.clone())
     };
     let error = |status: StatusCode, message: String| {
         (status, Json(json!({"error": message}))).into_response()
@@ -106,6 +133,17 @@ async fn chat(State(seen): State<Arc<Mutex<OllamaSeen>>>, Json(body): Json<Value
                 StatusCode::NOT_FOUND,
                 format!("model \"{model}\" not found, try pulling it first"),
             );
+        }
+        ("unauthorized", _) => {
+            return error(StatusCode::UNAUTHORIZED, "unauthorized".into());
+        }
+        ("rate_limited_once", 1) => {
+            let mut r = error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too many concurrent requests".into(),
+            );
+            r.headers_mut().insert("retry-after", "2".parse().unwrap());
+            return r;
         }
         ("server_error_once", 1) => {
             return error(
@@ -148,6 +186,7 @@ async fn chat(State(seen): State<Arc<Mutex<OllamaSeen>>>, Json(body): Json<Value
             Step::Break,
         ],
         "no_done" => vec![Step::Send(line("The"))],
+        "hang" => vec![Step::Send(line("The")), Step::Hang],
         "malformed" => vec![
             Step::Send(line("The")),
             Step::Send("{\"message\": {\"content\": \n".into()),
@@ -156,7 +195,7 @@ async fn chat(State(seen): State<Arc<Mutex<OllamaSeen>>>, Json(body): Json<Value
         ],
         _ => vec![Step::Send(normal())],
     };
-    scripted_body(steps, "application/x-ndjson")
+    tracked_body(steps, "application/x-ndjson", abandoned)
 }
 
 /// The `tools` model's answer to `body`.

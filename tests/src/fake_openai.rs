@@ -4,7 +4,7 @@
 //! | model | behaviour |
 //! |---|---|
 //! | `normal` | `Hello`, ` world`, `!`, a finish chunk, a usage chunk (11 in, 3 out), `[DONE]` |
-//! | `azure` | as `normal`, after Azure's empty-choices prompt-filter chunk and a delta-less content-filter chunk |
+//! | `azure` | as `normal`, after Azure's empty-choices prompt-filter chunk and a delta-less content-filter chunk (on Azure's path the deployment is the script) |
 //! | `slow` | as `normal`, 150 ms between events |
 //! | `rate_limited_once` | 429 `rate_limit_exceeded` with `retry-after-ms: 100` on the first call, then `normal` |
 //! | `server_error_once` | 500 on the first call, then `normal` |
@@ -97,7 +97,7 @@ impl Fake<OpenAiSeen> {
                 .route("/v1/chat/completions", post(chat))
                 .route(
                     "/openai/deployments/{deployment}/chat/completions",
-                    post(chat),
+                    post(chat_azure),
                 )
                 .with_state(seen)
         })
@@ -211,12 +211,32 @@ fn normal_events() -> Vec<Step> {
         .collect()
 }
 
+/// Azure's route: the deployment in the path is the script (Azure sends no `model`).
+async fn chat_azure(
+    State(seen): State<Arc<Mutex<OpenAiSeen>>>,
+    axum::extract::Path(deployment): axum::extract::Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    answer(seen, headers, body, Some(deployment)).await
+}
+
 async fn chat(
     State(seen): State<Arc<Mutex<OpenAiSeen>>>,
     headers: HeaderMap,
     Json(body): Json<Value>,
 ) -> Response {
-    let mut model = scripted_model(&body);
+    answer(seen, headers, body, None).await
+}
+
+/// The answer to `body`, scripted by `deployment` (Azure) or the body's model.
+async fn answer(
+    seen: Arc<Mutex<OpenAiSeen>>,
+    headers: HeaderMap,
+    body: Value,
+    deployment: Option<String>,
+) -> Response {
+    let mut model = deployment.unwrap_or_else(|| scripted_model(&body));
     let stream = body["stream"].as_bool().unwrap_or(false);
     let (call, abandoned, gate) = {
         let mut s = seen.lock().unwrap();

@@ -7,7 +7,7 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use serde_json::{Value, json};
 use sluice_prompt::{
-    handler::{LlmClient, PromptService},
+    handler::{LlmClient, PromptService, StructuredOutput},
     metrics::PromptMetrics,
     store::TemplateStore,
 };
@@ -99,7 +99,11 @@ impl Setup {
                 .unwrap(),
         );
         let handler = PromptService::new(store.clone(), llm_client, prompt_metrics)
-            .with_native_structured_output(native);
+            .with_structured_output(if native {
+                StructuredOutput::Native
+            } else {
+                StructuredOutput::Off
+            });
         let (p_req, p_resp, p_cancel) = (
             unique_topic("prompt-req"),
             unique_topic("prompt-resp"),

@@ -5,8 +5,11 @@
 //!   arguments, final answer), markers split across tokens;
 //! - [`tools`]: tool configuration, group and state filters, invocation;
 //! - [`mcp`]: a client for tools on MCP servers (streamable HTTP, JSON-RPC);
-//! - [`metrics`]: the agent's metrics (`sluice_agent_*`).
+//! - [`metrics`]: the agent's metrics (`sluice_agent_*`);
+//! - [`flows`]: an agent assembled from its tools, and the flows TrustGraph's config service
+//!   assigns.
 
+pub mod flows;
 pub mod handler;
 pub mod mcp;
 pub mod metrics;

@@ -171,6 +171,9 @@ fn status_hint(status: u16) -> &'static str {
         403 => " (forbidden: the token lacks access to this server)",
         404 => " (not found: check the endpoint path, usually /mcp)",
         405 | 406 | 415 => " (is this a streamable HTTP MCP endpoint?)",
+        300..=399 => {
+            " (a redirect, which is not followed so that the token goes nowhere else: set the MCP endpoint to its target)"
+        }
         _ => "",
     }
 }
@@ -246,8 +249,11 @@ impl McpClient {
             })?;
         }
         sluice_runtime::install_crypto_provider();
+        // No redirects followed: reqwest would carry the bearer token's header to whatever
+        // host a redirect names. A 3xx is an error (`post`).
         let http = reqwest::Client::builder()
             .connect_timeout(timeouts.connect)
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| McpError::Config(format!("HTTP client: {}", e.without_url())))?;
         Ok(Self {

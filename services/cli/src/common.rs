@@ -18,13 +18,20 @@ use sluice_runtime::{
         pulsar::{PulsarBus, PulsarConfig},
         pulsar_security::PulsarAuth,
     },
+    client::{ClientConfig, RequestClient},
     flows::{ConfigTopics, FlowsConfig},
     processor::{
         DEFAULT_MAX_RECORDS_PER_SEC, DEFAULT_PACE_INTERVAL, PaceWhen, Pacing, ProcessorConfig,
     },
     secret::Secret,
+    telemetry::Telemetry,
 };
-use sluice_schema::{TopicMapping, TopicName, topics::defaults};
+use sluice_schema::{
+    TextCompletionRequest, TextCompletionResponse, TopicMapping, TopicName, topics::defaults,
+};
+
+/// A client of the text-completion service (the prompt and agent processors' own).
+pub type LlmClient = RequestClient<TextCompletionRequest, TextCompletionResponse>;
 
 /// The `--config` file of a processor subcommand. `config::expand` reads it before clap
 /// parses; the field is here for `--help` and for clap to accept the option.
@@ -34,6 +41,75 @@ pub struct ConfigFileArgs {
     /// "..."`, `concurrency = 64`). Flags and environment variables take precedence over it.
     #[arg(long, env = "SLUICE_CONFIG")]
     pub config: Option<PathBuf>,
+}
+
+/// How a processor reaches text-completion (shared by `prompt`, `agent` and `serve`).
+#[derive(Args, Debug, Clone)]
+pub struct LlmServiceArgs {
+    /// text-completion's request topic.
+    #[arg(long, default_value = defaults::TEXT_COMPLETION_REQUEST)]
+    pub llm_request_topic: String,
+    /// text-completion's response topic.
+    #[arg(long, default_value = defaults::TEXT_COMPLETION_RESPONSE)]
+    pub llm_response_topic: String,
+    /// text-completion's cancel topic.
+    #[arg(long, default_value = defaults::TEXT_COMPLETION_CANCEL)]
+    pub llm_cancel_topic: String,
+    /// Seconds text-completion may stay silent.
+    #[arg(long, default_value_t = 120)]
+    pub llm_inactivity_timeout_secs: u64,
+    /// Seconds a completion may take in all.
+    #[arg(long, default_value_t = 600)]
+    pub llm_timeout_secs: u64,
+}
+
+impl LlmServiceArgs {
+    /// The topics, for namespace creation.
+    pub fn topics(&self) -> Result<Vec<TopicName>, String> {
+        [&self.llm_request_topic, &self.llm_response_topic]
+            .into_iter()
+            .map(|t| t.parse::<TopicName>().map_err(|e| e.to_string()))
+            .chain(std::iter::once(cancel_topic(
+                "text-completion",
+                Some(&self.llm_cancel_topic),
+            )))
+            .collect()
+    }
+
+    /// The client's settings, on the topics these options name (a flow's client takes its
+    /// own topics and the rest).
+    pub fn client_config(&self, mapping: TopicMapping) -> Result<ClientConfig, String> {
+        let t = self.topics()?;
+        let mut config = ClientConfig::new(
+            "text-completion",
+            t[0].to_pulsar(mapping),
+            t[1].to_pulsar(mapping),
+        );
+        config.cancel_topic = Some(t[2].to_pulsar(mapping));
+        config.inactivity_timeout = Duration::from_secs(self.llm_inactivity_timeout_secs);
+        config.total_timeout = Duration::from_secs(self.llm_timeout_secs);
+        Ok(config)
+    }
+
+    /// A text-completion client on `bus`; readiness watches its response subscription.
+    pub async fn client(
+        &self,
+        bus: Arc<dyn Bus>,
+        mapping: TopicMapping,
+        telemetry: &Telemetry,
+    ) -> Result<Arc<LlmClient>, String> {
+        let client = RequestClient::start(
+            bus,
+            self.client_config(mapping)?,
+            Some(telemetry.metrics.clone()),
+        )
+        .await
+        .map_err(|e| format!("cannot reach text-completion's topics: {e}"))?;
+        telemetry
+            .health
+            .watch("text-completion responses", client.link());
+        Ok(Arc::new(client))
+    }
 }
 
 /// Where the bus is.
@@ -314,7 +390,7 @@ pub fn pulsar_admin(url: &str, ca_file: Option<&Path>) -> Result<PulsarAdmin, St
 pub fn pulsar_auth(ca_file: Option<&Path>) -> Result<PulsarAuth, String> {
     let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
     let oauth2_issuer = var("SLUICE_PULSAR_OAUTH2_ISSUER_URL");
-    let token_file = std::env::var_os("SLUICE_PULSAR_TOKEN_FILE").map(PathBuf::from);
+    let token_file = crate::env_path("SLUICE_PULSAR_TOKEN_FILE");
     let token_value = var("SLUICE_PULSAR_TOKEN");
     let given = [
         oauth2_issuer.is_some(),

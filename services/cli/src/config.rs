@@ -43,9 +43,10 @@ pub fn file_args(command: &Command, root: &Command, path: &Path) -> Result<Vec<O
                     command.get_name()
                 )
             })?;
+        // A variable set to "" reads as unset (see `crate::command`): the file's value applies.
         if arg
             .get_env()
-            .is_some_and(|var| std::env::var_os(var).is_some())
+            .is_some_and(|var| std::env::var_os(var).is_some_and(|v| !v.is_empty()))
         {
             continue;
         }
@@ -93,7 +94,7 @@ pub fn expand(args: Vec<OsString>, root: &Command) -> Result<Vec<OsString>, Stri
     else {
         return Ok(args);
     };
-    let mut path = std::env::var_os("SLUICE_CONFIG").map(std::path::PathBuf::from);
+    let mut path = crate::env_path("SLUICE_CONFIG");
     let mut iter = args[pos + 1..].iter();
     while let Some(a) = iter.next() {
         let a = a.to_string_lossy();

@@ -193,7 +193,39 @@ pub enum ParseError {
 pub fn command() -> clap::Command {
     // Later occurrences of an option override earlier ones, so that the command line wins
     // over the values `--config` splices in before it.
-    Cli::command().args_override_self(true)
+    empty_env_unset(Cli::command().args_override_self(true), &|var| {
+        std::env::var_os(var)
+    })
+}
+
+/// `command` with every option whose environment variable is set to the empty string reading
+/// as if the variable were unset (its default, or the `--config` file's value, applies):
+/// Kubernetes and compose set optional variables to `""`, which clap would otherwise take as
+/// a value (an empty path, an empty number) and refuse. `lookup` reads a variable.
+fn empty_env_unset(
+    command: clap::Command,
+    lookup: &dyn Fn(&std::ffi::OsStr) -> Option<OsString>,
+) -> clap::Command {
+    command
+        .mut_args(|arg| {
+            let empty = arg
+                .get_env()
+                .is_some_and(|var| lookup(var).is_some_and(|v| v.is_empty()));
+            if empty {
+                arg.env(None::<&'static str>)
+            } else {
+                arg
+            }
+        })
+        .mut_subcommands(|sub| empty_env_unset(sub, lookup))
+}
+
+/// An environment variable the CLI reads itself (not through an option), `None` when unset
+/// or set to the empty string, as for options (see [`command`]).
+pub(crate) fn env_path(var: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os(var)
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from)
 }
 
 /// Parses `args` (the program name first) as the binary does: the `--config` file (or
@@ -351,8 +383,7 @@ async fn run(command: Command) -> Result<(), String> {
                     names,
                 },
         } => {
-            let ca_file =
-                std::env::var_os("SLUICE_PULSAR_TLS_CA_FILE").map(std::path::PathBuf::from);
+            let ca_file = env_path("SLUICE_PULSAR_TLS_CA_FILE");
             let admin = common::pulsar_admin(&pulsar_admin_url, ca_file.as_deref())?;
             let mut namespaces: Vec<String> = parse_names(&names)?
                 .iter()
@@ -381,6 +412,100 @@ async fn run(command: Command) -> Result<(), String> {
                 println!("{ns}");
             }
             Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsStr;
+
+    use super::*;
+
+    /// Every environment variable an option of `command` (or of its subcommands) reads.
+    fn variables(command: &clap::Command, into: &mut Vec<String>) {
+        for arg in command.get_arguments() {
+            if let Some(var) = arg.get_env() {
+                into.push(var.to_string_lossy().into_owned());
+            }
+        }
+        for sub in command.get_subcommands() {
+            variables(sub, into);
+        }
+    }
+
+    /// Each subcommand's shortest command line that parses.
+    const COMMAND_LINES: &[&[&str]] = &[
+        &["serve"],
+        &["text-completion"],
+        &["prompt"],
+        &["agent"],
+        &["gateway"],
+        &["invoke", "llm", "system", "prompt"],
+        &["usage"],
+        &["topics", "resolve", "request:tg:x"],
+        &["pulsar", "ensure-namespaces", "request:tg:x"],
+        &["keys", "new"],
+    ];
+
+    /// A variable set to "" loses its option's variable; one with a value keeps it.
+    #[test]
+    fn an_empty_variable_is_dropped_from_its_option() {
+        let lookup = |value: &'static str| move |_: &OsStr| Some(OsString::from(value));
+        let mut kept = Vec::new();
+        variables(&empty_env_unset(Cli::command(), &lookup("x")), &mut kept);
+        assert!(kept.len() > 40, "every option's variable: {kept:?}");
+        assert!(kept.contains(&"SLUICE_PULSAR_TLS_CA_FILE".to_owned()));
+        let mut left = Vec::new();
+        variables(&empty_env_unset(Cli::command(), &lookup("")), &mut left);
+        assert_eq!(left, Vec::<String>::new());
+    }
+
+    /// With every variable of every option set to "" (as Kubernetes and compose set optional
+    /// ones), each subcommand parses, at its defaults: run in a child process of this test
+    /// binary, since clap reads the environment when the command is defined.
+    #[test]
+    fn every_option_reads_an_empty_variable_as_unset() {
+        let mut vars = Vec::new();
+        variables(&Cli::command(), &mut vars);
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+        child.args([
+            "--ignored",
+            "--exact",
+            "tests::parses_at_defaults_with_every_variable_empty",
+        ]);
+        for var in &vars {
+            child.env(var, "");
+        }
+        // The config file's variable too, which `--config` expansion reads itself.
+        child.env("SLUICE_CONFIG", "");
+        let out = child.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The child of [`every_option_reads_an_empty_variable_as_unset`]: its environment has
+    /// every option's variable set to "".
+    #[test]
+    #[ignore = "run by every_option_reads_an_empty_variable_as_unset with every variable empty"]
+    fn parses_at_defaults_with_every_variable_empty() {
+        assert_eq!(
+            std::env::var_os("SLUICE_PULSAR_TLS_CA_FILE").as_deref(),
+            Some(OsStr::new("")),
+            "run with every option's variable set to \"\""
+        );
+        for line in COMMAND_LINES {
+            let argv = std::iter::once("sluice").chain(line.iter().copied());
+            let parsed = parse(argv.map(OsString::from).collect());
+            let invocation = parsed.unwrap_or_else(|e| panic!("{line:?}: {e}"));
+            if let Command::Serve(serve) = &invocation.cli.command {
+                assert_eq!(serve.pulsar_tls_ca_file, None);
+                assert_eq!(serve.metrics_addr.to_string(), "127.0.0.1:8000");
+            }
         }
     }
 }

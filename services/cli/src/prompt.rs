@@ -1,28 +1,28 @@
 //! `sluice prompt`: the prompt processor as a process. It renders templates and calls the
 //! text-completion service over the bus.
 
-use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
-use async_trait::async_trait;
-use clap::Args;
+use clap::{
+    Args,
+    builder::{PossibleValuesParser, TypedValueParser},
+};
 use sluice_prompt::{
-    handler::{LlmClient, PromptService},
+    flows::{PromptFlowSettings, PromptFlows},
+    handler::{PromptService, StructuredOutput},
     metrics::PromptMetrics,
     store::TemplateStore,
-    templates::TemplateSet,
 };
 use sluice_runtime::{
-    bus::Bus,
-    client::{ClientConfig, RequestClient},
-    flows::{FlowKey, FlowService, FlowsConfig, flow_topic, run_flows_until_signalled},
+    flows::{FlowsConfig, run_flows_until_signalled},
     processor::run_until_signalled,
     telemetry::Telemetry,
 };
-use sluice_schema::{TopicMapping, TopicName, config::FlowDefinition, topics::defaults};
+use sluice_schema::TopicName;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{
-    BusArgs, ConfigFileArgs, ConfigServiceArgs, ProcessorArgs, cancel_topic, connect,
+    BusArgs, ConfigFileArgs, ConfigServiceArgs, LlmServiceArgs, ProcessorArgs, connect,
     processor_config,
 };
 
@@ -53,8 +53,9 @@ pub struct TemplateArgs {
     /// kept as the safety net (on the local model: 0 usable lines without it, most with it);
     /// `off`, the template's instructions only (docs/prompt.md).
     #[arg(long, env = "SLUICE_STRUCTURED_OUTPUT", default_value = "native",
-          value_parser = ["native", "off"])]
-    pub structured_output: String,
+          value_parser = PossibleValuesParser::new(StructuredOutput::NAMES)
+              .try_map(|s| s.parse::<StructuredOutput>()))]
+    pub structured_output: StructuredOutput,
 }
 
 impl TemplateArgs {
@@ -66,88 +67,6 @@ impl TemplateArgs {
                 "content logging is on (--log-content): prompts, answers and malformed lines are written to the log"
             );
         }
-    }
-}
-
-/// How the prompt processor reaches text-completion (shared by `prompt` and `serve`).
-#[derive(Args, Debug, Clone)]
-pub struct LlmServiceArgs {
-    /// text-completion's request topic.
-    #[arg(long, default_value = defaults::TEXT_COMPLETION_REQUEST)]
-    pub llm_request_topic: String,
-    /// text-completion's response topic.
-    #[arg(long, default_value = defaults::TEXT_COMPLETION_RESPONSE)]
-    pub llm_response_topic: String,
-    /// text-completion's cancel topic.
-    #[arg(long, default_value = defaults::TEXT_COMPLETION_CANCEL)]
-    pub llm_cancel_topic: String,
-    /// Seconds text-completion may stay silent.
-    #[arg(long, default_value_t = 120)]
-    pub llm_inactivity_timeout_secs: u64,
-    /// Seconds a completion may take in all.
-    #[arg(long, default_value_t = 600)]
-    pub llm_timeout_secs: u64,
-}
-
-impl LlmServiceArgs {
-    /// A text-completion client on the given topics (Pulsar URLs); readiness watches its
-    /// response subscription under `link_name`.
-    pub async fn client_on(
-        &self,
-        bus: Arc<dyn Bus>,
-        request_topic: String,
-        response_topic: String,
-        mapping: TopicMapping,
-        telemetry: &Telemetry,
-        link_name: &str,
-    ) -> Result<Arc<LlmClient>, String> {
-        let mut config = ClientConfig::new("text-completion", request_topic, response_topic);
-        config.cancel_topic =
-            Some(cancel_topic("text-completion", Some(&self.llm_cancel_topic))?.to_pulsar(mapping));
-        config.inactivity_timeout = Duration::from_secs(self.llm_inactivity_timeout_secs);
-        config.total_timeout = Duration::from_secs(self.llm_timeout_secs);
-        let client = RequestClient::start(bus, config, Some(telemetry.metrics.clone()))
-            .await
-            .map_err(|e| format!("cannot reach text-completion's topics: {e}"))?;
-        telemetry.health.watch(link_name, client.link());
-        Ok(Arc::new(client))
-    }
-
-    /// The topics, for namespace creation.
-    pub fn topics(&self) -> Result<Vec<TopicName>, String> {
-        [&self.llm_request_topic, &self.llm_response_topic]
-            .into_iter()
-            .map(|t| t.parse::<TopicName>().map_err(|e| e.to_string()))
-            .chain(std::iter::once(cancel_topic(
-                "text-completion",
-                Some(&self.llm_cancel_topic),
-            )))
-            .collect()
-    }
-
-    /// A text-completion client on `bus`.
-    pub async fn client(
-        &self,
-        bus: Arc<dyn Bus>,
-        mapping: TopicMapping,
-        telemetry: &Telemetry,
-    ) -> Result<Arc<LlmClient>, String> {
-        let t = self.topics()?;
-        let mut config = ClientConfig::new(
-            "text-completion",
-            t[0].to_pulsar(mapping),
-            t[1].to_pulsar(mapping),
-        );
-        config.cancel_topic = Some(t[2].to_pulsar(mapping));
-        config.inactivity_timeout = Duration::from_secs(self.llm_inactivity_timeout_secs);
-        config.total_timeout = Duration::from_secs(self.llm_timeout_secs);
-        let client = RequestClient::start(bus, config, Some(telemetry.metrics.clone()))
-            .await
-            .map_err(|e| format!("cannot reach text-completion's topics: {e}"))?;
-        telemetry
-            .health
-            .watch("text-completion responses", client.link());
-        Ok(Arc::new(client))
     }
 }
 
@@ -187,135 +106,6 @@ pub struct PromptCommand {
     llm: LlmServiceArgs,
 }
 
-/// The prompt flows TrustGraph's config service assigns. Templates come from the config's
-/// `prompt` entries of the flow's workspace (built-ins too, unless turned off); each flow
-/// calls the text-completion service on its own `text-completion-request` and
-/// `text-completion-response` topics, one client per pair of topics, shared by the flows
-/// that name the same pair and closed when the last of them stops.
-struct Flows {
-    bus: Arc<dyn Bus>,
-    mapping: TopicMapping,
-    telemetry: Telemetry,
-    llm: LlmServiceArgs,
-    metrics: PromptMetrics,
-    builtins: bool,
-    log_content: bool,
-    native_structured_output: bool,
-    stores: std::sync::Mutex<BTreeMap<String, Arc<TemplateStore>>>,
-    clients: tokio::sync::Mutex<BTreeMap<(String, String), SharedClient>>,
-}
-
-/// A text-completion client and how many flows use it.
-type SharedClient = (Arc<LlmClient>, usize);
-
-impl Flows {
-    fn store(&self, workspace: &str) -> Result<Arc<TemplateStore>, String> {
-        let mut stores = self
-            .stores
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(store) = stores.get(workspace) {
-            return Ok(store.clone());
-        }
-        let set = TemplateSet::from_trustgraph_config(&BTreeMap::new(), self.builtins)
-            .map_err(|e| e.to_string())?;
-        let store = TemplateStore::with_metrics(set, self.metrics.clone());
-        stores.insert(workspace.to_owned(), store.clone());
-        Ok(store)
-    }
-
-    fn llm_topics(&self, definition: &FlowDefinition) -> Result<(String, String), String> {
-        Ok((
-            flow_topic(definition, "text-completion-request", self.mapping)?,
-            flow_topic(definition, "text-completion-response", self.mapping)?,
-        ))
-    }
-}
-
-#[async_trait]
-impl FlowService for Flows {
-    type Handler = PromptService;
-
-    fn config_types(&self) -> Vec<String> {
-        vec!["prompt".to_owned()]
-    }
-
-    async fn configure(
-        &self,
-        workspace: &str,
-        _kind: &str,
-        entries: &BTreeMap<String, String>,
-    ) -> Result<(), String> {
-        let store = self.store(workspace)?;
-        match TemplateSet::from_trustgraph_config(entries, self.builtins) {
-            Ok(set) => {
-                store.replace(set);
-                Ok(())
-            }
-            Err(e) => {
-                store.load_failed();
-                Err(e.to_string())
-            }
-        }
-    }
-
-    async fn flow(
-        &self,
-        key: &FlowKey,
-        definition: &FlowDefinition,
-    ) -> Result<Arc<PromptService>, String> {
-        let topics = self.llm_topics(definition)?;
-        let store = self.store(&key.workspace)?;
-        let mut clients = self.clients.lock().await;
-        let llm = match clients.get_mut(&topics) {
-            Some((client, users)) => {
-                *users += 1;
-                client.clone()
-            }
-            None => {
-                let client = self
-                    .llm
-                    .client_on(
-                        self.bus.clone(),
-                        topics.0.clone(),
-                        topics.1.clone(),
-                        self.mapping,
-                        &self.telemetry,
-                        &format!("text-completion responses on {}", topics.1),
-                    )
-                    .await?;
-                clients.insert(topics, (client.clone(), 1));
-                client
-            }
-        };
-        Ok(Arc::new(
-            PromptService::new(store, llm, self.metrics.clone())
-                .with_content_logging(self.log_content)
-                .with_native_structured_output(self.native_structured_output),
-        ))
-    }
-
-    async fn flow_stopped(&self, _key: &FlowKey, definition: &FlowDefinition) {
-        let Ok(topics) = self.llm_topics(definition) else {
-            return;
-        };
-        let mut clients = self.clients.lock().await;
-        let last = match clients.get_mut(&topics) {
-            Some((_, users)) => {
-                *users = users.saturating_sub(1);
-                *users == 0
-            }
-            None => false,
-        };
-        if last && let Some((client, _)) = clients.remove(&topics) {
-            self.telemetry
-                .health
-                .unwatch(&format!("text-completion responses on {}", topics.1));
-            client.close().await;
-        }
-    }
-}
-
 /// Serves the flows of TrustGraph's config service until SIGTERM/SIGINT.
 async fn run_flows(
     args: PromptCommand,
@@ -326,19 +116,16 @@ async fn run_flows(
     let mapping = args.bus.topic_mapping;
     topics.extend(args.flows.topic_names()?);
     let bus = connect(&args.bus, &topics).await?;
-    let metrics = PromptMetrics::register(&telemetry.registry).map_err(|e| e.to_string())?;
-    let service = Arc::new(Flows {
-        bus: bus.clone(),
-        mapping,
-        telemetry: telemetry.clone(),
-        llm: args.llm.clone(),
-        metrics,
+    let settings = PromptFlowSettings {
+        llm: args.llm.client_config(mapping)?,
         builtins: !args.templates.no_builtin_templates,
         log_content: args.templates.log_content,
-        native_structured_output: args.templates.structured_output == "native",
-        stores: std::sync::Mutex::default(),
-        clients: tokio::sync::Mutex::default(),
-    });
+        structured_output: args.templates.structured_output,
+    };
+    let service = Arc::new(
+        PromptFlows::new(bus.clone(), mapping, telemetry.clone(), settings)
+            .map_err(|e| e.to_string())?,
+    );
     run_flows_until_signalled(bus, flows, service, telemetry, args.processor.metrics_addr)
         .await
         .map_err(|e| e.to_string())?;
@@ -370,7 +157,7 @@ pub async fn run(args: PromptCommand) -> Result<(), String> {
     let handler = Arc::new(
         PromptService::new(store, llm.clone(), metrics)
             .with_content_logging(args.templates.log_content)
-            .with_native_structured_output(args.templates.structured_output == "native"),
+            .with_structured_output(args.templates.structured_output),
     );
     let result = run_until_signalled(bus, config, handler, telemetry, args.processor.metrics_addr)
         .await

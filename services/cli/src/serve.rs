@@ -18,9 +18,9 @@ use tracing::info;
 
 use crate::{
     agent::{AgentArgs, agent_service},
-    common::{BusArgs, cancel_topic, connect, pulsar_admin},
+    common::{BusArgs, LlmServiceArgs, cancel_topic, connect, pulsar_admin},
     gateway::{GatewayArgs, serve_until},
-    prompt::{LlmServiceArgs, TemplateArgs, template_store},
+    prompt::{TemplateArgs, template_store},
     text_completion::{LlmArgs, service},
 };
 
@@ -145,7 +145,7 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
     let prompt_handler = Arc::new(
         PromptService::new(store, llm_client.clone(), prompt_metrics)
             .with_content_logging(args.templates.log_content)
-            .with_native_structured_output(args.templates.structured_output == "native"),
+            .with_structured_output(args.templates.structured_output),
     );
     let agent_handler = Arc::new(
         agent_service(
@@ -161,6 +161,9 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
 
     let shutdown = shutdown_on_signals();
     let processor_stop = CancellationToken::new();
+    // What readiness watches already (the LLM client's response subscription); each
+    // processor adds its request subscription once it has it.
+    let watched_before = telemetry.health.watched();
     let mut processors = tokio::task::JoinSet::new();
     processors.spawn(processor::run(
         bus.clone(),
@@ -184,10 +187,10 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         processor_stop.clone(),
     ));
     // The in-process bus delivers only what is published after a subscription exists: the
-    // gateway opens once the processors are subscribed (the LLM client already watches one
-    // link, each processor adds one).
+    // gateway opens once every processor started above has subscribed.
+    let subscribed = watched_before + processors.len();
     tokio::select! {
-        () = telemetry.health.until_watched(4) => {}
+        () = telemetry.health.until_watched(subscribed) => {}
         done = processors.join_next() => {
             return match done {
                 Some(Ok(Err(e))) => Err(format!("a processor could not start: {e}")),

@@ -11,14 +11,11 @@ use sluice_runtime::{
     processor::run_until_signalled,
     telemetry::Telemetry,
 };
-pub use sluice_text_completion::config::ProviderKind;
 use sluice_text_completion::{
-    config::ProviderConfig,
-    fallback::{Fallback, FallbackSettings},
+    config::{ConfigError, ProviderConfig, ProviderOptions, ServiceConfig},
+    fallback::FallbackSettings,
     flows::TextCompletionFlows,
     handler::TextCompletionService,
-    metrics::LlmMetrics,
-    provider::Provider,
     retry::RetryPolicy,
 };
 use tracing::{info, warn};
@@ -46,49 +43,14 @@ pub struct TextCompletionArgs {
 /// The provider and how to call it (shared by `text-completion` and `serve`).
 #[derive(Args, Debug, Clone)]
 pub struct LlmArgs {
-    /// The provider.
-    #[arg(long, env = "SLUICE_PROVIDER", value_enum, default_value = "openai")]
-    provider: ProviderKind,
-    /// The model (Azure: the deployment name).
-    #[arg(long, env = "SLUICE_MODEL", default_value = "gpt-4o-mini")]
-    model: String,
+    /// The provider and how to call it; which settings apply depends on the provider
+    /// (docs/text-completion.md).
+    #[command(flatten)]
+    provider: ProviderOptions,
     /// Other models of the same provider a request may ask for by name (comma-separated);
     /// `list-models` and `GET /v1/models` list them after --model.
     #[arg(long, env = "SLUICE_EXTRA_MODELS", value_delimiter = ',')]
     extra_models: Vec<String>,
-    /// The provider's base URL (default: the provider's public endpoint).
-    #[arg(long, env = "SLUICE_BASE_URL")]
-    base_url: Option<String>,
-    /// Sampling temperature.
-    #[arg(long, env = "SLUICE_TEMPERATURE")]
-    temperature: Option<f32>,
-    /// Maximum output tokens.
-    #[arg(long, env = "SLUICE_MAX_OUTPUT_TOKENS")]
-    max_output_tokens: Option<u32>,
-    /// Vertex AI project (vertex, vertex-anthropic).
-    #[arg(long, env = "SLUICE_VERTEX_PROJECT")]
-    vertex_project: Option<String>,
-    /// Vertex AI location: a region, or `global`.
-    #[arg(long, env = "SLUICE_VERTEX_LOCATION", default_value = "us-central1")]
-    vertex_location: String,
-    /// AWS region of Bedrock, e.g. us-east-1.
-    #[arg(long, env = "AWS_REGION")]
-    region: Option<String>,
-    /// Ollama's context window (`num_ctx`).
-    #[arg(long, env = "SLUICE_NUM_CTX")]
-    num_ctx: Option<u32>,
-    /// Do not ask for usage in streams (older servers reject `stream_options`).
-    #[arg(long)]
-    no_stream_usage: bool,
-    /// Seconds to establish a connection.
-    #[arg(long, default_value_t = 10)]
-    connect_timeout_secs: u64,
-    /// Seconds to the first token.
-    #[arg(long, default_value_t = 60)]
-    first_token_timeout_secs: u64,
-    /// Seconds between chunks.
-    #[arg(long, default_value_t = 60)]
-    chunk_timeout_secs: u64,
     /// How a call that fails before its first chunk is published is retried: a preset
     /// (`default`, `seed-000`, `seed-001`, `seed-002`), settings (`attempts=2,delay=2s,
     /// factor=1,max-delay=8s,jitter=0,on=connect+timeout+503,hints=false`) or a preset then
@@ -236,24 +198,9 @@ pub fn fallback_list(path: &std::path::Path) -> Result<Vec<ProviderConfig>, Stri
 }
 
 impl LlmArgs {
-    /// The provider these options describe.
-    pub fn provider_config(&self) -> ProviderConfig {
-        ProviderConfig {
-            provider: self.provider,
-            model: self.model.clone(),
-            base_url: self.base_url.clone(),
-            temperature: self.temperature,
-            max_output_tokens: self.max_output_tokens,
-            vertex_project: self.vertex_project.clone(),
-            vertex_location: self.vertex_location.clone(),
-            region: self.region.clone(),
-            num_ctx: self.num_ctx,
-            no_stream_usage: self.no_stream_usage,
-            connect_timeout_secs: self.connect_timeout_secs,
-            first_token_timeout_secs: self.first_token_timeout_secs,
-            chunk_timeout_secs: self.chunk_timeout_secs,
-            key_env: None,
-        }
+    /// The provider these options describe; a setting the provider does not take is refused.
+    pub fn provider_config(&self) -> Result<ProviderConfig, String> {
+        ProviderConfig::try_from(self.provider.clone()).map_err(|e| e.to_string())
     }
 
     /// How the fallback list behaves.
@@ -274,52 +221,40 @@ impl LlmArgs {
     }
 }
 
+impl LlmArgs {
+    /// The processor's providers and how it calls them, as these options (and the
+    /// `--fallback` file) describe them; checked, nothing built.
+    pub fn service_config(&self) -> Result<ServiceConfig, String> {
+        let mut config = ServiceConfig::new(self.provider_config()?);
+        if let Some(path) = &self.fallback {
+            config.fallback = fallback_list(path)?;
+            config.fallback_settings = self.fallback_settings()?;
+        } else if self.first_token_deadline_ms.is_some() || self.hedge_after_ms.is_some() {
+            return Err("--first-token-deadline-ms and --hedge-after-ms need --fallback: a list of providers to move to".into());
+        }
+        config.retry = RetryPolicy::parse(&self.retry).map_err(|e| format!("--retry: {e}"))?;
+        if let Some(n) = self.max_retries {
+            config.retry = config
+                .retry
+                .with(&format!("attempts={}", n.saturating_add(1)))
+                .map_err(|e| format!("--max-retries: {e}"))?;
+        }
+        config.extra_models = self.extra_models.clone();
+        Ok(config)
+    }
+}
+
 /// The text-completion handler `args` describe, its metrics registered in `telemetry`.
 pub fn service(args: &LlmArgs, telemetry: &Telemetry) -> Result<TextCompletionService, String> {
-    let mut provider = args.provider_config().build()?;
-    let metrics = LlmMetrics::register(&telemetry.registry).map_err(|e| e.to_string())?;
-    if let Some(path) = &args.fallback {
-        let mut backups = Vec::new();
-        for (i, config) in fallback_list(path)?.iter().enumerate() {
-            backups.push(config.build().map_err(|e| {
-                format!(
-                    "--fallback {}: provider {} ({}): {e}",
-                    path.display(),
-                    i + 1,
-                    config.model
-                )
-            })?);
-        }
-        let fallback = Fallback::new(
-            provider,
-            backups,
-            args.fallback_settings()?,
-            metrics.clone(),
-        );
-        let list: Vec<String> = fallback
-            .providers()
-            .iter()
-            .map(|(name, model)| format!("{name}/{model}"))
-            .collect();
-        info!(providers = %list.join(", "), "fallback list");
-        provider = Arc::new(fallback) as Arc<dyn Provider>;
-    } else if args.first_token_deadline_ms.is_some() || args.hedge_after_ms.is_some() {
-        return Err("--first-token-deadline-ms and --hedge-after-ms need --fallback: a list of providers to move to".into());
-    }
-    let mut retry = RetryPolicy::parse(&args.retry).map_err(|e| format!("--retry: {e}"))?;
-    if let Some(n) = args.max_retries {
-        retry = retry
-            .with(&format!("attempts={}", n.saturating_add(1)))
-            .map_err(|e| format!("--max-retries: {e}"))?;
-    }
-    Ok(
-        TextCompletionService::new(provider, retry, metrics).with_models(
-            args.extra_models
-                .iter()
-                .map(|m| m.trim().to_owned())
-                .filter(|m| !m.is_empty()),
-        ),
-    )
+    let config = args.service_config()?;
+    config
+        .service(&telemetry.registry)
+        .map_err(|e| match (&e, &args.fallback) {
+            (ConfigError::Fallback { .. }, Some(path)) => {
+                format!("--fallback {}: {e}", path.display())
+            }
+            _ => e.to_string(),
+        })
 }
 
 /// Runs the processor until SIGTERM/SIGINT, then drains.

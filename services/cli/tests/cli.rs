@@ -129,3 +129,80 @@ fn help_version_and_refused_command_lines_exit_as_documented() {
         "{err}"
     );
 }
+
+/// `sluice ARGS` with `vars` set, as a process that must stop by itself: exit success and
+/// stderr.
+fn run_with(args: &[&str], vars: &[(&str, &str)]) -> (bool, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    command
+        .args(args)
+        .env_remove("SLUICE_CONFIG")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_API_KEY_FILE");
+    for (k, v) in vars {
+        command.env(k, v);
+    }
+    let out = command.output().unwrap();
+    (out.status.success(), String::from_utf8(out.stderr).unwrap())
+}
+
+/// A vendor's key is sent only to the vendor: OPENAI_API_KEY set and a base URL of another
+/// host stop the processor at start-up, saying how to name the key, never showing it (the
+/// provider is built before the bus is connected, so nothing else is needed).
+#[test]
+fn a_vendors_key_is_not_sent_to_another_host() {
+    let (ok, err) = run_with(
+        &[
+            "text-completion",
+            "--provider",
+            "openai",
+            "--base-url",
+            "http://127.0.0.1:9/v1?token=url-secret",
+        ],
+        &[("OPENAI_API_KEY", "sk-vendor-secret")],
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("OPENAI_API_KEY is set")
+            && err.contains("127.0.0.1")
+            && err.contains("--api-key-env OPENAI_API_KEY"),
+        "{err}"
+    );
+    for hidden in ["sk-vendor-secret", "url-secret"] {
+        assert!(!err.contains(hidden), "{err}");
+    }
+}
+
+/// A setting of another provider is refused wherever it comes from: a flag, its variable, the
+/// `--config` file; the message names the setting and the provider.
+#[test]
+fn a_setting_of_another_provider_is_refused_from_a_flag_a_variable_or_the_file() {
+    let says = "`num-ctx` (--num-ctx, SLUICE_NUM_CTX) does not apply to provider anthropic";
+    let base = ["text-completion", "--provider", "anthropic"];
+    let (ok, err) = run_with(&[&base[..], &["--num-ctx", "8192"]].concat(), &[]);
+    assert!(!ok && err.contains(says), "{err}");
+    let (ok, err) = run_with(&base, &[("SLUICE_NUM_CTX", "8192")]);
+    assert!(!ok && err.contains(says), "{err}");
+    let file = std::env::temp_dir().join(format!("sluice-tc-{}.toml", std::process::id()));
+    std::fs::write(&file, "provider = \"anthropic\"\nnum-ctx = 8192\n").unwrap();
+    let (ok, err) = run_with(
+        &["text-completion", "--config", file.to_str().unwrap()],
+        &[],
+    );
+    std::fs::remove_file(&file).unwrap();
+    assert!(!ok && err.contains(says), "{err}");
+}
+
+/// An option's variable set to "" reads as unset, as Kubernetes and compose set optional
+/// ones: `SLUICE_PULSAR_TLS_CA_FILE=` once stopped every command with a usage error.
+#[test]
+fn an_empty_variable_reads_as_unset() {
+    let (ok, err) = run_with(
+        &["topics", "resolve", "request:tg:text-completion"],
+        &[
+            ("SLUICE_PULSAR_TLS_CA_FILE", ""),
+            ("SLUICE_TOPIC_MAPPING", ""),
+        ],
+    );
+    assert!(ok, "{err}");
+}

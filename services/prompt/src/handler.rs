@@ -50,6 +50,37 @@ use crate::{
 /// The text-completion client the prompt processor calls.
 pub type LlmClient = RequestClient<TextCompletionRequest, TextCompletionResponse>;
 
+/// How a `json` or `jsonl` template with a schema asks for its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StructuredOutput {
+    /// The provider's JSON mode with the schema (a `jsonl` template's as an array of its
+    /// objects, turned back into lines as they complete), the template's own validation kept
+    /// as the safety net.
+    #[default]
+    Native,
+    /// The template's instructions only.
+    Off,
+}
+
+impl StructuredOutput {
+    /// The names, as options spell them.
+    pub const NAMES: [&'static str; 2] = ["native", "off"];
+}
+
+impl std::str::FromStr for StructuredOutput {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "native" => Ok(Self::Native),
+            "off" => Ok(Self::Off),
+            other => Err(format!(
+                "unknown structured output {other:?}: expected native or off"
+            )),
+        }
+    }
+}
+
 /// The prompt processor's handler.
 pub struct PromptService {
     store: Arc<TemplateStore>,
@@ -57,8 +88,8 @@ pub struct PromptService {
     metrics: PromptMetrics,
     /// Whether the request log carries content (prompts, objects, malformed lines).
     log_content: bool,
-    /// Whether a template with a schema asks for the provider's JSON mode.
-    native_structured_output: bool,
+    /// How a template with a schema asks for its answer.
+    structured_output: StructuredOutput,
 }
 
 impl PromptService {
@@ -69,7 +100,7 @@ impl PromptService {
             llm,
             metrics,
             log_content: false,
-            native_structured_output: false,
+            structured_output: StructuredOutput::Off,
         }
     }
 
@@ -81,13 +112,14 @@ impl PromptService {
         self
     }
 
-    /// With `on`, a `json` template with a schema asks for the provider's JSON mode with that
-    /// schema, and a `jsonl` template for an array of its objects, which is turned back into
-    /// lines as its elements complete ([`crate::output::ArrayLines`]); the template's own
-    /// validation stays. Providers without a JSON mode are held to it by the text-completion
-    /// processor (docs/protocol.md#structured-output).
-    pub fn with_native_structured_output(mut self, on: bool) -> Self {
-        self.native_structured_output = on;
+    /// With [`StructuredOutput::Native`], a `json` template with a schema asks for the
+    /// provider's JSON mode with that schema, and a `jsonl` template for an array of its
+    /// objects, which is turned back into lines as its elements complete
+    /// ([`crate::output::ArrayLines`]); the template's own validation stays. Providers without
+    /// a JSON mode are held to it by the text-completion processor
+    /// (docs/protocol.md#structured-output). Off until set.
+    pub fn with_structured_output(mut self, mode: StructuredOutput) -> Self {
+        self.structured_output = mode;
         self
     }
 }
@@ -226,7 +258,7 @@ impl Handler for PromptService {
         })?;
         drop(set);
         let mode = rendered.template.response_type;
-        let native = self.native_structured_output;
+        let native = self.structured_output == StructuredOutput::Native;
         let (response_format, schema) = match (&rendered.template.schema, mode) {
             (Some(s), ResponseType::Json) if native => (Some("json".to_owned()), Some(s.clone())),
             (Some(s), ResponseType::Jsonl) if native => (

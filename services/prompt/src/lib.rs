@@ -11,10 +11,12 @@
 //! - [`normalise`]: the normalisers a template names, which correct its output objects before
 //!   validation;
 //! - [`requestlog`]: the LLM streaming contract's (docs/specs.md#the-structured-ndjson-contracts)
-//!   request log, content only when the operator opts in.
+//!   request log, content only when the operator opts in;
+//! - [`flows`]: the flows TrustGraph's config service assigns, templates from its config.
 
 pub mod builtin;
 pub mod coverage;
+pub mod flows;
 pub mod handler;
 pub mod metrics;
 pub mod normalise;

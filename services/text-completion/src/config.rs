@@ -1,30 +1,44 @@
-//! Which provider serves the completions, and how to call it: one typed description that
-//! every front end fills (the CLI's options and its config file, `sluice serve`, a program
-//! embedding this crate) and [`ProviderConfig::build`] turns into a provider. Adding a
-//! provider means a variant of [`ProviderKind`], its module under `providers/`, and its arm
-//! in `build`.
+//! Which provider serves the completions, and how to call it.
 //!
-//! Secrets are not part of it: each provider's key is read from its environment variable
+//! Two shapes: [`ProviderOptions`], the settings as an operator gives them (the CLI's flags and
+//! their variables, a `--config` file, a `[[provider]]` table of a fallback file), one flat
+//! set of names for every provider; and [`ProviderConfig`], a tagged enum with one variant
+//! per provider holding only that provider's settings. [`ProviderConfig::try_from`] turns the
+//! first into the second and refuses a setting the provider does not take (`region` given to
+//! `openai`), naming the setting and the provider; [`ProviderConfig::build`] turns the second
+//! into a provider. Adding a provider means a variant of [`ProviderKind`] and of
+//! [`ProviderConfig`], its module under `providers/`, and its arms here.
+//!
+//! Secrets are not part of either: each provider's key is read from an environment variable
 //! (or the file named by `<VAR>_FILE`) when the provider is built, so a description can be
-//! logged, stored in a ConfigMap or shown in an error without leaking one.
+//! logged, stored in a ConfigMap or shown in an error without leaking one. Which variable:
+//! the one `api-key-env` names, else the vendor's own (`OPENAI_API_KEY`...) only when the
+//! base URL is the vendor's. A vendor's key is never sent to another host by default: with a
+//! base URL of another host, the vendor's variable is not read, and when it is set the build
+//! fails saying how to name it (docs/text-completion.md#keys).
 
-use std::{sync::Arc, time::Duration};
+use std::{fmt, sync::Arc, time::Duration};
 
 use serde::Deserialize;
-use sluice_runtime::secret::Secret;
+use sluice_runtime::secret::{Secret, SecretError};
 
 use crate::{
-    provider::Provider,
+    fallback::{Fallback, FallbackSettings},
+    handler::TextCompletionService,
+    metrics::LlmMetrics,
+    provider::{Provider, ProviderError},
     providers::{
         HttpTimeouts,
         anthropic::{AnthropicConfig, AnthropicProvider},
-        bedrock::{BedrockConfig, BedrockCredentials, BedrockProvider},
+        bedrock::{API_KEY_VAR, BedrockConfig, BedrockCredentials, BedrockProvider},
         cohere::{CohereConfig, CohereProvider},
+        endpoint_url,
         gemini::{GeminiConfig, GeminiEndpoint, GeminiProvider},
         ollama::{OllamaConfig, OllamaProvider},
         openai::{Dialect, OpenAiConfig, OpenAiProvider},
         vertex_origin,
     },
+    retry::RetryPolicy,
 };
 
 /// Which provider serves the completions.
@@ -32,20 +46,20 @@ use crate::{
 #[serde(rename_all = "kebab-case")]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum ProviderKind {
-    /// OpenAI (key: OPENAI_API_KEY).
+    /// OpenAI (key: OPENAI_API_KEY, for api.openai.com).
     Openai,
     /// Any OpenAI-compatible server by base URL: vLLM, LM Studio, llamafile, TGI, llama.cpp
     /// (key, if the server wants one: SLUICE_LLM_API_KEY).
     OpenaiCompatible,
-    /// Azure OpenAI (key: AZURE_OPENAI_API_KEY; --model is the deployment).
+    /// Azure OpenAI (key: AZURE_OPENAI_API_KEY, for Azure's hosts; --model is the deployment).
     Azure,
-    /// Mistral (key: MISTRAL_API_KEY).
+    /// Mistral (key: MISTRAL_API_KEY, for api.mistral.ai).
     Mistral,
-    /// Anthropic Messages (key: ANTHROPIC_API_KEY).
+    /// Anthropic Messages (key: ANTHROPIC_API_KEY, for api.anthropic.com).
     Anthropic,
-    /// Cohere v2 chat (key: COHERE_API_KEY).
+    /// Cohere v2 chat (key: COHERE_API_KEY, for api.cohere.com).
     Cohere,
-    /// Google AI Studio Gemini (key: GEMINI_API_KEY).
+    /// Google AI Studio Gemini (key: GEMINI_API_KEY, for generativelanguage.googleapis.com).
     Gemini,
     /// Vertex AI Gemini (OAuth access token: VERTEX_ACCESS_TOKEN, kept fresh by the platform;
     /// needs --vertex-project and --vertex-location).
@@ -54,275 +68,686 @@ pub enum ProviderKind {
     /// VERTEX_ACCESS_TOKEN, as for `vertex`; needs --vertex-project and --vertex-location,
     /// which may be `global`; --model is Vertex's id, e.g. claude-sonnet-4-5@20250929).
     VertexAnthropic,
-    /// Ollama's native API (`/api/chat`, NDJSON; optional key for a proxy: OLLAMA_API_KEY).
+    /// Ollama's native API (`/api/chat`, NDJSON; optional key for a proxy: OLLAMA_API_KEY,
+    /// for the default local server or ollama.com).
     Ollama,
-    /// AWS Bedrock Converse (needs --region; --model is the model or inference-profile id).
-    /// Credentials: a Bedrock API key in AWS_BEARER_TOKEN_BEDROCK, or SigV4 keys in
-    /// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and optionally AWS_SESSION_TOKEN; each may
-    /// be a file named by *_FILE.
+    /// AWS Bedrock Converse (needs --region or AWS_REGION; --model is the model or
+    /// inference-profile id). Credentials: a Bedrock API key in AWS_BEARER_TOKEN_BEDROCK (for
+    /// AWS's hosts), or SigV4 keys in AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and optionally
+    /// AWS_SESSION_TOKEN; each may be a file named by *_FILE.
     Bedrock,
 }
 
-/// A provider, described: everything it is built from except its secret. Field names are
-/// the CLI's option names (`base-url`, `max-output-tokens`...); unknown fields are refused,
-/// so a misspelt setting is an error, not a silent default.
+impl ProviderKind {
+    /// The name as the options spell it (`openai-compatible`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::Openai => "openai",
+            ProviderKind::OpenaiCompatible => "openai-compatible",
+            ProviderKind::Azure => "azure",
+            ProviderKind::Mistral => "mistral",
+            ProviderKind::Anthropic => "anthropic",
+            ProviderKind::Cohere => "cohere",
+            ProviderKind::Gemini => "gemini",
+            ProviderKind::Vertex => "vertex",
+            ProviderKind::VertexAnthropic => "vertex-anthropic",
+            ProviderKind::Ollama => "ollama",
+            ProviderKind::Bedrock => "bedrock",
+        }
+    }
+}
+
+impl fmt::Display for ProviderKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A provider's settings as an operator gives them: the same names as command-line options
+/// (`--base-url`), environment variables (`SLUICE_BASE_URL`) and keys of a TOML table
+/// (`base-url`). Every provider's settings are here; which apply to which provider is
+/// checked by [`ProviderConfig::try_from`]. Unknown keys are refused, so a misspelt setting
+/// is an error, not a silent default.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
-pub struct ProviderConfig {
+#[cfg_attr(feature = "clap", derive(clap::Args))]
+pub struct ProviderOptions {
     /// The provider.
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, env = "SLUICE_PROVIDER", value_enum, default_value = "openai")
+    )]
     pub provider: ProviderKind,
     /// The model (Azure: the deployment name; Bedrock: the model or inference-profile id).
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, env = "SLUICE_MODEL", default_value = "gpt-4o-mini")
+    )]
     pub model: String,
-    /// The provider's base URL; `None` for its public endpoint (required for
-    /// `openai-compatible` and `azure`, which have none).
+    /// The provider's base URL (default: the provider's public endpoint; required for
+    /// openai-compatible and azure). With a base URL that is not the vendor's, the vendor's
+    /// key variable is not read: name the key's variable with --api-key-env.
+    #[cfg_attr(feature = "clap", arg(long, env = "SLUICE_BASE_URL"))]
     #[serde(default)]
     pub base_url: Option<String>,
-    /// Sampling temperature; `None` for the provider's default.
+    /// The environment variable holding the provider's key (`<VAR>_FILE` works too), in place
+    /// of the vendor's own (OPENAI_API_KEY...): for a base URL that is not the vendor's, or
+    /// two providers of one kind with different keys. Bedrock: the variable of a Bedrock API
+    /// key.
+    #[cfg_attr(feature = "clap", arg(long, env = "SLUICE_API_KEY_ENV"))]
+    #[serde(default, alias = "key-env")]
+    pub api_key_env: Option<String>,
+    /// Sampling temperature.
+    #[cfg_attr(feature = "clap", arg(long, env = "SLUICE_TEMPERATURE"))]
     #[serde(default)]
     pub temperature: Option<f32>,
-    /// Maximum output tokens; `None` for the provider's default.
+    /// Maximum output tokens.
+    #[cfg_attr(feature = "clap", arg(long, env = "SLUICE_MAX_OUTPUT_TOKENS"))]
     #[serde(default)]
     pub max_output_tokens: Option<u32>,
-    /// Vertex AI project (required for `vertex` and `vertex-anthropic`).
+    /// Vertex AI project (vertex, vertex-anthropic).
+    #[cfg_attr(feature = "clap", arg(long, env = "SLUICE_VERTEX_PROJECT"))]
     #[serde(default)]
     pub vertex_project: Option<String>,
-    /// Vertex AI location: a region, or `global`.
-    #[serde(default = "default_vertex_location")]
-    pub vertex_location: String,
-    /// AWS region of Bedrock (required for `bedrock`).
+    /// Vertex AI location: a region, or `global` (vertex, vertex-anthropic) [default:
+    /// us-central1].
+    #[cfg_attr(feature = "clap", arg(long, env = "SLUICE_VERTEX_LOCATION"))]
+    #[serde(default)]
+    pub vertex_location: Option<String>,
+    /// AWS region of Bedrock, e.g. us-east-1 (bedrock) [default: AWS_REGION].
+    #[cfg_attr(feature = "clap", arg(long))]
     #[serde(default)]
     pub region: Option<String>,
-    /// Ollama's context window (`num_ctx`).
+    /// Ollama's context window, `num_ctx` (ollama).
+    #[cfg_attr(feature = "clap", arg(long, env = "SLUICE_NUM_CTX"))]
     #[serde(default)]
     pub num_ctx: Option<u32>,
-    /// Do not ask for usage in streams (older OpenAI-compatible servers reject
-    /// `stream_options`).
+    /// Do not ask for usage in streams; older servers reject `stream_options` (openai,
+    /// openai-compatible, azure).
+    #[cfg_attr(feature = "clap", arg(long))]
     #[serde(default)]
     pub no_stream_usage: bool,
-    /// Seconds to establish a connection.
-    #[serde(default = "default_connect_timeout_secs")]
-    pub connect_timeout_secs: u64,
-    /// Seconds to the first token.
-    #[serde(default = "default_stream_timeout_secs")]
-    pub first_token_timeout_secs: u64,
-    /// Seconds between chunks.
-    #[serde(default = "default_stream_timeout_secs")]
-    pub chunk_timeout_secs: u64,
-    /// The environment variable holding the key, in place of the provider's own
-    /// (`OPENAI_API_KEY`...): two providers of one kind with different keys, as a fallback
-    /// list may have. `<VAR>_FILE` works as for the provider's own. Not for `bedrock`, whose
-    /// credentials are AWS's variables.
+    /// Seconds to establish a connection [default: 10].
+    #[cfg_attr(feature = "clap", arg(long))]
     #[serde(default)]
-    pub key_env: Option<String>,
+    pub connect_timeout_secs: Option<u64>,
+    /// Seconds to the first token [default: 60].
+    #[cfg_attr(feature = "clap", arg(long))]
+    #[serde(default)]
+    pub first_token_timeout_secs: Option<u64>,
+    /// Seconds between chunks [default: 60].
+    #[cfg_attr(feature = "clap", arg(long))]
+    #[serde(default)]
+    pub chunk_timeout_secs: Option<u64>,
 }
 
-fn default_vertex_location() -> String {
-    "us-central1".to_owned()
-}
-
-fn default_connect_timeout_secs() -> u64 {
-    HttpTimeouts::default().connect.as_secs()
-}
-
-fn default_stream_timeout_secs() -> u64 {
-    HttpTimeouts::default().first_token.as_secs()
-}
-
-impl ProviderConfig {
-    /// A description of `model` at `provider`, every other setting at its default.
+impl ProviderOptions {
+    /// `model` at `provider`, nothing else set.
     pub fn new(provider: ProviderKind, model: impl Into<String>) -> Self {
         Self {
             provider,
             model: model.into(),
             base_url: None,
+            api_key_env: None,
             temperature: None,
             max_output_tokens: None,
             vertex_project: None,
-            vertex_location: default_vertex_location(),
+            vertex_location: None,
             region: None,
             num_ctx: None,
             no_stream_usage: false,
-            connect_timeout_secs: default_connect_timeout_secs(),
-            first_token_timeout_secs: default_stream_timeout_secs(),
-            chunk_timeout_secs: default_stream_timeout_secs(),
-            key_env: None,
+            connect_timeout_secs: None,
+            first_token_timeout_secs: None,
+            chunk_timeout_secs: None,
+        }
+    }
+}
+
+/// A setting, by its key; shown with its option and its variable, so an error says where
+/// it may have come from (a file's key, a flag, the environment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Setting(pub &'static str);
+
+impl fmt::Display for Setting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The variables of `ProviderOptions`' clap attributes.
+        let var = match self.0 {
+            "base-url" => Some("SLUICE_BASE_URL"),
+            "api-key-env" => Some("SLUICE_API_KEY_ENV"),
+            "vertex-project" => Some("SLUICE_VERTEX_PROJECT"),
+            "vertex-location" => Some("SLUICE_VERTEX_LOCATION"),
+            "num-ctx" => Some("SLUICE_NUM_CTX"),
+            // `region` has none: AWS_REGION is the AWS SDKs' variable, read by Bedrock alone.
+            _ => None,
+        };
+        match var {
+            Some(var) => write!(f, "`{}` (--{}, {var})", self.0, self.0),
+            None => write!(f, "`{}` (--{})", self.0, self.0),
+        }
+    }
+}
+
+/// Why a provider cannot be described or built. Never contains a secret; a host is named
+/// without its path, query or user-info.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A setting that the provider does not take.
+    #[error("{setting} does not apply to provider {provider}; it is a setting of {owners}")]
+    NotApplicable {
+        /// The setting.
+        setting: Setting,
+        /// The provider it was given to.
+        provider: ProviderKind,
+        /// The providers that take it.
+        owners: &'static str,
+    },
+    /// A setting the provider cannot be built without.
+    #[error("{setting} is required for provider {provider}")]
+    Missing {
+        /// The setting.
+        setting: Setting,
+        /// The provider.
+        provider: ProviderKind,
+    },
+    /// Bedrock without a region.
+    #[error("{} or AWS_REGION is required for provider bedrock", Setting("region"))]
+    NoRegion,
+    /// `api-key-env` names no variable.
+    #[error(
+        "{}: {value:?} is not an environment variable's name (letters, digits and _)",
+        Setting("api-key-env")
+    )]
+    KeyVariableName {
+        /// The first characters of the value.
+        value: String,
+    },
+    /// The vendor's key variable is set but the base URL is another host's: it would be sent
+    /// there.
+    #[error(
+        "{var} is set, but the base URL's host {host} is not {provider}'s, and {var} is sent only to {provider}: to send it to this host, name it with --api-key-env {var} (`api-key-env` in a file); to send no key, unset {var}"
+    )]
+    VendorKeyElsewhere {
+        /// The vendor's variable.
+        var: &'static str,
+        /// The provider.
+        provider: ProviderKind,
+        /// The base URL's host.
+        host: String,
+    },
+    /// A key could not be read (an unreadable `_FILE`, an empty value).
+    #[error(transparent)]
+    Secret(#[from] SecretError),
+    /// The provider refused its settings (a base URL that is not an http(s) URL, credentials
+    /// set halfway).
+    #[error(transparent)]
+    Provider(#[from] ProviderError),
+    /// A provider of the fallback list cannot be built.
+    #[error("provider {position} ({model}): {source}")]
+    Fallback {
+        /// Its place in the list, from 1.
+        position: usize,
+        /// Its model.
+        model: String,
+        /// Why.
+        source: Box<ConfigError>,
+    },
+    /// The metrics cannot be registered.
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+}
+
+/// A text-completion processor's providers and how it calls them: what a front end (the
+/// CLI's options, a program embedding this crate) describes, and [`ServiceConfig::service`]
+/// wires into the handler.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// The provider called first, whose models the processor serves.
+    pub provider: ProviderConfig,
+    /// Providers to fall back on, in order (empty: none).
+    pub fallback: Vec<ProviderConfig>,
+    /// How the fallback list behaves.
+    pub fallback_settings: FallbackSettings,
+    /// How a call that fails before its first chunk is retried.
+    pub retry: RetryPolicy,
+    /// Other models of the provider a request may ask for by name.
+    pub extra_models: Vec<String>,
+}
+
+impl ServiceConfig {
+    /// `provider` alone, with the default retry policy.
+    pub fn new(provider: ProviderConfig) -> Self {
+        Self {
+            provider,
+            fallback: Vec::new(),
+            fallback_settings: FallbackSettings::default(),
+            retry: RetryPolicy::default(),
+            extra_models: Vec::new(),
         }
     }
 
+    /// The handler: every provider built (secrets read from the environment), behind a
+    /// [`Fallback`] when there is a list, its metrics registered in `registry`.
+    pub fn service(
+        &self,
+        registry: &prometheus::Registry,
+    ) -> Result<TextCompletionService, ConfigError> {
+        let mut provider = self.provider.build()?;
+        let metrics = LlmMetrics::register(registry)?;
+        if !self.fallback.is_empty() {
+            let mut backups = Vec::new();
+            for (i, config) in self.fallback.iter().enumerate() {
+                backups.push(config.build().map_err(|e| ConfigError::Fallback {
+                    position: i + 1,
+                    model: config.call().model.clone(),
+                    source: Box::new(e),
+                })?);
+            }
+            let fallback = Fallback::new(
+                provider,
+                backups,
+                self.fallback_settings.clone(),
+                metrics.clone(),
+            );
+            let list: Vec<String> = fallback
+                .providers()
+                .iter()
+                .map(|(name, model)| format!("{name}/{model}"))
+                .collect();
+            tracing::info!(providers = %list.join(", "), "fallback list");
+            provider = Arc::new(fallback) as Arc<dyn Provider>;
+        }
+        let extra = self
+            .extra_models
+            .iter()
+            .map(|m| m.trim().to_owned())
+            .filter(|m| !m.is_empty());
+        Ok(TextCompletionService::new(provider, self.retry.clone(), metrics).with_models(extra))
+    }
+}
+
+/// What every provider takes: the model, its sampling and the call's time limits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallSettings {
+    /// The model (Azure: the deployment name; Bedrock: the model or inference-profile id).
+    pub model: String,
+    /// Sampling temperature; `None` for the provider's default.
+    pub temperature: Option<f32>,
+    /// Maximum output tokens; `None` for the provider's default.
+    pub max_output_tokens: Option<u32>,
     /// The call's time limits.
-    pub fn timeouts(&self) -> HttpTimeouts {
-        HttpTimeouts {
-            connect: Duration::from_secs(self.connect_timeout_secs),
-            first_token: Duration::from_secs(self.first_token_timeout_secs),
-            between_chunks: Duration::from_secs(self.chunk_timeout_secs),
+    pub timeouts: HttpTimeouts,
+}
+
+impl CallSettings {
+    /// `model`, every other setting at its default.
+    pub fn new(model: impl Into<String>) -> Self {
+        Self {
+            model: model.into(),
+            temperature: None,
+            max_output_tokens: None,
+            timeouts: HttpTimeouts::default(),
         }
     }
+}
 
-    /// The provider, its secret read from the environment. The error says what is missing
-    /// and where to put it; it never contains a secret.
-    pub fn build(&self) -> Result<Arc<dyn Provider>, String> {
-        let timeouts = self.timeouts();
-        // The key and where it comes from: `key-env`'s variable when given, else `own`.
-        let key = |own: &str| -> Result<(Option<Secret>, String), String> {
-            let var = self.key_env.as_deref().unwrap_or(own);
-            Ok((secret(var)?, source(var)))
-        };
-        if let Some(var) = &self.key_env {
-            if self.provider == ProviderKind::Bedrock {
-                return Err("key-env does not apply to bedrock: its credentials are AWS's variables (AWS_BEARER_TOKEN_BEDROCK, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)".into());
-            }
-            if var.is_empty() || !var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                return Err(format!(
-                    "key-env: {:?} is not an environment variable's name (letters, digits and _)",
-                    var.chars().take(64).collect::<String>()
-                ));
+/// Where a provider with a public endpoint is called, and which variable holds its key.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Endpoint {
+    /// The base URL; `None` for the vendor's public endpoint.
+    pub base_url: Option<String>,
+    /// The variable holding the key; `None` for the vendor's own, read only when the base
+    /// URL is the vendor's.
+    pub api_key_env: Option<String>,
+}
+
+/// A Vertex AI project and location.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VertexSite {
+    /// The project.
+    pub project: String,
+    /// A region, or `global`.
+    pub location: String,
+}
+
+/// A provider, described: everything it is built from except its secret, one variant per
+/// provider with only the settings it takes. Read from a table with [`ProviderOptions`]'
+/// names (`provider = "ollama"`, `num-ctx = 8192`); a setting of another provider is refused.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(try_from = "ProviderOptions")]
+pub enum ProviderConfig {
+    /// OpenAI.
+    Openai {
+        /// Model, sampling, time limits.
+        call: CallSettings,
+        /// Base URL and key variable.
+        endpoint: Endpoint,
+        /// Ask for usage in streams (`stream_options.include_usage`).
+        stream_usage: bool,
+    },
+    /// An OpenAI-compatible server; its key, if any, is SLUICE_LLM_API_KEY's.
+    OpenaiCompatible {
+        /// Model, sampling, time limits.
+        call: CallSettings,
+        /// The server's base URL.
+        base_url: String,
+        /// The variable holding the key, in place of SLUICE_LLM_API_KEY.
+        api_key_env: Option<String>,
+        /// Ask for usage in streams.
+        stream_usage: bool,
+    },
+    /// Azure OpenAI.
+    Azure {
+        /// Model (the deployment), sampling, time limits.
+        call: CallSettings,
+        /// The resource's base URL.
+        base_url: String,
+        /// The variable holding the key, in place of AZURE_OPENAI_API_KEY.
+        api_key_env: Option<String>,
+        /// Ask for usage in streams.
+        stream_usage: bool,
+    },
+    /// Mistral.
+    Mistral {
+        /// Model, sampling, time limits.
+        call: CallSettings,
+        /// Base URL and key variable.
+        endpoint: Endpoint,
+    },
+    /// Anthropic Messages.
+    Anthropic {
+        /// Model, sampling, time limits.
+        call: CallSettings,
+        /// Base URL and key variable.
+        endpoint: Endpoint,
+    },
+    /// Cohere v2 chat.
+    Cohere {
+        /// Model, sampling, time limits.
+        call: CallSettings,
+        /// Base URL and key variable.
+        endpoint: Endpoint,
+    },
+    /// Gemini on Google AI Studio.
+    Gemini {
+        /// Model, sampling, time limits.
+        call: CallSettings,
+        /// Base URL and key variable.
+        endpoint: Endpoint,
+    },
+    /// Gemini on Vertex AI.
+    Vertex {
+        /// Model, sampling, time limits.
+        call: CallSettings,
+        /// Base URL (in place of Vertex's origin) and token variable.
+        endpoint: Endpoint,
+        /// Project and location.
+        site: VertexSite,
+    },
+    /// Anthropic's models on Vertex AI.
+    VertexAnthropic {
+        /// Model, sampling, time limits.
+        call: CallSettings,
+        /// Base URL (in place of Vertex's origin) and token variable.
+        endpoint: Endpoint,
+        /// Project and location.
+        site: VertexSite,
+    },
+    /// Ollama's native API.
+    Ollama {
+        /// Model, sampling, time limits.
+        call: CallSettings,
+        /// Base URL (default: the local server) and key variable.
+        endpoint: Endpoint,
+        /// The context window (`num_ctx`).
+        num_ctx: Option<u32>,
+    },
+    /// AWS Bedrock Converse.
+    Bedrock {
+        /// Model, sampling, time limits.
+        call: CallSettings,
+        /// Base URL (default: the region's runtime endpoint) and the Bedrock API key's variable.
+        endpoint: Endpoint,
+        /// The region; `None` for AWS_REGION's.
+        region: Option<String>,
+    },
+}
+
+/// Which providers take each setting that not all of them take.
+const OWNERS: &[(&str, &str, &[ProviderKind])] = &[
+    (
+        "vertex-project",
+        "vertex and vertex-anthropic",
+        &[ProviderKind::Vertex, ProviderKind::VertexAnthropic],
+    ),
+    (
+        "vertex-location",
+        "vertex and vertex-anthropic",
+        &[ProviderKind::Vertex, ProviderKind::VertexAnthropic],
+    ),
+    ("region", "bedrock", &[ProviderKind::Bedrock]),
+    ("num-ctx", "ollama", &[ProviderKind::Ollama]),
+    (
+        "no-stream-usage",
+        "openai, openai-compatible and azure",
+        &[
+            ProviderKind::Openai,
+            ProviderKind::OpenaiCompatible,
+            ProviderKind::Azure,
+        ],
+    ),
+];
+
+impl TryFrom<ProviderOptions> for ProviderConfig {
+    type Error = ConfigError;
+
+    fn try_from(o: ProviderOptions) -> Result<Self, ConfigError> {
+        let kind = o.provider;
+        let given = [
+            ("vertex-project", o.vertex_project.is_some()),
+            ("vertex-location", o.vertex_location.is_some()),
+            ("region", o.region.is_some()),
+            ("num-ctx", o.num_ctx.is_some()),
+            ("no-stream-usage", o.no_stream_usage),
+        ];
+        for (key, is_given) in given {
+            if let Some((key, owners, takers)) = OWNERS.iter().find(|(k, ..)| *k == key)
+                && is_given
+                && !takers.contains(&kind)
+            {
+                return Err(ConfigError::NotApplicable {
+                    setting: Setting(key),
+                    provider: kind,
+                    owners,
+                });
             }
         }
-        let base = |public: &str| self.base_url.clone().unwrap_or_else(|| public.to_owned());
-        let provider: Arc<dyn Provider> = match self.provider {
-            ProviderKind::Gemini | ProviderKind::Vertex => {
-                let (endpoint, var, public) = if self.provider == ProviderKind::Vertex {
-                    let project = self.vertex_project()?;
-                    let location = self.vertex_location.clone();
-                    let public = vertex_origin(&location);
-                    (
-                        GeminiEndpoint::Vertex { project, location },
-                        "VERTEX_ACCESS_TOKEN",
-                        public,
-                    )
-                } else {
-                    let public = "https://generativelanguage.googleapis.com".to_owned();
-                    (GeminiEndpoint::AiStudio, "GEMINI_API_KEY", public)
-                };
-                let mut config = GeminiConfig::new(endpoint, base(&public), self.model.clone());
-                (config.credential, config.credential_source) = key(var)?;
-                config.temperature = self.temperature;
-                config.max_output_tokens = self.max_output_tokens;
-                config.timeouts = timeouts;
-                Arc::new(GeminiProvider::new(config).map_err(|e| e.to_string())?)
-            }
-            ProviderKind::Bedrock => {
-                let region = self
-                    .region
-                    .clone()
-                    .ok_or("--region (or AWS_REGION) is required for bedrock")?;
-                let mut config = BedrockConfig::new(region, self.model.clone());
-                config.credentials = BedrockCredentials::from_env().map_err(|e| e.to_string())?;
-                match (&config.credentials, &self.base_url) {
-                    // A custom endpoint may be a proxy that signs for us; AWS itself never
-                    // accepts an unsigned call, so say so now rather than on every request.
-                    (BedrockCredentials::None, None) => {
-                        return Err(format!("bedrock needs {}", config.credentials.source()));
-                    }
-                    (_, Some(base)) => config.base_url = base.clone(),
-                    (_, None) => {}
-                }
-                config.temperature = self.temperature;
-                config.max_tokens = self.max_output_tokens;
-                config.timeouts = timeouts;
-                Arc::new(BedrockProvider::new(config).map_err(|e| e.to_string())?)
-            }
-            ProviderKind::Cohere => {
-                let mut config =
-                    CohereConfig::new(base("https://api.cohere.com"), self.model.clone());
-                (config.api_key, config.api_key_source) = key("COHERE_API_KEY")?;
-                config.temperature = self.temperature;
-                config.max_tokens = self.max_output_tokens;
-                config.timeouts = timeouts;
-                Arc::new(CohereProvider::new(config).map_err(|e| e.to_string())?)
-            }
-            ProviderKind::Anthropic | ProviderKind::VertexAnthropic => {
-                let (mut config, var) = if self.provider == ProviderKind::VertexAnthropic {
-                    let location = &self.vertex_location;
-                    let config = AnthropicConfig::vertex(
-                        self.vertex_project()?,
-                        location.clone(),
-                        base(&vertex_origin(location)),
-                        self.model.clone(),
-                    );
-                    // The same token as Gemini on Vertex: one credential per project.
-                    (config, "VERTEX_ACCESS_TOKEN")
-                } else {
-                    let public = "https://api.anthropic.com";
-                    let config = AnthropicConfig::new(base(public), self.model.clone());
-                    (config, "ANTHROPIC_API_KEY")
-                };
-                (config.credential, config.credential_source) = key(var)?;
-                config.temperature = self.temperature;
-                if let Some(m) = self.max_output_tokens {
-                    config.max_tokens = m;
-                }
-                config.timeouts = timeouts;
-                Arc::new(AnthropicProvider::new(config).map_err(|e| e.to_string())?)
-            }
-            ProviderKind::Ollama => {
-                let mut config =
-                    OllamaConfig::new(base("http://127.0.0.1:11434"), self.model.clone());
-                (config.api_key, config.api_key_source) = key("OLLAMA_API_KEY")?;
-                config.temperature = self.temperature;
-                config.num_ctx = self.num_ctx;
-                config.num_predict = self.max_output_tokens;
-                config.timeouts = timeouts;
-                Arc::new(OllamaProvider::new(config).map_err(|e| e.to_string())?)
-            }
-            ProviderKind::Openai
-            | ProviderKind::OpenaiCompatible
-            | ProviderKind::Azure
-            | ProviderKind::Mistral => {
-                let (dialect, key_var, public) = match self.provider {
-                    ProviderKind::Openai => (
-                        Dialect::OpenAi,
-                        "OPENAI_API_KEY",
-                        Some("https://api.openai.com"),
-                    ),
-                    ProviderKind::Mistral => (
-                        Dialect::Mistral,
-                        "MISTRAL_API_KEY",
-                        Some("https://api.mistral.ai"),
-                    ),
-                    ProviderKind::Azure => (Dialect::Azure, "AZURE_OPENAI_API_KEY", None),
-                    _ => (Dialect::Compatible, "SLUICE_LLM_API_KEY", None),
-                };
-                let base_url = self
-                    .base_url
-                    .clone()
-                    .or(public.map(str::to_owned))
-                    .ok_or_else(|| {
-                        format!(
-                            "--base-url (or SLUICE_BASE_URL) is required for {:?}",
-                            self.provider
-                        )
-                    })?;
-                let mut config = OpenAiConfig::new(dialect, base_url, self.model.clone());
-                (config.api_key, config.api_key_source) = key(key_var)?;
-                config.temperature = self.temperature;
-                config.max_tokens = self.max_output_tokens;
-                // Mistral rejects `stream_options`.
-                config.include_usage = !self.no_stream_usage && dialect != Dialect::Mistral;
-                config.timeouts = timeouts;
-                Arc::new(OpenAiProvider::new(config).map_err(|e| e.to_string())?)
-            }
+        if let Some(var) = &o.api_key_env
+            && (var.is_empty() || !var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        {
+            return Err(ConfigError::KeyVariableName {
+                value: var.chars().take(64).collect(),
+            });
+        }
+        let defaults = HttpTimeouts::default();
+        let secs =
+            |given: Option<u64>, default: Duration| given.map_or(default, Duration::from_secs);
+        let call = CallSettings {
+            model: o.model,
+            temperature: o.temperature,
+            max_output_tokens: o.max_output_tokens,
+            timeouts: HttpTimeouts {
+                connect: secs(o.connect_timeout_secs, defaults.connect),
+                first_token: secs(o.first_token_timeout_secs, defaults.first_token),
+                between_chunks: secs(o.chunk_timeout_secs, defaults.between_chunks),
+            },
         };
-        Ok(provider)
-    }
-
-    /// The Vertex AI project, which both Vertex providers need.
-    fn vertex_project(&self) -> Result<String, String> {
-        self.vertex_project.clone().ok_or_else(|| {
-            format!(
-                "--vertex-project (or SLUICE_VERTEX_PROJECT) is required for {}",
-                match self.provider {
-                    ProviderKind::VertexAnthropic => "vertex-anthropic",
-                    _ => "vertex",
+        let endpoint = Endpoint {
+            base_url: o.base_url,
+            api_key_env: o.api_key_env,
+        };
+        let required_base = |endpoint: Endpoint| {
+            endpoint.base_url.ok_or(ConfigError::Missing {
+                setting: Setting("base-url"),
+                provider: kind,
+            })
+        };
+        let site = |project: Option<String>, location: Option<String>| {
+            Ok::<_, ConfigError>(VertexSite {
+                project: project.ok_or(ConfigError::Missing {
+                    setting: Setting("vertex-project"),
+                    provider: kind,
+                })?,
+                location: location.unwrap_or_else(|| "us-central1".to_owned()),
+            })
+        };
+        let stream_usage = !o.no_stream_usage;
+        Ok(match kind {
+            ProviderKind::Openai => ProviderConfig::Openai {
+                call,
+                endpoint,
+                stream_usage,
+            },
+            ProviderKind::OpenaiCompatible => {
+                let api_key_env = endpoint.api_key_env.clone();
+                ProviderConfig::OpenaiCompatible {
+                    call,
+                    base_url: required_base(endpoint)?,
+                    api_key_env,
+                    stream_usage,
                 }
-            )
+            }
+            ProviderKind::Azure => {
+                let api_key_env = endpoint.api_key_env.clone();
+                ProviderConfig::Azure {
+                    call,
+                    base_url: required_base(endpoint)?,
+                    api_key_env,
+                    stream_usage,
+                }
+            }
+            ProviderKind::Mistral => ProviderConfig::Mistral { call, endpoint },
+            ProviderKind::Anthropic => ProviderConfig::Anthropic { call, endpoint },
+            ProviderKind::Cohere => ProviderConfig::Cohere { call, endpoint },
+            ProviderKind::Gemini => ProviderConfig::Gemini { call, endpoint },
+            ProviderKind::Vertex => ProviderConfig::Vertex {
+                call,
+                endpoint,
+                site: site(o.vertex_project, o.vertex_location)?,
+            },
+            ProviderKind::VertexAnthropic => ProviderConfig::VertexAnthropic {
+                call,
+                endpoint,
+                site: site(o.vertex_project, o.vertex_location)?,
+            },
+            ProviderKind::Ollama => ProviderConfig::Ollama {
+                call,
+                endpoint,
+                num_ctx: o.num_ctx,
+            },
+            ProviderKind::Bedrock => ProviderConfig::Bedrock {
+                call,
+                endpoint,
+                region: o.region,
+            },
         })
     }
 }
 
-/// The secret in `var` (or the file `var_FILE` names); `None` when neither is set.
-fn secret(var: &str) -> Result<Option<Secret>, String> {
-    Secret::from_env(var).map_err(|e| e.to_string())
+/// A vendor's key variable and the hosts it is sent to.
+struct Vendor {
+    /// The variable read by default.
+    var: &'static str,
+    /// Whether `host` is the vendor's.
+    owns: fn(&str) -> bool,
+}
+
+impl Vendor {
+    const OPENAI: Vendor = Vendor {
+        var: "OPENAI_API_KEY",
+        owns: |h| h == "api.openai.com",
+    };
+    const AZURE: Vendor = Vendor {
+        var: "AZURE_OPENAI_API_KEY",
+        owns: |h| {
+            [
+                ".openai.azure.com",
+                ".cognitiveservices.azure.com",
+                ".services.ai.azure.com",
+            ]
+            .iter()
+            .any(|s| h.ends_with(s))
+        },
+    };
+    const MISTRAL: Vendor = Vendor {
+        var: "MISTRAL_API_KEY",
+        owns: |h| h == "api.mistral.ai",
+    };
+    const ANTHROPIC: Vendor = Vendor {
+        var: "ANTHROPIC_API_KEY",
+        owns: |h| h == "api.anthropic.com",
+    };
+    const COHERE: Vendor = Vendor {
+        var: "COHERE_API_KEY",
+        owns: |h| h == "api.cohere.com" || h == "api.cohere.ai",
+    };
+    const GEMINI: Vendor = Vendor {
+        var: "GEMINI_API_KEY",
+        owns: |h| h == "generativelanguage.googleapis.com",
+    };
+    const VERTEX: Vendor = Vendor {
+        var: "VERTEX_ACCESS_TOKEN",
+        owns: |h| h == "aiplatform.googleapis.com" || h.ends_with("-aiplatform.googleapis.com"),
+    };
+    const OLLAMA: Vendor = Vendor {
+        var: "OLLAMA_API_KEY",
+        owns: |h| h == "ollama.com",
+    };
+    const BEDROCK: Vendor = Vendor {
+        var: API_KEY_VAR,
+        owns: |h| h.ends_with(".amazonaws.com") || h.ends_with(".amazonaws.com.cn"),
+    };
+}
+
+/// The key a provider sends and where it comes from (for its auth errors). `api_key_env`'s
+/// variable when named; else the vendor's own when `base_url` is `None` (the vendor's
+/// public endpoint, or a local default) or an https URL of one of the vendor's hosts; else
+/// none, and an error when the vendor's variable is set (it would have been sent to another
+/// host before).
+fn key(
+    provider: ProviderKind,
+    vendor: &Vendor,
+    base_url: Option<&str>,
+    api_key_env: Option<&str>,
+) -> Result<(Option<Secret>, String), ConfigError> {
+    if let Some(var) = api_key_env {
+        return Ok((Secret::from_env(var)?, source(var)));
+    }
+    let Some(base) = base_url else {
+        return Ok((Secret::from_env(vendor.var)?, source(vendor.var)));
+    };
+    let url = endpoint_url(base)?;
+    let host = url.host_str().unwrap_or_default().to_ascii_lowercase();
+    if url.scheme() == "https" && (vendor.owns)(&host) {
+        return Ok((Secret::from_env(vendor.var)?, source(vendor.var)));
+    }
+    let file = format!("{}_FILE", vendor.var);
+    if [vendor.var, file.as_str()]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()))
+    {
+        return Err(ConfigError::VendorKeyElsewhere {
+            var: vendor.var,
+            provider,
+            host,
+        });
+    }
+    Ok((
+        None,
+        format!(
+            "no key: the base URL is not {provider}'s, so {} is not read; name the key's variable with --api-key-env (`api-key-env` in a file)",
+            vendor.var
+        ),
+    ))
 }
 
 /// Where the secret in `var` comes from, for error messages.
@@ -330,95 +755,257 @@ fn source(var: &str) -> String {
     format!("{var} (or the file named by {var}_FILE)")
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A description reads from the CLI's option names, unknown fields refused.
-    #[test]
-    fn a_description_reads_its_fields_and_refuses_unknown_ones() {
-        let c: ProviderConfig = serde_json::from_str(
-            r#"{"provider": "openai-compatible", "model": "smollm2",
-                "base-url": "http://127.0.0.1:8080", "no-stream-usage": true}"#,
-        )
-        .unwrap();
-        let mut want = ProviderConfig::new(ProviderKind::OpenaiCompatible, "smollm2");
-        want.base_url = Some("http://127.0.0.1:8080".into());
-        want.no_stream_usage = true;
-        assert_eq!(c, want);
-        assert_eq!(c.timeouts(), HttpTimeouts::default());
-        let e = serde_json::from_str::<ProviderConfig>(
-            r#"{"provider": "openai", "model": "m", "base_url": "http://x"}"#,
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("unknown field `base_url`"), "{e}");
-        let e = serde_json::from_str::<ProviderConfig>(r#"{"provider": "gpt", "model": "m"}"#)
-            .unwrap_err();
-        assert!(e.to_string().contains("unknown variant `gpt`"), "{e}");
+impl ProviderConfig {
+    /// A description of `model` at `provider`, every other setting at its default (a provider
+    /// that cannot go without one, such as `azure` without a base URL, is refused).
+    pub fn new(provider: ProviderKind, model: impl Into<String>) -> Result<Self, ConfigError> {
+        Self::try_from(ProviderOptions::new(provider, model))
     }
 
-    /// Claude on Vertex is described by its kebab-case name, at a region or `global`.
-    #[test]
-    fn anthropic_on_vertex_reads_its_name_and_location() {
-        let c: ProviderConfig = serde_json::from_str(
-            r#"{"provider": "vertex-anthropic", "model": "claude-sonnet-4-5@20250929",
-                "vertex-project": "p", "vertex-location": "global"}"#,
-        )
-        .unwrap();
-        assert_eq!(c.provider, ProviderKind::VertexAnthropic);
-        assert_eq!(c.vertex_location, "global");
-        assert_eq!(c.build().unwrap().name(), "vertex-anthropic");
-    }
-
-    /// What a provider cannot be built without is named, with where to put it.
-    #[test]
-    fn a_missing_setting_is_named() {
-        let err = |c: ProviderConfig| c.build().err().unwrap_or_default();
-        assert!(
-            err(ProviderConfig::new(
-                ProviderKind::Vertex,
-                "gemini-2.0-flash"
-            ))
-            .contains("--vertex-project")
-        );
-        let e = err(ProviderConfig::new(
-            ProviderKind::VertexAnthropic,
-            "claude-sonnet-4-5@20250929",
-        ));
-        assert!(
-            e.contains("--vertex-project") && e.contains("vertex-anthropic"),
-            "{e}"
-        );
-        assert!(err(ProviderConfig::new(ProviderKind::Bedrock, "m")).contains("--region"));
-        for kind in [ProviderKind::OpenaiCompatible, ProviderKind::Azure] {
-            assert!(
-                err(ProviderConfig::new(kind, "m")).contains("--base-url"),
-                "{kind:?}"
-            );
+    /// The provider.
+    pub fn kind(&self) -> ProviderKind {
+        match self {
+            ProviderConfig::Openai { .. } => ProviderKind::Openai,
+            ProviderConfig::OpenaiCompatible { .. } => ProviderKind::OpenaiCompatible,
+            ProviderConfig::Azure { .. } => ProviderKind::Azure,
+            ProviderConfig::Mistral { .. } => ProviderKind::Mistral,
+            ProviderConfig::Anthropic { .. } => ProviderKind::Anthropic,
+            ProviderConfig::Cohere { .. } => ProviderKind::Cohere,
+            ProviderConfig::Gemini { .. } => ProviderKind::Gemini,
+            ProviderConfig::Vertex { .. } => ProviderKind::Vertex,
+            ProviderConfig::VertexAnthropic { .. } => ProviderKind::VertexAnthropic,
+            ProviderConfig::Ollama { .. } => ProviderKind::Ollama,
+            ProviderConfig::Bedrock { .. } => ProviderKind::Bedrock,
         }
     }
 
-    /// Every provider with what it needs builds, at the model described; the key's absence
-    /// is the provider's own business (a keyless local server, or an error per request).
-    #[test]
-    fn every_provider_builds_with_what_it_needs() {
-        for kind in [
-            ProviderKind::Openai,
-            ProviderKind::OpenaiCompatible,
-            ProviderKind::Azure,
-            ProviderKind::Mistral,
-            ProviderKind::Anthropic,
-            ProviderKind::Cohere,
-            ProviderKind::Gemini,
-            ProviderKind::Vertex,
-            ProviderKind::VertexAnthropic,
-            ProviderKind::Ollama,
-        ] {
-            let mut c = ProviderConfig::new(kind, "m");
-            c.base_url = Some("http://127.0.0.1:9".into());
-            c.vertex_project = Some("p".into());
-            let built = c.build().unwrap_or_else(|e| panic!("{kind:?}: {e}"));
-            assert_eq!(built.model(), "m", "{kind:?}");
+    /// Model, sampling and time limits, which every provider takes.
+    pub fn call(&self) -> &CallSettings {
+        match self {
+            ProviderConfig::Openai { call, .. }
+            | ProviderConfig::OpenaiCompatible { call, .. }
+            | ProviderConfig::Azure { call, .. }
+            | ProviderConfig::Mistral { call, .. }
+            | ProviderConfig::Anthropic { call, .. }
+            | ProviderConfig::Cohere { call, .. }
+            | ProviderConfig::Gemini { call, .. }
+            | ProviderConfig::Vertex { call, .. }
+            | ProviderConfig::VertexAnthropic { call, .. }
+            | ProviderConfig::Ollama { call, .. }
+            | ProviderConfig::Bedrock { call, .. } => call,
         }
+    }
+
+    /// The provider, its secret read from the environment. The error says what is missing
+    /// and where to put it; it never contains a secret.
+    pub fn build(&self) -> Result<Arc<dyn Provider>, ConfigError> {
+        let kind = self.kind();
+        let call = self.call();
+        let model = call.model.clone();
+        let base = |endpoint: &Endpoint, public: &str| {
+            endpoint
+                .base_url
+                .clone()
+                .unwrap_or_else(|| public.to_owned())
+        };
+        let vendor_key = |vendor: &Vendor, endpoint: &Endpoint| {
+            key(
+                kind,
+                vendor,
+                endpoint.base_url.as_deref(),
+                endpoint.api_key_env.as_deref(),
+            )
+        };
+        let provider: Arc<dyn Provider> = match self {
+            ProviderConfig::Openai {
+                endpoint,
+                stream_usage,
+                ..
+            } => {
+                let mut config = OpenAiConfig::new(
+                    Dialect::OpenAi,
+                    base(endpoint, "https://api.openai.com"),
+                    model,
+                );
+                (config.api_key, config.api_key_source) = vendor_key(&Vendor::OPENAI, endpoint)?;
+                config.include_usage = *stream_usage;
+                Arc::new(OpenAiProvider::new(openai_call(config, call))?)
+            }
+            ProviderConfig::OpenaiCompatible {
+                base_url,
+                api_key_env,
+                stream_usage,
+                ..
+            } => {
+                // SLUICE_LLM_API_KEY is sluice's own, for whatever server is configured.
+                let var = api_key_env.as_deref().unwrap_or("SLUICE_LLM_API_KEY");
+                let mut config = OpenAiConfig::new(Dialect::Compatible, base_url.clone(), model);
+                (config.api_key, config.api_key_source) = (Secret::from_env(var)?, source(var));
+                config.include_usage = *stream_usage;
+                Arc::new(OpenAiProvider::new(openai_call(config, call))?)
+            }
+            ProviderConfig::Azure {
+                base_url,
+                api_key_env,
+                stream_usage,
+                ..
+            } => {
+                let mut config = OpenAiConfig::new(Dialect::Azure, base_url.clone(), model);
+                (config.api_key, config.api_key_source) =
+                    key(kind, &Vendor::AZURE, Some(base_url), api_key_env.as_deref())?;
+                config.include_usage = *stream_usage;
+                Arc::new(OpenAiProvider::new(openai_call(config, call))?)
+            }
+            ProviderConfig::Mistral { endpoint, .. } => {
+                let mut config = OpenAiConfig::new(
+                    Dialect::Mistral,
+                    base(endpoint, "https://api.mistral.ai"),
+                    model,
+                );
+                (config.api_key, config.api_key_source) = vendor_key(&Vendor::MISTRAL, endpoint)?;
+                // Mistral rejects `stream_options`.
+                config.include_usage = false;
+                Arc::new(OpenAiProvider::new(openai_call(config, call))?)
+            }
+            ProviderConfig::Anthropic { endpoint, .. } => {
+                let mut config =
+                    AnthropicConfig::new(base(endpoint, "https://api.anthropic.com"), model);
+                (config.credential, config.credential_source) =
+                    vendor_key(&Vendor::ANTHROPIC, endpoint)?;
+                Arc::new(AnthropicProvider::new(anthropic_call(config, call))?)
+            }
+            ProviderConfig::VertexAnthropic { endpoint, site, .. } => {
+                let mut config = AnthropicConfig::vertex(
+                    site.project.clone(),
+                    site.location.clone(),
+                    base(endpoint, &vertex_origin(&site.location)),
+                    model,
+                );
+                // The same token as Gemini on Vertex: one credential per project.
+                (config.credential, config.credential_source) =
+                    vendor_key(&Vendor::VERTEX, endpoint)?;
+                Arc::new(AnthropicProvider::new(anthropic_call(config, call))?)
+            }
+            ProviderConfig::Cohere { endpoint, .. } => {
+                let mut config = CohereConfig::new(base(endpoint, "https://api.cohere.com"), model);
+                (config.api_key, config.api_key_source) = vendor_key(&Vendor::COHERE, endpoint)?;
+                config.temperature = call.temperature;
+                config.max_tokens = call.max_output_tokens;
+                config.timeouts = call.timeouts;
+                Arc::new(CohereProvider::new(config)?)
+            }
+            ProviderConfig::Gemini { endpoint, .. } => {
+                let public = "https://generativelanguage.googleapis.com";
+                let config =
+                    GeminiConfig::new(GeminiEndpoint::AiStudio, base(endpoint, public), model);
+                let credential = vendor_key(&Vendor::GEMINI, endpoint)?;
+                Arc::new(GeminiProvider::new(gemini_call(config, credential, call))?)
+            }
+            ProviderConfig::Vertex { endpoint, site, .. } => {
+                let public = vertex_origin(&site.location);
+                let place = GeminiEndpoint::Vertex {
+                    project: site.project.clone(),
+                    location: site.location.clone(),
+                };
+                let config = GeminiConfig::new(place, base(endpoint, &public), model);
+                let credential = vendor_key(&Vendor::VERTEX, endpoint)?;
+                Arc::new(GeminiProvider::new(gemini_call(config, credential, call))?)
+            }
+            ProviderConfig::Ollama {
+                endpoint, num_ctx, ..
+            } => {
+                let mut config = OllamaConfig::new(base(endpoint, "http://127.0.0.1:11434"), model);
+                (config.api_key, config.api_key_source) = vendor_key(&Vendor::OLLAMA, endpoint)?;
+                config.temperature = call.temperature;
+                config.num_ctx = *num_ctx;
+                config.num_predict = call.max_output_tokens;
+                config.timeouts = call.timeouts;
+                Arc::new(OllamaProvider::new(config)?)
+            }
+            ProviderConfig::Bedrock {
+                endpoint, region, ..
+            } => Arc::new(bedrock(kind, endpoint, region.as_deref(), call)?),
+        };
+        Ok(provider)
     }
 }
+
+/// An OpenAI-dialect config with `call`'s sampling and limits.
+fn openai_call(mut config: OpenAiConfig, call: &CallSettings) -> OpenAiConfig {
+    config.temperature = call.temperature;
+    config.max_tokens = call.max_output_tokens;
+    config.timeouts = call.timeouts;
+    config
+}
+
+/// An Anthropic config with `call`'s sampling and limits.
+fn anthropic_call(mut config: AnthropicConfig, call: &CallSettings) -> AnthropicConfig {
+    config.temperature = call.temperature;
+    if let Some(m) = call.max_output_tokens {
+        config.max_tokens = m;
+    }
+    config.timeouts = call.timeouts;
+    config
+}
+
+/// A Gemini config with its credential and `call`'s sampling and limits.
+fn gemini_call(
+    mut config: GeminiConfig,
+    (credential, source): (Option<Secret>, String),
+    call: &CallSettings,
+) -> GeminiConfig {
+    (config.credential, config.credential_source) = (credential, source);
+    config.temperature = call.temperature;
+    config.max_output_tokens = call.max_output_tokens;
+    config.timeouts = call.timeouts;
+    config
+}
+
+/// The Bedrock provider. The region is the setting's, else AWS_REGION's (as the AWS SDKs
+/// read it). A Bedrock API key is a bearer secret, so it follows the key rule of every
+/// provider; SigV4 keys never leave the process (only per-request signatures do), so they
+/// are read for any endpoint.
+fn bedrock(
+    kind: ProviderKind,
+    endpoint: &Endpoint,
+    region: Option<&str>,
+    call: &CallSettings,
+) -> Result<BedrockProvider, ConfigError> {
+    let region = match region {
+        Some(r) => r.to_owned(),
+        None => std::env::var("AWS_REGION")
+            .ok()
+            .filter(|r| !r.is_empty())
+            .ok_or(ConfigError::NoRegion)?,
+    };
+    let mut config = BedrockConfig::new(region, call.model.clone());
+    let (api_key, _) = key(
+        kind,
+        &Vendor::BEDROCK,
+        endpoint.base_url.as_deref(),
+        endpoint.api_key_env.as_deref(),
+    )?;
+    config.credentials = match api_key {
+        Some(key) => BedrockCredentials::ApiKey(key),
+        None => BedrockCredentials::sigv4_from_env()?,
+    };
+    match (&config.credentials, &endpoint.base_url) {
+        // A custom endpoint may be a proxy that signs for us; AWS itself never accepts an
+        // unsigned call, so say so now rather than on every request.
+        (BedrockCredentials::None, None) => {
+            return Err(ConfigError::Provider(ProviderError::new(
+                crate::provider::FailureKind::Auth,
+                format!("bedrock needs {}", config.credentials.source()),
+            )));
+        }
+        (_, Some(base)) => config.base_url = base.clone(),
+        (_, None) => {}
+    }
+    config.temperature = call.temperature;
+    config.max_tokens = call.max_output_tokens;
+    config.timeouts = call.timeouts;
+    Ok(BedrockProvider::new(config)?)
+}
+
+#[cfg(test)]
+mod tests;

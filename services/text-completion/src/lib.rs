@@ -1,6 +1,8 @@
 //! sluice-text-completion: the text-completion processor.
 //!
-//! - [`config`]: a provider described (kind, model, endpoint, limits) and built;
+//! - [`config`]: a provider described (a tagged enum, one variant per provider with only its
+//!   settings; which key variable is read for which base URL) and built, and the processor's
+//!   providers, fallback list and retry policy wired into the handler ([`config::ServiceConfig`]);
 //! - [`fallback`]: an ordered list of providers behind one, moving a call before its first
 //!   token, with hedging and a circuit breaker per provider;
 //! - [`flows`]: the flows TrustGraph's config service assigns;

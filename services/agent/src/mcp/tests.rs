@@ -231,3 +231,90 @@ fn error_messages_guide_the_operator() {
         .is_retryable()
     );
 }
+
+/// A loopback HTTP/1.1 server answering every request with `response`, recording each
+/// request's head (request line and headers, lower-cased).
+async fn recording_server(
+    response: String,
+) -> (std::net::SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            // The head, then as much body as it announces, so that closing sends no reset.
+            let head_end = loop {
+                let n = socket.read(&mut chunk).await.unwrap_or(0);
+                if n == 0 {
+                    break None;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+                if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break Some(i + 4);
+                }
+            };
+            let Some(head_end) = head_end else { continue };
+            let head = String::from_utf8_lossy(&buf[..head_end]).to_lowercase();
+            let length: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            while buf.len() < head_end + length {
+                let n = socket.read(&mut chunk).await.unwrap_or(0);
+                if n == 0 {
+                    break;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            record.lock().unwrap().push(head);
+            let _ = socket.write_all(response.as_bytes()).await;
+            let _ = socket.shutdown().await;
+        }
+    });
+    (addr, seen)
+}
+
+/// A redirect is not followed: the token never reaches the host it names, and the 307 is a
+/// clear, final error.
+#[tokio::test]
+async fn a_redirect_is_an_error_and_the_token_goes_nowhere_else() {
+    let (elsewhere, seen_elsewhere) = recording_server(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+            .to_owned(),
+    )
+    .await;
+    let (redirecting, seen_redirecting) = recording_server(format!(
+        "HTTP/1.1 307 Temporary Redirect\r\nlocation: http://{elsewhere}/mcp\r\ncontent-length: 0\r\n\r\n"
+    ))
+    .await;
+    let client = McpClient::new(
+        &format!("http://{redirecting}/mcp"),
+        Some(Secret::new("tok-redirect-secret")),
+        McpTimeouts::default(),
+    )
+    .unwrap();
+    let err = client.tools().await.unwrap_err();
+    assert!(
+        matches!(err, McpError::Status { status: 307, .. }),
+        "{err:?}"
+    );
+    assert!(!err.is_retryable());
+    let text = err.to_string();
+    assert!(text.contains("307") && text.contains("redirect"), "{text}");
+    assert!(!text.contains("tok-redirect-secret"), "{text}");
+    assert_eq!(seen_redirecting.lock().unwrap().len(), 1);
+    assert!(
+        seen_redirecting.lock().unwrap()[0].contains("authorization: bearer"),
+        "the token went to the configured server"
+    );
+    assert_eq!(
+        *seen_elsewhere.lock().unwrap(),
+        Vec::<String>::new(),
+        "nothing was sent where the redirect pointed"
+    );
+}

@@ -1,6 +1,8 @@
 //! The text-completion command's wiring, as the binary builds it from its flags: the provider
 //! it calls, the processor's topics and limits (no bus connected, no provider called).
 
+use std::time::Duration;
+
 use clap::Parser;
 use sluice_schema::{TopicMapping, TopicName};
 
@@ -33,7 +35,6 @@ fn the_flags_describe_the_provider() {
         "50",
         "--num-ctx",
         "4096",
-        "--no-stream-usage",
         "--connect-timeout-secs",
         "3",
         "--first-token-timeout-secs",
@@ -41,23 +42,58 @@ fn the_flags_describe_the_provider() {
         "--chunk-timeout-secs",
         "5",
     ]);
-    let config = args.llm.provider_config();
-    assert_eq!(config.provider, ProviderKind::Ollama);
-    assert_eq!(config.model, "llama3");
-    assert_eq!(config.base_url.as_deref(), Some("http://ollama:11434"));
-    assert_eq!(config.temperature, Some(0.3));
-    assert_eq!(config.max_output_tokens, Some(50));
-    assert_eq!(config.num_ctx, Some(4096));
-    assert!(config.no_stream_usage);
+    let config = args.llm.provider_config().unwrap();
+    let ProviderConfig::Ollama {
+        call,
+        endpoint,
+        num_ctx,
+    } = &config
+    else {
+        panic!("{config:?}");
+    };
+    assert_eq!(call.model, "llama3");
+    assert_eq!(endpoint.base_url.as_deref(), Some("http://ollama:11434"));
+    assert_eq!(call.temperature, Some(0.3));
+    assert_eq!(call.max_output_tokens, Some(50));
+    assert_eq!(*num_ctx, Some(4096));
+    let t = call.timeouts;
     assert_eq!(
+        (t.connect, t.first_token, t.between_chunks),
         (
-            config.connect_timeout_secs,
-            config.first_token_timeout_secs,
-            config.chunk_timeout_secs
-        ),
-        (3, 4, 5)
+            Duration::from_secs(3),
+            Duration::from_secs(4),
+            Duration::from_secs(5)
+        )
     );
     assert!(config.build().is_ok(), "Ollama needs no key");
+}
+
+/// A flag of another provider's setting is refused when the provider is built, naming the
+/// setting and the provider, as a file's key is.
+#[test]
+fn a_flag_of_another_providers_setting_is_refused() {
+    for (argv, says) in [
+        (
+            &["--provider", "openai", "--region", "us-east-1"][..],
+            "`region` (--region) does not apply to provider openai",
+        ),
+        (
+            &["--provider", "anthropic", "--num-ctx", "8192"][..],
+            "`num-ctx` (--num-ctx, SLUICE_NUM_CTX) does not apply to provider anthropic",
+        ),
+        (
+            &["--provider", "ollama", "--no-stream-usage"][..],
+            "`no-stream-usage` (--no-stream-usage) does not apply to provider ollama",
+        ),
+    ] {
+        let args = parse(argv);
+        let e = args.llm.provider_config().unwrap_err();
+        assert!(e.contains(says), "{argv:?}: {e}");
+        let e = service(&args.llm, &Telemetry::new().unwrap())
+            .err()
+            .unwrap();
+        assert!(e.contains(says), "{argv:?}: {e}");
+    }
 }
 
 #[test]
@@ -185,10 +221,19 @@ fn a_fallback_file_lists_its_providers_in_order() {
     );
     let list = fallback_list(&path).unwrap();
     assert_eq!(list.len(), 2);
-    assert_eq!(list[0].model, "claude-sonnet-4-5");
-    assert_eq!(list[0].key_env.as_deref(), Some("ANTHROPIC_BACKUP_KEY"));
-    assert_eq!(list[1].base_url.as_deref(), Some("http://127.0.0.1:8766"));
-    assert_eq!(list[1].first_token_timeout_secs, 5);
+    let ProviderConfig::Anthropic { call, endpoint } = &list[0] else {
+        panic!("{:?}", list[0]);
+    };
+    assert_eq!(call.model, "claude-sonnet-4-5");
+    assert_eq!(
+        endpoint.api_key_env.as_deref(),
+        Some("ANTHROPIC_BACKUP_KEY")
+    );
+    let ProviderConfig::OpenaiCompatible { call, base_url, .. } = &list[1] else {
+        panic!("{:?}", list[1]);
+    };
+    assert_eq!(base_url, "http://127.0.0.1:8766");
+    assert_eq!(call.timeouts.first_token, Duration::from_secs(5));
 }
 
 /// What cannot be used is refused with the file's path and what is wrong, before anything
@@ -211,33 +256,36 @@ fn a_bad_fallback_file_is_refused_saying_what_is_wrong() {
             "[[provider]]\nprovider = \"gpt\"\nmodel = \"m\"\n",
             "unknown variant `gpt`",
         ),
-    ] {
-        let (path, _gone) = fallback_file(text);
-        let e = fallback_list(&path).unwrap_err();
-        assert!(e.contains(says), "{text}: {e}");
-    }
-    for (text, says) in [
         (
             "[[provider]]\nprovider = \"azure\"\nmodel = \"m\"\n",
-            "provider 1 (m): --base-url",
+            "`base-url` (--base-url, SLUICE_BASE_URL) is required for provider azure",
         ),
         (
             "[[provider]]\nprovider = \"openai\"\nmodel = \"m\"\nkey-env = \"A KEY\"\n",
             "is not an environment variable's name",
         ),
         (
-            "[[provider]]\nprovider = \"bedrock\"\nmodel = \"m\"\nregion = \"us-east-1\"\nkey-env = \"K\"\n",
-            "key-env does not apply to bedrock",
+            "[[provider]]\nprovider = \"openai\"\nmodel = \"m\"\nregion = \"us-east-1\"\n",
+            "`region` (--region) does not apply to provider openai",
         ),
     ] {
         let (path, _gone) = fallback_file(text);
-        let path = path.to_str().unwrap().to_owned();
-        let args = parse(&["--base-url", "http://127.0.0.1:9", "--fallback", &path]);
-        let e = service(&args.llm, &Telemetry::new().unwrap())
-            .err()
-            .unwrap();
+        let e = fallback_list(&path).unwrap_err();
         assert!(e.contains(says), "{text}: {e}");
     }
+    // A provider that is described but cannot be built: named by its place and model.
+    let (path, _gone) = fallback_file(
+        "[[provider]]\nprovider = \"ollama\"\nmodel = \"m\"\nbase-url = \"localhost:11434\"\n",
+    );
+    let path = path.to_str().unwrap().to_owned();
+    let args = parse(&["--provider", "ollama", "--fallback", &path]);
+    let e = service(&args.llm, &Telemetry::new().unwrap())
+        .err()
+        .unwrap();
+    assert!(
+        e.contains("provider 1 (m)") && e.contains("not a valid URL"),
+        "{e}"
+    );
 }
 
 /// The deadline and the hedge need a list to move to; zero is not a duration.
@@ -245,6 +293,8 @@ fn a_bad_fallback_file_is_refused_saying_what_is_wrong() {
 fn fallback_timings_need_a_fallback_list_and_a_duration() {
     let telemetry = Telemetry::new().unwrap();
     let args = parse(&[
+        "--provider",
+        "openai-compatible",
         "--base-url",
         "http://127.0.0.1:9",
         "--hedge-after-ms",
@@ -255,6 +305,8 @@ fn fallback_timings_need_a_fallback_list_and_a_duration() {
     let (path, _gone) = fallback_file("[[provider]]\nprovider = \"openai\"\nmodel = \"m\"\n");
     let path = path.to_str().unwrap().to_owned();
     let args = parse(&[
+        "--provider",
+        "openai-compatible",
         "--base-url",
         "http://127.0.0.1:9",
         "--fallback",
@@ -280,4 +332,36 @@ fn fallback_timings_need_a_fallback_list_and_a_duration() {
     ]);
     let s = service(&args.llm, &Telemetry::new().unwrap()).unwrap();
     assert_eq!(s.models(), ["primary"]);
+}
+
+/// Every shipped config file of a command with provider settings (compose, Kubernetes, `sluice
+/// serve`) describes a provider its settings apply to: parsed as the binary parses it, then
+/// checked per provider.
+#[test]
+fn every_shipped_provider_config_describes_its_provider() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
+    for (command, file) in [
+        ("text-completion", "compose/text-completion.toml"),
+        ("text-completion", "k8s/base/config/text-completion.toml"),
+        (
+            "text-completion",
+            "k8s/overlays/example/config/text-completion.toml",
+        ),
+        ("serve", "serve/local-llm.toml"),
+    ] {
+        let path = root.join(file);
+        let argv = ["sluice", command, "--config", path.to_str().unwrap()]
+            .map(std::ffi::OsString::from)
+            .to_vec();
+        let invocation = crate::parse(argv).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let llm = match &invocation.cli.command {
+            crate::Command::TextCompletion(args) => &args.llm,
+            crate::Command::Serve(args) => &args.llm,
+            _ => unreachable!(),
+        };
+        let config = llm
+            .provider_config()
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert!(!config.call().model.is_empty(), "{file}");
+    }
 }

@@ -82,18 +82,23 @@ pub struct GeminiConfig {
 }
 
 impl GeminiConfig {
-    /// Defaults for `model` at `base_url`.
+    /// Defaults for `model` at `base_url`; the credential's source is the endpoint's own
+    /// variable (Vertex's token is not a Gemini API key).
     pub fn new(
         endpoint: GeminiEndpoint,
         base_url: impl Into<String>,
         model: impl Into<String>,
     ) -> Self {
+        let credential_source = match endpoint {
+            GeminiEndpoint::AiStudio => "GEMINI_API_KEY",
+            GeminiEndpoint::Vertex { .. } => "VERTEX_ACCESS_TOKEN",
+        };
         Self {
             endpoint,
             base_url: base_url.into(),
             model: model.into(),
             credential: None,
-            credential_source: "GEMINI_API_KEY".into(),
+            credential_source: credential_source.into(),
             max_output_tokens: None,
             temperature: None,
             timeouts: HttpTimeouts::default(),

@@ -196,13 +196,45 @@ impl Default for HttpTimeouts {
 }
 
 /// A provider's HTTP client: rustls (one TLS stack for the binary), the connect timeout,
-/// and TCP_NODELAY (reqwest's default), so streamed requests never wait on Nagle.
+/// TCP_NODELAY (reqwest's default), so streamed requests never wait on Nagle, and no
+/// redirects followed: reqwest keeps custom headers (`x-api-key`, `api-key`,
+/// `x-goog-api-key`) across hosts, so following one could hand the key to whatever host a
+/// redirect names. A 3xx answer is an error instead ([`send`]).
 pub fn http_client(timeouts: &HttpTimeouts) -> Result<reqwest::Client, ProviderError> {
     sluice_runtime::install_crypto_provider();
     reqwest::Client::builder()
         .connect_timeout(timeouts.connect)
+        .redirect(reqwest::redirect::Policy::none())
         .build()
-        .map_err(|e| ProviderError::new(FailureKind::Protocol, format!("HTTP client: {e}")))
+        .map_err(|e| {
+            ProviderError::new(
+                FailureKind::Protocol,
+                format!("HTTP client: {}", e.without_url()),
+            )
+        })
+}
+
+/// The error of a 3xx answer, which no provider client follows ([`http_client`]): not
+/// retried (the same request gets the same redirect), and moved on by a fallback list. It
+/// names no URL: the operator finds the redirect's target in the log line written here.
+fn redirect_error(status: StatusCode, headers: &reqwest::header::HeaderMap) -> ProviderError {
+    let target = headers
+        .get(reqwest::header::LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|l| reqwest::Url::parse(l).ok())
+        .and_then(|u| u.host_str().map(str::to_owned))
+        .unwrap_or_default();
+    tracing::warn!(status = status.as_u16(), location_host = %target,
+                   "the provider answered with a redirect, which is not followed");
+    ProviderError::new(
+        FailureKind::Protocol,
+        format!(
+            "the provider answered HTTP {} (a redirect), which sluice does not follow so that no key goes to another location: set the base URL to the location it names",
+            status.as_u16()
+        ),
+    )
+    .with_status(Some(status.as_u16()))
+    .with_should_retry(Some(false))
 }
 
 /// A provider's endpoint, parsed when the provider is built: a base URL that is not a URL is
@@ -269,6 +301,9 @@ pub async fn send_with_headers(
     if status.is_success() {
         return Ok(resp);
     }
+    if status.is_redirection() {
+        return Err(redirect_error(status, resp.headers()));
+    }
     let headers = resp.headers().clone();
     let hint = crate::retry::retry_after(&headers);
     // An error body that does not come is no reason to lose the status.
@@ -313,8 +348,32 @@ pub fn transport_error(e: &reqwest::Error) -> ProviderError {
     } else {
         FailureKind::Connect
     };
-    // reqwest's Display names the URL, never headers: no key can leak through it.
-    ProviderError::new(kind, format!("provider unreachable: {e}"))
+    // reqwest's Display names the URL (never headers): the message goes to callers, so it
+    // names no URL; the request log has the endpoint with the request id.
+    ProviderError::new(kind, format!("provider unreachable: {}", without_url(e)))
+}
+
+/// What `e` says without the URL its Display names: its kind and its causes (connection
+/// refused, a DNS failure, a TLS error), which name no URL. What callers may see.
+pub fn without_url(e: &reqwest::Error) -> String {
+    let mut text = if e.is_connect() {
+        "cannot connect".to_owned()
+    } else if e.is_timeout() {
+        "timed out".to_owned()
+    } else if e.is_decode() {
+        "cannot decode the response body".to_owned()
+    } else if e.is_body() {
+        "the body broke off".to_owned()
+    } else {
+        "the request failed".to_owned()
+    };
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 /// A provider response body as reqwest hands it over, for the providers' `decode_stream`.
@@ -403,11 +462,11 @@ pub fn sse_body_chunks(
 
 /// The error for a failed read of an SSE body: a broken connection is a truncated answer,
 /// anything else an unreadable stream.
-fn sse_failure<E: std::fmt::Display>(e: eventsource_stream::EventStreamError<E>) -> ProviderError {
+fn sse_failure(e: eventsource_stream::EventStreamError<reqwest::Error>) -> ProviderError {
     match e {
         eventsource_stream::EventStreamError::Transport(e) => ProviderError::new(
             FailureKind::Truncated,
-            format!("the connection broke mid-stream: {e}"),
+            format!("the connection broke mid-stream: {}", without_url(&e)),
         ),
         other => ProviderError::new(
             FailureKind::Protocol,

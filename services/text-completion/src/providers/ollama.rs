@@ -332,7 +332,10 @@ pub fn decode_stream(body: Body, timeouts: HttpTimeouts) -> ChunkStream {
                     st.over = true;
                     let e = ProviderError::new(
                         FailureKind::Truncated,
-                        format!("the connection broke mid-stream: {e}"),
+                        format!(
+                            "the connection broke mid-stream: {}",
+                            crate::providers::without_url(&e)
+                        ),
                     );
                     return Some((Err(e), st));
                 }

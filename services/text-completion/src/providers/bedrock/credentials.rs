@@ -45,6 +45,16 @@ impl BedrockCredentials {
         if let Some(key) = read(API_KEY_VAR)? {
             return Ok(Self::ApiKey(key));
         }
+        Self::sigv4_from_env()
+    }
+
+    /// The SigV4 keys alone, as [`BedrockCredentials::from_env`] reads them; `None` when
+    /// neither is set. For an endpoint that a Bedrock API key is not sent to by default
+    /// (SigV4 keys never leave the process: only each request's signature does).
+    pub fn sigv4_from_env() -> Result<Self, ProviderError> {
+        let read = |var: &str| {
+            Secret::from_env(var).map_err(|e| ProviderError::new(FailureKind::Auth, e.to_string()))
+        };
         match (read(ACCESS_KEY_ID_VAR)?, read(SECRET_ACCESS_KEY_VAR)?) {
             (Some(access_key_id), Some(secret_access_key)) => Ok(Self::SigV4 {
                 access_key_id,

@@ -301,7 +301,10 @@ pub(super) fn event_stream_chunks(
                     }
                     Some(Err(e)) => ProviderError::new(
                         FailureKind::Truncated,
-                        format!("the connection broke mid-stream: {e}"),
+                        format!(
+                            "the connection broke mid-stream: {}",
+                            crate::providers::without_url(&e)
+                        ),
                     ),
                     None if s.stopped => {
                         if s.frames.pending() > 0 {

@@ -1,10 +1,10 @@
 //! The Anthropic provider, on Anthropic's API and on Vertex AI, against the fake Anthropic
-//! server, and through the broker.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! server: the contract, then Anthropic's and Vertex's wire details, and through the broker.
 
 use std::sync::Arc;
 
-use futures::StreamExt;
+use futures::future::BoxFuture;
+use serde_json::Value;
 use sluice_runtime::{secret::Secret, telemetry::Telemetry};
 use sluice_schema::TextCompletionRequest;
 use sluice_tests::{
@@ -20,20 +20,138 @@ use sluice_text_completion::{
     retry::RetryPolicy,
 };
 
+use crate::contract::{self, Malformed, Script, Subject, Wire};
+
 const KEY: &str = "sk-ant-test-secret";
 const TOKEN: &str = "ya29.vertex-test-token";
 
-fn provider(fake: &FakeAnthropic, model: &str) -> AnthropicProvider {
-    let mut c = AnthropicConfig::new(fake.base_url(), model);
+fn provider_at(base_url: &str, model: &str) -> AnthropicProvider {
+    let mut c = AnthropicConfig::new(base_url, model);
     c.credential = Some(Secret::new(KEY));
     AnthropicProvider::new(c).unwrap()
 }
 
-/// Claude on Vertex AI in `proj-7` at `us-east5`, the fake as Vertex's origin.
-fn vertex(fake: &FakeAnthropic, model: &str) -> AnthropicProvider {
-    let mut c = AnthropicConfig::vertex("proj-7", "us-east5", fake.base_url(), model);
+fn provider(fake: &FakeAnthropic, model: &str) -> AnthropicProvider {
+    provider_at(&fake.base_url(), model)
+}
+
+/// Claude on Vertex AI in `proj-7` at `us-east5`, at `base_url` as Vertex's origin.
+fn vertex_at(base_url: &str, model: &str) -> AnthropicProvider {
+    let mut c = AnthropicConfig::vertex("proj-7", "us-east5", base_url, model);
     c.credential = Some(Secret::new(TOKEN));
     AnthropicProvider::new(c).unwrap()
+}
+
+/// Claude on Vertex AI, the fake as Vertex's origin.
+fn vertex(fake: &FakeAnthropic, model: &str) -> AnthropicProvider {
+    vertex_at(&fake.base_url(), model)
+}
+
+/// The fake, and whether the provider calls it as Vertex AI.
+struct AnthropicWire {
+    fake: FakeAnthropic,
+    on_vertex: bool,
+}
+
+impl Wire for AnthropicWire {
+    fn base_url(&self) -> String {
+        self.fake.base_url()
+    }
+    fn provider_at(&self, base_url: &str, script: &str) -> Arc<dyn Provider> {
+        if self.on_vertex {
+            Arc::new(vertex_at(base_url, script))
+        } else {
+            Arc::new(provider_at(base_url, script))
+        }
+    }
+    fn last_body(&self) -> Value {
+        match self.fake.last_vertex() {
+            Some(call) if self.on_vertex => call.body,
+            _ => self.fake.last_body(),
+        }
+    }
+    fn credential_seen(&self) -> Option<String> {
+        if self.on_vertex {
+            self.fake.last_vertex().and_then(|c| c.authorization)
+        } else {
+            self.fake.last_headers().0
+        }
+    }
+    fn abandoned(&self) -> usize {
+        self.fake.abandoned_streams()
+    }
+}
+
+fn start(on_vertex: bool) -> BoxFuture<'static, Box<dyn Wire>> {
+    Box::pin(async move {
+        Box::new(AnthropicWire {
+            fake: FakeAnthropic::start().await,
+            on_vertex,
+        }) as Box<dyn Wire>
+    })
+}
+
+/// What Anthropic and Vertex share: the Messages events, usage as running totals (25 in,
+/// 15 out; a whole answer counts its 5 cache reads as input).
+fn subject(on_vertex: bool) -> Subject {
+    Subject {
+        start: if on_vertex {
+            || start(true)
+        } else {
+            || start(false)
+        },
+        secret: if on_vertex { TOKEN } else { KEY },
+        credential: if on_vertex {
+            "Bearer ya29.vertex-test-token"
+        } else {
+            KEY
+        },
+        key_var: if on_vertex {
+            "VERTEX_ACCESS_TOKEN"
+        } else {
+            "ANTHROPIC_API_KEY"
+        },
+        text: "Hello there",
+        usage: Usage {
+            input: 25,
+            output: 15,
+        },
+        whole_usage: Usage {
+            input: 25,
+            output: 15,
+        },
+        unauthorized: Script::Run("unauthorized"),
+        rejected: Script::Run("invalid_request"),
+        rate_limited: Script::Run("rate_limited_once"),
+        // Anthropic's 429 carries `retry-after: 0`; Vertex's front end answers in Google's
+        // shape, which carries no hint.
+        retry_after: (!on_vertex).then_some(std::time::Duration::ZERO),
+        server_error: Script::Run("overloaded_once"),
+        error_event: (Script::Run("error_mid_stream"), FailureKind::Stream),
+        truncated: (Script::Run("no_stop"), "Hello"),
+        malformed: (Script::Run("malformed"), Malformed::Skipped("Hello there")),
+        tools: Script::Run("tools"),
+        // Anthropic has no JSON mode: the processor asks for JSON in the system prompt and
+        // checks the answer itself (text-completion's `structured`).
+        json_mode: None,
+        hang: Script::Run("hang"),
+    }
+}
+
+fn anthropic() -> Subject {
+    subject(false)
+}
+
+fn vertex_anthropic() -> Subject {
+    subject(true)
+}
+
+mod anthropic_contract {
+    crate::contract_cases!(super::anthropic);
+}
+
+mod vertex_anthropic_contract {
+    crate::contract_cases!(super::vertex_anthropic);
 }
 
 /// What every call on Vertex's path must look like: the project and location in the path, the
@@ -76,18 +194,7 @@ async fn drain_request(
     p: &AnthropicProvider,
     request: &TextCompletionRequest,
 ) -> (Vec<Chunk>, Option<ProviderError>) {
-    let mut s = match p.generate_stream(request).await {
-        Ok(s) => s,
-        Err(e) => return (vec![], Some(e)),
-    };
-    let mut out = Vec::new();
-    while let Some(item) = s.next().await {
-        match item {
-            Ok(c) => out.push(c),
-            Err(e) => return (out, Some(e)),
-        }
-    }
-    (out, None)
+    contract::drain(p, request).await
 }
 
 #[tokio::test]
@@ -105,20 +212,16 @@ async fn streams_text_and_sends_the_required_headers() {
     );
 }
 
+/// 401, 529, the error event and a stream without message_stop are the contract's cases
+/// (`unauthorized`, `overloaded_once`, `error_mid_stream`, `no_stop`); Anthropic's 403 is its
+/// own: a key that may not use the model.
 #[tokio::test]
-async fn http_and_mid_stream_failures_are_classified() {
+async fn a_forbidden_key_is_a_permission_error_naming_the_variable() {
     let fake = FakeAnthropic::start().await;
-    let (_, err) = drain(&provider(&fake, "unauthorized")).await;
+    let (_, err) = drain(&provider(&fake, "forbidden")).await;
     let err = err.unwrap();
-    assert_eq!(err.kind, FailureKind::Auth);
+    assert_eq!(err.kind, FailureKind::Permission);
     assert!(err.message.contains("ANTHROPIC_API_KEY") && !err.message.contains(KEY));
-    let (_, err) = drain(&provider(&fake, "overloaded_once")).await;
-    assert_eq!(err.unwrap().kind, FailureKind::Server, "529 is retryable");
-    let (chunks, err) = drain(&provider(&fake, "error_mid_stream")).await;
-    assert!(chunks.iter().any(|c| c.text == "Hello"));
-    assert_eq!(err.unwrap().kind, FailureKind::Stream);
-    let (_, err) = drain(&provider(&fake, "no_stop")).await;
-    assert_eq!(err.unwrap().kind, FailureKind::Truncated);
 }
 
 #[tokio::test]

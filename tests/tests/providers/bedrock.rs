@@ -1,10 +1,11 @@
 //! The Bedrock provider against the fake Bedrock runtime (real HTTP, real event-stream frames,
-//! signatures recomputed by the fake), and the processor through the broker.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! signatures recomputed by the fake): the contract, then Bedrock's own wire details, and the
+//! processor through the broker.
 
 use std::{sync::Arc, time::Duration};
 
-use futures::StreamExt;
+use futures::future::BoxFuture;
+use serde_json::Value;
 use sluice_runtime::{secret::Secret, telemetry::Telemetry};
 use sluice_schema::{TextCompletionRequest, TextCompletionResponse};
 use sluice_tests::{
@@ -19,6 +20,80 @@ use sluice_text_completion::{
     providers::bedrock::{BedrockConfig, BedrockCredentials, BedrockProvider},
     retry::{self, RetryPolicy},
 };
+
+use crate::contract::{self, Malformed, Script, Subject, Wire};
+
+struct BedrockWire(FakeBedrock);
+
+impl Wire for BedrockWire {
+    fn base_url(&self) -> String {
+        self.0.base_url()
+    }
+    /// `bad_signature` is `normal` signed with a wrong secret key: AWS refuses credentials
+    /// by signature, not by script.
+    fn provider_at(&self, base_url: &str, script: &str) -> Arc<dyn Provider> {
+        Arc::new(match script {
+            "bad_signature" => provider_at(base_url, "normal", sigv4("wrong/secret/key")),
+            _ => provider_at(base_url, script, sigv4(SECRET_ACCESS_KEY)),
+        })
+    }
+    fn last_body(&self) -> Value {
+        self.0.last_request().body
+    }
+    fn credential_seen(&self) -> Option<String> {
+        match self.0.last_request().auth {
+            SeenAuth::SigV4 { .. } => Some("a valid SigV4 signature".into()),
+            SeenAuth::Bearer => Some("a valid Bedrock API key".into()),
+            SeenAuth::Refused(_) => None,
+        }
+    }
+    fn abandoned(&self) -> usize {
+        self.0.abandoned_streams()
+    }
+}
+
+/// Bedrock Converse: SigV4-signed, event-stream frames, usage in the metadata frame.
+fn bedrock() -> Subject {
+    Subject {
+        start: || {
+            Box::pin(async { Box::new(BedrockWire(FakeBedrock::start().await)) as Box<dyn Wire> })
+                as BoxFuture<'static, Box<dyn Wire>>
+        },
+        secret: SECRET_ACCESS_KEY,
+        credential: "a valid SigV4 signature",
+        key_var: "AWS_SECRET_ACCESS_KEY",
+        text: "Hello world!",
+        usage: Usage {
+            input: 10,
+            output: 5,
+        },
+        whole_usage: Usage {
+            input: 10,
+            output: 5,
+        },
+        unauthorized: Script::Run("bad_signature"),
+        rejected: Script::Run("validation"),
+        rate_limited: Script::Run("rate_limited_once"),
+        // AWS's ThrottlingException carries no retry hint.
+        retry_after: None,
+        server_error: Script::Run("server_error_once"),
+        error_event: (Script::Run("exception_mid_stream"), FailureKind::Server),
+        truncated: (Script::Run("no_stop"), "Hel"),
+        malformed: (
+            Script::Run("corrupt"),
+            Malformed::Fails("Hel", FailureKind::Protocol),
+        ),
+        tools: Script::Run("tools"),
+        // Converse has no JSON mode: the processor asks for JSON in the system prompt and
+        // checks the answer itself (text-completion's `structured`).
+        json_mode: None,
+        hang: Script::Run("hang"),
+    }
+}
+
+mod bedrock_contract {
+    crate::contract_cases!(super::bedrock);
+}
 
 /// Whether sluice's default policy retries `err`.
 fn retried(err: &ProviderError) -> bool {
@@ -36,18 +111,22 @@ fn sigv4(secret: &str) -> BedrockCredentials {
     }
 }
 
-fn provider_with(
-    fake: &FakeBedrock,
-    script: &str,
-    credentials: BedrockCredentials,
-) -> BedrockProvider {
+fn provider_at(base_url: &str, script: &str, credentials: BedrockCredentials) -> BedrockProvider {
     let mut c = BedrockConfig::new(REGION, model_id(script));
-    c.base_url = fake.base_url();
+    c.base_url = base_url.to_owned();
     c.credentials = credentials;
     c.max_tokens = Some(256);
     c.temperature = Some(0.3);
     c.timeouts.between_chunks = Duration::from_secs(2);
     BedrockProvider::new(c).unwrap()
+}
+
+fn provider_with(
+    fake: &FakeBedrock,
+    script: &str,
+    credentials: BedrockCredentials,
+) -> BedrockProvider {
+    provider_at(&fake.base_url(), script, credentials)
 }
 
 fn provider(fake: &FakeBedrock, script: &str) -> BedrockProvider {
@@ -64,18 +143,7 @@ fn req(streaming: bool) -> TextCompletionRequest {
 }
 
 async fn drain(p: &BedrockProvider) -> (Vec<Chunk>, Option<ProviderError>) {
-    let mut s = match p.generate_stream(&req(true)).await {
-        Ok(s) => s,
-        Err(e) => return (Vec::new(), Some(e)),
-    };
-    let mut chunks = Vec::new();
-    while let Some(item) = s.next().await {
-        match item {
-            Ok(c) => chunks.push(c),
-            Err(e) => return (chunks, Some(e)),
-        }
-    }
-    (chunks, None)
+    contract::drain(p, &req(true)).await
 }
 
 fn text(chunks: &[Chunk]) -> String {
