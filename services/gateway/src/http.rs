@@ -447,16 +447,19 @@ pub(crate) async fn handle<K: Routed>(
         return counted(&inner, route, resp);
     };
     K::set_streaming(&mut request, mode != Mode::Json);
-    let resume = match resume::checked(&inner, &headers, route, client.resumable()) {
+    let resume = match resume::checked(&inner, &headers, route, client.resumable(), &caller) {
         Ok(r) => r,
         Err((status, kind, message)) => {
             let resp = refuse(Some(mode), &headers, status, kind, &message);
             return counted(&inner, route, resp);
         }
     };
-    // A resumed stream was admitted when it started; its key must still be allowed to read
-    // it. Asking which models are served is not limited.
-    let admitted = if resume.is_some() || !K::calls_a_model(&request) {
+    // A resumed stream's key must still be allowed to read it, and it counts against the
+    // key's limits (no tokens: they were counted when it started). Asking which models are
+    // served is not limited.
+    let admitted = if resume.is_some() {
+        inner.admit_resume(&caller, K::KIND, K::model(&request))
+    } else if !K::calls_a_model(&request) {
         inner
             .permitted(&caller, K::KIND, K::model(&request))
             .map(|()| None)
@@ -466,6 +469,7 @@ pub(crate) async fn handle<K: Routed>(
             K::KIND,
             K::model(&request),
             K::max_tokens(&request),
+            body.len(),
         )
     };
     let admission = match admitted {
@@ -523,12 +527,11 @@ pub(crate) async fn handle<K: Routed>(
     }
     let numbering = match &resume {
         Some(r) => Numbering::resumed(r),
-        None if resume::offered(&inner, client.resumable()) => Numbering::new(&Token::new(
-            route,
-            reader.id(),
-            reader.resume_after(),
-            &trace_id,
-        )),
+        None if resume::offered(&inner, client.resumable()) => Numbering::new(
+            &inner,
+            &caller,
+            &Token::new(route, reader.id(), reader.resume_after(), &trace_id),
+        ),
         None => Numbering::none(),
     };
     match mode {

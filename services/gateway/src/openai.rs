@@ -1197,7 +1197,7 @@ pub(crate) async fn chat(
         }
         Err(e) => return counted(&inner, CHAT_ROUTE, e.into_response()),
     }
-    let resume = match resume::checked(&inner, &headers, CHAT_ROUTE, client.resumable()) {
+    let resume = match resume::checked(&inner, &headers, CHAT_ROUTE, client.resumable(), &caller) {
         Ok(r) => r,
         Err((status, code, message)) => {
             let e = ApiError {
@@ -1210,17 +1210,16 @@ pub(crate) async fn chat(
             return counted(&inner, CHAT_ROUTE, e.into_response());
         }
     };
-    // A resumed stream was admitted when it started; its key must still be allowed to read
-    // it.
+    // A resumed stream's key must still be allowed to read it, and it counts against the
+    // key's limits (no tokens: they were counted when it started).
     let admitted = match &resume {
-        Some(_) => inner
-            .permitted(&caller, ServiceKind::TextCompletion, Some(&call.model))
-            .map(|()| None),
+        Some(_) => inner.admit_resume(&caller, ServiceKind::TextCompletion, Some(&call.model)),
         None => inner.admit(
             &caller,
             ServiceKind::TextCompletion,
             Some(&call.model),
             call.request.max_tokens.map(u64::from),
+            body.len(),
         ),
     };
     let admission = match admitted {
@@ -1267,12 +1266,11 @@ pub(crate) async fn chat(
     };
     let numbering = match &resume {
         Some(r) => Numbering::resumed(r),
-        None if resume::offered(&inner, client.resumable()) => Numbering::new(&Token::new(
-            CHAT_ROUTE,
-            &request_id,
-            reader.resume_after(),
-            "",
-        )),
+        None if resume::offered(&inner, client.resumable()) => Numbering::new(
+            &inner,
+            &caller,
+            &Token::new(CHAT_ROUTE, &request_id, reader.resume_after(), ""),
+        ),
         None => Numbering::none(),
     };
     let created = match &resume {

@@ -280,6 +280,8 @@ async fn serve<K: Routed>(
         let out = out.clone();
         async move { out.send(frame).await.is_ok() }
     };
+    // The request's size as JSON: what its input's tokens are estimated from.
+    let body_bytes = request.to_string().len();
     let request: K::Request = match sluice_schema::decode_value(request) {
         Ok(r) => r,
         Err(e) => {
@@ -304,6 +306,7 @@ async fn serve<K: Routed>(
         K::KIND,
         K::model(&request),
         K::max_tokens(&request),
+        body_bytes,
     ) {
         Ok(a) => a,
         Err(refusal) => {
