@@ -155,11 +155,15 @@ kubectl apply --server-side -f "$po/example/prometheus-operator-crd/monitoring.c
 kubectl wait --for condition=established --timeout 60s crd --all >/dev/null
 cp -r deploy/k8s "$WORK/k8s"
 cp -r tests/k8s/overlay "$WORK/k8s/overlays/test"
-# The example's Secrets, from files a user would write: the gateway's token is random.
+# The example's Secrets, from files a user would write: the gateway's token and the secret its
+# replicas share are random.
 umask 077
-openssl rand -hex 24 | sed 's/^/token=/' >"$WORK/k8s/overlays/example/gateway.env"
+{
+  openssl rand -hex 24 | sed 's/^/token=/'
+  openssl rand -hex 32 | sed 's/^/secret=/'
+} >"$WORK/k8s/overlays/example/gateway.env"
 printf 'api-key=%s\n' "$SLUICE_LLM_API_KEY" >"$WORK/k8s/overlays/example/llm.env"
-sed 's/^token=//' "$WORK/k8s/overlays/example/gateway.env" >"$WORK/token"
+sed -n 's/^token=//p' "$WORK/k8s/overlays/example/gateway.env" >"$WORK/token"
 umask 022
 kubectl kustomize "$WORK/k8s/overlays/test" >"$WORK/test.yaml"
 t=$SECONDS

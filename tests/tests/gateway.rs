@@ -9,7 +9,12 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use sluice_gateway::{Auth, ServiceKind, ServiceTopics};
-use sluice_runtime::{processor::ProcessorConfig, secret::Secret, telemetry::Telemetry};
+use sluice_runtime::{
+    processor::ProcessorConfig,
+    seal::{Label, SealKey},
+    secret::Secret,
+    telemetry::Telemetry,
+};
 use sluice_tests::{
     Broker, GatewayStack as Stack, RunningProcessor, sse_event_id, stream_pieces, unique_topic,
     wait_for_metrics,
@@ -17,6 +22,48 @@ use sluice_tests::{
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 
 const TOKEN: &str = "gw-test-token-8f1c";
+
+/// The secret the gateway replicas of a test share (SLUICE_GATEWAY_SECRET).
+const SECRET: &str = "test-gateway-secret-0123456789abcdef";
+
+fn shared_secret() -> SealKey {
+    SealKey::new(&Secret::new(SECRET), "SLUICE_GATEWAY_SECRET").unwrap()
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// A resume token as the gateway writes one (docs/gateway.md#resuming-a-stream), sealed with
+/// `secret` for `caller` (`anyone`, `token` or `key:<name>`): written here independently of
+/// the gateway's code, so that its format is pinned.
+fn sealed_token(
+    secret: &SealKey,
+    route: &str,
+    after: &str,
+    created: u64,
+    id: &str,
+    caller: &str,
+) -> String {
+    let created = created.to_string();
+    let seal = secret
+        .seal(
+            Label::new("sluice/gateway/resume-token/v2"),
+            &[
+                route.as_bytes(),
+                after.as_bytes(),
+                created.as_bytes(),
+                b"",
+                id.as_bytes(),
+                caller.as_bytes(),
+            ],
+        )
+        .encode(16);
+    format!("v2.{route}.{after}.{created}.-.{seal}.{id}")
+}
 
 fn http() -> reqwest::Client {
     sluice_runtime::install_crypto_provider();
@@ -1236,12 +1283,14 @@ async fn first_pieces(
 #[tokio::test]
 async fn a_stream_resumes_through_another_replica_with_nothing_lost_or_repeated() {
     let model = "tokens-24-40";
-    let s = Stack::start(model, |_| {}).await;
+    // Replicas resume each other's streams with the secret they share.
+    let s = Stack::start(model, |c| c.secret = Some(shared_secret())).await;
     let broker = Broker::from_env().await;
     let mut config = sluice_gateway::GatewayConfig::new();
     config
         .services
         .insert(ServiceKind::TextCompletion, s.topics.clone());
+    config.secret = Some(shared_secret());
     let b = sluice_tests::ServedGateway::start(broker.bus().await, config).await;
     let chat = json!({"model": model, "stream": true,
                       "messages": [{"role": "user", "content": "count"}]});
@@ -1333,6 +1382,7 @@ async fn a_stream_resumes_through_another_replica_with_nothing_lost_or_repeated(
 async fn a_resume_that_cannot_be_served_is_refused_saying_why() {
     let s = Stack::start("normal", |c| {
         c.resume_window = Duration::from_secs(60);
+        c.secret = Some(shared_secret());
     })
     .await;
     let ask = |header: &'static str, value: String, path: &'static str| {
@@ -1349,10 +1399,10 @@ async fn a_resume_that_cannot_be_served_is_refused_saying_why() {
             .json(&body)
             .send()
     };
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
+    let now = now_secs();
+    let token = |route: &str, created: u64| {
+        sealed_token(&shared_secret(), route, "-", created, "abc", "anyone")
+    };
     for (header, value, path, status, says) in [
         (
             "last-event-id",
@@ -1363,17 +1413,24 @@ async fn a_resume_that_cannot_be_served_is_refused_saying_why() {
         ),
         (
             "sluice-resume",
-            format!("v1.openai-chat.-.{now}.-.abc.2"),
+            format!("{}.2", token("openai-chat", now)),
             "/api/v1/text-completion",
             400,
             "of the openai-chat route",
         ),
         (
             "sluice-resume",
-            format!("v1.text-completion.-.{}.-.abc.2", now - 3600),
+            format!("{}.2", token("text-completion", now - 3600)),
             "/api/v1/text-completion",
             410,
             "up to 60 s old",
+        ),
+        (
+            "sluice-resume",
+            format!("v1.text-completion.-.{now}.-.abc.2"),
+            "/api/v1/text-completion",
+            400,
+            "earlier version",
         ),
     ] {
         let resp = ask(header, value.clone(), path).await.unwrap();
@@ -1386,7 +1443,7 @@ async fn a_resume_that_cannot_be_served_is_refused_saying_why() {
         .post(s.url("/v1/chat/completions"))
         .header(
             "last-event-id",
-            format!("v1.text-completion.-.{now}.-.abc.2"),
+            format!("{}.2", token("text-completion", now)),
         )
         .json(&json!({"model": "normal", "stream": true,
                       "messages": [{"role": "user", "content": "x"}]}))
@@ -1430,7 +1487,7 @@ async fn a_resume_that_cannot_be_served_is_refused_saying_why() {
     );
     let resp = http()
         .post(format!("http://{}/v1/chat/completions", off.addr))
-        .header("last-event-id", format!("v1.openai-chat.-.{now}.-.abc.2"))
+        .header("last-event-id", format!("{}.2", token("openai-chat", now)))
         .json(&chat)
         .send()
         .await
@@ -1494,17 +1551,18 @@ async fn on_the_in_process_bus_streams_carry_no_resume_token_and_a_resume_is_ref
             .all(|e| !e.lines().any(|l| l.starts_with("id:"))),
         "{events:?}"
     );
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
+    let token = sealed_token(
+        &shared_secret(),
+        "text-completion",
+        "-",
+        now_secs(),
+        "abc",
+        "anyone",
+    );
     let resp = http()
         .post(&url)
         .header("accept", "application/x-ndjson")
-        .header(
-            "sluice-resume",
-            format!("v1.text-completion.-.{now}.-.abc.2"),
-        )
+        .header("sluice-resume", format!("{token}.2"))
         .json(&request())
         .send()
         .await
@@ -1533,12 +1591,22 @@ async fn api_keys_are_limited_on_every_route_in_its_own_error_shape() {
             hash_hex(secret)
         )
     };
+    // The fake answers with 11 input and 3 output tokens, 14 in all. A request reserves 1
+    // (reserve_tokens) and about a token for every 4 bytes of its body: 12 with this body. A
+    // minute of 2 * 14 + 12 - 1 tokens leaves room for 2 requests settled with what they used,
+    // not for a third; counting only the reservations would leave room for it.
+    let reserve = 1 + serde_json::to_vec(&request()).unwrap().len().div_ceil(4);
+    let tpm = 2 * 14 + reserve - 1;
+    assert!(3 * reserve <= tpm, "{reserve}");
     std::fs::write(
         &path,
         key("two", "sk-two", "requests_per_minute = 2")
             + &key("one", "sk-one", "requests_per_minute = 1")
-            // The fake answers with 11 input and 3 output tokens; 10 are reserved.
-            + &key("tokens", "sk-tokens", "tokens_per_minute = 30\nreserve_tokens = 10")
+            + &key(
+                "tokens",
+                "sk-tokens",
+                &format!("tokens_per_minute = {tpm}\nreserve_tokens = 1"),
+            )
             + &key("agents", "sk-agents", "services = [\"agent\"]"),
     )
     .unwrap();
@@ -1609,8 +1677,8 @@ async fn api_keys_are_limited_on_every_route_in_its_own_error_shape() {
             .contains("may not call the text-completion service"),
         "{body}"
     );
-    // Tokens are settled with what was used: 14 each, so 10 more fit after one (24) but
-    // not after two (38). Counting only the reservations (10 each) would admit a third.
+    // Tokens are settled with what was used: 14 each, so a reservation fits after one and
+    // two, not after three.
     for expect in [200, 200, 429] {
         let resp = call("sk-tokens", "application/json").await.unwrap();
         assert_eq!(resp.status(), expect);
@@ -1663,5 +1731,503 @@ async fn api_keys_are_limited_on_every_route_in_its_own_error_shape() {
         );
     }
     s.stop().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A keys file of `entries` (name, key, further lines) in a new directory; remove the
+/// directory at the end.
+fn keys_file(entries: &[(&str, &str, &str)]) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("sluice-gw-keys-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("keys.toml");
+    write_keys(&path, entries);
+    (dir, path)
+}
+
+/// Writes a keys file as a Kubernetes Secret volume changes: a new file renamed over the old.
+fn write_keys(path: &std::path::Path, entries: &[(&str, &str, &str)]) {
+    let text: String = entries
+        .iter()
+        .map(|(name, key, rest)| {
+            format!(
+                "[[keys]]\nname = \"{name}\"\nsha256 = \"{}\"\n{rest}\n",
+                sluice_gateway::keys::hash_hex(key)
+            )
+        })
+        .collect();
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// Issue #53 §3: a resume token is sealed for the caller it was given to. Another API key's
+/// resume with it is refused, and so is the token edited (an earlier start time, a position
+/// moved back to the topic's start, another request id) or unsealed; the caller's own resume
+/// is served, and counts against its key's requests per minute.
+#[tokio::test]
+async fn a_resume_token_is_its_callers_alone_cannot_be_edited_and_counts_against_its_limits() {
+    let (dir, path) = keys_file(&[("a", "sk-a", "requests_per_minute = 3"), ("b", "sk-b", "")]);
+    let keys = Arc::new(sluice_gateway::keys::Keys::load(&path).unwrap());
+    let s = Stack::start("normal", move |c| {
+        c.auth = Auth::new(None).with_keys(keys);
+        c.secret = Some(shared_secret());
+    })
+    .await;
+    let c = http();
+    let post = |key: &str| {
+        c.post(s.url("/api/v1/text-completion"))
+            .bearer_auth(key)
+            .header("accept", "application/x-ndjson")
+            .json(&request())
+    };
+    // Two requests of a: the second's token holds a position on the response topic (after
+    // the first's records).
+    let mut tokens = Vec::new();
+    let mut bodies = Vec::new();
+    for _ in 0..2 {
+        let resp = post("sk-a").send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        tokens.push(
+            resp.headers()["sluice-resume-token"]
+                .to_str()
+                .unwrap()
+                .to_owned(),
+        );
+        bodies.push(resp.bytes().await.unwrap());
+    }
+    let token = tokens[1].clone();
+    let parts: Vec<&str> = token.splitn(7, '.').collect();
+    assert_eq!(parts[0], "v2", "{token}");
+    assert_ne!(
+        parts[2], "-",
+        "the second request's token holds a position: {token}"
+    );
+    let refused = |resp: reqwest::Response| async move {
+        let status = resp.status();
+        let lines = ndjson_lines(&resp.bytes().await.unwrap());
+        (
+            status,
+            lines[0]["error_type"].clone(),
+            lines[0]["content"].clone(),
+        )
+    };
+    // Another key's resume.
+    let (status, kind, message) = refused(
+        post("sk-b")
+            .header("sluice-resume", format!("{token}.0"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (status.as_u16(), kind.as_str()),
+        (403, Some("resume-refused"))
+    );
+    assert!(
+        message
+            .as_str()
+            .unwrap()
+            .contains("not given to this caller"),
+        "{message}"
+    );
+    // The token edited, each part at a time, and unsealed (an older gateway's form).
+    let edit = |i: usize, value: &str| {
+        let mut p = parts.clone();
+        p[i] = value;
+        p.join(".")
+    };
+    let created: u64 = parts[3].parse().unwrap();
+    let earlier = (created - 1).to_string();
+    let unsealed = format!(
+        "v1.{}.{}.{}.{}.{}",
+        parts[1], parts[2], parts[3], parts[4], parts[6]
+    );
+    for (edited, status) in [
+        (edit(3, &earlier), 403),
+        (edit(2, "-"), 403),
+        (edit(6, "another-request"), 403),
+        (unsealed, 400),
+    ] {
+        let resp = post("sk-a")
+            .header("sluice-resume", format!("{edited}.0"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), status, "{edited}");
+    }
+    // The caller's own: the whole stream again, and a request of its key's three a minute.
+    let resp = post("sk-a")
+        .header("sluice-resume", format!("{token}.0"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        stream_pieces(&resp.bytes().await.unwrap(), false),
+        stream_pieces(&bodies[1], false)
+    );
+    let resp = post("sk-a")
+        .header("sluice-resume", format!("{token}.0"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 429);
+    let (_, kind, message) = refused(resp).await;
+    assert_eq!(kind, "too-many-requests");
+    assert!(
+        message.as_str().unwrap().contains("3 requests per minute"),
+        "{message}"
+    );
+    // No resume called the provider.
+    assert_eq!(s.fake.calls("normal"), 2);
+    let page = s.telemetry.render();
+    assert_eq!(
+        sluice_tests::metrics_text::value(
+            &page,
+            "sluice_gateway_resume_refusals_total",
+            &[("reason", "seal")]
+        ),
+        4.0,
+        "{page}"
+    );
+    assert_eq!(
+        sluice_tests::metrics_text::value(
+            &page,
+            "sluice_gateway_key_requests_total",
+            &[("key", "a"), ("outcome", "admitted")]
+        ),
+        3.0
+    );
+    s.stop().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Issue #53 §3: a resumed stream belongs to a reader, not to the request: its caller going
+/// away cancels nothing, and the original caller gets its whole answer.
+#[tokio::test]
+async fn a_resumed_stream_dropped_does_not_cancel_the_original_request() {
+    let s = Stack::start_serving("gated", &["stall"], |_| {}).await;
+    let post = || {
+        http()
+            .post(s.url("/api/v1/text-completion"))
+            .header("accept", "application/x-ndjson")
+    };
+    let gated = json!({"system": "", "prompt": "hello", "model": "gated"});
+    let original = post().json(&gated).send().await.unwrap();
+    assert_eq!(original.status(), 200);
+    let token = original.headers()["sluice-resume-token"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let mut original = original.bytes_stream();
+    let mut had = Vec::new();
+    while !String::from_utf8_lossy(&had).contains("Hel") {
+        had.extend_from_slice(&original.next().await.unwrap().unwrap());
+    }
+    // The same stream resumed from its start; its caller goes away once it has `Hel` too.
+    let resumed = post()
+        .header("sluice-resume", format!("{token}.0"))
+        .json(&gated)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resumed.status(), 200);
+    let mut resumed = resumed.bytes_stream();
+    let mut got = Vec::new();
+    while !String::from_utf8_lossy(&got).contains("Hel") {
+        got.extend_from_slice(&resumed.next().await.unwrap().unwrap());
+    }
+    drop(resumed);
+    let cancelled =
+        r#"sluice_gateway_streams_total{outcome="cancelled",route="text-completion"} 1"#;
+    wait_for_metrics(|| s.telemetry.render(), |m| m.contains(cancelled)).await;
+    // Whatever a cancel the resumed stream's end published would reach the processor before
+    // this later one: once this one has stopped its request, that one would have too.
+    let stalled = post()
+        .json(&json!({"system": "", "prompt": "hello", "model": "stall"}))
+        .send()
+        .await
+        .unwrap();
+    let mut stalled = stalled.bytes_stream();
+    let mut bytes = Vec::new();
+    while !String::from_utf8_lossy(&bytes).contains("Hel") {
+        bytes.extend_from_slice(&stalled.next().await.unwrap().unwrap());
+    }
+    drop(stalled);
+    let processor_cancelled =
+        r#"sluice_processor_requests_total{outcome="cancelled",processor="text-completion"} 1"#;
+    wait_for_metrics(
+        || s.processor.telemetry.render(),
+        |m| m.contains(processor_cancelled),
+    )
+    .await;
+    // The original goes on to its end.
+    s.fake.open_gate();
+    while let Some(chunk) = original.next().await {
+        had.extend_from_slice(&chunk.unwrap());
+    }
+    let lines = ndjson_lines(&had);
+    let text: String = lines
+        .iter()
+        .filter(|l| l["type"] == "token")
+        .filter_map(|l| l["content"].as_str())
+        .collect();
+    assert_eq!(text, "Hel lo", "{lines:?}");
+    assert_eq!(lines.last().unwrap()["reason"], "success", "{lines:?}");
+    // Only the stalled request's provider call was cut.
+    assert_eq!(s.fake.abandoned_streams(), 1);
+    assert!(
+        s.processor.telemetry.render().contains(processor_cancelled),
+        "one request cancelled, the stalled one"
+    );
+    s.stop().await;
+}
+
+/// The next sealed snapshot on `sub` (the limits topic, read as anyone may) for which `pred`
+/// holds.
+async fn next_snapshot(
+    sub: &mut Box<dyn sluice_runtime::bus::Subscription>,
+    pred: impl Fn(&Value) -> bool,
+) -> Value {
+    loop {
+        let d = tokio::time::timeout(Duration::from_secs(10), sub.next())
+            .await
+            .expect("a snapshot within 10 s")
+            .unwrap()
+            .unwrap();
+        let sealed = d.property("sluice-seal").is_some();
+        if let Ok(v) = serde_json::from_slice::<Value>(d.payload())
+            && sealed
+            && pred(&v)
+        {
+            return v;
+        }
+    }
+}
+
+/// Issue #53 §4: what is published on the limits topic is believed only when a replica sealed
+/// it. Forged snapshots of every kind, published on the real topic, change nothing: many
+/// replicas (the peers map would grow without bound), a replica's usage erased, a key locked
+/// out, a sequence number that would make a replica's real snapshots read as old, a key that
+/// is not in the keys file (yet). B is asked only once it has read past the forgeries (and
+/// past replica A's snapshots that matter): a marker published after them, which it counts,
+/// says so. Day quotas, so that no minute slides meanwhile.
+#[tokio::test]
+async fn forged_limit_snapshots_on_the_topic_change_nothing() {
+    use sluice_runtime::bus::{Message, StartPosition, SubscribeOptions};
+    use sluice_tests::metrics_text::value;
+    // Each request uses 14 tokens (the fake's 11 in and 3 out) and reserves 1 and a token
+    // for every 4 bytes of its body: a day of 2 * 14 + reserve - 1 admits two, not a third.
+    let reserve = 1 + serde_json::to_vec(&request()).unwrap().len().div_ceil(4);
+    let day = format!(
+        "tokens_per_day = {}\nreserve_tokens = 1",
+        2 * 14 + reserve - 1
+    );
+    let entries = [("k", "sk-k", day.as_str()), ("j", "sk-j", day.as_str())];
+    let (dir, path) = keys_file(&entries);
+    let keys = Arc::new(sluice_gateway::keys::Keys::load(&path).unwrap());
+    let topic = sluice_tests::unique_topic("gateway-limits");
+    let configure = |c: &mut sluice_gateway::GatewayConfig| {
+        c.auth = Auth::new(None).with_keys(keys.clone());
+        c.secret = Some(shared_secret());
+        c.limits_topic = Some(topic.clone());
+    };
+    let broker = Broker::from_env().await;
+    let bus = broker.bus().await;
+    // The topic as anyone who may read it sees it, from its start.
+    let mut sub = bus
+        .subscribe(
+            &topic,
+            "onlooker",
+            SubscribeOptions {
+                start: StartPosition::Earliest,
+                ..SubscribeOptions::exclusive(1000)
+            },
+        )
+        .await
+        .unwrap();
+    let a = Stack::start("normal", configure).await;
+    let mut config = sluice_gateway::GatewayConfig::new();
+    config
+        .services
+        .insert(ServiceKind::TextCompletion, a.topics.clone());
+    configure(&mut config);
+    let b = sluice_tests::ServedGateway::start(broker.bus().await, config).await;
+    let c = http();
+    let call =
+        |url: String, key: &'static str| c.post(url).bearer_auth(key).json(&request()).send();
+    let on_a = |key| call(a.url("/api/v1/text-completion"), key);
+    let on_b = |key| call(format!("http://{}/api/v1/text-completion", b.addr), key);
+    let forger = bus.publisher(&topic).await.unwrap();
+    let publish = async |payload: &Value, seal: Option<String>| {
+        let mut m = Message::new(serde_json::to_vec(payload).unwrap()).with_key(format!(
+            "{}/{}",
+            payload["key"].as_str().unwrap_or("-"),
+            payload["replica"].as_str().unwrap_or("-")
+        ));
+        if let Some(seal) = seal {
+            m = m.with_property("sluice-seal", seal);
+        }
+        forger.send(m).await.unwrap().await.unwrap();
+    };
+    let seal_with = |secret: &SealKey, payload: &Value| {
+        let bytes = serde_json::to_vec(payload).unwrap();
+        secret
+            .seal(Label::new("sluice/gateway/limit-snapshot/v1"), &[&bytes])
+            .encode(32)
+    };
+    let stranger =
+        SealKey::new(&Secret::new("another-secret-0123456789abcdef-xyz"), "test").unwrap();
+    // A marker after everything published so far: sealed bytes that are no snapshot, which
+    // B counts as it reads them (as a refused snapshot; before #53, as a share failure).
+    let markers = std::cell::Cell::new(0.0);
+    let b_read_all = async || {
+        let marker = json!({"marker": markers.get()});
+        publish(&marker, Some(seal_with(&shared_secret(), &marker))).await;
+        markers.set(markers.get() + 1.0);
+        wait_for_metrics(
+            || b.telemetry.render(),
+            |m| {
+                value(
+                    m,
+                    "sluice_gateway_limit_snapshots_refused_total",
+                    &[("reason", "malformed")],
+                ) + value(m, "sluice_gateway_limit_share_failures_total", &[])
+                    >= markers.get()
+            },
+        )
+        .await;
+    };
+    let minute = now_secs() / 60;
+    let snapshot = |replica: &str, key: &str, seq: u64, day: &Value, month: &Value, n: u64| {
+        json!({"replica": replica, "key": key, "seq": seq, "sent_ms": 0, "counts": {
+            "minute": minute, "requests": n, "tokens": n, "prev_requests": 0,
+            "prev_tokens": 0, "day": day, "day_tokens": n, "month": month, "month_tokens": n}})
+    };
+
+    // Many replicas, unsealed, before any real one: B counts one peer, A, once it hears of
+    // it (the peers gauge is refreshed every second).
+    for i in 0..300 {
+        let forged = snapshot(&format!("forged-{i}"), "k", 1, &json!(0), &json!(0), 0);
+        publish(&forged, None).await;
+    }
+    // A has 2 of k's day; B reads A's snapshot once both are settled.
+    for _ in 0..2 {
+        assert_eq!(on_a("sk-k").await.unwrap().status(), 200);
+    }
+    let real = next_snapshot(&mut sub, |v| {
+        v["key"] == "k" && v["counts"]["day_tokens"] == 28 && v["counts"]["in_flight"] == 0
+    })
+    .await;
+    let replica = real["replica"].as_str().unwrap().to_owned();
+    let (today, month) = (
+        real["counts"]["day"].clone(),
+        real["counts"]["month"].clone(),
+    );
+    b_read_all().await;
+    let peers = sluice_tests::eventually(
+        Duration::from_secs(10),
+        async || value(&b.telemetry.render(), "sluice_gateway_limit_peers", &[]),
+        |n| *n > 0.0,
+    )
+    .await;
+    assert_eq!(peers, 1.0, "the forged replicas are not peers");
+    assert_eq!(on_b("sk-k").await.unwrap().status(), 429, "B counts A's");
+
+    // Erased: A's usage of k said to be nothing, with a later number; unsealed, sealed with
+    // another secret, and with a seal of A's own on other bytes.
+    let real_bytes = serde_json::to_vec(&real).unwrap();
+    let real_seal = shared_secret()
+        .seal(
+            Label::new("sluice/gateway/limit-snapshot/v1"),
+            &[&real_bytes],
+        )
+        .encode(32);
+    let erase = snapshot(
+        &replica,
+        "k",
+        real["seq"].as_u64().unwrap() + 1_000_000,
+        &today,
+        &month,
+        0,
+    );
+    publish(&erase, None).await;
+    publish(&erase, Some(seal_with(&stranger, &erase))).await;
+    publish(&erase, Some(real_seal)).await;
+    b_read_all().await;
+    assert_eq!(
+        on_b("sk-k").await.unwrap().status(),
+        429,
+        "A's usage still counts"
+    );
+
+    // Locked out: j said to have used a billion tokens today.
+    let lockout = snapshot("forger", "j", 1, &today, &month, 1_000_000_000);
+    publish(&lockout, None).await;
+    publish(&lockout, Some(seal_with(&stranger, &lockout))).await;
+    b_read_all().await;
+    assert_eq!(
+        on_b("sk-j").await.unwrap().status(),
+        200,
+        "j is not locked out"
+    );
+
+    // A sequence number at its end, sealed even (by a replica's bug, say): A's real snapshots
+    // that follow still count. B has used 14 of j's day, A 14 more: no room for a third.
+    let jump = snapshot(&replica, "j", u64::MAX, &today, &month, 0);
+    publish(&jump, Some(seal_with(&shared_secret(), &jump))).await;
+    assert_eq!(on_a("sk-j").await.unwrap().status(), 200);
+    next_snapshot(&mut sub, |v| {
+        v["key"] == "j"
+            && v["replica"] == replica.as_str()
+            && v["counts"]["day_tokens"] == 14
+            && v["counts"]["in_flight"] == 0
+    })
+    .await;
+    b_read_all().await;
+    assert_eq!(on_b("sk-j").await.unwrap().status(), 429, "A's j counts");
+
+    // A key not in the keys file, sealed: nothing is kept for it, so that it is not locked
+    // out once it is added.
+    let unknown = snapshot("forger", "later", 1, &today, &month, 1_000_000_000);
+    publish(&unknown, Some(seal_with(&shared_secret(), &unknown))).await;
+    b_read_all().await;
+    let mut more = entries.to_vec();
+    more.push(("later", "sk-later", "tokens_per_day = 100000"));
+    write_keys(&path, &more);
+    wait_for_metrics(
+        || b.telemetry.render(),
+        |m| value(m, "sluice_gateway_keys", &[]) == 3.0,
+    )
+    .await;
+    assert_eq!(
+        on_b("sk-later").await.unwrap().status(),
+        200,
+        "later is new"
+    );
+
+    let page = b.telemetry.render();
+    for (reason, n) in [
+        ("unsealed", 302.0),
+        ("seal", 3.0),
+        ("seq", 1.0),
+        ("unknown-key", 1.0),
+        ("malformed", markers.get()),
+    ] {
+        assert_eq!(
+            value(
+                &page,
+                "sluice_gateway_limit_snapshots_refused_total",
+                &[("reason", reason)]
+            ),
+            n,
+            "{reason}"
+        );
+    }
+    assert_eq!(value(&page, "sluice_gateway_limit_peers", &[]), 1.0);
+    b.stop.cancel();
+    b.gateway.close().await;
+    a.stop().await;
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -9,6 +9,7 @@ use sluice_gateway::{
 };
 use sluice_runtime::{
     bus::Bus,
+    seal::SealKey,
     secret::Secret,
     telemetry::{Telemetry, shutdown_on_signals},
 };
@@ -28,7 +29,10 @@ const LIMITS_RETENTION_MB: i64 = -1;
 /// How the gateway serves HTTP (shared by `gateway` and `serve`). The bearer token comes
 /// from SLUICE_GATEWAY_TOKEN or the file named by SLUICE_GATEWAY_TOKEN_FILE; without one (and
 /// without a keys file), every caller is accepted, which a gateway listening beyond loopback
-/// allows only with --allow-unauthenticated (docs/security.md).
+/// allows only with --allow-unauthenticated (docs/security.md). The secret the replicas share
+/// (resume tokens and the limit state are sealed with it) comes from SLUICE_GATEWAY_SECRET or
+/// the file named by SLUICE_GATEWAY_SECRET_FILE; without one (or set empty), each process
+/// makes its own.
 #[derive(Args, Debug, Clone)]
 pub struct GatewayArgs {
     /// Address the gateway listens on (default: 0.0.0.0:8088 for `gateway`, 127.0.0.1:8088
@@ -120,6 +124,7 @@ impl GatewayArgs {
         let token = Secret::from_env("SLUICE_GATEWAY_TOKEN").map_err(|e| e.to_string())?;
         let mut config = GatewayConfig::new();
         config.auth = Auth::new(token);
+        config.secret = SealKey::from_env("SLUICE_GATEWAY_SECRET").map_err(|e| e.to_string())?;
         config.body_limit = self.body_limit_bytes;
         config.request_timeout = Duration::from_secs(self.request_timeout_secs);
         config.inactivity_timeout = Duration::from_secs(self.inactivity_timeout_secs);

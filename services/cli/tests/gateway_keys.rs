@@ -34,6 +34,8 @@ async fn next_json(
 /// Concurrent callers per key per replica.
 const CALLERS: usize = 4;
 const REPLICAS: usize = 3;
+/// The secret the replicas share: their limit state is sealed with it.
+const SECRET: &str = "gateway-keys-test-secret-0123456789abcdef";
 
 fn keys_file(entries: &[(&str, &str, &str)]) -> String {
     entries
@@ -148,11 +150,15 @@ async fn load(
 async fn chat(http: &reqwest::Client, url: &str, key: &str, model: &str) -> reqwest::Response {
     http.post(format!("{url}/v1/chat/completions"))
         .bearer_auth(key)
-        .json(&serde_json::json!({"model": model, "max_tokens": 10,
-            "messages": [{"role": "user", "content": "hi"}]}))
+        .json(&chat_body(model))
         .send()
         .await
         .unwrap()
+}
+
+fn chat_body(model: &str) -> serde_json::Value {
+    serde_json::json!({"model": model, "max_tokens": 10,
+        "messages": [{"role": "user", "content": "hi"}]})
 }
 
 /// How many more than `limit` per minute may be admitted in `elapsed`: what the other
@@ -211,7 +217,12 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
         "--pulsar-admin-url",
         &broker.admin_url,
     ];
-    let clean = ["SLUICE_CONFIG", "SLUICE_GATEWAY_TOKEN", "SLUICE_TOPICSPACE"];
+    let clean = [
+        "SLUICE_CONFIG",
+        "SLUICE_GATEWAY_TOKEN",
+        "SLUICE_GATEWAY_SECRET_FILE",
+        "SLUICE_TOPICSPACE",
+    ];
     let ports: Vec<u16> = (0..=REPLICAS + 1).map(|_| free_port()).collect();
     let readyz = |i: usize| format!("http://127.0.0.1:{}/readyz", ports[i]);
     let base_url = fake.base_url();
@@ -261,7 +272,7 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
             &m,
         ];
         args.extend(bus);
-        Sluice::spawn(&args, &[], &clean)
+        Sluice::spawn(&args, &[("SLUICE_GATEWAY_SECRET", SECRET)], &clean)
     };
     let mut replicas: Vec<Sluice> = (1..=REPLICAS).map(gateway).collect();
     let mut urls = Vec::new();
@@ -351,14 +362,20 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
         alpha.admitted, beta.admitted
     );
 
-    // A day's tokens: each request reserves its max_tokens (10) and is settled with what it
-    // used. Refused once a replica saw the day's usage leave no room for 10 more; over by at
-    // most what the other replicas' callers had in flight.
+    // A day's tokens: each request reserves its max_tokens (10) and about a token for every
+    // 4 bytes of its body, and is settled with what it used. Refused once a replica saw the
+    // day's usage leave no room for that much more; over by at most what the other
+    // replicas' callers had in flight.
+    let reserve = 10
+        + serde_json::to_vec(&chat_body(model))
+            .unwrap()
+            .len()
+            .div_ceil(4) as u64;
     let gamma = load(&urls, "sk-test-gamma", model, 10, 6).await;
     let used = warm_tokens + gamma.tokens;
     let per_request = used / (gamma.admitted + REPLICAS) as u64;
     assert!(
-        used > day - 10 && used <= day + ((REPLICAS - 1) * CALLERS) as u64 * per_request,
+        used > day - reserve && used <= day + ((REPLICAS - 1) * CALLERS) as u64 * per_request,
         "gamma: {used} tokens used in {} requests, {day} a day",
         gamma.admitted + REPLICAS
     );

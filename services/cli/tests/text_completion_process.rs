@@ -438,7 +438,12 @@ async fn callers_of_a_killed_gateway_resume_through_another_with_nothing_lost_or
         "--pulsar-admin-url",
         &broker.admin_url,
     ];
-    let clean = ["SLUICE_CONFIG", "SLUICE_GATEWAY_TOKEN", "SLUICE_TOPICSPACE"];
+    let clean = [
+        "SLUICE_CONFIG",
+        "SLUICE_GATEWAY_TOKEN",
+        "SLUICE_GATEWAY_SECRET_FILE",
+        "SLUICE_TOPICSPACE",
+    ];
     let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
     let metrics = |i: usize| format!("127.0.0.1:{}", ports[i]);
     let readyz = |i: usize| format!("http://127.0.0.1:{}/readyz", ports[i]);
@@ -468,12 +473,20 @@ async fn callers_of_a_killed_gateway_resume_through_another_with_nothing_lost_or
     args.extend(["--metrics-addr", &m0]);
     let mut processor = Sluice::spawn(&args, &[("SLUICE_LLM_API_KEY", KEY)], &clean);
     processor.ready(&readyz(0)).await;
+    // The replicas resume each other's streams with the secret they share.
     let gateway = |i: usize| {
         let m = metrics(i);
         let mut args = vec!["gateway", "--topicspace", &ts, "--listen", "127.0.0.1:0"];
         args.extend(bus);
         args.extend(["--metrics-addr", &m]);
-        Sluice::spawn(&args, &[], &clean)
+        Sluice::spawn(
+            &args,
+            &[(
+                "SLUICE_GATEWAY_SECRET",
+                "resume-test-secret-0123456789abcdef",
+            )],
+            &clean,
+        )
     };
     let (mut a, mut b) = (gateway(1), gateway(2));
     a.ready(&readyz(1)).await;

@@ -36,6 +36,16 @@ impl Caller {
             Caller::Anyone | Caller::Token => None,
         }
     }
+
+    /// Who the caller is, as what is given to one caller is sealed for (a resume token): an
+    /// API key by its name, distinct from the gateway's token and from anyone.
+    pub fn identity(&self) -> String {
+        match self {
+            Caller::Anyone => "anyone".to_owned(),
+            Caller::Token => "token".to_owned(),
+            Caller::Key(k) => format!("key:{}", k.name),
+        }
+    }
 }
 
 impl Auth {

@@ -399,7 +399,7 @@ async fn answer<K: Routed>(
 ) -> Response {
     let started = Instant::now();
     let read = read_request::<K>(&inner, &headers, body, decode);
-    let (caller, mut request) = match read {
+    let (caller, mut request, body_bytes) = match read {
         Ok(r) => r,
         Err(refused) => return refused.rest(&inner, ask.accept, &headers),
     };
@@ -414,6 +414,7 @@ async fn answer<K: Routed>(
         headers: &headers,
         caller: &caller,
         request: &request,
+        body_bytes,
         route,
         span,
         token_trace: Some(trace_id.clone()),
@@ -511,14 +512,14 @@ async fn answer<K: Routed>(
     }
 }
 
-/// Who is calling and what they ask: the caller's credential, the body, the record in it
-/// (and whether the event protocol can answer it).
+/// Who is calling and what they ask: the caller's credential, the record in the body (and
+/// whether the event protocol can answer it), and the body's size.
 fn read_request<K: Routed>(
     inner: &Inner,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
     decode: impl FnOnce(&Bytes) -> Result<K::Request, String>,
-) -> Result<(Caller, K::Request), Refused> {
+) -> Result<(Caller, K::Request, usize), Refused> {
     let caller = inner
         .config
         .auth
@@ -529,7 +530,7 @@ fn read_request<K: Routed>(
     if let Some(why) = K::unanswerable(&request) {
         return Err(Refused::Invalid(why));
     }
-    Ok((caller, request))
+    Ok((caller, request, body.len()))
 }
 
 fn no_buffering(resp: &mut Response) {

@@ -18,10 +18,11 @@
 //! tokens_per_day = 1000000
 //! tokens_per_month = 20000000
 //! reserve_tokens = 1024           # held per request that names no max_tokens (default 1024)
+//! concurrent_requests = 8         # requests (and resumed streams) in flight at once
 //! ```
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeSet, HashMap, HashSet},
     path::{Path, PathBuf},
     sync::{Arc, RwLock},
     time::Duration,
@@ -55,6 +56,8 @@ pub struct Limits {
     pub tokens_per_month: Option<u64>,
     /// Reserved per request that names no `max_tokens`.
     pub reserve_tokens: u64,
+    /// Requests in flight at once, resumed streams included, on all replicas together.
+    pub concurrent_requests: Option<u64>,
 }
 
 impl Limits {
@@ -64,6 +67,7 @@ impl Limits {
             || self.tokens_per_minute.is_some()
             || self.tokens_per_day.is_some()
             || self.tokens_per_month.is_some()
+            || self.concurrent_requests.is_some()
     }
 }
 
@@ -127,6 +131,7 @@ struct FileKey {
     tokens_per_day: Option<u64>,
     tokens_per_month: Option<u64>,
     reserve_tokens: Option<u64>,
+    concurrent_requests: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -140,6 +145,8 @@ struct File {
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct KeyRing {
     by_hash: HashMap<[u8; 32], Arc<Key>>,
+    /// The keys' names (each key has one of its own).
+    names: HashSet<Arc<str>>,
 }
 
 /// The SHA-256 of `key`, as the keys file holds it (lowercase hex).
@@ -184,6 +191,7 @@ impl KeyRing {
                 ("tokens_per_minute", k.tokens_per_minute),
                 ("tokens_per_day", k.tokens_per_day),
                 ("tokens_per_month", k.tokens_per_month),
+                ("concurrent_requests", k.concurrent_requests),
             ] {
                 if value == Some(0) {
                     return Err(format!(
@@ -202,13 +210,15 @@ impl KeyRing {
                     tokens_per_day: k.tokens_per_day,
                     tokens_per_month: k.tokens_per_month,
                     reserve_tokens: k.reserve_tokens.unwrap_or(DEFAULT_RESERVE_TOKENS),
+                    concurrent_requests: k.concurrent_requests,
                 },
             };
             if by_hash.insert(hash, Arc::new(key)).is_some() {
                 return Err(format!("{which}: the same key is listed twice"));
             }
         }
-        Ok(Self { by_hash })
+        let names = by_hash.values().map(|k| k.name.clone()).collect();
+        Ok(Self { by_hash, names })
     }
 
     /// The key whose hash `token` has.
@@ -220,6 +230,11 @@ impl KeyRing {
     /// The keys' names.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.by_hash.values().map(|k| &*k.name)
+    }
+
+    /// Whether a key is named `name`.
+    pub fn has_name(&self, name: &str) -> bool {
+        self.names.contains(name)
     }
 
     /// How many keys there are.
@@ -256,6 +271,16 @@ impl Keys {
             ring: RwLock::new(Arc::new(ring)),
             seen: RwLock::new(Sha256::digest(text.as_bytes()).into()),
         })
+    }
+
+    /// Keys that are `ring` and no file's (this crate's tests).
+    #[cfg(test)]
+    pub(crate) fn fixed(ring: KeyRing) -> Self {
+        Self {
+            path: PathBuf::new(),
+            ring: RwLock::new(Arc::new(ring)),
+            seen: RwLock::new([0; 32]),
+        }
     }
 
     /// The keys now.

@@ -43,6 +43,7 @@ use sluice_runtime::{
     bus::Bus,
     client::{ClientConfig, ClientError, RequestClient},
     reader::{OnRestart, ReadPolicy},
+    seal::SealKey,
     telemetry::{ClientOutcome, Telemetry},
     trace,
 };
@@ -100,6 +101,11 @@ pub struct GatewayConfig {
     /// (docs/gateway.md#limits-across-replicas); `None`, or a bus that keeps no messages,
     /// counts on this replica alone.
     pub limits_topic: Option<String>,
+    /// The secret the replicas share (`SLUICE_GATEWAY_SECRET`): it seals resume tokens and
+    /// the limit state on the bus, so that one replica trusts what another wrote and nobody
+    /// else can write it. `None`: a random secret of this process, so that a single gateway
+    /// needs none; its tokens resume on it alone and its limits are counted by it alone.
+    pub secret: Option<SealKey>,
 }
 
 impl GatewayConfig {
@@ -119,6 +125,7 @@ impl GatewayConfig {
             services: BTreeMap::new(),
             resume_window: Duration::from_secs(15 * 60),
             limits_topic: None,
+            secret: None,
         }
     }
 }
@@ -154,6 +161,9 @@ pub(crate) struct Inner {
     pub(crate) models: tokio::sync::Mutex<Option<(std::time::Instant, Vec<String>)>>,
     /// The API keys' limits.
     pub(crate) limiter: Arc<limits::Limiter>,
+    /// Seals what this gateway gives out and must trust again (resume tokens): the shared
+    /// secret's, else this process's own.
+    pub(crate) seal: SealKey,
     /// Stops the keys file's watch and the limit sharing.
     pub(crate) background: CancellationToken,
 }
@@ -187,22 +197,52 @@ impl Inner {
         }
     }
 
-    /// Admits a request of `caller` to `service` naming `model` and reserving `reserve`
-    /// tokens (`max_tokens`), or says why not; `Ok(None)` for callers without limits. The
-    /// admission settles the reserved tokens when dropped: give it to the request's reader
-    /// ([`sluice_runtime::reader::Reader::meter`]).
+    /// Admits a request of `caller` to `service` naming `model`, whose body is `body_bytes`
+    /// long, reserving `max_tokens` and an estimate of its input, or says why not; `Ok(None)`
+    /// for callers without limits. The admission settles the reserved tokens when dropped:
+    /// give it to the request's reader ([`sluice_runtime::reader::Reader::meter`]).
     pub(crate) fn admit(
         &self,
         caller: &auth::Caller,
         service: ServiceKind,
         model: Option<&str>,
-        reserve: Option<u64>,
+        max_tokens: Option<u64>,
+        body_bytes: usize,
+    ) -> Result<Option<limits::Admission>, Refusal> {
+        self.admit_as(
+            caller,
+            service,
+            model,
+            limits::Ask::Request {
+                max_tokens,
+                body_bytes,
+            },
+        )
+    }
+
+    /// Admits the resumed stream of a request of `caller` to `service` naming `model` (a
+    /// request, and a place in flight, of its key's limits; no tokens), or says why not.
+    pub(crate) fn admit_resume(
+        &self,
+        caller: &auth::Caller,
+        service: ServiceKind,
+        model: Option<&str>,
+    ) -> Result<Option<limits::Admission>, Refusal> {
+        self.admit_as(caller, service, model, limits::Ask::Resume)
+    }
+
+    fn admit_as(
+        &self,
+        caller: &auth::Caller,
+        service: ServiceKind,
+        model: Option<&str>,
+        ask: limits::Ask,
     ) -> Result<Option<limits::Admission>, Refusal> {
         self.permitted(caller, service, model)?;
         let Some(key) = caller.key() else {
             return Ok(None);
         };
-        match self.limiter.admit(key, reserve) {
+        match self.limiter.admit(key, ask) {
             Ok(a) => {
                 self.metrics.key_request(&key.name, "admitted");
                 Ok(Some(a))
@@ -210,6 +250,8 @@ impl Inner {
             Err(l) => {
                 let outcome = if l.quota {
                     "quota-exceeded"
+                } else if l.concurrent {
+                    "concurrency-limited"
                 } else {
                     "rate-limited"
                 };
@@ -309,6 +351,12 @@ impl Gateway {
         }
         let limiter = Arc::new(limits::Limiter::new(metrics.clone()));
         let background = CancellationToken::new();
+        let seal = config.secret.clone().unwrap_or_else(SealKey::random);
+        if !seal.is_shared() && bus.keeps_messages() && !config.resume_window.is_zero() {
+            info!(
+                "streams resume only through this gateway: its replicas resume each other's with a secret they share (SLUICE_GATEWAY_SECRET or SLUICE_GATEWAY_SECRET_FILE)"
+            );
+        }
         if let Some(keys) = config.auth.keys() {
             let ring = keys.ring();
             metrics.keys(ring.len());
@@ -321,21 +369,30 @@ impl Gateway {
                 }
             }));
             if let Some(topic) = &config.limits_topic {
-                if bus.keeps_messages() {
+                if !bus.keeps_messages() {
+                    info!(
+                        "API key limits are counted by this gateway alone: the bus keeps no messages to share them through"
+                    );
+                } else if !seal.is_shared() {
+                    // What another replica publishes could not be told from a forgery.
+                    info!(
+                        "API key limits are counted by this gateway alone: the replicas share them only with a secret they share (SLUICE_GATEWAY_SECRET or SLUICE_GATEWAY_SECRET_FILE)"
+                    );
+                } else {
                     let (replayed, read) = tokio::sync::oneshot::channel();
                     tokio::spawn(limiter.clone().share(
                         bus.clone(),
                         topic.clone(),
+                        limits::Sharing {
+                            seal: seal.clone(),
+                            keys: keys.clone(),
+                        },
                         background.clone(),
                         replayed,
                     ));
                     // The day's and month's usage of every replica, before the first caller.
                     let _ = tokio::time::timeout(limits::REPLAY_WAIT, read).await;
                     info!(topic, "API key limits shared through the bus");
-                } else {
-                    info!(
-                        "API key limits are counted by this gateway alone: the bus keeps no messages to share them through"
-                    );
                 }
             }
         }
@@ -346,6 +403,7 @@ impl Gateway {
                 metrics,
                 models: tokio::sync::Mutex::new(None),
                 limiter,
+                seal,
                 background,
             }),
         })

@@ -20,6 +20,23 @@
 //! ones (it does not refuse every caller because the broker is down), so the overshoot is
 //! then bounded by one full limit per replica; `sluice_gateway_limit_share_failures_total`
 //! says when that happens.
+//!
+//! What is read from the topic is believed only when it is a replica's: every snapshot is
+//! sealed (`sluice_runtime::seal`, an HMAC under the secret the replicas share) and one
+//! without a valid seal is dropped, as is one of a key the keys file does not have, one whose
+//! sequence number is ahead of the clock (it would make the replica's real snapshots read as
+//! old), one from a clock far ahead, and one of a replica beyond [`MAX_REPLICAS_PER_KEY`].
+//! Each is counted in `sluice_gateway_limit_snapshots_refused_total` by reason. Without a
+//! shared secret nothing is shared: each replica counts alone. A seal does not make a
+//! snapshot new: someone who may publish on the topic can publish a replica's older snapshot
+//! again, which the replicas that read the newer one ignore, and which the topic's compacted
+//! view keeps until that replica publishes again (within [`REPUBLISH_EVERY`] while it runs).
+//! The topic's write permission is for the gateways alone.
+//!
+//! Each key's requests in flight are counted too, for its `concurrent_requests`: a replica's
+//! count is believed while its snapshots are fresh (it publishes one every
+//! [`IN_FLIGHT_EVERY`] while any are in flight), so a replica that died stops holding its
+//! callers' places within two minutes.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -37,7 +54,12 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::{keys::Key, metrics::GatewayMetrics};
+use sluice_runtime::seal::{Label, SealKey};
+
+use crate::{
+    keys::{Key, Keys},
+    metrics::GatewayMetrics,
+};
 
 /// How often every snapshot with a day's or month's usage is published again, well within
 /// the topic's retention (`ensure-namespaces` gives response namespaces 60 minutes).
@@ -52,6 +74,46 @@ pub const REPLAY_QUIET: Duration = Duration::from_millis(300);
 
 /// The longest wait between two attempts to reach the limits topic.
 const SHARE_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// How often a replica publishes the keys it has requests in flight of, so that the others
+/// go on counting them (they stop after two minutes without a snapshot).
+pub const IN_FLIGHT_EVERY: Duration = Duration::from_secs(20);
+
+/// The other replicas whose counts of one key are kept. Replicas come and go (each process is
+/// a new one, and a gone one's usage counts for the day and the month): beyond this, the
+/// counts of replicas not heard of for [`GONE_AFTER`] are folded into one sum, and a snapshot
+/// of yet another replica is refused while none can be.
+pub const MAX_REPLICAS_PER_KEY: usize = 64;
+
+/// A replica whose last snapshot is this old is gone (a running one publishes every
+/// [`REPUBLISH_EVERY`] while it holds usage).
+const GONE_AFTER: u64 = 2 * REPUBLISH_EVERY.as_secs() / 60;
+
+/// What a snapshot's seal is for (never the same as another seal's).
+const SNAPSHOT_SEAL: Label = Label::new("sluice/gateway/limit-snapshot/v1");
+
+/// The message property that carries a snapshot's seal.
+pub const SEAL_PROPERTY: &str = "sluice-seal";
+
+/// How far ahead of this replica's clock another's sequence number may be, in microseconds
+/// (a snapshot's `seq` is its replica's clock, see [`Limiter::snapshots`]).
+const SEQ_AHEAD_MICROS: u64 = 120_000_000;
+
+/// Where the counts of the replicas folded together are kept, among the replicas' (no
+/// replica is named so: a snapshot with no replica name is refused).
+const RETIRED: &str = "";
+
+/// Why a snapshot read from the topic was not taken
+/// (`sluice_gateway_limit_snapshots_refused_total{reason}`).
+pub(crate) const SNAPSHOT_REFUSALS: [&str; 7] = [
+    "unsealed",
+    "seal",
+    "malformed",
+    "unknown-key",
+    "ahead",
+    "seq",
+    "replicas",
+];
 
 /// The wall clock, cut into the windows limits are counted in.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -83,6 +145,11 @@ impl Now {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64()),
         )
+    }
+
+    /// Microseconds since the Unix epoch.
+    fn micros(&self) -> u64 {
+        (self.secs.max(0.0) * 1_000_000.0) as u64
     }
 
     /// How far into the minute, 0 to 1.
@@ -139,6 +206,9 @@ pub(crate) struct Counts {
     day_tokens: u64,
     month: u64,
     month_tokens: u64,
+    /// Requests admitted and not yet ended (resumed streams included).
+    #[serde(default)]
+    in_flight: u64,
 }
 
 impl Counts {
@@ -182,7 +252,14 @@ impl Counts {
             } else {
                 0
             },
+            in_flight: self.in_flight,
         }
+    }
+
+    /// Whether these counts were published within the last two minutes (by the publisher's
+    /// clock): what their requests in flight are believed for.
+    fn fresh(&self, now: &Now) -> bool {
+        self.minute.saturating_add(1) >= now.minute
     }
 
     fn add(&mut self, other: &Counts) {
@@ -192,20 +269,24 @@ impl Counts {
         self.prev_tokens = self.prev_tokens.saturating_add(other.prev_tokens);
         self.day_tokens = self.day_tokens.saturating_add(other.day_tokens);
         self.month_tokens = self.month_tokens.saturating_add(other.month_tokens);
+        self.in_flight = self.in_flight.saturating_add(other.in_flight);
     }
 
     /// Whether a snapshot of these counts is worth keeping on the topic.
     fn holds_usage(&self) -> bool {
-        self.day_tokens > 0 || self.month_tokens > 0 || self.requests > 0
+        self.day_tokens > 0 || self.month_tokens > 0 || self.requests > 0 || self.in_flight > 0
     }
 }
 
-/// A snapshot on the shared topic.
+/// A snapshot on the shared topic: its JSON is the message's payload, sealed in the
+/// [`SEAL_PROPERTY`] property.
 #[derive(Debug, Serialize, Deserialize)]
 struct Snapshot {
     replica: String,
     key: String,
     /// Increases with every snapshot a replica publishes: an older one read late is ignored.
+    /// The replica's clock in microseconds (or one more than its last, if that is more), so
+    /// that another replica can tell a real one from one far ahead.
     seq: u64,
     counts: Counts,
     /// When it was published (Unix ms): how late the others read it, for
@@ -226,6 +307,35 @@ pub(crate) struct Limited {
     pub(crate) retry_after: Option<u64>,
     /// The daily or monthly quota, not a per-minute rate.
     pub(crate) quota: bool,
+    /// The key's requests in flight (`concurrent_requests`), not a rate.
+    pub(crate) concurrent: bool,
+}
+
+/// What a request asks of its key's limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ask {
+    /// A new request, reserving its `max_tokens` (else the key's `reserve_tokens`) and an
+    /// estimate of its input from its body's size.
+    Request {
+        max_tokens: Option<u64>,
+        body_bytes: usize,
+    },
+    /// A resumed stream: a request and a place in flight, no tokens (the stream's were
+    /// counted when it started), within [`RESUMES_PER_KEY`].
+    Resume,
+}
+
+/// The resumed streams one key may read at once through one replica. A resume reads the
+/// response topic through a subscription of its own: a broker's work, not a provider's.
+pub const RESUMES_PER_KEY: u64 = 8;
+
+/// About how many bytes of a request body make a token of input (English text runs at about
+/// four characters a token). An estimate held until the request's real usage replaces it.
+const BYTES_PER_TOKEN: usize = 4;
+
+/// The tokens reserved for a request's input, estimated from its body's size.
+pub(crate) fn input_estimate(body_bytes: usize) -> u64 {
+    body_bytes.div_ceil(BYTES_PER_TOKEN) as u64
 }
 
 #[derive(Default)]
@@ -237,6 +347,8 @@ struct State {
     seq: u64,
     /// Keys whose counts changed since they were last published.
     dirty: HashSet<Arc<str>>,
+    /// Resumed streams being read, per key.
+    resuming: HashMap<Arc<str>, u64>,
 }
 
 /// The limits of every key on this replica, and the state shared with the others.
@@ -246,6 +358,17 @@ pub(crate) struct Limiter {
     changed: Notify,
     metrics: GatewayMetrics,
 }
+
+/// What a replica shares its counts with: the seal of the replicas' shared secret, and the
+/// keys whose counts are taken.
+#[derive(Clone)]
+pub(crate) struct Sharing {
+    pub(crate) seal: SealKey,
+    pub(crate) keys: Arc<Keys>,
+}
+
+/// Why a snapshot read from the topic is not taken: one of [`SNAPSHOT_REFUSALS`].
+type Refused = &'static str;
 
 /// The sliding-minute estimate of a count: the previous minute weighed by how much of it is
 /// still within the last 60 s.
@@ -294,24 +417,30 @@ impl Limiter {
         }
     }
 
-    /// Admits a request of `key` reserving `reserve` tokens (its `max_tokens`, else the key's
-    /// default), or says why not. The admission settles the reservation when dropped.
-    pub(crate) fn admit(
-        self: &Arc<Self>,
-        key: &Key,
-        reserve: Option<u64>,
-    ) -> Result<Admission, Limited> {
-        self.admit_at(key, reserve, Now::wall())
+    /// Admits what `ask` asks of `key`, or says why not. The admission settles the
+    /// reservation and frees the place in flight when dropped.
+    pub(crate) fn admit(self: &Arc<Self>, key: &Key, ask: Ask) -> Result<Admission, Limited> {
+        self.admit_at(key, ask, Now::wall())
     }
 
-    fn admit_at(
-        self: &Arc<Self>,
-        key: &Key,
-        reserve: Option<u64>,
-        now: Now,
-    ) -> Result<Admission, Limited> {
+    fn admit_at(self: &Arc<Self>, key: &Key, ask: Ask, now: Now) -> Result<Admission, Limited> {
         let limits = key.limits;
-        let reserve = reserve.unwrap_or(limits.reserve_tokens);
+        let (reserve, input) = match ask {
+            Ask::Request {
+                max_tokens,
+                body_bytes,
+            } => {
+                let input = input_estimate(body_bytes);
+                (
+                    max_tokens
+                        .unwrap_or(limits.reserve_tokens)
+                        .saturating_add(input),
+                    input,
+                )
+            }
+            Ask::Resume => (0, 0),
+        };
+        let resume = ask == Ask::Resume;
         let mut state = self.lock();
         let mine = state
             .mine
@@ -322,7 +451,13 @@ impl Limiter {
         let mut total = mine;
         if let Some(peers) = state.peers.get(&key.name) {
             for (_, c) in peers.values() {
-                total.add(&c.at(&now));
+                let mut counted = c.at(&now);
+                // A replica not heard of for two minutes holds no place in flight: it may
+                // have died with them.
+                if !c.fresh(&now) {
+                    counted.in_flight = 0;
+                }
+                total.add(&counted);
             }
         }
         let into = now.minute_fraction();
@@ -330,6 +465,34 @@ impl Limiter {
         // Every limit is checked: the caller hears of the one that keeps it waiting longest
         // (a Retry-After that would only meet the next limit helps nobody).
         let mut refusals = Vec::new();
+        if let Some(max) = limits.concurrent_requests
+            && total.in_flight.saturating_add(1) > max
+        {
+            refusals.push(Limited {
+                what: "requests",
+                message: format!(
+                    "the API key {name:?} has {} requests in flight, its limit of concurrent requests",
+                    total.in_flight
+                ),
+                // A place frees when a request ends: soon, or not; asking again in a second
+                // costs little.
+                retry_after: Some(1),
+                quota: false,
+                concurrent: true,
+            });
+        }
+        let resuming = state.resuming.get(&key.name).copied().unwrap_or(0);
+        if resume && resuming >= RESUMES_PER_KEY {
+            refusals.push(Limited {
+                what: "requests",
+                message: format!(
+                    "the API key {name:?} is resuming {resuming} streams through this gateway, its limit of resumed streams at once"
+                ),
+                retry_after: Some(1),
+                quota: false,
+                concurrent: true,
+            });
+        }
         if let Some(rpm) = limits.requests_per_minute
             && sliding(total.requests, total.prev_requests, into) + 1.0 > rpm as f64
         {
@@ -346,17 +509,22 @@ impl Limiter {
                     &now,
                 )),
                 quota: false,
+                concurrent: false,
             });
         }
-        if let Some(tpm) = limits.tokens_per_minute {
+        // A resumed stream's tokens were counted when it started: the token limits are not
+        // its to meet.
+        let tpm = limits.tokens_per_minute.filter(|_| !resume);
+        if let Some(tpm) = tpm {
             if reserve > tpm {
                 refusals.push(Limited {
                     what: "tokens",
                     message: format!(
-                        "the request reserves {reserve} tokens (its max_tokens, or the key's reserve_tokens), more than the API key {name:?}'s limit of {tpm} tokens per minute"
+                        "the request reserves {reserve} tokens (its max_tokens, or the key's reserve_tokens, and about {input} for its input), more than the API key {name:?}'s limit of {tpm} tokens per minute"
                     ),
                     retry_after: None,
                     quota: false,
+                    concurrent: false,
                 });
             } else if sliding(total.tokens, total.prev_tokens, into) + reserve as f64 > tpm as f64 {
                 refusals.push(Limited {
@@ -372,6 +540,7 @@ impl Limiter {
                         &now,
                     )),
                     quota: false,
+                    concurrent: false,
                 });
             }
         }
@@ -389,7 +558,7 @@ impl Limiter {
                 now.secs_to_next_month(),
             ),
         ] {
-            if let Some(limit) = limit
+            if let Some(limit) = limit.filter(|_| !resume)
                 && used.saturating_add(reserve) > limit
             {
                 refusals.push(Limited {
@@ -400,6 +569,7 @@ impl Limiter {
                     // A reservation larger than the whole quota never fits.
                     retry_after: (reserve <= limit).then(|| ((wait - 1e-6).ceil() as u64).max(1)),
                     quota: true,
+                    concurrent: false,
                 });
             }
         }
@@ -414,7 +584,11 @@ impl Limiter {
         counts.tokens = counts.tokens.saturating_add(reserve);
         counts.day_tokens = counts.day_tokens.saturating_add(reserve);
         counts.month_tokens = counts.month_tokens.saturating_add(reserve);
+        counts.in_flight = counts.in_flight.saturating_add(1);
         state.mine.insert(key.name.clone(), counts);
+        if resume {
+            *state.resuming.entry(key.name.clone()).or_default() += 1;
+        }
         if limits.any() {
             state.dirty.insert(key.name.clone());
             drop(state);
@@ -424,27 +598,48 @@ impl Limiter {
             limiter: self.clone(),
             key: key.name.clone(),
             shared: limits.any(),
+            resume,
             reserved: reserve,
             at: now,
             input: 0,
             output: 0,
+            reported: false,
             ended: false,
         })
     }
 
-    /// Replaces a reservation made at `at` with what the request used.
+    /// Replaces a reservation made at `at` with what the request used, and frees its place
+    /// in flight.
     fn settle(&self, a: &Admission, now: Now) {
         // Usage comes on the last records: an answer cut short before them (the caller gone,
-        // a timeout) is charged at least its reservation, as the provider may well have
-        // billed it.
+        // a timeout), or one whose records carried none (a provider that does not report it),
+        // is charged at least its reservation, as the provider may well have billed it.
         let reported = a.input.saturating_add(a.output);
-        let used = if a.ended {
+        let used = if a.ended && a.reported {
             reported
         } else {
             reported.max(a.reserved)
         };
         let mut state = self.lock();
+        if a.resume
+            && let Some(n) = state.resuming.get_mut(&a.key)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                state.resuming.remove(&a.key);
+            }
+        }
         if let Some(c) = state.mine.get_mut(&a.key) {
+            c.in_flight = c.in_flight.saturating_sub(1);
+            if a.resume {
+                // Nothing reserved, nothing to settle: the stream's tokens were its sender's.
+                if a.shared {
+                    state.dirty.insert(a.key.clone());
+                    drop(state);
+                    self.changed.notify_one();
+                }
+                return;
+            }
             let mut rolled = c.at(&now);
             let fix = |n: u64| n.saturating_sub(a.reserved).saturating_add(used);
             if a.at.minute == now.minute {
@@ -476,27 +671,72 @@ impl Limiter {
         }
     }
 
-    /// Takes a snapshot read from the shared topic.
-    fn take(&self, snapshot: Snapshot) {
-        if snapshot.replica == self.replica {
-            return;
+    /// Judges a message read from the shared topic (its payload and its seal property) and
+    /// takes the snapshot it holds if it is one to believe: sealed by a replica, of a key of
+    /// `sharing`'s keys file, with a sequence number and counts that are not ahead of this
+    /// replica's clock, within [`MAX_REPLICAS_PER_KEY`]. What is not believed is counted by
+    /// why, and said at debug level only (a flood of forgeries must not flood the log).
+    fn receive(
+        &self,
+        payload: &[u8],
+        seal: Option<&str>,
+        sharing: &Sharing,
+        now: &Now,
+    ) -> Result<(), Refused> {
+        let verdict = self.judge(payload, seal, sharing, now);
+        if let Err(reason) = verdict {
+            debug!(reason, "a message on the limits topic was not taken");
+            self.metrics.limit_snapshot_refused(reason);
         }
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        verdict
+    }
+
+    fn judge(
+        &self,
+        payload: &[u8],
+        seal: Option<&str>,
+        sharing: &Sharing,
+        now: &Now,
+    ) -> Result<(), Refused> {
+        let Some(seal) = seal else {
+            return Err("unsealed");
+        };
+        if !sharing.seal.verify_encoded(SNAPSHOT_SEAL, &[payload], seal) {
+            return Err("seal");
+        }
+        let snapshot: Snapshot = serde_json::from_slice(payload).map_err(|_| "malformed")?;
+        if snapshot.replica == RETIRED {
+            return Err("malformed");
+        }
+        if snapshot.replica == self.replica {
+            return Ok(());
+        }
+        if !sharing.keys.ring().has_name(&snapshot.key) {
+            return Err("unknown-key");
+        }
+        if snapshot.seq > now.micros().saturating_add(SEQ_AHEAD_MICROS) {
+            return Err("seq");
+        }
+        self.take(snapshot, now)
+    }
+
+    /// Takes a snapshot that is a replica's.
+    fn take(&self, snapshot: Snapshot, now: &Now) -> Result<(), Refused> {
+        if snapshot.replica == self.replica {
+            return Ok(());
+        }
+        let now_ms = (now.secs * 1000.0) as u64;
         // Snapshots replayed at start are old by design; a live one tells the sharing's delay.
         if now_ms >= snapshot.sent_ms && now_ms - snapshot.sent_ms < 60_000 {
             self.metrics
                 .limit_share_delay((now_ms - snapshot.sent_ms) as f64 / 1000.0);
         }
-        // Counts from a clock far ahead (or a message that is not a real snapshot) would
-        // hold a key at its limit for as long: they are not taken.
-        let now = Now::wall();
+        // Counts from a clock far ahead would hold a key at its limit for as long: they are
+        // not taken.
         if snapshot.counts.minute > now.minute.saturating_add(2)
             || snapshot.counts.month > now.month.saturating_add(1)
         {
-            self.metrics.limit_share_failure();
-            return;
+            return Err("ahead");
         }
         let mut state = self.lock();
         let key: Arc<str> = match state.peers.get_key_value(snapshot.key.as_str()) {
@@ -505,9 +745,20 @@ impl Limiter {
         };
         let replicas = state.peers.entry(key).or_default();
         match replicas.get(&snapshot.replica) {
-            Some((seq, _)) if *seq >= snapshot.seq => {}
-            _ => {
+            Some((seq, _)) if *seq >= snapshot.seq => Ok(()),
+            Some(_) => {
                 replicas.insert(snapshot.replica, (snapshot.seq, snapshot.counts));
+                Ok(())
+            }
+            None => {
+                if replicas.len() - usize::from(replicas.contains_key(RETIRED))
+                    >= MAX_REPLICAS_PER_KEY
+                    && !retire_one(replicas, now)
+                {
+                    return Err("replicas");
+                }
+                replicas.insert(snapshot.replica, (snapshot.seq, snapshot.counts));
+                Ok(())
             }
         }
     }
@@ -518,7 +769,7 @@ impl Limiter {
         let mut live = HashSet::new();
         for replicas in state.peers.values() {
             for (replica, (_, c)) in replicas {
-                if c.minute.saturating_add(1) >= now.minute {
+                if replica != RETIRED && c.fresh(now) {
                     live.insert(replica.as_str());
                 }
             }
@@ -526,37 +777,44 @@ impl Limiter {
         live.len()
     }
 
-    /// Drops what can no longer count: other replicas' snapshots from before this month.
-    fn forget_old(&self, now: &Now) {
+    /// Drops what can no longer count: other replicas' snapshots from before this month, and
+    /// those of keys no longer in the keys file.
+    fn forget_old(&self, now: &Now, keys: &Keys) {
+        let ring = keys.ring();
         let mut state = self.lock();
+        state.peers.retain(|k, _| ring.has_name(k));
         for replicas in state.peers.values_mut() {
             replicas.retain(|_, (_, c)| c.month >= now.month);
         }
         state.peers.retain(|_, r| !r.is_empty());
     }
 
-    /// The snapshots to publish now: `all` republishes every key that holds usage.
-    fn snapshots(&self, all: bool) -> Vec<(String, Snapshot)> {
+    /// The snapshots to publish now: `which` keys.
+    fn snapshots(&self, which: Which) -> Vec<(String, Snapshot)> {
         let now = Now::wall();
         let mut state = self.lock();
-        let keys: Vec<Arc<str>> = if all {
-            state
+        let keys: Vec<Arc<str>> = match which {
+            Which::Changed => state.dirty.iter().cloned().collect(),
+            Which::InFlight | Which::All => state
                 .mine
                 .iter()
-                .filter(|(_, c)| c.at(&now).holds_usage())
+                .filter(|(_, c)| match which {
+                    Which::InFlight => c.in_flight > 0,
+                    _ => c.at(&now).holds_usage(),
+                })
                 .map(|(k, _)| k.clone())
                 .chain(state.dirty.iter().cloned())
                 .collect::<HashSet<_>>()
                 .into_iter()
-                .collect()
-        } else {
-            state.dirty.iter().cloned().collect()
+                .collect(),
         };
         state.dirty.clear();
         let mut out = Vec::with_capacity(keys.len());
         for key in keys {
             let counts = state.mine.get(&key).copied().unwrap_or_default().at(&now);
-            state.seq += 1;
+            // The clock, so that the others can refuse a number far ahead of theirs; one more
+            // than the last if the clock went back.
+            state.seq = state.seq.saturating_add(1).max(now.micros());
             out.push((
                 format!("{key}/{}", self.replica),
                 Snapshot {
@@ -586,15 +844,18 @@ impl Limiter {
         self: Arc<Self>,
         bus: Arc<dyn Bus>,
         topic: String,
+        sharing: Sharing,
         stop: CancellationToken,
         replayed: tokio::sync::oneshot::Sender<()>,
     ) {
-        let reading =
-            tokio::spawn(
-                self.clone()
-                    .read(bus.clone(), topic.clone(), stop.clone(), replayed),
-            );
-        self.publish(bus, topic, stop).await;
+        let reading = tokio::spawn(self.clone().read(
+            bus.clone(),
+            topic.clone(),
+            sharing.clone(),
+            stop.clone(),
+            replayed,
+        ));
+        self.publish(bus, topic, sharing, stop).await;
         reading.abort();
     }
 
@@ -602,6 +863,7 @@ impl Limiter {
         self: Arc<Self>,
         bus: Arc<dyn Bus>,
         topic: String,
+        sharing: Sharing,
         stop: CancellationToken,
         replayed: tokio::sync::oneshot::Sender<()>,
     ) {
@@ -657,14 +919,13 @@ impl Limiter {
                 match next {
                     Some(Ok(delivery)) => {
                         backoff = Backoff::new(SHARE_RETRY_MAX);
-                        match serde_json::from_slice::<Snapshot>(delivery.payload()) {
-                            Ok(s) => self.take(s),
-                            // Not ours to judge: another writer's message is skipped, counted.
-                            Err(e) => {
-                                debug!(error = %e, "a message on the limits topic is not a snapshot");
-                                self.metrics.limit_share_failure();
-                            }
-                        }
+                        // Not believed: dropped (counted by `receive`).
+                        let _ = self.receive(
+                            delivery.payload(),
+                            delivery.property(SEAL_PROPERTY),
+                            &sharing,
+                            &Now::wall(),
+                        );
                         delivery.ack();
                     }
                     Some(Err(e)) => {
@@ -682,25 +943,34 @@ impl Limiter {
         }
     }
 
-    async fn publish(&self, bus: Arc<dyn Bus>, topic: String, stop: CancellationToken) {
+    async fn publish(
+        &self,
+        bus: Arc<dyn Bus>,
+        topic: String,
+        sharing: Sharing,
+        stop: CancellationToken,
+    ) {
         let mut republish = tokio::time::interval(REPUBLISH_EVERY);
         republish.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut in_flight = tokio::time::interval(IN_FLIGHT_EVERY);
+        in_flight.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut gauge = tokio::time::interval(Duration::from_secs(1));
         gauge.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut publisher = None;
         let mut backoff = Backoff::new(SHARE_RETRY_MAX);
         loop {
-            let all = tokio::select! {
+            let which = tokio::select! {
                 () = stop.cancelled() => return,
-                () = self.changed.notified() => false,
-                _ = republish.tick() => true,
+                () = self.changed.notified() => Which::Changed,
+                _ = republish.tick() => Which::All,
+                _ = in_flight.tick() => Which::InFlight,
                 _ = gauge.tick() => {
                     self.metrics.limit_peers(self.live_peers(&Now::wall()));
                     continue;
                 }
             };
-            if all {
-                self.forget_old(&Now::wall());
+            if which == Which::All {
+                self.forget_old(&Now::wall(), &sharing.keys);
             }
             let p = match &publisher {
                 Some(p) => p,
@@ -719,7 +989,7 @@ impl Limiter {
             };
             // One snapshot per key in flight at a time: what changes meanwhile is coalesced
             // into the next one.
-            for (message_key, mut snapshot) in self.snapshots(all) {
+            for (message_key, mut snapshot) in self.snapshots(which) {
                 snapshot.sent_ms = SystemTime::now()
                     .duration_since(UNIX_EPOCH)
                     .map_or(0, |d| d.as_millis() as u64);
@@ -727,7 +997,14 @@ impl Limiter {
                     Ok(p) => p,
                     Err(_) => continue,
                 };
-                let sent = match p.send(Message::new(payload).with_key(message_key)).await {
+                let seal = sharing
+                    .seal
+                    .seal(SNAPSHOT_SEAL, &[&payload])
+                    .encode(SNAPSHOT_SEAL_BYTES);
+                let message = Message::new(payload)
+                    .with_key(message_key)
+                    .with_property(SEAL_PROPERTY, seal);
+                let sent = match p.send(message).await {
                     Ok(receipt) => receipt.await,
                     Err(e) => Err(e),
                 };
@@ -749,22 +1026,84 @@ impl Limiter {
     }
 }
 
-/// An admitted request's reservation: told its token usage as its records arrive (see
-/// [`Meter`]) and settled when dropped, however the stream ended.
+/// The snapshot seal's length, in bytes: all of it (a snapshot is not a header).
+const SNAPSHOT_SEAL_BYTES: usize = 32;
+
+/// Which keys' snapshots to publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Which {
+    /// Those whose counts changed.
+    Changed,
+    /// Those with requests in flight (so that the others go on counting them), and those that
+    /// changed.
+    InFlight,
+    /// Every one that holds usage (so that the topic's retention never drops the day's and
+    /// the month's counts), and those that changed.
+    All,
+}
+
+/// Folds the counts of one replica not heard of for [`GONE_AFTER`] minutes (the longest gone)
+/// into the [`RETIRED`] sum, making room for another; `false` if there is none. Only its day's
+/// and month's tokens still count, and the sum keeps them. A replica folded that turns out to
+/// be alive (cut off from the broker for that long) is counted twice once it is back: too
+/// much rather than too little.
+fn retire_one(replicas: &mut HashMap<String, (u64, Counts)>, now: &Now) -> bool {
+    let gone = replicas
+        .iter()
+        .filter(|(r, (_, c))| {
+            r.as_str() != RETIRED && c.minute.saturating_add(GONE_AFTER) < now.minute
+        })
+        .min_by_key(|(_, (_, c))| c.minute)
+        .map(|(r, _)| r.clone());
+    let Some(gone) = gone else {
+        return false;
+    };
+    let Some((_, counts)) = replicas.remove(&gone) else {
+        return false;
+    };
+    let counts = counts.at(now);
+    let retired = replicas
+        .entry(RETIRED.to_owned())
+        .or_insert((0, Counts::default()));
+    let mut sum = retired.1.at(now);
+    sum.day_tokens = sum.day_tokens.saturating_add(counts.day_tokens);
+    sum.month_tokens = sum.month_tokens.saturating_add(counts.month_tokens);
+    // What still counts is the day's and the month's: the minute's has faded, and a gone
+    // replica holds no place in flight.
+    sum.requests = 0;
+    sum.tokens = 0;
+    sum.prev_requests = 0;
+    sum.prev_tokens = 0;
+    sum.in_flight = 0;
+    retired.1 = sum;
+    true
+}
+
+/// An admitted request's reservation and its place in flight: told its token usage as its
+/// records arrive (see [`Meter`]) and settled when dropped, however the stream ended.
 pub(crate) struct Admission {
     limiter: Arc<Limiter>,
     key: Arc<str>,
     shared: bool,
+    /// A resumed stream's: no tokens of its own.
+    resume: bool,
     reserved: u64,
     at: Now,
     input: u64,
     output: u64,
+    /// Some record carried token counts.
+    reported: bool,
     /// The answer's terminal record arrived: the usage reported is complete.
     ended: bool,
 }
 
 impl Meter for Admission {
     fn tokens(&mut self, input: u64, output: u64) {
+        // A resumed stream reads records whose tokens were counted when they were first read.
+        if self.resume {
+            return;
+        }
+        self.reported = true;
         self.input = self.input.saturating_add(input);
         self.output = self.output.saturating_add(output);
     }
@@ -801,6 +1140,14 @@ mod tests {
         Arc::new(Limiter::new(GatewayMetrics::register(&registry).unwrap()))
     }
 
+    /// A request naming `max_tokens` (else the key's `reserve_tokens`) with an empty body.
+    fn req(max_tokens: Option<u64>) -> Ask {
+        Ask::Request {
+            max_tokens,
+            body_bytes: 0,
+        }
+    }
+
     /// 2026-11-28 10:00:30 UTC.
     const T: f64 = 1_795_860_030.0;
 
@@ -826,8 +1173,10 @@ mod tests {
         let l = limiter();
         let k = key("requests_per_minute = 3");
         let now = Now::at(T);
-        let held: Vec<_> = (0..3).map(|_| l.admit_at(&k, None, now).unwrap()).collect();
-        let refused = l.admit_at(&k, None, now).err().unwrap();
+        let held: Vec<_> = (0..3)
+            .map(|_| l.admit_at(&k, req(None), now).unwrap())
+            .collect();
+        let refused = l.admit_at(&k, req(None), now).err().unwrap();
         assert_eq!(refused.what, "requests");
         // 30 s into the minute, 3 used of 3: in the next minute these 3 weigh until a third
         // of it has passed, 30 + 20 s.
@@ -838,10 +1187,10 @@ mod tests {
         }
         // 15 s into the next minute the previous one still weighs 3 * 0.75: 2.25 + 1 > 3.
         let later = Now::at(T + 45.0);
-        let refused = l.admit_at(&k, None, later).err().unwrap();
+        let refused = l.admit_at(&k, req(None), later).err().unwrap();
         // Room for one at 1/3 into the minute, 20 s; 15 s are gone.
         assert_eq!(refused.retry_after, Some(5));
-        assert!(l.admit_at(&k, None, Now::at(T + 51.0)).is_ok());
+        assert!(l.admit_at(&k, req(None), Now::at(T + 51.0)).is_ok());
     }
 
     #[test]
@@ -849,8 +1198,8 @@ mod tests {
         let l = limiter();
         let k = key("tokens_per_minute = 1000\ntokens_per_day = 1500");
         let now = Now::at(T);
-        let mut a = l.admit_at(&k, Some(800), now).unwrap();
-        let refused = l.admit_at(&k, Some(300), now).err().unwrap();
+        let mut a = l.admit_at(&k, req(Some(800)), now).unwrap();
+        let refused = l.admit_at(&k, req(Some(300)), now).err().unwrap();
         assert_eq!(refused.what, "tokens");
         assert!(!refused.quota);
         a.tokens(20, 30);
@@ -858,19 +1207,20 @@ mod tests {
         l.settle(&a, now);
         std::mem::forget(a);
         // 50 used; 950 left this minute, 1450 today.
-        let mut b = l.admit_at(&k, Some(900), now).unwrap();
+        let mut b = l.admit_at(&k, req(Some(900)), now).unwrap();
+        b.tokens(0, 0);
         b.ended();
         l.settle(&b, now);
         std::mem::forget(b);
         // The reservation settled to nothing: 50 used today. An hour later 1000 are used.
         let next_hour = Now::at(T + 3600.0);
-        let mut big = l.admit_at(&k, Some(1000), next_hour).unwrap();
+        let mut big = l.admit_at(&k, req(Some(1000)), next_hour).unwrap();
         big.tokens(400, 600);
         big.ended();
         l.settle(&big, next_hour);
         std::mem::forget(big);
         let later = Now::at(T + 3720.0);
-        let refused = l.admit_at(&k, Some(500), later).err().unwrap();
+        let refused = l.admit_at(&k, req(Some(500)), later).err().unwrap();
         assert!(refused.quota);
         assert!(
             refused
@@ -881,7 +1231,7 @@ mod tests {
         );
         // 11:02:30 to midnight.
         assert_eq!(refused.retry_after, Some(12 * 3600 + 57 * 60 + 30));
-        let too_big = l.admit_at(&k, Some(1001), later).err().unwrap();
+        let too_big = l.admit_at(&k, req(Some(1001)), later).err().unwrap();
         assert_eq!(too_big.retry_after, None);
     }
 
@@ -891,19 +1241,22 @@ mod tests {
         let k = key("tokens_per_minute = 1000\ntokens_per_day = 100000");
         let now = Now::at(T);
         // Cut short before its usage arrived: charged the reservation, not the 5 reported.
-        let mut cut = l.admit_at(&k, Some(600), now).unwrap();
+        let mut cut = l.admit_at(&k, req(Some(600)), now).unwrap();
         cut.tokens(5, 0);
         l.settle(&cut, now);
         std::mem::forget(cut);
-        assert!(l.admit_at(&k, Some(500), now).is_err(), "600 held of 1000");
+        assert!(
+            l.admit_at(&k, req(Some(500)), now).is_err(),
+            "600 held of 1000"
+        );
         // Admitted at T, ended three minutes later with 5000 used: those count now.
-        let mut long = l.admit_at(&k, Some(100), now).unwrap();
+        let mut long = l.admit_at(&k, req(Some(100)), now).unwrap();
         long.tokens(1000, 4000);
         long.ended();
         let later = Now::at(T + 180.0);
         l.settle(&long, later);
         std::mem::forget(long);
-        let refused = l.admit_at(&k, Some(10), later).err().unwrap();
+        let refused = l.admit_at(&k, req(Some(10)), later).err().unwrap();
         assert!(
             refused.message.contains("1000 tokens per minute"),
             "{}",
@@ -916,17 +1269,17 @@ mod tests {
         let l = limiter();
         let k = key("requests_per_minute = 1\ntokens_per_day = 100");
         let now = Now::at(T);
-        let mut a = l.admit_at(&k, Some(90), now).unwrap();
+        let mut a = l.admit_at(&k, req(Some(90)), now).unwrap();
         a.tokens(90, 0);
         a.ended();
         l.settle(&a, now);
         std::mem::forget(a);
         // Over both the minute's requests and the day's tokens: the day's wait is told.
-        let refused = l.admit_at(&k, Some(20), now).err().unwrap();
+        let refused = l.admit_at(&k, req(Some(20)), now).err().unwrap();
         assert!(refused.quota);
         assert_eq!(refused.retry_after, Some(13 * 3600 + 59 * 60 + 30));
         let never = l
-            .admit_at(&k, Some(101), Now::at(T + 86_400.0))
+            .admit_at(&k, req(Some(101)), Now::at(T + 86_400.0))
             .err()
             .unwrap();
         assert_eq!(never.retry_after, None);
@@ -937,20 +1290,24 @@ mod tests {
         let l = limiter();
         let k = key("requests_per_minute = 1");
         let now = Now::wall();
-        l.take(Snapshot {
-            replica: "elsewhere".into(),
-            key: "k".into(),
-            seq: 1,
-            counts: Counts {
-                minute: u64::MAX,
-                requests: u64::MAX,
-                day: now.day,
-                month: u64::MAX,
-                ..Counts::default()
+        let taken = l.take(
+            Snapshot {
+                replica: "elsewhere".into(),
+                key: "k".into(),
+                seq: 1,
+                counts: Counts {
+                    minute: u64::MAX,
+                    requests: u64::MAX,
+                    day: now.day,
+                    month: u64::MAX,
+                    ..Counts::default()
+                },
+                sent_ms: 0,
             },
-            sent_ms: 0,
-        });
-        assert!(l.admit(&k, None).is_ok());
+            &now,
+        );
+        assert_eq!(taken, Err("ahead"));
+        assert!(l.admit(&k, req(None)).is_ok());
     }
 
     #[test]
@@ -959,8 +1316,8 @@ mod tests {
         let b = limiter();
         let k = key("requests_per_minute = 4");
         let now = Now::wall();
-        let _held: Vec<_> = (0..3).map(|_| b.admit(&k, None).unwrap()).collect();
-        let snaps = b.snapshots(false);
+        let _held: Vec<_> = (0..3).map(|_| b.admit(&k, req(None)).unwrap()).collect();
+        let snaps = b.snapshots(Which::Changed);
         assert_eq!(snaps.len(), 1);
         let (message_key, snap) = &snaps[0];
         assert_eq!(message_key, &format!("k/{}", b.replica));
@@ -972,14 +1329,16 @@ mod tests {
             sent_ms: 0,
         };
         let json = serde_json::to_vec(snap).unwrap();
-        a.take(serde_json::from_slice(&json).unwrap());
-        a.take(older);
+        a.take(serde_json::from_slice(&json).unwrap(), &now)
+            .unwrap();
+        a.take(older, &now).unwrap();
         assert_eq!(a.live_peers(&now), 1);
-        let _one = a.admit(&k, None).unwrap();
-        assert!(a.admit(&k, None).is_err(), "3 on b and 1 on a make 4");
+        let _one = a.admit(&k, req(None)).unwrap();
+        assert!(a.admit(&k, req(None)).is_err(), "3 on b and 1 on a make 4");
         // A replica ignores its own snapshots read back from the topic.
-        let before = b.snapshots(false).len();
-        b.take(serde_json::from_slice(&json).unwrap());
+        let before = b.snapshots(Which::Changed).len();
+        b.take(serde_json::from_slice(&json).unwrap(), &now)
+            .unwrap();
         assert_eq!(before, 0);
         assert_eq!(b.live_peers(&now), 0);
     }
@@ -989,9 +1348,9 @@ mod tests {
         let l = limiter();
         let k = key("");
         for _ in 0..100 {
-            drop(l.admit(&k, None).unwrap());
+            drop(l.admit(&k, req(None)).unwrap());
         }
-        assert!(l.snapshots(false).is_empty());
+        assert!(l.snapshots(Which::Changed).is_empty());
     }
 
     #[test]
@@ -1007,6 +1366,7 @@ mod tests {
             day_tokens: 500,
             month: now.month,
             month_tokens: 5000,
+            in_flight: 0,
         };
         let next = c.at(&Now::at(T + 60.0));
         assert_eq!((next.requests, next.prev_requests), (0, 5));
@@ -1015,5 +1375,367 @@ mod tests {
         assert_eq!((gone.requests, gone.prev_requests), (0, 0));
         let tomorrow = c.at(&Now::at(T + 86_400.0));
         assert_eq!((tomorrow.day_tokens, tomorrow.month_tokens), (0, 5000));
+    }
+
+    #[test]
+    fn an_estimate_of_the_input_is_reserved_besides_max_tokens() {
+        let l = limiter();
+        let k = key("tokens_per_minute = 1000");
+        let now = Now::at(T);
+        let body = |max_tokens, body_bytes| Ask::Request {
+            max_tokens: Some(max_tokens),
+            body_bytes,
+        };
+        // 2000 bytes are about 500 tokens of input: 900 held.
+        let _held = l.admit_at(&k, body(400, 2000), now).unwrap();
+        // 50 and about 100 more do not fit in the 100 left.
+        let refused = l.admit_at(&k, body(50, 400), now).err().unwrap();
+        assert!(
+            refused.message.contains("this request reserves 150"),
+            "{}",
+            refused.message
+        );
+        assert!(l.admit_at(&k, body(50, 200), now).is_ok());
+        // A body that alone is more than the minute allows never fits.
+        let never = l
+            .admit_at(&k, body(1, 4000), Now::at(T + 600.0))
+            .err()
+            .unwrap();
+        assert_eq!(never.retry_after, None);
+        assert!(
+            never.message.contains("about 1000 for its input"),
+            "{}",
+            never.message
+        );
+        assert_eq!(input_estimate(0), 0);
+        assert_eq!(input_estimate(1), 1);
+        assert_eq!(input_estimate(8), 2);
+    }
+
+    #[test]
+    fn an_answer_that_ends_without_usage_costs_its_reservation() {
+        let l = limiter();
+        let k = key("tokens_per_day = 1000");
+        let now = Now::at(T);
+        // Its terminal record came, but no record said what it used (a provider that does
+        // not report usage): the 600 held are charged, not nothing.
+        let mut silent = l.admit_at(&k, req(Some(600)), now).unwrap();
+        silent.ended();
+        l.settle(&silent, now);
+        std::mem::forget(silent);
+        let refused = l.admit_at(&k, req(Some(500)), now).err().unwrap();
+        assert!(
+            refused.message.contains("used 600 of its 1000"),
+            "{}",
+            refused.message
+        );
+        // One that says it used nothing costs nothing.
+        let mut nothing = l.admit_at(&k, req(Some(100)), now).unwrap();
+        nothing.tokens(0, 0);
+        nothing.ended();
+        l.settle(&nothing, now);
+        std::mem::forget(nothing);
+        assert!(l.admit_at(&k, req(Some(400)), now).is_ok());
+    }
+
+    #[test]
+    fn concurrent_requests_hold_their_places_until_they_end_on_every_replica() {
+        let l = limiter();
+        let k = key("concurrent_requests = 2");
+        let now = Now::wall();
+        let a = l.admit_at(&k, req(None), now).unwrap();
+        let b = l.admit_at(&k, req(None), now).unwrap();
+        let refused = l.admit_at(&k, req(None), now).err().unwrap();
+        assert!(refused.concurrent && !refused.quota);
+        assert_eq!(refused.retry_after, Some(1));
+        assert!(
+            refused.message.contains("2 requests in flight"),
+            "{}",
+            refused.message
+        );
+        drop(a);
+        let c = l.admit_at(&k, req(None), now).unwrap();
+        drop(c);
+        // Another replica's places count while its snapshots are fresh, and not after: a
+        // replica that died must not hold them for good.
+        let peer = |minute: u64| Snapshot {
+            replica: "other".into(),
+            key: "k".into(),
+            seq: minute,
+            counts: Counts {
+                minute,
+                day: now.day,
+                month: now.month,
+                in_flight: 1,
+                ..Counts::default()
+            },
+            sent_ms: 0,
+        };
+        l.take(peer(now.minute - 3), &now).unwrap();
+        let d = l.admit_at(&k, req(None), now).unwrap();
+        l.take(peer(now.minute), &now).unwrap();
+        assert!(l.admit_at(&k, req(None), now).err().unwrap().concurrent);
+        drop(d);
+        assert!(
+            l.admit_at(&k, req(None), now).is_err(),
+            "one here, one there"
+        );
+        drop(b);
+        assert!(l.admit_at(&k, req(None), now).is_ok());
+    }
+
+    #[test]
+    fn a_resume_counts_a_request_and_a_place_but_no_tokens_and_is_capped() {
+        let l = limiter();
+        let k = key("requests_per_minute = 100\ntokens_per_day = 10");
+        let now = Now::at(T);
+        let mut used = l.admit_at(&k, req(Some(10)), now).unwrap();
+        used.tokens(4, 6);
+        used.ended();
+        l.settle(&used, now);
+        std::mem::forget(used);
+        // The day's tokens are gone: a new request is refused, the rest of a stream is not.
+        assert!(l.admit_at(&k, req(Some(1)), now).err().unwrap().quota);
+        let mut resumed = l.admit_at(&k, Ask::Resume, now).unwrap();
+        // The records it reads again were counted when they were first read.
+        resumed.tokens(4, 6);
+        resumed.ended();
+        l.settle(&resumed, now);
+        std::mem::forget(resumed);
+        let refused = l.admit_at(&k, req(Some(1)), now).err().unwrap();
+        assert!(
+            refused.message.contains("used 10 of its 10"),
+            "{}",
+            refused.message
+        );
+        // At most RESUMES_PER_KEY at once.
+        let held: Vec<_> = (0..RESUMES_PER_KEY)
+            .map(|_| l.admit_at(&k, Ask::Resume, now).unwrap())
+            .collect();
+        let capped = l.admit_at(&k, Ask::Resume, now).err().unwrap();
+        assert!(capped.concurrent);
+        assert!(
+            capped.message.contains("resuming 8 streams"),
+            "{}",
+            capped.message
+        );
+        for a in held {
+            l.settle(&a, now);
+            std::mem::forget(a);
+        }
+        assert!(l.admit_at(&k, Ask::Resume, now).is_ok());
+        // Each was a request: 1 + 1 + 8 + 1 of 100 this minute.
+        let k = key("requests_per_minute = 2");
+        let l = limiter();
+        let _one = l.admit_at(&k, Ask::Resume, now).unwrap();
+        let _two = l.admit_at(&k, Ask::Resume, now).unwrap();
+        assert_eq!(
+            l.admit_at(&k, Ask::Resume, now).err().unwrap().what,
+            "requests"
+        );
+    }
+
+    const SECRET: &str = "0123456789abcdef0123456789abcdef";
+
+    /// What replicas given `SECRET` and a keys file of `names` share with.
+    fn sharing(secret: &str, names: &[&str]) -> Sharing {
+        let text: String = names
+            .iter()
+            .map(|n| format!("[[keys]]\nname = \"{n}\"\nsha256 = \"{}\"\n", hash_hex(n)))
+            .collect();
+        Sharing {
+            seal: SealKey::new(&sluice_runtime::secret::Secret::new(secret), "test").unwrap(),
+            keys: Arc::new(Keys::fixed(KeyRing::parse(&text).unwrap())),
+        }
+    }
+
+    /// A snapshot's payload and its seal under `with`.
+    fn sealed(with: &Sharing, snapshot: &Snapshot) -> (Vec<u8>, String) {
+        let payload = serde_json::to_vec(snapshot).unwrap();
+        let seal = with
+            .seal
+            .seal(SNAPSHOT_SEAL, &[&payload])
+            .encode(SNAPSHOT_SEAL_BYTES);
+        (payload, seal)
+    }
+
+    fn refusals(l: &Limiter, reason: &str) -> u64 {
+        l.metrics.snapshot_refusals(reason)
+    }
+
+    /// Forged snapshots of every kind change nothing: one that would lock a key out, one that
+    /// would erase a replica's usage, one that would grow the replicas without bound, one
+    /// whose sequence number would make the replica's real ones read as old, one of a key
+    /// that is not in the keys file. A real one is taken.
+    #[test]
+    fn only_snapshots_sealed_by_a_replica_of_a_known_key_are_believed() {
+        let shared = sharing(SECRET, &["k"]);
+        let (a, b) = (limiter(), limiter());
+        let k = key("requests_per_minute = 4");
+        let now = Now::wall();
+        let held: Vec<_> = (0..3).map(|_| b.admit(&k, req(None)).unwrap()).collect();
+        let (_, real) = b.snapshots(Which::Changed).pop().unwrap();
+        let (payload, seal) = sealed(&shared, &real);
+        assert_eq!(a.receive(&payload, Some(&seal), &shared, &now), Ok(()));
+        assert_eq!(a.live_peers(&now), 1);
+        // What a holds: 3 of b's and room for 1.
+        let holds = |a: &Arc<Limiter>| {
+            let one = a.admit(&k, req(None));
+            let two = a.admit(&k, req(None));
+            one.is_ok() && two.is_err()
+        };
+        let lockout = Snapshot {
+            replica: "forger".into(),
+            key: "k".into(),
+            seq: 1,
+            counts: Counts {
+                minute: now.minute,
+                requests: 1_000_000,
+                day: now.day,
+                month: now.month,
+                month_tokens: u64::MAX / 2,
+                ..Counts::default()
+            },
+            sent_ms: 0,
+        };
+        let erase = Snapshot {
+            replica: real.replica.clone(),
+            key: "k".into(),
+            seq: real.seq + 1,
+            counts: Counts::default().at(&now),
+            sent_ms: 0,
+        };
+        let stranger = sharing("fedcba9876543210fedcba9876543210", &["k"]);
+        for forged in [&lockout, &erase] {
+            let (payload, _) = sealed(&shared, forged);
+            assert_eq!(a.receive(&payload, None, &shared, &now), Err("unsealed"));
+            let (payload, seal) = sealed(&stranger, forged);
+            assert_eq!(a.receive(&payload, Some(&seal), &shared, &now), Err("seal"));
+            // A real seal on other bytes.
+            let (_, real_seal) = sealed(&shared, &real);
+            assert_eq!(
+                a.receive(&payload, Some(&real_seal), &shared, &now),
+                Err("seal")
+            );
+        }
+        // Sealed, yet not believed: a number far ahead of the clock (with the secret, say
+        // a replica's own bug), a key not in the file, bytes that are not a snapshot.
+        let jump = Snapshot {
+            seq: u64::MAX,
+            ..erase
+        };
+        let (payload, seal) = sealed(&shared, &jump);
+        assert_eq!(a.receive(&payload, Some(&seal), &shared, &now), Err("seq"));
+        let unknown = Snapshot {
+            key: "not-in-the-file".into(),
+            ..lockout
+        };
+        let (payload, seal) = sealed(&shared, &unknown);
+        assert_eq!(
+            a.receive(&payload, Some(&seal), &shared, &now),
+            Err("unknown-key")
+        );
+        let garbage = b"{\"replica\": 1}".to_vec();
+        let seal = shared
+            .seal
+            .seal(SNAPSHOT_SEAL, &[&garbage])
+            .encode(SNAPSHOT_SEAL_BYTES);
+        assert_eq!(
+            a.receive(&garbage, Some(&seal), &shared, &now),
+            Err("malformed")
+        );
+        // A resume token's seal of the same bytes is not a snapshot's.
+        let other_use = shared
+            .seal
+            .seal(Label::new("sluice/gateway/resume-token/v2"), &[&payload])
+            .encode(SNAPSHOT_SEAL_BYTES);
+        assert_eq!(
+            a.receive(&payload, Some(&other_use), &shared, &now),
+            Err("seal")
+        );
+        // Many replicas, unsealed: none is kept.
+        for i in 0..1000 {
+            let many = Snapshot {
+                replica: format!("r{i}"),
+                key: "k".into(),
+                seq: 1,
+                counts: Counts::default().at(&now),
+                sent_ms: 0,
+            };
+            let (payload, _) = sealed(&shared, &many);
+            assert!(a.receive(&payload, None, &shared, &now).is_err());
+        }
+        assert_eq!(a.live_peers(&now), 1);
+        assert_eq!(a.lock().peers["k"].len(), 1);
+        assert!(holds(&a), "b's 3 still count, and nothing else");
+        assert_eq!(refusals(&a, "unsealed"), 1002);
+        assert_eq!(refusals(&a, "seal"), 5);
+        assert_eq!(refusals(&a, "seq"), 1);
+        assert_eq!(refusals(&a, "unknown-key"), 1);
+        assert_eq!(refusals(&a, "malformed"), 1);
+        // b's next real snapshot is still taken after the number that jumped.
+        drop(held);
+        let (_, next) = b.snapshots(Which::Changed).pop().unwrap();
+        let (payload, seal) = sealed(&shared, &next);
+        assert_eq!(a.receive(&payload, Some(&seal), &shared, &now), Ok(()));
+        assert_eq!(a.lock().peers["k"][&real.replica].1.requests, 3);
+        assert_eq!(a.lock().peers["k"][&real.replica].1.in_flight, 0);
+    }
+
+    /// At most MAX_REPLICAS_PER_KEY replicas of a key are kept; the gone ones' day and month
+    /// usage is folded into one sum to make room, so that nothing they used is forgotten.
+    #[test]
+    fn replicas_of_a_key_are_capped_and_gone_ones_are_folded_not_forgotten() {
+        let shared = sharing(SECRET, &["k"]);
+        let l = limiter();
+        let k = key("tokens_per_day = 1000000");
+        let now = Now::wall();
+        let snapshot = |i: usize, minute: u64| Snapshot {
+            replica: format!("r{i}"),
+            key: "k".into(),
+            seq: 1,
+            counts: Counts {
+                minute,
+                day: now.day,
+                month: now.month,
+                day_tokens: 1000,
+                month_tokens: 1000,
+                ..Counts::default()
+            },
+            sent_ms: 0,
+        };
+        let receive = |s: &Snapshot| {
+            let (payload, seal) = sealed(&shared, s);
+            l.receive(&payload, Some(&seal), &shared, &now)
+        };
+        // Half of them long gone, half live.
+        for i in 0..MAX_REPLICAS_PER_KEY {
+            let minute = if i % 2 == 0 {
+                now.minute - GONE_AFTER - 1 - i as u64
+            } else {
+                now.minute
+            };
+            assert_eq!(receive(&snapshot(i, minute)), Ok(()));
+        }
+        let used = |l: &Arc<Limiter>| {
+            let refused = l
+                .admit(&k, req(Some(1_000_000)))
+                .err()
+                .expect("refused: the quota is used");
+            refused.message
+        };
+        let before = used(&l);
+        assert!(before.contains("used 64000 of"), "{before}");
+        // More replicas: gone ones make room, their usage kept.
+        for i in MAX_REPLICAS_PER_KEY..MAX_REPLICAS_PER_KEY + MAX_REPLICAS_PER_KEY / 2 {
+            assert_eq!(receive(&snapshot(i, now.minute)), Ok(()));
+        }
+        let peers = l.lock().peers["k"].len();
+        assert_eq!(peers, MAX_REPLICAS_PER_KEY + 1, "the replicas and the sum");
+        assert!(used(&l).contains("used 96000 of"), "{}", used(&l));
+        // Every one live: no room, and what is refused is counted.
+        assert_eq!(receive(&snapshot(1000, now.minute)), Err("replicas"));
+        assert_eq!(refusals(&l, "replicas"), 1);
+        assert_eq!(l.live_peers(&now), MAX_REPLICAS_PER_KEY);
     }
 }

@@ -20,6 +20,7 @@ pub struct GatewayMetrics {
     open_streams: IntGaugeVec,
     socket_frames: IntCounterVec,
     resumes: IntCounterVec,
+    resume_refusals: IntCounterVec,
     key_requests: IntCounterVec,
     key_tokens: IntCounterVec,
     keys: IntGauge,
@@ -29,6 +30,7 @@ pub struct GatewayMetrics {
     limit_share_delay: prometheus::Histogram,
     refusals: IntCounterVec,
     open_connections: IntGauge,
+    limit_snapshots_refused: IntCounterVec,
 }
 
 /// Why a request or connection was refused before any route saw it
@@ -36,7 +38,13 @@ pub struct GatewayMetrics {
 pub const REFUSAL_REASONS: [&str; 4] = ["host", "origin", "content-type", "socket-auth"];
 
 /// What happened to an API key's request (`sluice_gateway_key_requests_total{outcome}`).
-pub const KEY_OUTCOMES: [&str; 4] = ["admitted", "rate-limited", "quota-exceeded", "forbidden"];
+pub const KEY_OUTCOMES: [&str; 5] = [
+    "admitted",
+    "rate-limited",
+    "quota-exceeded",
+    "concurrency-limited",
+    "forbidden",
+];
 
 impl GatewayMetrics {
     /// Registers the metrics in `registry`.
@@ -84,10 +92,17 @@ impl GatewayMetrics {
             ),
             &["route", "outcome"],
         )?;
+        let resume_refusals = IntCounterVec::new(
+            Opts::new(
+                "sluice_gateway_resume_refusals_total",
+                "Requests to resume a stream that were refused, by reason: malformed (not a token), route (another route's), off (resuming is off), not-resumable (answers not kept), seal (not given to this caller by these gateways, or altered), expired (older than the resume window), future (a start time ahead of this gateway's clock)",
+            ),
+            &["reason"],
+        )?;
         let key_requests = IntCounterVec::new(
             Opts::new(
                 "sluice_gateway_key_requests_total",
-                "Requests made with an API key, by key name and outcome: admitted, rate-limited (a per-minute limit), quota-exceeded (a day's or month's tokens), forbidden (a service, model or flow the key may not use)",
+                "Requests made with an API key, resumed streams included, by key name and outcome: admitted, rate-limited (a per-minute limit), quota-exceeded (a day's or month's tokens), concurrency-limited (requests in flight, or resumed streams read at once), forbidden (a service, model or flow the key may not use)",
             ),
             &["key", "outcome"],
         )?;
@@ -135,6 +150,19 @@ impl GatewayMetrics {
             )
             .buckets(FIRST_EVENT_BUCKETS.to_vec()),
         )?;
+        let limit_snapshots_refused = IntCounterVec::new(
+            Opts::new(
+                "sluice_gateway_limit_snapshots_refused_total",
+                "Messages on the limits topic not believed, by reason: unsealed (no seal), seal (a seal not of the replicas' secret), malformed, unknown-key (a key not in the keys file), ahead (counts from a clock far ahead), seq (a sequence number ahead of the clock), replicas (more replicas of one key than are kept)",
+            ),
+            &["reason"],
+        )?;
+        for reason in crate::resume::REFUSAL_REASONS {
+            resume_refusals.with_label_values(&[reason]);
+        }
+        for reason in crate::limits::SNAPSHOT_REFUSALS {
+            limit_snapshots_refused.with_label_values(&[reason]);
+        }
         for outcome in ["taken", "invalid"] {
             key_reloads.with_label_values(&[outcome]);
         }
@@ -152,6 +180,7 @@ impl GatewayMetrics {
         registry.register(Box::new(open_streams.clone()))?;
         registry.register(Box::new(socket_frames.clone()))?;
         registry.register(Box::new(resumes.clone()))?;
+        registry.register(Box::new(resume_refusals.clone()))?;
         registry.register(Box::new(key_requests.clone()))?;
         registry.register(Box::new(key_tokens.clone()))?;
         registry.register(Box::new(keys.clone()))?;
@@ -161,6 +190,7 @@ impl GatewayMetrics {
         registry.register(Box::new(limit_share_delay.clone()))?;
         registry.register(Box::new(refusals.clone()))?;
         registry.register(Box::new(open_connections.clone()))?;
+        registry.register(Box::new(limit_snapshots_refused.clone()))?;
         Ok(Self {
             requests,
             streams,
@@ -168,6 +198,7 @@ impl GatewayMetrics {
             open_streams,
             socket_frames,
             resumes,
+            resume_refusals,
             key_requests,
             key_tokens,
             keys,
@@ -177,6 +208,7 @@ impl GatewayMetrics {
             limit_share_delay,
             refusals,
             open_connections,
+            limit_snapshots_refused,
         })
     }
 
@@ -196,6 +228,33 @@ impl GatewayMetrics {
     /// Counts a request to resume a stream.
     pub fn resume(&self, route: &str, outcome: &str) {
         self.resumes.with_label_values(&[route, outcome]).inc();
+    }
+
+    /// Counts a refused resume by its reason (one of `resume::REFUSAL_REASONS`).
+    pub(crate) fn resume_refused(&self, reason: &str) {
+        self.resume_refusals.with_label_values(&[reason]).inc();
+    }
+
+    /// Counts a message on the limits topic that was not believed (`reason`: one of
+    /// `limits::SNAPSHOT_REFUSALS`).
+    pub(crate) fn limit_snapshot_refused(&self, reason: &str) {
+        self.limit_snapshots_refused
+            .with_label_values(&[reason])
+            .inc();
+    }
+
+    /// How many resumes were refused for `reason` (tests).
+    #[cfg(test)]
+    pub(crate) fn resume_refusals(&self, reason: &str) -> u64 {
+        self.resume_refusals.with_label_values(&[reason]).get()
+    }
+
+    /// How many messages on the limits topic were not believed for `reason` (tests).
+    #[cfg(test)]
+    pub(crate) fn snapshot_refusals(&self, reason: &str) -> u64 {
+        self.limit_snapshots_refused
+            .with_label_values(&[reason])
+            .get()
     }
 
     /// Counts an HTTP request.

@@ -1212,7 +1212,11 @@ pub(crate) async fn chat(
         }
         Err(e) => return labelled(CHAT_ROUTE, e.into_response()),
     };
-    labelled(CHAT_ROUTE, complete(inner, headers, caller, call).await)
+    let body_bytes = body.len();
+    labelled(
+        CHAT_ROUTE,
+        complete(inner, headers, caller, call, body_bytes).await,
+    )
 }
 
 /// Answers a chat call as OpenAI does: the model checked against those served, then
@@ -1222,6 +1226,7 @@ async fn complete(
     headers: HeaderMap,
     caller: Caller,
     call: ChatCall,
+    body_bytes: usize,
 ) -> Response {
     let started = Instant::now();
     match served_models(&inner).await {
@@ -1237,6 +1242,7 @@ async fn complete(
         headers: &headers,
         caller: &caller,
         request: &call.request,
+        body_bytes,
         route: CHAT_ROUTE,
         span,
         token_trace: None,

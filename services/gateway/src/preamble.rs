@@ -176,6 +176,8 @@ pub(crate) struct Call<'a, K: Routed> {
     pub caller: &'a Caller,
     /// The request record, its `streaming` flag set as the caller will be answered.
     pub request: &'a K::Request,
+    /// The size of the body it was read from: its input's estimate against token limits.
+    pub body_bytes: usize,
     /// The route's label: its resume tokens and resume metrics.
     pub route: &'static str,
     /// The route's server span (its context goes on the bus).
@@ -211,6 +213,7 @@ pub(crate) async fn start<K: Routed>(call: Call<'_, K>) -> Result<Started<K::Res
         headers,
         caller,
         request,
+        body_bytes,
         route,
         mut span,
         token_trace,
@@ -222,16 +225,28 @@ pub(crate) async fn start<K: Routed>(call: Call<'_, K>) -> Result<Started<K::Res
     };
     let resumable = resumable_route && client.resumable();
     let resume = if resumable_route {
-        resume::checked(inner, headers, route, client.resumable()).map_err(Refused::Resume)?
+        resume::checked(inner, headers, route, client.resumable(), caller)
+            .map_err(Refused::Resume)?
     } else {
         None
     };
-    let admission = if resume.is_some() || !K::calls_a_model(request) {
+    // A resumed stream's key must still be allowed to read it, and it counts against the
+    // key's limits (no tokens: they were counted when it started). Asking which models are
+    // served is not limited.
+    let admission = if resume.is_some() {
+        inner.admit_resume(caller, K::KIND, K::model(request))
+    } else if !K::calls_a_model(request) {
         inner
             .permitted(caller, K::KIND, K::model(request))
             .map(|()| None)
     } else {
-        inner.admit(caller, K::KIND, K::model(request), K::max_tokens(request))
+        inner.admit(
+            caller,
+            K::KIND,
+            K::model(request),
+            K::max_tokens(request),
+            body_bytes,
+        )
     }
     .map_err(Refused::Key)?;
     let request_id = match &resume {
@@ -267,7 +282,11 @@ pub(crate) async fn start<K: Routed>(call: Call<'_, K>) -> Result<Started<K::Res
         None if resumable && resume::offered(inner, true) => {
             let after: Option<Position> = reader.resume_after();
             let trace = token_trace.unwrap_or_default();
-            Numbering::new(&Token::new(route, reader.id(), after, &trace))
+            Numbering::new(
+                inner,
+                caller,
+                &Token::new(route, reader.id(), after, &trace),
+            )
         }
         None => Numbering::none(),
     };

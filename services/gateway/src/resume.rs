@@ -9,11 +9,20 @@
 //! values that are not derived from the records (the stream's start time, its trace id) ride
 //! in the token.
 //!
-//! A stream's token is `v1.<route>.<position>.<created>.<trace id>.<request id>`; each event's
-//! id is the token, a dot and the event's number (1 for the first). SSE events carry it as
-//! `id:`, which browsers send back as `Last-Event-ID` when they reconnect; an NDJSON caller
-//! gets the token in the `Sluice-Resume-Token` header and sends `Sluice-Resume: <token>.<n>`
-//! with the number of lines it has.
+//! A stream's token is `v2.<route>.<position>.<created>.<trace id>.<seal>.<request id>`; each
+//! event's id is the token, a dot and the event's number (1 for the first). SSE events carry
+//! it as `id:`, which browsers send back as `Last-Event-ID` when they reconnect; an NDJSON
+//! caller gets the token in the `Sluice-Resume-Token` header and sends
+//! `Sluice-Resume: <token>.<n>` with the number of lines it has.
+//!
+//! The seal (see `sluice_runtime::seal`) is an HMAC of every other part of the token and of
+//! the caller it was given to, under the secret the replicas share: a token cannot be made up
+//! or edited (an earlier position would replay the shared response topic; an older start
+//! time would stretch the window), and it resumes nothing for another caller (a leaked token
+//! is no use to another API key). The window is judged by this gateway's clock, from the
+//! sealed start time. A resumed stream is a reader: it is counted against its key's limits
+//! like a request, and dropping it never cancels the request, which belongs to the caller
+//! that sent it.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -21,9 +30,20 @@ use axum::{
     http::{HeaderMap, HeaderValue, StatusCode},
     response::Response,
 };
-use sluice_runtime::bus::Position;
+use sluice_runtime::{
+    bus::Position,
+    seal::{Label, SealKey},
+};
 
-use crate::Inner;
+use crate::{Inner, auth::Caller};
+
+/// What a token's seal is for (never the same as another seal's).
+const TOKEN_SEAL: Label = Label::new("sluice/gateway/resume-token/v2");
+/// The seal's length in a token, in bytes (128 bits, 22 characters).
+const SEAL_BYTES: usize = 16;
+/// How far ahead of this gateway's clock a token's start time may be: another replica's
+/// clock may run ahead of this one's by a little, not by more.
+const CLOCK_SKEW: Duration = Duration::from_secs(120);
 
 /// The request header an NDJSON (or any) caller resumes with: `<token>.<events received>`.
 pub(crate) const RESUME_HEADER: &str = "sluice-resume";
@@ -62,26 +82,68 @@ impl Token {
         }
     }
 
-    /// The token as the headers and event ids carry it.
-    pub fn encode(&self) -> String {
+    /// The parts of the token that are sealed, as they are written in it, and the caller's
+    /// identity ([`Caller::identity`]).
+    fn sealed_parts<'a>(
+        &'a self,
+        after: &'a str,
+        created: &'a str,
+        caller: &'a str,
+    ) -> [&'a [u8]; 6] {
+        [
+            self.route.as_bytes(),
+            after.as_bytes(),
+            created.as_bytes(),
+            self.trace_id.as_bytes(),
+            self.id.as_bytes(),
+            caller.as_bytes(),
+        ]
+    }
+
+    /// The token as the headers and event ids carry it, sealed with `key` for `caller`.
+    pub fn encode(&self, key: &SealKey, caller: &Caller) -> String {
         let after = self.after.map_or_else(|| "-".to_owned(), |p| p.to_string());
+        let created = self.created.to_string();
+        let identity = caller.identity();
+        let seal = key
+            .seal(TOKEN_SEAL, &self.sealed_parts(&after, &created, &identity))
+            .encode(SEAL_BYTES);
         let trace = if self.trace_id.is_empty() {
             "-"
         } else {
             &self.trace_id
         };
         format!(
-            "v1.{}.{after}.{}.{trace}.{}",
-            self.route, self.created, self.id
+            "v2.{}.{after}.{created}.{trace}.{seal}.{}",
+            self.route, self.id
         )
     }
 
-    /// Reads what [`Token::encode`] wrote.
-    pub fn decode(s: &str) -> Result<Self, String> {
+    /// Whether `seal` is this token's for `caller` under `key`.
+    fn sealed_for(&self, key: &SealKey, caller: &Caller, seal: &str) -> bool {
+        let after = self.after.map_or_else(|| "-".to_owned(), |p| p.to_string());
+        let created = self.created.to_string();
+        let identity = caller.identity();
+        key.verify_encoded(
+            TOKEN_SEAL,
+            &self.sealed_parts(&after, &created, &identity),
+            seal,
+        )
+    }
+
+    /// Reads what [`Token::encode`] wrote: the token and its seal, not yet verified.
+    pub fn decode(s: &str) -> Result<(Self, String), String> {
         let bad = |why: &str| format!("not a resume token ({why})");
-        let mut parts = s.splitn(6, '.');
-        if parts.next() != Some("v1") {
-            return Err(bad("it does not start with v1."));
+        let mut parts = s.splitn(7, '.');
+        match parts.next() {
+            Some("v2") => {}
+            Some("v1") => {
+                return Err(
+                    "the token was issued by an earlier version of the gateway, whose tokens are no longer accepted: send the request again"
+                        .to_owned(),
+                );
+            }
+            _ => return Err(bad("it does not start with v2.")),
         }
         let mut next = |what: &str| {
             parts
@@ -102,19 +164,28 @@ impl Token {
             t if t.bytes().all(|b| b.is_ascii_hexdigit()) => t.to_owned(),
             _ => return Err(bad("the trace id is not hexadecimal")),
         };
+        let seal = next("seal")?.to_owned();
         let id = next("request id")?.to_owned();
-        Ok(Self {
-            route,
-            after,
-            created,
-            trace_id,
-            id,
-        })
+        Ok((
+            Self {
+                route,
+                after,
+                created,
+                trace_id,
+                id,
+            },
+            seal,
+        ))
     }
 
-    /// How long ago the stream started.
+    /// How long ago the stream started, by this gateway's clock.
     pub fn age(&self) -> Duration {
         Duration::from_secs(now_secs().saturating_sub(self.created))
+    }
+
+    /// Whether the stream starts after this gateway's clock's now and a little skew.
+    fn starts_in_the_future(&self) -> bool {
+        self.created > now_secs().saturating_add(CLOCK_SKEW.as_secs())
     }
 }
 
@@ -122,6 +193,10 @@ impl Token {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Resume {
     pub token: Token,
+    /// The token as the caller sent it (its events' ids go on with it).
+    pub sent: String,
+    /// The token's seal, as sent.
+    seal: String,
     pub received: u64,
 }
 
@@ -134,8 +209,11 @@ impl Resume {
         let received = received
             .parse()
             .map_err(|_| format!("{received:?} is not a number of events"))?;
+        let (decoded, seal) = Token::decode(token)?;
         Ok(Self {
-            token: Token::decode(token)?,
+            token: decoded,
+            sent: token.to_owned(),
+            seal,
             received,
         })
     }
@@ -160,15 +238,29 @@ pub(crate) fn asked(headers: &HeaderMap) -> Option<Result<Resume, String>> {
 /// A refusal of a resume: its status, error kind and message.
 pub(crate) type Refusal = (StatusCode, &'static str, String);
 
-/// The resume a request on `route` asks for, if any, once it is known to be one this gateway
-/// can serve: a token of this route, for a stream whose records can be read again
-/// (`resumable`), not older than the gateway's resume window. Counted in
-/// `sluice_gateway_resumes_total`.
+/// Why a resume was refused (`sluice_gateway_resume_refusals_total{reason}`).
+pub(crate) const REFUSAL_REASONS: [&str; 7] = [
+    "malformed",
+    "route",
+    "off",
+    "not-resumable",
+    "seal",
+    "expired",
+    "future",
+];
+
+/// The resume a request of `caller` on `route` asks for, if any, once it is known to be one
+/// this gateway can serve: a token of this route, sealed by these gateways for this caller,
+/// for a stream whose records can be read again (`resumable`), started within the gateway's
+/// resume window by its own clock. Counted in `sluice_gateway_resumes_total`, refusals also
+/// in `sluice_gateway_resume_refusals_total` by reason. Admitting it against the caller's
+/// limits is [`Inner::admit_resume`]'s.
 pub(crate) fn checked(
     inner: &Inner,
     headers: &HeaderMap,
     route: &str,
     resumable: bool,
+    caller: &Caller,
 ) -> Result<Option<Resume>, Refusal> {
     let Some(asked) = asked(headers) else {
         return Ok(None);
@@ -176,60 +268,114 @@ pub(crate) fn checked(
     let verdict = asked
         .map_err(|e| {
             (
-                StatusCode::BAD_REQUEST,
-                "invalid-request",
-                format!("cannot resume: {e}"),
-            )
-        })
-        .and_then(|r| {
-            if r.token.route != route {
-                return Err((
+                "malformed",
+                (
                     StatusCode::BAD_REQUEST,
                     "invalid-request",
-                    format!(
-                        "cannot resume: the token is for a stream of the {} route, not {route}",
-                        r.token.route
-                    ),
-                ));
-            }
-            if inner.config.resume_window.is_zero() {
-                return Err((
-                    StatusCode::CONFLICT,
-                    "not-resumable",
-                    "cannot resume: resuming streams is off on this gateway (--resume-window-secs 0)"
-                        .to_owned(),
-                ));
-            }
-            if !resumable {
-                return Err((
-                    StatusCode::CONFLICT,
-                    "not-resumable",
-                    format!(
-                        "cannot resume: the {route} service's answers are not kept to be read again (the durable topic mapping on Pulsar keeps them)"
-                    ),
-                ));
-            }
-            let window = inner.config.resume_window;
-            if r.token.age() > window {
-                return Err((
-                    StatusCode::GONE,
-                    "resume-expired",
-                    format!(
-                        "cannot resume: the stream started {} s ago, and this gateway resumes streams up to {} s old (--resume-window-secs)",
-                        r.token.age().as_secs(),
-                        window.as_secs()
-                    ),
-                ));
-            }
-            Ok(r)
-        });
+                    format!("cannot resume: {e}"),
+                ),
+            )
+        })
+        .and_then(|r| judge(inner, route, resumable, caller, r));
     let outcome = match &verdict {
         Ok(_) => "resumed",
-        Err((StatusCode::GONE, ..)) => "expired",
+        Err((_, (StatusCode::GONE, ..))) => "expired",
         Err(_) => "refused",
     };
     inner.metrics.resume(route, outcome);
-    verdict.map(Some)
+    match verdict {
+        Ok(r) => Ok(Some(r)),
+        Err((reason, refusal)) => {
+            inner.metrics.resume_refused(reason);
+            Err(refusal)
+        }
+    }
+}
+
+/// [`checked`]'s rules for a token that reads as one, with the reason of a refusal.
+fn judge(
+    inner: &Inner,
+    route: &str,
+    resumable: bool,
+    caller: &Caller,
+    r: Resume,
+) -> Result<Resume, (&'static str, Refusal)> {
+    if r.token.route != route {
+        return Err((
+            "route",
+            (
+                StatusCode::BAD_REQUEST,
+                "invalid-request",
+                format!(
+                    "cannot resume: the token is for a stream of the {} route, not {route}",
+                    r.token.route
+                ),
+            ),
+        ));
+    }
+    if inner.config.resume_window.is_zero() {
+        return Err((
+            "off",
+            (
+                StatusCode::CONFLICT,
+                "not-resumable",
+                "cannot resume: resuming streams is off on this gateway (--resume-window-secs 0)"
+                    .to_owned(),
+            ),
+        ));
+    }
+    if !resumable {
+        return Err((
+            "not-resumable",
+            (
+                StatusCode::CONFLICT,
+                "not-resumable",
+                format!(
+                    "cannot resume: the {route} service's answers are not kept to be read again (the durable topic mapping on Pulsar keeps them)"
+                ),
+            ),
+        ));
+    }
+    if !r.token.sealed_for(&inner.seal, caller, &r.seal) {
+        // Which it is (another caller's token, an edited one, another secret's) is not told:
+        // each would help someone trying tokens.
+        let message = if inner.seal.is_shared() {
+            "cannot resume: the token was not given to this caller by this gateway's replicas, or it was altered"
+        } else {
+            "cannot resume: the token was not given to this caller by this gateway, or it was altered (gateway replicas resume each other's streams only when they share a secret: SLUICE_GATEWAY_SECRET)"
+        };
+        return Err((
+            "seal",
+            (StatusCode::FORBIDDEN, "resume-refused", message.to_owned()),
+        ));
+    }
+    if r.token.starts_in_the_future() {
+        return Err((
+            "future",
+            (
+                StatusCode::BAD_REQUEST,
+                "invalid-request",
+                "cannot resume: the stream's start time is ahead of this gateway's clock (the replicas' clocks disagree)"
+                    .to_owned(),
+            ),
+        ));
+    }
+    let window = inner.config.resume_window;
+    if r.token.age() > window {
+        return Err((
+            "expired",
+            (
+                StatusCode::GONE,
+                "resume-expired",
+                format!(
+                    "cannot resume: the stream started {} s ago, and this gateway resumes streams up to {} s old (--resume-window-secs)",
+                    r.token.age().as_secs(),
+                    window.as_secs()
+                ),
+            ),
+        ));
+    }
+    Ok(r)
 }
 
 /// Whether a new stream of a service whose answers can be read again (`resumable`) gets a
@@ -272,19 +418,23 @@ impl Numbering {
         }
     }
 
-    /// A new resumable stream's numbering.
-    pub fn new(token: &Token) -> Self {
+    /// A new resumable stream's numbering: `token`, sealed for `caller`.
+    pub fn new(inner: &Inner, caller: &Caller, token: &Token) -> Self {
+        Self::sealed(&inner.seal, caller, token)
+    }
+
+    fn sealed(key: &SealKey, caller: &Caller, token: &Token) -> Self {
         Self {
-            token: Some(token.encode()),
+            token: Some(token.encode(key, caller)),
             next: 1,
             skip: 0,
         }
     }
 
-    /// A resumed stream's: the first `received` events are skipped.
+    /// A resumed stream's: the same token, and the first `received` events are skipped.
     pub fn resumed(resume: &Resume) -> Self {
         Self {
-            token: Some(resume.token.encode()),
+            token: Some(resume.sent.clone()),
             next: 1,
             skip: resume.received,
         }
@@ -314,7 +464,12 @@ fn now_secs() -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use sluice_runtime::{bus::memory::MemoryBus, secret::Secret, telemetry::Telemetry};
+
     use super::*;
+    use crate::keys::{KeyRing, hash_hex};
 
     fn token() -> Token {
         Token {
@@ -331,15 +486,37 @@ mod tests {
         }
     }
 
+    const SECRET: &str = "0123456789abcdef0123456789abcdef";
+
+    fn shared() -> SealKey {
+        SealKey::new(&Secret::new(SECRET), "test").unwrap()
+    }
+
+    /// The callers of a keys file with the keys `a` and `b`.
+    fn key(name: &str) -> Caller {
+        let text: String = ["a", "b"]
+            .iter()
+            .map(|n| format!("[[keys]]\nname = \"{n}\"\nsha256 = \"{}\"\n", hash_hex(n)))
+            .collect();
+        Caller::Key(KeyRing::parse(&text).unwrap().find(name).unwrap())
+    }
+
     #[test]
-    fn a_token_reads_back_what_it_wrote() {
+    fn a_token_reads_back_what_it_wrote_and_its_seal_is_the_callers() {
         let t = token();
-        let s = t.encode();
+        let s = t.encode(&shared(), &key("a"));
+        let (head, rest) = s.split_at(s.rfind('.').unwrap() - 22);
         assert_eq!(
-            s,
-            "v1.text-completion.17:4:-1:-1.1764300000.4bf92f3577b34da6a3ce929d0e0e4736.6c1e2c38-5f57-4bd4-8a06-1a3f4a2a9f10"
+            head,
+            "v2.text-completion.17:4:-1:-1.1764300000.4bf92f3577b34da6a3ce929d0e0e4736."
         );
-        assert_eq!(Token::decode(&s).unwrap(), t);
+        assert!(
+            rest.ends_with(".6c1e2c38-5f57-4bd4-8a06-1a3f4a2a9f10"),
+            "{rest}"
+        );
+        let (read, seal) = Token::decode(&s).unwrap();
+        assert_eq!(read, t);
+        assert!(read.sealed_for(&shared(), &key("a"), &seal));
         // No position yet and no trace; a request id with dots of its own.
         let t = Token {
             after: None,
@@ -347,19 +524,64 @@ mod tests {
             id: "caller.chosen.id".into(),
             ..token()
         };
-        assert_eq!(Token::decode(&t.encode()).unwrap(), t);
+        let (read, seal) = Token::decode(&t.encode(&shared(), &Caller::Anyone)).unwrap();
+        assert_eq!(read, t);
+        assert!(read.sealed_for(&shared(), &Caller::Anyone, &seal));
+    }
+
+    #[test]
+    fn a_token_is_good_only_for_its_caller_as_it_was_sealed_by_the_same_secret() {
+        let (t, seal) = Token::decode(&token().encode(&shared(), &key("a"))).unwrap();
+        assert!(t.sealed_for(&shared(), &key("a"), &seal));
+        // Another key, the gateway's token, anyone.
+        for other in [key("b"), Caller::Token, Caller::Anyone] {
+            assert!(!t.sealed_for(&shared(), &other, &seal), "{other:?}");
+        }
+        // Another gateway's secret (a replica without the shared one).
+        assert!(!t.sealed_for(&SealKey::random(), &key("a"), &seal));
+        // Every part edited: an older start (a longer window), an earlier position (the
+        // topic replayed from its start), another request, route or trace.
+        let edits: [fn(&mut Token); 6] = [
+            |t| t.created -= 3600,
+            |t| t.created += 1,
+            |t| t.after = None,
+            |t| t.id = "another".into(),
+            |t| t.route = "openai-chat".into(),
+            |t| t.trace_id = "00".into(),
+        ];
+        for edit in edits {
+            let mut edited = t.clone();
+            edit(&mut edited);
+            assert!(
+                !edited.sealed_for(&shared(), &key("a"), &seal),
+                "{edited:?}"
+            );
+        }
+        // A seal cut short, or another token's.
+        assert!(!t.sealed_for(&shared(), &key("a"), &seal[..20]));
+        let (_, other) = Token::decode(
+            &Token {
+                id: "another".into(),
+                ..token()
+            }
+            .encode(&shared(), &key("a")),
+        )
+        .unwrap();
+        assert!(!t.sealed_for(&shared(), &key("a"), &other));
     }
 
     #[test]
     fn what_is_not_a_token_is_refused_saying_why() {
         for (s, why) in [
-            ("", "v1"),
-            ("v2.text-completion.-.1.-.id", "v1"),
-            ("v1.text-completion", "no position"),
-            ("v1.text-completion.1:2.1.-.id", "not a position"),
-            ("v1.text-completion.-.soon.-.id", "start time"),
-            ("v1.text-completion.-.1.<script>.id", "hexadecimal"),
-            ("v1.text-completion.-.1.-", "no request id"),
+            ("", "v2"),
+            ("v3.text-completion.-.1.-.seal.id", "v2"),
+            ("v1.text-completion.-.1.-.id", "earlier version"),
+            ("v2.text-completion", "no position"),
+            ("v2.text-completion.1:2.1.-.seal.id", "not a position"),
+            ("v2.text-completion.-.soon.-.seal.id", "start time"),
+            ("v2.text-completion.-.1.<script>.seal.id", "hexadecimal"),
+            ("v2.text-completion.-.1.-.seal", "no request id"),
+            ("v2.text-completion.-.1.-", "no seal"),
         ] {
             let e = Token::decode(s).unwrap_err();
             assert!(e.contains(why), "{s:?}: {e}");
@@ -368,16 +590,14 @@ mod tests {
 
     #[test]
     fn the_resume_header_or_else_last_event_id_names_the_stream_and_the_events_received() {
-        let t = token().encode();
+        let t = token().encode(&shared(), &key("a"));
         let mut h = HeaderMap::new();
         assert!(asked(&h).is_none());
         h.insert(LAST_EVENT_ID, format!("{t}.7").parse().unwrap());
+        let r = asked(&h).unwrap().unwrap();
         assert_eq!(
-            asked(&h).unwrap().unwrap(),
-            Resume {
-                token: token(),
-                received: 7
-            }
+            (&r.token, r.received, r.sent.as_str()),
+            (&token(), 7, t.as_str())
         );
         h.insert(RESUME_HEADER, format!("{t}.3").parse().unwrap());
         assert_eq!(asked(&h).unwrap().unwrap().received, 3);
@@ -388,19 +608,108 @@ mod tests {
     }
 
     #[test]
-    fn numbering_skips_what_the_caller_had_and_numbers_on() {
-        let mut fresh = Numbering::new(&token());
-        let t = token().encode();
+    fn numbering_skips_what_the_caller_had_and_numbers_on_with_the_same_token() {
+        let mut fresh = Numbering::sealed(&shared(), &key("a"), &token());
+        let t = token().encode(&shared(), &key("a"));
         assert_eq!(fresh.step(), Step::Send(Some(format!("{t}.1"))));
         assert_eq!(fresh.step(), Step::Send(Some(format!("{t}.2"))));
-        let mut resumed = Numbering::resumed(&Resume {
-            token: token(),
-            received: 2,
-        });
+        let mut h = HeaderMap::new();
+        h.insert(RESUME_HEADER, format!("{t}.2").parse().unwrap());
+        let mut resumed = Numbering::resumed(&asked(&h).unwrap().unwrap());
         assert_eq!(resumed.step(), Step::Skip);
         assert_eq!(resumed.step(), Step::Skip);
         assert_eq!(resumed.step(), Step::Send(Some(format!("{t}.3"))));
         let mut none = Numbering::none();
         assert_eq!(none.step(), Step::Send(None));
+    }
+
+    /// A gateway on the in-process bus (its answers are not kept: `checked` is told they
+    /// are) with `secret`, resuming streams up to a minute old.
+    async fn gateway(secret: Option<SealKey>) -> crate::Gateway {
+        let mut config = crate::tests::serving_text_completion();
+        config.secret = secret;
+        config.resume_window = Duration::from_secs(60);
+        let bus: Arc<dyn sluice_runtime::bus::Bus> = Arc::new(MemoryBus::new(1 << 20, 100));
+        crate::Gateway::start(bus, config, &Telemetry::new().unwrap())
+            .await
+            .unwrap()
+    }
+
+    fn resume_header(token: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(RESUME_HEADER, format!("{token}.1").parse().unwrap());
+        h
+    }
+
+    #[tokio::test]
+    async fn a_resume_is_refused_for_another_caller_and_outside_the_window_by_this_clock() {
+        let g = gateway(Some(shared())).await;
+        let inner = &g.inner;
+        let started = |ago: i64| Token {
+            created: (now_secs() as i64 - ago) as u64,
+            ..token()
+        };
+        let check = |t: &Token, sealed_for: &Caller, caller: &Caller| {
+            let h = resume_header(&t.encode(&shared(), sealed_for));
+            checked(inner, &h, "text-completion", true, caller)
+        };
+        let a = key("a");
+        assert!(check(&started(5), &a, &a).unwrap().is_some());
+        let (status, kind, message) = check(&started(5), &a, &key("b")).unwrap_err();
+        assert_eq!((status, kind), (StatusCode::FORBIDDEN, "resume-refused"));
+        assert!(message.contains("not given to this caller"), "{message}");
+        // The window, by this gateway's clock from the sealed start time.
+        let (status, _, message) = check(&started(61), &a, &a).unwrap_err();
+        assert_eq!(status, StatusCode::GONE);
+        assert!(message.contains("up to 60 s old"), "{message}");
+        let (status, _, message) = check(&started(-3600), &a, &a).unwrap_err();
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(
+            message.contains("ahead of this gateway's clock"),
+            "{message}"
+        );
+        // Another route's token, resumed on this one.
+        let chat = Token {
+            route: "openai-chat".into(),
+            ..started(5)
+        };
+        let (status, _, message) = check(&chat, &a, &a).unwrap_err();
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(message.contains("openai-chat route"), "{message}");
+        let m = &inner.metrics;
+        for (reason, n) in [("seal", 1), ("expired", 1), ("future", 1), ("route", 1)] {
+            assert_eq!(m.resume_refusals(reason), n, "{reason}");
+        }
+        g.close().await;
+    }
+
+    #[tokio::test]
+    async fn without_a_shared_secret_a_token_of_another_gateway_is_refused_saying_why() {
+        let (one, two) = (gateway(None).await, gateway(None).await);
+        let t = Token {
+            created: now_secs(),
+            ..token()
+        };
+        let h = resume_header(&t.encode(&one.inner.seal, &Caller::Anyone));
+        assert!(
+            checked(&one.inner, &h, "text-completion", true, &Caller::Anyone)
+                .unwrap()
+                .is_some()
+        );
+        let (status, _, message) =
+            checked(&two.inner, &h, "text-completion", true, &Caller::Anyone).unwrap_err();
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        assert!(message.contains("SLUICE_GATEWAY_SECRET"), "{message}");
+        // Replicas given one secret resume each other's.
+        let (three, four) = (gateway(Some(shared())).await, gateway(Some(shared())).await);
+        let h = resume_header(&t.encode(&three.inner.seal, &Caller::Token));
+        assert!(
+            checked(&four.inner, &h, "text-completion", true, &Caller::Token)
+                .unwrap()
+                .is_some()
+        );
+        for g in [one, two, three, four] {
+            g.close().await;
+        }
     }
 }

@@ -329,6 +329,8 @@ async fn serve<K: Routed>(
         let out = out.clone();
         async move { out.send(frame).await.is_ok() }
     };
+    // The request's size as JSON: what its input's tokens are estimated from.
+    let body_bytes = request.to_string().len();
     let request: K::Request = match sluice_schema::decode_value(request) {
         Ok(r) => r,
         Err(e) => {
@@ -342,6 +344,7 @@ async fn serve<K: Routed>(
         headers: &HeaderMap::new(),
         caller: &caller,
         request: &request,
+        body_bytes,
         route: ROUTE,
         span: server_span(K::KIND.as_str(), None),
         token_trace: None,

@@ -658,8 +658,10 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
     /// one that sent the request: what a caller of a gateway replica that died needs.
     ///
     /// The stream reads through a subscription of its own that the broker forgets when it
-    /// ends; dropped before its end, it tells the service to stop, as a request's stream does.
-    /// The records must still be on the topic: its retention bounds how late a resume can be.
+    /// ends. Dropped before its end (or timed out), it does not tell the service to stop: it
+    /// is a reader of an answer that belongs to whoever sent the request, which may still be
+    /// reading it. The records must still be on the topic: its retention bounds how late a
+    /// resume can be.
     pub async fn resume(
         &self,
         id: &str,
@@ -703,14 +705,18 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
                 latest: None,
             },
         ));
-        Ok(self.stream(
+        let mut stream = self.stream(
             id.to_owned(),
             rx,
             routes,
             (options.inactivity_timeout, options.total_timeout),
             after,
             Some(stop.drop_guard()),
-        ))
+        );
+        // Never a cancel: a resumed read that is dropped or times out leaves the request to
+        // its sender.
+        stream.cancel = None;
+        Ok(stream)
     }
 
     /// The caller's side of request `id`'s route in `routes`, with this client's time limits

@@ -10,7 +10,8 @@
 //! - [`ledger`]: the usage ledger, one record per attempt that called a provider;
 //! - [`ndjson`]: the incremental NDJSON line splitter of the structured contracts;
 //! - [`telemetry`]: metrics, `/metrics` `/healthz` `/readyz`, tracing, shutdown signals;
-//! - [`secret`]: secrets from the environment or files, never printed.
+//! - [`secret`]: secrets from the environment or files, never printed;
+//! - [`seal`]: HMAC tags that let processes sharing a secret trust what another wrote.
 //!
 //! Nothing in this crate logs a payload: payloads carry prompts and answers.
 
@@ -24,6 +25,7 @@ pub mod ledger;
 pub mod ndjson;
 pub mod processor;
 pub mod reader;
+pub mod seal;
 pub mod secret;
 pub mod sink;
 mod store;

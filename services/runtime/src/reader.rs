@@ -458,7 +458,7 @@ impl<Req: serde::Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
 
     /// Reads the answer to request `id` again from the response topic (see
     /// [`RequestClient::resume`]) under `policy`: the same pieces, in the same order, as the
-    /// read that sent the request got.
+    /// read that sent the request got. Dropped before its end, it does not cancel the request.
     pub async fn resume_read<P>(
         &self,
         id: &str,
