@@ -18,6 +18,23 @@ pub enum Persistence {
 }
 
 impl Persistence {
+    /// The persistence of a Pulsar topic URL: `non-persistent://...` is non-persistent;
+    /// `persistent://...`, and a name without a scheme (which Pulsar makes persistent), are
+    /// persistent. The one place a topic's durability is read from its name.
+    pub fn of(topic: &str) -> Self {
+        if topic.starts_with("non-persistent://") {
+            Persistence::NonPersistent
+        } else {
+            Persistence::Persistent
+        }
+    }
+
+    /// Whether the broker may drop this topic's messages (on overload, on a restart): a
+    /// non-persistent topic's.
+    pub fn is_lossy(self) -> bool {
+        self == Persistence::NonPersistent
+    }
+
     /// The URL scheme.
     pub fn scheme(self) -> &'static str {
         match self {
@@ -212,6 +229,22 @@ pub mod defaults {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_topics_persistence_is_read_from_its_scheme() {
+        assert_eq!(
+            Persistence::of("non-persistent://tg/request/x"),
+            Persistence::NonPersistent
+        );
+        assert!(Persistence::of("non-persistent://tg/request/x").is_lossy());
+        for durable in ["persistent://tg/request/x", "my-topic", "non-persistent:/x"] {
+            assert_eq!(
+                Persistence::of(durable),
+                Persistence::Persistent,
+                "{durable}"
+            );
+        }
+    }
 
     #[test]
     fn the_named_defaults_are_the_services_topics() {

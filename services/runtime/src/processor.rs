@@ -35,7 +35,9 @@ use async_trait::async_trait;
 use futures::FutureExt;
 use prometheus::IntCounter;
 use serde::de::DeserializeOwned;
-use sluice_schema::{Error, ErrorKind, ResponseRecord, properties, usage::UsageRecord};
+use sluice_schema::{
+    Error, ErrorKind, ResponseRecord, properties, topics::Persistence, usage::UsageRecord,
+};
 use tokio::{
     sync::Semaphore,
     task::JoinSet,
@@ -241,16 +243,13 @@ pub async fn run<H: Handler>(
     let store = StoreGuard::new(config.name.clone(), telemetry.clone());
     // Only a non-persistent response topic loses records in transit: there the processor
     // syncs (see crate::sync), from its own account of the streams it answers.
-    let book = config
-        .response_topic
-        .starts_with("non-persistent://")
-        .then(|| {
-            Arc::new(StreamBook::new(format!(
-                "{}-{}",
-                config.name,
-                crate::short_id()
-            )))
-        });
+    let book = Persistence::of(&config.response_topic).is_lossy().then(|| {
+        Arc::new(StreamBook::new(format!(
+            "{}-{}",
+            config.name,
+            crate::short_id()
+        )))
+    });
     // One pacer per processor name in the process: the flows a process serves share its rate
     // bound.
     let merging = config.pacing.merging(&config.response_topic);
@@ -550,7 +549,7 @@ const CANCEL_SUBSCRIBE_WAIT: Duration = Duration::from_secs(5);
 /// stream stays listed (finished, with what was published) so that its client sees the loss
 /// at once.
 fn requests_come_back(config: &ProcessorConfig) -> bool {
-    !config.request_topic.starts_with("non-persistent://")
+    !Persistence::of(&config.request_topic).is_lossy()
 }
 
 /// What every request task of one processor shares.

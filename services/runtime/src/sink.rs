@@ -55,7 +55,7 @@ use std::{
 
 use futures::{FutureExt, StreamExt, stream::FuturesUnordered};
 use prometheus::{Gauge, IntCounter};
-use sluice_schema::{Error, ErrorKind, ResponseRecord, properties};
+use sluice_schema::{Error, ErrorKind, ResponseRecord, properties, topics::Persistence};
 use tokio::{
     sync::{Mutex, oneshot},
     time::Instant,
@@ -169,7 +169,7 @@ impl Pacing {
 
     /// How a processor answering on `response_topic` merges deltas.
     pub(crate) fn merging(&self, response_topic: &str) -> Merging {
-        let lossy = response_topic.starts_with("non-persistent://");
+        let lossy = Persistence::of(response_topic).is_lossy();
         match self.when {
             PaceWhen::Auto | PaceWhen::Merge if lossy => Merging::Paced,
             PaceWhen::Auto => Merging::Never,

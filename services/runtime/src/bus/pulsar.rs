@@ -57,6 +57,7 @@ use super::{
     pulsar_security::{Denial, PulsarAuth, denial},
 };
 use crate::{backoff::Backoff, lock};
+use sluice_schema::topics::Persistence;
 
 /// How to reach and use a Pulsar cluster.
 #[derive(Debug, Clone)]
@@ -544,7 +545,7 @@ const RELEASE_PARKED_AFTER: Duration = Duration::from_secs(1);
 /// one keeps at least `prefetch + 1` permits at the broker whenever the consumer is caught up,
 /// so a burst up to the consumer's concurrency, after any history, always has permits.
 pub fn flow_permits(topic: &str, prefetch: u32) -> u32 {
-    if topic.starts_with("non-persistent://") {
+    if Persistence::of(topic).is_lossy() {
         prefetch
             .saturating_mul(2)
             .saturating_add(1)
