@@ -355,7 +355,11 @@ fi
 # the same build (cargo test --no-run: the same features, so nothing is built twice).
 if ! want broker && { want interop || want stack || want k8s; }; then
   stage "the tests' build (for the sluice binary)"
-  cargo test --workspace --locked --no-run
+  # The broker stage's build exactly (same targets, same features): `target/debug/sluice` is
+  # built for the integration suites (`--test '*'`, which run it as a process), not for the
+  # unit tests, so a plain `cargo test --no-run` left an earlier build's binary in place (the
+  # stack and Kubernetes stages run alone then ran a stale sluice) or none at all.
+  cargo test --workspace --locked --no-run --lib --bins --test '*'
 fi
 
 # TrustGraph's own processes (PyPI trustgraph-flow, unmodified, in a venv) beside sluice's
