@@ -176,7 +176,7 @@ stop_background() {
     [ -z "$pid" ] || kill -- "-$pid" 2>/dev/null || kill "$pid" 2>/dev/null || true
   done
   [ -z "$prefetch_pid" ] || kill "$prefetch_pid" 2>/dev/null || true
-  [ -z "$brokers_pid" ] || kill "$brokers_pid" 2>/dev/null || true
+  [ -z "$brokers_pid" ] || kill -- "-$brokers_pid" 2>/dev/null || kill "$brokers_pid" 2>/dev/null || true
 }
 # on_exit CLEANUP: runs CLEANUP; when the run failed, says last which stage it failed in (CI
 # shows a run's last lines, and a stage's own message may be followed by its services' logs).
@@ -232,11 +232,15 @@ brokers_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/brokers-start.log"
 prefetch_log="${SLUICE_CACHE:-$HOME/.cache/sluice}/prefetch.log"
 if want broker || want interop; then
   trap 'on_exit stop_brokers' EXIT
-  (
+  # A session and process group of its own, like the background builds: a run that ends
+  # early stops the start-ups with it (stop_background).
+  start_cluster=""
+  if want broker; then start_cluster=1; fi
+  setsid -w bash -c 'set -e
     deploy/pulsar/pulsar.sh dist >/dev/null
     deploy/pulsar/pulsar.sh start-fresh
-    if want broker; then deploy/pulsar/cluster.sh start-fresh; fi
-  ) >"$brokers_log" 2>&1 &
+    if [ -n "$1" ]; then deploy/pulsar/cluster.sh start-fresh; fi' _ "$start_cluster" \
+    >"$brokers_log" 2>&1 &
   brokers_pid=$!
   (
     bash scripts/tg-flow-venv.sh
