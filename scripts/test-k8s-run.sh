@@ -144,7 +144,7 @@ fake_openai=$(fake_openai_bin) || fail "no fake-openai binary"
 FAKE_UPSTREAM_API_KEY="$SLUICE_LLM_API_KEY" "$fake_openai" --host 10.244.0.1 \
   --port 8796 --upstream "http://127.0.0.1:$LLM_PORT" >"$WORK/front.log" 2>&1 &
 front_pid=$!
-WAIT_INTERVAL=0.1 wait_until 5 "the provider front to listen" grep -q listening "$WORK/front.log" ||
+WAIT_INTERVAL=0.1 wait_until 60 "the provider front to listen" grep -q listening "$WORK/front.log" ||
   fail "the provider front did not start: $(cat "$WORK/front.log")"
 
 # -- 2. the example overlay, running ---------------------------------------------------------------

@@ -101,7 +101,7 @@ FAKE_UPSTREAM_API_KEY="$SLUICE_LLM_API_KEY" "$fake_openai" \
   --host "$BRIDGE_IP" --port "$STACK_LLM_PORT" --upstream "http://127.0.0.1:$LLM_PORT" \
   >"$WORK/front.log" 2>&1 &
 front_pid=$!
-WAIT_INTERVAL=0.1 wait_until 5 "the provider front to listen" grep -q listening "$WORK/front.log" ||
+WAIT_INTERVAL=0.1 wait_until 60 "the provider front to listen" grep -q listening "$WORK/front.log" ||
   fail "the provider front did not start: $(cat "$WORK/front.log")"
 
 # -- 2. up --------------------------------------------------------------------------------------
@@ -176,7 +176,7 @@ cancelled_before=$(cancelled)
 curl -s -m 2 -N -H 'Accept: application/x-ndjson' -H 'Content-Type: application/json' -d '{"system":"s","prompt":"[fake:slow] go away"}' \
   "http://$GW/api/v1/text-completion" >/dev/null || true
 cancel_counted() { [ "$(cancelled)" -gt "$cancelled_before" ]; }
-WAIT_INTERVAL=0.2 wait_until 20 "the processor counting a cancelled request" cancel_counted ||
+WAIT_INTERVAL=0.2 wait_until 60 "the processor counting a cancelled request" cancel_counted ||
   fail "a caller went away mid-stream and the processor did not cancel the request (cancelled: $(cancelled))"
 log "a caller that went away cancelled its request on the processor"
 # TrustGraph's own client over the gateway's WebSocket (when its venv can be made).

@@ -292,6 +292,63 @@ impl Cluster {
         }
     }
 
+    /// Where the brokers' logs are read from now: each log file's length
+    /// ([`Cluster::broker_log_since`] reads what they write after it).
+    pub fn broker_log_mark(&self) -> BrokerLogMark {
+        BrokerLogMark(
+            self.broker_log_files()
+                .into_iter()
+                .map(|f| {
+                    let len = std::fs::metadata(&f).map_or(0, |m| m.len());
+                    (f, len)
+                })
+                .collect(),
+        )
+    }
+
+    /// What the brokers logged since `mark` (a file that is new or shorter than at the mark, as
+    /// a rotated log is, is read whole).
+    pub fn broker_log_since(&self, mark: &BrokerLogMark) -> String {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut text = String::new();
+        for f in self.broker_log_files() {
+            let Ok(mut file) = std::fs::File::open(&f) else {
+                continue;
+            };
+            let len = file.metadata().map_or(0, |m| m.len());
+            let from = mark.0.get(&f).copied().filter(|m| *m <= len).unwrap_or(0);
+            if file.seek(SeekFrom::Start(from)).is_ok() {
+                let mut bytes = Vec::new();
+                let _ = file.read_to_end(&mut bytes);
+                text.push_str(&String::from_utf8_lossy(&bytes));
+            }
+        }
+        text
+    }
+
+    /// The brokers' log files: `cluster.sh` keeps its state (the CA under `pki/`, each
+    /// process's logs under `logs/NAME/`) in one directory; a broker logs to its `stdout.log`
+    /// there (or `pulsar-broker*.log`, with Pulsar's file appender), beside its GC logs.
+    fn broker_log_files(&self) -> Vec<PathBuf> {
+        let Some(state) = self.ca.parent().and_then(std::path::Path::parent) else {
+            return Vec::new();
+        };
+        let mut files = Vec::new();
+        for n in 1..=2 {
+            let dir = state.join(format!("logs/broker-{n}"));
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.ends_with(".log") && !name.starts_with("pulsar_gc") {
+                    files.push(e.path());
+                }
+            }
+        }
+        files
+    }
+
     /// Environment of a sluice process authenticated as `role_token`.
     pub fn env(&self, token: &str) -> Vec<(String, String)> {
         vec![
@@ -304,6 +361,10 @@ impl Cluster {
         ]
     }
 }
+
+/// The lengths of the brokers' log files at a moment ([`Cluster::broker_log_mark`]).
+#[derive(Debug, Clone, Default)]
+pub struct BrokerLogMark(std::collections::HashMap<PathBuf, u64>);
 
 /// The request, response and cancel topics of `service` in topicspace `ts` under the durable
 /// mapping.

@@ -390,6 +390,15 @@ pub fn unique_non_persistent_topic(name: &str) -> String {
     unique_topic(name).replacen("persistent://", "non-persistent://", 1)
 }
 
+/// How long a test waits for something that must happen (a record from the broker, a metric
+/// that trails its event, a process's exit, a stream's end) before it gives up: a hang guard,
+/// never a figure. A passing run never waits it out, so its size costs nothing; a busy 2-core
+/// machine stretches every step (a broker's failover took 29.8 s under load, a JVM's GC can
+/// hold a message for seconds), and a guard of a few seconds failed tests by chance. What a
+/// test asserts about time is derived from what it measures (a configured timeout, a
+/// measurement in the same run), never from this.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
 /// Reads `read` until what it returns satisfies `done` or `timeout` has passed, and returns
 /// the last value read, so the caller's own assertion reports it if it never did: for state
 /// that settles a moment after the event a test waited for.

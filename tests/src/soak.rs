@@ -31,9 +31,10 @@
 //! text-completion's request topic, SIGKILL of a bookie while writing, and graceful broker
 //! restarts, each repaired before the next.
 //!
-//! Used by `services/cli/tests/soak.rs` (3 minutes on a broker of its own and 3.5 on the
-//! cluster, in the test command) and `bash bench/run.sh soak` (30 minutes, figures for
-//! docs/soak.md; `--cluster` for cluster mode).
+//! Used by `services/cli/tests/soak.rs` (2 minutes on a broker of its own, in the test
+//! command), the production-Pulsar suite (`services/cli/tests/cluster.rs`: half a minute on
+//! the cluster, replica kills and no cluster fault) and `bash bench/run.sh soak` (30 minutes,
+//! figures for docs/soak.md; `--cluster` for cluster mode).
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -86,12 +87,18 @@ pub struct SoakConfig {
     pub fault_every: Duration,
     /// Exactly this many faults: the traffic goes on past `duration` until each has been
     /// done and repaired and [`FAULT_TAIL`] of traffic followed the last (a fault needs
-    /// traffic after it to mean anything), up to twice `duration`. How long a repair takes
+    /// traffic after it to mean anything), up to four times `duration` (a hang guard). How long a repair takes
     /// depends on how busy the machine is (a graceful broker restart took 10 s on a quiet
     /// machine and 36 s on a loaded one): a schedule that fits faults into a fixed window
     /// left the last one out on a busy machine. `None`: as many as fit, none in the last
     /// [`FAULT_TAIL`] of `duration`.
     pub max_faults: Option<usize>,
+    /// At least this many replica kills: the traffic goes on past `duration` until they are
+    /// made (with `max_faults`, as long as the faults need too). A fault holds the kills back
+    /// while it lasts, and how long it lasts depends on how busy the machine is: a 3-minute
+    /// soak made 7 kills beside a 36 s broker restart, and would make fewer beside a longer
+    /// one. `None`: as many as fit in `duration`.
+    pub min_kills: Option<usize>,
     /// Concurrent callers.
     pub callers: usize,
     /// Where the processes' logs and the broker's state go (wiped first).
@@ -151,6 +158,7 @@ impl SoakConfig {
             kill_every: Duration::from_secs(20),
             fault_every: Duration::from_secs(300),
             max_faults: None,
+            min_kills: None,
             callers: 12,
             work_dir: std::env::temp_dir().join(format!("sluice-soak-{}", std::process::id())),
             broker_ports: (6656, 8086, 3187),
@@ -871,8 +879,12 @@ impl Fleet {
                     "routed",
                     "--max-retries",
                     "3",
+                    // A stalled provider (the fake's `chaos-stall` hangs for good) is told
+                    // from a slow one by these: 10 s each, far above the fake's gaps of
+                    // milliseconds, so a busy machine's pause is not taken for a stall (at 3 s
+                    // it could be).
                     "--chunk-timeout-secs",
-                    "3",
+                    "10",
                     "--first-token-timeout-secs",
                     "10",
                     "--concurrency",
@@ -1633,15 +1645,19 @@ async fn soak(config: &SoakConfig, target: Arc<Target>) -> Result<SoakReport, St
             || config
                 .max_faults
                 .is_some_and(|max| report.faults.len() >= max);
-        let over = match config.max_faults {
-            None => now >= planned_end,
-            Some(_) => {
-                now >= planned_end
-                    && faults_done
-                    && last_repair.is_none_or(|t| now >= t + FAULT_TAIL)
-            }
-        };
-        if over || now >= started + config.duration * 2 {
+        let kills_done = config.min_kills.is_none_or(|n| report.kills >= n as u64);
+        let over = kills_done
+            && match config.max_faults {
+                None => now >= planned_end,
+                Some(_) => {
+                    now >= planned_end
+                        && faults_done
+                        && last_repair.is_none_or(|t| now >= t + FAULT_TAIL)
+                }
+            };
+        // Four times the planned traffic: a hang guard for a soak that cannot make its faults
+        // or kills (each failure is a violation already), not a schedule.
+        if over || now >= started + config.duration * 4 {
             break;
         }
         if now >= next_sample {
@@ -1939,7 +1955,7 @@ async fn compare_ledger(
     let mut findings = Vec::new();
     for (t, trace) in &traces {
         let ledger = billed.get(t).copied().unwrap_or(0);
-        // An attempt runs for seconds (a stall ends at the chunk timeout, 3 s), unless a
+        // An attempt runs for seconds (a stall ends at the chunk timeout, 10 s), unless a
         // broker outage holds its records, and with them its usage record, until it ends.
         let killed = trace.at.iter().any(|at| {
             let until = outages

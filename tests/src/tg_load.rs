@@ -33,12 +33,45 @@ impl Flow {
             response: format!("response:tg:{name}"),
         }
     }
+
+    /// Fresh persistent topics named `{prefix}-{uuid}`, as Pulsar URLs (which TrustGraph's
+    /// client and sluice both take as given): a broker holds back what a consumer has no
+    /// permits for instead of dropping it, so a load there measures what the consumer takes
+    /// without losing anything ([`processor_args_mapped`] with `durable`).
+    pub fn durable(prefix: &str) -> Self {
+        let name = format!("{prefix}-{}", uuid::Uuid::new_v4().simple());
+        Self {
+            request: format!("persistent://tg/request/{name}"),
+            response: format!("persistent://tg/response/{name}"),
+        }
+    }
 }
 
 /// The `sluice` arguments of a text-completion process serving `flow` on `broker` with the
 /// fake provider at `base_url`: `concurrency` streams at once, `--response-pacing pacing`,
 /// metrics on `metrics_port`. Its environment needs `SLUICE_LLM_API_KEY`.
 pub fn processor_args(
+    base_url: &str,
+    broker: &Broker,
+    flow: &Flow,
+    concurrency: u64,
+    pacing: &str,
+    metrics_port: u16,
+) -> Vec<String> {
+    processor_args_mapped(
+        "trustgraph",
+        base_url,
+        broker,
+        flow,
+        concurrency,
+        pacing,
+        metrics_port,
+    )
+}
+
+/// The same under topic mapping `mapping` (`trustgraph` or `durable`).
+pub fn processor_args_mapped(
+    mapping: &str,
     base_url: &str,
     broker: &Broker,
     flow: &Flow,
@@ -55,7 +88,7 @@ pub fn processor_args(
         "--model",
         MODEL,
         "--topic-mapping",
-        "trustgraph",
+        mapping,
         "--pulsar-url",
         &broker.url,
         "--pulsar-admin-url",
@@ -78,8 +111,9 @@ pub fn processor_args(
 
 /// Sends `requests` requests, `concurrency` at a time, through TrustGraph's client (the
 /// Python of `venv`) and returns the driver's report: requests complete, timed out (a record
-/// gap of 30 s), with wrong text or token counts, records per request, the consumer's CPU,
-/// time to the first record. Panics with the driver's output when it fails.
+/// gap of 30 s), with wrong text or token counts, records per request, the records per second
+/// the consumer took between its first and last record, the consumer's CPU, time to the first
+/// record. Panics with the driver's output when it fails.
 pub async fn drive(
     venv: &str,
     broker: &Broker,

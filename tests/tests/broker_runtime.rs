@@ -15,8 +15,8 @@ use sluice_schema::{
     Error, TextCompletionRequest, TextCompletionResponse, TopicMapping, TopicName, properties,
 };
 use sluice_tests::{
-    Broker, EchoHandler, RunningProcessor, TextClient, echo_config, eventually, eventually_every,
-    init_logging, metric_value, text_client, unique_topic, wait_for_metrics,
+    Broker, EchoHandler, PATIENCE, RunningProcessor, TextClient, echo_config, eventually,
+    eventually_every, init_logging, metric_value, text_client, unique_topic, wait_for_metrics,
 };
 
 type Client = TextClient;
@@ -67,7 +67,7 @@ async fn publish_and_consume_keep_payload_and_properties() {
         .await
         .unwrap();
     receipt.await.unwrap();
-    let d = tokio::time::timeout(Duration::from_secs(10), sub.next())
+    let d = tokio::time::timeout(PATIENCE, sub.next())
         .await
         .unwrap()
         .unwrap()
@@ -98,7 +98,7 @@ async fn a_nacked_message_comes_back_and_is_counted_as_redelivered() {
     let d = sub.next().await.unwrap().unwrap();
     assert_eq!(d.redelivery_count(), 0);
     d.nack();
-    let d = tokio::time::timeout(Duration::from_secs(10), sub.next())
+    let d = tokio::time::timeout(PATIENCE, sub.next())
         .await
         .expect("redelivered after nack")
         .unwrap()
@@ -137,7 +137,7 @@ async fn a_draining_consumer_hands_new_messages_to_the_others_before_it_closes()
         }
     };
     send("r0".into()).await;
-    let in_flight = tokio::time::timeout(Duration::from_secs(10), draining.next())
+    let in_flight = tokio::time::timeout(PATIENCE, draining.next())
         .await
         .expect("the first request")
         .unwrap()
@@ -154,7 +154,7 @@ async fn a_draining_consumer_hands_new_messages_to_the_others_before_it_closes()
     // The draining consumer still has permits, so the broker sends it about half of them.
     let mut seen = std::collections::HashSet::new();
     while seen.len() < 20 {
-        let d = tokio::time::timeout(Duration::from_secs(20), other.next())
+        let d = tokio::time::timeout(PATIENCE, other.next())
             .await
             .unwrap_or_else(|_| {
                 panic!(
@@ -247,7 +247,7 @@ async fn acks_in_order_settle_every_message_and_nothing_is_delivered_again() {
     // The stats below read this subscription.
     assert_eq!(broker.subscription_stats(&topic, "router").await.0, 500);
     for i in 0..500 {
-        let d = tokio::time::timeout(Duration::from_secs(30), sub.next())
+        let d = tokio::time::timeout(PATIENCE, sub.next())
             .await
             .expect("every message arrives")
             .unwrap()
@@ -257,7 +257,7 @@ async fn acks_in_order_settle_every_message_and_nothing_is_delivered_again() {
     }
     let (backlog, _) = eventually_every(
         Duration::from_millis(200),
-        Duration::from_secs(20),
+        PATIENCE,
         async || broker.subscription_stats(&topic, "router").await,
         |stats| stats.0 == 0,
     )
@@ -283,7 +283,7 @@ async fn acks_in_order_settle_every_message_and_nothing_is_delivered_again() {
     let mut got = Vec::new();
     for _ in 0..10 {
         got.push(
-            tokio::time::timeout(Duration::from_secs(30), again.next())
+            tokio::time::timeout(PATIENCE, again.next())
                 .await
                 .expect("every message arrives")
                 .unwrap()
@@ -306,7 +306,7 @@ async fn acks_in_order_settle_every_message_and_nothing_is_delivered_again() {
         "the nacked message was acked by the acks after it"
     );
     let mut last = bus.subscribe(&topic, "router", options).await.unwrap();
-    let d = tokio::time::timeout(Duration::from_secs(30), last.next())
+    let d = tokio::time::timeout(PATIENCE, last.next())
         .await
         .expect("the nacked message comes again")
         .unwrap()
@@ -344,7 +344,7 @@ async fn two_processors_on_one_shared_subscription_share_the_load() {
         ) as u64
     };
     eventually(
-        Duration::from_secs(10),
+        PATIENCE,
         async || handled(&a) + handled(&b),
         |sum| *sum == 64,
     )
@@ -460,7 +460,7 @@ async fn a_slow_consumer_still_receives_every_record() {
         .unwrap();
     let mut seen = Vec::new();
     loop {
-        let d = tokio::time::timeout(Duration::from_secs(30), sub.next())
+        let d = tokio::time::timeout(PATIENCE, sub.next())
             .await
             .expect("no record lost or stalled")
             .unwrap()
@@ -514,7 +514,7 @@ async fn malformed_records_get_an_error_when_they_can_and_are_never_redelivered(
         .unwrap();
     let mut answers: HashMap<String, TextCompletionResponse> = HashMap::new();
     while answers.len() < 5 {
-        let d = tokio::time::timeout(Duration::from_secs(10), responses.next())
+        let d = tokio::time::timeout(PATIENCE, responses.next())
             .await
             .expect("every record with an id is answered")
             .unwrap()
@@ -551,7 +551,7 @@ async fn malformed_records_get_an_error_when_they_can_and_are_never_redelivered(
     // broker asynchronously (the last one after its answer's publish was confirmed), so the
     // stats are read until they settle; a request never acked would hold them above zero.
     let stats = eventually(
-        Duration::from_secs(10),
+        PATIENCE,
         async || broker.subscription_stats(&req, "echo").await,
         |stats| *stats == (0, 0),
     )
@@ -742,7 +742,7 @@ async fn a_partitioned_request_topic_is_served_and_every_request_acked() {
     for partition in 0..3 {
         let topic = format!("{req}-partition-{partition}");
         let (backlog, unacked) = eventually(
-            Duration::from_secs(10),
+            PATIENCE,
             async || broker.subscription_stats(&topic, "echo").await,
             |(b, u)| *b == 0 && *u == 0,
         )
@@ -756,7 +756,7 @@ async fn a_partitioned_request_topic_is_served_and_every_request_acked() {
         ) as u64
     };
     eventually(
-        Duration::from_secs(10),
+        PATIENCE,
         async || handled(&a) + handled(&b),
         |sum| *sum >= 48,
     )
@@ -826,7 +826,7 @@ async fn a_subscription_from_a_position_reads_what_the_topic_holds_from_it() {
     let mut again = bus.subscribe(&topic, "again", options).await.unwrap();
     let mut read = Vec::new();
     while read.len() < 3 {
-        let d = tokio::time::timeout(Duration::from_secs(10), again.next())
+        let d = tokio::time::timeout(PATIENCE, again.next())
             .await
             .expect("the messages after the position")
             .unwrap()
@@ -845,7 +845,7 @@ async fn a_subscription_from_a_position_reads_what_the_topic_holds_from_it() {
         .unwrap()
         .await
         .unwrap();
-    let d = tokio::time::timeout(Duration::from_secs(10), again.next())
+    let d = tokio::time::timeout(PATIENCE, again.next())
         .await
         .unwrap()
         .unwrap()

@@ -341,6 +341,72 @@ fn the_readme_starts_with_the_two_set_up_commands() {
     );
 }
 
+/// The stage budgets of docs/testing.md are the test command's (`BUDGET_COLD`, `BUDGET_WARM`
+/// in scripts/test.sh), and they add up to the run's targets (45 minutes from nothing, 25 with
+/// the caches filled; `unit` is not part of a full run): the page says what a new test must
+/// fit in, the script warns when a stage does not.
+#[test]
+fn the_testing_pages_stage_budgets_are_the_test_commands_and_fit_the_targets() {
+    let script = std::fs::read_to_string(root().join("scripts/test.sh")).unwrap();
+    let page = std::fs::read_to_string(root().join("docs/testing.md")).unwrap();
+    let in_script = |name: &str| -> BTreeMap<String, u64> {
+        let start = script
+            .find(&format!("declare -A {name}=("))
+            .unwrap_or_else(|| panic!("no {name} in scripts/test.sh"));
+        let body = &script[start..];
+        let body = &body[body.find('(').unwrap() + 1..body.find(')').unwrap()];
+        body.split_whitespace()
+            .filter_map(|kv| {
+                let (k, v) = kv.strip_prefix('[')?.split_once("]=")?;
+                Some((k.to_owned(), v.parse().ok()?))
+            })
+            .collect()
+    };
+    // The page's table rows: | `key` ... | what it proves | cold | warm |
+    let (mut cold, mut warm) = (BTreeMap::new(), BTreeMap::new());
+    for line in page.lines() {
+        let Some((key, _)) = line.strip_prefix("| `").and_then(|r| r.split_once('`')) else {
+            continue;
+        };
+        let cells: Vec<&str> = line
+            .trim_end_matches('|')
+            .split('|')
+            .map(str::trim)
+            .collect();
+        let n = cells.len();
+        if let (Ok(c), Ok(w)) = (cells[n - 2].parse::<u64>(), cells[n - 1].parse::<u64>()) {
+            cold.insert(key.to_owned(), c);
+            warm.insert(key.to_owned(), w);
+        }
+    }
+    assert_eq!(
+        cold,
+        in_script("BUDGET_COLD"),
+        "cold budgets: docs/testing.md, scripts/test.sh"
+    );
+    assert_eq!(
+        warm,
+        in_script("BUDGET_WARM"),
+        "warm budgets: docs/testing.md, scripts/test.sh"
+    );
+    let sum = |b: &BTreeMap<String, u64>| {
+        b.iter()
+            .filter(|(k, _)| *k != "unit")
+            .map(|(_, v)| v)
+            .sum::<u64>()
+    };
+    assert!(
+        sum(&cold) <= 45 * 60,
+        "the cold budgets add up to {} s",
+        sum(&cold)
+    );
+    assert!(
+        sum(&warm) <= 25 * 60,
+        "the warm budgets add up to {} s",
+        sum(&warm)
+    );
+}
+
 #[test]
 fn heading_ids_are_mdbooks() {
     assert_eq!(

@@ -11,7 +11,7 @@ use std::{sync::Arc, time::Duration};
 use sluice_runtime::{secret::Secret, telemetry::Telemetry};
 use sluice_schema::{TextCompletionRequest, TextCompletionResponse};
 use sluice_tests::{
-    Broker, RunningProcessor, TextClient, echo_config, eventually, eventually_every,
+    Broker, PATIENCE, RunningProcessor, TextClient, echo_config, eventually, eventually_every,
     fake_openai::FakeOpenAi, free_port, init_logging, metric_value, records_of_one_attempt,
     text_client, unique_topic,
 };
@@ -240,7 +240,7 @@ async fn a_primary_stalling_before_its_first_token_is_left_at_the_deadline() {
         1
     );
     let abandoned = eventually(
-        Duration::from_secs(10),
+        PATIENCE,
         async || s.primary.abandoned_streams(),
         |n| *n == 1,
     )
@@ -284,7 +284,7 @@ async fn a_hedge_answers_first_and_the_slow_primary_is_cancelled() {
         1
     );
     let abandoned = eventually(
-        Duration::from_secs(10),
+        PATIENCE,
         async || s.primary.abandoned_streams(),
         |n| *n == 1,
     )
@@ -319,7 +319,7 @@ async fn a_breaker_opens_skips_the_primary_then_probes_and_closes() {
     };
     let records = eventually_every(
         Duration::from_millis(100),
-        Duration::from_secs(20),
+        PATIENCE,
         async || s.ask(true).await,
         by_primary,
     )

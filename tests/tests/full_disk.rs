@@ -22,7 +22,9 @@ use sluice_runtime::{
     telemetry::Telemetry,
 };
 use sluice_schema::{Error, ErrorKind, TextCompletionRequest, TextCompletionResponse};
-use sluice_tests::{Broker, RunningProcessor, TextClient, echo_config, init_logging, unique_topic};
+use sluice_tests::{
+    Broker, PATIENCE, RunningProcessor, TextClient, echo_config, init_logging, unique_topic,
+};
 use tokio::{process::Command, sync::Notify};
 
 /// A broker on its own ports whose bookie writes to a tmpfs of `SIZE_MB`.
@@ -249,11 +251,9 @@ async fn a_broker_that_cannot_write_blocks_the_processor_and_loses_nothing() {
     for i in 0..4 {
         streams.push(client.request(&request(&format!("held{i}"))).await.unwrap());
     }
-    eventually(
-        "the four requests are in flight",
-        Duration::from_secs(30),
-        async || calls.load(Ordering::SeqCst) == 5,
-    )
+    eventually("the four requests are in flight", PATIENCE, async || {
+        calls.load(Ordering::SeqCst) == 5
+    })
     .await;
 
     // The disk fills; the bookie turns read-only: a probe publish fails.
@@ -344,11 +344,9 @@ async fn a_broker_that_cannot_write_blocks_the_processor_and_loses_nothing() {
         Some(0)
     );
     // Every request acked once answered (the broker's stats follow the acks shortly).
-    eventually(
-        "nothing left on the broker",
-        Duration::from_secs(30),
-        async || broker.subscription_stats(&req, "echo").await == (0, 0),
-    )
+    eventually("nothing left on the broker", PATIENCE, async || {
+        broker.subscription_stats(&req, "echo").await == (0, 0)
+    })
     .await;
     assert_eq!(client.call(&request("after")).await.unwrap().len(), 2);
 

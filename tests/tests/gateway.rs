@@ -16,8 +16,8 @@ use sluice_runtime::{
     telemetry::Telemetry,
 };
 use sluice_tests::{
-    Broker, GatewayStack as Stack, RunningProcessor, sse_event_id, stream_pieces, unique_topic,
-    wait_for_metrics,
+    Broker, GatewayStack as Stack, PATIENCE, RunningProcessor, sse_event_id, stream_pieces,
+    unique_topic, wait_for_metrics,
 };
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 
@@ -119,7 +119,7 @@ async fn ndjson_streams_seed_004_events_and_the_first_token_arrives_before_the_l
     // Read until the first token event: the fake is holding its last tokens behind a gate
     // only this test opens, so seeing it proves the token was not buffered behind them.
     while !String::from_utf8_lossy(&bytes).contains(r#""type":"token""#) {
-        let chunk = tokio::time::timeout(Duration::from_secs(10), body.next())
+        let chunk = tokio::time::timeout(PATIENCE, body.next())
             .await
             .expect("the first token arrives while the provider is still streaming")
             .unwrap()
@@ -355,7 +355,7 @@ async fn a_client_that_disconnects_cancels_the_provider_call() {
     drop(body);
     // The gateway publishes a cancel; the processor drops the provider call, which closes
     // the connection to the fake provider.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
     while s.fake.abandoned_streams() == 0 {
         assert!(
             tokio::time::Instant::now() < deadline,
@@ -363,7 +363,7 @@ async fn a_client_that_disconnects_cancels_the_provider_call() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
         let m = s.processor.telemetry.render();
         if m.contains(
@@ -402,7 +402,7 @@ async fn a_socket_that_closes_mid_stream_cancels_the_provider_call() {
     // Mid-stream: the provider is holding the rest back. The client goes away.
     ws.close(None).await.unwrap();
     drop(ws);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
     while s.fake.abandoned_streams() == 0 {
         assert!(
             tokio::time::Instant::now() < deadline,
@@ -411,7 +411,7 @@ async fn a_socket_that_closes_mid_stream_cancels_the_provider_call() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let m = sluice_tests::eventually(
-        Duration::from_secs(5),
+        PATIENCE,
         async || s.processor.telemetry.render(),
         |m| {
             m.contains(
@@ -448,7 +448,7 @@ async fn a_request_past_its_time_limit_ends_with_a_timeout_and_is_cancelled() {
     );
     assert_eq!(events[types.len() - 2]["error_type"], "timeout");
     assert_eq!(events[types.len() - 1]["reason"], "error");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
     while s.fake.abandoned_streams() == 0 {
         assert!(
             tokio::time::Instant::now() < deadline,
@@ -532,7 +532,7 @@ type Ws =
 
 async fn next_json(ws: &mut Ws) -> Value {
     loop {
-        let m = tokio::time::timeout(Duration::from_secs(10), ws.next())
+        let m = tokio::time::timeout(PATIENCE, ws.next())
             .await
             .expect("a frame")
             .unwrap()
@@ -1201,14 +1201,14 @@ async fn a_cancel_reaches_a_caller_still_connected_as_done_cancelled() {
     let mut body = resp.bytes_stream();
     let mut bytes = Vec::new();
     while !String::from_utf8_lossy(&bytes).contains(r#""type":"token""#) {
-        let chunk = tokio::time::timeout(Duration::from_secs(10), body.next())
+        let chunk = tokio::time::timeout(PATIENCE, body.next())
             .await
             .expect("the first token")
             .unwrap()
             .unwrap();
         bytes.extend_from_slice(&chunk);
     }
-    let request = tokio::time::timeout(Duration::from_secs(10), requests.next())
+    let request = tokio::time::timeout(PATIENCE, requests.next())
         .await
         .unwrap()
         .unwrap()
@@ -1223,7 +1223,7 @@ async fn a_cancel_reaches_a_caller_still_connected_as_done_cancelled() {
         .unwrap()
         .await
         .unwrap();
-    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(10), body.next())
+    while let Some(chunk) = tokio::time::timeout(PATIENCE, body.next())
         .await
         .expect("the stream ends after the cancel")
     {
@@ -1234,7 +1234,7 @@ async fn a_cancel_reaches_a_caller_still_connected_as_done_cancelled() {
     assert_eq!(types, ["status", "token", "error", "done"], "{events:#?}");
     assert_eq!(events[2]["error_type"], "cancelled");
     assert_eq!(events[3]["reason"], "cancelled");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
     while s.fake.abandoned_streams() == 0 {
         assert!(
             tokio::time::Instant::now() < deadline,
@@ -1266,7 +1266,7 @@ async fn first_pieces(
                 return got[..n].to_vec();
             }
         }
-        let chunk = tokio::time::timeout(Duration::from_secs(10), resp.chunk())
+        let chunk = tokio::time::timeout(PATIENCE, resp.chunk())
             .await
             .expect("the stream went silent")
             .unwrap()

@@ -12,8 +12,8 @@ use sluice_runtime::{
 };
 use sluice_schema::{Error, TextCompletionRequest, TextCompletionResponse};
 use sluice_tests::{
-    Broker, EchoHandler, RunningProcessor, TextClient, echo_config, eventually, init_logging,
-    text_client, unique_topic,
+    Broker, EchoHandler, PATIENCE, RunningProcessor, TextClient, echo_config, eventually,
+    init_logging, text_client, unique_topic,
 };
 use tokio::{
     io::{AsyncBufReadExt, BufReader},
@@ -166,7 +166,7 @@ async fn sigterm_finishes_in_flight_requests_takes_no_new_ones_and_exits_zero() 
     // Not ready while draining, so no new traffic is routed here. The signal reaches another
     // process, whose consume loop then stops: read /readyz until it says so.
     let ready = eventually(
-        Duration::from_secs(10),
+        PATIENCE,
         async || draining.readyz().await,
         |status| *status == 503,
     )

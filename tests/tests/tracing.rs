@@ -163,7 +163,9 @@ async fn one_request_is_one_trace_from_the_gateway_to_the_provider_call() {
     let _export = init_otlp(&OtlpConfig {
         endpoint: collector.base_url(),
         service_name: "sluice-trace-test".into(),
-        timeout: Duration::from_secs(5),
+        // An export to the fake collector on loopback takes milliseconds; its time limit is a
+        // hang guard, long enough that a busy machine does not lose the test's spans.
+        timeout: sluice_tests::PATIENCE,
     })
     .unwrap();
     let s = stack().await;

@@ -13,7 +13,7 @@
 mod common;
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     path::PathBuf,
     sync::{Arc, Mutex},
     time::Duration,
@@ -32,6 +32,7 @@ use sluice_tests::{
     fake_oauth2::FakeOAuth2,
     fake_openai::FakeOpenAi,
     free_port,
+    soak::{self, SoakConfig},
 };
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -302,6 +303,17 @@ impl Load {
         self.finished.lock().unwrap().len()
     }
 
+    /// The callers that had an answer to a request they started at `since` or later.
+    fn callers_answered_since(&self, since: Instant) -> usize {
+        let finished = self.finished.lock().unwrap();
+        let callers: HashSet<usize> = finished
+            .iter()
+            .filter(|(_, f)| f.started >= since && matches!(f.outcome, Outcome::Answered))
+            .map(|(c, _)| *c)
+            .collect();
+        callers.len()
+    }
+
     /// Stops issuing requests, waits for every caller's last one, returns them all.
     async fn finish(self) -> Vec<(usize, Finished)> {
         self.stop.cancel();
@@ -377,33 +389,49 @@ fn recovery(finished: &[(usize, Finished)], fault_at: Instant, repaired: Instant
 }
 
 impl FaultReport {
-    /// Every request had exactly one terminal outcome and no wrong answer.
-    fn assert_nothing_lost(&self) {
+    /// Every request had exactly one terminal outcome and no wrong answer; or what was lost.
+    fn nothing_lost(&self) -> Option<String> {
         let shown = &self.lost[..self.lost.len().min(5)];
-        assert!(self.lost.is_empty(), "{}: lost {shown:?}", self.fault);
+        (!self.lost.is_empty()).then(|| format!("{}: lost {shown:?}", self.fault))
     }
 
     /// The service came back: every caller had an answer to a request it started after the
-    /// repair, and no error fell outside the fault's window ([`Recovery`]).
-    fn assert_recovered(&self) {
+    /// repair, and no error fell outside the fault's window ([`Recovery`]); or what did not.
+    fn recovered(&self) -> Option<String> {
         let shown = &self.recovery.outside[..self.recovery.outside.len().min(5)];
-        assert!(
-            self.recovery.outside.is_empty(),
-            "{}: {} error(s) outside the fault's window, e.g. {shown:?}",
-            self.fault,
-            self.recovery.outside.len()
-        );
-        assert_eq!(
-            self.recovery.callers_back, self.callers,
-            "{}: callers with an answer to a request started after the repair",
-            self.fault
-        );
+        if !self.recovery.outside.is_empty() {
+            return Some(format!(
+                "{}: {} error(s) outside the fault's window, e.g. {shown:?}",
+                self.fault,
+                self.recovery.outside.len()
+            ));
+        }
+        (self.recovery.callers_back != self.callers).then(|| {
+            format!(
+                "{}: {} of {} callers had an answer to a request started after the repair",
+                self.fault, self.recovery.callers_back, self.callers
+            )
+        })
     }
 
-    /// No caller saw an error.
-    fn assert_no_error(&self) {
+    /// No caller saw an error; or the errors.
+    fn no_error(&self) -> Option<String> {
         let shown = &self.errors[..self.errors.len().min(5)];
-        assert!(self.errors.is_empty(), "{}: errors {shown:?}", self.fault);
+        (!self.errors.is_empty()).then(|| format!("{}: errors {shown:?}", self.fault))
+    }
+
+    /// No stream ended at the gateway's inactivity timeout; or how many did.
+    fn no_timeout(&self) -> Option<String> {
+        let timeouts = self
+            .error_kinds()
+            .into_iter()
+            .find(|(k, ..)| k == "timeout");
+        timeouts.map(|t| {
+            format!(
+                "{}: streams ended at the inactivity timeout: {t:?}",
+                self.fault
+            )
+        })
     }
 
     /// The errors by `error_type`, most frequent first, each with one message as an example
@@ -468,18 +496,25 @@ fn back_after(done: &[Instant], start: Instant, fault_at: Instant) -> Option<Dur
     }
 }
 
-/// Runs `callers` streams through `gateway`, applies `fault` after a warm-up, keeps the load
-/// on until throughput is back (or 90 s), and reports.
-async fn under_fault<F, Fut>(name: &str, gateway: &str, callers: usize, fault: F) -> FaultReport
+/// Runs `callers` streams through each of `gateways` at once, applies `fault` once after a
+/// warm-up, keeps the load on until every caller of every gateway has been answered again
+/// since the repair (and a while more), and reports per gateway, in their order.
+async fn under_fault<F, Fut>(
+    name: &str,
+    gateways: &[String],
+    callers: usize,
+    fault: F,
+) -> Vec<FaultReport>
 where
     F: FnOnce() -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let load = Load::start(gateway, callers);
+    let loads: Vec<Load> = gateways.iter().map(|g| Load::start(g, callers)).collect();
     let start = Instant::now();
     // Warm-up: the pre-fault rate is the baseline of "back" (at least 5 s of it: completions
-    // come in waves).
-    while (load.completed() < callers * 3 || start.elapsed() < Duration::from_secs(5))
+    // come in waves). 60 s is a hang guard: nothing is asserted on the warm-up.
+    while (loads.iter().any(|l| l.completed() < callers * 3)
+        || start.elapsed() < Duration::from_secs(5))
         && start.elapsed() < Duration::from_secs(60)
     {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -487,43 +522,55 @@ where
     let fault_at = Instant::now();
     fault().await;
     let repaired = Instant::now();
-    let applied = load.completed();
-    // Keep the load on for a while after the fault's repair so that late effects show (a
-    // topic moving back to a restarted broker, a ledger recovered): at least 20 s and 4
-    // requests per caller, at most 90 s. Measured: with only the 4 requests per caller, the
-    // run could end inside the dip after a broker's restart and report "never".
+    let applied: Vec<usize> = loads.iter().map(Load::completed).collect();
+    // Keep the load on after the fault's repair so that late effects show (a topic moving back
+    // to a restarted broker, a ledger recovered): at least 20 s and 4 requests per caller
+    // (measured: with only the 4 requests per caller, the run could end inside the dip after a
+    // broker's restart and report "never"), and until every caller has an answer to a request
+    // it started after the repair, which `recovered` reads: waited for, not raced against a
+    // window (how long a repair's effects last depends on how busy the machine is). 300 s is a
+    // hang guard.
     let settle = Instant::now();
-    while (load.completed() < applied + callers * 4 || settle.elapsed() < Duration::from_secs(20))
-        && settle.elapsed() < Duration::from_secs(90)
+    let settled = || {
+        loads.iter().zip(&applied).all(|(l, a)| {
+            l.completed() >= a + callers * 4 && l.callers_answered_since(repaired) == callers
+        })
+    };
+    while (!settled() || settle.elapsed() < Duration::from_secs(20))
+        && settle.elapsed() < Duration::from_secs(300)
     {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let finished = load.finish().await;
-    let done: Vec<Instant> = finished.iter().map(|(_, f)| f.ended).collect();
-    let mut report = FaultReport {
-        fault: name.to_owned(),
-        requests: finished.len(),
-        answered: 0,
-        errors: Vec::new(),
-        lost: Vec::new(),
-        longest_stall: Duration::ZERO,
-        back_after: back_after(&done, start, fault_at),
-        callers,
-        recovery: recovery(&finished, fault_at, repaired),
-    };
-    for (_, f) in finished {
-        report.longest_stall = report.longest_stall.max(f.longest_gap);
-        match f.outcome {
-            Outcome::Answered => report.answered += 1,
-            Outcome::Error(e) => report.errors.push(e),
-            Outcome::Lost(e) => report.lost.push(e),
+    let mut reports = Vec::new();
+    for (load, gateway) in loads.into_iter().zip(gateways) {
+        let finished = load.finish().await;
+        let done: Vec<Instant> = finished.iter().map(|(_, f)| f.ended).collect();
+        let mut report = FaultReport {
+            fault: name.to_owned(),
+            requests: finished.len(),
+            answered: 0,
+            errors: Vec::new(),
+            lost: Vec::new(),
+            longest_stall: Duration::ZERO,
+            back_after: back_after(&done, start, fault_at),
+            callers,
+            recovery: recovery(&finished, fault_at, repaired),
+        };
+        for (_, f) in finished {
+            report.longest_stall = report.longest_stall.max(f.longest_gap);
+            match f.outcome {
+                Outcome::Answered => report.answered += 1,
+                Outcome::Error(e) => report.errors.push(e),
+                Outcome::Lost(e) => report.lost.push(e),
+            }
         }
+        eprintln!("cluster fault ({gateway}): {}", report.row());
+        for (kind, n, example) in report.error_kinds() {
+            eprintln!("  {n} x {kind}, e.g. {example}");
+        }
+        reports.push(report);
     }
-    eprintln!("cluster fault: {}", report.row());
-    for (kind, n, example) in report.error_kinds() {
-        eprintln!("  {n} x {kind}, e.g. {example}");
-    }
-    report
+    reports
 }
 
 fn write_report(title: &str, reports: &[FaultReport]) {
@@ -616,6 +663,49 @@ async fn least_privilege_roles_stream_answers_over_tls() {
     }
     gw.stop().await;
     processor.stop().await;
+}
+
+/// Every processor kind (text-completion, prompt, agent) and the gateway as their
+/// least-privilege roles over TLS, with the grants docs/production-pulsar.md lists (the prompt
+/// and agent processors are clients of text-completion too): the soak's mixed traffic for 30 s
+/// on the cluster, a replica killed every ~10 s, every request ending once with its whole
+/// answer or a clear error, the usage ledger against the provider's count. The cluster's faults
+/// under load are the fault series' (below), on text-completion and the gateway; `bash
+/// bench/run.sh soak --minutes 30 --cluster` runs both together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_processor_kind_answers_as_its_least_privilege_role_under_replica_kills() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut config = SoakConfig::new(
+        PathBuf::from(env!("CARGO_BIN_EXE_sluice")),
+        root.join("deploy/pulsar/pulsar.sh"),
+        Duration::from_secs(30),
+    );
+    config.warm_up = Duration::from_secs(10);
+    config.max_faults = Some(0);
+    config.kill_every = Duration::from_secs(10);
+    config.min_kills = Some(2);
+    config.callers = 8;
+    config.cluster = Some(cluster);
+    config.work_dir =
+        std::env::temp_dir().join(format!("sluice-soak-cluster-{}", std::process::id()));
+    let report = soak::run(config).await.expect("the soak could not set up");
+    println!("{}", report.markdown());
+    assert!(
+        report.clean(),
+        "the soak on the cluster found problems:\n{}",
+        report.markdown()
+    );
+    assert!(report.faults.is_empty(), "{:?}", report.faults);
+    assert!(
+        report.kills >= 2,
+        "only {} replicas were killed",
+        report.kills
+    );
+    assert!(report.answered > 20, "only {} answered", report.answered);
 }
 
 /// Starts a text-completion processor that must be refused; returns its exit and stderr.
@@ -840,88 +930,177 @@ async fn a_processor_that_loses_its_permission_hands_requests_back_and_says_why(
     processor.stop().await;
 }
 
+/// Callers per flow. The three flows run at once under each fault: 72 callers in all, about the
+/// load of the 64 callers one flow had when the three ran one after another (and took three
+/// times as long, 2026-12-07).
+const CALLERS: usize = 24;
+
+/// One flow under the fault series: two text-completion replicas and a gateway on a fresh
+/// topicspace under `mapping` (the request topic with `partitions` partitions if given).
+struct FlowUnderFaults {
+    title: String,
+    mapping: &'static str,
+    partitions: Option<u32>,
+    ts: String,
+    topics: [String; 3],
+    url: String,
+    gateway: Sluice,
+    replicas: Vec<(&'static str, Sluice, u16)>,
+    _fake: FakeOpenAi,
+}
+
+impl FlowUnderFaults {
+    async fn start(
+        cluster: &Cluster,
+        what: &str,
+        mapping: &'static str,
+        partitions: Option<u32>,
+    ) -> Self {
+        let fake = FakeOpenAi::start().await;
+        let ts = cluster.topicspace().await;
+        let topics = mapped_topics(&ts, "text-completion", mapping);
+        if let Some(n) = partitions {
+            cluster
+                .admin_call(
+                    reqwest::Method::PUT,
+                    &format!("/admin/v2/{}/partitions", topics[0].replacen("://", "/", 1)),
+                    Some(json!(n)),
+                )
+                .await;
+        }
+        cluster.grant_mapped(&ts, "text-completion", mapping).await;
+        // Two replicas, ~20 pieces 25 ms apart: streams are in flight when a fault strikes.
+        let (a, a_port) = text_completion(cluster, &ts, &fake, "replay-2-25", mapping).await;
+        let (b, b_port) = text_completion(cluster, &ts, &fake, "replay-2-25", mapping).await;
+        // A silence of 120 s ends a stream, on either mapping: a hang guard far above the
+        // longest stall a fault causes (a broker's death: its topics move after the 10 s
+        // ZooKeeper session; up to 29.8 s measured with the CPU busy). What the TrustGraph
+        // mapping must show is that no stream ends at it: a loss is seen and named at once.
+        let (gateway, url) = gateway_with_inactivity(cluster, &ts, mapping, 120).await;
+        if let Some(n) = partitions {
+            let mut owners = HashMap::new();
+            for p in 0..n {
+                owners.insert(
+                    p,
+                    cluster.owner(&format!("{}-partition-{p}", topics[0])).await,
+                );
+            }
+            eprintln!("{what}: partition owners: {owners:?}");
+        }
+        Self {
+            title: format!("{what}, {CALLERS} streaming callers"),
+            mapping,
+            partitions,
+            ts,
+            topics,
+            url,
+            gateway,
+            replicas: vec![
+                ("text-completion-a", a, a_port),
+                ("text-completion-b", b, b_port),
+            ],
+            _fake: fake,
+        }
+    }
+
+    /// What this flow's reports must show, as failures: nothing lost anywhere; on the durable
+    /// mapping no error either (but after a bookie's SIGKILL on the partitioned topic, see
+    /// below); on TrustGraph's no stream ended at the inactivity timeout, and the service back
+    /// for every caller.
+    fn failures(&self, reports: &[FaultReport]) -> Vec<String> {
+        let mut failures = Vec::new();
+        for r in reports {
+            let mut found = vec![r.nothing_lost()];
+            if self.mapping == TRUSTGRAPH {
+                // Non-persistent topics lose what is in flight when a topic moves or a broker
+                // dies; the promise there is not "nothing lost" but "nobody waits for a
+                // timeout": sluice's client sees the gap (record numbers, syncs) and ends the
+                // request with an error at once. A caller may still wait while no broker owns
+                // the topics (a killed broker's are reassigned after its ZooKeeper session
+                // expires): that is the cluster's failover, the same on the durable mapping.
+                found.push(r.no_timeout());
+                found.push(r.recovered());
+            } else if self.partitions.is_none() || !r.fault.starts_with("SIGKILL of one bookie") {
+                // Open (issue #21), measured 2026-11-25 and not yet explained: after a bookie's
+                // SIGKILL, 64 of 4821 requests on the partitioned topic (every caller's stream
+                // in flight) stalled for the gateway's 120 s inactivity timeout and ended with
+                // `timeout`; the same fault on the non-partitioned topic stalled 0.4 s with no
+                // error. Each of those requests still ended once, with a clear error.
+                found.push(r.no_error());
+            }
+            failures.extend(
+                found
+                    .into_iter()
+                    .flatten()
+                    .map(|f| format!("{}: {f}", self.title)),
+            );
+        }
+        failures
+    }
+
+    /// Saves the processes' logs and metrics and the topics' stats (`SLUICE_CLUSTER_LOGS`), and
+    /// stops the processes.
+    async fn stop(self, cluster: &Cluster) {
+        if let Ok(dir) = std::env::var("SLUICE_CLUSTER_LOGS") {
+            let slug = self
+                .title
+                .to_lowercase()
+                .replace(|c: char| !c.is_alphanumeric(), "-");
+            let path = PathBuf::from(&dir).join(format!("{slug}-gateway.log"));
+            std::fs::write(path, self.gateway.stderr()).unwrap();
+            for (name, p, port) in &self.replicas {
+                let path = PathBuf::from(&dir).join(format!("{slug}-{name}.log"));
+                std::fs::write(path, p.stderr()).unwrap();
+                let path = PathBuf::from(&dir).join(format!("{slug}-{name}.metrics"));
+                std::fs::write(path, sluice_tests::scrape(*port).await).unwrap();
+            }
+            // And what the broker says of the topics: publishers, consumers, permits, drops.
+            save_topic_stats(cluster, &self.topics, &format!("{slug}-topic-stats")).await;
+        }
+        self.gateway.stop().await;
+        for (_, p, _) in self.replicas {
+            p.stop().await;
+        }
+    }
+}
+
+/// The faults of issue #21 part 3 on three flows at once, each under 24 streaming callers:
+/// the durable mapping, a 4-partition request topic spread over both brokers, and TrustGraph's
+/// mapping. Nothing is lost on any; the durable flows see no error; on TrustGraph's, what the
+/// broker dropped ends with a clear error, never at the inactivity timeout. A fault table per
+/// flow (docs/production-pulsar.md), and after the series every consumer served again.
 #[tokio::test]
-async fn cluster_faults_under_load_lose_no_request() {
+async fn cluster_faults_under_load_lose_no_request_on_either_mapping() {
     let Some(cluster) = Cluster::from_env() else {
         return;
     };
     let _serial = SERIAL.lock().await;
-    let title = "Durable mapping, 64 streaming callers";
-    for r in fault_series_on(&cluster, DURABLE, None, 120, title).await {
-        r.assert_nothing_lost();
-        r.assert_no_error();
-    }
-}
-
-/// Two text-completion replicas and a gateway on a fresh topicspace under `mapping` (the
-/// request topic with `partitions` partitions if given), the fault series under 64
-/// streaming callers, and its table written as `title`.
-async fn fault_series_on(
-    cluster: &Cluster,
-    mapping: &str,
-    partitions: Option<u32>,
-    inactivity_secs: u64,
-    title: &str,
-) -> Vec<FaultReport> {
-    let fake = FakeOpenAi::start().await;
-    let ts = cluster.topicspace().await;
-    let [req, _, _] = mapped_topics(&ts, "text-completion", mapping);
-    if let Some(n) = partitions {
-        cluster
-            .admin_call(
-                reqwest::Method::PUT,
-                &format!("/admin/v2/{}/partitions", req.replacen("://", "/", 1)),
-                Some(json!(n)),
-            )
-            .await;
-    }
-    cluster.grant_mapped(&ts, "text-completion", mapping).await;
-    // Two replicas, ~20 pieces 25 ms apart: streams are in flight when a fault strikes.
-    let (a, a_port) = text_completion(cluster, &ts, &fake, "replay-2-25", mapping).await;
-    let (b, b_port) = text_completion(cluster, &ts, &fake, "replay-2-25", mapping).await;
-    let (gw, url) = gateway_with_inactivity(cluster, &ts, mapping, inactivity_secs).await;
-    // The fault targets the broker of the (first partition of the) request topic.
-    let watched = match partitions {
-        Some(n) => {
-            let mut owners = HashMap::new();
-            for p in 0..n {
-                owners.insert(p, cluster.owner(&format!("{req}-partition-{p}")).await);
-            }
-            eprintln!("partition owners: {owners:?}");
-            format!("{req}-partition-0")
-        }
-        None => req.clone(),
-    };
-    let topics = mapped_topics(&ts, "text-completion", mapping);
-    let reports = fault_series(cluster, &ts, &watched, &url, &topics).await;
-    write_report(title, &reports);
-    if partitions.is_none() {
-        every_consumer_is_served(cluster, &ts, mapping).await;
-    }
-    // The processes' logs, to read what happened under the faults.
-    if let Ok(dir) = std::env::var("SLUICE_CLUSTER_LOGS") {
-        let slug = title
-            .to_lowercase()
-            .replace(|c: char| !c.is_alphanumeric(), "-");
-        for (name, p) in [
-            ("gateway", &gw),
-            ("text-completion-a", &a),
-            ("text-completion-b", &b),
-        ] {
-            let path = PathBuf::from(&dir).join(format!("{slug}-{name}.log"));
-            std::fs::write(path, p.stderr()).unwrap();
-        }
-        // And what the broker says of the topics: publishers, consumers, permits, drops.
-        save_topic_stats(cluster, &topics, &format!("{slug}-topic-stats")).await;
-        for (name, port) in [("text-completion-a", a_port), ("text-completion-b", b_port)] {
-            let path = PathBuf::from(&dir).join(format!("{slug}-{name}.metrics"));
-            std::fs::write(path, sluice_tests::scrape(port).await).unwrap();
+    let flows = vec![
+        FlowUnderFaults::start(&cluster, "Durable mapping", DURABLE, None).await,
+        FlowUnderFaults::start(
+            &cluster,
+            "Partitioned request topic (4 partitions)",
+            DURABLE,
+            Some(4),
+        )
+        .await,
+        FlowUnderFaults::start(&cluster, "TrustGraph mapping", TRUSTGRAPH, None).await,
+    ];
+    let reports = fault_series(&cluster, &flows).await;
+    let mut failures = Vec::new();
+    for (flow, reports) in flows.iter().zip(&reports) {
+        write_report(&flow.title, reports);
+        failures.extend(flow.failures(reports));
+        if flow.partitions.is_none()
+            && let Err(e) = every_consumer_is_served(&cluster, &flow.ts, flow.mapping).await
+        {
+            failures.push(format!("{}: {e}", flow.title));
         }
     }
-    gw.stop().await;
-    a.stop().await;
-    b.stop().await;
-    reports
+    for flow in flows {
+        flow.stop(&cluster).await;
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// After the faults, the broker serves every consumer again: both replicas' on the request
@@ -929,7 +1108,11 @@ async fn fault_series_on(
 /// the consumers checked themselves (see `Supervisor::alive` in the runtime's Pulsar bus), a
 /// broker's SIGKILL could leave any of them unknown to the broker for good while its process
 /// went on waiting: a replica that never took another request, a gateway that heard nothing.
-async fn every_consumer_is_served(cluster: &Cluster, ts: &str, mapping: &str) {
+async fn every_consumer_is_served(
+    cluster: &Cluster,
+    ts: &str,
+    mapping: &str,
+) -> Result<(), String> {
     let [req, resp, cancel] = mapped_topics(ts, "text-completion", mapping);
     let consumers = |stats: &Value| -> Vec<usize> {
         stats["subscriptions"]
@@ -942,8 +1125,11 @@ async fn every_consumer_is_served(cluster: &Cluster, ts: &str, mapping: &str) {
             .unwrap_or_default()
     };
     let mut seen = String::new();
-    // A consumer the broker dropped is re-created within seconds of its next check.
-    for _ in 0..30 {
+    // A consumer the broker dropped is re-created after its checks find it so (an idle
+    // consumer is checked every 5 s, a wrong owner must be seen twice in a row): waited for;
+    // 120 s is a hang guard.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < deadline {
         let mut counts = Vec::new();
         for topic in [&req, &resp, &cancel] {
             let path = format!("/admin/v2/{}/stats", topic.replacen("://", "/", 1));
@@ -954,7 +1140,7 @@ async fn every_consumer_is_served(cluster: &Cluster, ts: &str, mapping: &str) {
         // Request topic: one shared subscription, both replicas. Response topic: the
         // gateway's subscription. Cancel topic: one subscription per replica.
         if counts[0] == [2] && counts[1] == [1] && counts[2] == [1, 1] {
-            return;
+            return Ok(());
         }
         seen = format!(
             "request {:?}, response {:?}, cancel {:?}",
@@ -962,9 +1148,9 @@ async fn every_consumer_is_served(cluster: &Cluster, ts: &str, mapping: &str) {
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    panic!(
+    Err(format!(
         "after the faults the broker does not serve every consumer (consumers per subscription): {seen}"
-    );
+    ))
 }
 
 /// With `SLUICE_CLUSTER_LOGS=DIR`, writes what the broker says of `topics` (publishers,
@@ -983,135 +1169,100 @@ async fn save_topic_stats(cluster: &Cluster, topics: &[String], name: &str) {
     std::fs::write(PathBuf::from(dir).join(format!("{name}.json")), stats).unwrap();
 }
 
-/// Saves the topics' stats after the last fault of `reports` (see `save_topic_stats`).
-async fn save_stats_after(cluster: &Cluster, topics: &[String], reports: &[FaultReport]) {
-    if let Some(r) = reports.last() {
-        // Named by the flow's request topic too: each suite runs the series on its own.
-        let slug = format!("{}-after-{}", topics[0], r.fault)
+/// Saves each flow's topics' stats after the last fault of `faults` (see `save_topic_stats`).
+async fn save_stats_after(
+    cluster: &Cluster,
+    flows: &[FlowUnderFaults],
+    faults: &[Vec<FaultReport>],
+) {
+    let Some(last) = faults.last().and_then(|f| f.first()) else {
+        return;
+    };
+    for flow in flows {
+        // Named by the flow's request topic too: one file per flow and fault.
+        let slug = format!("{}-after-{}", flow.topics[0], last.fault)
             .to_lowercase()
             .replace(|c: char| !c.is_alphanumeric(), "-");
-        save_topic_stats(cluster, topics, &slug).await;
+        save_topic_stats(cluster, &flow.topics, &slug).await;
     }
 }
 
-/// The faults of issue #21 part 3, one after another, each under 64 streaming callers;
-/// `topics` are the flow's topics, whose stats are saved after each fault (see
-/// `save_topic_stats`).
-async fn fault_series(
-    cluster: &Cluster,
-    ts: &str,
-    req: &str,
-    url: &str,
-    topics: &[String],
-) -> Vec<FaultReport> {
-    let mut reports = Vec::new();
-    reports.push(
-        under_fault("namespace bundles unloaded 3 times", url, 64, || async {
-            for _ in 0..3 {
-                cluster.unload(&format!("{ts}/request")).await;
-                cluster.unload(&format!("{ts}/response")).await;
-                tokio::time::sleep(Duration::from_secs(2)).await;
-            }
-        })
-        .await,
-    );
-    save_stats_after(cluster, topics, &reports).await;
-    let owner = cluster.owner(req).await;
-    reports.push(
+/// The faults of issue #21 part 3, one after another, each under the load of every flow at
+/// once; returns each flow's reports, in the flows' order, and saves each flow's topics'
+/// stats after each fault (see `save_topic_stats`).
+async fn fault_series(cluster: &Cluster, flows: &[FlowUnderFaults]) -> Vec<Vec<FaultReport>> {
+    let gateways: Vec<String> = flows.iter().map(|f| f.url.clone()).collect();
+    let mut per_flow: Vec<Vec<FaultReport>> = flows.iter().map(|_| Vec::new()).collect();
+    let mut faults = Vec::new();
+    faults.push(
         under_fault(
-            &format!("SIGKILL of the owning broker ({owner})"),
-            url,
-            64,
+            "namespace bundles unloaded 3 times",
+            &gateways,
+            CALLERS,
             || async {
-                cluster.script(&["kill-broker", owner]).await;
-                tokio::time::sleep(Duration::from_secs(10)).await;
-                cluster.script(&["start-broker", owner]).await;
+                for _ in 0..3 {
+                    for f in flows {
+                        cluster.unload(&format!("{}/request", f.ts)).await;
+                        cluster.unload(&format!("{}/response", f.ts)).await;
+                    }
+                    // The fault's shape: three moves 2 s apart, each while streams run.
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
             },
         )
         .await,
     );
-    save_stats_after(cluster, topics, &reports).await;
-    reports.push(
-        under_fault("rolling restart of both brokers", url, 64, || async {
-            cluster.script(&["restart-broker", "1"]).await;
-            cluster.script(&["restart-broker", "2"]).await;
-        })
+    save_stats_after(cluster, flows, &faults).await;
+    faults.push(
+        // Each broker in turn, so that every flow's topics lose their owner to a SIGKILL
+        // whichever broker they were on (the second kill also takes the topics that moved to
+        // that broker at the first).
+        under_fault(
+            "SIGKILL of each broker in turn",
+            &gateways,
+            CALLERS,
+            || async {
+                for n in ["1", "2"] {
+                    cluster.script(&["kill-broker", n]).await;
+                    // The fault's shape: down for the ZooKeeper session's 10 s, so that its
+                    // topics move to the other broker before it is back.
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                    cluster.script(&["start-broker", n]).await;
+                }
+            },
+        )
         .await,
     );
-    save_stats_after(cluster, topics, &reports).await;
-    reports.push(
-        under_fault("SIGKILL of one bookie", url, 64, || async {
+    save_stats_after(cluster, flows, &faults).await;
+    faults.push(
+        under_fault(
+            "rolling restart of both brokers",
+            &gateways,
+            CALLERS,
+            || async {
+                cluster.script(&["restart-broker", "1"]).await;
+                cluster.script(&["restart-broker", "2"]).await;
+            },
+        )
+        .await,
+    );
+    save_stats_after(cluster, flows, &faults).await;
+    faults.push(
+        under_fault("SIGKILL of one bookie", &gateways, CALLERS, || async {
             cluster.script(&["kill-bookie", "1"]).await;
+            // The fault's shape: the bookie stays down while the ledgers are written.
             tokio::time::sleep(Duration::from_secs(15)).await;
             cluster.script(&["start-bookie", "1"]).await;
         })
         .await,
     );
-    save_stats_after(cluster, topics, &reports).await;
-    reports
-}
-
-#[tokio::test]
-async fn a_partitioned_request_topic_survives_broker_faults() {
-    let Some(cluster) = Cluster::from_env() else {
-        return;
-    };
-    let _serial = SERIAL.lock().await;
-    // Partitions spread over both brokers.
-    let title = "Partitioned request topic (4 partitions), 64 streaming callers";
-    for r in fault_series_on(&cluster, DURABLE, Some(4), 120, title).await {
-        r.assert_nothing_lost();
-        // Open (issue #21), measured 2026-11-25 and not yet explained: after a bookie's
-        // SIGKILL, 64 of 4821 requests on the partitioned topic (every caller's stream in
-        // flight) stalled for the gateway's 120 s inactivity timeout and ended with
-        // `timeout`; the same fault on the non-partitioned topic stalled 0.4 s with no error.
-        // Each of those requests still ended once, with a clear error (asserted above); the
-        // other faults must end without any error.
-        if !r.fault.starts_with("SIGKILL of one bookie") {
-            r.assert_no_error();
+    save_stats_after(cluster, flows, &faults).await;
+    for reports in faults {
+        for (i, r) in reports.into_iter().enumerate() {
+            per_flow[i].push(r);
         }
     }
-}
-
-#[tokio::test]
-async fn on_trustgraphs_mapping_cluster_faults_end_affected_requests_with_a_clear_error() {
-    // Non-persistent topics lose what is in flight when a topic moves or a broker dies; the
-    // promise there is not "nothing lost" but "nobody waits for a timeout": sluice's client
-    // sees the gap (record numbers, syncs) and ends the request with an error at once.
-    let Some(cluster) = Cluster::from_env() else {
-        return;
-    };
-    let _serial = SERIAL.lock().await;
-    // Streams that stall end at the inactivity timeout (see below). 45 s: a broker's SIGKILL
-    // leaves the topics without an owner for ~20-30 s (measured up to 29.8 s with the CPU
-    // busy), which callers wait out; a consumer stuck on the wrong broker stalls for minutes.
-    const INACTIVITY_SECS: u16 = 45;
-    let title = "TrustGraph mapping, 64 streaming callers";
-    for r in fault_series_on(&cluster, TRUSTGRAPH, None, INACTIVITY_SECS.into(), title).await {
-        // Every request has its one terminal outcome: an answer or a clear error, never a
-        // wrong or broken stream, and the service comes back.
-        r.assert_nothing_lost();
-        // What was lost in transit ends as such, not at the inactivity timeout (before the
-        // processors' syncs listed their streams, the streams in flight when a topic moved
-        // waited for it). A caller may still wait while no broker owns the topics (a killed
-        // broker's are reassigned after its ZooKeeper session expires, ~20 s here): that is
-        // the cluster's failover, the same on the durable mapping.
-        let timeouts = r.error_kinds().into_iter().find(|(k, ..)| k == "timeout");
-        assert!(
-            timeouts.is_none(),
-            "{}: streams ended at the inactivity timeout: {timeouts:?}",
-            r.fault
-        );
-        assert!(
-            r.longest_stall < Duration::from_secs(u64::from(INACTIVITY_SECS)),
-            "{}: a caller waited {:?} for its next event",
-            r.fault,
-            r.longest_stall
-        );
-        // And the service comes back: each caller is answered again after the repair, and
-        // once it is, it sees no more errors; nor did any caller before the fault.
-        r.assert_recovered();
-    }
+    per_flow
 }
 
 /// The window rule on made-up requests (no cluster): an error after a caller's first answer
@@ -1226,8 +1377,10 @@ async fn a_refused_resubscription_is_named_on_readyz_and_ends_when_the_grant_is_
 }
 
 /// A Kubernetes Secret mounted as the token file is rotated in place: the processor must read
-/// the new token when the broker's authentication refresh challenges the expired one, and keep
-/// answering on the same process, with no restart and no refusal.
+/// the new token when the broker's authentication refresh finds the old one expired (it
+/// challenges the connection, or closes it for a client that does not answer challenges, as
+/// pulsar-rs 6.9.1 does not, and the process connects again), and keep answering on the same
+/// process, with no restart and no refusal.
 #[tokio::test]
 async fn a_rotated_token_file_is_read_again_when_the_broker_challenges() {
     let Some(cluster) = Cluster::from_env() else {
@@ -1238,13 +1391,10 @@ async fn a_rotated_token_file_is_read_again_when_the_broker_challenges() {
     let ts = cluster.topicspace().await;
     cluster.grant_service(&ts, "text-completion").await;
     // Tokens signed with the broker's key for the processor's role, as `pulsar tokens
-    // create --subject sluice-processor --expiry-time` makes them.
+    // create --subject sluice-processor --expiry-time` makes them, expiring at `exp`.
     let key = std::fs::read(std::env::var("SLUICE_CLUSTER_SECRET_KEY").unwrap()).unwrap();
-    let token = |lives: Duration| {
-        let exp = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            + lives;
+    let token = |exp: std::time::SystemTime| {
+        let exp = exp.duration_since(std::time::UNIX_EPOCH).unwrap();
         sluice_tests::fake_oauth2::hs256(
             &key,
             &json!({ "sub": "sluice-processor", "exp": exp.as_secs() }),
@@ -1253,26 +1403,128 @@ async fn a_rotated_token_file_is_read_again_when_the_broker_challenges() {
     let dir = std::env::temp_dir().join(format!("sluice-rotated-token-{}", free_port()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("token");
-    std::fs::write(&file, token(Duration::from_secs(20))).unwrap();
     let mut env = cluster.env("processor");
     env.retain(|(k, _)| k != "SLUICE_PULSAR_TOKEN_FILE");
     env.push((
         "SLUICE_PULSAR_TOKEN_FILE".to_owned(),
         file.to_string_lossy().into_owned(),
     ));
-    let (processor, _) = text_completion_as(&cluster, &ts, &fake, "replay-4", DURABLE, &env).await;
     let (gw, url) = gateway(&cluster, &ts, DURABLE).await;
     let http = reqwest::Client::new();
-    let f = stream_one(&http, &url, "with the first token").await;
-    assert!(matches!(f.outcome, Outcome::Answered), "{f:?}");
+
+    // The first token must outlive the processor's start-up and first answer, so that the
+    // rotation comes before it expires, and then expire while the process runs. It lives 20 s;
+    // a start-up slower than that (beside the workspace's tests on two cores, one was) leaves
+    // the run inconclusive, and it begins again with a token living twice the start-up it
+    // measured and 20 s more: derived from what it took, not from a guess of the machine.
+    let mut life = Duration::from_secs(20);
+    let (processor, expires, mark) = loop {
+        let expires = std::time::SystemTime::now() + life;
+        std::fs::write(&file, token(expires)).unwrap();
+        // The brokers' log from here on: what they say of this processor's connections.
+        let mark = cluster.broker_log_mark();
+        let began = Instant::now();
+        let port = free_port();
+        let [req, resp, cancel] = topics(&ts, "text-completion");
+        let args: Vec<String> = [
+            "text-completion",
+            "--pulsar-url",
+            &cluster.url,
+            "--pulsar-admin-url",
+            &cluster.admin_url,
+            "--provider",
+            "openai-compatible",
+            "--base-url",
+            &fake.base_url(),
+            "--model",
+            "replay-4",
+            "--request-topic",
+            &req,
+            "--response-topic",
+            &resp,
+            "--cancel-topic",
+            &cancel,
+            "--subscription",
+            "text-completion",
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        let mut p = spawn(&args, &env);
+        let started = p
+            .try_ready(&format!("http://127.0.0.1:{port}/readyz"))
+            .await;
+        let answered = match started {
+            Ok(()) => stream_one(&http, &url, "with the first token").await,
+            Err(e) => Finished {
+                outcome: Outcome::Lost(e),
+                started: began,
+                ended: Instant::now(),
+                longest_gap: Duration::ZERO,
+            },
+        };
+        // The margin: the file is written and renamed within it.
+        let in_time = std::time::SystemTime::now() + Duration::from_secs(2) < expires;
+        if in_time {
+            assert!(
+                matches!(answered.outcome, Outcome::Answered),
+                "{answered:?}\n{}",
+                p.stderr()
+            );
+            break (p, expires, mark);
+        }
+        let took = began.elapsed();
+        eprintln!(
+            "the start-up and first answer took {took:?}, past the first token's {life:?}: again"
+        );
+        let _ = p.exited().await;
+        drop(p);
+        life = took * 2 + Duration::from_secs(20);
+    };
+
     // Rotated as the kubelet does it: the new content appears at once, whole.
     let logged_before = processor.stderr().len();
     let next = dir.join("token.next");
-    std::fs::write(&next, token(Duration::from_secs(3600))).unwrap();
+    std::fs::write(
+        &next,
+        token(std::time::SystemTime::now() + Duration::from_secs(3600)),
+    )
+    .unwrap();
     std::fs::rename(&next, &file).unwrap();
-    // The first token expires after 20 s; the broker checks every 10 s and challenges the
-    // connection, which must answer with the new token. Past both, and a margin:
-    tokio::time::sleep(Duration::from_secs(40)).await;
+    // Once the first token has expired, the broker's refresh check (every 10 s,
+    // `authenticationRefreshCheckSeconds`) acts on the connection: it challenges a client that
+    // answers refreshes, which must answer with the new token, and closes the connection of
+    // one that does not (pulsar-rs 6.9.1: "client doesn't support auth credentials refresh"),
+    // which must connect again with the new token. Either way the broker logs that it accepted
+    // the role again after the expiry; waited for in its log (when the check comes depends on
+    // the machine); 120 s after the expiry is a hang guard.
+    let authenticated_again = |log: &String| {
+        log.contains("Refreshed authentication credentials for role sluice-processor")
+            || log
+                .find("Closing connection because client doesn't support auth credentials refresh")
+                .is_some_and(|i| log[i..].contains("connected with role=sluice-processor"))
+    };
+    let log = sluice_tests::eventually_every(
+        Duration::from_millis(500),
+        expires
+            .duration_since(std::time::SystemTime::now())
+            .unwrap_or_default()
+            + Duration::from_secs(120),
+        async || cluster.broker_log_since(&mark),
+        authenticated_again,
+    )
+    .await;
+    assert!(
+        authenticated_again(&log),
+        "the brokers did not accept the processor's role again within 120 s of its first \
+         token's expiry; they logged:\n{}",
+        log.lines()
+            .filter(|l| l.contains("uthentica") || l.contains("sluice-processor"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     let f = stream_one(&http, &url, "after the first token expired").await;
     assert!(matches!(f.outcome, Outcome::Answered), "{f:?}");
     // Nothing logged since the rotation (before it: the least-privilege role's start-up

@@ -7,7 +7,9 @@
 use std::time::{Duration, Instant};
 
 use sluice_gateway::keys::hash_hex;
-use sluice_tests::{Broker, eventually_every, fake_openai::FakeOpenAi, free_port, metrics_text};
+use sluice_tests::{
+    Broker, PATIENCE, eventually_every, fake_openai::FakeOpenAi, free_port, metrics_text,
+};
 
 mod common;
 use common::Sluice;
@@ -20,7 +22,7 @@ async fn next_json(
     >,
 ) -> serde_json::Value {
     loop {
-        let m = tokio::time::timeout(Duration::from_secs(10), ws.next())
+        let m = tokio::time::timeout(PATIENCE, ws.next())
             .await
             .expect("a frame")
             .unwrap()
@@ -297,7 +299,7 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
             port,
             "sluice_gateway_limit_peers",
             &[],
-            Duration::from_secs(10),
+            PATIENCE,
             |v| v == (REPLICAS - 1) as f64,
         )
         .await;
@@ -501,7 +503,7 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
     assert!(r.status().is_success(), "{}", r.text().await.unwrap());
     let status = eventually_every(
         Duration::from_millis(200),
-        Duration::from_secs(30),
+        PATIENCE,
         async || {
             let v: serde_json::Value = admin_json(&http, format!("{topic_admin}/compaction")).await;
             v["status"].as_str().unwrap_or("").to_owned()
@@ -548,7 +550,7 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
     for url in &all {
         let status = eventually_every(
             Duration::from_millis(100),
-            Duration::from_secs(10),
+            PATIENCE,
             async || {
                 chat(&http, url, "sk-test-beta", model)
                     .await
@@ -585,7 +587,7 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
         ports[1],
         "sluice_gateway_keys_reloads_total",
         &[("outcome", "invalid")],
-        Duration::from_secs(10),
+        PATIENCE,
         |v| v >= 1.0,
     )
     .await;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::Sluice;
 use futures::{SinkExt, StreamExt};
-use sluice_tests::{eventually_value, fake_openai::FakeOpenAi, free_port};
+use sluice_tests::{PATIENCE, eventually_value, fake_openai::FakeOpenAi, free_port};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpStream,
@@ -114,7 +114,7 @@ async fn refused(s: &Serve, reason: &str, want: f64) {
         port,
         "sluice_gateway_refusals_total",
         &[("reason", reason)],
-        Duration::from_secs(10),
+        PATIENCE,
         |v| v >= want,
     )
     .await;

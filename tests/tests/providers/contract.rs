@@ -18,7 +18,7 @@ use std::{
 use futures::{StreamExt, future::BoxFuture};
 use serde_json::{Value, json};
 use sluice_schema::{ChatMessage, ChatRole, TextCompletionRequest, tools::Tool};
-use sluice_tests::eventually;
+use sluice_tests::{PATIENCE, eventually};
 use sluice_text_completion::{
     provider::{Chunk, FailureKind, Provider, ProviderError, Usage, whole_calls},
     retry::{self, RetryPolicy},
@@ -477,12 +477,7 @@ pub async fn cancellation(s: &Subject) {
     assert!(matches!(first, Some(Ok(_))), "{first:?}");
     assert_eq!(wire.abandoned(), 0);
     drop(stream);
-    let abandoned = eventually(
-        Duration::from_secs(10),
-        async || wire.abandoned(),
-        |n| *n == 1,
-    )
-    .await;
+    let abandoned = eventually(PATIENCE, async || wire.abandoned(), |n| *n == 1).await;
     assert_eq!(abandoned, 1, "the fake saw its client go away");
 }
 

@@ -76,9 +76,9 @@ impl Sluice {
     }
 
     /// The first stdout line containing `needle`; panics with the log if the process exits
-    /// first or says nothing of the kind within a minute.
+    /// first or says nothing of the kind within two minutes (a hang guard).
     pub async fn stdout_line(&mut self, needle: &str) -> String {
-        for _ in 0..600 {
+        for _ in 0..1200 {
             if let Some(line) = self
                 .stdout
                 .lock()
@@ -97,17 +97,23 @@ impl Sluice {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         panic!(
-            "no {needle:?} on stdout within a minute:\n{}",
+            "no {needle:?} on stdout within two minutes:\n{}",
             self.stderr()
         );
     }
 
     /// Waits until `url` (a /readyz) answers 2xx; panics with the log if the process exits
-    /// first or is not ready within a minute.
+    /// first or is not ready within two minutes (a hang guard: a start-up takes seconds, more
+    /// on a busy machine).
     pub async fn ready(&mut self, url: &str) {
-        if let Err(e) = process::ready(&mut self.child, url, Duration::from_secs(60)).await {
+        if let Err(e) = self.try_ready(url).await {
             panic!("{e}:\n{}", self.stderr());
         }
+    }
+
+    /// The same, with its failure as an error (the log not included).
+    pub async fn try_ready(&mut self, url: &str) -> Result<(), String> {
+        process::ready(&mut self.child, url, Duration::from_secs(120)).await
     }
 
     /// The exit status once the process has exited (its output then read to the end), else
@@ -130,10 +136,12 @@ impl Sluice {
         assert!(process::signal(self.child.id().unwrap(), name));
     }
 
-    /// SIGTERM, then the exit status and everything it wrote.
+    /// SIGTERM, then the exit status and everything it wrote. Waited for up to the default
+    /// drain grace (30 s, for requests in flight) plus [`sluice_tests::PATIENCE`]: a hang guard.
     pub async fn stop(mut self) -> Stopped {
         assert!(process::signal(self.child.id().unwrap(), "TERM"));
-        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+        let grace = Duration::from_secs(30) + sluice_tests::PATIENCE;
+        let status = tokio::time::timeout(grace, self.child.wait())
             .await
             .expect("exits after SIGTERM")
             .unwrap();
