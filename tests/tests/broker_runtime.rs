@@ -109,6 +109,75 @@ async fn a_nacked_message_comes_back_and_is_counted_as_redelivered() {
     sub.close().await;
 }
 
+/// On an Exclusive subscription the broker answers any nack by rewinding the whole
+/// subscription: everything unacked comes again. A reader that drops every message it reads
+/// used to ask for one rewind per message, each copy dropped asked for another, and the
+/// redelivery storm filled the broker's heap (a CI run's broker died of it). Nacks on such a
+/// subscription are now released as one, at most once a second: in a window of a few seconds
+/// the 100 dropped messages come back a few times each, not thousands of times, and every one
+/// of them does come back.
+#[tokio::test]
+async fn dropped_messages_of_an_exclusive_subscription_come_back_without_a_storm() {
+    let broker = Broker::from_env().await;
+    let bus = broker.bus().await;
+    let topic = unique_topic("excl-nack");
+    let mut sub = bus
+        .subscribe(&topic, "reader", SubscribeOptions::exclusive(1000))
+        .await
+        .unwrap();
+    let publisher = bus.publisher(&topic).await.unwrap();
+    let sent = 100;
+    let mut receipts = Vec::new();
+    for i in 0..sent {
+        receipts.push(
+            publisher
+                .send(Message::new(format!("m{i}")).with_property(properties::ID, format!("m{i}")))
+                .await
+                .unwrap(),
+        );
+    }
+    for r in receipts {
+        r.await.unwrap();
+    }
+    let window = Duration::from_secs(3);
+    let mut seen = std::collections::HashSet::new();
+    let mut deliveries = 0usize;
+    let until = tokio::time::Instant::now() + window;
+    while let Ok(next) = tokio::time::timeout_at(until, sub.next()).await {
+        let d = next.unwrap().unwrap();
+        deliveries += 1;
+        if d.redelivery_count() > 0 || deliveries > sent {
+            seen.insert(d.property(properties::ID).unwrap_or_default().to_string());
+        }
+        // Dropped unsettled: a nack.
+        drop(d);
+    }
+    // One rewind a second at most: the first reading and at most one more per second of the
+    // window (and one for a release due as the window began). A storm is thousands.
+    let bound = sent * (window.as_secs() as usize + 2);
+    assert!(
+        deliveries <= bound,
+        "{deliveries} deliveries of {sent} dropped messages in {window:?} (at most {bound})"
+    );
+    assert_eq!(
+        seen.len(),
+        sent,
+        "every dropped message comes back: {seen:?}"
+    );
+    // Acked, nothing comes again.
+    let mut acked = std::collections::HashSet::new();
+    while acked.len() < sent {
+        let d = tokio::time::timeout(PATIENCE, sub.next())
+            .await
+            .expect("the dropped messages again")
+            .unwrap()
+            .unwrap();
+        acked.insert(d.property(properties::ID).unwrap_or_default().to_string());
+        d.ack();
+    }
+    sub.unsubscribe().await;
+}
+
 /// A draining consumer (paused, its request in flight not yet settled) hands the messages
 /// the broker still sends it to the other consumers of the Shared subscription within about a
 /// second, instead of holding them until it closes: during a rolling update, requests that

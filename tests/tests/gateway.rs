@@ -1997,7 +1997,11 @@ async fn next_snapshot(
             .unwrap()
             .unwrap();
         let sealed = d.property("sluice-seal").is_some();
-        if let Ok(v) = serde_json::from_slice::<Value>(d.payload())
+        let read = serde_json::from_slice::<Value>(d.payload());
+        // Acked, not dropped: a dropped message is a nack, which on this Exclusive
+        // subscription rewinds it and sends everything again.
+        d.ack();
+        if let Ok(v) = read
             && sealed
             && pred(&v)
         {

@@ -858,6 +858,13 @@ impl Supervisor {
             };
             self.connected.set(true);
             for (topic, id, settlement) in settles.drain(..) {
+                // A new Exclusive consumer is sent everything unacked anyway: a nack would only
+                // rewind it once more (see `serve`).
+                if settlement == Settlement::Nack
+                    && self.spec.options.kind == SubscriptionKind::Exclusive
+                {
+                    continue;
+                }
                 self.apply(&mut current, &topic, id, settlement).await;
             }
             let exit = self.serve(&mut current, &mut paused).await;
@@ -1096,7 +1103,23 @@ impl Supervisor {
                                 // Not held (a nack, or acks one by one): what was held goes out
                                 // first, as it came.
                                 self.flush_acks(consumer, &mut acks).await;
-                                self.apply(consumer, &topic, id, s).await;
+                                // On an Exclusive subscription the broker answers any nack by rewinding
+                                // the cursor: EVERYTHING unacked comes again, not the one message. A
+                                // subscriber that drops (nacks) what it reads would then be sent its
+                                // whole backlog once per dropped message, and each copy dropped again
+                                // asks for another rewind: a storm that took a broker's heap (CI,
+                                // December). So such nacks are gathered and released as one, once a
+                                // second at most, like the parked messages below.
+                                if s == Settlement::Nack
+                                    && self.spec.options.kind == SubscriptionKind::Exclusive
+                                {
+                                    if to_release.is_empty() {
+                                        to_release.push((topic, id));
+                                    }
+                                    release_at.get_or_insert_with(|| Instant::now() + RELEASE_PARKED_AFTER);
+                                } else {
+                                    self.apply(consumer, &topic, id, s).await;
+                                }
                             }
                             None if acks.full() => self.flush_acks(consumer, &mut acks).await,
                             None => {}
@@ -1155,6 +1178,10 @@ impl Supervisor {
                 },
                 () = tokio::time::sleep_until(release_at.unwrap_or_else(Instant::now)), if release_at.is_some() => {
                     release_at = None;
+                    // One nack rewinds an Exclusive subscription whole (see the Settle arm).
+                    if self.spec.options.kind == SubscriptionKind::Exclusive {
+                        to_release.truncate(1);
+                    }
                     for (topic, id) in to_release.drain(..) {
                         if let Err(e) = consumer.nack_with_id(&topic, id).await {
                             // Released with the consumer on close instead.
