@@ -12,7 +12,6 @@ pub mod admin;
 pub mod memory;
 pub mod oauth2;
 pub mod pulsar;
-mod pulsar_probe;
 pub mod pulsar_security;
 
 use std::{collections::BTreeMap, fmt, pin::Pin, sync::Arc};

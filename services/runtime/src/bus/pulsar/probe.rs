@@ -19,10 +19,8 @@ use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::codec::Framed;
 
-use super::{
-    pulsar::PulsarConfig,
-    pulsar_security::{Denial, DenialCause},
-};
+use super::config::PulsarConfig;
+use crate::bus::pulsar_security::{Denial, DenialCause};
 
 /// How long each step of the probe may take.
 const STEP: Duration = Duration::from_secs(10);

@@ -1,39 +1,10 @@
-//! The Apache Pulsar bus (crate `pulsar`, pulsar-rs).
-//!
-//! What this file copes with, each measured or read in pulsar-rs 6.9:
-//! - pulsar-rs never sets TCP_NODELAY, and a connection that writes small frames back to
-//!   back while its peer sends nothing back stalls on Nagle plus delayed ACK (~40 ms). So
-//!   consumers and producers use two separate clients, hence two connections: the consumer
-//!   connection writes acks and flow permits, the producer connection writes sends that the
-//!   broker answers with receipts.
-//! - After an outage longer than the client's retry budget a consumer's stream ends and a
-//!   producer's sends fail for good. A supervisor task re-creates consumers; publishers drop
-//!   a failed producer and create a new one, retrying within a budget.
-//! - Producers use `block_queue_if_full`, so a burst waits instead of failing with SlowDown.
-//! - A message over the broker's frame limit makes the connection close and the client retry
-//!   forever, so sizes are checked before sending.
-//! - The consumer engine handles acks and incoming messages in one loop: when its delivery
-//!   channel is full, acks wait behind it. The supervisor keeps reading into a bounded
-//!   buffer, and while draining keeps reading, so that the acks of in-flight requests still
-//!   go out. A Shared subscription's broker keeps sending a draining consumer messages (its
-//!   permits stand): those it did not hand out are released to the other consumers, the
-//!   ones received before the drain at once, later ones in batches a short delay apart
-//!   (a consumer alone on its subscription would otherwise get each one straight back, in a
-//!   loop, for its whole drain).
-//! - pulsar-rs hides the broker's redelivery count, so redeliveries are counted per process.
-//! - A refusal by the broker (credentials, certificate, permission on a topic) is a
-//!   [`Denial`], reported at once with its cause and topic; the retry loops above are for
-//!   outages only. See [`super::pulsar_security`].
-//!
-//! This file must never log payloads or properties' values: they carry prompts.
+//! Consuming: a supervisor task per subscription that re-creates its consumer, settles
+//! messages (acks in order held and sent cumulatively, nacks), parks and releases what
+//! arrives while draining, and checks that the broker still knows the consumer.
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet, VecDeque},
-    path::PathBuf,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::Arc,
     time::Duration,
 };
 
@@ -41,8 +12,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use pulsar::{
-    ConnectionRetryOptions, Consumer, ConsumerOptions, OperationRetryOptions, Producer,
-    ProducerOptions, Pulsar, TokioExecutor, consumer::InitialPosition,
+    Consumer, ConsumerOptions, Pulsar, TokioExecutor, consumer::InitialPosition,
     message::proto::MessageIdData, message::proto::command_subscribe::SubType,
 };
 use tokio::{
@@ -51,397 +21,19 @@ use tokio::{
 };
 use tracing::{debug, error, info, warn};
 
-use super::{
-    Bus, BusError, Delivery, Link, Message, Origin, Position, Publisher, Receipt, Settle,
-    Settlement, StartPosition, SubscribeOptions, Subscription, SubscriptionKind, check_size,
-    pulsar_security::{Denial, PulsarAuth, denial},
+use super::{config::PulsarConfig, connect::explain};
+use crate::backoff::Backoff;
+use crate::bus::{
+    BusError, Delivery, Link, Origin, Position, Settle, Settlement, StartPosition,
+    SubscribeOptions, Subscription, SubscriptionKind,
 };
-use crate::{backoff::Backoff, lock};
+use settle::{InOrderAcks, RedeliveryTracker};
 use sluice_schema::topics::Persistence;
 
-/// How to reach and use a Pulsar cluster.
-#[derive(Debug, Clone)]
-pub struct PulsarConfig {
-    /// Broker URL, e.g. `pulsar://127.0.0.1:6650`, or `pulsar+ssl://pulsar.example.com:6651`
-    /// for TLS. A host name that resolves to several brokers is tried address by address.
-    pub url: String,
-    /// How to authenticate, from env or files; never from the command line.
-    pub auth: PulsarAuth,
-    /// A PEM file of CA certificates to trust for `pulsar+ssl://` besides the system roots.
-    pub tls_ca_file: Option<PathBuf>,
-    /// Largest message sent; the broker's `maxMessageSize` (5 MiB by default) less headroom
-    /// for the frame's metadata.
-    pub max_message_bytes: usize,
-    /// Client connection retries before pulsar-rs gives up on an operation.
-    pub connection_retries: u32,
-    /// Longest wait between connection retries.
-    pub connection_max_backoff: Duration,
-    /// Time limit for one broker operation.
-    pub operation_timeout: Duration,
-    /// How long a send keeps re-creating a failed producer before reporting the bus unavailable.
-    pub publish_retry_budget: Duration,
-    /// Longest wait between attempts to re-create a consumer.
-    pub resubscribe_max_backoff: Duration,
-    /// How often each consumer asks the broker whether it still knows it (see
-    /// `Supervisor::alive`); one that is not known, or gets no answer, is re-created.
-    pub consumer_check_every: Duration,
-}
-
-impl PulsarConfig {
-    /// Defaults for a broker at `url`.
-    pub fn new(url: impl Into<String>) -> Self {
-        Self {
-            url: url.into(),
-            auth: PulsarAuth::None,
-            tls_ca_file: None,
-            max_message_bytes: super::memory::DEFAULT_MAX_MESSAGE_BYTES,
-            connection_retries: 12,
-            connection_max_backoff: Duration::from_secs(5),
-            operation_timeout: Duration::from_secs(30),
-            publish_retry_budget: Duration::from_secs(60),
-            resubscribe_max_backoff: Duration::from_secs(5),
-            consumer_check_every: Duration::from_secs(5),
-        }
-    }
-}
-
-/// The Pulsar bus. Cheap to clone.
-#[derive(Clone)]
-pub struct PulsarBus {
-    config: Arc<PulsarConfig>,
-    consumers: Pulsar<TokioExecutor>,
-    producers: Pulsar<TokioExecutor>,
-    publishers: Arc<Mutex<HashMap<String, Arc<PulsarPublisher>>>>,
-}
-
-impl std::fmt::Debug for PulsarBus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PulsarBus")
-            .field("url", &self.config.url)
-            .finish()
-    }
-}
-
-/// Messages a connection queues for its socket before a send waits (pulsar-rs's default).
-/// The queue is allocated whole when the connection opens, and a slot holds a whole
-/// `BaseCommand` (a few KB): at 1,000 slots, two connections were 14 MB of an idle
-/// processor's 20 MB heap, and a cluster multiplies connections by brokers. A full queue only
-/// makes a send wait for the socket, which drains it at memory speed.
-const OUTBOUND_QUEUE: usize = 100;
-
-async fn client(config: &PulsarConfig) -> Result<Pulsar<TokioExecutor>, BusError> {
-    // pulsar-rs builds its rustls client on the process's default crypto provider.
-    crate::install_crypto_provider();
-    let mut builder = Pulsar::builder(config.url.clone(), TokioExecutor)
-        .with_connection_retry_options(ConnectionRetryOptions {
-            min_backoff: Duration::from_millis(10),
-            max_backoff: config.connection_max_backoff,
-            max_retries: config.connection_retries,
-            connection_timeout: Duration::from_secs(10),
-            keep_alive: Duration::from_secs(30),
-            connection_max_idle: Duration::from_secs(300),
-        })
-        .with_operation_retry_options(OperationRetryOptions {
-            operation_timeout: config.operation_timeout,
-            retry_delay: Duration::from_millis(500),
-            max_retries: Some(20),
-        })
-        .with_outbound_channel_size(OUTBOUND_QUEUE);
-    if let Some(provider) = config.auth.provider() {
-        builder = builder.with_auth_provider(provider);
-    }
-    if let Some(path) = &config.tls_ca_file {
-        builder = builder.with_certificate_chain_file(path).map_err(|e| {
-            BusError::Config(format!(
-                "cannot read the TLS CA file {}: {e}",
-                path.display()
-            ))
-        })?;
-    }
-    match builder.build().await {
-        Ok(client) => Ok(client),
-        Err(e) => {
-            let operation = format!(
-                "connecting to {} with {}",
-                config.url,
-                config.auth.describe()
-            );
-            Err(match explain(config, &e, &operation).await {
-                Some(d) => BusError::Denied(d),
-                None => BusError::Unavailable(format!("{operation}: {e}")),
-            })
-        }
-    }
-}
-
-/// The refusal `error` stands for, if it is one: from the error itself, or, where pulsar-rs
-/// reports a connection failure without its cause, from a probe of the broker.
-async fn explain(config: &PulsarConfig, error: &pulsar::Error, operation: &str) -> Option<Denial> {
-    if let Some(d) = denial(error, operation) {
-        return Some(d);
-    }
-    if super::pulsar_probe::is_opaque(error) {
-        return super::pulsar_probe::diagnose(config, operation).await;
-    }
-    None
-}
-
-impl PulsarBus {
-    /// Connects, retrying until the broker answers or `wait` has passed: a processor may
-    /// start before its broker in Kubernetes or docker-compose.
-    pub async fn connect(config: PulsarConfig, wait: Duration) -> Result<Self, BusError> {
-        let deadline = Instant::now() + wait;
-        let mut backoff = Backoff::new(config.resubscribe_max_backoff);
-        loop {
-            match Self::try_connect(&config).await {
-                Ok(bus) => return Ok(bus),
-                // Refused credentials or an untrusted certificate: waiting will not help,
-                // and an operator wants to hear it now, not after the connect wait.
-                Err(e @ (BusError::Denied(_) | BusError::Config(_))) => return Err(e),
-                Err(e) if Instant::now() + backoff.peek() < deadline => {
-                    warn!(error = %e, "pulsar not reachable yet; retrying");
-                    tokio::time::sleep(backoff.next_delay()).await;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    async fn try_connect(config: &PulsarConfig) -> Result<Self, BusError> {
-        // Two clients, so consuming and producing never share a connection (see module doc).
-        let consumers = client(config).await?;
-        let producers = client(config).await?;
-        Ok(Self {
-            config: Arc::new(config.clone()),
-            consumers,
-            producers,
-            publishers: Arc::default(),
-        })
-    }
-}
-
-#[async_trait]
-impl Bus for PulsarBus {
-    async fn publisher(&self, topic: &str) -> Result<Arc<dyn Publisher>, BusError> {
-        let mut map = lock(&self.publishers);
-        let publisher = map
-            .entry(topic.to_owned())
-            .or_insert_with(|| {
-                Arc::new(PulsarPublisher {
-                    topic: topic.to_owned(),
-                    client: self.producers.clone(),
-                    config: self.config.clone(),
-                    producer: tokio::sync::Mutex::new(ProducerSlot::default()),
-                    lost_receipt: Arc::new(AtomicU64::new(0)),
-                })
-            })
-            .clone();
-        Ok(publisher)
-    }
-
-    async fn subscribe(
-        &self,
-        topic: &str,
-        subscription: &str,
-        options: SubscribeOptions,
-    ) -> Result<Box<dyn Subscription>, BusError> {
-        let spec = ConsumerSpec {
-            topic: topic.to_owned(),
-            subscription: subscription.to_owned(),
-            options,
-        };
-        // Subscribe once up front so that configuration errors (an exclusive subscription
-        // already taken, a missing namespace) reach the caller instead of a retry loop.
-        let consumer = spec.build(&self.consumers, &self.config).await?;
-        let (deliveries_tx, deliveries_rx) = mpsc::channel(spec.options.prefetch as usize);
-        let (control_tx, control_rx) = mpsc::unbounded_channel();
-        let connected = Link::new(true);
-        let supervisor = Supervisor {
-            client: self.consumers.clone(),
-            config: self.config.clone(),
-            spec,
-            deliveries: deliveries_tx,
-            control_tx: control_tx.clone(),
-            control: control_rx,
-            connected: connected.clone(),
-            redeliveries: RedeliveryTracker::new(100_000),
-            producers: ProducerNames::default(),
-            topics: ProducerNames::default(),
-            max_backoff: self.config.resubscribe_max_backoff,
-        };
-        tokio::spawn(supervisor.run(consumer));
-        Ok(Box::new(PulsarSubscription {
-            deliveries: deliveries_rx,
-            control: control_tx,
-            connected,
-            closed: false,
-        }))
-    }
-
-    fn max_message_bytes(&self) -> usize {
-        self.config.max_message_bytes
-    }
-
-    fn keeps_messages(&self) -> bool {
-        true
-    }
-}
-
-struct PulsarPublisher {
-    topic: String,
-    client: Pulsar<TokioExecutor>,
-    config: Arc<PulsarConfig>,
-    // A tokio Mutex: it is held across the awaits that queue a message, which is what keeps
-    // concurrent sends on one topic in a single order and makes a full queue back-pressure
-    // every sender.
-    producer: tokio::sync::Mutex<ProducerSlot>,
-    /// The generation of the latest producer a receipt failed on for an outage (0: none).
-    /// pulsar-rs resends a pending message itself while it re-creates the producer; a receipt
-    /// that still fails (not acknowledged within the operation timeout) means that producer
-    /// did not recover in time, and it can stay so: seen after a broker's SIGKILL, a partition
-    /// producer whose later messages were never acknowledged either, so every request routed
-    /// to that partition waited out the timeout. The next send replaces such a producer (a
-    /// fresh lookup of every partition's owner).
-    lost_receipt: Arc<AtomicU64>,
-}
-
-/// A publisher's producer and which one it is.
-#[derive(Default)]
-struct ProducerSlot {
-    producer: Option<Producer<TokioExecutor>>,
-    /// Counts the producers created; the current one's number.
-    generation: u64,
-}
-
-impl PulsarPublisher {
-    async fn denied(&self, e: &pulsar::Error) -> Option<Denial> {
-        explain(&self.config, e, &format!("producing to {}", self.topic)).await
-    }
-
-    async fn create(&self) -> Result<Producer<TokioExecutor>, pulsar::Error> {
-        self.client
-            .producer()
-            .with_topic(self.topic.clone())
-            .with_options(ProducerOptions {
-                block_queue_if_full: true,
-                ..ProducerOptions::default()
-            })
-            .build()
-            .await
-    }
-}
-
-#[async_trait]
-impl Publisher for PulsarPublisher {
-    async fn send(&self, message: Message) -> Result<Receipt, BusError> {
-        check_size(&message, self.config.max_message_bytes)?;
-        let deadline = Instant::now() + self.config.publish_retry_budget;
-        let mut backoff = Backoff::new(Duration::from_secs(2));
-        let mut slot = self.producer.lock().await;
-        if slot.producer.is_some() && self.lost_receipt.load(Ordering::Acquire) == slot.generation {
-            warn!(topic = %self.topic,
-                  "re-creating the producer: the broker did not acknowledge a message it sent");
-            slot.producer = None;
-        }
-        loop {
-            let failure = match slot.producer.as_mut() {
-                None => match self.create().await {
-                    Ok(p) => {
-                        slot.producer = Some(p);
-                        slot.generation += 1;
-                        continue;
-                    }
-                    // A refusal is not an outage: no retry budget, the caller hears it now
-                    // (a processor hands the request back and says why on /readyz).
-                    Err(e) => match self.denied(&e).await {
-                        Some(d) => return Err(BusError::Denied(d)),
-                        None => format!("creating producer: {e}"),
-                    },
-                },
-                // Built per attempt from the cheaply cloned `Bytes`: one payload copy per
-                // send, and the original is still at hand for a retry.
-                Some(producer) => match producer
-                    .send_non_blocking(pulsar::producer::Message {
-                        payload: message.payload.to_vec(),
-                        properties: message
-                            .properties
-                            .iter()
-                            .map(|(k, v)| (k.clone(), v.clone()))
-                            .collect(),
-                        partition_key: message.key.clone(),
-                        ..Default::default()
-                    })
-                    .await
-                {
-                    Ok(receipt) => {
-                        let topic = self.topic.clone();
-                        let (lost_receipt, generation) =
-                            (self.lost_receipt.clone(), slot.generation);
-                        return Ok(Receipt::new(async move {
-                            receipt.await.map(|_| ()).map_err(|e| {
-                                match denial(&e, format!("producing to {topic}")) {
-                                    Some(d) => BusError::Denied(d),
-                                    None => {
-                                        lost_receipt.fetch_max(generation, Ordering::AcqRel);
-                                        BusError::Unavailable(format!("send receipt: {e}"))
-                                    }
-                                }
-                            })
-                        }));
-                    }
-                    Err(e) => {
-                        // The producer may be beyond repair (its reconnect budget ran out):
-                        // drop it and build a fresh one on the next attempt.
-                        slot.producer = None;
-                        if let Some(d) = self.denied(&e).await {
-                            return Err(BusError::Denied(d));
-                        }
-                        format!("sending: {e}")
-                    }
-                },
-            };
-            if Instant::now() + backoff.peek() >= deadline {
-                return Err(BusError::Unavailable(format!(
-                    "publishing to {} failed for {:?}: {failure}",
-                    self.topic, self.config.publish_retry_budget
-                )));
-            }
-            warn!(topic = %self.topic, error = %failure, "publish failed; retrying");
-            tokio::time::sleep(backoff.next_delay()).await;
-        }
-    }
-
-    fn topic(&self) -> &str {
-        &self.topic
-    }
-
-    async fn open(&self) -> Result<(), BusError> {
-        let mut slot = self.producer.lock().await;
-        if slot.producer.is_none() {
-            match self.create().await {
-                Ok(p) => {
-                    slot.producer = Some(p);
-                    slot.generation += 1;
-                }
-                Err(e) => {
-                    return Err(match self.denied(&e).await {
-                        Some(d) => BusError::Denied(d),
-                        None => BusError::Unavailable(format!(
-                            "creating a producer for {}: {e}",
-                            self.topic
-                        )),
-                    });
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-struct ConsumerSpec {
-    topic: String,
-    subscription: String,
-    options: SubscribeOptions,
+pub(super) struct ConsumerSpec {
+    pub(super) topic: String,
+    pub(super) subscription: String,
+    pub(super) options: SubscribeOptions,
 }
 
 impl ConsumerSpec {
@@ -521,6 +113,40 @@ impl ConsumerSpec {
             },
         )
     }
+}
+
+/// Subscribes as `spec` says and starts the subscription's supervisor task.
+pub(super) async fn subscribe(
+    consumers: &Pulsar<TokioExecutor>,
+    config: &Arc<PulsarConfig>,
+    spec: ConsumerSpec,
+) -> Result<Box<dyn Subscription>, BusError> {
+    // Subscribe once up front so that configuration errors (an exclusive subscription
+    // already taken, a missing namespace) reach the caller instead of a retry loop.
+    let consumer = spec.build(consumers, config).await?;
+    let (deliveries_tx, deliveries_rx) = mpsc::channel(spec.options.prefetch as usize);
+    let (control_tx, control_rx) = mpsc::unbounded_channel();
+    let connected = Link::new(true);
+    let supervisor = Supervisor {
+        client: consumers.clone(),
+        config: config.clone(),
+        spec,
+        deliveries: deliveries_tx,
+        control_tx: control_tx.clone(),
+        control: control_rx,
+        connected: connected.clone(),
+        redeliveries: RedeliveryTracker::new(100_000),
+        producers: ProducerNames::default(),
+        topics: ProducerNames::default(),
+        max_backoff: config.resubscribe_max_backoff,
+    };
+    tokio::spawn(supervisor.run(consumer));
+    Ok(Box::new(PulsarSubscription {
+        deliveries: deliveries_rx,
+        control: control_tx,
+        connected,
+        closed: false,
+    }))
 }
 
 /// The least number of flow permits a consumer of a non-persistent topic asks for, as
@@ -647,130 +273,6 @@ impl Settle for PulsarSettle {
         let _ = self
             .control
             .send(Control::Settle(self.topic, self.id, settlement));
-    }
-}
-
-/// Counts how often this process has seen each message, because pulsar-rs does not pass on
-/// the broker's redelivery count. Bounded: the oldest entries are forgotten first.
-struct RedeliveryTracker {
-    seen: HashMap<(u64, u64, i32, i32), u32>,
-    order: VecDeque<(u64, u64, i32, i32)>,
-    capacity: usize,
-}
-
-impl RedeliveryTracker {
-    fn new(capacity: usize) -> Self {
-        Self {
-            seen: HashMap::new(),
-            order: VecDeque::new(),
-            capacity,
-        }
-    }
-
-    fn key(id: &MessageIdData) -> (u64, u64, i32, i32) {
-        (
-            id.ledger_id,
-            id.entry_id,
-            id.partition.unwrap_or(-1),
-            id.batch_index.unwrap_or(-1),
-        )
-    }
-
-    /// Records a delivery and returns how many times the message was seen before.
-    fn observe(&mut self, id: &MessageIdData) -> u32 {
-        let key = Self::key(id);
-        if let Some(count) = self.seen.get_mut(&key) {
-            *count += 1;
-            return *count;
-        }
-        if self.order.len() >= self.capacity
-            && let Some(old) = self.order.pop_front()
-        {
-            self.seen.remove(&old);
-        }
-        self.seen.insert(key, 0);
-        self.order.push_back(key);
-        0
-    }
-
-    fn forget(&mut self, id: &MessageIdData) {
-        // The order queue keeps the key until it ages out; removal from the map is what
-        // matters, and a stale key in the queue only evicts nothing.
-        self.seen.remove(&Self::key(id));
-    }
-}
-
-/// Where a message id stands in its topic's order.
-fn position(id: &MessageIdData) -> (u64, u64, i32) {
-    (id.ledger_id, id.entry_id, id.batch_index.unwrap_or(-1))
-}
-
-/// The acks of a subscriber that acks every delivery in the order it came
-/// ([`SubscribeOptions::acks_in_order`]), on an exclusive subscription: a run of them is
-/// settled by one cumulative ack per topic (partition) for the highest of the run, as the
-/// broker then handles one command instead of one per message. A nack ends this for the
-/// consumer's life: a cumulative ack past a nacked message would ack it too.
-struct InOrderAcks {
-    enabled: bool,
-    /// The highest ack per topic not yet sent.
-    last: Vec<(Arc<str>, MessageIdData)>,
-    /// How many acks `last` stands for.
-    held: usize,
-}
-
-impl InOrderAcks {
-    /// The most acks held before they go out whatever comes next: what a crash of this
-    /// process makes the broker deliver again (and the subscriber skip) stays small.
-    const MAX_HELD: usize = 256;
-
-    fn new(enabled: bool) -> Self {
-        Self {
-            enabled,
-            last: Vec::new(),
-            held: 0,
-        }
-    }
-
-    fn full(&self) -> bool {
-        self.held >= Self::MAX_HELD
-    }
-
-    /// Keeps an ack to send cumulatively; gives back a settlement to apply on its own.
-    fn take(
-        &mut self,
-        topic: Arc<str>,
-        id: MessageIdData,
-        settlement: Settlement,
-    ) -> Option<(Arc<str>, MessageIdData, Settlement)> {
-        if !self.enabled {
-            return Some((topic, id, settlement));
-        }
-        if settlement == Settlement::Nack {
-            self.enabled = false;
-            return Some((topic, id, settlement));
-        }
-        match self.last.iter_mut().find(|(t, _)| *t == topic) {
-            // The highest, not the latest: a consumer that pulsar-rs re-attached, or a reader
-            // started again, gets earlier messages again, and everything up to the highest
-            // one acked was acked once already.
-            Some((_, last)) => {
-                if position(&id) > position(last) {
-                    *last = id;
-                }
-            }
-            None => self.last.push((topic, id)),
-        }
-        self.held += 1;
-        None
-    }
-
-    fn due(&self) -> bool {
-        !self.last.is_empty()
-    }
-
-    fn drain(&mut self) -> std::vec::Drain<'_, (Arc<str>, MessageIdData)> {
-        self.held = 0;
-        self.last.drain(..)
     }
 }
 
@@ -1296,118 +798,6 @@ impl Drop for Supervisor {
     }
 }
 
+mod settle;
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn id(ledger: u64, entry: u64) -> MessageIdData {
-        MessageIdData {
-            ledger_id: ledger,
-            entry_id: entry,
-            ..MessageIdData::default()
-        }
-    }
-
-    #[test]
-    fn acks_in_order_are_held_as_the_last_per_topic_until_a_nack_ends_it() {
-        let (a, b): (Arc<str>, Arc<str>) = (Arc::from("t-partition-0"), Arc::from("t-partition-1"));
-        let mut acks = InOrderAcks::new(true);
-        assert!(!acks.due());
-        for e in 0..3 {
-            assert!(acks.take(a.clone(), id(1, e), Settlement::Ack).is_none());
-        }
-        assert!(acks.take(b.clone(), id(2, 7), Settlement::Ack).is_none());
-        assert!(acks.due());
-        let held: Vec<_> = acks.drain().map(|(t, i)| (t, i.entry_id)).collect();
-        assert_eq!(held, vec![(a.clone(), 2), (b.clone(), 7)]);
-        assert!(!acks.due());
-        // A nack goes out on its own, and so does every ack after it: a cumulative ack past
-        // the nacked message would ack it.
-        assert!(acks.take(a.clone(), id(1, 3), Settlement::Ack).is_none());
-        let nack = acks.take(a.clone(), id(1, 4), Settlement::Nack);
-        assert!(matches!(nack, Some((_, _, Settlement::Nack))));
-        assert!(acks.take(a.clone(), id(1, 5), Settlement::Ack).is_some());
-        // The ack held before the nack is still there, to go out before it.
-        assert_eq!(
-            acks.drain().map(|(_, i)| i.entry_id).collect::<Vec<_>>(),
-            vec![3]
-        );
-    }
-
-    #[test]
-    fn the_highest_ack_of_a_run_is_kept_when_earlier_messages_come_again() {
-        let t: Arc<str> = Arc::from("t");
-        let mut acks = InOrderAcks::new(true);
-        assert!(acks.take(t.clone(), id(1, 10), Settlement::Ack).is_none());
-        // Replayed after pulsar-rs re-attached the consumer: acked again, lower.
-        assert!(acks.take(t.clone(), id(1, 3), Settlement::Ack).is_none());
-        assert_eq!(
-            acks.drain().map(|(_, i)| i.entry_id).collect::<Vec<_>>(),
-            vec![10]
-        );
-        // A later ledger is later whatever its entry.
-        assert!(acks.take(t.clone(), id(1, 10), Settlement::Ack).is_none());
-        assert!(acks.take(t.clone(), id(2, 0), Settlement::Ack).is_none());
-        assert_eq!(
-            acks.drain().map(|(_, i)| i.ledger_id).collect::<Vec<_>>(),
-            vec![2]
-        );
-    }
-
-    #[test]
-    fn acks_one_by_one_unless_in_order() {
-        let mut acks = InOrderAcks::new(false);
-        assert!(
-            acks.take(Arc::from("t"), id(1, 1), Settlement::Ack)
-                .is_some()
-        );
-        assert!(!acks.due());
-    }
-
-    #[test]
-    fn a_long_run_of_acks_goes_out_before_it_grows_past_its_bound() {
-        let t: Arc<str> = Arc::from("t");
-        let mut acks = InOrderAcks::new(true);
-        for e in 0..InOrderAcks::MAX_HELD as u64 {
-            assert!(!acks.full());
-            assert!(acks.take(t.clone(), id(1, e), Settlement::Ack).is_none());
-        }
-        assert!(acks.full());
-        assert_eq!(acks.drain().count(), 1);
-        assert!(!acks.full());
-    }
-
-    #[test]
-    fn the_tracker_counts_repeat_deliveries_and_forgets_acked_ones() {
-        let mut t = RedeliveryTracker::new(2);
-        assert_eq!(t.observe(&id(1, 1)), 0);
-        assert_eq!(t.observe(&id(1, 1)), 1);
-        assert_eq!(t.observe(&id(1, 1)), 2);
-        t.forget(&id(1, 1));
-        assert_eq!(t.observe(&id(1, 1)), 0);
-        assert_eq!(t.observe(&id(1, 2)), 0);
-        assert_eq!(t.observe(&id(1, 3)), 0, "capacity evicts the oldest");
-        assert_eq!(t.seen.len(), 2);
-    }
-
-    #[test]
-    fn a_negative_permit_count_from_the_broker_reads_as_negative() {
-        assert_eq!(signed_permits(1_000), 1_000);
-        assert_eq!(signed_permits(0), 0);
-        // Java's `int` -3, sign-extended into the protocol's uint64.
-        assert_eq!(signed_permits(u64::MAX - 2), -3);
-    }
-
-    #[test]
-    fn non_persistent_consumers_keep_permits_for_a_burst_of_their_concurrency() {
-        assert_eq!(flow_permits("persistent://t/n/x", 64), 64);
-        assert_eq!(flow_permits("persistent://t/n/x", 0), 1);
-        assert_eq!(flow_permits("non-persistent://t/n/x", 64), 1000);
-        assert_eq!(flow_permits("non-persistent://t/n/x", 512), 1025);
-        // pulsar-rs re-flows only below half its batch: what is left must cover a burst.
-        for prefetch in [1, 64, 256, 512, 4096] {
-            let permits = flow_permits("non-persistent://t/n/x", prefetch);
-            assert!(permits.div_ceil(2) > prefetch, "{prefetch}: {permits}");
-        }
-    }
-}
+mod tests;
