@@ -263,7 +263,11 @@ pub async fn run(args: GatewayCommand) -> Result<(), String> {
     // them again), and compaction keeps what a starting replica reads about one snapshot per
     // key and replica. Best effort: on a secured cluster the operator may set both instead.
     if let (Some(topic), Some(admin_url)) = (limits_topic, &args.bus.pulsar_admin_url) {
-        let admin = pulsar_admin(admin_url, args.bus.pulsar_tls_ca_file.as_deref())?;
+        let admin = pulsar_admin(
+            admin_url,
+            args.bus.pulsar_tls_ca_file.as_deref(),
+            args.bus.allow_plaintext_credentials,
+        )?;
         if let Err(e) = admin
             .set_topic_retention(&topic, LIMITS_RETENTION_MINUTES, LIMITS_RETENTION_MB)
             .await

@@ -271,7 +271,13 @@ pub async fn run(args: TextCompletionArgs) -> Result<(), String> {
         .bus
         .pulsar_admin_url
         .as_deref()
-        .map(|url| pulsar_admin(url, args.bus.pulsar_tls_ca_file.as_deref()))
+        .map(|url| {
+            pulsar_admin(
+                url,
+                args.bus.pulsar_tls_ca_file.as_deref(),
+                args.bus.allow_plaintext_credentials,
+            )
+        })
         .transpose()?;
     config.ledger = args
         .llm
