@@ -151,6 +151,7 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         .usage
         .ledger(&*bus, &telemetry, admin.as_ref())
         .await?;
+    tc_config.billing = crate::text_completion::billing_key()?;
     let llm_client = llm_service.client(bus.clone(), mapping, &telemetry).await?;
     args.templates.announce_content_logging();
     let prompt_handler = Arc::new(

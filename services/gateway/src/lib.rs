@@ -106,6 +106,16 @@ pub struct GatewayConfig {
     /// else can write it. `None`: a random secret of this process, so that a single gateway
     /// needs none; its tokens resume on it alone and its limits are counted by it alone.
     pub secret: Option<SealKey>,
+    /// The billing secret shared with text-completion alone (`SLUICE_BILLING_SECRET`, see
+    /// `sluice_runtime::billing`): the API key a request is billed to goes on the bus with
+    /// the gateway's seal of it, which a text-completion processor given the same secret
+    /// requires. `None`: the key goes unsealed.
+    pub billing: Option<SealKey>,
+    /// Whether a caller without credentials (no token or keys file is required) is the
+    /// operator: the local user of a gateway on loopback. On a gateway opened beyond
+    /// loopback (`--allow-unauthenticated`) such a caller is anyone, a tenant without a key
+    /// (see [`auth::Standing`]).
+    pub anonymous_is_operator: bool,
 }
 
 impl GatewayConfig {
@@ -126,6 +136,8 @@ impl GatewayConfig {
             resume_window: Duration::from_secs(15 * 60),
             limits_topic: None,
             secret: None,
+            billing: None,
+            anonymous_is_operator: true,
         }
     }
 }
