@@ -319,8 +319,7 @@ impl Keys {
         })
     }
 
-    /// Keys that are `ring` and no file's (this crate's tests).
-    #[cfg(test)]
+    /// Keys that are `ring` and no file's (this crate's tests and its fuzz entry points).
     pub(crate) fn fixed(ring: KeyRing) -> Self {
         Self {
             path: PathBuf::new(),

@@ -31,6 +31,22 @@ mod resume;
 pub mod server;
 pub mod socket;
 
+/// Entry points for the fuzz targets (`fuzz/`): the decoders of what the gateway reads from
+/// outside that are not public otherwise, through the code the gateway runs. Not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use sluice_runtime::seal::SealKey;
+
+    pub use crate::limits::{MAX_REPLICAS_PER_KEY, SnapshotReader};
+
+    /// Reads `value` as a `Sluice-Resume` header, then seals the token it holds with `key` and
+    /// reads it back: `None` for a value that is not a resume; else whether the token came
+    /// back the same, its new seal verifying and the one sent not.
+    pub fn resume_round_trip(value: &[u8], key: &SealKey) -> Option<bool> {
+        crate::resume::round_trip(value, key)
+    }
+}
+
 use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
 
 use axum::{
