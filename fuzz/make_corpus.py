@@ -213,3 +213,27 @@ put("socket", "agent", 0, 0, j({"id": "req-3", "service": "agent", "flow": "defa
     "request": {"question": "2+2?", "history": [], "streaming": True}}))
 put("socket", "wrong_flow", 1, 0, j({"id": "req-4", "service": "agent", "flow": "default", "request": {}}))
 put("socket", "bad", 0, 0, j({"id": 5, "service": "nope"}))
+
+# --- shared: what the gateway and the ledger read from others (src/bin/shared.rs) ---------
+# 0: a resume header (<token>.<events received>), 1: a keys file, 2: a limit snapshot (read
+# at 2026-11-28 10:00:30 UTC with split 0), 3: a usage record.
+put("shared", "resume", 0, 0, "v2.text-completion.7:3:0:0.1795860000.0af7651916cd43dd8448eb211c80319c.AAAAAAAAAAAAAAAAAAAAAA.req-1.5")
+put("shared", "resume_no_trace", 0, 0, "v2.agent.-.1795860000.-.c2VhbHNlYWxzZWFsc2VhbA.a.b.c.0")
+put("shared", "resume_v1", 0, 0, "v1.text-completion.7:3:0:0.1795860000.req-1.5")
+put("shared", "keys", 1, 0, "[[keys]]\nname = \"team-a\"\nsha256 = \"" + "ab" * 32 + "\"\n"
+    "services = [\"text-completion\", \"agent\"]\nmodels = [\"gpt-4o-mini\"]\nflows = [\"default\"]\n"
+    "tool_groups = [\"default\", \"research\"]\noperator_fields = [\"retry\"]\n"
+    "requests_per_minute = 60\ntokens_per_minute = 20000\ntokens_per_day = 1000000\n"
+    "[[keys]]\nname = \"k\"\nsha256 = \"" + "5c" * 32 + "\"\n")
+counts = {"minute": 29931000, "requests": 3, "tokens": 700, "prev_requests": 1, "prev_tokens": 50,
+          "day": 20785, "day_tokens": 9000, "month": 682, "month_tokens": 90000, "in_flight": 1}
+put("shared", "snapshot", 2, 0, j({"replica": "r1", "key": "k", "seq": 1795860030000000,
+                                   "counts": counts, "sent_ms": 1795860030000}))
+put("shared", "snapshot_ahead", 2, 0, j({"replica": "r2", "key": "k", "seq": 1,
+    "counts": dict(counts, minute=29931100, month_tokens=18446744073709551615)}))
+put("shared", "snapshot_unknown", 2, 0, j({"replica": "r3", "key": "nobody", "seq": 1, "counts": counts}))
+put("shared", "usage", 3, 0, j({"id": "req-1", "attempt": "a1", "key": "team-a", "trace_id": "0af7",
+    "flow": "default/default", "service": "text-completion", "model": "gpt-4o-mini",
+    "provider": "openai", "streaming": True, "input_tokens": 37, "output_tokens": 12,
+    "estimated": False, "outcome": "answered", "error": None, "duration_ms": 812,
+    "ended_at_ms": 1795860030000, "cost": 0.000123}))

@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 CACHE="$HOME/.cache/sluice"
 SECONDS_EACH="${FUZZ_SECONDS:-20}"
 MIN_EXECS="${FUZZ_MIN_EXECS:-1000}"
-TARGETS=(records sse ollama bedrock jsonl react mcp gateway config tgconfig socket)
+TARGETS=(records sse ollama bedrock jsonl react mcp gateway config tgconfig socket shared)
 BUILD_ONLY=""
 if [ "${1:-}" = build ]; then BUILD_ONLY=1; shift; fi
 if [ $# -gt 0 ]; then TARGETS=("$@"); fi

@@ -59,6 +59,12 @@ pub const SYNC_STATE: &str = "sluice-sync-state";
 /// [`crate::usage::UsageRecord`]); the prompt and agent processors carry it on to the
 /// text-completion requests they make. A request without it (published straight onto the
 /// bus) is billed to no key. Producers that may publish requests can set any name here, so
-/// on a secured cluster only the gateway's role should be granted to produce requests that
-/// are billed.
+/// a text-completion processor given a billing secret bills a key only with its
+/// [`KEY_SEAL`].
 pub const KEY: &str = "sluice-key";
+
+/// On a request that carries [`KEY`]: the gateway's seal of the key's name and the id of the
+/// request it admitted (`<tag>:<request id>`), made with the billing secret it shares with
+/// text-completion (`sluice_runtime::billing`). The prompt and agent processors forward it
+/// unchanged with the key on the requests they make for that request.
+pub const KEY_SEAL: &str = "sluice-key-seal";

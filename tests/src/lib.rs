@@ -223,7 +223,7 @@ impl Broker {
 
     /// An admin client.
     pub fn admin(&self) -> PulsarAdmin {
-        PulsarAdmin::new(self.admin_url.clone(), None).unwrap()
+        PulsarAdmin::new(self.admin_url.clone(), None, false).unwrap()
     }
 
     /// Bus settings for this broker.

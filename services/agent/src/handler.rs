@@ -424,6 +424,7 @@ impl AgentService {
                             arguments,
                             Some(span.traceparent()),
                             ctx.key.clone(),
+                            ctx.key_seal.clone(),
                             timeout,
                         ),
                     )
@@ -493,6 +494,7 @@ impl AgentService {
         let options = RequestOptions {
             traceparent: ctx.traceparent.clone(),
             key: ctx.key.clone(),
+            key_seal: ctx.key_seal.clone(),
             total_timeout: Some(remaining),
             ..RequestOptions::default()
         };

@@ -360,12 +360,15 @@ impl Tool {
         arguments: &BTreeMap<String, String>,
         traceparent: Option<String>,
         key: Option<String>,
+        key_seal: Option<String>,
         timeout: Duration,
     ) -> Result<String, ToolError> {
-        // The key goes on to the services the tool calls, whose usage it is billed.
+        // The key and the gateway's seal of it go on to the services the tool calls, whose
+        // usage it is billed.
         let options = RequestOptions {
             traceparent,
             key,
+            key_seal,
             total_timeout: Some(timeout),
             ..RequestOptions::default()
         };

@@ -144,6 +144,11 @@ pub struct BusArgs {
     /// Use the in-process bus instead of Pulsar (single-process use only).
     #[arg(long, hide = true)]
     pub in_process: bool,
+    /// Send the Pulsar token or OAuth2 credentials over a plaintext `pulsar://` broker URL,
+    /// `http://` admin URL or `http://` OAuth2 issuer beyond loopback. Refused otherwise:
+    /// anyone on the network path could read them (docs/security.md).
+    #[arg(long, env = "SLUICE_ALLOW_PLAINTEXT_CREDENTIALS")]
+    pub allow_plaintext_credentials: bool,
 }
 
 /// How a processor consumes.
@@ -325,7 +330,11 @@ pub async fn connect(args: &BusArgs, topics: &[TopicName]) -> Result<Arc<dyn Bus
     let deadline = Instant::now() + Duration::from_secs(args.connect_wait_secs);
     let auth = pulsar_auth(args.pulsar_tls_ca_file.as_deref())?;
     if let Some(admin_url) = &args.pulsar_admin_url {
-        let admin = pulsar_admin(admin_url, args.pulsar_tls_ca_file.as_deref())?;
+        let admin = pulsar_admin(
+            admin_url,
+            args.pulsar_tls_ca_file.as_deref(),
+            args.allow_plaintext_credentials,
+        )?;
         for ns in topics.iter().filter_map(TopicName::namespace) {
             let policy = NamespacePolicy {
                 // Response and cancel subscriptions belong to one instance each; expire the
@@ -369,16 +378,23 @@ pub async fn connect(args: &BusArgs, topics: &[TopicName]) -> Result<Arc<dyn Bus
     let mut config = PulsarConfig::new(args.pulsar_url.clone());
     config.auth = auth;
     config.tls_ca_file = args.pulsar_tls_ca_file.clone();
+    config.allow_plaintext_credentials = args.allow_plaintext_credentials;
     let bus = PulsarBus::connect(config, deadline.saturating_duration_since(Instant::now()))
         .await
         .map_err(|e| e.to_string())?;
     Ok(Arc::new(bus))
 }
 
-/// The admin client for `url`, with the token (SLUICE_PULSAR_TOKEN or _FILE) and the CA file.
-pub fn pulsar_admin(url: &str, ca_file: Option<&Path>) -> Result<PulsarAdmin, String> {
+/// The admin client for `url`, with the token (SLUICE_PULSAR_TOKEN or _FILE) and the CA file;
+/// a token is not sent over plaintext beyond loopback unless `allow_plaintext_credentials`.
+pub fn pulsar_admin(
+    url: &str,
+    ca_file: Option<&Path>,
+    allow_plaintext_credentials: bool,
+) -> Result<PulsarAdmin, String> {
     let token = Secret::from_env("SLUICE_PULSAR_TOKEN").map_err(|e| e.to_string())?;
-    let admin = PulsarAdmin::new(url.to_owned(), token).map_err(|e| e.to_string())?;
+    let admin = PulsarAdmin::new(url.to_owned(), token, allow_plaintext_credentials)
+        .map_err(|e| e.to_string())?;
     match ca_file {
         Some(path) => admin.with_tls_ca_file(path).map_err(|e| e.to_string()),
         None => Ok(admin),

@@ -8,6 +8,7 @@ use sluice_gateway::{
     server,
 };
 use sluice_runtime::{
+    billing,
     bus::Bus,
     seal::SealKey,
     secret::Secret,
@@ -32,7 +33,8 @@ const LIMITS_RETENTION_MB: i64 = -1;
 /// allows only with --allow-unauthenticated (docs/security.md). The secret the replicas share
 /// (resume tokens and the limit state are sealed with it) comes from SLUICE_GATEWAY_SECRET or
 /// the file named by SLUICE_GATEWAY_SECRET_FILE; without one (or set empty), each process
-/// makes its own.
+/// makes its own. The billing secret it shares with text-completion (SLUICE_BILLING_SECRET
+/// or SLUICE_BILLING_SECRET_FILE) seals the API key each request is billed to.
 #[derive(Args, Debug, Clone)]
 pub struct GatewayArgs {
     /// Address the gateway listens on (default: 0.0.0.0:8088 for `gateway`, 127.0.0.1:8088
@@ -125,6 +127,10 @@ impl GatewayArgs {
         let mut config = GatewayConfig::new();
         config.auth = Auth::new(token);
         config.secret = SealKey::from_env("SLUICE_GATEWAY_SECRET").map_err(|e| e.to_string())?;
+        config.billing = billing::key_from_env().map_err(|e| e.to_string())?;
+        // Without credentials, the caller is the machine's own user on loopback, anyone
+        // beyond it.
+        config.anonymous_is_operator = listen.ip().is_loopback();
         config.body_limit = self.body_limit_bytes;
         config.request_timeout = Duration::from_secs(self.request_timeout_secs);
         config.inactivity_timeout = Duration::from_secs(self.inactivity_timeout_secs);
@@ -263,7 +269,11 @@ pub async fn run(args: GatewayCommand) -> Result<(), String> {
     // them again), and compaction keeps what a starting replica reads about one snapshot per
     // key and replica. Best effort: on a secured cluster the operator may set both instead.
     if let (Some(topic), Some(admin_url)) = (limits_topic, &args.bus.pulsar_admin_url) {
-        let admin = pulsar_admin(admin_url, args.bus.pulsar_tls_ca_file.as_deref())?;
+        let admin = pulsar_admin(
+            admin_url,
+            args.bus.pulsar_tls_ca_file.as_deref(),
+            args.bus.allow_plaintext_credentials,
+        )?;
         if let Err(e) = admin
             .set_topic_retention(&topic, LIMITS_RETENTION_MINUTES, LIMITS_RETENTION_MB)
             .await

@@ -128,6 +128,10 @@ enum PulsarCommand {
             default_value = "http://127.0.0.1:8080"
         )]
         pulsar_admin_url: String,
+        /// Send the Pulsar token to an `http://` admin URL beyond loopback (refused
+        /// otherwise: docs/security.md).
+        #[arg(long, env = "SLUICE_ALLOW_PLAINTEXT_CREDENTIALS")]
+        allow_plaintext_credentials: bool,
         /// Expire response subscriptions of client instances that went away without
         /// unsubscribing after this many minutes (0 = never).
         #[arg(long, default_value_t = 60)]
@@ -377,6 +381,7 @@ async fn run(command: Command) -> Result<(), String> {
             command:
                 PulsarCommand::EnsureNamespaces {
                     pulsar_admin_url,
+                    allow_plaintext_credentials,
                     subscription_expiration_minutes,
                     response_retention_minutes,
                     response_retention_mb,
@@ -384,7 +389,11 @@ async fn run(command: Command) -> Result<(), String> {
                 },
         } => {
             let ca_file = env_path("SLUICE_PULSAR_TLS_CA_FILE");
-            let admin = common::pulsar_admin(&pulsar_admin_url, ca_file.as_deref())?;
+            let admin = common::pulsar_admin(
+                &pulsar_admin_url,
+                ca_file.as_deref(),
+                allow_plaintext_credentials,
+            )?;
             let mut namespaces: Vec<String> = parse_names(&names)?
                 .iter()
                 .map(|n| {

@@ -41,6 +41,10 @@ pub struct ServeArgs {
     /// A PEM file of CA certificates to trust for `pulsar+ssl://` and an `https://` admin URL.
     #[arg(long, env = "SLUICE_PULSAR_TLS_CA_FILE")]
     pub pulsar_tls_ca_file: Option<std::path::PathBuf>,
+    /// Send the Pulsar token or OAuth2 credentials over plaintext (`pulsar://`, `http://`)
+    /// beyond loopback. Refused otherwise (docs/security.md).
+    #[arg(long, env = "SLUICE_ALLOW_PLAINTEXT_CREDENTIALS")]
+    pub allow_plaintext_credentials: bool,
     /// `durable` or `trustgraph` (with `--pulsar-url`).
     #[arg(long, default_value = "durable")]
     pub topic_mapping: TopicMapping,
@@ -119,6 +123,7 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         topic_mapping: mapping,
         connect_wait_secs: 120,
         in_process: args.pulsar_url.is_none(),
+        allow_plaintext_credentials: args.allow_plaintext_credentials,
     };
     let bus: Arc<dyn Bus> = connect(&bus_args, &topics).await?;
     info!(
@@ -132,7 +137,13 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
     let admin = args
         .pulsar_admin_url
         .as_deref()
-        .map(|url| pulsar_admin(url, args.pulsar_tls_ca_file.as_deref()))
+        .map(|url| {
+            pulsar_admin(
+                url,
+                args.pulsar_tls_ca_file.as_deref(),
+                args.allow_plaintext_credentials,
+            )
+        })
         .transpose()?;
     // On the in-process bus nobody can read the ledger's topic: its metrics are what counts.
     tc_config.ledger = args
@@ -140,6 +151,7 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         .usage
         .ledger(&*bus, &telemetry, admin.as_ref())
         .await?;
+    tc_config.billing = crate::text_completion::billing_key()?;
     let llm_client = llm_service.client(bus.clone(), mapping, &telemetry).await?;
     args.templates.announce_content_logging();
     let prompt_handler = Arc::new(

@@ -257,6 +257,19 @@ pub fn service(args: &LlmArgs, telemetry: &Telemetry) -> Result<TextCompletionSe
         })
 }
 
+/// The billing secret's key (SLUICE_BILLING_SECRET or SLUICE_BILLING_SECRET_FILE), shared
+/// with the gateway: with one, a request naming an API key without the gateway's seal of it
+/// is refused, not billed (docs/security.md#the-key-that-bills-usage).
+pub fn billing_key() -> Result<Option<sluice_runtime::seal::SealKey>, String> {
+    let key = sluice_runtime::billing::key_from_env().map_err(|e| e.to_string())?;
+    if key.is_some() {
+        info!(
+            "billing seals required: a request's API key is billed only with the gateway's seal of it"
+        );
+    }
+    Ok(key)
+}
+
 /// Runs the processor until SIGTERM/SIGINT, then drains.
 pub async fn run(args: TextCompletionArgs) -> Result<(), String> {
     let telemetry = Telemetry::new().map_err(|e| e.to_string())?;
@@ -271,13 +284,20 @@ pub async fn run(args: TextCompletionArgs) -> Result<(), String> {
         .bus
         .pulsar_admin_url
         .as_deref()
-        .map(|url| pulsar_admin(url, args.bus.pulsar_tls_ca_file.as_deref()))
+        .map(|url| {
+            pulsar_admin(
+                url,
+                args.bus.pulsar_tls_ca_file.as_deref(),
+                args.bus.allow_plaintext_credentials,
+            )
+        })
         .transpose()?;
     config.ledger = args
         .llm
         .usage
         .ledger(&*bus, &telemetry, admin.as_ref())
         .await?;
+    config.billing = billing_key()?;
     if let Some(flows) = args
         .flows
         .flows("text-completion", mapping, &args.processor, &config)?

@@ -1,9 +1,10 @@
 //! The gateway's safe defaults (docs/security.md), tried the way an attacker would: raw HTTP
 //! with forged `Host`, `Origin` and content types, WebSocket openings from foreign pages, a
 //! listener opened beyond loopback without credentials, idle and slow connections by the
-//! thousand, sockets that never authenticate, and a real headless Chromium loading a page of
-//! another origin. Every process is real: `sluice serve` (in-process bus) in front of the
-//! fake OpenAI server, which counts what reached the provider.
+//! thousand, sockets that never authenticate, a real headless Chromium loading a page of
+//! another origin, and Pulsar credentials given with plaintext URLs. Every process is real:
+//! `sluice serve` (in-process bus) in front of the fake OpenAI server, which counts what
+//! reached the provider.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -392,6 +393,143 @@ async fn a_listener_beyond_loopback_needs_credentials_or_a_deliberate_flag() {
     .await;
     assert_eq!(status, 401);
     authed.process.stop().await;
+}
+
+/// Runs `sluice ARGS` with `env` (the Pulsar credential variables of the caller's environment
+/// removed) until it exits; its status and stderr. A start that is not refused at once runs
+/// into its 1 s connect wait against a broker that is not there.
+async fn start_up(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+    let mut p = Sluice::spawn(
+        args,
+        env,
+        &[
+            "SLUICE_CONFIG",
+            "SLUICE_PULSAR_TOKEN",
+            "SLUICE_PULSAR_TOKEN_FILE",
+            "SLUICE_PULSAR_OAUTH2_ISSUER_URL",
+            "SLUICE_PULSAR_ADMIN_URL",
+            "SLUICE_ALLOW_PLAINTEXT_CREDENTIALS",
+        ],
+    );
+    let status = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            if let Some(status) = p.exited().await {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{args:?} still running after 60 s:\n{}", p.stderr()));
+    (status.success(), p.stderr())
+}
+
+#[tokio::test]
+async fn pulsar_credentials_are_not_sent_in_plaintext_beyond_loopback_unless_allowed() {
+    const PULSAR_TOKEN: &str = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.plaintext-test-signature";
+    let dir = std::env::temp_dir().join(format!("sluice-plaintext-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, PULSAR_TOKEN).unwrap();
+    let token_file = token_file.to_str().unwrap().to_owned();
+    // `.invalid` never resolves (RFC 2606): nothing is sent anywhere, whatever the outcome.
+    let text_completion = |url: &'static str| {
+        vec![
+            "text-completion",
+            "--pulsar-url",
+            url,
+            "--model",
+            "m",
+            "--base-url",
+            "http://127.0.0.1:1",
+            "--connect-wait-secs",
+            "1",
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ]
+    };
+    let plain = text_completion("pulsar://broker.invalid:6650");
+    let cases: Vec<(&str, Vec<&str>, Vec<(&str, &str)>, &str)> = vec![
+        (
+            "a token to a plaintext broker",
+            plain.clone(),
+            vec![("SLUICE_PULSAR_TOKEN", PULSAR_TOKEN)],
+            "plaintext pulsar://",
+        ),
+        (
+            "a token file to a plaintext broker",
+            plain.clone(),
+            vec![("SLUICE_PULSAR_TOKEN_FILE", &token_file)],
+            "plaintext pulsar://",
+        ),
+        (
+            "a token to a plaintext admin API",
+            [
+                text_completion("pulsar+ssl://broker.invalid:6651"),
+                vec!["--pulsar-admin-url", "http://admin.invalid:8080"],
+            ]
+            .concat(),
+            vec![("SLUICE_PULSAR_TOKEN", PULSAR_TOKEN)],
+            "plaintext http://",
+        ),
+        (
+            "an OAuth2 client secret to a plaintext issuer",
+            text_completion("pulsar+ssl://broker.invalid:6651"),
+            vec![
+                ("SLUICE_PULSAR_OAUTH2_ISSUER_URL", "http://issuer.invalid"),
+                ("SLUICE_PULSAR_OAUTH2_CLIENT_ID", "sluice"),
+                (
+                    "SLUICE_PULSAR_OAUTH2_CLIENT_SECRET",
+                    "oauth2-client-secret-31",
+                ),
+            ],
+            "plaintext http://",
+        ),
+        (
+            "the gateway's token to a plaintext broker",
+            vec![
+                "gateway",
+                "--pulsar-url",
+                "pulsar://broker.invalid:6650",
+                "--listen",
+                "127.0.0.1:0",
+                "--connect-wait-secs",
+                "1",
+            ],
+            vec![("SLUICE_PULSAR_TOKEN", PULSAR_TOKEN)],
+            "plaintext pulsar://",
+        ),
+    ];
+    for (case, args, env, says) in &cases {
+        let (ok, err) = start_up(args, env).await;
+        assert!(!ok, "{case}: started:\n{err}");
+        assert!(err.contains(says), "{case}: no {says:?} in:\n{err}");
+        assert!(
+            err.contains("--allow-plaintext-credentials"),
+            "{case}:\n{err}"
+        );
+        assert!(
+            !err.contains(PULSAR_TOKEN)
+                && !err.contains("plaintext-test-signature")
+                && !err.contains("oauth2-client-secret-31"),
+            "{case}: a credential in the log:\n{err}"
+        );
+        // Opted in (the flag, or its variable): not refused for that; it goes on to the broker,
+        // which is not there.
+        let mut allowed = env.clone();
+        allowed.push(("SLUICE_ALLOW_PLAINTEXT_CREDENTIALS", "true"));
+        let (ok, err) = start_up(args, &allowed).await;
+        assert!(!ok, "{case}: a broker that is not there");
+        assert!(!err.contains("refusing to send"), "{case} allowed:\n{err}");
+    }
+    // Loopback is exempt: the test command's brokers are plain, on 127.0.0.1.
+    let (_, err) = start_up(
+        &text_completion("pulsar://127.0.0.1:1"),
+        &[("SLUICE_PULSAR_TOKEN", PULSAR_TOKEN)],
+    )
+    .await;
+    assert!(!err.contains("refusing to send"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Opens up to `n` connections to `addr` that send nothing; returns them (kept open).

@@ -13,6 +13,10 @@
 //! services = ["text-completion"]  # optional: text-completion, prompt, agent
 //! models = ["gpt-4o-mini"]        # optional: the models a request may name
 //! flows = ["default"]             # optional: the flows it may address
+//! tool_groups = ["default", "research"]  # the agent's tool groups it may name (default:
+//!                                 # the `default` group alone)
+//! operator_fields = ["retry"]     # operator-only request fields it may set (default: none;
+//!                                 # crate::kinds::OPERATOR_FIELDS names them)
 //! requests_per_minute = 60        # each limit is optional
 //! tokens_per_minute = 20000
 //! tokens_per_day = 1000000
@@ -79,11 +83,28 @@ pub struct Key {
     services: Option<BTreeSet<ServiceKind>>,
     models: Option<BTreeSet<String>>,
     flows: Option<BTreeSet<String>>,
+    /// The agent's tool groups its requests may name; `None`: the `default` group alone.
+    tool_groups: Option<BTreeSet<String>>,
+    /// The operator-only request fields its requests may set (see
+    /// [`crate::kinds::OPERATOR_FIELDS`]); empty: none.
+    operator_fields: BTreeSet<String>,
     /// Its limits.
     pub limits: Limits,
 }
 
 impl Key {
+    /// The agent's tool groups this key's requests may name; `None`: the `default` group
+    /// alone (see [`crate::auth::Standing`]).
+    pub fn tool_groups(&self) -> Option<&BTreeSet<String>> {
+        self.tool_groups.as_ref()
+    }
+
+    /// The operator-only request fields this key may set (`operator_fields` in the keys
+    /// file; see [`crate::auth::Standing`]).
+    pub fn operator_fields(&self) -> &BTreeSet<String> {
+        &self.operator_fields
+    }
+
     /// Why this key may not make a call to `service` of `flow` naming `model`, if it may not.
     ///
     /// A request that names no model gets the one the operator configured for the processor,
@@ -126,6 +147,8 @@ struct FileKey {
     services: Option<Vec<String>>,
     models: Option<Vec<String>>,
     flows: Option<Vec<String>>,
+    tool_groups: Option<Vec<String>>,
+    operator_fields: Option<Vec<String>>,
     requests_per_minute: Option<u64>,
     tokens_per_minute: Option<u64>,
     tokens_per_day: Option<u64>,
@@ -186,6 +209,27 @@ impl KeyRing {
                         .collect::<Result<BTreeSet<_>, _>>()?,
                 ),
             };
+            if let Some(groups) = &k.tool_groups
+                && groups.iter().any(|g| g.trim().is_empty())
+            {
+                return Err(format!("{which}: tool_groups has an empty name"));
+            }
+            let operator_fields: BTreeSet<String> =
+                k.operator_fields.unwrap_or_default().into_iter().collect();
+            if let Some(unknown) = operator_fields.iter().find(|f| {
+                !crate::kinds::OPERATOR_FIELDS
+                    .iter()
+                    .any(|(_, known)| known == f)
+            }) {
+                let known: BTreeSet<&str> = crate::kinds::OPERATOR_FIELDS
+                    .iter()
+                    .map(|(_, f)| *f)
+                    .collect();
+                return Err(format!(
+                    "{which}: operator_fields: {unknown:?} is not one of {}",
+                    known.into_iter().collect::<Vec<_>>().join(", ")
+                ));
+            }
             for (field, value) in [
                 ("requests_per_minute", k.requests_per_minute),
                 ("tokens_per_minute", k.tokens_per_minute),
@@ -204,6 +248,8 @@ impl KeyRing {
                 services,
                 models: k.models.map(|m| m.into_iter().collect()),
                 flows: k.flows.map(|f| f.into_iter().collect()),
+                tool_groups: k.tool_groups.map(|g| g.into_iter().collect()),
+                operator_fields,
                 limits: Limits {
                     requests_per_minute: k.requests_per_minute,
                     tokens_per_minute: k.tokens_per_minute,
@@ -273,8 +319,7 @@ impl Keys {
         })
     }
 
-    /// Keys that are `ring` and no file's (this crate's tests).
-    #[cfg(test)]
+    /// Keys that are `ring` and no file's (this crate's tests and its fuzz entry points).
     pub(crate) fn fixed(ring: KeyRing) -> Self {
         Self {
             path: PathBuf::new(),
@@ -442,6 +487,18 @@ mod tests {
             (
                 format!("[[keys]]\nname = \"a\"\nsha256 = \"{good}\"\nrpm = 3\n"),
                 "unknown field",
+            ),
+            (
+                format!(
+                    "[[keys]]\nname = \"a\"\nsha256 = \"{good}\"\ntool_groups = [\"x\", \" \"]\n"
+                ),
+                "tool_groups has an empty name",
+            ),
+            (
+                format!(
+                    "[[keys]]\nname = \"a\"\nsha256 = \"{good}\"\noperator_fields = [\"retry\", \"prompt\"]\n"
+                ),
+                "operator_fields: \"prompt\" is not one",
             ),
         ] {
             let e = KeyRing::parse(&text).unwrap_err();

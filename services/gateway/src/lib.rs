@@ -31,6 +31,22 @@ mod resume;
 pub mod server;
 pub mod socket;
 
+/// Entry points for the fuzz targets (`fuzz/`): the decoders of what the gateway reads from
+/// outside that are not public otherwise, through the code the gateway runs. Not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use sluice_runtime::seal::SealKey;
+
+    pub use crate::limits::{MAX_REPLICAS_PER_KEY, SnapshotReader};
+
+    /// Reads `value` as a `Sluice-Resume` header, then seals the token it holds with `key` and
+    /// reads it back: `None` for a value that is not a resume; else whether the token came
+    /// back the same, its new seal verifying and the one sent not.
+    pub fn resume_round_trip(value: &[u8], key: &SealKey) -> Option<bool> {
+        crate::resume::round_trip(value, key)
+    }
+}
+
 use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
 
 use axum::{
@@ -106,6 +122,16 @@ pub struct GatewayConfig {
     /// else can write it. `None`: a random secret of this process, so that a single gateway
     /// needs none; its tokens resume on it alone and its limits are counted by it alone.
     pub secret: Option<SealKey>,
+    /// The billing secret shared with text-completion alone (`SLUICE_BILLING_SECRET`, see
+    /// `sluice_runtime::billing`): the API key a request is billed to goes on the bus with
+    /// the gateway's seal of it, which a text-completion processor given the same secret
+    /// requires. `None`: the key goes unsealed.
+    pub billing: Option<SealKey>,
+    /// Whether a caller without credentials (no token or keys file is required) is the
+    /// operator: the local user of a gateway on loopback. On a gateway opened beyond
+    /// loopback (`--allow-unauthenticated`) such a caller is anyone, a tenant without a key
+    /// (see [`auth::Standing`]).
+    pub anonymous_is_operator: bool,
 }
 
 impl GatewayConfig {
@@ -126,6 +152,8 @@ impl GatewayConfig {
             resume_window: Duration::from_secs(15 * 60),
             limits_topic: None,
             secret: None,
+            billing: None,
+            anonymous_is_operator: true,
         }
     }
 }

@@ -1079,6 +1079,80 @@ fn retire_one(replicas: &mut HashMap<String, (u64, Counts)>, now: &Now) -> bool 
     true
 }
 
+/// A replica reading the shared topic, for the fuzz target (`fuzz/src/bin/shared.rs`): it
+/// shares the limits of the keys `k` and `l` (a request and a token limit each) with a secret
+/// of its own, and judges any payload as a snapshot sealed with it (the seal made here, so
+/// that the fuzzer reaches the JSON and what is done with what it says), then admits a
+/// request of `k` against what it believes. The same limiter reads every input, so that
+/// snapshots add up as on the topic.
+pub struct SnapshotReader {
+    limiter: Arc<Limiter>,
+    sharing: Sharing,
+    key: Key,
+}
+
+impl SnapshotReader {
+    /// A replica with no snapshots read yet.
+    pub fn new() -> Result<Self, String> {
+        let text: String = ["k", "l"]
+            .iter()
+            .map(|n| {
+                format!(
+                    "[[keys]]\nname = \"{n}\"\nsha256 = \"{}\"\nrequests_per_minute = 100\n\
+                     tokens_per_day = 1000000\n",
+                    crate::keys::hash_hex(n)
+                )
+            })
+            .collect();
+        let ring = crate::keys::KeyRing::parse(&text)?;
+        let key = ring
+            .find("k")
+            .map(|k| (*k).clone())
+            .ok_or("no key k in the reader's keys")?;
+        let registry = prometheus::Registry::new();
+        let metrics = GatewayMetrics::register(&registry).map_err(|e| e.to_string())?;
+        let secret = sluice_runtime::secret::Secret::new("the-fuzz-targets-limits-secret-0123");
+        Ok(Self {
+            limiter: Arc::new(Limiter::new(metrics)),
+            sharing: Sharing {
+                seal: SealKey::new(&secret, "fuzz").map_err(|e| e.to_string())?,
+                keys: Arc::new(Keys::fixed(ring)),
+            },
+            key,
+        })
+    }
+
+    /// Judges `payload` as a sealed snapshot read at `now_secs` (Unix seconds), then admits a
+    /// request of `k` at that time: why the snapshot was refused, if it was, and the most
+    /// replicas now held of one key.
+    pub fn read(&self, payload: &[u8], now_secs: u32) -> (Option<&'static str>, usize) {
+        let now = Now::at(f64::from(now_secs));
+        let seal = self
+            .sharing
+            .seal
+            .seal(SNAPSHOT_SEAL, &[payload])
+            .encode(SNAPSHOT_SEAL_BYTES);
+        let refused = self
+            .limiter
+            .receive(payload, Some(&seal), &self.sharing, &now)
+            .err();
+        let ask = Ask::Request {
+            max_tokens: Some(100),
+            body_bytes: 0,
+        };
+        drop(self.limiter.admit_at(&self.key, ask, now));
+        let most = self
+            .limiter
+            .lock()
+            .peers
+            .values()
+            .map(HashMap::len)
+            .max()
+            .unwrap_or(0);
+        (refused, most)
+    }
+}
+
 /// An admitted request's reservation and its place in flight: told its token usage as its
 /// records arrive (see [`Meter`]) and settled when dropped, however the stream ended.
 pub(crate) struct Admission {

@@ -31,6 +31,7 @@ pub struct GatewayMetrics {
     refusals: IntCounterVec,
     open_connections: IntGauge,
     limit_snapshots_refused: IntCounterVec,
+    operator_fields_dropped: IntCounterVec,
 }
 
 /// Why a request or connection was refused before any route saw it
@@ -157,6 +158,16 @@ impl GatewayMetrics {
             ),
             &["reason"],
         )?;
+        let operator_fields_dropped = IntCounterVec::new(
+            Opts::new(
+                "sluice_gateway_operator_fields_dropped_total",
+                "Request fields only the operator may set, dropped from a tenant's request before it was sent, by service and field",
+            ),
+            &["service", "field"],
+        )?;
+        for (service, field) in crate::kinds::OPERATOR_FIELDS {
+            operator_fields_dropped.with_label_values(&[service.as_str(), field]);
+        }
         for reason in crate::resume::REFUSAL_REASONS {
             resume_refusals.with_label_values(&[reason]);
         }
@@ -191,6 +202,7 @@ impl GatewayMetrics {
         registry.register(Box::new(refusals.clone()))?;
         registry.register(Box::new(open_connections.clone()))?;
         registry.register(Box::new(limit_snapshots_refused.clone()))?;
+        registry.register(Box::new(operator_fields_dropped.clone()))?;
         Ok(Self {
             requests,
             streams,
@@ -209,6 +221,7 @@ impl GatewayMetrics {
             refusals,
             open_connections,
             limit_snapshots_refused,
+            operator_fields_dropped,
         })
     }
 
@@ -302,6 +315,13 @@ impl GatewayMetrics {
     /// Counts a request made with an API key (`outcome`: one of [`KEY_OUTCOMES`]).
     pub fn key_request(&self, key: &str, outcome: &str) {
         self.key_requests.with_label_values(&[key, outcome]).inc();
+    }
+
+    /// A tenant's request to `service` had `field`, which only the operator may set: dropped.
+    pub fn operator_field_dropped(&self, service: &str, field: &str) {
+        self.operator_fields_dropped
+            .with_label_values(&[service, field])
+            .inc();
     }
 
     /// Exports a key's series at 0, so a rate exists before its first request.

@@ -235,6 +235,25 @@ pub(crate) fn asked(headers: &HeaderMap) -> Option<Result<Resume, String>> {
     )
 }
 
+/// Reads `value` as a `Sluice-Resume` header, as a request's is read, and a token read so is
+/// checked against its own seal and then sealed anew and read back (for the fuzz target,
+/// `fuzz/src/bin/shared.rs`): `None` for a value that is not a resume; else whether the
+/// token read back is the one read and its new seal verifies.
+pub(crate) fn round_trip(value: &[u8], key: &SealKey) -> Option<bool> {
+    let mut headers = HeaderMap::new();
+    headers.insert(RESUME_HEADER, HeaderValue::from_bytes(value).ok()?);
+    let resume = asked(&headers)?.ok()?;
+    // The seal as sent is any text: verifying it must neither fail nor pass by accident.
+    if resume.token.sealed_for(key, &Caller::Anyone, &resume.seal) {
+        return Some(false);
+    }
+    let encoded = resume.token.encode(key, &Caller::Anyone);
+    let Ok((again, seal)) = Token::decode(&encoded) else {
+        return Some(false);
+    };
+    Some(again == resume.token && again.sealed_for(key, &Caller::Anyone, &seal))
+}
+
 /// A refusal of a resume: its status, error kind and message.
 pub(crate) type Refusal = (StatusCode, &'static str, String);
 
@@ -490,6 +509,38 @@ mod tests {
 
     fn shared() -> SealKey {
         SealKey::new(&Secret::new(SECRET), "test").unwrap()
+    }
+
+    /// The fuzz target's property holds where it is known: a token the gateway gave, sent
+    /// back in `Sluice-Resume`, reads back as itself once sealed anew, and its own seal (made
+    /// for the caller `Anyone`) is not mistaken for that; what is no resume is `None`.
+    #[test]
+    fn the_fuzz_round_trip_reads_a_genuine_token_back_and_no_other_text() {
+        let other =
+            SealKey::new(&Secret::new("another-secret-0123456789abcdefgh"), "test").unwrap();
+        let sent = format!("{}.3", token().encode(&other, &key("a")));
+        assert_eq!(round_trip(sent.as_bytes(), &shared()), Some(true));
+        let without = Token {
+            after: None,
+            trace_id: String::new(),
+            ..token()
+        };
+        let sent = format!("{}.0", without.encode(&other, &Caller::Anyone));
+        assert_eq!(round_trip(sent.as_bytes(), &shared()), Some(true));
+        // Sealed with the key it is checked with, for the caller it is checked for: the
+        // seal sent verifies, which the target reports.
+        let own = format!("{}.0", without.encode(&shared(), &Caller::Anyone));
+        assert_eq!(round_trip(own.as_bytes(), &shared()), Some(false));
+        for junk in [
+            "",
+            "v2",
+            "v2.a.b.c",
+            "v1.x.y.1.2",
+            "\u{7f}",
+            "v2.tc.-.1.-.s.id",
+        ] {
+            assert_eq!(round_trip(junk.as_bytes(), &shared()), None, "{junk:?}");
+        }
     }
 
     /// The callers of a keys file with the keys `a` and `b`.

@@ -292,6 +292,7 @@ impl Handler for PromptService {
         let options = RequestOptions {
             traceparent: ctx.traceparent.clone(),
             key: ctx.key.clone(),
+            key_seal: ctx.key_seal.clone(),
             ..RequestOptions::default()
         };
         debug!(template = %request.id, ?mode, "rendered; calling text-completion");

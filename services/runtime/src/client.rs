@@ -298,6 +298,9 @@ pub struct RequestOptions {
     pub traceparent: Option<String>,
     /// The API key's name the request is billed to (see `sluice_schema::properties::KEY`).
     pub key: Option<String>,
+    /// The gateway's seal of `key` (see [`crate::billing`]): made by the gateway, forwarded
+    /// unchanged by a processor calling on its caller's behalf.
+    pub key_seal: Option<String>,
     /// Overrides the client's inactivity timeout.
     pub inactivity_timeout: Option<Duration>,
     /// Overrides the client's total timeout.
@@ -585,6 +588,9 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
         }
         if let Some(key) = options.key {
             properties.insert(properties::KEY.to_owned(), key);
+            if let Some(seal) = options.key_seal {
+                properties.insert(properties::KEY_SEAL.to_owned(), seal);
+            }
         }
         // Every record of this request comes after what the router has read so far.
         let resume_after = *lock(&self.latest);

@@ -11,11 +11,13 @@
 //! - [`ndjson`]: the incremental NDJSON line splitter of the structured contracts;
 //! - [`telemetry`]: metrics, `/metrics` `/healthz` `/readyz`, tracing, shutdown signals;
 //! - [`secret`]: secrets from the environment or files, never printed;
-//! - [`seal`]: HMAC tags that let processes sharing a secret trust what another wrote.
+//! - [`seal`]: HMAC tags that let processes sharing a secret trust what another wrote;
+//! - [`billing`]: the gateway's seal on the API key a request is billed to.
 //!
 //! Nothing in this crate logs a payload: payloads carry prompts and answers.
 
 pub mod backoff;
+pub mod billing;
 pub mod bus;
 pub mod cancel;
 pub mod client;

@@ -50,9 +50,11 @@ pub use crate::sink::{
     DEFAULT_MAX_RECORDS_PER_SEC, DEFAULT_PACE_INTERVAL, PaceWhen, Pacing, ResponseSink, SinkError,
 };
 use crate::{
+    billing,
     bus::{Bus, BusError, Delivery, Message, Publisher, SubscribeOptions},
     cancel::{self, CancelRegistry},
     ledger::{AttemptEnd, Ledger, STORE_WAIT, UsageMeter},
+    seal::SealKey,
     sink::{Merging, Pacer},
     store::StoreGuard,
     sync::StreamBook,
@@ -95,6 +97,11 @@ pub struct ProcessorConfig {
     /// (text-completion) keeps one: the prompt and agent processors' usage is that of the
     /// text-completion requests they make.
     pub ledger: Option<Arc<Ledger>>,
+    /// The billing secret's key (see [`crate::billing`]): when set, a request that names an
+    /// API key ([`properties::KEY`]) without the gateway's seal of it is refused with a
+    /// `no-configuration` error before its handler runs, so nothing is billed to a key on
+    /// the publisher's word. Set on the processor that bills (text-completion).
+    pub billing: Option<SealKey>,
 }
 
 impl ProcessorConfig {
@@ -116,6 +123,7 @@ impl ProcessorConfig {
             flow: None,
             pacing: Pacing::default(),
             ledger: None,
+            billing: None,
         }
     }
 }
@@ -133,8 +141,11 @@ pub struct RequestContext {
     /// The caller's W3C `traceparent`, if any.
     pub traceparent: Option<String>,
     /// The API key's name the request is billed to ([`properties::KEY`]); a handler that
-    /// makes requests of its own passes it on.
+    /// makes requests of its own passes it on, with [`RequestContext::key_seal`].
     pub key: Option<String>,
+    /// The gateway's seal of [`RequestContext::key`] ([`properties::KEY_SEAL`]), as received:
+    /// forwarded unchanged with the key (see [`crate::billing`]).
+    pub key_seal: Option<String>,
     /// Where the handler reports what its provider calls used, for the usage ledger.
     pub usage: UsageMeter,
 }
@@ -169,6 +180,9 @@ pub async fn run<H: Handler>(
 ) -> Result<(), BusError> {
     let concurrency = config.concurrency.max(1);
     telemetry.metrics.processor_started(&config.name);
+    if config.billing.is_some() {
+        telemetry.metrics.billing_enforced(&config.name);
+    }
     let publisher = bus.publisher(&config.response_topic).await?;
     // A role that may not produce the answers must not take a single request: refused now,
     // the process stops with the cause and the topic. An outage is not a reason to stop
@@ -630,11 +644,20 @@ async fn handle_delivery<H: Handler>(
     let span = info_span!("request", processor, request_id = %id, attempt = %attempt);
     metrics.in_flight(processor, 1);
     let key = delivery.property(properties::KEY).map(str::to_owned);
-    // The key's name goes on to the agent's next step, not onto the records.
-    let carried = key
-        .as_ref()
-        .map(|k| BTreeMap::from([(properties::KEY.to_owned(), k.clone())]))
-        .unwrap_or_default();
+    let key_seal = delivery.property(properties::KEY_SEAL).map(str::to_owned);
+    // A processor that bills believes a key only with the gateway's seal of it.
+    let unverified = match (&config.billing, &key) {
+        (Some(secret), Some(name)) => billing::verify(secret, name, key_seal.as_deref()).err(),
+        _ => None,
+    };
+    // The key's name and its seal go on to the agent's next step, not onto the records.
+    let carried: BTreeMap<String, String> = [
+        (properties::KEY, key.as_ref()),
+        (properties::KEY_SEAL, key_seal.as_ref()),
+    ]
+    .into_iter()
+    .filter_map(|(k, v)| Some((k.to_owned(), v?.clone())))
+    .collect();
     let mut sink = ResponseSink::<H::Response>::new(
         publisher.clone(),
         props,
@@ -666,6 +689,25 @@ async fn handle_delivery<H: Handler>(
             let _ = sink.send(H::Response::from_error(client_cancelled())).await;
             return Outcome::Cancelled;
         };
+        if let (Some(why), Some(name)) = (unverified, &key) {
+            // The name is the publisher's claim, so it is logged but never a metric label.
+            warn!(key = %name, reason = why.as_str(),
+                  "a request names an API key without a valid billing seal; refused");
+            metrics.unverified_key(processor, why);
+            let _ = sink
+                .send(H::Response::from_error(Error::new(
+                    ErrorKind::NoConfiguration,
+                    format!(
+                        "the request names the API key {name:?} without the gateway's billing \
+                         seal of it ({}): it is not billed to that key, nor answered. The \
+                         gateway and text-completion need the same {}",
+                        why.as_str(),
+                        billing::SECRET_VAR
+                    ),
+                )))
+                .await;
+            return Outcome::Error;
+        }
         // The message names the field and the type expected, never a value (see
         // sluice_schema::decode): the payload may carry a prompt or a secret.
         match sluice_schema::decode::<H::Request>(delivery.payload()) {
@@ -687,6 +729,7 @@ async fn handle_delivery<H: Handler>(
                     redelivery_count: delivery.redelivery_count(),
                     traceparent,
                     key,
+                    key_seal,
                     usage: meter.clone(),
                 };
                 // Dropping the handler's future on a client cancel, or when the drain grace
@@ -852,11 +895,23 @@ mod tests {
         async fn handle(
             &self,
             request: TextCompletionRequest,
-            _ctx: RequestContext,
+            ctx: RequestContext,
             sink: &mut ResponseSink<TextCompletionResponse>,
         ) -> Result<(), Error> {
             match request.prompt.as_str() {
                 "panic" => panic!("boom"),
+                "whose-key" => {
+                    // What a handler is told to bill, and forwards.
+                    let said = format!("{:?} {:?}", ctx.key, ctx.key_seal);
+                    let _ = sink
+                        .send(TextCompletionResponse {
+                            response: said,
+                            end_of_stream: true,
+                            ..Default::default()
+                        })
+                        .await;
+                    return Ok(());
+                }
                 "forget" => return Ok(()),
                 "hang" | "linger" | "stall" => {
                     // Each test that counts drops has a prompt of its own.
@@ -1076,9 +1131,22 @@ mod tests {
     }
 
     async fn ask(f: &mut Fixture, id: Option<&str>, payload: &str) -> Vec<TextCompletionResponse> {
+        ask_with(f, id, payload, &[]).await
+    }
+
+    /// [`ask`], the request carrying `props` too.
+    async fn ask_with(
+        f: &mut Fixture,
+        id: Option<&str>,
+        payload: &str,
+        props: &[(&str, &str)],
+    ) -> Vec<TextCompletionResponse> {
         let mut m = Message::new(payload.to_owned());
         if let Some(id) = id {
             m = m.with_property(properties::ID, id);
+        }
+        for (k, v) in props {
+            m = m.with_property(*k, *v);
         }
         f.bus.publisher("req").await.unwrap().send(m).await.unwrap();
         let mut out = Vec::new();
@@ -1098,6 +1166,106 @@ mod tests {
                 return out;
             }
         }
+    }
+
+    /// A processor given the billing secret hands its handler a key only with the gateway's
+    /// seal of it; any other key is refused before the handler runs (nothing is called, so
+    /// nothing is billed), and counted. Without the secret a key is taken as it comes.
+    #[tokio::test]
+    async fn with_a_billing_secret_a_key_is_believed_only_with_the_gateways_seal() {
+        use crate::{billing, secret::Secret};
+        let secret = |s: &str| SealKey::new(&Secret::new(s), "test").unwrap();
+        let ours = secret("billing-secret-of-this-test-0123456789");
+        let theirs = secret("another-billing-secret-0123456789abcd");
+        let mut config = ProcessorConfig::new("echo", "req", "resp");
+        config.billing = Some(ours.clone());
+        let mut f = start_with(config).await;
+        let whose = r#"{"prompt":"whose-key"}"#;
+        let team_a = billing::seal(&ours, "team-a", "gw-1");
+        let out = ask_with(
+            &mut f,
+            Some("k1"),
+            whose,
+            &[
+                (properties::KEY, "team-a"),
+                (properties::KEY_SEAL, team_a.as_str()),
+            ],
+        )
+        .await;
+        assert_eq!(
+            out[0].response,
+            format!("Some(\"team-a\") Some({team_a:?})"),
+            "sealed: believed, and the seal handed on as it came"
+        );
+        // A request that names no key bills none: taken as before.
+        let out = ask_with(&mut f, Some("k2"), whose, &[]).await;
+        assert_eq!(out[0].response, "None None");
+        let forged = [
+            ("unsealed", vec![(properties::KEY, "team-a".to_owned())]),
+            (
+                "another key's seal",
+                vec![
+                    (properties::KEY, "team-b".to_owned()),
+                    (properties::KEY_SEAL, team_a.clone()),
+                ],
+            ),
+            (
+                "another secret's seal",
+                vec![
+                    (properties::KEY, "team-a".to_owned()),
+                    (
+                        properties::KEY_SEAL,
+                        billing::seal(&theirs, "team-a", "gw-1"),
+                    ),
+                ],
+            ),
+            (
+                "a seal claimed for another request",
+                vec![
+                    (properties::KEY, "team-a".to_owned()),
+                    (properties::KEY_SEAL, team_a.replace(":gw-1", ":gw-2")),
+                ],
+            ),
+        ];
+        for (i, (case, props)) in forged.iter().enumerate() {
+            let props: Vec<(&str, &str)> = props.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let out = ask_with(&mut f, Some(&format!("f{i}")), whose, &props).await;
+            assert_eq!(out.len(), 1, "{case}: {out:?}");
+            let err = out[0]
+                .error
+                .as_ref()
+                .unwrap_or_else(|| panic!("{case}: {out:?}"));
+            assert_eq!(err.kind, "no-configuration", "{case}");
+            assert!(
+                err.message.contains("SLUICE_BILLING_SECRET")
+                    && !err.message.contains("billing-secret-of"),
+                "{case}: {}",
+                err.message
+            );
+        }
+        let text = f.telemetry.render();
+        for (reason, n) in [("unsealed", 1), ("bad-seal", 3)] {
+            let line = format!(
+                "sluice_processor_unverified_keys_total{{processor=\"echo\",reason=\"{reason}\"}} {n}"
+            );
+            assert!(text.contains(&line), "{line} in:\n{text}");
+        }
+        // No key's name becomes a label.
+        assert!(!text.contains("team-a") && !text.contains("team-b"));
+        f.shutdown.cancel();
+        f.task.await.unwrap().unwrap();
+
+        // Without the secret, a key is taken on the publisher's word (as before).
+        let mut f = start().await;
+        let out = ask_with(&mut f, Some("n1"), whose, &[(properties::KEY, "team-a")]).await;
+        assert_eq!(out[0].response, "Some(\"team-a\") None");
+        assert!(
+            !f.telemetry
+                .render()
+                .contains("sluice_processor_unverified_keys_total")
+        );
+        f.shutdown.cancel();
+        f.task.await.unwrap().unwrap();
     }
 
     #[tokio::test]

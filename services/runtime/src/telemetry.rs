@@ -148,6 +148,7 @@ pub struct RuntimeMetrics {
     in_flight: IntGaugeVec,
     records: IntCounterVec,
     redelivered: IntCounterVec,
+    unverified_keys: IntCounterVec,
     client_requests: IntCounterVec,
     client_unroutable: IntCounterVec,
     client_dropped: IntCounterVec,
@@ -200,6 +201,14 @@ impl RuntimeMetrics {
                 "Requests received again after an earlier attempt did not finish.",
             ),
             &["processor"],
+        )?;
+        let unverified_keys = IntCounterVec::new(
+            Opts::new(
+                "sluice_processor_unverified_keys_total",
+                "Requests refused because the API key they name carries no valid billing seal \
+                 (a processor given a billing secret), by reason: unsealed, bad-seal.",
+            ),
+            &["processor", "reason"],
         )?;
         let client_requests = IntCounterVec::new(
             Opts::new(
@@ -285,6 +294,7 @@ impl RuntimeMetrics {
             &requests,
             &records,
             &redelivered,
+            &unverified_keys,
             &client_requests,
             &client_unroutable,
             &client_dropped,
@@ -303,6 +313,7 @@ impl RuntimeMetrics {
             in_flight,
             records,
             redelivered,
+            unverified_keys,
             client_requests,
             client_unroutable,
             client_dropped,
@@ -418,6 +429,24 @@ impl RuntimeMetrics {
     /// A request arrived again after an earlier attempt.
     pub fn redelivered(&self, processor: &str) {
         self.redelivered.with_label_values(&[processor]).inc();
+    }
+
+    /// Exports `processor`'s refused-key series at 0: it checks billing seals.
+    pub fn billing_enforced(&self, processor: &str) {
+        for why in [
+            crate::billing::Unverified::Unsealed,
+            crate::billing::Unverified::BadSeal,
+        ] {
+            self.unverified_keys
+                .with_label_values(&[processor, why.as_str()]);
+        }
+    }
+
+    /// A request naming an API key without a valid billing seal was refused.
+    pub fn unverified_key(&self, processor: &str, why: crate::billing::Unverified) {
+        self.unverified_keys
+            .with_label_values(&[processor, why.as_str()])
+            .inc();
     }
 
     /// A client request ended with `outcome`.

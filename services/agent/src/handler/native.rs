@@ -342,6 +342,7 @@ impl AgentService {
         let options = sluice_runtime::client::RequestOptions {
             traceparent: ctx.traceparent.clone(),
             key: ctx.key.clone(),
+            key_seal: ctx.key_seal.clone(),
             total_timeout: Some(remaining),
             ..Default::default()
         };

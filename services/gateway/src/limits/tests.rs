@@ -159,6 +159,35 @@ fn the_longest_wait_is_the_one_told_and_a_reservation_over_a_quota_gets_none() {
     assert_eq!(never.retry_after, None);
 }
 
+/// The fuzz target's reader judges what it reads as a replica does: a snapshot of a known
+/// key is taken, one of another key refused, and a flood of replicas stays capped.
+#[test]
+fn the_fuzz_snapshot_reader_takes_what_a_replica_takes_and_caps_replicas() {
+    let reader = SnapshotReader::new().unwrap();
+    let now = Now::at(T);
+    let counts = Counts::default().at(&now);
+    let snapshot = |replica: &str, key: &str| {
+        serde_json::to_vec(&Snapshot {
+            replica: replica.into(),
+            key: key.into(),
+            seq: 1,
+            counts,
+            sent_ms: 0,
+        })
+        .unwrap()
+    };
+    assert_eq!(reader.read(&snapshot("r0", "k"), T as u32), (None, 1));
+    assert_eq!(
+        reader.read(&snapshot("r0", "nobody"), T as u32).0,
+        Some("unknown-key")
+    );
+    assert_eq!(reader.read(b"{", T as u32).0, Some("malformed"));
+    for i in 1..2 * MAX_REPLICAS_PER_KEY {
+        let (_, most) = reader.read(&snapshot(&format!("r{i}"), "k"), T as u32);
+        assert!(most <= MAX_REPLICAS_PER_KEY + 1, "{most}");
+    }
+}
+
 #[test]
 fn a_snapshot_from_far_ahead_is_not_taken() {
     let l = limiter();

@@ -44,15 +44,32 @@ pub struct NamespacePolicy {
 }
 
 impl PulsarAdmin {
-    /// A client for the admin API at `base` (e.g. `http://127.0.0.1:8080`).
-    pub fn new(base: impl Into<String>, token: Option<Secret>) -> Result<Self, BusError> {
+    /// A client for the admin API at `base` (e.g. `http://127.0.0.1:8080`). With a `token`,
+    /// an `http://` base beyond loopback is refused unless `allow_plaintext_credentials`: the
+    /// token would cross the network in the clear
+    /// ([`super::pulsar_security::plaintext_beyond_loopback`]).
+    pub fn new(
+        base: impl Into<String>,
+        token: Option<Secret>,
+        allow_plaintext_credentials: bool,
+    ) -> Result<Self, BusError> {
+        let base = base.into();
+        if token.is_some() {
+            super::pulsar_security::refuse_plaintext_credentials(
+                &base,
+                "the admin API",
+                "the Pulsar token",
+                allow_plaintext_credentials,
+            )
+            .map_err(BusError::Config)?;
+        }
         crate::install_crypto_provider();
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(30))
             .build()
             .map_err(|e| BusError::Config(format!("admin HTTP client: {e}")))?;
         Ok(Self {
-            base: base.into().trim_end_matches('/').to_owned(),
+            base: base.trim_end_matches('/').to_owned(),
             http,
             token,
         })
@@ -330,5 +347,29 @@ async fn refusal(what: &str, resp: reqwest::Response) -> BusError {
             detail: format!("HTTP {status}: {body}"),
         }),
         None => BusError::Unavailable(format!("{what}: HTTP {status}: {body}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_is_not_sent_to_a_plaintext_admin_url_beyond_loopback_unless_allowed() {
+        let token = || Some(Secret::new("admin-token-77"));
+        let e = PulsarAdmin::new("http://pulsar.example:8080", token(), false).unwrap_err();
+        let e = e.to_string();
+        assert!(
+            e.contains("plaintext http://") && e.contains("--allow-plaintext-credentials"),
+            "{e}"
+        );
+        assert!(
+            !e.contains("admin-token-77") && !e.contains("pulsar.example"),
+            "{e}"
+        );
+        assert!(PulsarAdmin::new("http://pulsar.example:8080", token(), true).is_ok());
+        assert!(PulsarAdmin::new("http://pulsar.example:8080", None, false).is_ok());
+        assert!(PulsarAdmin::new("https://pulsar.example:8443", token(), false).is_ok());
+        assert!(PulsarAdmin::new("http://127.0.0.1:8080", token(), false).is_ok());
     }
 }

@@ -131,6 +131,22 @@ impl OAuth2Auth {
             .json()
             .await
             .map_err(|e| AuthenticationError::Custom(format!("OAuth2 discovery at {url}: {e}")))?;
+        // The client secret goes to the endpoint the issuer names: it must be as safe as the
+        // issuer itself. An issuer that was let through over plaintext beyond loopback was
+        // allowed deliberately (`PulsarConfig::check_credentials_transport`); any other may
+        // not send the secret there.
+        let issuer_in_clear =
+            super::pulsar_security::plaintext_beyond_loopback(&self.config.issuer_url).is_some();
+        super::pulsar_security::refuse_plaintext_credentials(
+            &discovery.token_endpoint,
+            "the OAuth2 token endpoint the issuer names",
+            &format!(
+                "the client secret of OAuth2 client {:?}",
+                self.config.client_id
+            ),
+            issuer_in_clear,
+        )
+        .map_err(AuthenticationError::Custom)?;
         self.token_endpoint = Some(discovery.token_endpoint.clone());
         Ok(discovery.token_endpoint)
     }

@@ -132,6 +132,67 @@ impl Authentication for TokenAuth {
     }
 }
 
+/// The command-line flag (and its variable, `SLUICE_ALLOW_PLAINTEXT_CREDENTIALS`) that lets a
+/// credential go over a plaintext URL beyond loopback: named in the refusal.
+pub const ALLOW_PLAINTEXT_FLAG: &str = "--allow-plaintext-credentials";
+
+/// The scheme of `url` when what is sent to it could be read on the network: a plaintext
+/// scheme (`pulsar://`, `http://`) to a host that is not loopback. `None` for TLS
+/// (`pulsar+ssl://`, `https://`), for a loopback host (`127.0.0.0/8`, `[::1]`, `localhost`:
+/// what goes there never leaves the machine, and whoever can read this machine's loopback
+/// traffic can read the credential's file too) and for a scheme that is neither, which the
+/// client refuses on its own. A service URL may list several hosts (`pulsar://a:6650,b:6650`):
+/// all must be loopback. A name is never resolved: a name that resolves to loopback today
+/// may not tomorrow, so only `localhost` is taken as one.
+pub fn plaintext_beyond_loopback(url: &str) -> Option<String> {
+    let (scheme, rest) = url.trim().split_once("://")?;
+    let scheme = scheme.to_ascii_lowercase();
+    if scheme != "pulsar" && scheme != "http" {
+        return None;
+    }
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    // Credentials in the URL itself (`user:pass@host`) are not a host.
+    let hosts = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let loopback = |host: &str| {
+        let name = match host.strip_prefix('[') {
+            Some(v6) => v6.split(']').next().unwrap_or(""),
+            None => host.split(':').next().unwrap_or(""),
+        };
+        name.eq_ignore_ascii_case("localhost")
+            || name
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    };
+    let all_loopback = !hosts.is_empty() && hosts.split(',').all(loopback);
+    (!all_loopback).then_some(scheme)
+}
+
+/// Refuses to send `credential` (what it is and where it comes from: never the credential
+/// itself, e.g. [`PulsarAuth::describe`]) to `url` (what `url` is for: `role`, e.g. "the
+/// broker") when the URL is plaintext beyond loopback, unless `allowed` (the operator passed
+/// [`ALLOW_PLAINTEXT_FLAG`]). The error names the scheme, the role and the flag; not the URL,
+/// which may carry a secret of its own in its query or user part.
+pub fn refuse_plaintext_credentials(
+    url: &str,
+    role: &str,
+    credential: &str,
+    allowed: bool,
+) -> Result<(), String> {
+    match plaintext_beyond_loopback(url) {
+        Some(scheme) if !allowed => {
+            let tls = if scheme == "pulsar" {
+                "pulsar+ssl://"
+            } else {
+                "https://"
+            };
+            Err(format!(
+                "refusing to send {credential} to {role} over plaintext {scheme}://: anyone on the network path could read it and use it. Use {tls}, or pass {ALLOW_PLAINTEXT_FLAG} (SLUICE_ALLOW_PLAINTEXT_CREDENTIALS=true) to send it in the clear deliberately"
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The `exp` claim of a JWT, read without verifying the signature (only to explain a
 /// refusal the broker already made).
 fn jwt_expiry(token: &str) -> Option<u64> {
@@ -275,6 +336,61 @@ mod tests {
             denial(&e, "x").map(|d| d.cause),
             Some(DenialCause::Authorization)
         );
+    }
+
+    #[test]
+    fn plaintext_urls_beyond_loopback_are_found_and_tls_and_loopback_are_not() {
+        for url in [
+            "pulsar://broker.example:6650",
+            "PULSAR://broker.example:6650",
+            "http://admin.example:8080/admin",
+            "http://10.0.0.7:8080",
+            "pulsar://127.0.0.1:6650,broker.example:6650",
+            "http://user:pw@issuer.example/realms/x",
+            // A name that looks loopback but is not one.
+            "pulsar://localhost.example.com:6650",
+            "http://127.0.0.1.nip.io:8080",
+            "pulsar://[2001:db8::1]:6650",
+            "pulsar://",
+        ] {
+            assert!(plaintext_beyond_loopback(url).is_some(), "{url}");
+        }
+        for url in [
+            "pulsar+ssl://broker.example:6651",
+            "https://issuer.example",
+            "pulsar://127.0.0.1:6650",
+            "pulsar://127.1.2.3:6650,localhost:6651",
+            "http://localhost:8080/admin",
+            "http://LOCALHOST",
+            "http://[::1]:8080/x",
+            "http://user@127.0.0.1:9/x?q=1",
+            "ftp://example.com",
+            "not a url",
+        ] {
+            assert_eq!(plaintext_beyond_loopback(url), None, "{url}");
+        }
+    }
+
+    #[test]
+    fn a_refusal_names_the_scheme_and_the_flag_and_never_the_url() {
+        let e = refuse_plaintext_credentials(
+            "pulsar://broker.example:6650?token=abc",
+            "the broker",
+            "the token in SLUICE_PULSAR_TOKEN",
+            false,
+        )
+        .unwrap_err();
+        assert!(e.contains("plaintext pulsar://"), "{e}");
+        assert!(e.contains("pulsar+ssl://"), "{e}");
+        assert!(e.contains(ALLOW_PLAINTEXT_FLAG), "{e}");
+        assert!(!e.contains("abc") && !e.contains("broker.example"), "{e}");
+        let e = refuse_plaintext_credentials("http://a.example", "x", "y", false).unwrap_err();
+        assert!(
+            e.contains("plaintext http://") && e.contains("https://"),
+            "{e}"
+        );
+        assert!(refuse_plaintext_credentials("http://a.example", "x", "y", true).is_ok());
+        assert!(refuse_plaintext_credentials("pulsar://127.0.0.1:6650", "x", "y", false).is_ok());
     }
 
     #[test]

@@ -72,8 +72,11 @@ impl std::fmt::Debug for PulsarBus {
 
 impl PulsarBus {
     /// Connects, retrying until the broker answers or `wait` has passed: a processor may
-    /// start before its broker in Kubernetes or docker-compose.
+    /// start before its broker in Kubernetes or docker-compose. Credentials that would go
+    /// over plaintext beyond loopback are refused first
+    /// ([`PulsarConfig::check_credentials_transport`]).
     pub async fn connect(config: PulsarConfig, wait: Duration) -> Result<Self, BusError> {
+        config.check_credentials_transport()?;
         let deadline = Instant::now() + wait;
         let mut backoff = Backoff::new(config.resubscribe_max_backoff);
         loop {
