@@ -187,7 +187,7 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
     let dir = std::env::temp_dir().join(&ts);
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("keys.toml");
-    let (rpm, day) = (30, 100u64);
+    let (rpm, day) = (30, 500u64);
     let entries = [
         (
             "alpha",
@@ -365,15 +365,36 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
     );
 
     // A day's tokens: each request reserves its max_tokens (10) and about a token for every
-    // 4 bytes of its body, and is settled with what it used. Refused once a replica saw the
-    // day's usage leave no room for that much more; over by at most what the other
-    // replicas' callers had in flight.
+    // 4 bytes of its body, and is settled with what it used. Under the load a replica refuses
+    // once the day's usage and its own reservations in flight (its other callers') leave no
+    // room for one more, which can be well before the day is used (at 100 a day, CI once saw
+    // the first refusal with 62 used); over by at most what the other replicas' callers had
+    // in flight. Then one caller alone, until refused: with nothing else in flight, a
+    // replica refuses exactly when the day's usage leaves no room for one request's
+    // reservation.
     let reserve = 10
         + serde_json::to_vec(&chat_body(model))
             .unwrap()
             .len()
             .div_ceil(4) as u64;
-    let gamma = load(&urls, "sk-test-gamma", model, 10, 6).await;
+    let mut gamma = load(&urls, "sk-test-gamma", model, 10, 6).await;
+    assert!(
+        gamma.refusal.is_some(),
+        "gamma was never refused under the load"
+    );
+    let mut alone_refused = false;
+    for _ in 0..day {
+        let r = chat(&http, &urls[0], "sk-test-gamma", model).await;
+        if r.status() == 429 {
+            alone_refused = true;
+            break;
+        }
+        assert_eq!(r.status(), 200);
+        let body: serde_json::Value = r.json().await.unwrap();
+        gamma.admitted += 1;
+        gamma.tokens += body["usage"]["total_tokens"].as_u64().unwrap();
+    }
+    assert!(alone_refused);
     let used = warm_tokens + gamma.tokens;
     let per_request = used / (gamma.admitted + REPLICAS) as u64;
     assert!(
