@@ -17,6 +17,7 @@
 //! logs a payload: payloads carry prompts and answers.
 
 pub mod auth;
+mod encode;
 pub mod events;
 pub mod guard;
 mod http;

@@ -285,3 +285,35 @@ async fn closing_the_socket_cancels_its_requests() {
     cancel.ack();
     rig.shutdown.cancel();
 }
+
+/// A restart is a frame of its own, an empty response flagged `restarted` (sluice's addition),
+/// and the new attempt is read to its end.
+#[tokio::test]
+async fn a_restart_is_a_frame_flagged_restarted() {
+    let mut rig = Rig::start(None).await;
+    let mut socket = rig.connect().await;
+    send(&mut socket, ask("r", "x")).await;
+    let (id, _) = rig.request().await;
+    rig.answer(&id, "par", false).await;
+    let full = TextCompletionResponse {
+        response: "full".into(),
+        end_of_stream: true,
+        ..TextCompletionResponse::default()
+    };
+    rig.llm.answer(&id, "a2", &full).await;
+    let first = next(&mut socket).await;
+    assert_eq!(first["response"]["response"], "par");
+    let restarted = next(&mut socket).await;
+    assert_eq!(
+        (&restarted["id"], &restarted["complete"]),
+        (&json!("r"), &json!(false))
+    );
+    assert_eq!(restarted["response"]["restarted"], true, "{restarted}");
+    assert_eq!(restarted["response"]["response"], "", "{restarted}");
+    let last = next(&mut socket).await;
+    assert_eq!(
+        (&last["response"]["response"], &last["complete"]),
+        (&json!("full"), &json!(true))
+    );
+    rig.shutdown.cancel();
+}
