@@ -9,7 +9,7 @@
 //! asked for NDJSON, gets its error as NDJSON events too (`error`, then `done`), with the HTTP
 //! status the error maps to.
 
-use std::{collections::VecDeque, convert::Infallible, sync::Arc, time::Instant};
+use std::{convert::Infallible, sync::Arc, time::Instant};
 
 use axum::{
     Json,
@@ -21,24 +21,24 @@ use axum::{
         sse::{self, KeepAlive, Sse},
     },
 };
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use serde_json::json;
 use sluice_runtime::{
     client::RequestClient,
-    reader::{Piece, Reader},
-    telemetry::ClientOutcome,
+    reader::{Reader, Report},
 };
-use sluice_schema::{Error, ErrorKind, ResponseRecord};
+use sluice_schema::{Error, ErrorKind};
 
 use crate::{
     Clients, Inner, Refusal,
     auth::Caller,
-    events::{Event, Reason, Status},
-    kinds::{Agent, Kind, Prompt, ServiceKind, StreamState, TextCompletion},
+    encode::{Tally, events::Events, records::RecordEvents},
+    events::{Event, Reason},
+    kinds::{Agent, Kind, Prompt, ServiceKind, TextCompletion},
     preamble::{self, Call, Refused, Started, labelled},
     reporting,
-    resume::{self, Step},
-    server_span, trace_outcome,
+    resume::{self, Numbering, Step},
+    server_span,
 };
 
 /// A service kind the gateway holds a client for.
@@ -409,7 +409,7 @@ async fn answer<K: Routed>(
     let incoming = headers.get("traceparent").and_then(|v| v.to_str().ok());
     let span = server_span(route, incoming);
     let trace_id = span.context().trace_id();
-    let call = Call::<K> {
+    let call = Call::<K, _> {
         inner: &inner,
         headers: &headers,
         caller: &caller,
@@ -427,7 +427,7 @@ async fn answer<K: Routed>(
         request_id,
         resume,
         numbering,
-    } = match preamble::start::<K>(call).await {
+    } = match preamble::start(call).await {
         Ok(s) => s,
         Err(refused) => return refused.rest(&inner, Some(mode), &headers),
     };
@@ -450,28 +450,14 @@ async fn answer<K: Routed>(
             resp
         }
         Mode::Records => {
-            let records = RecordStream::<K> {
-                reader: Some(reader),
-                tally: Tally::open(inner.clone(), route, started, span),
-                _kind: std::marker::PhantomData,
-            };
+            let tally = Tally::opened(inner.clone(), route, started, span);
             let token = numbering.token().map(str::to_owned);
-            let events =
-                futures::stream::unfold((records, numbering), |(mut s, mut n)| async move {
-                    loop {
-                        let e = s.next_event().await?;
-                        match n.step() {
-                            Step::Skip => {}
-                            Step::Send(id) => {
-                                let e = match id {
-                                    Some(id) => e.id(id),
-                                    None => e,
-                                };
-                                return Some((Ok::<_, Infallible>(e), (s, n)));
-                            }
-                        }
-                    }
-                });
+            let records = reader.drive(RecordEvents::<K>::new(tally)).into_stream();
+            let events = numbered(records, numbering, |e, id| match id {
+                Some(id) => e.id(id),
+                None => e,
+            })
+            .map(Ok::<_, Infallible>);
             let mut resp = Sse::new(events)
                 .keep_alive(KeepAlive::default())
                 .into_response();
@@ -480,27 +466,13 @@ async fn answer<K: Routed>(
             resp
         }
         Mode::Ndjson | Mode::Sse => {
-            let events = EventStream::<K> {
-                reader: Some(reader),
-                state: StreamState {
-                    steps: ask.steps,
-                    ..StreamState::default()
-                },
-                pending: VecDeque::from([Event::status(Status::Thinking)]),
-                trace_id: Arc::from(trace_id),
-                session_id: Arc::from(session_id),
-                tally: Tally::open(inner.clone(), route, started, span),
-            };
+            let tally = Tally::opened(inner.clone(), route, started, span);
+            let encoder =
+                Events::<K>::new(ask.steps, Arc::from(trace_id), Arc::from(session_id), tally);
             let token = numbering.token().map(str::to_owned);
-            let events =
-                futures::stream::unfold((events, numbering), |(mut s, mut n)| async move {
-                    loop {
-                        let e = s.next_event().await?;
-                        if let Step::Send(id) = n.step() {
-                            return Some(((e, id), (s, n)));
-                        }
-                    }
-                });
+            let events = numbered(reader.drive(encoder).into_stream(), numbering, |e, id| {
+                (e, id)
+            });
             let mut resp = if mode == Mode::Ndjson {
                 ndjson_response(events)
             } else {
@@ -510,6 +482,24 @@ async fn answer<K: Routed>(
             resp
         }
     }
+}
+
+/// The items of a stream as its caller is sent them: each numbered (`with` gives it its id,
+/// `None` when the stream cannot be resumed), those a resuming caller had left out. Applied
+/// after the encoder, so that what it emits, and so what counts as passed on, is the same
+/// whether the caller resumes or not.
+fn numbered<T, U>(
+    items: impl Stream<Item = T>,
+    mut numbering: Numbering,
+    with: impl Fn(T, Option<String>) -> U,
+) -> impl Stream<Item = U> {
+    items.filter_map(move |item| {
+        let sent = match numbering.step() {
+            Step::Skip => None,
+            Step::Send(id) => Some(with(item, id)),
+        };
+        std::future::ready(sent)
+    })
 }
 
 /// Who is calling and what they ask: the caller's credential, the record in the body (and
@@ -547,7 +537,6 @@ fn no_buffering(resp: &mut Response) {
 fn ndjson_response(
     events: impl Stream<Item = (Event, Option<String>)> + Send + 'static,
 ) -> Response {
-    use futures::StreamExt;
     // NDJSON lines carry no id: a caller counts the lines it has.
     let body = Body::from_stream(events.map(|(e, _)| Ok::<_, Infallible>(e.to_line())));
     let mut resp = Response::new(body);
@@ -560,7 +549,6 @@ fn ndjson_response(
 }
 
 fn sse_response(events: impl Stream<Item = (Event, Option<String>)> + Send + 'static) -> Response {
-    use futures::StreamExt;
     let events = events.map(|(e, id)| {
         let name = match e.kind {
             crate::events::EventType::Status => "status",
@@ -584,7 +572,7 @@ fn sse_response(events: impl Stream<Item = (Event, Option<String>)> + Send + 'st
 }
 
 /// Reads a non-streaming answer to its end: the final record, or an error.
-async fn whole<K: Kind>(reader: Reader<K::Response>) -> Response {
+async fn whole<K: Kind>(reader: Reader<K::Response, Report>) -> Response {
     match reader.last().await {
         Ok(r) => Json(r).into_response(),
         Err(f) => error_response(
@@ -592,211 +580,6 @@ async fn whole<K: Kind>(reader: Reader<K::Response>) -> Response {
             f.error.kind.as_str(),
             &f.error.message,
         ),
-    }
-}
-
-/// What one streamed answer counts: the open stream, the time to its first event, how it
-/// ended (a stream dropped before its end was given up by its caller), and its span.
-struct Tally {
-    inner: Arc<Inner>,
-    route: &'static str,
-    started: Instant,
-    first_sent: bool,
-    /// How the answer ended, once it did.
-    outcome: Option<ClientOutcome>,
-    /// Whether the caller was given everything, the end included.
-    delivered: bool,
-    /// Ends when the stream is dropped: at its end, or when the caller goes away.
-    span: sluice_runtime::trace::Span,
-}
-
-impl Tally {
-    fn open(
-        inner: Arc<Inner>,
-        route: &'static str,
-        started: Instant,
-        span: sluice_runtime::trace::Span,
-    ) -> Self {
-        inner.metrics.open_streams(route, 1);
-        Self {
-            inner,
-            route,
-            started,
-            first_sent: false,
-            outcome: None,
-            delivered: false,
-            span,
-        }
-    }
-
-    /// An event that says something (not a status) goes out.
-    fn said(&mut self) {
-        if !self.first_sent {
-            self.first_sent = true;
-            self.inner
-                .metrics
-                .first_event(self.route, self.started.elapsed().as_secs_f64());
-        }
-    }
-}
-
-impl Drop for Tally {
-    fn drop(&mut self) {
-        self.inner.metrics.open_streams(self.route, -1);
-        // Dropped before its end: the caller went away. The response stream's own drop
-        // publishes the cancel.
-        let outcome = match self.outcome {
-            Some(o) if self.delivered => o,
-            _ => ClientOutcome::Cancelled,
-        };
-        self.inner.metrics.stream_ended(self.route, outcome);
-        trace_outcome(&mut self.span, outcome);
-    }
-}
-
-/// TrustGraph's streaming spec's REST streaming: each response record as one SSE event's data, an
-/// error as the error record that ends the stream. A restart (another replica starts the answer
-/// over) is an event named `restarted`: discard what arrived so far.
-struct RecordStream<K: Kind> {
-    /// `None` once the stream has ended.
-    reader: Option<Reader<K::Response>>,
-    tally: Tally,
-    _kind: std::marker::PhantomData<K>,
-}
-
-impl<K: Kind> RecordStream<K> {
-    async fn next_event(&mut self) -> Option<sse::Event> {
-        let Some(reader) = self.reader.as_mut() else {
-            self.tally.delivered = true;
-            return None;
-        };
-        let record = match reader.next().await {
-            Some(Piece::Record(r)) => {
-                if r.is_terminal() {
-                    self.finish(ClientOutcome::Success);
-                }
-                r
-            }
-            Some(Piece::Failed(f)) => {
-                self.finish(ClientOutcome::of_error(&f.error.kind));
-                match f.record {
-                    Some(r) if r.error().is_some() => r,
-                    _ => K::Response::from_error(f.error),
-                }
-            }
-            Some(Piece::Restarted) => {
-                return Some(sse::Event::default().event("restarted").data("{}"));
-            }
-            None => {
-                self.finish(ClientOutcome::of_error(&ErrorKind::Gateway));
-                K::Response::from_error(Error::new(
-                    ErrorKind::Gateway,
-                    "the answer ended without a final record",
-                ))
-            }
-        };
-        self.tally.said();
-        let data = serde_json::to_string(&record).unwrap_or_else(|e| {
-            // Serialising a record cannot fail; if it ever does, end with an error record.
-            self.finish(ClientOutcome::of_error(&ErrorKind::Internal));
-            serde_json::to_string(&K::Response::from_error(Error::new(
-                ErrorKind::Internal,
-                e.to_string(),
-            )))
-            .unwrap_or_default()
-        });
-        Some(sse::Event::default().data(data))
-    }
-
-    fn finish(&mut self, outcome: ClientOutcome) {
-        self.tally.outcome = Some(outcome);
-        self.reader = None;
-    }
-}
-
-/// The state of one streamed answer: records in, gateway events out
-/// (docs/protocol.md#gateway-events-ndjson-and-sse).
-struct EventStream<K: Kind> {
-    reader: Option<Reader<K::Response>>,
-    state: StreamState,
-    pending: VecDeque<Event>,
-    trace_id: Arc<str>,
-    session_id: Arc<str>,
-    tally: Tally,
-}
-
-impl<K: Kind> EventStream<K> {
-    async fn next_event(&mut self) -> Option<Event> {
-        loop {
-            if let Some(mut e) = self.pending.pop_front() {
-                e.trace_id = self.trace_id.clone();
-                e.session_id = self.session_id.clone();
-                if e.kind != crate::events::EventType::Status {
-                    self.tally.said();
-                }
-                self.tally.delivered = self.tally.outcome.is_some() && self.pending.is_empty();
-                return Some(e);
-            }
-            let reader = self.reader.as_mut()?;
-            match reader.next().await {
-                Some(Piece::Record(r)) => {
-                    K::note(&r, &mut self.state);
-                    let mut out = Vec::new();
-                    K::events(&r, &mut self.state, &mut out);
-                    self.pending.extend(out);
-                    if r.is_terminal() {
-                        self.end(Reason::Success, ClientOutcome::Success);
-                    }
-                }
-                Some(Piece::Failed(f)) => {
-                    if let Some(r) = &f.record {
-                        K::note(r, &mut self.state);
-                    }
-                    self.fail(f.error);
-                }
-                Some(Piece::Restarted) => {
-                    // Another replica starts the answer over; the caller discards what it has.
-                    self.state.restart();
-                    self.pending.push_back(Event::status(Status::Restarted));
-                }
-                None => {
-                    if self.tally.outcome.is_none() {
-                        self.fail(Error::new(
-                            ErrorKind::Gateway,
-                            "the answer ended without a final record",
-                        ));
-                    }
-                    self.reader = None;
-                }
-            }
-        }
-    }
-
-    fn fail(&mut self, err: Error) {
-        let outcome = ClientOutcome::of_error(&err.kind);
-        let reason = match outcome {
-            ClientOutcome::Cancelled => Reason::Cancelled,
-            _ => Reason::Error,
-        };
-        self.pending.push_back(Event::error(&err));
-        self.end(reason, outcome);
-    }
-
-    fn end(&mut self, reason: Reason, outcome: ClientOutcome) {
-        let state = std::mem::take(&mut self.state);
-        let mut done = Event::done(reason, state.usage, state.model);
-        if let Some((expected, answered, pending)) = state.items {
-            done.items_expected = Some(expected);
-            done.items_answered = Some(answered);
-            done.items_pending = pending;
-        }
-        if let Some((objects, skipped)) = state.counts {
-            done.objects_emitted = Some(objects);
-            done.lines_skipped = Some(skipped);
-        }
-        self.pending.push_back(done);
-        self.tally.outcome = Some(outcome);
-        self.reader = None;
     }
 }
 

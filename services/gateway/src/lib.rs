@@ -17,6 +17,7 @@
 //! logs a payload: payloads carry prompts and answers.
 
 pub mod auth;
+mod encode;
 pub mod events;
 pub mod guard;
 mod http;
@@ -58,7 +59,7 @@ use axum::{
 use sluice_runtime::{
     bus::Bus,
     client::{ClientConfig, ClientError, RequestClient},
-    reader::{OnRestart, ReadPolicy},
+    reader::{ReadPolicy, Report},
     seal::SealKey,
     telemetry::{ClientOutcome, Telemetry},
     trace,
@@ -551,12 +552,10 @@ impl NewClient<'_> {
 }
 
 /// How a route that shows a restart to its caller reads an answer (the NDJSON and SSE events'
-/// `restarted` status, TrustGraph's WebSocket): it passes the restart on and reads on.
-pub(crate) fn reporting() -> ReadPolicy {
-    ReadPolicy {
-        on_restart: OnRestart::Report,
-        client_error,
-    }
+/// `restarted` status, TrustGraph's SSE records and WebSocket): its encoder is told, and
+/// reading goes on.
+pub(crate) fn reporting() -> ReadPolicy<Report> {
+    ReadPolicy::new(Report, client_error)
 }
 
 /// The error a client-side failure becomes.

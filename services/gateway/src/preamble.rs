@@ -172,7 +172,7 @@ impl Refused {
 }
 
 /// What a route hands [`start`]: the decoded request and how to send and read it.
-pub(crate) struct Call<'a, K: Routed> {
+pub(crate) struct Call<'a, K: Routed, P> {
     pub inner: &'a Arc<Inner>,
     /// The request's headers (its resume, its `traceparent`, ...); empty for a WebSocket
     /// frame.
@@ -189,15 +189,15 @@ pub(crate) struct Call<'a, K: Routed> {
     /// The trace id a resume token carries for the events it rebuilds (the event protocol's
     /// `trace_id`), or `None` for a route whose answers carry none (OpenAI's chunks).
     pub token_trace: Option<String>,
-    /// How the answer is read.
-    pub policy: ReadPolicy,
+    /// How the answer is read: its restart policy, by the type its encoder needs.
+    pub policy: ReadPolicy<P>,
     /// Whether a stream of this route can be resumed at all (the WebSocket's cannot).
     pub resumable_route: bool,
 }
 
 /// A request admitted and sent: its answer's reader and what the encoders need.
-pub(crate) struct Started<R> {
-    pub reader: Reader<R>,
+pub(crate) struct Started<R, P> {
+    pub reader: Reader<R, P>,
     pub span: trace::Span,
     /// The request's correlation id (a resumed stream's original one).
     pub request_id: String,
@@ -212,7 +212,9 @@ pub(crate) struct Started<R> {
 /// tool group it may not use refused), its key's permission and limits (a resume is checked
 /// for permission only: it was admitted when it started), then the request on the bus. The admission's reservation is
 /// settled by the reader's meter, whichever way the answer ends.
-pub(crate) async fn start<K: Routed>(call: Call<'_, K>) -> Result<Started<K::Response>, Refused> {
+pub(crate) async fn start<K: Routed, P>(
+    call: Call<'_, K, P>,
+) -> Result<Started<K::Response, P>, Refused> {
     let Call {
         inner,
         headers,
@@ -421,7 +423,7 @@ mod tests {
             caller: &Caller,
             request: &K::Request,
         ) -> Result<Sent, StatusCode> {
-            let call = Call::<K> {
+            let call = Call::<K, _> {
                 inner: &self.gateway.inner,
                 headers: &HeaderMap::new(),
                 caller,
@@ -433,7 +435,7 @@ mod tests {
                 policy: crate::reporting(),
                 resumable_route: false,
             };
-            match start::<K>(call).await {
+            match start::<K, _>(call).await {
                 Ok(started) => {
                     let topic = match K::KIND {
                         ServiceKind::Agent => &mut self.agent,

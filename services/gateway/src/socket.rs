@@ -18,19 +18,23 @@ use axum::{
     http::HeaderMap,
     response::Response,
 };
-use serde_json::{Map, Value, json};
-use sluice_runtime::{reader::Piece, secret::Secret, telemetry::ClientOutcome};
-use sluice_schema::{Error, ErrorKind, ResponseRecord};
+use serde_json::{Value, json};
+use sluice_runtime::secret::Secret;
+use sluice_schema::{Error, ErrorKind};
 use tokio::{sync::mpsc, task::JoinSet};
 use tracing::debug;
 
 use crate::{
     Inner, SOCKET_AUTH_FAILURES,
     auth::Caller,
+    encode::{
+        Tally,
+        frames::{Frames, error_frame},
+    },
     http::Routed,
     kinds::{Agent, Prompt, ServiceKind, TextCompletion},
     preamble::{self, Call, Started, labelled},
-    reporting, server_span, trace_outcome,
+    reporting, server_span,
 };
 
 /// Frames waiting for the socket; a slow reader slows its requests down rather than
@@ -47,17 +51,6 @@ pub(crate) async fn upgrade(State(inner): State<Arc<Inner>>, ws: WebSocketUpgrad
         .max_frame_size(limit)
         .on_upgrade(move |socket| run(inner, socket));
     labelled(ROUTE, resp)
-}
-
-fn error_frame(id: Option<&str>, err: &Error) -> String {
-    let mut frame = json!({
-        "error": { "message": err.message, "type": err.kind },
-        "complete": true,
-    });
-    if let (Some(id), Some(obj)) = (id, frame.as_object_mut()) {
-        obj.insert("id".into(), Value::String(id.to_owned()));
-    }
-    frame.to_string()
 }
 
 async fn run(inner: Arc<Inner>, mut socket: WebSocket) {
@@ -305,41 +298,26 @@ fn frame(
     None
 }
 
-/// A record as TrustGraph's response object: without the `error` field and null fields.
-fn response_object<R: serde::Serialize>(record: &R) -> Value {
-    let mut obj = match serde_json::to_value(record) {
-        Ok(Value::Object(m)) => m,
-        _ => Map::new(),
-    };
-    obj.remove("error");
-    obj.retain(|_, v| !v.is_null());
-    Value::Object(obj)
-}
-
 /// Runs one request of a socket; returns its id when done.
 async fn serve<K: Routed>(
     inner: Arc<Inner>,
     id: String,
     request: Value,
     caller: Caller,
-    out: mpsc::Sender<String>,
+    mut out: mpsc::Sender<String>,
 ) -> String {
     let started = Instant::now();
-    let send = |frame: String| {
-        let out = out.clone();
-        async move { out.send(frame).await.is_ok() }
-    };
     // The request's size as JSON: what its input's tokens are estimated from.
     let body_bytes = request.to_string().len();
     let request: K::Request = match sluice_schema::decode_value(request) {
         Ok(r) => r,
         Err(e) => {
             let err = Error::new(ErrorKind::InvalidRequest, e.to_string());
-            send(error_frame(Some(&id), &err)).await;
+            let _ = out.send(error_frame(Some(&id), &err)).await;
             return id;
         }
     };
-    let call = Call::<K> {
+    let call = Call::<K, _> {
         inner: &inner,
         headers: &HeaderMap::new(),
         caller: &caller,
@@ -351,58 +329,22 @@ async fn serve<K: Routed>(
         policy: reporting(),
         resumable_route: false,
     };
-    let Started {
-        mut reader,
-        mut span,
-        ..
-    } = match preamble::start::<K>(call).await {
+    let Started { reader, span, .. } = match preamble::start(call).await {
         Ok(s) => s,
         Err(refused) => {
-            send(error_frame(Some(&id), &refused.into_error())).await;
+            let _ = out
+                .send(error_frame(Some(&id), &refused.into_error()))
+                .await;
             return id;
         }
     };
-    inner.metrics.open_streams(ROUTE, 1);
-    let mut first = true;
-    let mut outcome = ClientOutcome::Cancelled;
-    while let Some(piece) = reader.next().await {
-        let frame = match piece {
-            Piece::Record(r) => {
-                if r.is_terminal() {
-                    outcome = ClientOutcome::Success;
-                }
-                json!({ "id": id, "response": response_object(&r), "complete": r.is_terminal() })
-                    .to_string()
-            }
-            Piece::Restarted => {
-                // sluice's addition: an empty response object flagged `restarted`; older
-                // clients append nothing and read on.
-                let mut obj = response_object(&K::Response::default());
-                if let Value::Object(m) = &mut obj {
-                    m.insert("restarted".into(), Value::Bool(true));
-                }
-                json!({ "id": id, "response": obj, "complete": false }).to_string()
-            }
-            Piece::Failed(f) => {
-                outcome = ClientOutcome::of_error(&f.error.kind);
-                error_frame(Some(&id), &f.error)
-            }
-        };
-        if first {
-            first = false;
-            inner
-                .metrics
-                .first_event(ROUTE, started.elapsed().as_secs_f64());
-        }
-        if !send(frame).await {
-            outcome = ClientOutcome::Cancelled;
-            break;
-        }
-    }
-    inner.metrics.open_streams(ROUTE, -1);
-    inner.metrics.stream_ended(ROUTE, outcome);
-    trace_outcome(&mut span, outcome);
-    span.end();
+    let tally = Tally::opened(inner.clone(), ROUTE, started, span);
+    // The frames go to the socket's queue until the answer ends; a queue gone (the socket
+    // closed) ends the run, and the dropped reader sends the cancel.
+    let _ = reader
+        .drive(Frames::<K>::new(id.clone(), tally))
+        .send_to(&mut out)
+        .await;
     id
 }
 

@@ -66,12 +66,6 @@
 //!   its stream does.
 //!
 //! A reader never retries, never reads past the end, and never logs a payload.
-//!
-//! # Kept for the gateway until its loops are encoders
-//!
-//! [`Reader::next`] with its [`Piece`]s, [`Reader::commit`], [`Reader::collect`] and the
-//! [`OnRestart`] enum (a policy chosen at run time) are what the gateway's hand-written loops
-//! still use (issue #52); nothing else should.
 
 use sluice_schema::{Error, ErrorKind, ResponseRecord};
 
@@ -84,7 +78,7 @@ pub use drive::{Driven, Emit, Encoder, End, Out, Restartable};
 pub use whole::{Collect, Last, ReadWhole, Records, Whole};
 
 /// A restart policy: what a [`Reader`] does when the answer is started over, for encoders of
-/// type `E`. Sealed: [`Report`], [`StartOver`], [`Fail`] and [`OnRestart`].
+/// type `E`. Sealed: [`Report`], [`StartOver`] and [`Fail`].
 ///
 /// Which encoders a reader takes is decided by its policy's type. An encoder that knows no
 /// restart drives a reader under [`Fail`]:
@@ -140,7 +134,6 @@ mod sealed {
     impl Policy for super::Report {}
     impl Policy for super::StartOver {}
     impl Policy for super::Fail {}
-    impl Policy for super::OnRestart {}
 }
 
 /// Restart policy: the encoder is told ([`Restartable::restarted`]) and reading goes on.
@@ -180,42 +173,10 @@ impl<R, E: Encoder<R>> Restarts<R, E> for Fail {
     }
 }
 
-/// A restart policy chosen at run time, for the gateway's hand-written loops until they are
-/// encoders (see the module's documentation); new code picks [`Report`], [`StartOver`] or
-/// [`Fail`] by type.
-#[derive(Debug, Clone)]
-pub enum OnRestart {
-    /// As [`Report`]: [`Piece::Restarted`] is passed on.
-    Report,
-    /// As [`StartOver`], [`Reader::commit`] saying that something was passed on.
-    StartOver(Error),
-    /// As [`Fail`].
-    Fail(Error),
-}
-
-impl OnRestart {
-    /// `Ok` when the restart is passed on; the error that ends the answer otherwise.
-    fn decide(&self, committed: bool) -> Result<(), Error> {
-        match self {
-            OnRestart::Report => Ok(()),
-            OnRestart::StartOver(_) if !committed => Ok(()),
-            OnRestart::StartOver(e) | OnRestart::Fail(e) => Err(e.clone()),
-        }
-    }
-}
-
-impl<R, E: Restartable<R>> Restarts<R, E> for OnRestart {
-    fn restart(&self, emitted: bool, encoder: &mut E, out: &mut Out<E::Item>) -> Result<(), Error> {
-        self.decide(emitted)?;
-        encoder.restarted(out);
-        Ok(())
-    }
-}
-
 /// How a [`Reader`] reads: its restart policy, and the error record a client-side failure
 /// (timeout, loss, bus) becomes in the caller's words.
 #[derive(Debug, Clone)]
-pub struct ReadPolicy<P = OnRestart> {
+pub struct ReadPolicy<P> {
     /// What a restart does.
     pub on_restart: P,
     /// The error record a client-side failure becomes: the one mapping of a [`ClientError`]
@@ -281,19 +242,6 @@ impl<R> Failure<R> {
     }
 }
 
-/// One piece of a stream read by hand with [`Reader::next`] (the gateway's loops, until they
-/// are encoders).
-#[derive(Debug)]
-pub enum Piece<R> {
-    /// The next record; it carries no error. The stream ends after a terminal one.
-    Record(R),
-    /// The answer starts over (see [`OnRestart`]): what came before belongs to the abandoned
-    /// attempt.
-    Restarted,
-    /// The stream ends without its answer.
-    Failed(Failure<R>),
-}
-
 /// What the stream gave, before the restart policy is applied.
 enum Arrived<R> {
     Record(R),
@@ -304,11 +252,11 @@ enum Arrived<R> {
 /// A response stream read under a [`ReadPolicy`] (see the module's documentation). Dropped
 /// before its end (after a failure it decided on, or when its caller goes away), it tells the
 /// service to stop working on the request, as its stream does.
-pub struct Reader<R, P = OnRestart> {
+pub struct Reader<R, P> {
     stream: ResponseStream<R>,
     on_restart: P,
     client_error: fn(&ClientError) -> Error,
-    /// Something of the answer was passed on (emitted by the encoder, or [`Reader::commit`]).
+    /// Something of the answer was passed on (emitted by the encoder).
     committed: bool,
     done: bool,
     meter: Option<Box<dyn Meter>>,
@@ -405,39 +353,6 @@ impl<R: ResponseRecord, P> Reader<R, P> {
             Arrived::Failed(_) => true,
         };
         Some(arrived)
-    }
-}
-
-impl<R: ResponseRecord> Reader<R, OnRestart> {
-    /// Says that something of the answer was passed on: under [`OnRestart::StartOver`], a
-    /// restart now ends the stream. (A driven reader knows it from what its encoder emitted.)
-    pub fn commit(&mut self) {
-        self.committed = true;
-    }
-
-    /// The next piece; `None` once a terminal record or a failure was given. For the gateway's
-    /// loops until they are encoders (see the module's documentation).
-    ///
-    /// Cancel-safe: a piece is lost only if it had arrived, and dropping the future before it
-    /// completes loses nothing (callers wrap it in a keep-alive timeout).
-    pub async fn next(&mut self) -> Option<Piece<R>> {
-        Some(match self.arrived().await? {
-            Arrived::Record(r) => Piece::Record(r),
-            Arrived::Restarted => match self.on_restart.decide(self.committed) {
-                Ok(()) => Piece::Restarted,
-                Err(e) => {
-                    self.done = true;
-                    Piece::Failed(Failure::new(e))
-                }
-            },
-            Arrived::Failed(f) => Piece::Failed(f),
-        })
-    }
-
-    /// The records of the final attempt, the terminal one last (see [`Collect`]). For the
-    /// OpenAI route until it reads [`Reader::whole`].
-    pub async fn collect(self) -> Result<Vec<R>, Failure<R>> {
-        self.drive(Collect::default()).run().await
     }
 }
 

@@ -285,3 +285,94 @@ async fn closing_the_socket_cancels_its_requests() {
     cancel.ack();
     rig.shutdown.cancel();
 }
+
+/// A restart is a frame of its own, an empty response flagged `restarted` (sluice's addition),
+/// and the new attempt is read to its end.
+#[tokio::test]
+async fn a_restart_is_a_frame_flagged_restarted() {
+    let mut rig = Rig::start(None).await;
+    let mut socket = rig.connect().await;
+    send(&mut socket, ask("r", "x")).await;
+    let (id, _) = rig.request().await;
+    rig.answer(&id, "par", false).await;
+    let full = TextCompletionResponse {
+        response: "full".into(),
+        end_of_stream: true,
+        ..TextCompletionResponse::default()
+    };
+    rig.llm.answer(&id, "a2", &full).await;
+    let first = next(&mut socket).await;
+    assert_eq!(first["response"]["response"], "par");
+    let restarted = next(&mut socket).await;
+    assert_eq!(
+        (&restarted["id"], &restarted["complete"]),
+        (&json!("r"), &json!(false))
+    );
+    assert_eq!(restarted["response"]["restarted"], true, "{restarted}");
+    assert_eq!(restarted["response"]["response"], "", "{restarted}");
+    let last = next(&mut socket).await;
+    assert_eq!(
+        (&last["response"]["response"], &last["complete"]),
+        (&json!("full"), &json!(true))
+    );
+    rig.shutdown.cancel();
+}
+
+/// Whether the metrics show `line`, waiting a little for a request whose socket just closed.
+async fn shows(telemetry: &Telemetry, line: &str) -> bool {
+    for _ in 0..200 {
+        if telemetry.render().lines().any(|l| l == line) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+/// A request still running when its socket closes is counted as a cancelled stream, and no
+/// longer as an open one; one that completes, as a success.
+#[tokio::test]
+async fn a_socket_closed_mid_answer_counts_its_stream_cancelled() {
+    let mut rig = Rig::start(None).await;
+    let mut socket = rig.connect().await;
+    send(&mut socket, ask("done", "x")).await;
+    let (id, _) = rig.request().await;
+    rig.answer(&id, "whole", true).await;
+    assert_eq!(next(&mut socket).await["complete"], true);
+    assert!(
+        shows(
+            &rig.telemetry,
+            r#"sluice_gateway_streams_total{outcome="success",route="socket"} 1"#
+        )
+        .await
+    );
+    send(&mut socket, ask("long", "x")).await;
+    let (id, _) = rig.request().await;
+    rig.answer(&id, "started", false).await;
+    assert_eq!(next(&mut socket).await["response"]["response"], "started");
+    assert!(
+        shows(
+            &rig.telemetry,
+            r#"sluice_gateway_open_streams{route="socket"} 1"#
+        )
+        .await
+    );
+    socket.close(None).await.unwrap();
+    assert!(
+        shows(
+            &rig.telemetry,
+            r#"sluice_gateway_streams_total{outcome="cancelled",route="socket"} 1"#
+        )
+        .await,
+        "{}",
+        rig.telemetry.render()
+    );
+    assert!(
+        shows(
+            &rig.telemetry,
+            r#"sluice_gateway_open_streams{route="socket"} 0"#
+        )
+        .await
+    );
+    rig.shutdown.cancel();
+}

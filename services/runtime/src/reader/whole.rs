@@ -44,7 +44,8 @@ impl<R: ResponseRecord> Restartable<R> for Last<R> {
     fn restarted(&mut self, _: &mut Out<Infallible>) {}
 }
 
-/// Encoder of [`Reader::collect`]: the records of the final attempt, the terminal one last.
+/// The records of the final attempt, the terminal one last (`reader.drive(Collect::default())
+/// .run()`).
 #[derive(Debug)]
 pub struct Collect<R>(Vec<R>);
 
