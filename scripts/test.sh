@@ -268,6 +268,11 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # The integration suites too: `test = false` leaves them out of --all-targets, and --all-targets
 # with --test '*' selects only the former's targets (cargo 1.95).
 cargo clippy --workspace --test '*' --locked -- -D warnings
+# The fuzz workspace has a lock file of its own, which a dependency added to a crate it fuzzes
+# leaves behind: checked here in a second, not after the fuzzing's 15 min build in the
+# background (where a stale one once failed the stage: `cargo afl build --locked`).
+(cd fuzz && cargo metadata --locked --format-version 1 >/dev/null) ||
+  { echo "fuzz/Cargo.lock is out of date: run (cd fuzz && cargo update -w) and commit it" >&2; exit 1; }
 fi
 
 
