@@ -449,7 +449,9 @@ async fn pulsar_credentials_are_not_sent_in_plaintext_beyond_loopback_unless_all
         ]
     };
     let plain = text_completion("pulsar://broker.invalid:6650");
-    let cases: Vec<(&str, Vec<&str>, Vec<(&str, &str)>, &str)> = vec![
+    // (what, arguments, environment, what the refusal says)
+    type Case<'a> = (&'a str, Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case> = vec![
         (
             "a token to a plaintext broker",
             plain.clone(),
