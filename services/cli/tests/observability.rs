@@ -36,7 +36,9 @@ const MCP_TOKEN: &str = "mcp-token-obs-7310";
 const OTLP_KEY: &str = "otlp-collector-key-5150";
 /// An API key of the gateway's keys file: its series are exported from the start.
 const API_KEY: &str = "sk-obs-api-key-5521";
-const SECRETS: [&str; 5] = [KEY, TOKEN, MCP_TOKEN, OTLP_KEY, API_KEY];
+/// The billing secret the gateway seals keys with and text-completion checks them by.
+const BILLING_SECRET: &str = "obs-billing-secret-0123456789abcdef-7731";
+const SECRETS: [&str; 6] = [KEY, TOKEN, MCP_TOKEN, OTLP_KEY, API_KEY, BILLING_SECRET];
 
 fn repo_file(path: &str) -> String {
     std::fs::read_to_string(format!("{}/../../{path}", env!("CARGO_MANIFEST_DIR")))
@@ -349,6 +351,10 @@ fn owners(metric: &str) -> &'static [&'static str] {
     {
         return &[];
     }
+    // Exported by a processor that checks billing seals: text-completion, given the secret.
+    if metric == "sluice_processor_unverified_keys_total" {
+        return &["text-completion"];
+    }
     match metric
         .strip_prefix("sluice_")
         .and_then(|r| r.split('_').next())
@@ -597,7 +603,14 @@ async fn every_service_exports_its_documented_metrics_and_no_secret() {
     tc_args.extend(topics("", &ts, "text-completion"));
     tc_args.extend(cancel("text-completion"));
     tc_args.extend(metrics_addr(0));
-    let mut tc = start(tc_args, &[("SLUICE_LLM_API_KEY", KEY)]);
+    // Billing seals checked, so that their refusal counter is exported too.
+    let mut tc = start(
+        tc_args,
+        &[
+            ("SLUICE_LLM_API_KEY", KEY),
+            ("SLUICE_BILLING_SECRET", BILLING_SECRET),
+        ],
+    );
     // The first process creates the tenant and namespaces; the others then find them.
     tc.ready(&ready(0)).await;
 
@@ -640,7 +653,13 @@ async fn every_service_exports_its_documented_metrics_and_no_secret() {
     ]);
     gw_args.extend(bus.clone());
     gw_args.extend(metrics_addr(3));
-    let mut gateway = start(gw_args, &[("SLUICE_GATEWAY_TOKEN", TOKEN)]);
+    let mut gateway = start(
+        gw_args,
+        &[
+            ("SLUICE_GATEWAY_TOKEN", TOKEN),
+            ("SLUICE_BILLING_SECRET", BILLING_SECRET),
+        ],
+    );
 
     prompt.ready(&ready(1)).await;
     agent.ready(&ready(2)).await;
