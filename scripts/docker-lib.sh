@@ -8,11 +8,27 @@
 STARTED_DOCKERD=""
 # docker_answers: the Docker engine answers (`docker info`, its output dropped).
 docker_answers() { docker info >/dev/null 2>&1; }
+# drop_stale_pid_file FILE NAME: removes FILE unless the process it names is a NAME. A dockerd
+# killed without its clean-up (a session's end) leaves its pid files behind, and a new one
+# believes them when a later process has the same number: it then waits for a containerd that
+# is not there ("libcontainerd: containerd is still running", then "timeout waiting for
+# containerd to start"; seen in CI).
+drop_stale_pid_file() {
+  local file=$1 name=$2 pid
+  [ -f "$file" ] || return 0
+  pid=$(cat "$file" 2>/dev/null || true)
+  if [ -z "$pid" ] || [ "$(cat "/proc/$pid/comm" 2>/dev/null)" != "$name" ]; then
+    echo "removing $file: pid ${pid:-none} is no $name (left by an engine that was killed)" >&2
+    rm -f "$file"
+  fi
+}
 docker_up() {
   docker_answers && return 0
   if ! command -v dockerd >/dev/null 2>&1; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null
   fi
+  drop_stale_pid_file /var/run/docker/containerd/containerd.pid containerd
+  drop_stale_pid_file /var/run/docker.pid dockerd
   echo "starting dockerd (log: /var/log/sluice-dockerd.log)" >&2
   nohup dockerd >/var/log/sluice-dockerd.log 2>&1 &
   STARTED_DOCKERD=$!
