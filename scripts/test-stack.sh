@@ -236,7 +236,7 @@ log "the load is shared: each of the 3 replicas served requests (after $sent seq
 # A replica killed mid-stream: the request goes back to the broker and another replica answers.
 declare -A before_slow
 for r in "${replicas[@]}"; do before_slow[$r]=$(served "$r"); done
-curl -sf -m 120 -N -H 'Accept: application/x-ndjson' \
+curl -sf -m 120 -N -H 'Accept: application/x-ndjson' -H 'Content-Type: application/json' \
   -d '{"system":"s","prompt":"[fake:slow] survive a kill"}' \
   "http://$GW/api/v1/text-completion" >"$WORK/slow.ndjson" &
 slow_pid=$!
