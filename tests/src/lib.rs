@@ -366,6 +366,13 @@ pub fn unique_topic(name: &str) -> String {
     )
 }
 
+/// A fresh topicspace (a Pulsar tenant: the gateway's topics are
+/// `request:<topicspace>:<service>`) for one test run, so parallel runs share no topic or
+/// subscription. Also a fit name for the run's temporary directory.
+pub fn unique_topicspace(name: &str) -> String {
+    format!("sluice-{name}-{}", uuid::Uuid::new_v4().simple())
+}
+
 /// The bench's result tables. `bench` splices each between `<!-- bench:NAME -->` and
 /// `<!-- /bench:NAME -->` in the one page under `docs/` that holds them, and
 /// `tests/tests/docs.rs` checks that exactly one page does.

@@ -158,6 +158,17 @@ async fn chat(http: &reqwest::Client, url: &str, key: &str, model: &str) -> reqw
         .unwrap()
 }
 
+/// One chat for `key`: the tokens it used, or `None` when it was refused for its limits.
+async fn chat_tokens(http: &reqwest::Client, url: &str, key: &str, model: &str) -> Option<u64> {
+    let r = chat(http, url, key, model).await;
+    if r.status() == 429 {
+        return None;
+    }
+    assert_eq!(r.status(), 200);
+    let body: serde_json::Value = r.json().await.unwrap();
+    Some(body["usage"]["total_tokens"].as_u64().unwrap())
+}
+
 fn chat_body(model: &str) -> serde_json::Value {
     serde_json::json!({"model": model, "max_tokens": 10,
         "messages": [{"role": "user", "content": "hi"}]})
@@ -175,11 +186,7 @@ fn tolerance(limit: usize, elapsed: Duration) -> usize {
 async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_stops_everywhere() {
     let broker = Broker::from_env().await;
     let fake = FakeOpenAi::start().await;
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let ts = format!("sluice-keys-{}-{nanos}", std::process::id());
+    let ts = sluice_tests::unique_topicspace("keys");
     // Three tokens 300 ms apart: a request lasts far longer than the replicas' share delay
     // (10-15 ms on average here under this test's load, debug build; under 50 ms at most), as
     // the stated tolerance assumes.
@@ -289,10 +296,9 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
     let http = reqwest::Client::new();
     let mut warm_tokens = 0;
     for url in &urls {
-        let r = chat(&http, url, "sk-test-gamma", model).await;
-        assert_eq!(r.status(), 200);
-        let body: serde_json::Value = r.json().await.unwrap();
-        warm_tokens += body["usage"]["total_tokens"].as_u64().unwrap();
+        warm_tokens += chat_tokens(&http, url, "sk-test-gamma", model)
+            .await
+            .expect("a warm-up request is admitted");
     }
     for (i, &port) in ports[1..=REPLICAS].iter().enumerate() {
         let peers = metrics_text::eventually_value(
@@ -384,15 +390,12 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
     );
     let mut alone_refused = false;
     for _ in 0..day {
-        let r = chat(&http, &urls[0], "sk-test-gamma", model).await;
-        if r.status() == 429 {
+        let Some(tokens) = chat_tokens(&http, &urls[0], "sk-test-gamma", model).await else {
             alone_refused = true;
             break;
-        }
-        assert_eq!(r.status(), 200);
-        let body: serde_json::Value = r.json().await.unwrap();
+        };
         gamma.admitted += 1;
-        gamma.tokens += body["usage"]["total_tokens"].as_u64().unwrap();
+        gamma.tokens += tokens;
     }
     assert!(alone_refused);
     let used = warm_tokens + gamma.tokens;

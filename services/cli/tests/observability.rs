@@ -510,11 +510,7 @@ async fn every_service_exports_its_documented_metrics_and_no_secret() {
     let otlp_headers = format!("authorization=Bearer {OTLP_KEY}");
     // One topicspace (a Pulsar tenant) per run: the gateway's topics are
     // `request:<topicspace>:<service>`, so parallel runs never share a subscription.
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let ts = format!("sluice-obs-{}-{nanos}", std::process::id());
+    let ts = sluice_tests::unique_topicspace("obs");
     let dir = std::env::temp_dir().join(&ts);
     std::fs::create_dir_all(&dir).unwrap();
     let tools = dir.join("tools.json");

@@ -99,11 +99,7 @@ async fn spawn(args: Vec<String>, env: &[(&str, &str)], metrics: u16) -> Sluice 
 /// gateway, whose keys are `team-a` (tool groups `default` and `research`; may send an
 /// agent's `history`) and `team-b` (none given).
 async fn fleet(broker: &Broker, fake: &FakeOpenAi, name: &str) -> Fleet {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let ts = format!("sluice-{name}-{}-{nanos}", std::process::id());
+    let ts = sluice_tests::unique_topicspace(name);
     let dir = std::env::temp_dir().join(&ts);
     std::fs::create_dir_all(&dir).unwrap();
     let keys = dir.join("keys.toml");

@@ -426,11 +426,7 @@ async fn whole_events(
 async fn callers_of_a_killed_gateway_resume_through_another_with_nothing_lost_or_repeated() {
     let broker = Broker::from_env().await;
     let fake = FakeOpenAi::start().await;
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let ts = format!("sluice-resume-{}-{nanos}", std::process::id());
+    let ts = sluice_tests::unique_topicspace("resume");
     let model = "tokens-40-50";
     let bus = [
         "--pulsar-url",

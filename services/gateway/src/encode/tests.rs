@@ -105,16 +105,26 @@ impl Rig {
         self.llm.answer(id, attempt, &record).await;
     }
 
-    /// Whether the metrics show `line` (a sample and its value), waiting a little for a
-    /// stream that ends as its body is dropped.
+    /// Whether the metrics show `line` (a sample and its value), waiting for a stream that
+    /// ends as its body is dropped (by another task: how soon depends on the machine, so the
+    /// bound, 30 s, only ends a wait that would never succeed).
     async fn shows(&self, line: &str) -> bool {
-        for _ in 0..200 {
+        for _ in 0..3_000 {
             if self.telemetry.render().lines().any(|l| l == line) {
                 return true;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         false
+    }
+
+    /// Asserts that one stream of `route` ended with `outcome` and none is open.
+    async fn stream_counted(&self, route: &str, outcome: &str) {
+        let total =
+            format!(r#"sluice_gateway_streams_total{{outcome="{outcome}",route="{route}"}} 1"#);
+        assert!(self.shows(&total).await, "{total}");
+        let open = format!(r#"sluice_gateway_open_streams{{route="{route}"}} 0"#);
+        assert!(self.shows(&open).await, "{open}");
     }
 }
 
@@ -200,14 +210,7 @@ async fn the_events_show_a_restart_and_read_the_new_attempt_to_its_end() {
         assert_eq!(e["session_id"], json!(id), "{e}");
         assert_eq!(e["trace_id"].as_str().unwrap().len(), 32, "{e}");
     }
-    assert!(
-        rig.shows(r#"sluice_gateway_streams_total{outcome="success",route="text-completion"} 1"#)
-            .await
-    );
-    assert!(
-        rig.shows(r#"sluice_gateway_open_streams{route="text-completion"} 0"#)
-            .await
-    );
+    rig.stream_counted("text-completion", "success").await;
 }
 
 /// TrustGraph's streaming SSE: each record as an event's data, a restart as an event named
@@ -240,10 +243,7 @@ async fn trustgraph_sse_shows_a_restart_as_its_own_event_and_ends_with_the_error
         last["error"],
         json!({"type": "llm-error", "message": "the provider broke"})
     );
-    assert!(
-        rig.shows(r#"sluice_gateway_streams_total{outcome="error",route="text-completion"} 1"#)
-            .await
-    );
+    rig.stream_counted("text-completion", "error").await;
 }
 
 /// Nothing was sent when the first attempt is abandoned: OpenAI's stream starts over as if it
@@ -272,10 +272,7 @@ async fn openai_starts_over_a_restart_before_its_first_chunk() {
         json!({"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6})
     );
     assert_eq!(chunks[4], "[DONE]");
-    assert!(
-        rig.shows(r#"sluice_gateway_streams_total{outcome="success",route="openai-chat"} 1"#)
-            .await
-    );
+    rig.stream_counted("openai-chat", "success").await;
 }
 
 /// Once a chunk went out, a restart cannot be shown in OpenAI's stream: it ends with an error
@@ -300,14 +297,7 @@ async fn openai_ends_an_answer_restarted_after_its_first_chunk_with_an_error_eve
                         started it over; the text so far is incomplete, send the request again",
             "type": "server_error", "param": null, "code": "gateway-error"}})
     );
-    assert!(
-        rig.shows(r#"sluice_gateway_streams_total{outcome="error",route="openai-chat"} 1"#)
-            .await
-    );
-    assert!(
-        rig.shows(r#"sluice_gateway_open_streams{route="openai-chat"} 0"#)
-            .await
-    );
+    rig.stream_counted("openai-chat", "error").await;
 }
 
 /// An error before OpenAI's first chunk is an HTTP error with its status, and no stream is
@@ -415,12 +405,5 @@ async fn a_caller_going_away_cancels_the_request_and_counts_the_stream_cancelled
         .unwrap();
     assert_eq!(cancel.property(properties::ID), Some(id.as_str()));
     cancel.ack();
-    assert!(
-        rig.shows(r#"sluice_gateway_streams_total{outcome="cancelled",route="text-completion"} 1"#)
-            .await
-    );
-    assert!(
-        rig.shows(r#"sluice_gateway_open_streams{route="text-completion"} 0"#)
-            .await
-    );
+    rig.stream_counted("text-completion", "cancelled").await;
 }
