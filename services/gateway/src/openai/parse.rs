@@ -113,7 +113,66 @@ fn positive_integer(body: &Map<String, Value>, name: &str) -> Result<Option<u32>
 }
 
 /// Checks a `POST /v1/chat/completions` body and translates it.
+///
+/// The checks run in a fixed order, one step per function below, because the first that
+/// fails is the error the caller gets, as OpenAI reports one problem at a time: the body's
+/// shape and names, the model, what sluice refuses by name, the tools, the stream's options,
+/// the sampling parameters, the response format, and last the messages.
 pub(crate) fn parse_chat(body: &[u8]) -> Result<ChatCall, ApiError> {
+    let body = json_object(body)?;
+    refuse_unknown(&body)?;
+    let model = model(&body)?;
+    refuse_deprecated(&body)?;
+    let (tools, tool_choice, parallel_tool_calls) = parse_tools(&body)?;
+    refuse_unpassed(&body)?;
+    let (stream, include_usage) = stream_options(&body)?;
+    let temperature = temperature(&body)?;
+    let max_tokens = match positive_integer(&body, "max_completion_tokens")? {
+        Some(n) => Some(n),
+        None => positive_integer(&body, "max_tokens")?,
+    };
+    let stop = stop(&body)?;
+    let (response_format, schema) = response_format(&body)?;
+    let (system, turns) = conversation(&body)?;
+    // One user turn is exactly TrustGraph's request; a longer conversation also rides in
+    // `messages`, and flattened in `prompt` for processors that do not read `messages`.
+    let (prompt, messages) = match turns.as_slice() {
+        [only] if only.role == ChatRole::User && only.tool_calls.is_empty() => {
+            (only.content.clone(), None)
+        }
+        _ => (TextCompletionRequest::flatten(&turns), Some(turns)),
+    };
+    Ok(ChatCall {
+        request: TextCompletionRequest {
+            operation: None,
+            system: system.join("\n\n"),
+            prompt,
+            streaming: stream,
+            response_format,
+            schema,
+            messages,
+            temperature,
+            max_tokens,
+            stop,
+            model: Some(model.clone()),
+            retry: None,
+            tools,
+            tool_choice,
+            parallel_tool_calls,
+            schema_strict: body
+                .get("response_format")
+                .filter(|f| f["type"] == "json_schema")
+                .and_then(|f| f["json_schema"]["strict"].as_bool()),
+            caller_checks: false,
+        },
+        model,
+        stream,
+        include_usage,
+    })
+}
+
+/// The body as a JSON object.
+fn json_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     let value: Value = serde_json::from_slice(body).map_err(|_| {
         ApiError::invalid(
             "We could not parse the JSON body of your request. The body must be a JSON object \
@@ -129,36 +188,44 @@ pub(crate) fn parse_chat(body: &[u8]) -> Result<ChatCall, ApiError> {
             None,
         ));
     };
-    const KNOWN: &[&str] = &[
-        "model",
-        "messages",
-        "stream",
-        "stream_options",
-        "temperature",
-        "max_tokens",
-        "max_completion_tokens",
-        "stop",
-        "n",
-        "response_format",
-        "tools",
-        "tool_choice",
-        "parallel_tool_calls",
-        "functions",
-        "function_call",
-        "top_p",
-        "presence_penalty",
-        "frequency_penalty",
-        "logit_bias",
-        "logprobs",
-        "top_logprobs",
-        "seed",
-        "modalities",
-        "audio",
-        "prediction",
-        "reasoning_effort",
-        "web_search_options",
-        "verbosity",
-    ];
+    Ok(body)
+}
+
+/// Every parameter OpenAI's chat route defines (those in [`IGNORED`] aside): a name outside
+/// both lists is refused, as OpenAI refuses it.
+const KNOWN: &[&str] = &[
+    "model",
+    "messages",
+    "stream",
+    "stream_options",
+    "temperature",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "n",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "functions",
+    "function_call",
+    "top_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "seed",
+    "modalities",
+    "audio",
+    "prediction",
+    "reasoning_effort",
+    "web_search_options",
+    "verbosity",
+];
+
+/// Refuses the first parameter that is neither [`KNOWN`] nor [`IGNORED`].
+fn refuse_unknown(body: &Map<String, Value>) -> Result<(), ApiError> {
     if let Some(unknown) = body
         .keys()
         .find(|k| !KNOWN.contains(&k.as_str()) && !IGNORED.contains(&k.as_str()))
@@ -170,28 +237,29 @@ pub(crate) fn parse_chat(body: &[u8]) -> Result<ChatCall, ApiError> {
             None,
         ));
     }
+    Ok(())
+}
 
-    let model = match body.get("model") {
-        Some(Value::String(m)) if !m.is_empty() => m.clone(),
-        None | Some(Value::Null) => {
-            return Err(ApiError::invalid(
-                "you must provide a model parameter",
-                None,
-                None,
-            ));
-        }
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "Invalid 'model': expected a non-empty string.",
-                Some("model"),
-                Some("invalid_type"),
-            ));
-        }
-    };
+/// `model`: required, a non-empty string.
+fn model(body: &Map<String, Value>) -> Result<String, ApiError> {
+    match body.get("model") {
+        Some(Value::String(m)) if !m.is_empty() => Ok(m.clone()),
+        None | Some(Value::Null) => Err(ApiError::invalid(
+            "you must provide a model parameter",
+            None,
+            None,
+        )),
+        Some(_) => Err(ApiError::invalid(
+            "Invalid 'model': expected a non-empty string.",
+            Some("model"),
+            Some("invalid_type"),
+        )),
+    }
+}
 
-    // What sluice's processors cannot honour, refused by name. Defaults that change nothing
-    // (`n: 1`, `top_p: 1`, penalties of 0, empty tool lists) pass.
-    let present = |name: &str| body.get(name).is_some_and(|v| !v.is_null());
+/// More than one choice, and the deprecated `functions` API, refused by name (`tools` says
+/// the same). Defaults that change nothing (`n: 1`, `function_call: "auto"`) pass.
+fn refuse_deprecated(body: &Map<String, Value>) -> Result<(), ApiError> {
     if let Some(n) = body.get("n").filter(|v| !v.is_null())
         && n.as_u64() != Some(1)
     {
@@ -201,7 +269,6 @@ pub(crate) fn parse_chat(body: &[u8]) -> Result<ChatCall, ApiError> {
             Some("unsupported_value"),
         ));
     }
-    // The deprecated `functions` API: refused by name, `tools` says the same.
     if body
         .get("functions")
         .is_some_and(|v| v.as_array().is_none_or(|a| !a.is_empty()) && !v.is_null())
@@ -220,13 +287,19 @@ pub(crate) fn parse_chat(body: &[u8]) -> Result<ChatCall, ApiError> {
             "'function_call' is deprecated; send 'tool_choice'",
         ));
     }
-    let (tools, tool_choice, parallel_tool_calls) = parse_tools(&body)?;
+    Ok(())
+}
+
+/// What the processors do not pass to providers, refused by name. Defaults that change
+/// nothing (`top_p: 1`, penalties of 0, an empty `logit_bias`) pass.
+fn refuse_unpassed(body: &Map<String, Value>) -> Result<(), ApiError> {
+    let present = |name: &str| body.get(name).is_some_and(|v| !v.is_null());
     for (name, neutral) in [
         ("top_p", 1.0),
         ("presence_penalty", 0.0),
         ("frequency_penalty", 0.0),
     ] {
-        if let Some(v) = number(&body, name)?
+        if let Some(v) = number(body, name)?
             && v != neutral
         {
             return Err(ApiError::unsupported(
@@ -270,7 +343,11 @@ pub(crate) fn parse_chat(body: &[u8]) -> Result<ChatCall, ApiError> {
             ));
         }
     }
+    Ok(())
+}
 
+/// `stream` and `stream_options.include_usage` (allowed only with `stream`).
+fn stream_options(body: &Map<String, Value>) -> Result<(bool, bool), ApiError> {
     let stream = match body.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
@@ -310,8 +387,12 @@ pub(crate) fn parse_chat(body: &[u8]) -> Result<ChatCall, ApiError> {
             ));
         }
     };
+    Ok((stream, include_usage))
+}
 
-    let temperature = number(&body, "temperature")?;
+/// `temperature`: a number from 0 to 2.
+fn temperature(body: &Map<String, Value>) -> Result<Option<f64>, ApiError> {
+    let temperature = number(body, "temperature")?;
     if let Some(t) = temperature
         && !(0.0..=2.0).contains(&t)
     {
@@ -321,13 +402,14 @@ pub(crate) fn parse_chat(body: &[u8]) -> Result<ChatCall, ApiError> {
             Some("invalid_value"),
         ));
     }
-    let max_tokens = match positive_integer(&body, "max_completion_tokens")? {
-        Some(n) => Some(n),
-        None => positive_integer(&body, "max_tokens")?,
-    };
-    let stop = match body.get("stop") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) if !s.is_empty() => Some(vec![s.clone()]),
+    Ok(temperature)
+}
+
+/// `stop`: a non-empty string or up to [`MAX_STOP`] of them.
+fn stop(body: &Map<String, Value>) -> Result<Option<Vec<String>>, ApiError> {
+    match body.get("stop") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if !s.is_empty() => Ok(Some(vec![s.clone()])),
         Some(Value::Array(a))
             if a.len() <= MAX_STOP
                 && a.iter().all(|s| s.as_str().is_some_and(|s| !s.is_empty())) =>
@@ -336,41 +418,44 @@ pub(crate) fn parse_chat(body: &[u8]) -> Result<ChatCall, ApiError> {
                 .iter()
                 .filter_map(|s| s.as_str().map(str::to_owned))
                 .collect();
-            (!stops.is_empty()).then_some(stops)
+            Ok((!stops.is_empty()).then_some(stops))
         }
-        Some(_) => {
-            return Err(ApiError::invalid(
-                format!("Invalid 'stop': expected a non-empty string or up to {MAX_STOP} of them."),
-                Some("stop"),
-                Some("invalid_value"),
-            ));
-        }
-    };
-    let (response_format, schema) = match body.get("response_format") {
-        None | Some(Value::Null) => (None, None),
-        Some(f) => match f["type"].as_str() {
-            Some("text") => (None, None),
-            Some("json_object") => (Some("json".to_owned()), None),
-            Some("json_schema") => match f["json_schema"]["schema"].clone() {
-                Value::Object(s) => (Some("json".to_owned()), Some(Value::Object(s))),
-                _ => {
-                    return Err(ApiError::invalid(
-                        "Missing required parameter: 'response_format.json_schema.schema'.",
-                        Some("response_format.json_schema.schema"),
-                        Some("missing_required_parameter"),
-                    ));
-                }
-            },
-            _ => {
-                return Err(ApiError::invalid(
-                    "Invalid 'response_format.type': expected 'text', 'json_object' or 'json_schema'.",
-                    Some("response_format.type"),
-                    Some("invalid_value"),
-                ));
-            }
-        },
-    };
+        Some(_) => Err(ApiError::invalid(
+            format!("Invalid 'stop': expected a non-empty string or up to {MAX_STOP} of them."),
+            Some("stop"),
+            Some("invalid_value"),
+        )),
+    }
+}
 
+/// `response_format`: text (nothing asked), a JSON object, or JSON of a schema; as the
+/// request's `response_format` and `schema`.
+fn response_format(body: &Map<String, Value>) -> Result<(Option<String>, Option<Value>), ApiError> {
+    let Some(f) = body.get("response_format").filter(|f| !f.is_null()) else {
+        return Ok((None, None));
+    };
+    match f["type"].as_str() {
+        Some("text") => Ok((None, None)),
+        Some("json_object") => Ok((Some("json".to_owned()), None)),
+        Some("json_schema") => match f["json_schema"]["schema"].clone() {
+            Value::Object(s) => Ok((Some("json".to_owned()), Some(Value::Object(s)))),
+            _ => Err(ApiError::invalid(
+                "Missing required parameter: 'response_format.json_schema.schema'.",
+                Some("response_format.json_schema.schema"),
+                Some("missing_required_parameter"),
+            )),
+        },
+        _ => Err(ApiError::invalid(
+            "Invalid 'response_format.type': expected 'text', 'json_object' or 'json_schema'.",
+            Some("response_format.type"),
+            Some("invalid_value"),
+        )),
+    }
+}
+
+/// `messages`: the system texts (`system` and `developer` turns, in order) and the
+/// conversation's turns, at least one. A tool result must answer a tool call made before it.
+fn conversation(body: &Map<String, Value>) -> Result<(Vec<String>, Vec<ChatMessage>), ApiError> {
     let Some(Value::Array(messages)) = body.get("messages") else {
         return Err(ApiError::invalid(
             "Missing required parameter: 'messages'.",
@@ -414,27 +499,7 @@ pub(crate) fn parse_chat(body: &[u8]) -> Result<ChatCall, ApiError> {
                 calls_made.extend(turn.tool_calls.iter().map(|c| c.id.clone()));
                 turns.push(turn);
             }
-            "tool" => {
-                let Some(call) = m["tool_call_id"].as_str().filter(|c| !c.is_empty()) else {
-                    return Err(ApiError::invalid(
-                        format!("Missing required parameter: '{at}.tool_call_id'."),
-                        Some(&format!("{at}.tool_call_id")),
-                        Some("missing_required_parameter"),
-                    ));
-                };
-                if !calls_made.contains(call) {
-                    return Err(ApiError::invalid(
-                        format!(
-                            "Invalid parameter: messages with role 'tool' must be a response to a preceding message with 'tool_calls'. No tool call has the id in '{at}.tool_call_id'."
-                        ),
-                        Some(&format!("{at}.tool_call_id")),
-                        Some("invalid_value"),
-                    ));
-                }
-                let mut turn = ChatMessage::new(ChatRole::Tool, content);
-                turn.tool_call_id = Some(call.to_owned());
-                turns.push(turn);
-            }
+            "tool" => turns.push(tool_result(m, &at, content, &calls_made)?),
             "function" => {
                 return Err(ApiError::unsupported(
                     &format!("{at}.role"),
@@ -460,41 +525,35 @@ pub(crate) fn parse_chat(body: &[u8]) -> Result<ChatCall, ApiError> {
             Some("invalid_value"),
         ));
     }
-    // One user turn is exactly TrustGraph's request; a longer conversation also rides in
-    // `messages`, and flattened in `prompt` for processors that do not read `messages`.
-    let (prompt, messages) = match turns.as_slice() {
-        [only] if only.role == ChatRole::User && only.tool_calls.is_empty() => {
-            (only.content.clone(), None)
-        }
-        _ => (TextCompletionRequest::flatten(&turns), Some(turns)),
+    Ok((system, turns))
+}
+
+/// A `tool` message at `at`: the result of one of `calls_made`.
+fn tool_result(
+    m: &Value,
+    at: &str,
+    content: String,
+    calls_made: &std::collections::HashSet<String>,
+) -> Result<ChatMessage, ApiError> {
+    let Some(call) = m["tool_call_id"].as_str().filter(|c| !c.is_empty()) else {
+        return Err(ApiError::invalid(
+            format!("Missing required parameter: '{at}.tool_call_id'."),
+            Some(&format!("{at}.tool_call_id")),
+            Some("missing_required_parameter"),
+        ));
     };
-    Ok(ChatCall {
-        request: TextCompletionRequest {
-            operation: None,
-            system: system.join("\n\n"),
-            prompt,
-            streaming: stream,
-            response_format,
-            schema,
-            messages,
-            temperature,
-            max_tokens,
-            stop,
-            model: Some(model.clone()),
-            retry: None,
-            tools,
-            tool_choice,
-            parallel_tool_calls,
-            schema_strict: body
-                .get("response_format")
-                .filter(|f| f["type"] == "json_schema")
-                .and_then(|f| f["json_schema"]["strict"].as_bool()),
-            caller_checks: false,
-        },
-        model,
-        stream,
-        include_usage,
-    })
+    if !calls_made.contains(call) {
+        return Err(ApiError::invalid(
+            format!(
+                "Invalid parameter: messages with role 'tool' must be a response to a preceding message with 'tool_calls'. No tool call has the id in '{at}.tool_call_id'."
+            ),
+            Some(&format!("{at}.tool_call_id")),
+            Some("invalid_value"),
+        ));
+    }
+    let mut turn = ChatMessage::new(ChatRole::Tool, content);
+    turn.tool_call_id = Some(call.to_owned());
+    Ok(turn)
 }
 
 /// The most tools one request may offer (OpenAI's limit).
@@ -508,6 +567,27 @@ const MAX_TOOLS: usize = 128;
 fn parse_tools(
     body: &Map<String, Value>,
 ) -> Result<(Option<Vec<Tool>>, Option<ToolChoice>, Option<bool>), ApiError> {
+    let tools = tool_list(body)?;
+    let choice = tool_choice(body, &tools)?;
+    let parallel = match body.get("parallel_tool_calls") {
+        None | Some(Value::Null) => None,
+        // Without tools it changes nothing: passed, as before tools were supported.
+        Some(Value::Bool(_)) if tools.is_empty() => None,
+        Some(Value::Bool(b)) => Some(*b),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "Invalid type for 'parallel_tool_calls': expected a boolean.",
+                Some("parallel_tool_calls"),
+                Some("invalid_type"),
+            ));
+        }
+    };
+    Ok(((!tools.is_empty()).then_some(tools), choice, parallel))
+}
+
+/// `tools`: at most [`MAX_TOOLS`] function tools, each named by OpenAI's pattern, no name
+/// twice.
+fn tool_list(body: &Map<String, Value>) -> Result<Vec<Tool>, ApiError> {
     let mut tools = Vec::new();
     match body.get("tools") {
         None | Some(Value::Null) => {}
@@ -593,6 +673,12 @@ fn parse_tools(
             ));
         }
     }
+    Ok(tools)
+}
+
+/// `tool_choice`: `none`, `auto`, `required` or one of `tools` by name; `required` or a name
+/// only with tools.
+fn tool_choice(body: &Map<String, Value>, tools: &[Tool]) -> Result<Option<ToolChoice>, ApiError> {
     let no_tools = |name: &str| {
         ApiError::invalid(
             format!(
@@ -659,20 +745,7 @@ fn parse_tools(
             ));
         }
     };
-    let parallel = match body.get("parallel_tool_calls") {
-        None | Some(Value::Null) => None,
-        // Without tools it changes nothing: passed, as before tools were supported.
-        Some(Value::Bool(_)) if tools.is_empty() => None,
-        Some(Value::Bool(b)) => Some(*b),
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "Invalid type for 'parallel_tool_calls': expected a boolean.",
-                Some("parallel_tool_calls"),
-                Some("invalid_type"),
-            ));
-        }
-    };
-    Ok(((!tools.is_empty()).then_some(tools), choice, parallel))
+    Ok(choice)
 }
 
 /// The `tool_calls` of an assistant message: `[{id, type: "function", function: {name,
