@@ -21,7 +21,7 @@ pub use records::{
     ErrorKind, LIST_MODELS, ModelInfo, PromptRequest, PromptResponse, ResponseRecord,
     TextCompletionRequest, TextCompletionResponse,
 };
-pub use retry::{RetryOn, RetryPolicy};
+pub use retry::{RetryOn, RetryPolicy, RetrySpecError, ValueProblem};
 pub use tools::{Tool, ToolCall, ToolCallDelta, ToolChoice, ToolMode};
 pub use topics::{Persistence, TopicError, TopicMapping, TopicName};
 pub use usage::UsageRecord;

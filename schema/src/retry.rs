@@ -19,6 +19,73 @@ pub const MAX_ATTEMPTS: u32 = 10;
 /// The longest delay a policy may ask for.
 pub const MAX_DELAY: Duration = Duration::from_secs(300);
 
+/// Why a retry policy's text was refused. Each names the preset or setting at fault and what
+/// is allowed, never more of the text than that item.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RetrySpecError {
+    /// A preset after a setting: presets replace the whole policy, so one must come first.
+    #[error("the preset {0:?} must come first")]
+    PresetNotFirst(String),
+    /// No preset of that name.
+    #[error("unknown retry preset {0:?}; the presets are: {presets}", presets = PRESETS.join(", "))]
+    UnknownPreset(String),
+    /// No setting of that name.
+    #[error(
+        "unknown retry setting {0:?}; the settings are: attempts, delay, factor, max-delay, jitter, on, hints"
+    )]
+    UnknownSetting(String),
+    /// A setting's value that is not of its kind.
+    #[error("retry setting {key}={value:?}: {problem}")]
+    BadValue {
+        /// The setting.
+        key: String,
+        /// Its value as given.
+        value: String,
+        /// What is wrong and what is allowed.
+        problem: ValueProblem,
+    },
+    /// Attempts outside 1 to [`MAX_ATTEMPTS`].
+    #[error("retry attempts must be 1 to {MAX_ATTEMPTS} (the first attempt included), not {0}")]
+    Attempts(u32),
+    /// A delay over [`MAX_DELAY`].
+    #[error("a retry delay may be at most {} s", MAX_DELAY.as_secs())]
+    Delay,
+    /// A factor outside 1 to 10.
+    #[error("the retry factor must be 1 to 10, not {0}")]
+    Factor(f64),
+    /// A jitter outside 0 to 1.
+    #[error("the retry jitter must be 0 to 1, not {0}")]
+    Jitter(f64),
+}
+
+/// What is wrong with one setting's value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValueProblem {
+    /// `attempts` is not a whole number.
+    #[error("not a whole number of attempts")]
+    NotWhole,
+    /// `factor` or `jitter` is not a number.
+    #[error("not a number")]
+    NotANumber,
+    /// A duration without its unit.
+    #[error("give a unit: 250ms or 2s")]
+    NoUnit,
+    /// A duration whose number does not parse.
+    #[error("not a duration (250ms, 2s)")]
+    NotADuration,
+    /// A duration over [`MAX_DELAY`] or negative.
+    #[error("must be 0 to {} s", MAX_DELAY.as_secs())]
+    DurationRange,
+    /// `hints` is not `true` or `false`.
+    #[error("use true or false")]
+    NotABool,
+    /// A word of `on` that names no failure.
+    #[error(
+        "unknown failure {0:?}: use connect, timeout, an HTTP status from 400 to 599, 4xx or 5xx"
+    )]
+    UnknownFailure(String),
+}
+
 /// A failure that a policy retries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RetryOn {
@@ -35,7 +102,7 @@ pub enum RetryOn {
 }
 
 impl RetryOn {
-    fn parse(word: &str) -> Result<Self, String> {
+    fn parse(word: &str) -> Result<Self, ValueProblem> {
         match word {
             "connect" => Ok(Self::Connect),
             "timeout" => Ok(Self::Timeout),
@@ -43,9 +110,7 @@ impl RetryOn {
             "5xx" => Ok(Self::Class(5)),
             w => match w.parse::<u16>() {
                 Ok(code) if (400..=599).contains(&code) => Ok(Self::Status(code)),
-                _ => Err(format!(
-                    "unknown failure {w:?}: use connect, timeout, an HTTP status from 400 to 599, 4xx or 5xx"
-                )),
+                _ => Err(ValueProblem::UnknownFailure(w.to_owned())),
             },
         }
     }
@@ -159,7 +224,7 @@ impl RetryPolicy {
 
     /// This policy changed by `text` (see the module's documentation): a preset named first
     /// replaces it, then each setting replaces one value. The result is checked as a whole.
-    pub fn with(&self, text: &str) -> Result<Self, String> {
+    pub fn with(&self, text: &str) -> Result<Self, RetrySpecError> {
         let mut policy = self.clone();
         for (i, item) in text.split(',').map(str::trim).enumerate() {
             if item.is_empty() {
@@ -171,32 +236,33 @@ impl RetryPolicy {
                         policy = p;
                         continue;
                     }
-                    Some(_) => return Err(format!("the preset {item:?} must come first")),
-                    None => {
-                        return Err(format!(
-                            "unknown retry preset {item:?}; the presets are: {}",
-                            PRESETS.join(", ")
-                        ));
-                    }
+                    Some(_) => return Err(RetrySpecError::PresetNotFirst(item.to_owned())),
+                    None => return Err(RetrySpecError::UnknownPreset(item.to_owned())),
                 }
             };
             let (key, value) = (key.trim(), value.trim());
-            let bad = |what: &str| format!("retry setting {key}={value:?}: {what}");
+            let bad = |problem| RetrySpecError::BadValue {
+                key: key.to_owned(),
+                value: value.to_owned(),
+                problem,
+            };
             match key {
                 "attempts" => {
-                    policy.attempts = value
-                        .parse()
-                        .map_err(|_| bad("not a whole number of attempts"))?;
+                    policy.attempts = value.parse().map_err(|_| bad(ValueProblem::NotWhole))?;
                 }
-                "delay" => policy.delay = duration(value).map_err(|m| bad(&m))?,
-                "max-delay" => policy.max_delay = duration(value).map_err(|m| bad(&m))?,
-                "factor" => policy.factor = value.parse().map_err(|_| bad("not a number"))?,
-                "jitter" => policy.jitter = value.parse().map_err(|_| bad("not a number"))?,
+                "delay" => policy.delay = duration(value).map_err(bad)?,
+                "max-delay" => policy.max_delay = duration(value).map_err(bad)?,
+                "factor" => {
+                    policy.factor = value.parse().map_err(|_| bad(ValueProblem::NotANumber))?;
+                }
+                "jitter" => {
+                    policy.jitter = value.parse().map_err(|_| bad(ValueProblem::NotANumber))?;
+                }
                 "hints" => {
                     policy.hints = match value {
                         "true" => true,
                         "false" => false,
-                        _ => return Err(bad("use true or false")),
+                        _ => return Err(bad(ValueProblem::NotABool)),
                     };
                 }
                 "on" => {
@@ -206,13 +272,9 @@ impl RetryPolicy {
                         .filter(|w| !w.is_empty() && *w != "none")
                         .map(RetryOn::parse)
                         .collect::<Result<_, _>>()
-                        .map_err(|m| bad(&m))?;
+                        .map_err(bad)?;
                 }
-                _ => {
-                    return Err(format!(
-                        "unknown retry setting {key:?}; the settings are: attempts, delay, factor, max-delay, jitter, on, hints"
-                    ));
-                }
+                _ => return Err(RetrySpecError::UnknownSetting(key.to_owned())),
             }
         }
         policy.check()?;
@@ -220,34 +282,22 @@ impl RetryPolicy {
     }
 
     /// Reads `text` applied to the default policy.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, RetrySpecError> {
         Self::default().with(text)
     }
 
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), RetrySpecError> {
         if !(1..=MAX_ATTEMPTS).contains(&self.attempts) {
-            return Err(format!(
-                "retry attempts must be 1 to {MAX_ATTEMPTS} (the first attempt included), not {}",
-                self.attempts
-            ));
+            return Err(RetrySpecError::Attempts(self.attempts));
         }
         if self.delay > MAX_DELAY || self.max_delay > MAX_DELAY {
-            return Err(format!(
-                "a retry delay may be at most {} s",
-                MAX_DELAY.as_secs()
-            ));
+            return Err(RetrySpecError::Delay);
         }
         if !(1.0..=10.0).contains(&self.factor) {
-            return Err(format!(
-                "the retry factor must be 1 to 10, not {}",
-                self.factor
-            ));
+            return Err(RetrySpecError::Factor(self.factor));
         }
         if !(0.0..=1.0).contains(&self.jitter) {
-            return Err(format!(
-                "the retry jitter must be 0 to 1, not {}",
-                self.jitter
-            ));
+            return Err(RetrySpecError::Jitter(self.jitter));
         }
         Ok(())
     }
@@ -297,21 +347,21 @@ impl fmt::Display for RetryPolicy {
 }
 
 /// A duration written as `250ms`, `2s` or `1.5s`.
-fn duration(text: &str) -> Result<Duration, String> {
+fn duration(text: &str) -> Result<Duration, ValueProblem> {
     let (number, unit) = if let Some(n) = text.strip_suffix("ms") {
         (n, 0.001)
     } else if let Some(n) = text.strip_suffix('s') {
         (n, 1.0)
     } else {
-        return Err("give a unit: 250ms or 2s".into());
+        return Err(ValueProblem::NoUnit);
     };
     let value: f64 = number
         .trim()
         .parse()
-        .map_err(|_| "not a duration (250ms, 2s)".to_owned())?;
+        .map_err(|_| ValueProblem::NotADuration)?;
     let secs = value * unit;
     if !secs.is_finite() || secs < 0.0 || secs > MAX_DELAY.as_secs_f64() {
-        return Err(format!("must be 0 to {} s", MAX_DELAY.as_secs()));
+        return Err(ValueProblem::DurationRange);
     }
     Ok(Duration::from_secs_f64(secs))
 }
@@ -408,7 +458,7 @@ mod tests {
             ("hints=yes", "true or false"),
             ("retries=2", "unknown retry setting"),
         ] {
-            let e = RetryPolicy::parse(text).unwrap_err();
+            let e = RetryPolicy::parse(text).unwrap_err().to_string();
             assert!(e.contains(says), "{text}: {e}");
         }
     }

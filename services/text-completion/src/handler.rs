@@ -294,8 +294,8 @@ impl TextCompletionService {
     fn policy(&self, request: &TextCompletionRequest) -> Result<Cow<'_, RetryPolicy>, Error> {
         match request.retry.as_deref() {
             None => Ok(Cow::Borrowed(&self.retry)),
-            Some(line) => self.retry.with(line).map(Cow::Owned).map_err(|m| {
-                let shown: String = m.chars().take(300).collect();
+            Some(line) => self.retry.with(line).map(Cow::Owned).map_err(|e| {
+                let shown: String = e.to_string().chars().take(300).collect();
                 Error::new(
                     ErrorKind::InvalidRequest,
                     format!("invalid request: field `retry`: {shown}"),
