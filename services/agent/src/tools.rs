@@ -465,7 +465,7 @@ impl Tool {
             });
         // Read after the call ended however it ended (a failure, the time limit): the tokens
         // of what was answered before are spent all the same.
-        (result, spent.tokens())
+        (result, spent.counts())
     }
 }
 
@@ -482,7 +482,7 @@ pub type Tokens = (Option<u64>, Option<u64>);
 struct Spent(Arc<Mutex<Tokens>>);
 
 impl Spent {
-    fn tokens(&self) -> Tokens {
+    fn counts(&self) -> Tokens {
         // A poisoned lock still holds the counts written before the panic.
         *self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
