@@ -19,6 +19,7 @@
 #   deploy/pulsar/cluster.sh unload NS        unload namespace NS (tenant/namespace) everywhere
 #   deploy/pulsar/cluster.sh owner TOPIC      the broker URL that owns TOPIC now
 #   deploy/pulsar/cluster.sh grant ROLE ACTIONS TOPIC   e.g. grant sluice-gateway produce persistent://tg/request/x
+#   deploy/pulsar/cluster.sh grant-roles TS   every role's grants on topicspace TS's default topics
 #   deploy/pulsar/cluster.sh revoke ROLE TOPIC
 #   deploy/pulsar/cluster.sh admin ARGS...    bin/pulsar-admin as the superuser, over HTTPS
 #
@@ -31,9 +32,12 @@
 # Plaintext ports are off. The CA, the broker certificate (SANs: pulsar.sluice.test,
 # 127.0.0.2, 127.0.0.3), an unrelated CA for tests, the token secret key and the tokens are
 # made once (openssl, python3) and kept in the state directory. Tokens (files under tokens/):
-#   admin (superuser, set-up only), processor (role sluice-processor), gateway
-#   (sluice-gateway), nobody (sluice-nobody, never granted anything), expired (sluice-processor,
-#   expired an hour before it was made), forged (role admin, signed with another key).
+#   admin (superuser, set-up only); one per sluice role: text-completion
+#   (sluice-text-completion), prompt (sluice-prompt), agent (sluice-agent), gateway
+#   (sluice-gateway); nobody (sluice-nobody, never granted anything), expired
+#   (sluice-text-completion, expired an hour before it was made), forged (role admin, signed
+#   with another key). The set-up grants each role what it needs on topicspace tg's default
+#   topics and nothing more (docs/production-pulsar.md#roles-and-grants).
 #
 # Settings (environment): SLUICE_CACHE (~/.cache/sluice), PULSAR_CLUSTER_DIR
 # ($SLUICE_CACHE/pulsar-cluster), PULSAR_CLUSTER_READY_TIMEOUT (300 s),
@@ -128,21 +132,50 @@ print(f"{head}.{body}.{sig}")
 PY
 }
 
+# The roles of sluice's services: each gets a token of its own (tokens/<service>.token,
+# role sluice-<service>).
+ROLES="text-completion prompt agent gateway"
+
 make_tokens() {
-  local t="$STATE/tokens"
-  [ -f "$t/.complete" ] && return 0
-  rm -rf "$t" && mkdir -p "$t" && chmod 700 "$t"
-  # The broker's key (what `bin/pulsar tokens create-secret-key` makes: 32 random bytes).
-  head -c 32 /dev/urandom > "$STATE/secret.key"
-  head -c 32 /dev/urandom > "$STATE/other-secret.key"
-  jwt "$STATE/secret.key" admin "" > "$t/admin.token"
-  jwt "$STATE/secret.key" sluice-processor "" > "$t/processor.token"
-  jwt "$STATE/secret.key" sluice-gateway "" > "$t/gateway.token"
-  jwt "$STATE/secret.key" sluice-nobody "" > "$t/nobody.token"
-  jwt "$STATE/secret.key" sluice-processor -3600 > "$t/expired.token"
-  jwt "$STATE/other-secret.key" admin "" > "$t/forged.token"
-  chmod 600 "$t"/*.token "$STATE"/*.key
-  touch "$t/.complete"
+  local t="$STATE/tokens" role
+  if [ ! -f "$t/.complete" ]; then
+    rm -rf "$t" && mkdir -p "$t" && chmod 700 "$t"
+    # The broker's key (what `bin/pulsar tokens create-secret-key` makes: 32 random bytes).
+    head -c 32 /dev/urandom > "$STATE/secret.key"
+    head -c 32 /dev/urandom > "$STATE/other-secret.key"
+    jwt "$STATE/secret.key" admin "" > "$t/admin.token"
+    jwt "$STATE/secret.key" sluice-nobody "" > "$t/nobody.token"
+    jwt "$STATE/other-secret.key" admin "" > "$t/forged.token"
+    chmod 600 "$t"/*.token "$STATE"/*.key
+    touch "$t/.complete"
+  fi
+  # Made when missing, with the key kept: a state directory from before the processors had a
+  # role each gets the new tokens without a new key (its brokers' data stays valid). A token
+  # is written whole under another name first, so a crash leaves none half-written.
+  for role in $ROLES; do
+    make_token "$role.token" "sluice-$role" ""
+  done
+  make_token expired.token sluice-text-completion -3600
+}
+
+# make_token FILE ROLE EXPIRY: tokens/FILE for ROLE unless it exists and names ROLE.
+make_token() {
+  local file="$STATE/tokens/$1"
+  if [ -f "$file" ] && [ "$(token_role "$file")" = "$2" ]; then
+    return 0
+  fi
+  jwt "$STATE/secret.key" "$2" "$3" > "$file.tmp"
+  chmod 600 "$file.tmp"
+  mv "$file.tmp" "$file"
+}
+
+# The role (`sub`) a token names.
+token_role() {
+  python3 - "$1" <<'PY'
+import base64, json, sys
+body = open(sys.argv[1]).read().strip().split(".")[1]
+print(json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))["sub"])
+PY
 }
 
 hosts_block() {
@@ -397,17 +430,44 @@ set_up_tenants() {
   for ns in request response notify flow; do
     admin_create "/admin/v2/namespaces/tg/$ns"
   done
-  # The least-privilege grants of the text-completion service's default topics (docs/production-pulsar.md,
-  # "Grants"); every other service follows the same pattern.
-  grant sluice-processor consume persistent://tg/request/text-completion
-  grant sluice-processor consume persistent://tg/notify/text-completion-cancel
-  grant sluice-processor produce persistent://tg/response/text-completion
-  grant sluice-gateway produce persistent://tg/request/text-completion
-  grant sluice-gateway produce persistent://tg/notify/text-completion-cancel
-  grant sluice-gateway consume persistent://tg/response/text-completion
-  # The usage ledger (docs/text-completion.md#usage-ledger).
-  grant sluice-processor produce persistent://tg/response/usage
+  grant_roles tg
   touch "$STATE/.set-up"
+}
+
+# grant_roles TS: each role's least-privilege grants on the default topics of topicspace TS
+# (docs/production-pulsar.md#roles-and-grants, the table there; services/cli/tests/cluster.rs
+# checks that the agent's role is refused the rest). Pulsar keeps one set of actions per role
+# and topic: a grant replaces the last, so each line names the role's whole set there.
+grant_roles() {
+  local ts="$1" service
+  # Each processor takes its requests and cancels and publishes its answers; the gateway
+  # publishes requests and cancels and reads the answers of every service.
+  for service in text-completion prompt; do
+    grant "sluice-$service" consume "persistent://$ts/request/$service"
+  done
+  for service in text-completion prompt agent; do
+    grant "sluice-$service" consume "persistent://$ts/notify/$service-cancel"
+    grant "sluice-$service" produce "persistent://$ts/response/$service"
+    grant sluice-gateway produce "persistent://$ts/request/$service"
+    grant sluice-gateway produce "persistent://$ts/notify/$service-cancel"
+    grant sluice-gateway consume "persistent://$ts/response/$service"
+  done
+  # The agent hands each next step of a dialog on over its own request topic.
+  grant sluice-agent consume,produce "persistent://$ts/request/agent"
+  # The gateways' shared limit state (docs/gateway.md#limits-across-replicas): theirs alone.
+  grant sluice-gateway consume,produce "persistent://$ts/response/gateway-limits"
+  # The usage ledger (docs/text-completion.md#usage-ledger): text-completion's alone.
+  grant sluice-text-completion produce "persistent://$ts/response/usage"
+  # Prompt and agent call text-completion as the gateway does, and the agent calls prompt
+  # (its reasoning, its prompt and text-completion tools).
+  for service in prompt agent; do
+    grant "sluice-$service" produce "persistent://$ts/request/text-completion"
+    grant "sluice-$service" produce "persistent://$ts/notify/text-completion-cancel"
+    grant "sluice-$service" consume "persistent://$ts/response/text-completion"
+  done
+  grant sluice-agent produce "persistent://$ts/request/prompt"
+  grant sluice-agent produce "persistent://$ts/notify/prompt-cancel"
+  grant sluice-agent consume "persistent://$ts/response/prompt"
 }
 
 # Pulsar 4.0 grants on a topic only once the topic exists (404 before): create it first, as
@@ -538,6 +598,7 @@ case "${1:-}" in
       python3 -c 'import json,sys; print(json.load(sys.stdin)["brokerUrlTls"])'
     ;;
   grant) grant "${2:?role}" "${3:?actions}" "${4:?topic}" ;;
+  grant-roles) grant_roles "${2:?topicspace}" ;;
   revoke) revoke "${2:?role}" "${3:?topic}" ;;
   admin)
     shift

@@ -18,7 +18,8 @@ pub struct Cluster {
     pub ca: PathBuf,
     /// A CA that signed nothing of the cluster's (for the refused-certificate test).
     pub untrusted_ca: PathBuf,
-    /// The role tokens: `<name>.token` (admin, processor, gateway, nobody, expired, forged).
+    /// The role tokens: `<name>.token` (admin, text-completion, prompt, agent, gateway, nobody,
+    /// expired, forged).
     pub tokens: PathBuf,
     /// `deploy/pulsar/cluster.sh`.
     pub script: PathBuf,
@@ -75,7 +76,7 @@ impl Cluster {
         })
     }
 
-    /// The path of role token `name` (`processor`, `gateway`, ...).
+    /// The path of role token `name` (`text-completion`, `gateway`, ...).
     pub fn token(&self, name: &str) -> String {
         self.tokens
             .join(format!("{name}.token"))
@@ -223,7 +224,8 @@ impl Cluster {
     }
 
     /// The least-privilege grants of one service's topics (docs/production-pulsar.md, "Grants"): the
-    /// processor consumes requests and cancels and produces answers; the gateway the opposite.
+    /// service's own role ([`role`]) consumes requests and cancels and produces answers; the
+    /// gateway the opposite.
     pub async fn grant_service(&self, ts: &str, service: &str) {
         self.grant_mapped(ts, service, DURABLE).await;
     }
@@ -231,9 +233,10 @@ impl Cluster {
     /// [`Cluster::grant_service`] for the topics of `mapping`.
     pub async fn grant_mapped(&self, ts: &str, service: &str, mapping: &str) {
         let [req, resp, cancel] = mapped_topics(ts, service, mapping);
-        self.grant(&req, "sluice-processor", &["consume"]).await;
-        self.grant(&cancel, "sluice-processor", &["consume"]).await;
-        self.grant(&resp, "sluice-processor", &["produce"]).await;
+        let own = role(service);
+        self.grant(&req, &own, &["consume"]).await;
+        self.grant(&cancel, &own, &["consume"]).await;
+        self.grant(&resp, &own, &["produce"]).await;
         self.grant(&req, "sluice-gateway", &["produce"]).await;
         self.grant(&cancel, "sluice-gateway", &["produce"]).await;
         self.grant(&resp, "sluice-gateway", &["consume"]).await;
@@ -271,6 +274,13 @@ impl Cluster {
             ));
         }
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    }
+
+    /// Every role's least-privilege grants on the default topics of topicspace `ts`, as
+    /// `cluster.sh grant-roles` gives them (docs/production-pulsar.md#roles-and-grants): the
+    /// script's table is the one tested.
+    pub async fn try_grant_roles(&self, ts: &str) -> Result<(), String> {
+        self.try_script(&["grant-roles", ts]).await.map(drop)
     }
 
     /// The number (1 or 2) of the broker that owns `topic` now.
@@ -365,6 +375,12 @@ impl Cluster {
 /// The lengths of the brokers' log files at a moment ([`Cluster::broker_log_mark`]).
 #[derive(Debug, Clone, Default)]
 pub struct BrokerLogMark(std::collections::HashMap<PathBuf, u64>);
+
+/// The Pulsar role of sluice's `service` (`text-completion`, `prompt`, `agent`, `gateway`):
+/// `sluice-<service>`, whose token is `<service>.token` ([`Cluster::token`]).
+pub fn role(service: &str) -> String {
+    format!("sluice-{service}")
+}
 
 /// The request, response and cancel topics of `service` in topicspace `ts` under the durable
 /// mapping.

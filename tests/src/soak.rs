@@ -63,7 +63,7 @@ use tokio::process::{Child, Command};
 
 use crate::{
     Broker,
-    cluster::{Cluster, topics},
+    cluster::{Cluster, role, topics},
     fake_openai::FakeOpenAi,
     seed_streams,
 };
@@ -518,9 +518,6 @@ enum Target {
     Cluster { cluster: Cluster, ts: String },
 }
 
-/// The soak's services: what the callers ask and the processors answer.
-const SERVICES: [&str; 3] = ["text-completion", "prompt", "agent"];
-
 impl Target {
     fn url(&self) -> String {
         match self {
@@ -550,16 +547,12 @@ impl Target {
     }
 
     /// The environment of a process in `role`: on the cluster its role's token file and the
-    /// cluster's CA (the processors share the processor role, the gateway has its own).
+    /// cluster's CA (each processor kind and the gateway has a role of its own).
     fn env(&self, role: Role) -> Vec<(String, String)> {
         match self {
             Self::Standalone(_) => Vec::new(),
             Self::Cluster { cluster, .. } => {
-                let mut env = cluster.env(if role == Role::Gateway {
-                    "gateway"
-                } else {
-                    "processor"
-                });
+                let mut env = cluster.env(role.name());
                 env.retain(|(k, _)| k != "RUST_LOG");
                 env
             }
@@ -738,49 +731,14 @@ fn usage_topic(ts: &str) -> String {
     format!("persistent://{ts}/response/usage")
 }
 
-/// The soak's least-privilege grants on the cluster: each processor consumes its requests and
-/// cancels and produces its answers, the gateway's role (also the callers' and the auditor's)
-/// the opposite; the prompt and agent processors are also clients of text-completion, the
-/// agent of the prompt service and of its own request topic (hand-offs). Pulsar keeps one set
-/// of actions per role and topic, so each set is granted whole.
+/// The soak's least-privilege grants on the cluster: each role's, as `cluster.sh grant-roles`
+/// gives them (each processor kind its own role: docs/production-pulsar.md#roles-and-grants),
+/// and the usage ledger's read for the soak's auditor, which runs as the gateway's role.
 async fn grant_soak(cluster: &Cluster, ts: &str) -> Result<(), String> {
-    let mut grants: BTreeMap<String, BTreeMap<&str, Vec<&str>>> = BTreeMap::new();
-    let mut add = |topic: &str, role: &'static str, action: &'static str| {
-        let actions = grants
-            .entry(topic.to_owned())
-            .or_default()
-            .entry(role)
-            .or_default();
-        if !actions.contains(&action) {
-            actions.push(action);
-        }
-    };
-    for service in SERVICES {
-        let [req, resp, cancel] = topics(ts, service);
-        add(&req, "sluice-processor", "consume");
-        add(&cancel, "sluice-processor", "consume");
-        add(&resp, "sluice-processor", "produce");
-        add(&req, "sluice-gateway", "produce");
-        add(&cancel, "sluice-gateway", "produce");
-        add(&resp, "sluice-gateway", "consume");
-    }
-    for service in ["text-completion", "prompt"] {
-        let [req, resp, cancel] = topics(ts, service);
-        add(&req, "sluice-processor", "produce");
-        add(&cancel, "sluice-processor", "produce");
-        add(&resp, "sluice-processor", "consume");
-    }
-    let [agent_req, _, _] = topics(ts, "agent");
-    add(&agent_req, "sluice-processor", "produce");
-    // The usage ledger: written by text-completion, read back by the soak as the gateway's
-    // role.
-    add(&usage_topic(ts), "sluice-processor", "produce");
-    add(&usage_topic(ts), "sluice-gateway", "consume");
-    for (topic, roles) in &grants {
-        for (role, actions) in roles {
-            cluster.try_grant(topic, role, actions).await?;
-        }
-    }
+    cluster.try_grant_roles(ts).await?;
+    cluster
+        .try_grant(&usage_topic(ts), &role("gateway"), &["consume"])
+        .await?;
     // The ledger's retention, set as the operator does on a secured cluster (the processors'
     // role may not: docs/production-pulsar.md). Without it the broker drops what no
     // subscription holds, and the soak's read from the start finds records missing.

@@ -36,14 +36,14 @@ use sluice_runtime::{
 };
 use sluice_schema::{
     AgentMessageType, AgentRequest, AgentResponse, AgentStep, Error, ErrorKind, PendingUsage,
-    ResponseRecord, TextCompletionRequest, TextCompletionResponse,
+    ResponseRecord, TextCompletionRequest, TextCompletionResponse, add_tokens,
 };
 use tracing::{debug, info, warn};
 
 use crate::{
     metrics::{AgentMetrics, DialogOutcome, IterationOutcome, ToolOutcome, kind_label},
     react::{Event, Outcome, ReactParser},
-    tools::{self, Tool, ToolError},
+    tools::{self, Tokens, Tool, ToolError},
 };
 
 /// The default ReAct prompt (minijinja; variables `question`, `tools`, `tool_names`,
@@ -332,6 +332,16 @@ impl Dialog<'_> {
         self.sink.send(record).await.map_err(unsent)
     }
 
+    /// Counts what a tool call spent on models as the dialog's usage. The tool's model call
+    /// was billed to the dialog's caller (the key and its seal are forwarded), and the caller's
+    /// per-key token limits at the gateway count the usage the dialog's records carry: so it
+    /// goes out with them (the next record, or the hand-off's pending counts) like the
+    /// dialog's own model calls'.
+    fn spent(&mut self, (input, output): Tokens) {
+        self.usage.in_token = add_tokens(self.usage.in_token, input);
+        self.usage.out_token = add_tokens(self.usage.out_token, output);
+    }
+
     /// The terminal error, with the usage so far.
     async fn fail(&mut self, error: Error) -> Result<(), Error> {
         let mut record = AgentResponse::from_error(error);
@@ -377,7 +387,8 @@ enum Step {
 
 impl AgentService {
     /// Runs the tool `name` with `arguments` from `available`: its observation (its answer,
-    /// its failure, or that no such tool exists) and the state after it.
+    /// its failure, or that no such tool exists), the state after it, and the tokens its
+    /// call spent on models (the dialog's caller's: see [`Dialog::spent`]).
     async fn run_tool(
         &self,
         available: &[&Arc<Tool>],
@@ -385,7 +396,7 @@ impl AgentService {
         arguments: &BTreeMap<String, String>,
         ctx: &RequestContext,
         remaining: Duration,
-    ) -> (String, Option<String>) {
+    ) -> (String, Option<String>, Tokens) {
         let tool = available.iter().find(|t| t.config.name == name);
         match tool {
             None => {
@@ -403,6 +414,7 @@ impl AgentService {
                         }
                     ),
                     None,
+                    Tokens::default(),
                 )
             }
             Some(t) => {
@@ -417,7 +429,7 @@ impl AgentService {
                     ctx.traceparent.as_deref(),
                 );
                 span.set("sluice.tool.kind", kind_label(&t.config.kind));
-                let result = trace::OUTBOUND
+                let (result, tokens) = trace::OUTBOUND
                     .scope(
                         span.traceparent(),
                         t.invoke(
@@ -451,7 +463,7 @@ impl AgentService {
                         format!("The tool failed: {e}")
                     }
                 };
-                (observation, t.config.next_state.clone())
+                (observation, t.config.next_state.clone(), tokens)
             }
         }
     }
@@ -760,9 +772,10 @@ impl Handler for AgentService {
                         .send(AgentMessageType::Action, action, true, false)
                         .await?;
                 }
-                let (observation, next_state) = self
+                let (observation, next_state, tokens) = self
                     .run_tool(&available, &name, &arguments, &ctx, remaining)
                     .await;
+                dialog.spent(tokens);
                 if dialog.steps {
                     dialog
                         .send(

@@ -19,18 +19,23 @@
 //! `state` must be one of them) and `next-state` (the state of the next iteration after the
 //! tool ran), as TrustGraph's tools do. A request with no `group` sees the `default` group.
 
-use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    path::Path,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
 
 use serde::Deserialize;
 use serde_json::Value;
 use sluice_runtime::{
     client::{RequestClient, RequestOptions},
-    reader::{Failure, ReadPolicy, Report},
+    reader::{Failure, Meter, ReadPolicy, Reader, Report},
     secret::Secret,
 };
 use sluice_schema::{
     Error, ErrorKind, PromptRequest, PromptResponse, ResponseRecord, TextCompletionRequest,
-    TextCompletionResponse,
+    TextCompletionResponse, add_tokens,
 };
 
 use crate::mcp::{McpClient, McpError};
@@ -354,7 +359,8 @@ pub fn token(var: Option<&str>) -> Result<Option<Secret>, String> {
 }
 
 impl Tool {
-    /// Invokes the tool; `Err` is an error to show the model as the observation.
+    /// Invokes the tool: its result (`Err` is an error to show the model as the observation)
+    /// and the tokens its call spent on models.
     pub async fn invoke(
         &self,
         arguments: &BTreeMap<String, String>,
@@ -362,7 +368,7 @@ impl Tool {
         key: Option<String>,
         key_seal: Option<String>,
         timeout: Duration,
-    ) -> Result<String, ToolError> {
+    ) -> (Result<String, ToolError>, Tokens) {
         // The key and the gateway's seal of it go on to the services the tool calls, whose
         // usage it is billed.
         let options = RequestOptions {
@@ -372,6 +378,7 @@ impl Tool {
             total_timeout: Some(timeout),
             ..RequestOptions::default()
         };
+        let spent = Spent::default();
         let work = async {
             match &self.backend {
                 Backend::Prompt(client) => {
@@ -388,7 +395,7 @@ impl Tool {
                         streaming: false,
                     };
                     let reader = client.read(&request, options, read_policy()).await;
-                    let last = reader.map_err(observation)?.last().await;
+                    let last = metered(reader, &spent)?.last().await;
                     let last = last.map_err(observation)?;
                     Ok(last.text.or(last.object).unwrap_or_default())
                 }
@@ -408,11 +415,7 @@ impl Tool {
                         ..TextCompletionRequest::default()
                     };
                     let reader = client.read(&request, options, read_policy()).await;
-                    reader
-                        .map_err(observation)?
-                        .text()
-                        .await
-                        .map_err(observation)
+                    metered(reader, &spent)?.text().await.map_err(observation)
                 }
                 Backend::Mcp(client) => {
                     let remote = match &self.config.kind {
@@ -447,20 +450,61 @@ impl Tool {
                     let request =
                         serde_json::to_value(arguments).map_err(|e| failed(e.to_string()))?;
                     let reader = client.read(&request, options, read_policy()).await;
-                    let last = reader.map_err(observation)?.last().await;
+                    let last = metered(reader, &spent)?.last().await;
                     Ok(last.map_err(observation)?.value.to_string())
                 }
             }
         };
-        tokio::time::timeout(timeout, work)
+        let result = tokio::time::timeout(timeout, work)
             .await
             .unwrap_or_else(|_| {
                 Err(ToolError::TimedOut(format!(
                     "the tool did not answer within {} s",
                     timeout.as_secs()
                 )))
-            })
+            });
+        // Read after the call ended however it ended (a failure, the time limit): the tokens
+        // of what was answered before are spent all the same.
+        (result, spent.counts())
     }
+}
+
+/// Token counts (input, output) of a tool call's model calls, as their answers' records
+/// report them; `None` where none reported any.
+pub type Tokens = (Option<u64>, Option<u64>);
+
+/// What a tool call's answer reported spending: the answer's records are metered as they are
+/// read, so a call cut short by a failure or the time limit still says what it spent. A
+/// prompt or text-completion tool's model call is billed to the dialog's caller (the key is
+/// forwarded), and the dialog passes these counts on with its own records, so the gateway's
+/// per-key token limits count them as the ledger bills them.
+#[derive(Debug, Default, Clone)]
+struct Spent(Arc<Mutex<Tokens>>);
+
+impl Spent {
+    fn counts(&self) -> Tokens {
+        // A poisoned lock still holds the counts written before the panic.
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Meter for Spent {
+    fn tokens(&mut self, input: u64, output: u64) {
+        let mut t = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        t.0 = add_tokens(t.0, Some(input));
+        t.1 = add_tokens(t.1, Some(output));
+    }
+}
+
+/// The answer's reader, its records metered into `spent`; a refused request as the
+/// observation.
+fn metered<R: ResponseRecord, P>(
+    reader: Result<Reader<R, P>, Failure<R>>,
+    spent: &Spent,
+) -> Result<Reader<R, P>, ToolError> {
+    let mut reader = reader.map_err(observation)?;
+    reader.meter(Box::new(spent.clone()));
+    Ok(reader)
 }
 
 /// Why a tool call gave no result. Either way its text becomes the observation; the kind is

@@ -54,7 +54,7 @@ fn spawn(args: &[String], env: &[(String, String)]) -> Sluice {
     Sluice::spawn(&args, &env, &SECRETS)
 }
 
-/// A text-completion processor on the cluster, as `sluice-processor`, answering with the
+/// A text-completion processor on the cluster, as `sluice-text-completion`, answering with the
 /// fake's `model`. Returns it with its metrics port.
 async fn text_completion(
     cluster: &Cluster,
@@ -63,7 +63,15 @@ async fn text_completion(
     model: &str,
     mapping: &str,
 ) -> (Sluice, u16) {
-    text_completion_as(cluster, ts, fake, model, mapping, &cluster.env("processor")).await
+    text_completion_as(
+        cluster,
+        ts,
+        fake,
+        model,
+        mapping,
+        &cluster.env("text-completion"),
+    )
+    .await
 }
 
 /// The same, with the credentials in `env`.
@@ -651,7 +659,7 @@ async fn least_privilege_roles_stream_answers_over_tls() {
         Err(e) => panic!("expected a denial, got {e}"),
         Ok(_) => panic!("the gateway's role could consume the request topic"),
     }
-    let p_bus = PulsarBus::connect(as_role("processor"), Duration::from_secs(30))
+    let p_bus = PulsarBus::connect(as_role("text-completion"), Duration::from_secs(30))
         .await
         .unwrap();
     match p_bus.publisher(&req).await.unwrap().open().await {
@@ -663,6 +671,131 @@ async fn least_privilege_roles_stream_answers_over_tls() {
     }
     gw.stop().await;
     processor.stop().await;
+}
+
+/// A `PulsarConfig` for the cluster as the role of token `token` (over TLS).
+fn as_role(cluster: &Cluster, token: &str) -> PulsarConfig {
+    let mut c = PulsarConfig::new(cluster.url.clone());
+    c.auth = PulsarAuth::TokenFile(cluster.token(token).into());
+    c.tls_ca_file = Some(cluster.ca.clone());
+    c
+}
+
+/// `result` is the broker's refusal of `what` on `topic` for want of a permission.
+fn assert_denied<T>(result: Result<T, BusError>, topic: &str, what: &str) {
+    match result {
+        Err(BusError::Denied(d)) => {
+            assert_eq!(d.cause, DenialCause::Authorization, "{what}: {d}");
+            assert!(d.to_string().contains(topic), "{what}: {d}");
+        }
+        Err(e) => panic!("{what}: expected the broker's denial, got {e}"),
+        Ok(_) => panic!("{what}: allowed"),
+    }
+}
+
+/// One Pulsar role per processor (issue #53 §5), with every role's grants as `cluster.sh
+/// grant-roles` gives them (docs/production-pulsar.md#roles-and-grants). The agent's and the
+/// prompt processor's roles may do what a client of text-completion does (publish its
+/// requests, read its answers) and the broker refuses them what is text-completion's own:
+/// taking its requests (other callers' prompts), publishing its answers, writing (or reading)
+/// the usage ledger. The agent's role is refused the prompt processor's own part as well.
+/// That each processor still answers as its own role is
+/// `every_processor_kind_answers_as_its_least_privilege_role_under_replica_kills`.
+#[tokio::test]
+async fn a_processors_role_is_refused_what_belongs_to_another_processor() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let ts = cluster.topicspace().await;
+    cluster.try_grant_roles(&ts).await.unwrap();
+    let [tc_req, tc_resp, tc_cancel] = topics(&ts, "text-completion");
+    let [prompt_req, prompt_resp, prompt_cancel] = topics(&ts, "prompt");
+    let [agent_req, _, _] = topics(&ts, "agent");
+    let usage = format!("persistent://{ts}/response/usage");
+    for caller in ["agent", "prompt"] {
+        let bus = PulsarBus::connect(as_role(&cluster, caller), Duration::from_secs(30))
+            .await
+            .unwrap();
+        // What it does as text-completion's client: allowed (so the refusals below are the
+        // actions', not the connection's).
+        for topic in [&tc_req, &tc_cancel] {
+            bus.publisher(topic)
+                .await
+                .unwrap()
+                .open()
+                .await
+                .unwrap_or_else(|e| panic!("{caller}: publishing on {topic}: {e}"));
+        }
+        drop(
+            bus.subscribe(
+                &tc_resp,
+                &format!("{caller}-answers"),
+                SubscribeOptions::shared(1),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{caller}: reading {tc_resp}: {e}")),
+        );
+        // What is text-completion's: refused.
+        assert_denied(
+            bus.subscribe(&tc_req, "thief", SubscribeOptions::shared(1))
+                .await,
+            &tc_req,
+            &format!("{caller} taking text-completion's requests"),
+        );
+        assert_denied(
+            bus.publisher(&tc_resp).await.unwrap().open().await,
+            &tc_resp,
+            &format!("{caller} publishing text-completion's answers"),
+        );
+        assert_denied(
+            bus.publisher(&usage).await.unwrap().open().await,
+            &usage,
+            &format!("{caller} writing the usage ledger"),
+        );
+        assert_denied(
+            bus.subscribe(&usage, "reader", SubscribeOptions::shared(1))
+                .await,
+            &usage,
+            &format!("{caller} reading the usage ledger"),
+        );
+    }
+
+    // The agent calls prompt as a client and hands its own steps on; the prompt processor's
+    // part is not its own.
+    let bus = PulsarBus::connect(as_role(&cluster, "agent"), Duration::from_secs(30))
+        .await
+        .unwrap();
+    for topic in [&prompt_req, &prompt_cancel, &agent_req] {
+        bus.publisher(topic)
+            .await
+            .unwrap()
+            .open()
+            .await
+            .unwrap_or_else(|e| panic!("agent: publishing on {topic}: {e}"));
+    }
+    assert_denied(
+        bus.subscribe(&prompt_req, "thief", SubscribeOptions::shared(1))
+            .await,
+        &prompt_req,
+        "agent taking the prompt processor's requests",
+    );
+    assert_denied(
+        bus.publisher(&prompt_resp).await.unwrap().open().await,
+        &prompt_resp,
+        "agent publishing the prompt processor's answers",
+    );
+
+    // And the prompt processor's role may not drive the agent: neither take nor publish its
+    // requests.
+    let bus = PulsarBus::connect(as_role(&cluster, "prompt"), Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_denied(
+        bus.publisher(&agent_req).await.unwrap().open().await,
+        &agent_req,
+        "prompt publishing agent requests",
+    );
 }
 
 /// Every processor kind (text-completion, prompt, agent) and the gateway as their
@@ -789,7 +922,7 @@ async fn refused_credentials_certificates_and_permissions_stop_at_once_naming_th
     let untrusted = vec![
         (
             "SLUICE_PULSAR_TOKEN_FILE".to_owned(),
-            cluster.token("processor"),
+            cluster.token("text-completion"),
         ),
         (
             "SLUICE_PULSAR_TLS_CA_FILE".to_owned(),
@@ -824,7 +957,7 @@ async fn refused_credentials_certificates_and_permissions_stop_at_once_naming_th
         Refusal {
             case: "host name not in the certificate",
             args: vec![("--pulsar-url", wrong_name.as_str())],
-            env: with_token("processor"),
+            env: with_token("text-completion"),
             says: "TLS handshake failed",
             names: None,
         },
@@ -857,8 +990,8 @@ async fn refused_credentials_certificates_and_permissions_stop_at_once_naming_th
 
     // A role that may consume requests but not produce answers: refused at start-up, naming
     // the response topic, before it takes a request.
-    cluster.revoke(&resp, "sluice-processor").await;
-    let (ok, stderr) = refused(&cluster, &ts, &[], &cluster.env("processor")).await;
+    cluster.revoke(&resp, "sluice-text-completion").await;
+    let (ok, stderr) = refused(&cluster, &ts, &[], &cluster.env("text-completion")).await;
     assert!(!ok, "{stderr}");
     assert!(
         stderr.contains("not authorized") && stderr.contains(&resp),
@@ -901,7 +1034,7 @@ async fn a_processor_that_loses_its_permission_hands_requests_back_and_says_why(
 
     // Pulsar checks permissions when a producer is created; an unload makes the processor
     // create its producer again, as a topic move between brokers would.
-    cluster.revoke(&resp, "sluice-processor").await;
+    cluster.revoke(&resp, "sluice-text-completion").await;
     cluster.unload(&format!("{ts}/response")).await;
     let pending = tokio::spawn({
         let (http, url) = (http.clone(), url.clone());
@@ -920,7 +1053,9 @@ async fn a_processor_that_loses_its_permission_hands_requests_back_and_says_why(
         "the caller got an outcome while nothing could be answered"
     );
 
-    cluster.grant(&resp, "sluice-processor", &["produce"]).await;
+    cluster
+        .grant(&resp, "sluice-text-completion", &["produce"])
+        .await;
     let f = tokio::time::timeout(Duration::from_secs(120), pending)
         .await
         .expect("answered once the grant is back")
@@ -1341,7 +1476,7 @@ async fn a_refused_resubscription_is_named_on_readyz_and_ends_when_the_grant_is_
 
     // Pulsar checks permissions when a consumer subscribes; the unload makes it subscribe
     // again.
-    cluster.revoke(&req, "sluice-processor").await;
+    cluster.revoke(&req, "sluice-text-completion").await;
     cluster.unload(&format!("{ts}/request")).await;
     let said = readyz_names_a_refusal(port).await;
     assert_eq!(said.0, 503, "{said:?}");
@@ -1361,7 +1496,9 @@ async fn a_refused_resubscription_is_named_on_readyz_and_ends_when_the_grant_is_
         "the refusal is logged as an error: {stderr}"
     );
 
-    cluster.grant(&req, "sluice-processor", &["consume"]).await;
+    cluster
+        .grant(&req, "sluice-text-completion", &["consume"])
+        .await;
     let f = tokio::time::timeout(Duration::from_secs(120), pending)
         .await
         .expect("answered once the grant is back")
@@ -1391,19 +1528,19 @@ async fn a_rotated_token_file_is_read_again_when_the_broker_challenges() {
     let ts = cluster.topicspace().await;
     cluster.grant_service(&ts, "text-completion").await;
     // Tokens signed with the broker's key for the processor's role, as `pulsar tokens
-    // create --subject sluice-processor --expiry-time` makes them, expiring at `exp`.
+    // create --subject sluice-text-completion --expiry-time` makes them, expiring at `exp`.
     let key = std::fs::read(std::env::var("SLUICE_CLUSTER_SECRET_KEY").unwrap()).unwrap();
     let token = |exp: std::time::SystemTime| {
         let exp = exp.duration_since(std::time::UNIX_EPOCH).unwrap();
         sluice_tests::fake_oauth2::hs256(
             &key,
-            &json!({ "sub": "sluice-processor", "exp": exp.as_secs() }),
+            &json!({ "sub": "sluice-text-completion", "exp": exp.as_secs() }),
         )
     };
     let dir = std::env::temp_dir().join(format!("sluice-rotated-token-{}", free_port()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("token");
-    let mut env = cluster.env("processor");
+    let mut env = cluster.env("text-completion");
     env.retain(|(k, _)| k != "SLUICE_PULSAR_TOKEN_FILE");
     env.push((
         "SLUICE_PULSAR_TOKEN_FILE".to_owned(),
@@ -1501,10 +1638,10 @@ async fn a_rotated_token_file_is_read_again_when_the_broker_challenges() {
     // the role again after the expiry; waited for in its log (when the check comes depends on
     // the machine); 120 s after the expiry is a hang guard.
     let authenticated_again = |log: &String| {
-        log.contains("Refreshed authentication credentials for role sluice-processor")
+        log.contains("Refreshed authentication credentials for role sluice-text-completion")
             || log
                 .find("Closing connection because client doesn't support auth credentials refresh")
-                .is_some_and(|i| log[i..].contains("connected with role=sluice-processor"))
+                .is_some_and(|i| log[i..].contains("connected with role=sluice-text-completion"))
     };
     let log = sluice_tests::eventually_every(
         Duration::from_millis(500),
@@ -1521,7 +1658,7 @@ async fn a_rotated_token_file_is_read_again_when_the_broker_challenges() {
         "the brokers did not accept the processor's role again within 120 s of its first \
          token's expiry; they logged:\n{}",
         log.lines()
-            .filter(|l| l.contains("uthentica") || l.contains("sluice-processor"))
+            .filter(|l| l.contains("uthentica") || l.contains("sluice-text-completion"))
             .collect::<Vec<_>>()
             .join("\n")
     );
@@ -1556,7 +1693,7 @@ async fn oauth2_client_credentials_authenticate_and_the_token_is_renewed() {
     issuer.client(
         "sluice-text-completion",
         "client-secret-1",
-        "sluice-processor",
+        "sluice-text-completion",
     );
     let oauth2 = |secret: &str| {
         vec![

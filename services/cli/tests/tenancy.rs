@@ -27,6 +27,11 @@ use sluice_tests::{Broker, fake_openai::FakeOpenAi, free_port, scrape, value};
 const BILLING: &str = "tenancy-test-billing-secret-0123456789";
 /// The gateway's own token: the operator's.
 const OPERATOR: &str = "tenancy-test-operator-token-5521";
+/// The daily token budget of the key `team-c`. An agent dialog with the tool `ask` costs
+/// 59 tokens at the fake's rates (9 in and one out per word a call): its two ReAct calls 22
+/// and 24, the tool's own model call 13. A budget of 60 leaves room for a small request
+/// (reserving 5) after the ReAct calls alone (46), none once the tool's tokens count too.
+const TEAM_C_TOKENS_PER_DAY: u64 = 60;
 /// An observation no model call may see unless the operator sent it.
 const FORGED: &str = "FORGED-OBSERVATION-7731";
 
@@ -36,6 +41,8 @@ struct Fleet {
     gateway: String,
     /// text-completion's metrics port.
     text_completion: u16,
+    /// The gateway's metrics port.
+    gateway_metrics: u16,
     /// agent's metrics port.
     agent: u16,
     topicspace: String,
@@ -97,7 +104,8 @@ async fn spawn(args: Vec<String>, env: &[(&str, &str)], metrics: u16) -> Sluice 
 /// tool `ask`, then an answer naming what it said; any other prompt `Echo: <prompt>`), prompt
 /// (a template `greet`), agent (the tool `ask`, in the tool group `research` only) and the
 /// gateway, whose keys are `team-a` (tool groups `default` and `research`; may send an
-/// agent's `history`) and `team-b` (none given).
+/// agent's `history`), `team-b` (none given) and `team-c` (the tool group `research`, a
+/// budget of [`TEAM_C_TOKENS_PER_DAY`] tokens a day, 1 token reserved per request).
 async fn fleet(broker: &Broker, fake: &FakeOpenAi, name: &str) -> Fleet {
     let ts = sluice_tests::unique_topicspace(name);
     let dir = std::env::temp_dir().join(&ts);
@@ -108,9 +116,12 @@ async fn fleet(broker: &Broker, fake: &FakeOpenAi, name: &str) -> Fleet {
         format!(
             "[[keys]]\nname = \"team-a\"\nsha256 = \"{}\"\ntool_groups = [\"default\", \"research\"]\n\
              operator_fields = [\"history\"]\n\
-             [[keys]]\nname = \"team-b\"\nsha256 = \"{}\"\n",
+             [[keys]]\nname = \"team-b\"\nsha256 = \"{}\"\n\
+             [[keys]]\nname = \"team-c\"\nsha256 = \"{}\"\ntool_groups = [\"research\"]\n\
+             tokens_per_day = {TEAM_C_TOKENS_PER_DAY}\nreserve_tokens = 1\n",
             hash_hex("sk-team-a"),
-            hash_hex("sk-team-b")
+            hash_hex("sk-team-b"),
+            hash_hex("sk-team-c")
         ),
     )
     .unwrap();
@@ -204,6 +215,7 @@ async fn fleet(broker: &Broker, fake: &FakeOpenAi, name: &str) -> Fleet {
         processes,
         gateway: url,
         text_completion: tc,
+        gateway_metrics: gw,
         agent,
         topicspace: ts,
         usage_topic,
@@ -446,6 +458,77 @@ async fn a_tenant_cannot_forge_agent_steps_or_reach_a_tool_group_it_was_not_give
         ),
         3.0,
         "{agent}"
+    );
+    f.stop().await;
+}
+
+/// Issue #53 §6: the tokens an agent's tools spend are the caller's. The agent forwards the
+/// caller's sealed key on its tool's model call (billed to that key in the ledger) and passes
+/// the tool call's usage on with its own records, so the gateway's per-key token limits count
+/// it: the dialog's every provider call is in the ledger under the key, the gateway counted as
+/// many tokens against the key as the ledger billed, and that exhausts the key's daily budget.
+#[tokio::test]
+async fn an_agents_tool_tokens_count_against_the_callers_key_limits() {
+    let broker = Broker::from_env().await;
+    let fake = FakeOpenAi::start().await;
+    let f = fleet(&broker, &fake, "tool-tokens").await;
+
+    let (status, body) = f
+        .call(
+            "agent",
+            "sk-team-c",
+            json!({"question": "Pick a colour.", "group": ["research"]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["content"], "The tool said: Echo: Name a colour.",
+        "{body}"
+    );
+
+    // Three provider calls (two ReAct steps and the tool's), each billed to team-c.
+    let records = ledger(&broker, &f.usage_topic, 3).await;
+    let keys: Vec<Option<&str>> = records.iter().map(|r| r.key.as_deref()).collect();
+    assert_eq!(keys, vec![Some("team-c"); 3], "{records:#?}");
+    assert_eq!(fake.calls("react-ask"), 3);
+    let billed: u64 = records
+        .iter()
+        .map(|r| r.input_tokens + r.output_tokens)
+        .sum();
+
+    // The gateway counted against the key what the ledger billed to it, the tool's model
+    // call included (it counts a request's tokens when the request ends).
+    let counted = |metrics: &String| {
+        ["input", "output"]
+            .iter()
+            .map(|kind| {
+                value(
+                    metrics,
+                    "sluice_gateway_key_tokens_total",
+                    &[("key", "team-c"), ("kind", kind)],
+                )
+            })
+            .sum::<f64>()
+    };
+    let metrics = sluice_tests::eventually(
+        Duration::from_secs(10),
+        async || scrape(f.gateway_metrics).await,
+        |m: &String| counted(m) >= billed as f64,
+    )
+    .await;
+    assert_eq!(counted(&metrics), billed as f64, "{records:#?}");
+
+    // What the key used is its budget's: a small request no longer fits.
+    let (status, body) = f
+        .call("text-completion", "sk-team-c", json!({"prompt": "hi"}))
+        .await;
+    assert_eq!(status, 429, "{body}");
+    let used = format!("has used {billed} of its {TEAM_C_TOKENS_PER_DAY} tokens this day");
+    assert!(body.to_string().contains(&used), "{used}: {body}");
+    assert_eq!(
+        fake.calls("react-ask"),
+        3,
+        "the refused request reached no model"
     );
     f.stop().await;
 }

@@ -1189,10 +1189,12 @@ impl Meter for Admission {
 
 impl Drop for Admission {
     fn drop(&mut self) {
+        // Settled before it is counted on /metrics: whoever sees the count sees the limits
+        // that include it.
+        self.limiter.settle(self, Now::wall());
         self.limiter
             .metrics
             .key_tokens(&self.key, self.input, self.output);
-        self.limiter.settle(self, Now::wall());
     }
 }
 

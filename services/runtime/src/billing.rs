@@ -13,7 +13,7 @@
 //! What a seal cannot do: tell who published a request. A processor that relays (prompt,
 //! agent) may reuse the seal of a request it handles on as many text-completion requests as
 //! it likes; that is what forwarding is. Producing requests stays the roles' business
-//! (docs/production-pulsar.md#grants).
+//! (docs/production-pulsar.md#roles-and-grants).
 //!
 //! This module never logs, and never puts the secret into what it returns.
 

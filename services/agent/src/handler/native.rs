@@ -31,7 +31,7 @@ use tracing::{debug, warn};
 use super::{AgentService, Dialog, read_policy};
 use crate::{
     metrics::{DialogOutcome, IterationOutcome, ToolOutcome, kind_label},
-    tools::Tool,
+    tools::{Tokens, Tool},
 };
 
 /// The system prompt of a native dialog.
@@ -290,6 +290,7 @@ impl AgentService {
                                         call.name
                                     ),
                                     None,
+                                    Tokens::default(),
                                 )
                             }
                         }
@@ -298,11 +299,12 @@ impl AgentService {
             }
         });
         let results = futures::future::join_all(runs).await;
-        for (n, (call, ((observation, next_state), args))) in made
+        for (n, (call, ((observation, next_state, tokens), args))) in made
             .iter()
             .zip(results.into_iter().zip(checked))
             .enumerate()
         {
+            dialog.spent(tokens);
             if dialog.steps {
                 dialog
                     .send(

@@ -259,8 +259,8 @@ async fn a_request_that_does_not_stream_gets_one_answer_with_the_whole_usage() {
     assert!(answer.end_of_message && answer.end_of_dialog && answer.error.is_none());
     assert_eq!(
         (answer.in_token, answer.out_token),
-        (Some(80), Some(18)),
-        "both model calls' usage"
+        (Some(84), Some(19)),
+        "both model calls' usage and the tool's (billed to the caller too: #53 §6)"
     );
     let (_, first): (_, AgentRequest) = requests.request().await;
     assert!(first.history.is_empty());
@@ -270,7 +270,8 @@ async fn a_request_that_does_not_stream_gets_one_answer_with_the_whole_usage() {
     assert_eq!(handed.user.as_deref(), Some("alice"));
     assert_eq!(
         (handed.pending_in_token, handed.pending_out_token),
-        (Some(30), Some(12))
+        (Some(34), Some(13)),
+        "the first model call's usage and the tool's"
     );
     rig.stop().await;
 }
@@ -354,6 +355,14 @@ async fn an_action_calls_the_tool_and_the_next_step_sees_its_observation() {
     assert!(
         order[..first_answer].ends_with(&[AgentMessageType::Action, AgentMessageType::Observation]),
         "action, observation, then the answer: {order:?}"
+    );
+    let tokens: (u64, u64) = records.iter().fold((0, 0), |(i, o), r| {
+        (i + r.in_token.unwrap_or(0), o + r.out_token.unwrap_or(0))
+    });
+    assert_eq!(
+        tokens,
+        (84, 19),
+        "both model calls' usage and the tool's, each counted once"
     );
     let text = rig.telemetry.render();
     for counted in [
