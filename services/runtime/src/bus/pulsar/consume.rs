@@ -37,6 +37,14 @@ pub(super) struct ConsumerSpec {
 }
 
 impl ConsumerSpec {
+    /// Whether one nack rewinds the whole subscription: on an Exclusive subscription the
+    /// broker answers any nack by sending EVERYTHING unacked again, not the one message. So
+    /// its nacks are gathered and released as one (see `serve`), none is sent to a new
+    /// consumer (it is sent everything unacked anyway), and acks in order stop at a nack.
+    fn nack_rewinds_all(&self) -> bool {
+        self.options.kind == SubscriptionKind::Exclusive
+    }
+
     async fn build(
         &self,
         client: &Pulsar<TokioExecutor>,
@@ -362,9 +370,7 @@ impl Supervisor {
             for (topic, id, settlement) in settles.drain(..) {
                 // A new Exclusive consumer is sent everything unacked anyway: a nack would only
                 // rewind it once more (see `serve`).
-                if settlement == Settlement::Nack
-                    && self.spec.options.kind == SubscriptionKind::Exclusive
-                {
+                if settlement == Settlement::Nack && self.spec.nack_rewinds_all() {
                     continue;
                 }
                 self.apply(&mut current, &topic, id, settlement).await;
@@ -575,10 +581,8 @@ impl Supervisor {
         // found the consumer suspect.
         let batch = flow_permits(&self.spec.topic, self.spec.options.prefetch);
         let mut suspect = false;
-        let mut acks = InOrderAcks::new(
-            self.spec.options.acks_in_order
-                && self.spec.options.kind == SubscriptionKind::Exclusive,
-        );
+        let mut acks =
+            InOrderAcks::new(self.spec.options.acks_in_order && self.spec.nack_rewinds_all());
         loop {
             if !*paused && let Some(permit) = slot.take() {
                 match ready.pop_front() {
@@ -612,9 +616,7 @@ impl Supervisor {
                                 // asks for another rewind: a storm that took a broker's heap (CI,
                                 // December). So such nacks are gathered and released as one, once a
                                 // second at most, like the parked messages below.
-                                if s == Settlement::Nack
-                                    && self.spec.options.kind == SubscriptionKind::Exclusive
-                                {
+                                if s == Settlement::Nack && self.spec.nack_rewinds_all() {
                                     if to_release.is_empty() {
                                         to_release.push((topic, id));
                                     }
@@ -681,7 +683,7 @@ impl Supervisor {
                 () = tokio::time::sleep_until(release_at.unwrap_or_else(Instant::now)), if release_at.is_some() => {
                     release_at = None;
                     // One nack rewinds an Exclusive subscription whole (see the Settle arm).
-                    if self.spec.options.kind == SubscriptionKind::Exclusive {
+                    if self.spec.nack_rewinds_all() {
                         to_release.truncate(1);
                     }
                     for (topic, id) in to_release.drain(..) {
