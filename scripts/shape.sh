@@ -51,7 +51,7 @@ loops() {
         my $line = 1 + (() = substr($text, 0, $start) =~ /\n/g);
         print "$f:$line $name\n" unless $seen{$start}++;
       };
-      my $is_client = $f =~ m{services/runtime/src/client\.rs$};
+      my $is_client = $f =~ m{services/runtime/src/client(\.rs$|/)};
       # The stream itself produces `Received`, and its `call` is its own `collect`: only a
       # `collect` that loops over the stream itself (`mut self`) reads it by hand there.
       my $pattern = $is_client

@@ -14,7 +14,8 @@
 //! each stream it is answering or finished lately, how many records it had published before
 //! the sync. The sync goes through the producer of those records, after them, so a client
 //! that receives it has received those records or never will. From that a client concludes:
-//! - a stream listed with more records than the client received lost the rest ([`Verdict`]);
+//! - a stream listed with more records than the client received lost the rest
+//!   ([`ClientError::LostInTransit`]);
 //! - a request stored by the broker that no processor lists, while every processor the client
 //!   hears from has been taking requests for [`UNLISTED_GRACE`] since, reached no processor;
 //! - a stream listed as open by a processor that then stopped syncing for [`SILENT_AFTER`]
@@ -23,6 +24,10 @@
 //! Timing is read in the client's own clock: a sync's time of sending is estimated from the
 //! lowest offset between the processor's clock and the client's seen lately, so neither clock
 //! skew nor a client that reads late (its router behind) makes a sync look newer than it is.
+//!
+//! [`properties::SYNC`]: sluice_schema::properties::SYNC
+//! [`properties::SYNC_STATE`]: sluice_schema::properties::SYNC_STATE
+//! [`ClientError::LostInTransit`]: crate::client::ClientError::LostInTransit
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -75,6 +80,8 @@ const OFFSET_WINDOW: usize = 30;
 const FORGET_AFTER: Duration = Duration::from_secs(120);
 
 /// A sync's content (JSON in [`properties::SYNC_STATE`]).
+///
+/// [`properties::SYNC_STATE`]: sluice_schema::properties::SYNC_STATE
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SyncState {
     /// The processor instance: unique per process and flow.

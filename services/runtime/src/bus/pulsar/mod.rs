@@ -26,6 +26,8 @@
 //!   outages only. See [`super::pulsar_security`].
 //!
 //! This file must never log payloads or properties' values: they carry prompts.
+//!
+//! [`Denial`]: super::pulsar_security::Denial
 
 mod config;
 mod connect;
