@@ -398,7 +398,14 @@ async fn a_client_that_hears_nothing_re_subscribes_and_ends_the_stream_as_lost()
         waited < Duration::from_secs(60),
         "ended after {waited:?}: the inactivity timeout is 60 s, re-subscribing comes after 10"
     );
-    assert_eq!(switch.renewals(), 1);
+    // It re-subscribed, and at most once per 10 s of silence: a loaded machine can leave the
+    // new consumer silent for another 10 s before the stream's end is known (seen in CI-like
+    // runs: 2), but a loop of re-subscriptions would be many.
+    let renewals = switch.renewals();
+    assert!(
+        renewals >= 1 && renewals as u64 <= 1 + waited.as_secs() / 10,
+        "{renewals} re-subscriptions in {waited:?} of silence"
+    );
     // A new consumer at the broker, not the old one heard again.
     let after = eventually_every(
         Duration::from_millis(200),
