@@ -370,6 +370,21 @@ impl<R> Route<R> {
         }
     }
 
+    /// What the route knows of its request, for a log line: whether the broker confirmed it
+    /// stored it, whether a sync listed it and who answers it, what arrived.
+    fn describe(&self) -> String {
+        let ago = |t: Instant| format!("{:.1} s ago", t.elapsed().as_secs_f64());
+        format!(
+            "stored: {}, listed: {}, listed as open by: {}, records received: {} (next {}), last record or listing {}",
+            self.stored_at.map_or("not confirmed".to_owned(), ago),
+            self.listed,
+            self.listed_by.as_deref().unwrap_or("none"),
+            self.received_any,
+            self.next_seq,
+            ago(self.last_seen),
+        )
+    }
+
     /// Moves on to `attempt`; the current one is abandoned.
     fn switch_to(&mut self, attempt: &str) {
         if let Some(old) = self.attempt.replace(attempt.to_owned()) {
@@ -1326,6 +1341,13 @@ impl<R: ResponseRecord> ResponseStream<R> {
                 Ok(Some(item)) => item,
                 Ok(None) => return self.finish(ClientOutcome::Failed, Err(ClientError::Closed)),
                 Err(_) => {
+                    // What the client knew of the request when it gave up: which of the
+                    // loss rules (crate::sync) could not decide, and why.
+                    if let Some(route) = lock(&self.routes).get(&self.id) {
+                        warn!(service = %self.service, request_id = %self.id,
+                              waited = ?self.started.elapsed(), state = %route.describe(),
+                              "a stream ends at its time limit");
+                    }
                     // The caller stops waiting: the service should stop working on it too.
                     cancel_when_ready(self.cancel.take(), self.id.clone());
                     let (outcome, error) = if Some(deadline) == loss_deadline {

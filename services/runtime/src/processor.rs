@@ -320,6 +320,15 @@ pub async fn run<H: Handler>(
         let delivery = tokio::select! {
             biased;
             () = shutdown.cancelled() => break,
+            // A request task found the broker unable to store while this loop waited for a
+            // request: probe now (at the top of the loop), not when the next request arrives,
+            // which may never happen (see `StoreGuard`). `next` is cancel-safe: a request it
+            // was about to hand over is taken at the next turn.
+            () = store.until_blocked() => {
+                waiting.store(false, Ordering::Relaxed);
+                drop(permit);
+                continue;
+            }
             d = subscription.next() => d,
         };
         waiting.store(false, Ordering::Relaxed);
@@ -1544,6 +1553,146 @@ mod tests {
         let error = last.error.unwrap();
         assert_eq!(error.kind, ErrorKind::Cancelled);
         assert!(error.message.contains("send the request again"), "{error}");
+    }
+
+    /// A bus whose request subscriptions lose what is handed back, as a non-persistent topic
+    /// does: a nack settles the message for good (the memory bus would redeliver it).
+    struct DropsNacks(MemoryBus);
+
+    #[async_trait]
+    impl Bus for DropsNacks {
+        async fn publisher(&self, topic: &str) -> Result<Arc<dyn Publisher>, BusError> {
+            self.0.publisher(topic).await
+        }
+
+        async fn subscribe(
+            &self,
+            topic: &str,
+            subscription: &str,
+            options: SubscribeOptions,
+        ) -> Result<Box<dyn Subscription>, BusError> {
+            Ok(Box::new(NacksDropped(
+                self.0.subscribe(topic, subscription, options).await?,
+            )))
+        }
+
+        fn max_message_bytes(&self) -> usize {
+            self.0.max_message_bytes()
+        }
+    }
+
+    struct NacksDropped(Box<dyn Subscription>);
+
+    /// Settles the real delivery with an ack, whatever was asked.
+    struct AckAlways(crate::bus::Delivery);
+
+    impl crate::bus::Settle for AckAlways {
+        fn settle(self: Box<Self>, _: crate::bus::Settlement) {
+            self.0.ack();
+        }
+    }
+
+    #[async_trait]
+    impl Subscription for NacksDropped {
+        async fn next(&mut self) -> Option<Result<crate::bus::Delivery, BusError>> {
+            let d = match self.0.next().await? {
+                Ok(d) => d,
+                Err(e) => return Some(Err(e)),
+            };
+            let (payload, properties, count) = (
+                d.payload().clone(),
+                d.properties().clone(),
+                d.redelivery_count(),
+            );
+            Some(Ok(crate::bus::Delivery::new(
+                payload,
+                properties,
+                count,
+                Box::new(AckAlways(d)),
+            )))
+        }
+
+        async fn close(self: Box<Self>) {
+            self.0.close().await;
+        }
+
+        async fn unsubscribe(self: Box<Self>) {
+            self.0.unsubscribe().await;
+        }
+
+        fn link(&self) -> crate::bus::Link {
+            self.0.link()
+        }
+    }
+
+    /// A processor waiting for its next request when a request task finds the broker unable
+    /// to store probes the broker at once, and its syncs say it takes requests again as soon
+    /// as the broker stores, with no request arriving. Before, only the next request made it
+    /// probe; on a non-persistent request topic, where the requests sent during a broker's
+    /// failover can all be lost, its syncs said "not taking" for minutes, and its clients,
+    /// which end a request no processor lists only while every processor takes requests,
+    /// waited out their inactivity timeouts (the secured cluster, 2026-12-07).
+    #[tokio::test]
+    async fn an_idle_processor_probes_a_blocked_store_at_once_and_takes_requests_again() {
+        let (req, resp) = ("non-persistent://t/ns/req", "non-persistent://t/ns/resp");
+        let mut config = ProcessorConfig::new("echo", req, resp);
+        config.drain_grace = Duration::from_millis(100);
+        let bus = MemoryBus::new(2048, 1000);
+        let mut responses = bus
+            .subscribe(resp, "test", SubscribeOptions::exclusive(100))
+            .await
+            .unwrap();
+        let telemetry = Telemetry::new().unwrap();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(run(
+            Arc::new(DropsNacks(bus.clone())),
+            config,
+            Arc::new(Echo),
+            telemetry.clone(),
+            shutdown.clone(),
+        ));
+        tokio::time::timeout(Duration::from_secs(5), telemetry.health.until_watched(1))
+            .await
+            .expect("the processor subscribes");
+        // Its hand-off cannot be stored: the store is blocked and the request handed back,
+        // which loses it here. No other request comes.
+        bus.publisher(req)
+            .await
+            .unwrap()
+            .send(Message::new(r#"{"prompt":"handoff-fails"}"#).with_property(properties::ID, "h1"))
+            .await
+            .unwrap();
+        // The syncs: "taking" once h1 has been handed back. A hang guard, not a measure: a
+        // processor that never probes never says it takes requests again.
+        let mut handed_back = false;
+        let taking_again = tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                let d = responses.next().await.unwrap().unwrap();
+                let state = d
+                    .property(properties::SYNC_STATE)
+                    .map(|state| serde_json::from_str::<crate::sync::SyncState>(state).unwrap());
+                d.ack();
+                let Some(state) = state else { continue };
+                let h1 = state.streams.iter().find(|e| e.0 == "h1");
+                handed_back |= h1.is_some_and(|e| !e.3);
+                if handed_back && state.taking {
+                    return;
+                }
+            }
+        })
+        .await;
+        assert!(
+            taking_again.is_ok(),
+            "handed back: {handed_back}; the processor never said it takes requests again: {}",
+            telemetry.render()
+        );
+        assert!(
+            telemetry
+                .render()
+                .contains(r#"sluice_processor_store_blocked{processor="echo"} 0"#)
+        );
+        shutdown.cancel();
+        task.await.unwrap().unwrap();
     }
 
     #[tokio::test]
