@@ -328,7 +328,7 @@ impl Load {
 }
 
 /// The figures of one fault, as docs/production-pulsar.md's table reports them.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct FaultReport {
     fault: String,
     requests: usize,
@@ -344,7 +344,7 @@ struct FaultReport {
 
 /// How a fault's errors stood against its window, which opens when the fault is applied and
 /// closes, for each caller, at its first answer to a request it started after the repair.
-#[derive(Debug, Default, PartialEq, Clone)]
+#[derive(Debug, Default, PartialEq)]
 struct Recovery {
     /// Errors outside the window: a request that ended before the fault, or one a caller
     /// started after it had an answer again.
@@ -1287,7 +1287,12 @@ async fn trustgraph_flow_through_repeated_broker_sigkills() {
     let mut failures = Vec::new();
     for _ in 0..rounds {
         let reports = broker_sigkills(&cluster, std::slice::from_ref(&flow.url)).await;
-        save_stats_after(&cluster, std::slice::from_ref(&flow), &[reports.clone()]).await;
+        save_stats_after(
+            &cluster,
+            std::slice::from_ref(&flow),
+            std::slice::from_ref(&reports),
+        )
+        .await;
         failures.extend(flow.failures(&reports));
         if !failures.is_empty() {
             break;
