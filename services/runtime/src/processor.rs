@@ -846,6 +846,8 @@ async fn handle_delivery<H: Handler>(
             warn!("unfinished when the drain grace ran out; handing the request back");
             if requests_come_back {
                 sink.retract().await;
+            } else if !sink.is_ended() {
+                sink.abandon().await;
             }
             delivery.nack();
             metrics.request_finished(processor, Outcome::Retried, 0.0);
@@ -854,6 +856,8 @@ async fn handle_delivery<H: Handler>(
             warn!("no terminal record could be published; handing the request back");
             if requests_come_back {
                 sink.retract().await;
+            } else if !sink.is_ended() {
+                sink.abandon().await;
             }
             delivery.nack();
             metrics.request_finished(processor, Outcome::Retried, 0.0);
@@ -864,6 +868,8 @@ async fn handle_delivery<H: Handler>(
             // loop already waiting for the broker, not calling the provider again.
             if requests_come_back {
                 sink.retract().await;
+            } else if !sink.is_ended() {
+                sink.abandon().await;
             }
             delivery.nack();
             metrics.request_finished(processor, Outcome::Retried, 0.0);
@@ -1690,6 +1696,73 @@ mod tests {
             telemetry
                 .render()
                 .contains(r#"sluice_processor_store_blocked{processor="echo"} 0"#)
+        );
+        shutdown.cancel();
+        task.await.unwrap().unwrap();
+    }
+
+    /// On a non-persistent request topic a request handed back is gone (a nack brings nothing
+    /// back), so its stream is listed as finished with one record more than the processor
+    /// handed to the producer: its client, which has every record that was sent, ends it as
+    /// lost at the sync instead of waiting out its inactivity timeout (the secured cluster,
+    /// 2026-12-07: 11 streams listed finished with the one record their client had, each
+    /// ended at the gateway's 120 s timeout).
+    #[tokio::test]
+    async fn on_a_non_persistent_request_topic_a_request_handed_back_is_listed_as_lost() {
+        let (req, resp) = ("non-persistent://t/ns/req", "non-persistent://t/ns/resp");
+        let mut config = ProcessorConfig::new("echo", req, resp);
+        config.drain_grace = Duration::from_millis(100);
+        let bus = MemoryBus::new(2048, 1000);
+        let mut responses = bus
+            .subscribe(resp, "test", SubscribeOptions::exclusive(100))
+            .await
+            .unwrap();
+        let telemetry = Telemetry::new().unwrap();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(run(
+            Arc::new(DropsNacks(bus.clone())),
+            config,
+            Arc::new(Echo),
+            telemetry.clone(),
+            shutdown.clone(),
+        ));
+        tokio::time::timeout(Duration::from_secs(5), telemetry.health.until_watched(1))
+            .await
+            .expect("the processor subscribes");
+        bus.publisher(req)
+            .await
+            .unwrap()
+            .send(Message::new(r#"{"prompt":"handoff-fails"}"#).with_property(properties::ID, "h1"))
+            .await
+            .unwrap();
+        let mut received = 0;
+        let listed = tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                let d = responses.next().await.unwrap().unwrap();
+                if d.property(properties::ID) == Some("h1") {
+                    received += 1;
+                    d.ack();
+                    continue;
+                }
+                let state = d
+                    .property(properties::SYNC_STATE)
+                    .map(|state| serde_json::from_str::<crate::sync::SyncState>(state).unwrap());
+                d.ack();
+                if let Some(state) = state
+                    && let Some(entry) = state.streams.iter().find(|e| e.0 == "h1" && !e.3)
+                {
+                    return entry.clone();
+                }
+            }
+        })
+        .await
+        .expect("h1 listed as finished");
+        // "step one" arrived; the hand-off after it failed, and no terminal record came.
+        assert_eq!(received, 1);
+        assert!(
+            listed.2 > received,
+            "listed as finished with {} records, {received} arrived: {listed:?}",
+            listed.2
         );
         shutdown.cancel();
         task.await.unwrap().unwrap();
