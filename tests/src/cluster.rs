@@ -367,7 +367,12 @@ impl Cluster {
                 "SLUICE_PULSAR_TLS_CA_FILE".into(),
                 self.ca.to_string_lossy().into_owned(),
             ),
-            ("RUST_LOG".into(), "warn".into()),
+            // SLUICE_CLUSTER_RUST_LOG asks the processes for more (e.g.
+            // `info,sluice_runtime=debug`) when a fault is investigated.
+            (
+                "RUST_LOG".into(),
+                std::env::var("SLUICE_CLUSTER_RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            ),
         ]
     }
 }

@@ -1348,26 +1348,7 @@ async fn fault_series(cluster: &Cluster, flows: &[FlowUnderFaults]) -> Vec<Vec<F
         .await,
     );
     save_stats_after(cluster, flows, &faults).await;
-    faults.push(
-        // Each broker in turn, so that every flow's topics lose their owner to a SIGKILL
-        // whichever broker they were on (the second kill also takes the topics that moved to
-        // that broker at the first).
-        under_fault(
-            "SIGKILL of each broker in turn",
-            &gateways,
-            CALLERS,
-            || async {
-                for n in ["1", "2"] {
-                    cluster.script(&["kill-broker", n]).await;
-                    // The fault's shape: down for the ZooKeeper session's 10 s, so that its
-                    // topics move to the other broker before it is back.
-                    tokio::time::sleep(Duration::from_secs(10)).await;
-                    cluster.script(&["start-broker", n]).await;
-                }
-            },
-        )
-        .await,
-    );
+    faults.push(broker_sigkills(cluster, &gateways).await);
     save_stats_after(cluster, flows, &faults).await;
     faults.push(
         under_fault(
@@ -1398,6 +1379,62 @@ async fn fault_series(cluster: &Cluster, flows: &[FlowUnderFaults]) -> Vec<Vec<F
         }
     }
     per_flow
+}
+
+/// A SIGKILL of each broker in turn under the load of every gateway of `gateways`.
+async fn broker_sigkills(cluster: &Cluster, gateways: &[String]) -> Vec<FaultReport> {
+    // Each broker in turn, so that every flow's topics lose their owner to a SIGKILL
+    // whichever broker they were on (the second kill also takes the topics that moved to
+    // that broker at the first).
+    under_fault(
+        "SIGKILL of each broker in turn",
+        gateways,
+        CALLERS,
+        || async {
+            for n in ["1", "2"] {
+                cluster.script(&["kill-broker", n]).await;
+                // The fault's shape: down for the ZooKeeper session's 10 s, so that its
+                // topics move to the other broker before it is back.
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                cluster.script(&["start-broker", n]).await;
+            }
+        },
+    )
+    .await
+}
+
+/// The TrustGraph flow alone through `SLUICE_CLUSTER_REPEAT` (default 3) rounds of the
+/// brokers' SIGKILLs, asserting what the whole series asserts of it: a narrow reproduction of
+/// a failure of that fault on that flow (run it with `--ignored`, `SLUICE_CLUSTER_LOGS` and
+/// `RUST_LOG` to keep the processes' logs and the topics' stats).
+#[tokio::test]
+#[ignore = "a reproduction aid: the whole series runs this fault on this flow"]
+async fn trustgraph_flow_through_repeated_broker_sigkills() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let flow = FlowUnderFaults::start(&cluster, "TrustGraph mapping", TRUSTGRAPH, None).await;
+    let rounds: usize = std::env::var("SLUICE_CLUSTER_REPEAT")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(3);
+    let mut failures = Vec::new();
+    for _ in 0..rounds {
+        let reports = broker_sigkills(&cluster, std::slice::from_ref(&flow.url)).await;
+        save_stats_after(
+            &cluster,
+            std::slice::from_ref(&flow),
+            std::slice::from_ref(&reports),
+        )
+        .await;
+        failures.extend(flow.failures(&reports));
+        if !failures.is_empty() {
+            break;
+        }
+    }
+    flow.stop(&cluster).await;
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// The window rule on made-up requests (no cluster): an error after a caller's first answer

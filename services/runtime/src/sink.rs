@@ -503,6 +503,14 @@ impl<R: ResponseRecord> ResponseSink<R> {
         }
     }
 
+    /// The request is gone without its answer (see [`StreamBook::abandon`]).
+    pub(crate) async fn abandon(&self) {
+        let guard = self.core.lock().await;
+        if let Some((book, attempt)) = &guard.book {
+            book.abandon(attempt);
+        }
+    }
+
     /// Whether the terminal record sent was an error.
     pub fn ended_with_error(&self) -> bool {
         self.ended_with_error

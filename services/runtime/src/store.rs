@@ -21,11 +21,21 @@ use crate::{
 /// no new request, says why on `/readyz` and in `sluice_processor_store_blocked`, and probes
 /// the broker with backoff until it stores again. Requests stay unacked on the broker
 /// meanwhile; nothing is lost.
+///
+/// A block is probed as soon as it is set, whatever the consume loop is doing (see
+/// [`StoreGuard::until_blocked`]): a loop that waited for the next request when a request
+/// task's publish failed used to probe only once another request arrived. On a non-persistent
+/// request topic the requests sent meanwhile may all have been dropped by the broker, so none
+/// came, and the processor's syncs said for minutes that it took no request although the
+/// broker stored again: its clients, which end a request no processor lists only while every
+/// processor says it takes requests, waited out their inactivity timeouts (the secured
+/// cluster, a broker's SIGKILL under load, 2026-12-07).
 #[derive(Clone)]
 pub(crate) struct StoreGuard {
     processor: String,
     telemetry: Telemetry,
-    blocked: Arc<std::sync::atomic::AtomicBool>,
+    /// Whether the store is blocked; a watch so that the consume loop can wait for a block.
+    blocked: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 /// The [`crate::telemetry::Health`] condition a blocked store sets.
@@ -42,12 +52,20 @@ impl StoreGuard {
         Self {
             processor,
             telemetry,
-            blocked: Arc::default(),
+            blocked: Arc::new(tokio::sync::watch::Sender::new(false)),
         }
     }
 
     pub(crate) fn is_blocked(&self) -> bool {
-        self.blocked.load(std::sync::atomic::Ordering::SeqCst)
+        *self.blocked.borrow()
+    }
+
+    /// Resolves once the store is blocked (at once if it is). Cancel-safe: for a `select!`
+    /// beside the wait for the next request.
+    pub(crate) async fn until_blocked(&self) {
+        let mut blocked = self.blocked.subscribe();
+        // Never an error: `self` holds the sender.
+        let _ = blocked.wait_for(|b| *b).await;
     }
 
     pub(crate) fn block(&self, error: &BusError) {
@@ -57,7 +75,7 @@ impl StoreGuard {
             STORE_CONDITION,
             format!("the broker cannot store this processor's records: {error}"),
         );
-        if !self.blocked.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        if !self.blocked.send_replace(true) {
             warn!(processor = %self.processor, error = %error,
                   "the broker cannot store records: taking no new request until it can");
         }
@@ -66,10 +84,7 @@ impl StoreGuard {
     fn unblock(&self) {
         self.telemetry.metrics.store_blocked(&self.processor, false);
         self.telemetry.health.clear(STORE_CONDITION);
-        if self
-            .blocked
-            .swap(false, std::sync::atomic::Ordering::SeqCst)
-        {
+        if self.blocked.send_replace(false) {
             info!(processor = %self.processor, "the broker stores records again: taking requests");
         }
     }

@@ -140,6 +140,21 @@ impl StreamBook {
         crate::lock(&self.inner).open.remove(attempt);
     }
 
+    /// The stream's request is gone without its answer (handed back on a non-persistent
+    /// request topic, where a nack brings nothing back): listed as finished, for
+    /// [`DONE_FOR`], with one record more than were handed to the producer, the terminal
+    /// record that never comes. Its client, which may have every record that was sent, then
+    /// ends it as lost at the sync instead of waiting out its inactivity timeout (seen on the
+    /// secured cluster after a broker's SIGKILL: a record that could not be handed to the
+    /// producer, a stream listed as finished with the one record its client had, and the
+    /// client waiting 120 s).
+    pub fn abandon(&self, attempt: &str) {
+        if let Some(entry) = crate::lock(&self.inner).open.get_mut(attempt) {
+            entry.1 += 1;
+        }
+        self.close(attempt);
+    }
+
     /// The stream ends (answered or handed on): listed for [`DONE_FOR`] more.
     pub fn close(&self, attempt: &str) {
         let mut inner = crate::lock(&self.inner);

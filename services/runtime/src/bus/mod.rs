@@ -279,7 +279,8 @@ pub trait Publisher: Send + Sync {
 /// Consumes one subscription.
 #[async_trait]
 pub trait Subscription: Send {
-    /// The next delivery; `None` once the subscription is closed for good.
+    /// The next delivery; `None` once the subscription is closed for good. Cancel-safe: a
+    /// caller may drop the future (e.g. in a `select!`) without losing a delivery.
     async fn next(&mut self) -> Option<Result<Delivery, BusError>>;
 
     /// Closes the subscription. Deliveries not yet settled go back to the broker for

@@ -88,6 +88,21 @@ impl<R> Route<R> {
         }
     }
 
+    /// What the route knows of its request, for a log line: whether the broker confirmed it
+    /// stored it, whether a sync listed it and who answers it, what arrived.
+    pub(super) fn describe(&self) -> String {
+        let ago = |t: Instant| format!("{:.1} s ago", t.elapsed().as_secs_f64());
+        format!(
+            "stored: {}, listed: {}, listed as open by: {}, records received: {} (next {}), last record or listing {}",
+            self.stored_at.map_or("not confirmed".to_owned(), ago),
+            self.listed,
+            self.listed_by.as_deref().unwrap_or("none"),
+            self.received_any,
+            self.next_seq,
+            ago(self.last_seen),
+        )
+    }
+
     /// Moves on to `attempt`; the current one is abandoned.
     fn switch_to(&mut self, attempt: &str) {
         if let Some(old) = self.attempt.replace(attempt.to_owned()) {

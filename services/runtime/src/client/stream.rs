@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use sluice_schema::{ErrorKind, ResponseRecord};
 use tokio::{sync::mpsc, time::Instant};
+use tracing::warn;
 
 use super::{
     ClientError,
@@ -80,6 +81,13 @@ impl<R: ResponseRecord> ResponseStream<R> {
                 Ok(Some(item)) => item,
                 Ok(None) => return self.finish(ClientOutcome::Failed, Err(ClientError::Closed)),
                 Err(_) => {
+                    // What the client knew of the request when it gave up: which of the
+                    // loss rules (crate::sync) could not decide, and why.
+                    if let Some(route) = lock(&self.routes).get(&self.id) {
+                        warn!(service = %self.service, request_id = %self.id,
+                              waited = ?self.started.elapsed(), state = %route.describe(),
+                              "a stream ends at its time limit");
+                    }
                     // The caller stops waiting: the service should stop working on it too.
                     cancel_when_ready(self.cancel.take(), self.id.clone());
                     let (outcome, error) = if Some(deadline) == loss_deadline {

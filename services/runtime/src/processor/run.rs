@@ -236,6 +236,15 @@ async fn consume<H: Handler>(
         let delivery = tokio::select! {
             biased;
             () = shutdown.cancelled() => break,
+            // A request task found the broker unable to store while this loop waited for a
+            // request: probe now (at the top of the loop), not when the next request arrives,
+            // which may never happen (see `StoreGuard`). `next` is cancel-safe: a request it
+            // was about to hand over is taken at the next turn.
+            () = store.until_blocked() => {
+                waiting.store(false, Ordering::Relaxed);
+                drop(permit);
+                continue;
+            }
             d = subscription.next() => d,
         };
         waiting.store(false, Ordering::Relaxed);

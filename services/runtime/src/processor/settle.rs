@@ -44,6 +44,8 @@ pub(super) async fn settle<R: ResponseRecord>(
             warn!("unfinished when the drain grace ran out; handing the request back");
             if requests_come_back {
                 sink.retract().await;
+            } else if !sink.is_ended() {
+                sink.abandon().await;
             }
             delivery.nack();
             metrics.request_finished(processor, Outcome::Retried, 0.0);
@@ -52,6 +54,8 @@ pub(super) async fn settle<R: ResponseRecord>(
             warn!("no terminal record could be published; handing the request back");
             if requests_come_back {
                 sink.retract().await;
+            } else if !sink.is_ended() {
+                sink.abandon().await;
             }
             delivery.nack();
             metrics.request_finished(processor, Outcome::Retried, 0.0);
@@ -62,6 +66,8 @@ pub(super) async fn settle<R: ResponseRecord>(
             // loop already waiting for the broker, not calling the provider again.
             if requests_come_back {
                 sink.retract().await;
+            } else if !sink.is_ended() {
+                sink.abandon().await;
             }
             delivery.nack();
             metrics.request_finished(processor, Outcome::Retried, 0.0);

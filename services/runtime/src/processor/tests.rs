@@ -287,3 +287,210 @@ async fn a_request_without_id_is_counted_and_not_redelivered() {
     f.shutdown.cancel();
     f.task.await.unwrap().unwrap();
 }
+
+/// A bus whose request subscriptions lose what is handed back, as a non-persistent topic
+/// does: a nack settles the message for good (the memory bus would redeliver it).
+struct DropsNacks(MemoryBus);
+
+#[async_trait]
+impl Bus for DropsNacks {
+    async fn publisher(&self, topic: &str) -> Result<Arc<dyn Publisher>, BusError> {
+        self.0.publisher(topic).await
+    }
+
+    async fn subscribe(
+        &self,
+        topic: &str,
+        subscription: &str,
+        options: SubscribeOptions,
+    ) -> Result<Box<dyn Subscription>, BusError> {
+        Ok(Box::new(NacksDropped(
+            self.0.subscribe(topic, subscription, options).await?,
+        )))
+    }
+
+    fn max_message_bytes(&self) -> usize {
+        self.0.max_message_bytes()
+    }
+}
+
+struct NacksDropped(Box<dyn Subscription>);
+
+/// Settles the real delivery with an ack, whatever was asked.
+struct AckAlways(crate::bus::Delivery);
+
+impl crate::bus::Settle for AckAlways {
+    fn settle(self: Box<Self>, _: crate::bus::Settlement) {
+        self.0.ack();
+    }
+}
+
+#[async_trait]
+impl Subscription for NacksDropped {
+    async fn next(&mut self) -> Option<Result<crate::bus::Delivery, BusError>> {
+        let d = match self.0.next().await? {
+            Ok(d) => d,
+            Err(e) => return Some(Err(e)),
+        };
+        let (payload, properties, count) = (
+            d.payload().clone(),
+            d.properties().clone(),
+            d.redelivery_count(),
+        );
+        Some(Ok(crate::bus::Delivery::new(
+            payload,
+            properties,
+            count,
+            Box::new(AckAlways(d)),
+        )))
+    }
+
+    async fn close(self: Box<Self>) {
+        self.0.close().await;
+    }
+
+    async fn unsubscribe(self: Box<Self>) {
+        self.0.unsubscribe().await;
+    }
+
+    fn link(&self) -> crate::bus::Link {
+        self.0.link()
+    }
+}
+
+/// A processor waiting for its next request when a request task finds the broker unable
+/// to store probes the broker at once, and its syncs say it takes requests again as soon
+/// as the broker stores, with no request arriving. Before, only the next request made it
+/// probe; on a non-persistent request topic, where the requests sent during a broker's
+/// failover can all be lost, its syncs said "not taking" for minutes, and its clients,
+/// which end a request no processor lists only while every processor takes requests,
+/// waited out their inactivity timeouts (the secured cluster, 2026-12-07).
+#[tokio::test]
+async fn an_idle_processor_probes_a_blocked_store_at_once_and_takes_requests_again() {
+    let (req, resp) = ("non-persistent://t/ns/req", "non-persistent://t/ns/resp");
+    let mut config = ProcessorConfig::new("echo", req, resp);
+    config.drain_grace = Duration::from_millis(100);
+    let bus = MemoryBus::new(2048, 1000);
+    let mut responses = bus
+        .subscribe(resp, "test", SubscribeOptions::exclusive(100))
+        .await
+        .unwrap();
+    let telemetry = Telemetry::new().unwrap();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(run(
+        Arc::new(DropsNacks(bus.clone())),
+        config,
+        Arc::new(Echo),
+        telemetry.clone(),
+        shutdown.clone(),
+    ));
+    tokio::time::timeout(Duration::from_secs(5), telemetry.health.until_watched(1))
+        .await
+        .expect("the processor subscribes");
+    // Its hand-off cannot be stored: the store is blocked and the request handed back,
+    // which loses it here. No other request comes.
+    bus.publisher(req)
+        .await
+        .unwrap()
+        .send(Message::new(r#"{"prompt":"handoff-fails"}"#).with_property(properties::ID, "h1"))
+        .await
+        .unwrap();
+    // The syncs: "taking" once h1 has been handed back. A hang guard, not a measure: a
+    // processor that never probes never says it takes requests again.
+    let mut handed_back = false;
+    let taking_again = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let d = responses.next().await.unwrap().unwrap();
+            let state = d
+                .property(properties::SYNC_STATE)
+                .map(|state| serde_json::from_str::<crate::sync::SyncState>(state).unwrap());
+            d.ack();
+            let Some(state) = state else { continue };
+            let h1 = state.streams.iter().find(|e| e.0 == "h1");
+            handed_back |= h1.is_some_and(|e| !e.3);
+            if handed_back && state.taking {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(
+        taking_again.is_ok(),
+        "handed back: {handed_back}; the processor never said it takes requests again: {}",
+        telemetry.render()
+    );
+    assert!(
+        telemetry
+            .render()
+            .contains(r#"sluice_processor_store_blocked{processor="echo"} 0"#)
+    );
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
+
+/// On a non-persistent request topic a request handed back is gone (a nack brings nothing
+/// back), so its stream is listed as finished with one record more than the processor
+/// handed to the producer: its client, which has every record that was sent, ends it as
+/// lost at the sync instead of waiting out its inactivity timeout (the secured cluster,
+/// 2026-12-07: 11 streams listed finished with the one record their client had, each
+/// ended at the gateway's 120 s timeout).
+#[tokio::test]
+async fn on_a_non_persistent_request_topic_a_request_handed_back_is_listed_as_lost() {
+    let (req, resp) = ("non-persistent://t/ns/req", "non-persistent://t/ns/resp");
+    let mut config = ProcessorConfig::new("echo", req, resp);
+    config.drain_grace = Duration::from_millis(100);
+    let bus = MemoryBus::new(2048, 1000);
+    let mut responses = bus
+        .subscribe(resp, "test", SubscribeOptions::exclusive(100))
+        .await
+        .unwrap();
+    let telemetry = Telemetry::new().unwrap();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(run(
+        Arc::new(DropsNacks(bus.clone())),
+        config,
+        Arc::new(Echo),
+        telemetry.clone(),
+        shutdown.clone(),
+    ));
+    tokio::time::timeout(Duration::from_secs(5), telemetry.health.until_watched(1))
+        .await
+        .expect("the processor subscribes");
+    bus.publisher(req)
+        .await
+        .unwrap()
+        .send(Message::new(r#"{"prompt":"handoff-fails"}"#).with_property(properties::ID, "h1"))
+        .await
+        .unwrap();
+    let mut received = 0;
+    let listed = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let d = responses.next().await.unwrap().unwrap();
+            if d.property(properties::ID) == Some("h1") {
+                received += 1;
+                d.ack();
+                continue;
+            }
+            let state = d
+                .property(properties::SYNC_STATE)
+                .map(|state| serde_json::from_str::<crate::sync::SyncState>(state).unwrap());
+            d.ack();
+            if let Some(state) = state
+                && let Some(entry) = state.streams.iter().find(|e| e.0 == "h1" && !e.3)
+            {
+                return entry.clone();
+            }
+        }
+    })
+    .await
+    .expect("h1 listed as finished");
+    // "step one" arrived; the hand-off after it failed, and no terminal record came.
+    assert_eq!(received, 1);
+    assert!(
+        listed.2 > received,
+        "listed as finished with {} records, {received} arrived: {listed:?}",
+        listed.2
+    );
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
