@@ -223,7 +223,7 @@ impl Cluster {
         .await;
     }
 
-    /// The least-privilege grants of one service's topics (docs/production-pulsar.md, "Grants"): the
+    /// The least-privilege grants of one service's topics (docs/production-pulsar.md, "Roles and grants"): the
     /// service's own role ([`role`]) consumes requests and cancels and produces answers; the
     /// gateway the opposite.
     pub async fn grant_service(&self, ts: &str, service: &str) {

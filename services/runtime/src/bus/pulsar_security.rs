@@ -250,7 +250,7 @@ impl fmt::Display for Denial {
                 "the TLS handshake failed (the broker's certificate is not signed by a CA in SLUICE_PULSAR_TLS_CA_FILE or the system roots, or does not name the host)"
             }
             DenialCause::Authorization => {
-                "this role is not authorized (grant it with `pulsar-admin topics grant-permission`, see docs/production-pulsar.md, \"Grants\")"
+                "this role is not authorized (grant it with `pulsar-admin topics grant-permission`, see docs/production-pulsar.md, \"Roles and grants\")"
             }
         };
         write!(f, "{}: {advice}: {}", self.operation, self.detail)
@@ -273,12 +273,27 @@ pub fn denial(error: &pulsar::Error, operation: impl Into<String>) -> Option<Den
     })
 }
 
+/// What a broker's error message says when the broker's own connection failed: Java's
+/// connect exceptions and their errno texts, and its timeouts.
+const BROKER_SIDE_OUTAGE: [&str; 5] = [
+    "ConnectException",
+    "Connection refused",
+    "Connection reset",
+    "TimeoutException",
+    "No route to host",
+];
+
 fn denial_cause(debug: &str) -> Option<DenialCause> {
     if debug.contains("Retriable(") {
         // Our own providers' word for "the issuer is unreachable right now": an outage.
         None
     } else if debug.contains("AuthorizationError") {
-        Some(DenialCause::Authorization)
+        // A broker that could not reach another broker (or its metadata store) while checking
+        // a permission answers AuthorizationError with its own connection failure as the
+        // message: an outage (a broker's SIGKILL in the cluster suite, 2026-12-07: 1,636 of
+        // them, each turned into "this role is not authorized" for the callers), not a refusal.
+        (!BROKER_SIDE_OUTAGE.iter().any(|m| debug.contains(m)))
+            .then_some(DenialCause::Authorization)
     } else if debug.contains("AuthenticationError") || debug.contains("Authentication(") {
         Some(DenialCause::Authentication)
     } else if debug.contains("InvalidCertificate")
@@ -429,6 +444,11 @@ mod tests {
                 ServerError::ServiceNotReady,
                 "Namespace bundle is being unloaded",
             )),
+            // The surviving broker's words while another was SIGKILLed (the cluster suite).
+            pulsar::Error::Producer(ProducerError::Connection(broker_refusal(
+                ServerError::AuthorizationError,
+                "java.util.concurrent.CompletionException: io.netty.channel.AbstractChannel$AnnotatedConnectException: finishConnect(..) failed with error(-111): Connection refused: pulsar.sluice.test/127.0.0.3:6651",
+            ))),
         ] {
             assert_eq!(denial(&e, "x"), None, "{e:?}");
         }
