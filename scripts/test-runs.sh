@@ -57,7 +57,7 @@ failed=0
 run() {
   local name="$1" rc=0 start=$SECONDS
   log "run $name: log $dir/$name.log"
-  (cd "$clone" && env "${env_for_runs[@]}" SLUICE_TEST_TIMES="$dir/$name-times.md" \
+  (cd "$clone" && env "${env_for_runs[@]}" CI=true SLUICE_TEST_TIMES="$dir/$name-times.md" \
     bash .ci/run) >"$dir/$name.log" 2>&1 || rc=$?
   local took=$(((SECONDS - start) / 60)) over
   over=$(grep -c '^warning: the stage .* over its .* budget' "$dir/$name.log" || true)
