@@ -152,6 +152,15 @@ pub(super) async fn start() -> Fixture {
 /// A processor of `config` answering with [`Echo`] on an in-process bus, subscribed to
 /// before anything is published, with a subscription to its response topic.
 pub(super) async fn start_with(config: ProcessorConfig) -> Fixture {
+    start_on(config, |bus| Arc::new(bus)).await
+}
+
+/// [`start_with`], the processor reading the in-process bus through `wrap` (the fixture
+/// publishes and reads on the bus itself).
+async fn start_on(
+    config: ProcessorConfig,
+    wrap: impl FnOnce(MemoryBus) -> Arc<dyn Bus>,
+) -> Fixture {
     let bus = MemoryBus::new(2048, 1000);
     let responses = bus
         .subscribe(
@@ -164,7 +173,7 @@ pub(super) async fn start_with(config: ProcessorConfig) -> Fixture {
     let telemetry = Telemetry::new().unwrap();
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(run(
-        Arc::new(bus.clone()),
+        wrap(bus.clone()),
         config,
         Arc::new(Echo),
         telemetry.clone(),
@@ -358,6 +367,23 @@ impl Subscription for NacksDropped {
     }
 }
 
+/// A processor on a non-persistent request topic whose hand-backs are lost (as there), sent
+/// one request, `h1`, whose hand-off cannot be stored.
+async fn handoff_fails_on_a_non_persistent_topic() -> Fixture {
+    let (req, resp) = ("non-persistent://t/ns/req", "non-persistent://t/ns/resp");
+    let mut config = ProcessorConfig::new("echo", req, resp);
+    config.drain_grace = Duration::from_millis(100);
+    let f = start_on(config, |bus| Arc::new(DropsNacks(bus))).await;
+    f.bus
+        .publisher(req)
+        .await
+        .unwrap()
+        .send(Message::new(r#"{"prompt":"handoff-fails"}"#).with_property(properties::ID, "h1"))
+        .await
+        .unwrap();
+    f
+}
+
 /// A processor waiting for its next request when a request task finds the broker unable
 /// to store probes the broker at once, and its syncs say it takes requests again as soon
 /// as the broker stores, with no request arriving. Before, only the next request made it
@@ -367,34 +393,15 @@ impl Subscription for NacksDropped {
 /// waited out their inactivity timeouts (the secured cluster, 2026-12-07).
 #[tokio::test]
 async fn an_idle_processor_probes_a_blocked_store_at_once_and_takes_requests_again() {
-    let (req, resp) = ("non-persistent://t/ns/req", "non-persistent://t/ns/resp");
-    let mut config = ProcessorConfig::new("echo", req, resp);
-    config.drain_grace = Duration::from_millis(100);
-    let bus = MemoryBus::new(2048, 1000);
-    let mut responses = bus
-        .subscribe(resp, "test", SubscribeOptions::exclusive(100))
-        .await
-        .unwrap();
-    let telemetry = Telemetry::new().unwrap();
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(run(
-        Arc::new(DropsNacks(bus.clone())),
-        config,
-        Arc::new(Echo),
-        telemetry.clone(),
-        shutdown.clone(),
-    ));
-    tokio::time::timeout(Duration::from_secs(5), telemetry.health.until_watched(1))
-        .await
-        .expect("the processor subscribes");
     // Its hand-off cannot be stored: the store is blocked and the request handed back,
     // which loses it here. No other request comes.
-    bus.publisher(req)
-        .await
-        .unwrap()
-        .send(Message::new(r#"{"prompt":"handoff-fails"}"#).with_property(properties::ID, "h1"))
-        .await
-        .unwrap();
+    let Fixture {
+        mut responses,
+        telemetry,
+        shutdown,
+        task,
+        ..
+    } = handoff_fails_on_a_non_persistent_topic().await;
     // The syncs: "taking" once h1 has been handed back. A hang guard, not a measure: a
     // processor that never probes never says it takes requests again.
     let mut handed_back = false;
@@ -436,32 +443,12 @@ async fn an_idle_processor_probes_a_blocked_store_at_once_and_takes_requests_aga
 /// ended at the gateway's 120 s timeout).
 #[tokio::test]
 async fn on_a_non_persistent_request_topic_a_request_handed_back_is_listed_as_lost() {
-    let (req, resp) = ("non-persistent://t/ns/req", "non-persistent://t/ns/resp");
-    let mut config = ProcessorConfig::new("echo", req, resp);
-    config.drain_grace = Duration::from_millis(100);
-    let bus = MemoryBus::new(2048, 1000);
-    let mut responses = bus
-        .subscribe(resp, "test", SubscribeOptions::exclusive(100))
-        .await
-        .unwrap();
-    let telemetry = Telemetry::new().unwrap();
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(run(
-        Arc::new(DropsNacks(bus.clone())),
-        config,
-        Arc::new(Echo),
-        telemetry.clone(),
-        shutdown.clone(),
-    ));
-    tokio::time::timeout(Duration::from_secs(5), telemetry.health.until_watched(1))
-        .await
-        .expect("the processor subscribes");
-    bus.publisher(req)
-        .await
-        .unwrap()
-        .send(Message::new(r#"{"prompt":"handoff-fails"}"#).with_property(properties::ID, "h1"))
-        .await
-        .unwrap();
+    let Fixture {
+        mut responses,
+        shutdown,
+        task,
+        ..
+    } = handoff_fails_on_a_non_persistent_topic().await;
     let mut received = 0;
     let listed = tokio::time::timeout(Duration::from_secs(20), async {
         loop {
