@@ -42,35 +42,36 @@ pub(super) async fn settle<R: ResponseRecord>(
         }
         Ok(()) if outcome == Outcome::Retried => {
             warn!("unfinished when the drain grace ran out; handing the request back");
-            if requests_come_back {
-                sink.retract().await;
-            } else if !sink.is_ended() {
-                sink.abandon().await;
-            }
-            delivery.nack();
+            hand_back(delivery, sink, requests_come_back).await;
             metrics.request_finished(processor, Outcome::Retried, 0.0);
         }
         Ok(()) => {
             warn!("no terminal record could be published; handing the request back");
-            if requests_come_back {
-                sink.retract().await;
-            } else if !sink.is_ended() {
-                sink.abandon().await;
-            }
-            delivery.nack();
+            hand_back(delivery, sink, requests_come_back).await;
             metrics.request_finished(processor, Outcome::Retried, 0.0);
         }
         Err(e) => {
             warn!(error = %e, "publishing failed; handing the request back for another attempt");
             // Blocked above, before the nack: the redelivered request must find the consume
             // loop already waiting for the broker, not calling the provider again.
-            if requests_come_back {
-                sink.retract().await;
-            } else if !sink.is_ended() {
-                sink.abandon().await;
-            }
-            delivery.nack();
+            hand_back(delivery, sink, requests_come_back).await;
             metrics.request_finished(processor, Outcome::Retried, 0.0);
         }
     }
+}
+
+/// Hands the request back to the broker. Where it comes back (a durable request topic), its
+/// records so far are retracted for the next attempt; where it does not (non-persistent), a
+/// stream not ended is listed as abandoned, so its client ends it as lost.
+async fn hand_back<R: ResponseRecord>(
+    delivery: Delivery,
+    sink: &mut ResponseSink<R>,
+    requests_come_back: bool,
+) {
+    if requests_come_back {
+        sink.retract().await;
+    } else if !sink.is_ended() {
+        sink.abandon().await;
+    }
+    delivery.nack();
 }
