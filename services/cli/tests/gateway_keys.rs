@@ -388,6 +388,33 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
         gamma.refusal.is_some(),
         "gamma was never refused under the load"
     );
+    // Every replica has read the others' last snapshots, those of the settled requests,
+    // before one caller goes on alone: until then a replica still counts what the others'
+    // requests reserved, not what they used, and refuses early.
+    let settled = warm_tokens + gamma.tokens;
+    for &port in &ports[1..=REPLICAS] {
+        let seen = metrics_text::eventually_value(
+            port,
+            "sluice_gateway_key_quota_used_tokens",
+            &[("key", "gamma"), ("period", "day")],
+            PATIENCE,
+            |v| v == settled as f64,
+        )
+        .await;
+        assert_eq!(
+            seen, settled as f64,
+            "replica on :{port}: gamma's day as heard"
+        );
+        let in_flight = metrics_text::value(
+            &metrics_text::scrape(port).await,
+            "sluice_gateway_key_in_flight",
+            &[("key", "gamma")],
+        );
+        assert_eq!(
+            in_flight, 0.0,
+            "replica on :{port}: gamma's requests in flight"
+        );
+    }
     let mut alone_refused = false;
     for _ in 0..day {
         let Some(tokens) = chat_tokens(&http, &urls[0], "sk-test-gamma", model).await else {
@@ -399,6 +426,15 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
     }
     assert!(alone_refused);
     let used = warm_tokens + gamma.tokens;
+    // What refused the lone caller is what the callers were told they used.
+    assert_eq!(
+        metrics_text::value(
+            &metrics_text::scrape(ports[1]).await,
+            "sluice_gateway_key_quota_used_tokens",
+            &[("key", "gamma"), ("period", "day")],
+        ),
+        used as f64
+    );
     let per_request = used / (gamma.admitted + REPLICAS) as u64;
     assert!(
         used > day - reserve && used <= day + ((REPLICAS - 1) * CALLERS) as u64 * per_request,

@@ -351,6 +351,26 @@ struct State {
     resuming: HashMap<Arc<str>, u64>,
 }
 
+impl State {
+    /// A key's counts on all replicas at `now`, as this one last heard: what its limits are
+    /// checked against.
+    fn total(&self, key: &str, now: &Now) -> Counts {
+        let mut total = self.mine.get(key).copied().unwrap_or_default().at(now);
+        if let Some(peers) = self.peers.get(key) {
+            for (_, c) in peers.values() {
+                let mut counted = c.at(now);
+                // A replica not heard of for two minutes holds no place in flight: it may
+                // have died with them.
+                if !c.fresh(now) {
+                    counted.in_flight = 0;
+                }
+                total.add(&counted);
+            }
+        }
+        total
+    }
+}
+
 /// The limits of every key on this replica, and the state shared with the others.
 pub(crate) struct Limiter {
     replica: String,
@@ -448,18 +468,7 @@ impl Limiter {
             .copied()
             .unwrap_or_default()
             .at(&now);
-        let mut total = mine;
-        if let Some(peers) = state.peers.get(&key.name) {
-            for (_, c) in peers.values() {
-                let mut counted = c.at(&now);
-                // A replica not heard of for two minutes holds no place in flight: it may
-                // have died with them.
-                if !c.fresh(&now) {
-                    counted.in_flight = 0;
-                }
-                total.add(&counted);
-            }
-        }
+        let total = state.total(&key.name, &now);
         let into = now.minute_fraction();
         let name = &key.name;
         // Every limit is checked: the caller hears of the one that keeps it waiting longest
@@ -586,6 +595,7 @@ impl Limiter {
         counts.month_tokens = counts.month_tokens.saturating_add(reserve);
         counts.in_flight = counts.in_flight.saturating_add(1);
         state.mine.insert(key.name.clone(), counts);
+        self.export(&state, &key.name, &now);
         if resume {
             *state.resuming.entry(key.name.clone()).or_default() += 1;
         }
@@ -633,6 +643,7 @@ impl Limiter {
             c.in_flight = c.in_flight.saturating_sub(1);
             if a.resume {
                 // Nothing reserved, nothing to settle: the stream's tokens were its sender's.
+                self.export(&state, &a.key, &now);
                 if a.shared {
                     state.dirty.insert(a.key.clone());
                     drop(state);
@@ -664,6 +675,7 @@ impl Limiter {
             }
             *c = rolled;
         }
+        self.export(&state, &a.key, &now);
         if a.shared {
             state.dirty.insert(a.key.clone());
             drop(state);
@@ -743,13 +755,10 @@ impl Limiter {
             Some((k, _)) => k.clone(),
             None => Arc::from(snapshot.key.as_str()),
         };
-        let replicas = state.peers.entry(key).or_default();
+        let replicas = state.peers.entry(key.clone()).or_default();
         match replicas.get(&snapshot.replica) {
-            Some((seq, _)) if *seq >= snapshot.seq => Ok(()),
-            Some(_) => {
-                replicas.insert(snapshot.replica, (snapshot.seq, snapshot.counts));
-                Ok(())
-            }
+            Some((seq, _)) if *seq >= snapshot.seq => return Ok(()),
+            Some(_) => {}
             None => {
                 if replicas.len() - usize::from(replicas.contains_key(RETIRED))
                     >= MAX_REPLICAS_PER_KEY
@@ -757,10 +766,11 @@ impl Limiter {
                 {
                     return Err("replicas");
                 }
-                replicas.insert(snapshot.replica, (snapshot.seq, snapshot.counts));
-                Ok(())
             }
         }
+        replicas.insert(snapshot.replica, (snapshot.seq, snapshot.counts));
+        self.export(&state, &key, now);
+        Ok(())
     }
 
     /// The other replicas with a snapshot from this minute or the last: those sharing now.
@@ -775,6 +785,24 @@ impl Limiter {
             }
         }
         live.len()
+    }
+
+    /// Exports `key`'s totals (requests in flight, tokens used today and this month) as
+    /// this replica sees them now: on every change of its own counts or of a peer's, and
+    /// every second, as peers' snapshots age.
+    fn export(&self, state: &State, key: &str, now: &Now) {
+        let total = state.total(key, now);
+        self.metrics
+            .key_totals(key, total.in_flight, total.day_tokens, total.month_tokens);
+    }
+
+    /// Exports every key's totals (see [`Self::export`]).
+    fn export_all(&self, now: &Now) {
+        let state = self.lock();
+        let keys: HashSet<&Arc<str>> = state.mine.keys().chain(state.peers.keys()).collect();
+        for key in keys {
+            self.export(&state, key, now);
+        }
     }
 
     /// Drops what can no longer count: other replicas' snapshots from before this month, and
@@ -965,7 +993,9 @@ impl Limiter {
                 _ = republish.tick() => Which::All,
                 _ = in_flight.tick() => Which::InFlight,
                 _ = gauge.tick() => {
-                    self.metrics.limit_peers(self.live_peers(&Now::wall()));
+                    let now = Now::wall();
+                    self.metrics.limit_peers(self.live_peers(&now));
+                    self.export_all(&now);
                     continue;
                 }
             };

@@ -26,6 +26,8 @@ pub struct GatewayMetrics {
     keys: IntGauge,
     key_reloads: IntCounterVec,
     limit_peers: IntGauge,
+    key_in_flight: IntGaugeVec,
+    key_quota_used: IntGaugeVec,
     limit_share_failures: IntCounter,
     limit_share_delay: prometheus::Histogram,
     refusals: IntCounterVec,
@@ -129,6 +131,20 @@ impl GatewayMetrics {
             "sluice_gateway_limit_peers",
             "Other gateway replicas whose limit state this one read within the last two minutes",
         )?;
+        let key_in_flight = IntGaugeVec::new(
+            Opts::new(
+                "sluice_gateway_key_in_flight",
+                "Requests of an API key in flight on all replicas, as this replica last heard (its own, and the others' limit state of the last two minutes), by key name",
+            ),
+            &["key"],
+        )?;
+        let key_quota_used = IntGaugeVec::new(
+            Opts::new(
+                "sluice_gateway_key_quota_used_tokens",
+                "Tokens of an API key counted against its quotas on all replicas, as this replica last heard (what requests in flight reserved included), by key name and period: day, month (UTC)",
+            ),
+            &["key", "period"],
+        )?;
         let limit_share_failures = IntCounter::new(
             "sluice_gateway_limit_share_failures_total",
             "Failures to publish or read the limit state shared by the replicas (while they last, each replica counts alone)",
@@ -197,6 +213,8 @@ impl GatewayMetrics {
         registry.register(Box::new(keys.clone()))?;
         registry.register(Box::new(key_reloads.clone()))?;
         registry.register(Box::new(limit_peers.clone()))?;
+        registry.register(Box::new(key_in_flight.clone()))?;
+        registry.register(Box::new(key_quota_used.clone()))?;
         registry.register(Box::new(limit_share_failures.clone()))?;
         registry.register(Box::new(limit_share_delay.clone()))?;
         registry.register(Box::new(refusals.clone()))?;
@@ -216,6 +234,8 @@ impl GatewayMetrics {
             keys,
             key_reloads,
             limit_peers,
+            key_in_flight,
+            key_quota_used,
             limit_share_failures,
             limit_share_delay,
             refusals,
@@ -361,6 +381,21 @@ impl GatewayMetrics {
     pub fn limit_peers(&self, peers: usize) {
         self.limit_peers
             .set(i64::try_from(peers).unwrap_or(i64::MAX));
+    }
+
+    /// Sets what `key` has in flight and has used of its quotas on all replicas, as this
+    /// replica last heard.
+    pub fn key_totals(&self, key: &str, in_flight: u64, day_tokens: u64, month_tokens: u64) {
+        let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        self.key_in_flight
+            .with_label_values(&[key])
+            .set(gauge(in_flight));
+        self.key_quota_used
+            .with_label_values(&[key, "day"])
+            .set(gauge(day_tokens));
+        self.key_quota_used
+            .with_label_values(&[key, "month"])
+            .set(gauge(month_tokens));
     }
 
     /// Records how late another replica's limit state was read.

@@ -641,3 +641,78 @@ fn replicas_of_a_key_are_capped_and_gone_ones_are_folded_not_forgotten() {
     assert_eq!(refusals(&l, "replicas"), 1);
     assert_eq!(l.live_peers(&now), MAX_REPLICAS_PER_KEY);
 }
+
+#[test]
+fn the_gauges_say_what_a_key_has_in_flight_and_used_on_all_replicas_as_last_heard() {
+    let registry = prometheus::Registry::new();
+    let l = Arc::new(Limiter::new(GatewayMetrics::register(&registry).unwrap()));
+    let gauge = |name: &str, period: Option<&str>| -> i64 {
+        let families = registry.gather();
+        let Some(family) = families.iter().find(|f| f.name() == name) else {
+            return -1;
+        };
+        family
+            .get_metric()
+            .iter()
+            .find(|m| {
+                m.get_label()
+                    .iter()
+                    .all(|l| (l.name() == "key" && l.value() == "k") || Some(l.value()) == period)
+            })
+            .map_or(-1, |m| m.get_gauge().get_value() as i64)
+    };
+    let k = key("tokens_per_day = 1000");
+    let now = Now::at(T);
+    let mut a = l.admit_at(&k, req(Some(100)), now).unwrap();
+    // Its own request at once: in flight, its reservation counted.
+    assert_eq!(gauge("sluice_gateway_key_in_flight", None), 1);
+    assert_eq!(
+        gauge("sluice_gateway_key_quota_used_tokens", Some("day")),
+        100
+    );
+    // A peer's snapshot as soon as it is read: two of its requests in flight, 50 used.
+    let peer = |seq: u64, in_flight: u64, day_tokens: u64| Snapshot {
+        replica: "other".into(),
+        key: "k".into(),
+        seq,
+        counts: Counts {
+            minute: now.minute,
+            day: now.day,
+            month: now.month,
+            day_tokens,
+            month_tokens: day_tokens,
+            in_flight,
+            ..Counts::default()
+        },
+        sent_ms: 0,
+    };
+    l.take(peer(1, 2, 50), &now).unwrap();
+    assert_eq!(gauge("sluice_gateway_key_in_flight", None), 3);
+    assert_eq!(
+        gauge("sluice_gateway_key_quota_used_tokens", Some("month")),
+        150
+    );
+    // Settled with what it used, and the peer's settled too: nothing in flight, the day's
+    // usage exactly what the requests used.
+    a.tokens(3, 4);
+    a.ended();
+    l.settle(&a, now);
+    std::mem::forget(a);
+    l.take(peer(2, 0, 20), &now).unwrap();
+    assert_eq!(gauge("sluice_gateway_key_in_flight", None), 0);
+    assert_eq!(
+        gauge("sluice_gateway_key_quota_used_tokens", Some("day")),
+        27
+    );
+    // An older snapshot read late changes nothing.
+    l.take(peer(1, 2, 50), &now).unwrap();
+    assert_eq!(gauge("sluice_gateway_key_in_flight", None), 0);
+    // A peer not heard of for two minutes holds no place in flight; its tokens still count.
+    l.take(peer(3, 5, 30), &now).unwrap();
+    l.export_all(&Now::at(T + 180.0));
+    assert_eq!(gauge("sluice_gateway_key_in_flight", None), 0);
+    assert_eq!(
+        gauge("sluice_gateway_key_quota_used_tokens", Some("day")),
+        37
+    );
+}
