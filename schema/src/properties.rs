@@ -7,6 +7,16 @@
 /// every response record of that request (TrustGraph's convention).
 pub const ID: &str = "id";
 
+/// On a request a processor makes on behalf of the one it handles (the prompt's call to
+/// text-completion, the agent's to prompt and text-completion): the id of the request that
+/// started it all, the first hop's [`ID`], so that every processor's request log names one
+/// `request_id` for it. A request without it is its own origin. Read for logs only: at most
+/// [`MAX_ORIGIN_BYTES`] of printable ASCII is believed, anything else is ignored.
+pub const ORIGIN: &str = "sluice-origin";
+
+/// The longest [`ORIGIN`] believed.
+pub const MAX_ORIGIN_BYTES: usize = 128;
+
 /// W3C trace context (`traceparent`), carried from the gateway through every processor.
 pub const TRACEPARENT: &str = "traceparent";
 

@@ -434,9 +434,10 @@ impl AgentService {
                         span.traceparent(),
                         t.invoke(
                             arguments,
-                            Some(span.traceparent()),
-                            ctx.key.clone(),
-                            ctx.key_seal.clone(),
+                            RequestOptions {
+                                traceparent: Some(span.traceparent()),
+                                ..ctx.on_behalf()
+                            },
                             timeout,
                         ),
                     )
@@ -504,11 +505,8 @@ impl AgentService {
             ..TextCompletionRequest::default()
         };
         let options = RequestOptions {
-            traceparent: ctx.traceparent.clone(),
-            key: ctx.key.clone(),
-            key_seal: ctx.key_seal.clone(),
             total_timeout: Some(remaining),
-            ..RequestOptions::default()
+            ..ctx.on_behalf()
         };
         // A restart ends the step: the ReAct parser has already acted on the abandoned
         // attempt.

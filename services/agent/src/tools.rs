@@ -360,23 +360,19 @@ pub fn token(var: Option<&str>) -> Result<Option<Secret>, String> {
 
 impl Tool {
     /// Invokes the tool: its result (`Err` is an error to show the model as the observation)
-    /// and the tokens its call spent on models.
+    /// and the tokens its call spent on models. `on_behalf`: the options of a request made
+    /// for the agent's request (`RequestContext::on_behalf`): the key and the gateway's seal
+    /// of it go on to the services the tool calls, whose usage it is billed, and the origin
+    /// to their request logs.
     pub async fn invoke(
         &self,
         arguments: &BTreeMap<String, String>,
-        traceparent: Option<String>,
-        key: Option<String>,
-        key_seal: Option<String>,
+        on_behalf: RequestOptions,
         timeout: Duration,
     ) -> (Result<String, ToolError>, Tokens) {
-        // The key and the gateway's seal of it go on to the services the tool calls, whose
-        // usage it is billed.
         let options = RequestOptions {
-            traceparent,
-            key,
-            key_seal,
             total_timeout: Some(timeout),
-            ..RequestOptions::default()
+            ..on_behalf
         };
         let spent = Spent::default();
         let work = async {

@@ -42,7 +42,7 @@ pub struct TemplateArgs {
     #[arg(long, default_value_t = 2)]
     pub template_poll_secs: u64,
     /// Put content in the prompt processor's request log: the prompts sent (`messages`), the
-    /// objects received (`data`) and malformed lines (`line_text`), as the LLM streaming contract
+    /// objects received (`data`) and malformed lines (`line`), as the LLM streaming contract
     /// (docs/specs.md#the-structured-ndjson-contracts) logs them. Off by default: without it the
     /// log carries ids, names, counts and positions only.
     #[arg(long, env = "SLUICE_LOG_CONTENT")]

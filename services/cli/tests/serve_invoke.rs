@@ -400,6 +400,15 @@ async fn the_request_log_has_seed_000s_events_with_content_only_when_asked() {
         let id = first["request_id"].as_str().unwrap();
         let tc = events(&logs, "sluice_text_completion", "llm_request_started");
         assert_eq!(tc[0]["endpoint"], format!("{base}/v1/chat/completions"));
+        // One id across the hops: text-completion's log names the prompt request's id, and
+        // its own call's id beside it.
+        assert_eq!(tc[0]["request_id"], id, "{stderr}");
+        assert!(
+            tc[0]["call_id"].as_str().is_some_and(|c| c != id),
+            "{stderr}"
+        );
+        let tc_completed = events(&logs, "sluice_text_completion", "llm_request_completed");
+        assert_eq!(tc_completed[0]["request_id"], id, "{stderr}");
 
         let chunks: Vec<_> = events(&logs, prompt, "llm_response_chunk")
             .into_iter()
@@ -417,7 +426,7 @@ async fn the_request_log_has_seed_000s_events_with_content_only_when_asked() {
         assert_eq!(
             malformed
                 .iter()
-                .map(|m| m["line"].as_u64().unwrap())
+                .map(|m| m["line_number"].as_u64().unwrap())
                 .collect::<Vec<_>>(),
             [2, 3, 4],
             "{stderr}"
@@ -448,8 +457,9 @@ async fn the_request_log_has_seed_000s_events_with_content_only_when_asked() {
         );
 
         if content {
-            let messages: serde_json::Value =
-                serde_json::from_str(first["messages"].as_str().unwrap()).unwrap();
+            // The contract's types: `messages` an array, `data` an object, `line` the text.
+            let messages = &first["messages"];
+            assert!(messages.is_array(), "{stderr}");
             assert_eq!(messages[0]["role"], "system");
             assert!(
                 messages[1]["content"]
@@ -457,17 +467,17 @@ async fn the_request_log_has_seed_000s_events_with_content_only_when_asked() {
                     .unwrap()
                     .contains("zebra-content-5521")
             );
-            let data: serde_json::Value =
-                serde_json::from_str(chunks[0]["data"].as_str().unwrap()).unwrap();
+            let data = &chunks[0]["data"];
+            assert!(data.is_object(), "{stderr}");
             assert_eq!(data["block_id"], "abc123");
             assert_eq!(
-                malformed[1]["line_text"],
+                malformed[1]["line"],
                 r#"{"block_id": "def456", "is_knowledge": true,}"#
             );
             assert!(stderr.contains("content logging is on"), "{stderr}");
         } else {
             for e in started.iter().chain(&chunks).chain(&malformed) {
-                for field in ["messages", "data", "line_text"] {
+                for field in ["messages", "data", "line"] {
                     assert!(e.get(field).is_none(), "{field} in {e}");
                 }
             }

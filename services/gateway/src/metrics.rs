@@ -352,6 +352,10 @@ impl GatewayMetrics {
         for kind in ["input", "output"] {
             self.key_tokens.with_label_values(&[key, kind]);
         }
+        self.key_in_flight.with_label_values(&[key]);
+        for period in ["day", "month"] {
+            self.key_quota_used.with_label_values(&[key, period]);
+        }
     }
 
     /// Adds a finished request's tokens to its key's.

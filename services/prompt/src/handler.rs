@@ -26,7 +26,7 @@ use std::{collections::BTreeMap, sync::Arc};
 use async_trait::async_trait;
 use serde_json::Value;
 use sluice_runtime::{
-    client::{RequestClient, RequestOptions},
+    client::RequestClient,
     processor::{Handler, RequestContext, ResponseSink},
     reader::{Encoder, End, Failure, Out, ReadPolicy, Restartable, StartOver, Whole},
 };
@@ -289,12 +289,7 @@ impl Handler for PromptService {
             retry: rendered.template.call.retry.clone(),
             ..TextCompletionRequest::default()
         };
-        let options = RequestOptions {
-            traceparent: ctx.traceparent.clone(),
-            key: ctx.key.clone(),
-            key_seal: ctx.key_seal.clone(),
-            ..RequestOptions::default()
-        };
+        let options = ctx.on_behalf();
         debug!(template = %request.id, ?mode, "rendered; calling text-completion");
         let template = rendered.template;
         let lines =
@@ -304,7 +299,7 @@ impl Handler for PromptService {
             .and_then(|l| l.coverage.as_ref())
             .map(Coverage::expected);
         let log = RequestLog::start(
-            &ctx.id,
+            &ctx.origin,
             &template.id,
             num_blocks,
             self.log_content,

@@ -5,8 +5,12 @@
 //!
 //! Content stays out of logs unless the operator opts in (`--log-content`): by default the
 //! events carry counts, names and positions only. With content logging on, they also carry
-//! exactly the contract's content fields: the call's `messages`, each object's `data`, and a
-//! malformed line's text (`line_text`, at most [`MAX_LINE_TEXT`] bytes).
+//! exactly the contract's content fields: the call's `messages` (an array in the JSON log),
+//! each object's `data` (an object), and a malformed line's text (`line`, at most
+//! [`MAX_LINE_TEXT`] bytes). A malformed line's number is `line_number`, with or without.
+//!
+//! `request_id` is the request's origin (`RequestContext::origin`): the id its first hop was
+//! given, so the prompt's log and text-completion's (which adds its own `call_id`) name one id.
 
 use std::time::Instant;
 
@@ -72,16 +76,16 @@ impl RequestLog {
         self.chunks = 0;
     }
 
-    /// Logs `malformed_json_line`: line `line` of the answer (1-based) is not a JSON object,
-    /// for `reason` (which never quotes the line). `text` is the line, logged only with
-    /// content logging on.
-    pub fn malformed(&self, line: usize, text: &str, reason: &str) {
+    /// Logs `malformed_json_line`: line `line_number` of the answer (1-based) is not a JSON
+    /// object, for `reason` (which never quotes the line). `text` is the line, logged as the
+    /// contract's `line` only with content logging on.
+    pub fn malformed(&self, line_number: usize, text: &str, reason: &str) {
         let request_id = self.request_id.as_str();
         if self.content {
-            warn!(event = "malformed_json_line", request_id, phase = %self.phase, line,
-                  line_text = %clipped(text), error = reason);
+            warn!(event = "malformed_json_line", request_id, phase = %self.phase, line_number,
+                  line = %clipped(text), error = reason);
         } else {
-            warn!(event = "malformed_json_line", request_id, phase = %self.phase, line,
+            warn!(event = "malformed_json_line", request_id, phase = %self.phase, line_number,
                   error = reason);
         }
     }

@@ -716,8 +716,78 @@ pub fn init_tracing(format: LogFormat) {
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_writer(JsonLine::default)
+            .try_init(),
     };
+}
+
+/// The request log's fields whose values are JSON (the contract's `messages`, an array, and
+/// `data`, an object): tracing records a field as text, so the JSON formatter writes them as
+/// strings holding JSON; [`JsonLine`] writes them as the JSON they hold.
+const JSON_FIELDS: [&str; 2] = ["messages", "data"];
+
+/// Stderr for the JSON log, one event at a time: a line of the request log (its `event`
+/// starts with `llm_`) that has a [`JSON_FIELDS`] field holding JSON text is written with
+/// that field as JSON. Only with content logging on do such fields exist; other lines pass
+/// through untouched.
+#[derive(Default)]
+struct JsonLine {
+    line: Vec<u8>,
+}
+
+impl std::io::Write for JsonLine {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.line.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for JsonLine {
+    fn drop(&mut self) {
+        use std::io::Write;
+        let line = embed_json_fields(&self.line);
+        // Nowhere to report a failed write to stderr.
+        let _ = std::io::stderr().lock().write_all(&line);
+    }
+}
+
+/// `line` (one JSON log line) with its [`JSON_FIELDS`] written as JSON, when it is a request
+/// log line that has one holding JSON text; else `line` unchanged.
+fn embed_json_fields(line: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    let has = |needle: &str| line.windows(needle.len()).any(|w| w == needle.as_bytes());
+    if !has("\"event\":\"llm_") || !JSON_FIELDS.iter().any(|f| has(&format!("\"{f}\":\""))) {
+        return line.into();
+    }
+    let Ok(serde_json::Value::Object(mut event)) = serde_json::from_slice(line) else {
+        return line.into();
+    };
+    let mut changed = false;
+    for field in JSON_FIELDS {
+        if let Some(serde_json::Value::String(text)) = event.get(field)
+            && let Ok(value @ (serde_json::Value::Array(_) | serde_json::Value::Object(_))) =
+                serde_json::from_str(text)
+        {
+            event.insert(field.to_owned(), value);
+            changed = true;
+        }
+    }
+    if !changed {
+        return line.into();
+    }
+    match serde_json::to_vec(&event) {
+        Ok(mut out) => {
+            out.push(b'\n');
+            out.into()
+        }
+        Err(_) => line.into(),
+    }
 }
 
 /// A token cancelled on SIGTERM or SIGINT: the signal to drain.
@@ -754,6 +824,29 @@ pub fn shutdown_on_signals() -> CancellationToken {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_request_logs_json_fields_are_written_as_json_and_other_lines_untouched() {
+        let line = br#"{"event":"llm_request_started","messages":"[{\"role\":\"system\"}]","request_id":"r"}
+"#;
+        let out: serde_json::Value = serde_json::from_slice(&embed_json_fields(line)).unwrap();
+        assert_eq!(out["messages"][0]["role"], "system");
+        assert_eq!(out["request_id"], "r");
+        let chunk = br#"{"event":"llm_response_chunk","data":"{\"block_id\":\"b1\"}"}
+"#;
+        let out: serde_json::Value = serde_json::from_slice(&embed_json_fields(chunk)).unwrap();
+        assert_eq!(out["data"]["block_id"], "b1");
+        // Not JSON, or not the request log's: as it was.
+        for same in [
+            &br#"{"event":"llm_response_chunk","data":"plain text"}
+"#[..],
+            br#"{"event":"other","data":"{\"a\":1}"}
+"#,
+            b"not json at all\n",
+        ] {
+            assert_eq!(&*embed_json_fields(same), same);
+        }
+    }
     use std::time::Duration;
 
     #[test]

@@ -321,7 +321,7 @@ impl TextCompletionService {
             .retries
             .with_label_values(&[provider, model, e.kind.as_str()])
             .inc();
-        warn!(event = "llm_request_retry", request_id = %ctx.id, provider, model,
+        warn!(event = "llm_request_retry", request_id = %ctx.origin, call_id = %ctx.id, provider, model,
               error_type = e.kind.as_str(), status = e.status, attempt = retry + 2,
               attempts = policy.attempts, delay_ms = delay.as_millis() as u64, "retrying");
         // A client cancel or the end of the drain grace drops this future (see
@@ -390,7 +390,7 @@ impl TextCompletionService {
         e: SinkError,
     ) -> SinkError {
         let [provider, model] = answer.labels();
-        warn!(event = "llm_request_unpublished", request_id = %ctx.id, provider, model,
+        warn!(event = "llm_request_unpublished", request_id = %ctx.origin, call_id = %ctx.id, provider, model,
               error = %e, "the answer's records could not be published");
         self.finish(answer, started, CallOutcome::Unpublished, usage);
         e
@@ -458,7 +458,7 @@ impl TextCompletionService {
                     .await
                     .map_err(Stop::Unpublished)?;
                     published += 1;
-                    debug!(event = "llm_response_chunk", request_id = %ctx.id, chunk_num = published);
+                    debug!(event = "llm_response_chunk", request_id = %ctx.origin, call_id = %ctx.id, chunk_num = published);
                 }
             }
             .await;
@@ -492,7 +492,7 @@ impl TextCompletionService {
                         return Ok(());
                     }
                     self.finish(&answer, started, CallOutcome::Success, &usage);
-                    info!(event = "llm_request_completed", request_id = %ctx.id, provider, model,
+                    info!(event = "llm_request_completed", request_id = %ctx.origin, call_id = %ctx.id, provider, model,
                           duration_ms = started.elapsed().as_millis() as u64, total_chunks = published,
                           in_tokens = usage.last.input, out_tokens = usage.last.output);
                     return Ok(());
@@ -506,7 +506,7 @@ impl TextCompletionService {
                         retry += 1;
                         continue;
                     }
-                    warn!(event = "llm_request_failed", request_id = %ctx.id, provider, model,
+                    warn!(event = "llm_request_failed", request_id = %ctx.origin, call_id = %ctx.id, provider, model,
                           error_type = e.kind.as_str(), error_message = %e.message, chunks_received = published);
                     // Counted once sent: a call dropped meanwhile counts as cancelled only.
                     let sent = sink.send(self.error_record(&answer, &e, &mut usage)).await;
@@ -567,7 +567,7 @@ impl TextCompletionService {
                         return Ok(());
                     }
                     self.finish(&answer, started, CallOutcome::Success, &usage);
-                    info!(event = "llm_request_completed", request_id = %ctx.id, provider, model,
+                    info!(event = "llm_request_completed", request_id = %ctx.origin, call_id = %ctx.id, provider, model,
                           duration_ms = started.elapsed().as_millis() as u64, total_chunks = 1);
                     return Ok(());
                 }
@@ -581,7 +581,7 @@ impl TextCompletionService {
                         continue;
                     }
                     let [provider, model] = answer.labels();
-                    warn!(event = "llm_request_failed", request_id = %ctx.id, provider, model,
+                    warn!(event = "llm_request_failed", request_id = %ctx.origin, call_id = %ctx.id, provider, model,
                           error_type = e.kind.as_str(), error_message = %e.message, chunks_received = 0);
                     let sent = sink.send(self.error_record(&answer, &e, &mut usage)).await;
                     self.finish(&answer, started, CallOutcome::Error, &usage);
@@ -718,7 +718,7 @@ impl Handler for TextCompletionService {
         let streaming = request.streaming && self.provider.supports_streaming();
         ctx.usage.streaming(streaming);
         ctx.usage.answered_by(provider, model);
-        info!(event = "llm_request_started", request_id = %ctx.id, provider, model,
+        info!(event = "llm_request_started", request_id = %ctx.origin, call_id = %ctx.id, provider, model,
               endpoint = %self.endpoint, streaming, attempt = %ctx.attempt);
         let mut in_flight = InFlight::new(&self.metrics, provider, model);
         // The provider call's client span; its context goes out as the HTTP `traceparent`

@@ -342,11 +342,8 @@ impl AgentService {
         remaining: Duration,
     ) -> Result<Turn, Error> {
         let options = sluice_runtime::client::RequestOptions {
-            traceparent: ctx.traceparent.clone(),
-            key: ctx.key.clone(),
-            key_seal: ctx.key_seal.clone(),
             total_timeout: Some(remaining),
-            ..Default::default()
+            ..ctx.on_behalf()
         };
         // A restart is passed on and the turn read again: nothing of it was published yet.
         let reader = match self.llm.read(asked, options, read_policy(Report)).await {

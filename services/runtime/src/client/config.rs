@@ -90,6 +90,9 @@ pub struct RequestOptions {
     pub id: Option<String>,
     /// W3C trace context to carry to the processor.
     pub traceparent: Option<String>,
+    /// The id of the request this one is made for (see `sluice_schema::properties::ORIGIN`):
+    /// a processor's [`crate::processor::RequestContext::origin`].
+    pub origin: Option<String>,
     /// The API key's name the request is billed to (see `sluice_schema::properties::KEY`).
     pub key: Option<String>,
     /// The gateway's seal of `key` (see [`crate::billing`]): made by the gateway, forwarded

@@ -190,6 +190,9 @@ impl<Req: Serialize, Resp: ResponseRecord> RequestClient<Req, Resp> {
         if let Some(tp) = options.traceparent {
             properties.insert(properties::TRACEPARENT.to_owned(), tp);
         }
+        if let Some(origin) = options.origin {
+            properties.insert(properties::ORIGIN.to_owned(), origin);
+        }
         if let Some(key) = options.key {
             properties.insert(properties::KEY.to_owned(), key);
             if let Some(seal) = options.key_seal {

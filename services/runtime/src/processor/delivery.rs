@@ -165,6 +165,7 @@ pub(super) async fn handle_delivery<H: Handler>(
             Err(e) => refuse_malformed(&mut sink, e.to_string()).await,
             Ok(request) => {
                 let ctx = RequestContext {
+                    origin: origin(&delivery).unwrap_or_else(|| id.clone()),
                     id: id.clone(),
                     attempt: attempt.clone(),
                     redelivery_count: delivery.redelivery_count(),
@@ -373,6 +374,19 @@ async fn run_handler<H: Handler>(
     } else {
         Outcome::Success
     }
+}
+
+/// The request's [`properties::ORIGIN`], when it is one to believe: printable ASCII of at most
+/// [`properties::MAX_ORIGIN_BYTES`] (it goes into logs).
+fn origin(delivery: &Delivery) -> Option<String> {
+    delivery
+        .property(properties::ORIGIN)
+        .filter(|o| {
+            !o.is_empty()
+                && o.len() <= properties::MAX_ORIGIN_BYTES
+                && o.bytes().all(|b| b.is_ascii_graphic())
+        })
+        .map(str::to_owned)
 }
 
 #[cfg(test)]

@@ -6,13 +6,19 @@ use serde::de::DeserializeOwned;
 use sluice_schema::{Error, ResponseRecord};
 
 use super::ResponseSink;
-use crate::ledger::UsageMeter;
+use crate::{client::RequestOptions, ledger::UsageMeter};
 
 /// What a handler knows about the request it is handling.
 #[derive(Debug, Clone)]
 pub struct RequestContext {
     /// The caller's correlation id.
     pub id: String,
+    /// The id of the request this one is made for, through every hop (its
+    /// [`properties::ORIGIN`], else [`RequestContext::id`]): what request logs name as
+    /// `request_id`, and what a handler passes on to the requests it makes.
+    ///
+    /// [`properties::ORIGIN`]: sluice_schema::properties::ORIGIN
+    pub origin: String,
     /// This attempt's id, on every record published for it.
     pub attempt: String,
     /// Earlier deliveries of this request seen by this process (see
@@ -34,6 +40,21 @@ pub struct RequestContext {
     pub key_seal: Option<String>,
     /// Where the handler reports what its provider calls used, for the usage ledger.
     pub usage: UsageMeter,
+}
+
+impl RequestContext {
+    /// The options of a request a handler makes on this one's behalf: its trace context, its
+    /// origin (one `request_id` in every hop's request log), and the API key it is billed to
+    /// with the gateway's seal of it.
+    pub fn on_behalf(&self) -> RequestOptions {
+        RequestOptions {
+            traceparent: self.traceparent.clone(),
+            origin: Some(self.origin.clone()),
+            key: self.key.clone(),
+            key_seal: self.key_seal.clone(),
+            ..RequestOptions::default()
+        }
+    }
 }
 
 /// A service's business: turn one request into a stream of response records.
