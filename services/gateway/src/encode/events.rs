@@ -67,6 +67,9 @@ impl<K: Kind> Encoder<K::Response> for Events<K> {
 
     fn begin(&mut self, out: &mut Out<Event>) {
         out.push(Event::status(Status::Thinking));
+        // The opening status is the first phase's announcement: an agent's first thought
+        // does not say `thinking` again (a status is sent when the phase changes).
+        self.state.status = Some(Status::Thinking);
     }
 
     fn record(&mut self, record: K::Response, out: &mut Out<Event>) {
