@@ -32,7 +32,8 @@ use crate::{
 pub use crate::normalise::{
     CONTENT_REWORDING, CONTENT_REWORDING_SEED_002, INTEGRATION_DECISIONS,
     INTEGRATION_DECISIONS_SEED_000, INTEGRATION_DECISIONS_SEED_002, KNOWLEDGE_CLASSIFICATION,
-    KNOWLEDGE_CLASSIFICATION_SEED_001, KNOWLEDGE_CLASSIFICATION_SEED_002,
+    KNOWLEDGE_CLASSIFICATION_SEED_000, KNOWLEDGE_CLASSIFICATION_SEED_001,
+    KNOWLEDGE_CLASSIFICATION_SEED_002,
 };
 
 /// A template shipped with sluice.
@@ -124,7 +125,7 @@ const FILES: [Files; 12] = [
            INTEGRATION_DECISIONS, INTEGRATION_TEMPERATURE),
     files!("knowledge-classification-seed-000", system: "knowledge-classification",
            prompt: "knowledge-classification-seed-000", schema: "knowledge-classification",
-           KNOWLEDGE_CLASSIFICATION, CLASSIFICATION_TEMPERATURE),
+           KNOWLEDGE_CLASSIFICATION_SEED_000, CLASSIFICATION_TEMPERATURE),
     files!("content-rewording-seed-000", system: "content-rewording",
            prompt: "content-rewording-seed-000", schema: "content-rewording",
            CONTENT_REWORDING, REWORDING_TEMPERATURE),

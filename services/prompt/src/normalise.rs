@@ -31,6 +31,9 @@ pub type Normaliser = fn(&mut Value) -> Normalised;
 
 /// The normaliser of the classification contract ([`normalise_classification`]).
 pub const KNOWLEDGE_CLASSIFICATION: &str = "knowledge-classification";
+/// The LLM streaming contract's (seed 000's) own classification lines: knowledge blocks only
+/// ([`normalise_classification_seed_000`]).
+pub const KNOWLEDGE_CLASSIFICATION_SEED_000: &str = "knowledge-classification-seed-000";
 /// The normaliser of the rewording contract ([`normalise_rewording`]).
 pub const CONTENT_REWORDING: &str = "content-rewording";
 /// The normaliser of the integration contract ([`normalise_integration`]).
@@ -98,7 +101,7 @@ const CLASSIFICATION_ANSWERS: Answers = Answers {
 };
 
 /// Every normaliser, by the name a template gives, with the request rules that come with it.
-const REGISTRY: [(&str, Normaliser, Answers); 8] = [
+const REGISTRY: [(&str, Normaliser, Answers); 9] = [
     (
         KNOWLEDGE_CLASSIFICATION,
         normalise_classification,
@@ -117,6 +120,11 @@ const REGISTRY: [(&str, Normaliser, Answers); 8] = [
         INTEGRATION_DECISIONS,
         normalise_integration,
         DECISION_ANSWERS,
+    ),
+    (
+        KNOWLEDGE_CLASSIFICATION_SEED_000,
+        normalise_classification_seed_000,
+        CLASSIFICATION_ANSWERS,
     ),
     (
         INTEGRATION_DECISIONS_SEED_000,
@@ -226,7 +234,26 @@ pub fn normalise_classification(value: &mut Value) -> Normalised {
             ("reason", FieldType::String),
         ],
         &[],
+        OutOfRange::Clamp,
     ))
+}
+
+/// The LLM streaming contract's (seed 000's) own classification lines: the rules of
+/// [`normalise_classification`], and a line whose `is_knowledge` is `false` is dropped. That
+/// contract returns knowledge blocks only (its model's `is_knowledge` is "always true in
+/// output", activity blocks are "NOT included in the output stream"), so its client takes
+/// every line it reads for knowledge.
+pub fn normalise_classification_seed_000(value: &mut Value) -> Normalised {
+    let kept = normalise_classification(value);
+    if matches!(kept, Normalised::Keep { .. })
+        && value.get("is_knowledge") == Some(&Value::Bool(false))
+    {
+        return Normalised::Skip {
+            reason: "`is_knowledge` is false: the contract returns knowledge blocks only"
+                .to_owned(),
+        };
+    }
+    kept
 }
 
 /// The LLM API contracts' classification lines, `{"block_id","confidence","reason"}`: the rules of
@@ -241,12 +268,15 @@ pub fn normalise_classification_seed_001(value: &mut Value) -> Normalised {
             ("reason", FieldType::String),
         ],
         &[("is_knowledge", FieldType::Boolean)],
+        OutOfRange::Clamp,
     ))
 }
 
 /// The NDJSON parser contract's classification lines, `{"block_id","is_knowledge","confidence"}`
 /// (§3.1): one per block, `is_knowledge` false kept (it is the answer for an activity block); the
-/// rules of [`normalise_classification`] without `reason`, which must be a string if written.
+/// rules of [`normalise_classification`] without `reason`, which must be a string if written,
+/// and a `confidence` outside [0, 1] drops the line: §3.1 says it "must be float in range" and
+/// has no clamp rule (its decisions, §3.2, do).
 pub fn normalise_classification_seed_002(value: &mut Value) -> Normalised {
     outcome(classification_rules(
         value,
@@ -256,13 +286,24 @@ pub fn normalise_classification_seed_002(value: &mut Value) -> Normalised {
             ("confidence", FieldType::Number),
         ],
         &[("reason", FieldType::String)],
+        OutOfRange::Drop,
     ))
+}
+
+/// What a contract does with a `confidence` outside [0, 1].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OutOfRange {
+    /// Clamp it, with a warning.
+    Clamp,
+    /// Drop the line.
+    Drop,
 }
 
 fn classification_rules(
     value: &mut Value,
     required: &[(&str, FieldType)],
     optional: &[(&str, FieldType)],
+    out_of_range: OutOfRange,
 ) -> Result<Vec<String>, String> {
     let object = as_object(value)?;
     // Rules "missing required field → skip" and "invalid type → skip".
@@ -277,8 +318,20 @@ fn classification_rules(
     // Rule "block_id must be non-empty".
     require_non_empty(object, "block_id")?;
     let mut warnings = Vec::new();
-    // Rule "invalid confidence range → clamp".
-    clamp_confidence(object, &mut warnings);
+    match out_of_range {
+        // Rule "invalid confidence range → clamp".
+        OutOfRange::Clamp => clamp_confidence(object, &mut warnings),
+        // Rule "confidence must be in range [0.0, 1.0]", without a correction.
+        OutOfRange::Drop => {
+            if object
+                .get("confidence")
+                .and_then(Value::as_f64)
+                .is_some_and(|c| !(0.0..=1.0).contains(&c))
+            {
+                return Err("field `confidence` is outside [0.0, 1.0]".to_owned());
+            }
+        }
+    }
     // Rule "unknown fields → ignore": left in place; the schema allows them.
     Ok(warnings)
 }

@@ -177,7 +177,7 @@ fn the_integration_schemas_actions_are_the_normalisers() {
 #[test]
 fn each_builtin_names_a_registered_normaliser() {
     let names: Vec<_> = crate::normalise::names().collect();
-    assert_eq!(names.len(), 8);
+    assert_eq!(names.len(), 9);
     for files in &FILES {
         assert!(names.contains(&files.normaliser), "{}", files.id);
         assert!(crate::normalise::by_name(files.normaliser).is_some());
@@ -958,4 +958,58 @@ fn seed_000s_decisions_are_what_seed_000s_own_client_accepts() {
         template(id).schema["properties"]["action"]["enum"],
         json!(["add_section", "add_under", "replace"])
     );
+}
+
+/// The LLM streaming contract's (seed 000's) classification returns knowledge blocks only:
+/// its model's `is_knowledge` is "always true in output", and activity blocks "are NOT
+/// included in the output stream". Its own template drops a line that says `false` (sluice's
+/// `knowledge-classification` keeps it, as an answer); a `true` line is kept as written.
+#[test]
+fn seed_000s_classification_publishes_knowledge_only() {
+    let id = "knowledge-classification-seed-000";
+    let example = json!({"block_id":"abc123","is_knowledge":true,"confidence":0.92,"reason":"Contains a reusable insight about Python's asyncio.Queue being thread-safe, which is evergreen knowledge applicable to any async Python development."});
+    let (outcome, value) = normalised(id, example.clone());
+    assert_eq!(outcome, keep(&[]));
+    assert_eq!(value, example);
+    let mut activity = example.clone();
+    activity["block_id"] = json!("def456");
+    activity["is_knowledge"] = json!(false);
+    let (outcome, _) = normalised(id, activity.clone());
+    assert_eq!(
+        outcome,
+        skip("`is_knowledge` is false: the contract returns knowledge blocks only")
+    );
+    let (outcome, _) = normalised(KNOWLEDGE_CLASSIFICATION, activity);
+    assert_eq!(outcome, keep(&[]), "sluice's own template keeps it");
+}
+
+/// The NDJSON parser contract's (seed 002's) classification lines (§3.1): "`confidence` must
+/// be float in range [0.0, 1.0]", and its error handling has no clamp (only the decisions of
+/// §3.2 clamp): a line outside the range is refused, the edges are kept.
+#[test]
+fn seed_002s_classification_refuses_a_confidence_out_of_range() {
+    let line = json!({"block_id": "abc123", "is_knowledge": true, "confidence": 0.85});
+    for bad in [json!(1.3), json!(2), json!(-0.2)] {
+        let mut v = line.clone();
+        v["confidence"] = bad.clone();
+        let (outcome, _) = normalised(KNOWLEDGE_CLASSIFICATION_SEED_002, v);
+        assert_eq!(
+            outcome,
+            skip("field `confidence` is outside [0.0, 1.0]"),
+            "{bad}"
+        );
+    }
+    for edge in [json!(0), json!(1.0), json!(0.5)] {
+        let mut v = line.clone();
+        v["confidence"] = edge.clone();
+        let (outcome, v) = normalised(KNOWLEDGE_CLASSIFICATION_SEED_002, v);
+        assert_eq!(outcome, keep(&[]));
+        assert_eq!(v["confidence"], edge);
+    }
+    // Its decisions (§3.2) still clamp, as that section says.
+    let (outcome, _) = normalised(
+        INTEGRATION_DECISIONS_SEED_002,
+        json!({"page": "P", "action": "add_section", "confidence": 1.3, "reasoning": "r"}),
+    );
+    assert_eq!(outcome, keep(&["confidence above 1 clamped to 1"]));
 }
