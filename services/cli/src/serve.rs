@@ -216,11 +216,32 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     let telemetry_stop = CancellationToken::new();
-    let metrics = telemetry
-        .serve(args.metrics_addr, telemetry_stop.clone())
-        .await
-        .map_err(|e| format!("cannot serve metrics on {}: {e}", args.metrics_addr))?;
-    info!(%metrics, "serving /metrics /healthz /readyz");
+    let (metrics, metrics_task) = if args.metrics_addr.ip().is_loopback() {
+        // The event protocol's own test command (docs/specs.md#the-event-protocol) calls
+        // localhost:8000, this port by default: on loopback it serves the gateway's routes
+        // too, so that command works as written. Not beyond loopback: `--listen`'s check
+        // (no open listener without credentials) never looked at this address.
+        let app = gateway
+            .router()
+            .layer(axum::middleware::from_fn_with_state(
+                shutdown.clone(),
+                refuse_when_stopping,
+            ))
+            .merge(telemetry.routes());
+        let (local, task) = gateway
+            .serve_app(args.metrics_addr, app, telemetry_stop.clone())
+            .await
+            .map_err(|e| format!("cannot serve metrics on {}: {e}", args.metrics_addr))?;
+        info!(metrics = %local, "serving /metrics /healthz /readyz and the gateway's routes");
+        (local, Some(task))
+    } else {
+        let local = telemetry
+            .serve(args.metrics_addr, telemetry_stop.clone())
+            .await
+            .map_err(|e| format!("cannot serve metrics on {}: {e}", args.metrics_addr))?;
+        info!(metrics = %local, "serving /metrics /healthz /readyz");
+        (local, None)
+    };
     let on_signal = {
         let (shutdown, health, processor_stop) = (
             shutdown.clone(),
@@ -249,6 +270,74 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
     llm_client.close().await;
     on_signal.abort();
     telemetry_stop.cancel();
+    if let Some(task) = metrics_task {
+        // Its API answers ended with the gateway's clients; what is left is idle connections.
+        let abort = task.abort_handle();
+        if tokio::time::timeout(grace, task).await.is_err() {
+            abort.abort();
+        }
+    }
     served?;
     failed.map_or(Ok(()), Err)
+}
+
+/// The gateway's routes on the metrics port once SIGTERM came: the gateway's own port stops
+/// accepting then, and the processors take no new work, so a new request is refused at once
+/// (the port itself stays open for `/readyz`, which says `draining`).
+async fn refuse_when_stopping(
+    axum::extract::State(stopping): axum::extract::State<CancellationToken>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if stopping.is_cancelled() {
+        let body = serde_json::json!({"error": {
+            "type": "gateway-error",
+            "message": "sluice serve is shutting down",
+        }});
+        return (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(body),
+        )
+            .into_response();
+    }
+    next.run(request).await
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::{Router, middleware, routing::post};
+
+    use super::*;
+
+    /// Once SIGTERM came, a new request to the gateway's routes on the metrics port is
+    /// refused at once with the gateway's JSON error, instead of waiting on processors that
+    /// take no more work.
+    #[tokio::test]
+    async fn the_routes_on_the_metrics_port_refuse_new_requests_once_stopping() {
+        let stopping = CancellationToken::new();
+        let app = Router::new()
+            .route("/v1/chat/completions", post(|| async { "answered" }))
+            .layer(middleware::from_fn_with_state(
+                stopping.clone(),
+                refuse_when_stopping,
+            ));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!(
+            "http://{}/v1/chat/completions",
+            listener.local_addr().unwrap()
+        );
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        sluice_runtime::install_crypto_provider();
+        let client = reqwest::Client::new();
+        let resp = client.post(&url).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.text().await.unwrap(), "answered");
+        stopping.cancel();
+        let resp = client.post(&url).send().await.unwrap();
+        assert_eq!(resp.status(), 503);
+        let body: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(body["error"]["type"], "gateway-error");
+        server.abort();
+    }
 }

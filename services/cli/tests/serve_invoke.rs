@@ -625,3 +625,133 @@ async fn a_fallback_file_moves_calls_to_the_backup_with_its_own_key() {
     assert!(log.contains("llm_fallback"), "the move is logged");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The event protocol's own test command (seed 004's "Test 1: Stream tokens"), exactly as the
+/// spec writes it, line continuations and `| head -20` included.
+const SEED_004_TEST_1: &str = r#"curl http://localhost:8000/v1/chat/completions \
+  -H "Content-Type: application/json" \
+  -d '{"prompt":"Hello","stream":true}' \
+  | head -20"#;
+
+/// `sluice serve` with its default addresses (no `--listen`, no `--metrics-addr`), and the
+/// event protocol's test command run verbatim by a real `curl` in a shell: it prints the
+/// protocol's events, one JSON object per line (`status` `thinking`, the tokens, `done` with
+/// reason `success`, each with its `trace_id`). Port 8000 is the metrics port; on loopback it
+/// serves the gateway's routes too. The test binds the defaults, 8000 and 8088: it fails,
+/// saying so, when something else holds them.
+#[tokio::test]
+async fn the_event_protocols_own_curl_command_works_verbatim_against_the_defaults() {
+    let fake = FakeOpenAi::start().await;
+    let base = fake.base_url();
+    let mut process = Sluice::spawn(
+        &[
+            "serve",
+            "--provider",
+            "openai-compatible",
+            "--base-url",
+            &base,
+            "--model",
+            "normal",
+        ],
+        &[("SLUICE_LLM_API_KEY", KEY)],
+        &[
+            "SLUICE_CONFIG",
+            "SLUICE_GATEWAY_TOKEN",
+            "SLUICE_GATEWAY_ADDR",
+            "SLUICE_METRICS_ADDR",
+        ],
+    );
+    let line = process.stdout_line("gateway on ").await;
+    assert!(
+        line.contains("http://127.0.0.1:8088") && line.contains("http://127.0.0.1:8000"),
+        "{line}"
+    );
+    process.ready("http://127.0.0.1:8000/readyz").await;
+    let out = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(SEED_004_TEST_1)
+        .output()
+        .await
+        .expect("sh and curl");
+    let printed = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let events: Vec<serde_json::Value> = printed
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?} is not JSON: {e}")))
+        .collect();
+    let shown: Vec<String> = events
+        .iter()
+        .map(|e| match e["type"].as_str().unwrap() {
+            "status" => format!("<{}>", e["status"].as_str().unwrap()),
+            "token" => e["content"].as_str().unwrap().to_owned(),
+            other => format!("<{other} {}>", e["reason"].as_str().unwrap_or("")),
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        ["<thinking>", "Hello", " world", "!", "<done success>"],
+        "{printed}"
+    );
+    for e in &events {
+        assert_eq!(e["trace_id"].as_str().unwrap().len(), 32, "{e}");
+        assert!(e.get("content").is_some(), "{e}");
+    }
+    assert!(printed.ends_with("}\n"), "newline-terminated: {printed:?}");
+    let (status, log) = {
+        let stopped = process.stop().await;
+        (stopped.status, stopped.stderr)
+    };
+    assert!(status.success(), "{log}");
+}
+
+/// A metrics port beyond loopback does not serve the gateway's routes (the gateway's
+/// credential check is on `--listen` only): an API path there gets a 404 whose one line says
+/// where the API is.
+#[tokio::test]
+async fn a_metrics_port_beyond_loopback_points_at_the_gateway_instead_of_serving_it() {
+    let fake = FakeOpenAi::start().await;
+    let base = fake.base_url();
+    let mut process = Sluice::spawn(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-addr",
+            "0.0.0.0:0",
+            "--provider",
+            "openai-compatible",
+            "--base-url",
+            &base,
+            "--model",
+            "normal",
+        ],
+        &[("SLUICE_LLM_API_KEY", KEY)],
+        &["SLUICE_CONFIG", "SLUICE_GATEWAY_TOKEN"],
+    );
+    let line = process.stdout_line("gateway on ").await;
+    let port = line
+        .split("metrics on http://0.0.0.0:")
+        .nth(1)
+        .and_then(|s| s.split('/').next())
+        .unwrap_or_else(|| panic!("{line}"))
+        .to_owned();
+    let metrics = format!("http://127.0.0.1:{port}");
+    process.ready(&format!("{metrics}/readyz")).await;
+    sluice_runtime::install_crypto_provider();
+    let resp = reqwest::Client::new()
+        .post(format!("{metrics}/v1/chat/completions"))
+        .json(&serde_json::json!({"prompt": "Hello", "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    let body = resp.text().await.unwrap();
+    assert_eq!(body, sluice_runtime::telemetry::NOT_THE_API);
+    assert_eq!(body.lines().count(), 1);
+    let stopped = process.stop().await;
+    assert!(stopped.status.success(), "{}", stopped.stderr);
+}

@@ -487,13 +487,24 @@ impl Gateway {
         addr: SocketAddr,
         shutdown: CancellationToken,
     ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), GatewayError> {
+        self.serve_app(addr, self.router(), shutdown).await
+    }
+
+    /// [`Gateway::serve`] of `app`: the gateway's [`Gateway::router`] with routes of the
+    /// process merged beside it (`sluice serve`'s `/metrics` on its loopback metrics port),
+    /// under the same connection cap and header deadline.
+    pub async fn serve_app(
+        &self,
+        addr: SocketAddr,
+        app: Router,
+        shutdown: CancellationToken,
+    ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), GatewayError> {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| GatewayError::Listen(addr, e))?;
         let local = listener
             .local_addr()
             .map_err(|e| GatewayError::Listen(addr, e))?;
-        let app = self.router();
         let limits = self.inner.config.server;
         info!(
             %local,

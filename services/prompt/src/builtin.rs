@@ -11,8 +11,9 @@
 //! normaliser ([`crate::normalise`]) it names.
 //!
 //! The application wrote three versions of its contracts. Field names, prompts and models are
-//! the newest's (with Pydantic models); the one a day older adds the integration action `skip`
-//! and its `skip_reason`; the oldest (with other field names: `page`, `target_id`,
+//! the newest's (with Pydantic models; its own integration template keeps to its model's three
+//! actions, without `skip`); the one a day older adds the integration action `skip` and its
+//! `skip_reason`; the oldest (with other field names: `page`, `target_id`,
 //! `target_title`, `refined_text`) contributes its validation and error-handling rules only,
 //! translated to the newest names.
 //!
@@ -30,7 +31,8 @@ use crate::{
 
 pub use crate::normalise::{
     CONTENT_REWORDING, CONTENT_REWORDING_SEED_002, INTEGRATION_DECISIONS,
-    INTEGRATION_DECISIONS_SEED_002, KNOWLEDGE_CLASSIFICATION, KNOWLEDGE_CLASSIFICATION_SEED_001,
+    INTEGRATION_DECISIONS_SEED_000, INTEGRATION_DECISIONS_SEED_002, KNOWLEDGE_CLASSIFICATION,
+    KNOWLEDGE_CLASSIFICATION_SEED_000, KNOWLEDGE_CLASSIFICATION_SEED_001,
     KNOWLEDGE_CLASSIFICATION_SEED_002,
 };
 
@@ -123,13 +125,13 @@ const FILES: [Files; 12] = [
            INTEGRATION_DECISIONS, INTEGRATION_TEMPERATURE),
     files!("knowledge-classification-seed-000", system: "knowledge-classification",
            prompt: "knowledge-classification-seed-000", schema: "knowledge-classification",
-           KNOWLEDGE_CLASSIFICATION, CLASSIFICATION_TEMPERATURE),
+           KNOWLEDGE_CLASSIFICATION_SEED_000, CLASSIFICATION_TEMPERATURE),
     files!("content-rewording-seed-000", system: "content-rewording",
            prompt: "content-rewording-seed-000", schema: "content-rewording",
            CONTENT_REWORDING, REWORDING_TEMPERATURE),
     files!("integration-decisions-seed-000", system: "integration-decisions",
-           prompt: "integration-decisions-seed-000", schema: "integration-decisions",
-           INTEGRATION_DECISIONS, INTEGRATION_TEMPERATURE),
+           prompt: "integration-decisions-seed-000", schema: "integration-decisions-seed-000",
+           INTEGRATION_DECISIONS_SEED_000, INTEGRATION_TEMPERATURE),
     files!("knowledge-classification-seed-001", system: "knowledge-classification-seed-001",
            prompt: "knowledge-classification-seed-000",
            schema: "knowledge-classification-seed-001",

@@ -31,10 +31,16 @@ pub type Normaliser = fn(&mut Value) -> Normalised;
 
 /// The normaliser of the classification contract ([`normalise_classification`]).
 pub const KNOWLEDGE_CLASSIFICATION: &str = "knowledge-classification";
+/// The LLM streaming contract's (seed 000's) own classification lines: knowledge blocks only
+/// ([`normalise_classification_seed_000`]).
+pub const KNOWLEDGE_CLASSIFICATION_SEED_000: &str = "knowledge-classification-seed-000";
 /// The normaliser of the rewording contract ([`normalise_rewording`]).
 pub const CONTENT_REWORDING: &str = "content-rewording";
 /// The normaliser of the integration contract ([`normalise_integration`]).
 pub const INTEGRATION_DECISIONS: &str = "integration-decisions";
+/// The LLM streaming contract's (seed 000's) own decision lines: its three actions, no `skip`
+/// ([`normalise_integration_seed_000`]).
+pub const INTEGRATION_DECISIONS_SEED_000: &str = "integration-decisions-seed-000";
 /// The LLM API contracts' (docs/specs.md#the-structured-ndjson-contracts) classification lines: no
 /// `is_knowledge` ([`normalise_classification_seed_001`]).
 pub const KNOWLEDGE_CLASSIFICATION_SEED_001: &str = "knowledge-classification-seed-001";
@@ -75,6 +81,15 @@ pub struct Answers {
     pub links: Option<(&'static str, &'static [&'static str])>,
 }
 
+/// The decision contract's request rules (the LLM streaming contract's Phase 3).
+const DECISION_ANSWERS: Answers = Answers {
+    term: "knowledge_blocks",
+    field: "knowledge_block_id",
+    per_pair: Some(("target_page", 2)),
+    grouped: true,
+    ..CLASSIFICATION_ANSWERS
+};
+
 const CLASSIFICATION_ANSWERS: Answers = Answers {
     term: "blocks",
     item_id: "block_id",
@@ -86,7 +101,7 @@ const CLASSIFICATION_ANSWERS: Answers = Answers {
 };
 
 /// Every normaliser, by the name a template gives, with the request rules that come with it.
-const REGISTRY: [(&str, Normaliser, Answers); 7] = [
+const REGISTRY: [(&str, Normaliser, Answers); 9] = [
     (
         KNOWLEDGE_CLASSIFICATION,
         normalise_classification,
@@ -104,13 +119,17 @@ const REGISTRY: [(&str, Normaliser, Answers); 7] = [
     (
         INTEGRATION_DECISIONS,
         normalise_integration,
-        Answers {
-            term: "knowledge_blocks",
-            field: "knowledge_block_id",
-            per_pair: Some(("target_page", 2)),
-            grouped: true,
-            ..CLASSIFICATION_ANSWERS
-        },
+        DECISION_ANSWERS,
+    ),
+    (
+        KNOWLEDGE_CLASSIFICATION_SEED_000,
+        normalise_classification_seed_000,
+        CLASSIFICATION_ANSWERS,
+    ),
+    (
+        INTEGRATION_DECISIONS_SEED_000,
+        normalise_integration_seed_000,
+        DECISION_ANSWERS,
     ),
     (
         KNOWLEDGE_CLASSIFICATION_SEED_001,
@@ -192,6 +211,10 @@ pub fn names() -> impl Iterator<Item = &'static str> {
 /// integration schema's `action` enum; a test keeps them equal).
 pub const ACTIONS: [&str; 4] = ["add_section", "add_under", "replace", "skip"];
 
+/// The LLM streaming contract's (seed 000's) own actions, its model's `Literal`: no `skip`
+/// (`integration-decisions-seed-000`'s schema enum; a test keeps them equal).
+pub const ACTIONS_SEED_000: [&str; 3] = ["add_section", "add_under", "replace"];
+
 /// The rules for [`KNOWLEDGE_CLASSIFICATION`] lines
 /// (docs/protocol.md#structured-output-contracts):
 /// - not a JSON object → drop (docs/protocol.md#streamed-json-lines);
@@ -211,7 +234,26 @@ pub fn normalise_classification(value: &mut Value) -> Normalised {
             ("reason", FieldType::String),
         ],
         &[],
+        OutOfRange::Clamp,
     ))
+}
+
+/// The LLM streaming contract's (seed 000's) own classification lines: the rules of
+/// [`normalise_classification`], and a line whose `is_knowledge` is `false` is dropped. That
+/// contract returns knowledge blocks only (its model's `is_knowledge` is "always true in
+/// output", activity blocks are "NOT included in the output stream"), so its client takes
+/// every line it reads for knowledge.
+pub fn normalise_classification_seed_000(value: &mut Value) -> Normalised {
+    let kept = normalise_classification(value);
+    if matches!(kept, Normalised::Keep { .. })
+        && value.get("is_knowledge") == Some(&Value::Bool(false))
+    {
+        return Normalised::Skip {
+            reason: "`is_knowledge` is false: the contract returns knowledge blocks only"
+                .to_owned(),
+        };
+    }
+    kept
 }
 
 /// The LLM API contracts' classification lines, `{"block_id","confidence","reason"}`: the rules of
@@ -226,12 +268,15 @@ pub fn normalise_classification_seed_001(value: &mut Value) -> Normalised {
             ("reason", FieldType::String),
         ],
         &[("is_knowledge", FieldType::Boolean)],
+        OutOfRange::Clamp,
     ))
 }
 
 /// The NDJSON parser contract's classification lines, `{"block_id","is_knowledge","confidence"}`
 /// (§3.1): one per block, `is_knowledge` false kept (it is the answer for an activity block); the
-/// rules of [`normalise_classification`] without `reason`, which must be a string if written.
+/// rules of [`normalise_classification`] without `reason`, which must be a string if written,
+/// and a `confidence` outside [0, 1] drops the line: §3.1 says it "must be float in range" and
+/// has no clamp rule (its decisions, §3.2, do).
 pub fn normalise_classification_seed_002(value: &mut Value) -> Normalised {
     outcome(classification_rules(
         value,
@@ -241,13 +286,24 @@ pub fn normalise_classification_seed_002(value: &mut Value) -> Normalised {
             ("confidence", FieldType::Number),
         ],
         &[("reason", FieldType::String)],
+        OutOfRange::Drop,
     ))
+}
+
+/// What a contract does with a `confidence` outside [0, 1].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OutOfRange {
+    /// Clamp it, with a warning.
+    Clamp,
+    /// Drop the line.
+    Drop,
 }
 
 fn classification_rules(
     value: &mut Value,
     required: &[(&str, FieldType)],
     optional: &[(&str, FieldType)],
+    out_of_range: OutOfRange,
 ) -> Result<Vec<String>, String> {
     let object = as_object(value)?;
     // Rules "missing required field → skip" and "invalid type → skip".
@@ -262,8 +318,20 @@ fn classification_rules(
     // Rule "block_id must be non-empty".
     require_non_empty(object, "block_id")?;
     let mut warnings = Vec::new();
-    // Rule "invalid confidence range → clamp".
-    clamp_confidence(object, &mut warnings);
+    match out_of_range {
+        // Rule "invalid confidence range → clamp".
+        OutOfRange::Clamp => clamp_confidence(object, &mut warnings),
+        // Rule "confidence must be in range [0.0, 1.0]", without a correction.
+        OutOfRange::Drop => {
+            if object
+                .get("confidence")
+                .and_then(Value::as_f64)
+                .is_some_and(|c| !(0.0..=1.0).contains(&c))
+            {
+                return Err("field `confidence` is outside [0.0, 1.0]".to_owned());
+            }
+        }
+    }
     // Rule "unknown fields → ignore": left in place; the schema allows them.
     Ok(warnings)
 }
@@ -337,6 +405,14 @@ pub fn normalise_integration(value: &mut Value) -> Normalised {
     outcome(integration_rules(value, &DECISION_FIELDS))
 }
 
+/// The LLM streaming contract's (seed 000's) own decision lines, as its client's model
+/// `IntegrationDecisionChunk` reads them: the rules of [`normalise_integration`] with the
+/// contract's three actions only. That model refuses any other `action`, so a line with
+/// `skip` or an unknown action is dropped (counted as skipped), not rewritten to `skip`.
+pub fn normalise_integration_seed_000(value: &mut Value) -> Normalised {
+    outcome(integration_rules(value, &DECISION_FIELDS_SEED_000))
+}
+
 /// The NDJSON parser contract's decision lines,
 /// `{"page","action","target_id","target_title","confidence", "reasoning"}` (§3.2, one knowledge
 /// block per request, so no block id): the rules of [`normalise_integration`] under those names.
@@ -351,6 +427,9 @@ struct DecisionFields {
     page: &'static str,
     target_id: &'static str,
     target_title: &'static str,
+    /// The actions a line may name; `skip` among them is also what an unknown one becomes.
+    /// Without `skip`, a line naming another action is dropped.
+    actions: &'static [&'static str],
 }
 
 const DECISION_FIELDS: DecisionFields = DecisionFields {
@@ -358,6 +437,12 @@ const DECISION_FIELDS: DecisionFields = DecisionFields {
     page: "target_page",
     target_id: "target_block_id",
     target_title: "target_block_title",
+    actions: &ACTIONS,
+};
+
+const DECISION_FIELDS_SEED_000: DecisionFields = DecisionFields {
+    actions: &ACTIONS_SEED_000,
+    ..DECISION_FIELDS
 };
 
 const DECISION_FIELDS_SEED_002: DecisionFields = DecisionFields {
@@ -365,6 +450,7 @@ const DECISION_FIELDS_SEED_002: DecisionFields = DecisionFields {
     page: "page",
     target_id: "target_id",
     target_title: "target_title",
+    actions: &ACTIONS,
 };
 
 fn integration_rules(value: &mut Value, names: &DecisionFields) -> Result<Vec<String>, String> {
@@ -388,17 +474,24 @@ fn integration_rules(value: &mut Value, names: &DecisionFields) -> Result<Vec<St
     let mut warnings = Vec::new();
     // Rule "invalid confidence range → clamp".
     clamp_confidence(object, &mut warnings);
-    // Rule "invalid action value → default to skip".
+    // Rule "invalid action value → default to skip", where the contract has `skip`.
     let known = object
         .get("action")
         .and_then(Value::as_str)
-        .and_then(|action| ACTIONS.iter().find(|a| **a == action).copied());
+        .and_then(|action| names.actions.iter().find(|a| **a == action).copied());
     let action = match known {
         Some(action) => action,
-        None => {
+        None if names.actions.contains(&"skip") => {
             object.insert("action".to_owned(), json!("skip"));
             warnings.push("unknown action replaced by `skip`".to_owned());
             "skip"
+        }
+        // A contract without `skip` has no answer to put there: its client refuses the line.
+        None => {
+            return Err(format!(
+                "field `action` is not one of {}",
+                names.actions.join(", ")
+            ));
         }
     };
     if action == "add_under" || action == "replace" {

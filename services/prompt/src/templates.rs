@@ -607,7 +607,7 @@ mod tests {
             ("not json", "not valid"),
             (
                 r#"{"templates": {"a": {"prompt": "x", "normaliser": "tidy"}}}"#,
-                "unknown normaliser \"tidy\"; the normalisers are: knowledge-classification, content-rewording, integration-decisions, knowledge-classification-seed-001",
+                "unknown normaliser \"tidy\"; the normalisers are: knowledge-classification, content-rewording, integration-decisions, knowledge-classification-seed-000, integration-decisions-seed-000, knowledge-classification-seed-001",
             ),
             (
                 r#"{"templates": {"a": {"prompt": "x", "temperature": 2.5}}}"#,

@@ -655,8 +655,18 @@ impl Telemetry {
         String::from_utf8_lossy(&buf).into_owned()
     }
 
-    /// Serves `/metrics`, `/healthz` and `/readyz` on `addr` until `shutdown`. Returns the
-    /// bound address (useful with port 0).
+    /// `/metrics`, `/healthz` and `/readyz`, to serve beside other routes (`sluice serve`
+    /// puts the gateway's beside them on a loopback metrics port).
+    pub fn routes(&self) -> Router {
+        Router::new()
+            .route("/metrics", get(metrics))
+            .route("/healthz", get(|| async { "ok" }))
+            .route("/readyz", get(readyz))
+            .with_state(self.clone())
+    }
+
+    /// Serves [`Telemetry::routes`] on `addr` until `shutdown`; any other path gets a 404
+    /// saying where the API is. Returns the bound address (useful with port 0).
     pub async fn serve(
         &self,
         addr: SocketAddr,
@@ -664,11 +674,7 @@ impl Telemetry {
     ) -> std::io::Result<SocketAddr> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let local = listener.local_addr()?;
-        let app = Router::new()
-            .route("/metrics", get(metrics))
-            .route("/healthz", get(|| async { "ok" }))
-            .route("/readyz", get(readyz))
-            .with_state(self.clone());
+        let app = self.routes().fallback(not_the_api);
         tokio::spawn(async move {
             let served = axum::serve(listener, app)
                 .with_graceful_shutdown(async move { shutdown.cancelled().await })
@@ -683,6 +689,19 @@ impl Telemetry {
 
 async fn metrics(State(t): State<Telemetry>) -> impl IntoResponse {
     ([("content-type", "text/plain; version=0.0.4")], t.render())
+}
+
+/// What the metrics port answers a path it does not serve: a caller who sent an API request
+/// here (port 8000 is where many LLM servers, and the event protocol's own test, expect the
+/// API) learns where it is instead of reading an empty 404.
+pub const NOT_THE_API: &str = "404: this is sluice's metrics port (/metrics, /healthz, /readyz); the HTTP API is the gateway's, on its --listen address (127.0.0.1:8088 under sluice serve, 0.0.0.0:8088 under sluice gateway)\n";
+
+async fn not_the_api() -> impl IntoResponse {
+    (
+        StatusCode::NOT_FOUND,
+        [("content-type", "text/plain; charset=utf-8")],
+        NOT_THE_API,
+    )
 }
 
 async fn readyz(State(t): State<Telemetry>) -> impl IntoResponse {
@@ -848,6 +867,41 @@ mod tests {
         }
     }
     use std::time::Duration;
+
+    /// GETs `path` from `addr` over plain HTTP/1.1: the status line and the body.
+    async fn get(addr: SocketAddr, path: &str) -> (String, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nhost: localhost\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+        );
+        tcp.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        tcp.read_to_string(&mut answer).await.unwrap();
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+        (head.lines().next().unwrap().to_owned(), body.to_owned())
+    }
+
+    /// An API path sent to the metrics port (the event protocol's own test calls port 8000)
+    /// gets a 404 whose one line says where the API is, not an empty body.
+    #[tokio::test]
+    async fn the_metrics_port_points_an_api_path_at_the_gateway() {
+        let t = Telemetry::new().unwrap();
+        let stop = CancellationToken::new();
+        let addr = t
+            .serve(SocketAddr::from(([127, 0, 0, 1], 0)), stop.clone())
+            .await
+            .unwrap();
+        for path in ["/v1/chat/completions", "/api/v1/text-completion", "/"] {
+            let (status, body) = get(addr, path).await;
+            assert!(status.contains(" 404 "), "{path}: {status}");
+            assert_eq!(body.lines().count(), 1, "{path}: {body:?}");
+            assert!(body.contains("/metrics"), "{body}");
+            assert!(body.contains("gateway"), "{body}");
+            assert!(body.contains("8088"), "{body}");
+        }
+        stop.cancel();
+    }
 
     #[test]
     fn readiness_follows_links_and_draining() {

@@ -1,7 +1,8 @@
 //! The gateway's events (docs/protocol.md#gateway-events-ndjson-and-sse), written as NDJSON
 //! lines or SSE events by the route: a `thinking` status first, each record's events as its
 //! service's [`Kind`] says, a `restarted` status when the answer starts over, and a `done`
-//! (after an `error` when the answer failed) last.
+//! (after an `error` when the answer failed; alone, reason `cancelled`, when it was
+//! cancelled) last.
 
 use std::{marker::PhantomData, sync::Arc};
 
@@ -66,6 +67,9 @@ impl<K: Kind> Encoder<K::Response> for Events<K> {
 
     fn begin(&mut self, out: &mut Out<Event>) {
         out.push(Event::status(Status::Thinking));
+        // The opening status is the first phase's announcement: an agent's first thought
+        // does not say `thinking` again (a status is sent when the phase changes).
+        self.state.status = Some(Status::Thinking);
     }
 
     fn record(&mut self, record: K::Response, out: &mut Out<Event>) {
@@ -88,12 +92,15 @@ impl<K: Kind> Encoder<K::Response> for Events<K> {
             K::note(r, &mut self.state);
         }
         let outcome = ClientOutcome::of_error(&failure.error.kind);
-        let reason = match outcome {
-            ClientOutcome::Cancelled => Reason::Cancelled,
-            _ => Reason::Error,
-        };
+        // A cancel is an end, not a failure: the event protocol ends a cancelled stream with
+        // `done` (reason `cancelled`) alone, and its parser stops at the first `error`, which
+        // would read the cancel as a failure (docs/protocol.md#gateway-events-ndjson-and-sse).
+        if outcome == ClientOutcome::Cancelled {
+            self.done(Reason::Cancelled, outcome, out);
+            return;
+        }
         out.push(Event::error(&failure.error));
-        self.done(reason, outcome, out);
+        self.done(Reason::Error, outcome, out);
     }
 
     fn handed(&mut self, event: &mut Event, last: bool) {

@@ -407,3 +407,64 @@ async fn a_caller_going_away_cancels_the_request_and_counts_the_stream_cancelled
     cancel.ack();
     rig.stream_counted("text-completion", "cancelled").await;
 }
+
+/// What the event protocol's own parser (seed 004's `pump()`) makes of a stream: it stops at
+/// the first `done` (`onDone`) or `error` (`onError`), so the first of them is how the
+/// stream reads to that client.
+fn seed_004_reading(events: &[Value]) -> &str {
+    events
+        .iter()
+        .find_map(|e| match e["type"].as_str() {
+            Some("done") => Some("done"),
+            Some("error") => Some("error"),
+            _ => None,
+        })
+        .unwrap_or("nothing")
+}
+
+/// An answer cancelled while its caller still reads (another client of the request sent the
+/// cancel) ends as the event protocol says a cancelled stream does: a `done` with reason
+/// `cancelled`, no `error` before it, so the seed's parser reads it as an end and not as a
+/// failure. A failure still reads as one: `error`, then `done` with reason `error`.
+#[tokio::test]
+async fn a_cancelled_answer_ends_with_done_cancelled_and_no_error_event() {
+    let mut rig = Rig::start().await;
+    let shown = |events: &[Value]| -> Vec<String> {
+        events
+            .iter()
+            .map(|e| match e["type"].as_str().unwrap() {
+                "status" => format!("<{}>", e["status"].as_str().unwrap()),
+                "token" => e["content"].as_str().unwrap().to_owned(),
+                other => format!("<{other} {}>", e["reason"].as_str().unwrap_or("")),
+            })
+            .collect()
+    };
+    for (kind, expected, reading) in [
+        (
+            ErrorKind::Cancelled,
+            vec!["<thinking>", "par", "<done cancelled>"],
+            "done",
+        ),
+        (
+            ErrorKind::Llm,
+            vec!["<thinking>", "par", "<error >", "<done error>"],
+            "error",
+        ),
+    ] {
+        let call = rig.post(
+            "/api/v1/text-completion",
+            NDJSON,
+            json!({"system": "", "prompt": "hi"}),
+        );
+        let (id, _) = rig.request().await;
+        rig.answer(&id, "a1", piece("par", false)).await;
+        let end = TextCompletionResponse::from_error(Error::new(kind.clone(), "stopped"));
+        rig.answer(&id, "a1", end).await;
+        let events = lines(&body(call.await.unwrap()).await);
+        assert_eq!(shown(&events), expected, "{kind:?}: {events:#?}");
+        assert_eq!(seed_004_reading(&events), reading, "{kind:?}");
+        let done = events.last().unwrap();
+        assert_eq!(done["content"], Value::Null);
+    }
+    rig.stream_counted("text-completion", "cancelled").await;
+}

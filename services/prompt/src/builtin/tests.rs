@@ -168,12 +168,16 @@ fn the_integration_schemas_actions_are_the_normalisers() {
             "{id}"
         );
     }
+    assert_eq!(
+        template("integration-decisions-seed-000").schema["properties"]["action"]["enum"],
+        json!(crate::normalise::ACTIONS_SEED_000)
+    );
 }
 
 #[test]
 fn each_builtin_names_a_registered_normaliser() {
     let names: Vec<_> = crate::normalise::names().collect();
-    assert_eq!(names.len(), 7);
+    assert_eq!(names.len(), 9);
     for files in &FILES {
         assert!(names.contains(&files.normaliser), "{}", files.id);
         assert!(crate::normalise::by_name(files.normaliser).is_some());
@@ -869,4 +873,143 @@ fn warnings_and_reasons_do_not_quote_content() {
         let text = format!("{:?}", normalise(id, &mut v));
         assert!(!text.contains(secret), "{id}: {text}");
     }
+}
+
+/// The LLM streaming contract's (seed 000's) client reads a decision line with its Pydantic
+/// model `IntegrationDecisionChunk`: `knowledge_block_id` and `target_page` strings, `action`
+/// one of `Literal["add_section", "add_under", "replace"]`, `target_block_id` and
+/// `target_block_title` optional strings, `confidence` a float with `ge=0.0, le=1.0`,
+/// `reasoning` a string (other fields ignored, Pydantic's default). `Err` says what it
+/// refuses.
+fn seed_000_decision_model(line: &Value) -> Result<(), String> {
+    let o = line.as_object().ok_or("not an object")?;
+    for field in ["knowledge_block_id", "target_page", "reasoning"] {
+        if !o.get(field).is_some_and(Value::is_string) {
+            return Err(format!("{field}: not a string"));
+        }
+    }
+    match o.get("action").and_then(Value::as_str) {
+        Some("add_section" | "add_under" | "replace") => {}
+        other => return Err(format!("action: {other:?} is not a permitted literal")),
+    }
+    for field in ["target_block_id", "target_block_title"] {
+        if o.get(field).is_some_and(|v| !v.is_null() && !v.is_string()) {
+            return Err(format!("{field}: not a string or null"));
+        }
+    }
+    match o.get("confidence").and_then(Value::as_f64) {
+        Some(c) if (0.0..=1.0).contains(&c) => Ok(()),
+        other => Err(format!("confidence: {other:?} not a float in [0, 1]")),
+    }
+}
+
+/// `integration-decisions-seed-000` publishes only lines seed 000's own client accepts: the
+/// seed's example stream as written, the corrections that still give one of its actions
+/// (a targeted action without a target becomes `add_section`, a confidence is clamped into
+/// range), and no `skip`, nor an unknown action made `skip` (seed 000 has no `skip`: its
+/// model refuses it, so the line is dropped, not rewritten). Its schema is the model's.
+#[test]
+fn seed_000s_decisions_are_what_seed_000s_own_client_accepts() {
+    let id = "integration-decisions-seed-000";
+    // Seed 000's "Example NDJSON Stream" of Phase 3, as written.
+    let example = [
+        json!({"knowledge_block_id":"abc123","target_page":"Python/Concurrency","action":"add_under","target_block_id":"pattern-section-123","target_block_title":"Common Patterns","confidence":0.92,"reasoning":"This knowledge about asyncio.Queue's thread-safety is a common pattern in Python concurrency. Adding it under the 'Common Patterns' section provides clear context and makes it discoverable."}),
+        json!({"knowledge_block_id":"abc123","target_page":"Textual/Architecture","action":"add_under","target_block_id":"worker-section-789","target_block_title":"Worker Threads","confidence":0.78,"reasoning":"The thread-safety property is relevant for Textual's worker thread architecture. Adding it under 'Worker Threads' section connects it to the framework's design."}),
+    ];
+    for line in &example {
+        let (outcome, value) = normalised(id, line.clone());
+        assert_eq!(outcome, keep(&[]), "{line}");
+        assert_eq!(&value, line, "kept as written");
+        assert_eq!(seed_000_decision_model(&value), Ok(()));
+    }
+    for action in [
+        json!("skip"),
+        json!("merge"),
+        json!("ADD_UNDER"),
+        json!(3),
+        Value::Null,
+    ] {
+        let mut line = decision("x");
+        line["action"] = action.clone();
+        assert!(seed_000_decision_model(&line).is_err());
+        let (outcome, _) = normalised(id, line.clone());
+        assert!(
+            matches!(outcome, Normalised::Skip { .. }),
+            "{action}: {outcome:?}"
+        );
+        assert!(
+            !validator(id).is_valid(&line),
+            "the schema refuses {action}"
+        );
+    }
+    let mut untargeted = decision("replace");
+    untargeted["target_block_id"] = Value::Null;
+    let mut confident = decision("add_section");
+    confident["target_block_id"] = Value::Null;
+    confident["target_block_title"] = Value::Null;
+    confident["confidence"] = json!(1.4);
+    for line in [untargeted, confident] {
+        let (outcome, value) = normalised(id, line.clone());
+        assert!(matches!(outcome, Normalised::Keep { .. }), "{line}");
+        assert_eq!(seed_000_decision_model(&value), Ok(()), "{value}");
+    }
+    // The schema says what the model says about actions.
+    assert_eq!(
+        template(id).schema["properties"]["action"]["enum"],
+        json!(["add_section", "add_under", "replace"])
+    );
+}
+
+/// The LLM streaming contract's (seed 000's) classification returns knowledge blocks only:
+/// its model's `is_knowledge` is "always true in output", and activity blocks "are NOT
+/// included in the output stream". Its own template drops a line that says `false` (sluice's
+/// `knowledge-classification` keeps it, as an answer); a `true` line is kept as written.
+#[test]
+fn seed_000s_classification_publishes_knowledge_only() {
+    let id = "knowledge-classification-seed-000";
+    let example = json!({"block_id":"abc123","is_knowledge":true,"confidence":0.92,"reason":"Contains a reusable insight about Python's asyncio.Queue being thread-safe, which is evergreen knowledge applicable to any async Python development."});
+    let (outcome, value) = normalised(id, example.clone());
+    assert_eq!(outcome, keep(&[]));
+    assert_eq!(value, example);
+    let mut activity = example.clone();
+    activity["block_id"] = json!("def456");
+    activity["is_knowledge"] = json!(false);
+    let (outcome, _) = normalised(id, activity.clone());
+    assert_eq!(
+        outcome,
+        skip("`is_knowledge` is false: the contract returns knowledge blocks only")
+    );
+    let (outcome, _) = normalised(KNOWLEDGE_CLASSIFICATION, activity);
+    assert_eq!(outcome, keep(&[]), "sluice's own template keeps it");
+}
+
+/// The NDJSON parser contract's (seed 002's) classification lines (§3.1): "`confidence` must
+/// be float in range [0.0, 1.0]", and its error handling has no clamp (only the decisions of
+/// §3.2 clamp): a line outside the range is refused, the edges are kept.
+#[test]
+fn seed_002s_classification_refuses_a_confidence_out_of_range() {
+    let line = json!({"block_id": "abc123", "is_knowledge": true, "confidence": 0.85});
+    for bad in [json!(1.3), json!(2), json!(-0.2)] {
+        let mut v = line.clone();
+        v["confidence"] = bad.clone();
+        let (outcome, _) = normalised(KNOWLEDGE_CLASSIFICATION_SEED_002, v);
+        assert_eq!(
+            outcome,
+            skip("field `confidence` is outside [0.0, 1.0]"),
+            "{bad}"
+        );
+    }
+    for edge in [json!(0), json!(1.0), json!(0.5)] {
+        let mut v = line.clone();
+        v["confidence"] = edge.clone();
+        let (outcome, v) = normalised(KNOWLEDGE_CLASSIFICATION_SEED_002, v);
+        assert_eq!(outcome, keep(&[]));
+        assert_eq!(v["confidence"], edge);
+    }
+    // Its decisions (§3.2) still clamp, as that section says.
+    let (outcome, _) = normalised(
+        INTEGRATION_DECISIONS_SEED_002,
+        json!({"page": "P", "action": "add_section", "confidence": 1.3, "reasoning": "r"}),
+    );
+    assert_eq!(outcome, keep(&["confidence above 1 clamped to 1"]));
 }
