@@ -2032,10 +2032,13 @@ async fn forged_limit_snapshots_on_the_topic_change_nothing() {
     );
     let entries = [("k", "sk-k", day.as_str()), ("j", "sk-j", day.as_str())];
     let (dir, path) = keys_file(&entries);
-    let keys = Arc::new(sluice_gateway::keys::Keys::load(&path).unwrap());
     let topic = sluice_tests::unique_topic("gateway-limits");
+    // Each replica loads the keys file itself, as each process does: with one `Keys` shared,
+    // whichever replica saw the file change first took the new keys for both, and the other
+    // never counted the reload it waits for below (a failure seen once in a full run).
     let configure = |c: &mut sluice_gateway::GatewayConfig| {
-        c.auth = Auth::new(None).with_keys(keys.clone());
+        c.auth =
+            Auth::new(None).with_keys(Arc::new(sluice_gateway::keys::Keys::load(&path).unwrap()));
         c.secret = Some(shared_secret());
         c.limits_topic = Some(topic.clone());
     };

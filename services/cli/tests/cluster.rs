@@ -1329,24 +1329,7 @@ async fn fault_series(cluster: &Cluster, flows: &[FlowUnderFaults]) -> Vec<Vec<F
     let gateways: Vec<String> = flows.iter().map(|f| f.url.clone()).collect();
     let mut per_flow: Vec<Vec<FaultReport>> = flows.iter().map(|_| Vec::new()).collect();
     let mut faults = Vec::new();
-    faults.push(
-        under_fault(
-            "namespace bundles unloaded 3 times",
-            &gateways,
-            CALLERS,
-            || async {
-                for _ in 0..3 {
-                    for f in flows {
-                        cluster.unload(&format!("{}/request", f.ts)).await;
-                        cluster.unload(&format!("{}/response", f.ts)).await;
-                    }
-                    // The fault's shape: three moves 2 s apart, each while streams run.
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                }
-            },
-        )
-        .await,
-    );
+    faults.push(namespace_unloads(cluster, flows, &gateways).await);
     save_stats_after(cluster, flows, &faults).await;
     faults.push(broker_sigkills(cluster, &gateways).await);
     save_stats_after(cluster, flows, &faults).await;
@@ -1381,6 +1364,31 @@ async fn fault_series(cluster: &Cluster, flows: &[FlowUnderFaults]) -> Vec<Vec<F
     per_flow
 }
 
+/// The request and response namespaces of every flow of `flows` unloaded three times, under
+/// the load of every gateway of `gateways`.
+async fn namespace_unloads(
+    cluster: &Cluster,
+    flows: &[FlowUnderFaults],
+    gateways: &[String],
+) -> Vec<FaultReport> {
+    under_fault(
+        "namespace bundles unloaded 3 times",
+        gateways,
+        CALLERS,
+        || async {
+            for _ in 0..3 {
+                for f in flows {
+                    cluster.unload(&format!("{}/request", f.ts)).await;
+                    cluster.unload(&format!("{}/response", f.ts)).await;
+                }
+                // The fault's shape: three moves 2 s apart, each while streams run.
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        },
+    )
+    .await
+}
+
 /// A SIGKILL of each broker in turn under the load of every gateway of `gateways`.
 async fn broker_sigkills(cluster: &Cluster, gateways: &[String]) -> Vec<FaultReport> {
     // Each broker in turn, so that every flow's topics lose their owner to a SIGKILL
@@ -1404,7 +1412,7 @@ async fn broker_sigkills(cluster: &Cluster, gateways: &[String]) -> Vec<FaultRep
 }
 
 /// The TrustGraph flow alone through `SLUICE_CLUSTER_REPEAT` (default 3) rounds of the
-/// brokers' SIGKILLs, asserting what the whole series asserts of it: a narrow reproduction of
+/// brokers' SIGKILLs (or, with `SLUICE_CLUSTER_FAULT=unload`, of the namespace unloads), asserting what the whole series asserts of it: a narrow reproduction of
 /// a failure of that fault on that flow (run it with `--ignored`, `SLUICE_CLUSTER_LOGS` and
 /// `RUST_LOG` to keep the processes' logs and the topics' stats).
 #[tokio::test]
@@ -1420,8 +1428,15 @@ async fn trustgraph_flow_through_repeated_broker_sigkills() {
         .and_then(|r| r.parse().ok())
         .unwrap_or(3);
     let mut failures = Vec::new();
+    // SLUICE_CLUSTER_FAULT=unload: the namespace unloads instead.
+    let unloads = std::env::var("SLUICE_CLUSTER_FAULT").is_ok_and(|f| f == "unload");
     for _ in 0..rounds {
-        let reports = broker_sigkills(&cluster, std::slice::from_ref(&flow.url)).await;
+        let gateways = std::slice::from_ref(&flow.url);
+        let reports = if unloads {
+            namespace_unloads(&cluster, std::slice::from_ref(&flow), gateways).await
+        } else {
+            broker_sigkills(&cluster, gateways).await
+        };
         save_stats_after(
             &cluster,
             std::slice::from_ref(&flow),
