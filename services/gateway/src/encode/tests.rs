@@ -185,16 +185,8 @@ async fn the_events_show_a_restart_and_read_the_new_attempt_to_its_end() {
     let resp = call.await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     let events = lines(&body(resp).await);
-    let shown: Vec<String> = events
-        .iter()
-        .map(|e| match e["type"].as_str().unwrap() {
-            "status" => format!("<{}>", e["status"].as_str().unwrap()),
-            "token" => e["content"].as_str().unwrap().to_owned(),
-            other => format!("<{other} {}>", e["reason"].as_str().unwrap_or("")),
-        })
-        .collect();
     assert_eq!(
-        shown,
+        shown(&events),
         [
             "<thinking>",
             "par",
@@ -411,6 +403,19 @@ async fn a_caller_going_away_cancels_the_request_and_counts_the_stream_cancelled
 /// What the event protocol's own parser (seed 004's `pump()`) makes of a stream: it stops at
 /// the first `done` (`onDone`) or `error` (`onError`), so the first of them is how the
 /// stream reads to that client.
+/// The events as a caller reads them: a status as `<status>`, a token as its text, any other
+/// event as `<type reason>`.
+fn shown(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| match e["type"].as_str().unwrap() {
+            "status" => format!("<{}>", e["status"].as_str().unwrap()),
+            "token" => e["content"].as_str().unwrap().to_owned(),
+            other => format!("<{other} {}>", e["reason"].as_str().unwrap_or("")),
+        })
+        .collect()
+}
+
 fn seed_004_reading(events: &[Value]) -> &str {
     events
         .iter()
@@ -429,16 +434,6 @@ fn seed_004_reading(events: &[Value]) -> &str {
 #[tokio::test]
 async fn a_cancelled_answer_ends_with_done_cancelled_and_no_error_event() {
     let mut rig = Rig::start().await;
-    let shown = |events: &[Value]| -> Vec<String> {
-        events
-            .iter()
-            .map(|e| match e["type"].as_str().unwrap() {
-                "status" => format!("<{}>", e["status"].as_str().unwrap()),
-                "token" => e["content"].as_str().unwrap().to_owned(),
-                other => format!("<{other} {}>", e["reason"].as_str().unwrap_or("")),
-            })
-            .collect()
-    };
     for (kind, expected, reading) in [
         (
             ErrorKind::Cancelled,
