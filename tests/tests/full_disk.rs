@@ -299,7 +299,7 @@ async fn a_broker_that_cannot_write_blocks_the_processor_and_loses_nothing() {
             .telemetry
             .health
             .readiness()
-            .is_err_and(|why| why.contains("cannot store"))
+            .is_err_and(|why| why.to_string().contains("cannot store"))
     })
     .await;
     assert_eq!(

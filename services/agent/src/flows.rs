@@ -11,20 +11,21 @@ use std::{collections::BTreeMap, sync::Arc};
 use async_trait::async_trait;
 use serde_json::Value;
 use sluice_runtime::{
-    bus::Bus,
-    client::{ClientConfig, RequestClient},
-    flows::{FlowKey, FlowService, flow_topic},
+    bus::{Bus, BusError},
+    client::{ClientConfig, ClientError, RequestClient},
+    flows::{FlowError, FlowKey, FlowService, flow_topic},
+    secret::SecretError,
     telemetry::Telemetry,
 };
 use sluice_schema::{
-    PromptRequest, PromptResponse, TextCompletionRequest, TextCompletionResponse, TopicMapping,
-    TopicName, config::FlowDefinition, topics::defaults,
+    PromptRequest, PromptResponse, TextCompletionRequest, TextCompletionResponse, TopicError,
+    TopicMapping, TopicName, config::FlowDefinition, topics::defaults,
 };
 use tracing::warn;
 
 use crate::{
-    handler::{AgentLimits, AgentService},
-    mcp::{McpClient, McpTimeouts},
+    handler::{AgentLimits, AgentService, TemplateError},
+    mcp::{McpClient, McpError, McpTimeouts},
     metrics::AgentMetrics,
     tools::{self, AnyResponse, Backend, Tool, ToolConfig, ToolKind},
 };
@@ -46,6 +47,37 @@ pub struct PromptTopics {
     pub cancel: String,
 }
 
+/// Why an agent cannot be assembled from its tools.
+#[derive(Debug, thiserror::Error)]
+pub enum AssembleError {
+    /// A service tool names a topic that is not a topic name.
+    #[error(transparent)]
+    Topic(#[from] TopicError),
+    /// The prompt service's topics (for prompt tools) cannot be used.
+    #[error("cannot reach the prompt service: {0}")]
+    Prompt(ClientError),
+    /// An MCP tool's `token-env` names a secret that cannot be read.
+    #[error(transparent)]
+    Token(#[from] SecretError),
+    /// An MCP tool's client cannot be made (its URL).
+    #[error(transparent)]
+    Mcp(#[from] McpError),
+    /// A service tool's topics cannot be used.
+    #[error("tool {tool:?}: cannot reach its topics: {source}")]
+    Service {
+        /// The tool.
+        tool: String,
+        /// The client's failure.
+        source: ClientError,
+    },
+    /// The agent's own request topic (its next steps) cannot be published to.
+    #[error("cannot publish to the agent's own request topic: {0}")]
+    NextStep(BusError),
+    /// The ReAct template does not compile.
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+}
+
 /// An agent with `configs` for tools, answering through `llm`, handing its next steps to
 /// `request_topic` (its own, a Pulsar URL) on `bus`. Prompt tools call the prompt service on
 /// `prompt_topics` through one client, returned for closing; service tools' topics are
@@ -61,11 +93,9 @@ pub async fn assemble(
     request_topic: &str,
     prompt_topics: &PromptTopics,
     metrics: AgentMetrics,
-) -> Result<(AgentService, Option<Arc<PromptClient>>), String> {
-    let topic = |t: &str| -> Result<String, String> {
-        t.parse::<TopicName>()
-            .map(|n| n.to_pulsar(mapping))
-            .map_err(|e| e.to_string())
+) -> Result<(AgentService, Option<Arc<PromptClient>>), AssembleError> {
+    let topic = |t: &str| -> Result<String, TopicError> {
+        t.parse::<TopicName>().map(|n| n.to_pulsar(mapping))
     };
     let mut prompt_client: Option<Arc<PromptClient>> = None;
     let mut tools = Vec::new();
@@ -84,7 +114,7 @@ pub async fn assemble(
                         let c = Arc::new(
                             RequestClient::start(bus.clone(), cc, None)
                                 .await
-                                .map_err(|e| format!("cannot reach the prompt service: {e}"))?,
+                                .map_err(AssembleError::Prompt)?,
                         );
                         prompt_client = Some(c.clone());
                         c
@@ -107,7 +137,7 @@ pub async fn assemble(
                     call: limits.tool_timeout,
                     ..McpTimeouts::default()
                 };
-                Backend::Mcp(McpClient::new(url, token, timeouts).map_err(|e| e.to_string())?)
+                Backend::Mcp(McpClient::new(url, token, timeouts)?)
             }
             ToolKind::Service {
                 request_topic,
@@ -121,8 +151,9 @@ pub async fn assemble(
                 Backend::Service(
                     RequestClient::<Value, AnyResponse>::start(bus.clone(), cc, None)
                         .await
-                        .map_err(|e| {
-                            format!("tool {:?}: cannot reach its topics: {e}", config.name)
+                        .map_err(|source| AssembleError::Service {
+                            tool: config.name.clone(),
+                            source,
                         })?,
                 )
             }
@@ -132,9 +163,8 @@ pub async fn assemble(
     let next_step = bus
         .publisher(request_topic)
         .await
-        .map_err(|e| format!("cannot publish to the agent's own request topic: {e}"))?;
-    let service = AgentService::new(llm, tools, next_step, template, limits, metrics)
-        .map_err(|e| e.to_string())?;
+        .map_err(AssembleError::NextStep)?;
+    let service = AgentService::new(llm, tools, next_step, template, limits, metrics)?;
     Ok((service, prompt_client))
 }
 
@@ -233,7 +263,7 @@ impl FlowService for AgentFlows {
         workspace: &str,
         kind: &str,
         entries: &BTreeMap<String, String>,
-    ) -> Result<(), String> {
+    ) -> Result<(), FlowError> {
         self.entries
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -245,7 +275,7 @@ impl FlowService for AgentFlows {
         &self,
         key: &FlowKey,
         definition: &FlowDefinition,
-    ) -> Result<Arc<AgentService>, String> {
+    ) -> Result<Arc<AgentService>, FlowError> {
         let request_topic = flow_topic(definition, "request", self.mapping)?;
         let (configs, problems) = tools::from_trustgraph_config(
             &self.entries(&key.workspace, "tool"),
@@ -311,7 +341,7 @@ impl FlowService for AgentFlows {
             Err(e) => {
                 self.telemetry.health.unwatch(&link_name);
                 llm.close().await;
-                return Err(e);
+                return Err(e.into());
             }
         };
         self.clients

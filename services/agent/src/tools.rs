@@ -31,7 +31,7 @@ use serde_json::Value;
 use sluice_runtime::{
     client::{RequestClient, RequestOptions},
     reader::{Failure, Meter, ReadPolicy, Reader, Report},
-    secret::Secret,
+    secret::{Secret, SecretError},
 };
 use sluice_schema::{
     Error, ErrorKind, PromptRequest, PromptResponse, ResponseRecord, TextCompletionRequest,
@@ -141,7 +141,18 @@ pub enum ToolConfigError {
     Read(String, std::io::Error),
     /// The file is not valid.
     #[error("the tools file {0} is not valid: {1}")]
-    Parse(String, String),
+    Parse(String, ToolsFileError),
+}
+
+/// What is wrong with a tools file's text.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolsFileError {
+    /// It is not the tools file's JSON (serde's words: a line, a column, the field).
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    /// Two tools share a name.
+    #[error("tool {0:?} is defined twice")]
+    Duplicate(String),
 }
 
 /// Reads a tools file.
@@ -153,12 +164,12 @@ pub fn load(path: &Path) -> Result<Vec<ToolConfig>, ToolConfigError> {
 }
 
 /// Parses a tools file's text.
-pub fn parse(text: &str) -> Result<Vec<ToolConfig>, String> {
-    let file: ToolFile = serde_json::from_str(text).map_err(|e| e.to_string())?;
+pub fn parse(text: &str) -> Result<Vec<ToolConfig>, ToolsFileError> {
+    let file: ToolFile = serde_json::from_str(text)?;
     let mut seen = std::collections::BTreeSet::new();
     for t in &file.tools {
         if !seen.insert(t.name.clone()) {
-            return Err(format!("tool {:?} is defined twice", t.name));
+            return Err(ToolsFileError::Duplicate(t.name.clone()));
         }
     }
     Ok(file.tools)
@@ -351,9 +362,9 @@ impl std::fmt::Debug for Tool {
 }
 
 /// The secret a `token-env` names, if set.
-pub fn token(var: Option<&str>) -> Result<Option<Secret>, String> {
+pub fn token(var: Option<&str>) -> Result<Option<Secret>, SecretError> {
     match var {
-        Some(v) => Secret::from_env(v).map_err(|e| e.to_string()),
+        Some(v) => Secret::from_env(v),
         None => Ok(None),
     }
 }
@@ -647,6 +658,7 @@ mod tests {
         assert!(parse(r#"{"tools": [{"name": "x", "type": "teleport"}]}"#).is_err());
         assert!(parse(r#"{"tools": [{"name": "x", "type": "text-completion"}, {"name": "x", "type": "text-completion"}]}"#)
             .unwrap_err()
+            .to_string()
             .contains("twice"));
     }
 

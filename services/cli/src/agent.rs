@@ -135,7 +135,8 @@ pub async fn agent_service(
         &prompt_topics,
         metrics,
     )
-    .await?;
+    .await
+    .map_err(|e| e.to_string())?;
     Ok(service)
 }
 

@@ -137,7 +137,7 @@ impl GatewayArgs {
         config.resume_window = Duration::from_secs(self.resume_window_secs);
         config.flow.clone_from(&self.flow);
         if let Some(path) = &self.keys_file {
-            let keys = Keys::load(path)?;
+            let keys = Keys::load(path).map_err(|e| e.to_string())?;
             info!(keys = keys.ring().len(), path = %path.display(), "API keys loaded");
             config.auth = config.auth.with_keys(Arc::new(keys));
         }

@@ -145,7 +145,9 @@ impl UsageArgs {
         let Some(topic) = self.topic() else {
             return Ok(None);
         };
-        let ledger = Ledger::open(bus, &topic, prices, &telemetry.registry).await?;
+        let ledger = Ledger::open(bus, &topic, prices, &telemetry.registry)
+            .await
+            .map_err(|e| e.to_string())?;
         if let Some(admin) = admin {
             match admin
                 .topic_retention_at_least(&topic, i64::from(USAGE_RETENTION_MINUTES))

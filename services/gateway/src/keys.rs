@@ -177,34 +177,106 @@ pub fn hash_hex(key: &str) -> String {
     hex::encode(Sha256::digest(key.as_bytes()))
 }
 
+/// Why a keys file's text is not a set of keys. The words name the key (its place and name)
+/// and the field, never a hash.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyRingError {
+    /// Not the keys file's TOML (the parser's words: the line, the unknown field).
+    #[error("{0}")]
+    Toml(String),
+    /// A key has an empty name (its place in the file, from 1).
+    #[error("key {0}: the name is empty")]
+    EmptyName(usize),
+    /// A key is not usable.
+    #[error("key {place} ({name:?}): {problem}")]
+    Key {
+        /// Its place in the file, from 1.
+        place: usize,
+        /// Its name.
+        name: String,
+        /// What is wrong with it.
+        problem: KeyProblem,
+    },
+}
+
+/// What is wrong with one key of a keys file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyProblem {
+    /// Another key has the same name.
+    #[error("the name is used twice")]
+    NameUsedTwice,
+    /// `sha256` is not a SHA-256 in hex.
+    #[error("sha256 must be 64 hex digits (`sluice keys hash`)")]
+    BadHash,
+    /// `services` names a service that does not exist.
+    #[error("unknown service {0:?}: expected text-completion, prompt or agent")]
+    UnknownService(String),
+    /// `tool_groups` has an empty name.
+    #[error("tool_groups has an empty name")]
+    EmptyToolGroup,
+    /// `operator_fields` names a field that is not an operator field (the field, the known
+    /// ones).
+    #[error("operator_fields: {0:?} is not one of {1}")]
+    UnknownOperatorField(String, String),
+    /// A limit is 0.
+    #[error("{0} is 0: remove the key to stop it, or the field to lift the limit")]
+    ZeroLimit(&'static str),
+    /// Another key has the same hash.
+    #[error("the same key is listed twice")]
+    SameKey,
+}
+
+/// Why a keys file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum KeysFileError {
+    /// It cannot be read.
+    #[error("cannot read the keys file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The read's failure.
+        source: std::io::Error,
+    },
+    /// Its text is not a set of keys.
+    #[error("the keys file {path} is invalid: {source}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        source: KeyRingError,
+    },
+}
+
 impl KeyRing {
     /// Reads a keys file's text. Errors name the key and the field, never a hash.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let file: File = toml::from_str(text).map_err(|e| e.message().to_owned())?;
+    pub fn parse(text: &str) -> Result<Self, KeyRingError> {
+        let file: File =
+            toml::from_str(text).map_err(|e| KeyRingError::Toml(e.message().to_owned()))?;
         let mut by_hash = HashMap::new();
         let mut names = BTreeSet::new();
         for (i, k) in file.keys.into_iter().enumerate() {
-            let which = format!("key {} ({:?})", i + 1, k.name);
+            let place = i + 1;
+            let bad = |problem| KeyRingError::Key {
+                place,
+                name: k.name.clone(),
+                problem,
+            };
             if k.name.is_empty() {
-                return Err(format!("key {}: the name is empty", i + 1));
+                return Err(KeyRingError::EmptyName(place));
             }
             if !names.insert(k.name.clone()) {
-                return Err(format!("{which}: the name is used twice"));
+                return Err(bad(KeyProblem::NameUsedTwice));
             }
             let mut hash = [0u8; 32];
-            hex::decode_to_slice(k.sha256.trim(), &mut hash).map_err(|_| {
-                format!("{which}: sha256 must be 64 hex digits (`sluice keys hash`)")
-            })?;
-            let services = match k.services {
+            hex::decode_to_slice(k.sha256.trim(), &mut hash)
+                .map_err(|_| bad(KeyProblem::BadHash))?;
+            let services = match &k.services {
                 None => None,
                 Some(list) => Some(
                     list.iter()
                         .map(|s| {
-                            ServiceKind::from_name(s).ok_or_else(|| {
-                                format!(
-                                    "{which}: unknown service {s:?}: expected text-completion, prompt or agent"
-                                )
-                            })
+                            ServiceKind::from_name(s)
+                                .ok_or_else(|| bad(KeyProblem::UnknownService(s.clone())))
                         })
                         .collect::<Result<BTreeSet<_>, _>>()?,
                 ),
@@ -212,10 +284,14 @@ impl KeyRing {
             if let Some(groups) = &k.tool_groups
                 && groups.iter().any(|g| g.trim().is_empty())
             {
-                return Err(format!("{which}: tool_groups has an empty name"));
+                return Err(bad(KeyProblem::EmptyToolGroup));
             }
-            let operator_fields: BTreeSet<String> =
-                k.operator_fields.unwrap_or_default().into_iter().collect();
+            let operator_fields: BTreeSet<String> = k
+                .operator_fields
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .collect();
             if let Some(unknown) = operator_fields.iter().find(|f| {
                 !crate::kinds::OPERATOR_FIELDS
                     .iter()
@@ -225,10 +301,10 @@ impl KeyRing {
                     .iter()
                     .map(|(_, f)| *f)
                     .collect();
-                return Err(format!(
-                    "{which}: operator_fields: {unknown:?} is not one of {}",
-                    known.into_iter().collect::<Vec<_>>().join(", ")
-                ));
+                return Err(bad(KeyProblem::UnknownOperatorField(
+                    unknown.clone(),
+                    known.into_iter().collect::<Vec<_>>().join(", "),
+                )));
             }
             for (field, value) in [
                 ("requests_per_minute", k.requests_per_minute),
@@ -238,9 +314,7 @@ impl KeyRing {
                 ("concurrent_requests", k.concurrent_requests),
             ] {
                 if value == Some(0) {
-                    return Err(format!(
-                        "{which}: {field} is 0: remove the key to stop it, or the field to lift the limit"
-                    ));
+                    return Err(bad(KeyProblem::ZeroLimit(field)));
                 }
             }
             let key = Key {
@@ -260,7 +334,7 @@ impl KeyRing {
                 },
             };
             if by_hash.insert(hash, Arc::new(key)).is_some() {
-                return Err(format!("{which}: the same key is listed twice"));
+                return Err(bad(KeyProblem::SameKey));
             }
         }
         let names = by_hash.values().map(|k| k.name.clone()).collect();
@@ -307,11 +381,15 @@ pub struct Keys {
 
 impl Keys {
     /// Reads `path`; the gateway does not start with a file it cannot read.
-    pub fn load(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read the keys file {}: {e}", path.display()))?;
-        let ring = KeyRing::parse(&text)
-            .map_err(|e| format!("the keys file {} is invalid: {e}", path.display()))?;
+    pub fn load(path: &Path) -> Result<Self, KeysFileError> {
+        let text = std::fs::read_to_string(path).map_err(|source| KeysFileError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let ring = KeyRing::parse(&text).map_err(|source| KeysFileError::Invalid {
+            path: path.to_owned(),
+            source,
+        })?;
         Ok(Self {
             path: path.to_owned(),
             ring: RwLock::new(Arc::new(ring)),
@@ -338,7 +416,7 @@ impl Keys {
 
     /// Reads the file again if its text changed: `Some(Ok(n))` with the new number of keys,
     /// `Some(Err(why))` when it cannot be used, `None` when unchanged.
-    pub fn reload(&self) -> Option<Result<usize, String>> {
+    pub fn reload(&self) -> Option<Result<usize, KeysFileError>> {
         // An unreadable file is remembered by its error, so that it too is reported once.
         let (text, digest) = match std::fs::read_to_string(&self.path) {
             Ok(t) => {
@@ -346,9 +424,8 @@ impl Keys {
                 (Ok(t), d)
             }
             Err(e) => {
-                let why = format!("cannot read it: {e}");
-                let d: [u8; 32] = Sha256::digest(format!("\0{why}").as_bytes()).into();
-                (Err(why), d)
+                let d: [u8; 32] = Sha256::digest(format!("\0{e}").as_bytes()).into();
+                (Err(e), d)
             }
         };
         if self.seen.read().is_ok_and(|s| *s == digest) {
@@ -360,11 +437,21 @@ impl Keys {
         }
         let text = match text {
             Ok(t) => t,
-            Err(why) => return Some(Err(why)),
+            Err(source) => {
+                return Some(Err(KeysFileError::Read {
+                    path: self.path.clone(),
+                    source,
+                }));
+            }
         };
         let ring = match KeyRing::parse(&text) {
             Ok(r) => r,
-            Err(e) => return Some(Err(e)),
+            Err(source) => {
+                return Some(Err(KeysFileError::Invalid {
+                    path: self.path.clone(),
+                    source,
+                }));
+            }
         };
         let n = ring.len();
         match self.ring.write() {
@@ -501,7 +588,7 @@ mod tests {
                 "operator_fields: \"prompt\" is not one",
             ),
         ] {
-            let e = KeyRing::parse(&text).unwrap_err();
+            let e = KeyRing::parse(&text).unwrap_err().to_string();
             assert!(e.contains(expect), "{e}");
             assert!(!e.contains(&good), "{e}");
         }
@@ -522,7 +609,7 @@ mod tests {
         let keys = Keys::load(&path).unwrap();
         assert!(keys.reload().is_none());
         std::fs::write(&path, entry("a", "ka") + &entry("b", "kb")).unwrap();
-        assert_eq!(keys.reload(), Some(Ok(2)));
+        assert!(matches!(keys.reload(), Some(Ok(2))));
         assert!(keys.ring().find("kb").is_some());
         std::fs::write(&path, "[[keys]]\nname = 3\n").unwrap();
         assert!(matches!(keys.reload(), Some(Err(_))));
@@ -537,7 +624,7 @@ mod tests {
         assert_eq!(keys.ring().len(), 2);
         // Revoking: the key is gone from the file.
         std::fs::write(&path, entry("b", "kb")).unwrap();
-        assert_eq!(keys.reload(), Some(Ok(1)));
+        assert!(matches!(keys.reload(), Some(Ok(1))));
         assert!(keys.ring().find("ka").is_none());
         std::fs::remove_dir_all(&dir).unwrap();
     }

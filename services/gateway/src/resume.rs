@@ -31,7 +31,7 @@ use axum::{
     response::Response,
 };
 use sluice_runtime::{
-    bus::Position,
+    bus::{NotAPosition, Position},
     seal::{Label, SealKey},
 };
 
@@ -132,37 +132,31 @@ impl Token {
     }
 
     /// Reads what [`Token::encode`] wrote: the token and its seal, not yet verified.
-    pub fn decode(s: &str) -> Result<(Self, String), String> {
-        let bad = |why: &str| format!("not a resume token ({why})");
+    pub fn decode(s: &str) -> Result<(Self, String), TokenError> {
         let mut parts = s.splitn(7, '.');
         match parts.next() {
             Some("v2") => {}
-            Some("v1") => {
-                return Err(
-                    "the token was issued by an earlier version of the gateway, whose tokens are no longer accepted: send the request again"
-                        .to_owned(),
-                );
-            }
-            _ => return Err(bad("it does not start with v2.")),
+            Some("v1") => return Err(TokenError::Outdated),
+            _ => return Err(TokenError::NotV2),
         }
-        let mut next = |what: &str| {
+        let mut next = |what: &'static str| {
             parts
                 .next()
                 .filter(|p| !p.is_empty())
-                .ok_or_else(|| bad(&format!("no {what}")))
+                .ok_or(TokenError::Missing(what))
         };
         let route = next("route")?.to_owned();
         let after = match next("position")? {
             "-" => None,
-            p => Some(p.parse::<Position>().map_err(|e| bad(&e))?),
+            p => Some(p.parse::<Position>().map_err(TokenError::Position)?),
         };
         let created = next("start time")?
             .parse()
-            .map_err(|_| bad("the start time is not a number"))?;
+            .map_err(|_| TokenError::StartTime)?;
         let trace_id = match next("trace id")? {
             "-" => String::new(),
             t if t.bytes().all(|b| b.is_ascii_hexdigit()) => t.to_owned(),
-            _ => return Err(bad("the trace id is not hexadecimal")),
+            _ => return Err(TokenError::TraceId),
         };
         let seal = next("seal")?.to_owned();
         let id = next("request id")?.to_owned();
@@ -209,7 +203,7 @@ impl Resume {
         let received = received
             .parse()
             .map_err(|_| format!("{received:?} is not a number of events"))?;
-        let (decoded, seal) = Token::decode(token)?;
+        let (decoded, seal) = Token::decode(token).map_err(|e| e.to_string())?;
         Ok(Self {
             token: decoded,
             sent: token.to_owned(),
@@ -217,6 +211,31 @@ impl Resume {
             received,
         })
     }
+}
+
+/// Why a resume token cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    /// A token of the earlier format, which the gateway no longer accepts.
+    #[error(
+        "the token was issued by an earlier version of the gateway, whose tokens are no longer accepted: send the request again"
+    )]
+    Outdated,
+    /// It does not start with this format's version.
+    #[error("not a resume token (it does not start with v2.)")]
+    NotV2,
+    /// A part is missing or empty (which).
+    #[error("not a resume token (no {0})")]
+    Missing(&'static str),
+    /// The position part is not a position.
+    #[error("not a resume token ({0})")]
+    Position(NotAPosition),
+    /// The start time is not a number.
+    #[error("not a resume token (the start time is not a number)")]
+    StartTime,
+    /// The trace id is not hexadecimal.
+    #[error("not a resume token (the trace id is not hexadecimal)")]
+    TraceId,
 }
 
 /// The resume a request asks for, from `Sluice-Resume` or else `Last-Event-ID`; `None` for a
@@ -634,7 +653,7 @@ mod tests {
             ("v2.text-completion.-.1.-.seal", "no request id"),
             ("v2.text-completion.-.1.-", "no seal"),
         ] {
-            let e = Token::decode(s).unwrap_err();
+            let e = Token::decode(s).unwrap_err().to_string();
             assert!(e.contains(why), "{s:?}: {e}");
         }
     }

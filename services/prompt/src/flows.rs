@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use sluice_runtime::{
     bus::Bus,
     client::{ClientConfig, RequestClient},
-    flows::{FlowKey, FlowService, flow_topic},
+    flows::{FlowError, FlowKey, FlowService, FlowTopicError, flow_topic},
     telemetry::Telemetry,
 };
 use sluice_schema::{TopicMapping, config::FlowDefinition};
@@ -86,7 +86,7 @@ impl PromptFlows {
         Ok(store)
     }
 
-    fn llm_topics(&self, definition: &FlowDefinition) -> Result<(String, String), String> {
+    fn llm_topics(&self, definition: &FlowDefinition) -> Result<(String, String), FlowTopicError> {
         Ok((
             flow_topic(definition, "text-completion-request", self.mapping)?,
             flow_topic(definition, "text-completion-response", self.mapping)?,
@@ -119,7 +119,7 @@ impl FlowService for PromptFlows {
         workspace: &str,
         _kind: &str,
         entries: &BTreeMap<String, String>,
-    ) -> Result<(), String> {
+    ) -> Result<(), FlowError> {
         let store = self.store(workspace)?;
         match TemplateSet::from_trustgraph_config(entries, self.settings.builtins) {
             Ok(set) => {
@@ -128,7 +128,7 @@ impl FlowService for PromptFlows {
             }
             Err(e) => {
                 store.load_failed();
-                Err(e.to_string())
+                Err(e.into())
             }
         }
     }
@@ -137,7 +137,7 @@ impl FlowService for PromptFlows {
         &self,
         key: &FlowKey,
         definition: &FlowDefinition,
-    ) -> Result<Arc<PromptService>, String> {
+    ) -> Result<Arc<PromptService>, FlowError> {
         let topics = self.llm_topics(definition)?;
         let store = self.store(&key.workspace)?;
         let mut clients = self.clients.lock().await;

@@ -302,9 +302,20 @@ fn item(line: Result<sluice_runtime::ndjson::Line, LineError>) -> Option<LineIte
     })
 }
 
+/// A whole answer that holds no JSON value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NoJson {
+    /// The answer is empty (or only whitespace).
+    #[error("the model's answer is empty")]
+    Empty,
+    /// The answer has text but no object or array in it.
+    #[error("the model's answer holds no JSON object or array")]
+    NotFound,
+}
+
 /// The JSON value in a whole answer: inside a ```` ```json ```` fence if there is one,
 /// otherwise the first object or array in the text, prose around it ignored.
-pub fn extract_json(answer: &str) -> Result<Value, String> {
+pub fn extract_json(answer: &str) -> Result<Value, NoJson> {
     let body = fenced(answer).unwrap_or(answer);
     let mut from = 0;
     while let Some(offset) = body[from..].find(['{', '[']) {
@@ -316,9 +327,9 @@ pub fn extract_json(answer: &str) -> Result<Value, String> {
         from = start + 1;
     }
     Err(if answer.trim().is_empty() {
-        "the model's answer is empty".into()
+        NoJson::Empty
     } else {
-        "the model's answer holds no JSON object or array".into()
+        NoJson::NotFound
     })
 }
 
@@ -456,12 +467,8 @@ mod tests {
             extract_json("use {braces} like {\"k\": 1}").unwrap(),
             json!({"k": 1})
         );
-        assert!(extract_json("").unwrap_err().contains("empty"));
-        assert!(
-            extract_json("no json here")
-                .unwrap_err()
-                .contains("no JSON")
-        );
+        assert_eq!(extract_json("").unwrap_err(), NoJson::Empty);
+        assert_eq!(extract_json("no json here").unwrap_err(), NoJson::NotFound);
     }
 
     /// A pretty-printed array cut into lines however the deltas fall; an unterminated last

@@ -26,7 +26,7 @@ use std::{
 
 use async_trait::async_trait;
 use sluice_schema::{
-    ErrorKind, TopicMapping, TopicName,
+    ErrorKind, TopicError, TopicMapping, TopicName,
     config::{ConfigPush, ConfigRequest, ConfigResponse, FlowDefinition},
 };
 use tokio::{
@@ -193,6 +193,28 @@ impl fmt::Display for FlowKey {
     }
 }
 
+/// Why a service cannot apply a config entry or serve a flow: the service's own error, kept
+/// whole (with its source chain) for the warning the supervisor logs. A trait object rather
+/// than one enum because each service fails in its own terms (a template that does not parse,
+/// a tool whose MCP server is unknown, a flow parameter out of range).
+pub type FlowError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A flow topic the processor needs that its definition does not give in a usable form.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FlowTopicError {
+    /// The definition names no topic for this name.
+    #[error("the flow names no `{0}` topic")]
+    Missing(String),
+    /// The topic it names is not a topic name.
+    #[error("the flow's `{name}` topic: {source}")]
+    Invalid {
+        /// The processor's name for the topic (`request`, `prompt-request`, ...).
+        name: String,
+        /// What is wrong with it.
+        source: TopicError,
+    },
+}
+
 /// What a service provides to be run by [`run_flows`].
 #[async_trait]
 pub trait FlowService: Send + Sync + 'static {
@@ -212,7 +234,7 @@ pub trait FlowService: Send + Sync + 'static {
         workspace: &str,
         kind: &str,
         entries: &BTreeMap<String, String>,
-    ) -> Result<(), String> {
+    ) -> Result<(), FlowError> {
         let _ = (workspace, kind, entries);
         Ok(())
     }
@@ -230,7 +252,7 @@ pub trait FlowService: Send + Sync + 'static {
         &self,
         key: &FlowKey,
         definition: &FlowDefinition,
-    ) -> Result<Arc<Self::Handler>, String>;
+    ) -> Result<Arc<Self::Handler>, FlowError>;
 
     /// A flow stopped (removed or changed) and its requests in flight have finished.
     async fn flow_stopped(&self, key: &FlowKey, definition: &FlowDefinition) {
@@ -291,7 +313,7 @@ pub fn flow_consumer(
     key: &FlowKey,
     definition: &FlowDefinition,
     mapping: TopicMapping,
-) -> Result<ProcessorConfig, String> {
+) -> Result<ProcessorConfig, FlowTopicError> {
     let request = flow_topic(definition, "request", mapping)?;
     let response = flow_topic(definition, "response", mapping)?;
     let mut config = template.clone();
@@ -307,13 +329,14 @@ pub fn flow_topic(
     definition: &FlowDefinition,
     name: &str,
     mapping: TopicMapping,
-) -> Result<String, String> {
+) -> Result<String, FlowTopicError> {
     let topic = definition
         .topic(name)
-        .ok_or_else(|| format!("the flow names no `{name}` topic"))?;
-    let parsed: TopicName = topic
-        .parse()
-        .map_err(|e| format!("the flow's `{name}` topic: {e}"))?;
+        .ok_or_else(|| FlowTopicError::Missing(name.to_owned()))?;
+    let parsed: TopicName = topic.parse().map_err(|source| FlowTopicError::Invalid {
+        name: name.to_owned(),
+        source,
+    })?;
     Ok(parsed.to_pulsar(mapping))
 }
 
@@ -535,7 +558,7 @@ impl<S: FlowService> Supervisor<S> {
                 .flow(&key, &definition)
                 .await
                 .map(|handler| (config, handler)),
-            Err(e) => Err(e),
+            Err(e) => Err(FlowError::from(e)),
         };
         let (config, handler) = match built {
             Ok(built) => built,

@@ -5,19 +5,29 @@
 
 pub use jsonschema::{ValidationError, Validator};
 
-/// A validator for `schema`, or why it is not a usable JSON Schema.
-pub fn compile(schema: &serde_json::Value) -> Result<Validator, String> {
-    jsonschema::validator_for(schema).map_err(|e| {
-        let shown: String = e.to_string().chars().take(300).collect();
-        format!("not a valid JSON Schema: {shown}")
-    })
+/// Why a schema cannot be used, or a value does not pass it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SchemaError {
+    /// The schema is not a usable JSON Schema (the validator's words, at most 300
+    /// characters: they quote the schema, which is the caller's, not a model's answer).
+    #[error("not a valid JSON Schema: {0}")]
+    Invalid(String),
+    /// The value fails the schema, in [`problem`]'s words (they never quote the value).
+    #[error("{0}")]
+    Mismatch(String),
 }
 
-/// The first way `value` fails `validator`, in [`problem`]'s words; `Ok` when it passes.
-pub fn check(validator: &Validator, value: &serde_json::Value) -> Result<(), String> {
+/// A validator for `schema`, or why it is not a usable JSON Schema.
+pub fn compile(schema: &serde_json::Value) -> Result<Validator, SchemaError> {
+    jsonschema::validator_for(schema)
+        .map_err(|e| SchemaError::Invalid(e.to_string().chars().take(300).collect()))
+}
+
+/// The first way `value` fails `validator`; `Ok` when it passes.
+pub fn check(validator: &Validator, value: &serde_json::Value) -> Result<(), SchemaError> {
     match validator.iter_errors(value).next() {
         None => Ok(()),
-        Some(e) => Err(problem(&e)),
+        Some(e) => Err(SchemaError::Mismatch(problem(&e))),
     }
 }
 
@@ -72,20 +82,23 @@ mod tests {
             "properties": {"label": {"enum": ["a", "b"]}, "n": {"maximum": 5}}}))
         .unwrap();
         assert_eq!(check(&v, &json!({"label": "a"})), Ok(()));
-        let e = check(&v, &json!({"label": "secret-value"})).unwrap_err();
+        let e = check(&v, &json!({"label": "secret-value"}))
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("/label is not one of"), "{e}");
         assert!(!e.contains("secret-value"), "{e}");
         assert_eq!(
             check(&v, &json!({"label": "b", "n": 7})).unwrap_err(),
-            "/n is greater than the maximum of 5"
+            SchemaError::Mismatch("/n is greater than the maximum of 5".into())
         );
         assert_eq!(
             check(&v, &json!({})).unwrap_err(),
-            "/ lacks the required property \"label\""
+            SchemaError::Mismatch("/ lacks the required property \"label\"".into())
         );
         assert!(
             compile(&json!({"type": 5}))
                 .unwrap_err()
+                .to_string()
                 .starts_with("not a valid JSON Schema")
         );
     }

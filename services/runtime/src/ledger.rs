@@ -214,16 +214,50 @@ pub struct Prices {
     pub prices: Vec<Price>,
 }
 
+/// A price that is not a finite number of 0 or more.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("price of model `{model}`: `{field}` must be a number of 0 or more")]
+pub struct PriceError {
+    /// The model the price is for.
+    pub model: String,
+    /// `input` or `output`.
+    pub field: &'static str,
+}
+
+/// Why a ledger cannot be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    /// The usage topic is not a persistent topic URL.
+    #[error(
+        "the usage topic must be a persistent:// topic URL (the ledger is what the broker keeps), not {0:?}"
+    )]
+    NotPersistent(String),
+    /// The bus would not create a publisher for the topic.
+    #[error("cannot publish to the usage topic {topic}: {source}")]
+    Publisher {
+        /// The usage topic.
+        topic: String,
+        /// The bus's refusal.
+        source: BusError,
+    },
+    /// A price is unusable.
+    #[error(transparent)]
+    Price(#[from] PriceError),
+    /// The ledger's metrics could not be registered (a name already taken).
+    #[error("the ledger's metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+}
+
 impl Prices {
     /// Checks every price is a finite number, not negative.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), PriceError> {
         for p in &self.prices {
-            for (what, v) in [("input", p.input), ("output", p.output)] {
+            for (field, v) in [("input", p.input), ("output", p.output)] {
                 if !v.is_finite() || v < 0.0 {
-                    return Err(format!(
-                        "price of model `{}`: `{what}` must be a number of 0 or more",
-                        p.model
-                    ));
+                    return Err(PriceError {
+                        model: p.model.clone(),
+                        field,
+                    });
                 }
             }
         }
@@ -372,16 +406,17 @@ impl Ledger {
         topic: &str,
         prices: Prices,
         registry: &Registry,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, LedgerError> {
         if !topic.starts_with("persistent://") {
-            return Err(format!(
-                "the usage topic must be a persistent:// topic URL (the ledger is what the broker keeps), not {topic:?}"
-            ));
+            return Err(LedgerError::NotPersistent(topic.to_owned()));
         }
         let publisher = bus
             .publisher(topic)
             .await
-            .map_err(|e| format!("cannot publish to the usage topic {topic}: {e}"))?;
+            .map_err(|source| LedgerError::Publisher {
+                topic: topic.to_owned(),
+                source,
+            })?;
         let opened = publisher.open().await;
         let ledger = Self::with_publisher(publisher, prices, registry)?;
         if let Err(e) = opened {
@@ -397,9 +432,9 @@ impl Ledger {
         publisher: Arc<dyn Publisher>,
         prices: Prices,
         registry: &Registry,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, LedgerError> {
         prices.validate()?;
-        let metrics = LedgerMetrics::register(registry).map_err(|e| e.to_string())?;
+        let metrics = LedgerMetrics::register(registry)?;
         let ledger = Self {
             publisher,
             prices,

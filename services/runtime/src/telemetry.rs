@@ -534,15 +534,14 @@ impl Health {
     }
 
     /// `Ok` when ready, else what is not.
-    pub fn readiness(&self) -> Result<(), String> {
+    pub fn readiness(&self) -> Result<(), NotReady> {
         if self.draining.load(Ordering::Relaxed) {
-            return Err("draining".to_owned());
+            return Err(NotReady::Draining);
         }
         {
             let conditions = lock(&self.conditions);
             if !conditions.is_empty() {
-                let failing: Vec<&str> = conditions.values().map(String::as_str).collect();
-                return Err(failing.join("; "));
+                return Err(NotReady::Failing(conditions.values().cloned().collect()));
             }
         }
         let links = lock(&self.links);
@@ -557,9 +556,23 @@ impl Health {
         if down.is_empty() {
             Ok(())
         } else {
-            Err(format!("not connected: {}", down.join(", ")))
+            Err(NotReady::NotConnected(down))
         }
     }
+}
+
+/// Why a process is not ready, as `/readyz` says it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotReady {
+    /// The process is draining for shutdown.
+    #[error("draining")]
+    Draining,
+    /// Conditions set with [`Health::fail`] (each its description).
+    #[error("{}", .0.join("; "))]
+    Failing(Vec<String>),
+    /// Watched links that are down (each `name` or `name (why)`).
+    #[error("not connected: {}", .0.join(", "))]
+    NotConnected(Vec<String>),
 }
 
 /// Reads the allocator's counters: bytes the process's allocations hold, and bytes of
@@ -707,7 +720,7 @@ async fn not_the_api() -> impl IntoResponse {
 async fn readyz(State(t): State<Telemetry>) -> impl IntoResponse {
     match t.health.readiness() {
         Ok(()) => (StatusCode::OK, "ready".to_owned()),
-        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why.to_string()),
     }
 }
 
@@ -909,18 +922,21 @@ mod tests {
         assert!(h.readiness().is_ok());
         let link = Link::new(false);
         h.watch("requests", link.clone());
-        assert_eq!(h.readiness().unwrap_err(), "not connected: requests");
+        assert_eq!(
+            h.readiness().unwrap_err().to_string(),
+            "not connected: requests"
+        );
         link.set(true);
         assert!(h.readiness().is_ok());
         h.fail("store", "the broker cannot store records: disk full");
         assert_eq!(
-            h.readiness().unwrap_err(),
+            h.readiness().unwrap_err().to_string(),
             "the broker cannot store records: disk full"
         );
         h.clear("store");
         assert!(h.readiness().is_ok());
         h.set_draining();
-        assert_eq!(h.readiness().unwrap_err(), "draining");
+        assert_eq!(h.readiness().unwrap_err(), NotReady::Draining);
     }
 
     #[tokio::test(start_paused = true)]

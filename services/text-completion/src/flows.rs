@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use sluice_runtime::flows::{FlowKey, FlowService};
+use sluice_runtime::flows::{FlowError, FlowKey, FlowService};
 use sluice_schema::config::FlowDefinition;
 
 use crate::handler::TextCompletionService;
@@ -32,7 +32,7 @@ impl FlowService for TextCompletionFlows {
         &self,
         _key: &FlowKey,
         definition: &FlowDefinition,
-    ) -> Result<Arc<TextCompletionService>, String> {
+    ) -> Result<Arc<TextCompletionService>, FlowError> {
         let temperature = match definition.parameter("temperature") {
             Some(t) => Some(
                 t.parse::<f64>()
@@ -94,7 +94,7 @@ mod tests {
                 .await
                 .err()
                 .unwrap();
-            assert!(e.contains("`temperature`"), "{bad}: {e}");
+            assert!(e.to_string().contains("`temperature`"), "{bad}: {e}");
         }
     }
 }

@@ -436,8 +436,9 @@ fn check_arguments(call: &ToolCall, schema: Option<&Value>) -> Result<Map<String
         return Err("they are not a JSON object".to_owned());
     };
     if let Some(schema) = schema {
-        let validator = json_schema::compile(schema)?;
-        json_schema::check(&validator, &Value::Object(object.clone()))?;
+        let validator = json_schema::compile(schema).map_err(|e| e.to_string())?;
+        json_schema::check(&validator, &Value::Object(object.clone()))
+            .map_err(|e| e.to_string())?;
     }
     Ok(object)
 }

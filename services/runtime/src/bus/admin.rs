@@ -61,7 +61,7 @@ impl PulsarAdmin {
                 "the Pulsar token",
                 allow_plaintext_credentials,
             )
-            .map_err(BusError::Config)?;
+            .map_err(|e| BusError::Config(e.to_string()))?;
         }
         crate::install_crypto_provider();
         let http = reqwest::Client::builder()

@@ -120,12 +120,17 @@ impl fmt::Display for Position {
     }
 }
 
+/// Text that is not what [`Position`]'s `Display` writes (the text).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a position (ledger:entry:partition:batch)")]
+pub struct NotAPosition(pub String);
+
 impl std::str::FromStr for Position {
-    type Err = String;
+    type Err = NotAPosition;
 
     /// Reads what [`Position`]'s `Display` writes.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || format!("{s:?} is not a position (ledger:entry:partition:batch)");
+        let bad = || NotAPosition(s.to_owned());
         let mut parts = s.split(':');
         let mut next = || parts.next().ok_or_else(bad);
         let position = Self {

@@ -146,7 +146,7 @@ impl OAuth2Auth {
             ),
             issuer_in_clear,
         )
-        .map_err(AuthenticationError::Custom)?;
+        .map_err(|e| AuthenticationError::Custom(e.to_string()))?;
         self.token_endpoint = Some(discovery.token_endpoint.clone());
         Ok(discovery.token_endpoint)
     }

@@ -177,19 +177,42 @@ pub fn refuse_plaintext_credentials(
     role: &str,
     credential: &str,
     allowed: bool,
-) -> Result<(), String> {
+) -> Result<(), PlaintextRefused> {
     match plaintext_beyond_loopback(url) {
-        Some(scheme) if !allowed => {
-            let tls = if scheme == "pulsar" {
-                "pulsar+ssl://"
-            } else {
-                "https://"
-            };
-            Err(format!(
-                "refusing to send {credential} to {role} over plaintext {scheme}://: anyone on the network path could read it and use it. Use {tls}, or pass {ALLOW_PLAINTEXT_FLAG} (SLUICE_ALLOW_PLAINTEXT_CREDENTIALS=true) to send it in the clear deliberately"
-            ))
-        }
+        Some(scheme) if !allowed => Err(PlaintextRefused {
+            credential: credential.to_owned(),
+            role: role.to_owned(),
+            scheme,
+        }),
         _ => Ok(()),
+    }
+}
+
+/// [`refuse_plaintext_credentials`]'s refusal. Its words name the scheme, the role and the
+/// flag that allows it; never the URL.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "refusing to send {credential} to {role} over plaintext {scheme}://: anyone on the network path could read it and use it. Use {tls}, or pass {flag} (SLUICE_ALLOW_PLAINTEXT_CREDENTIALS=true) to send it in the clear deliberately",
+    tls = self.tls_scheme(),
+    flag = ALLOW_PLAINTEXT_FLAG
+)]
+pub struct PlaintextRefused {
+    /// What would have been sent and where it comes from (never the credential itself).
+    pub credential: String,
+    /// What the URL is for ("the broker").
+    pub role: String,
+    /// The plaintext scheme (`pulsar` or `http`).
+    pub scheme: String,
+}
+
+impl PlaintextRefused {
+    /// The scheme that would carry the credential safely.
+    fn tls_scheme(&self) -> &'static str {
+        if self.scheme == "pulsar" {
+            "pulsar+ssl://"
+        } else {
+            "https://"
+        }
     }
 }
 
@@ -394,12 +417,15 @@ mod tests {
             "the token in SLUICE_PULSAR_TOKEN",
             false,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("plaintext pulsar://"), "{e}");
         assert!(e.contains("pulsar+ssl://"), "{e}");
         assert!(e.contains(ALLOW_PLAINTEXT_FLAG), "{e}");
         assert!(!e.contains("abc") && !e.contains("broker.example"), "{e}");
-        let e = refuse_plaintext_credentials("http://a.example", "x", "y", false).unwrap_err();
+        let e = refuse_plaintext_credentials("http://a.example", "x", "y", false)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("plaintext http://") && e.contains("https://"),
             "{e}"

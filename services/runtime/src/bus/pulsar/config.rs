@@ -61,7 +61,7 @@ impl PulsarConfig {
         let allowed = self.allow_plaintext_credentials;
         let refused = |url: &str, role: &str, what: &str| {
             crate::bus::pulsar_security::refuse_plaintext_credentials(url, role, what, allowed)
-                .map_err(BusError::Config)
+                .map_err(|e| BusError::Config(e.to_string()))
         };
         match &self.auth {
             PulsarAuth::None => Ok(()),
