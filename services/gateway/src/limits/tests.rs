@@ -1,4 +1,8 @@
-use super::*;
+use super::{
+    clock::{civil_month, days_from_civil},
+    share::{SNAPSHOT_SEAL_BYTES, Snapshot, Which},
+    *,
+};
 use crate::keys::{KeyRing, hash_hex};
 
 fn key(limits: &str) -> Key {
