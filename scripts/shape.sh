@@ -13,7 +13,10 @@
 #    tests read the client's own stream on purpose. bench/ is not either: it measures the
 #    client itself.
 # 2. Files over 900 lines (test files included: they are read too).
-# 3. Functions over 120 lines (a `fn` to the `}` at its own indentation; tests excluded).
+# 3. Functions over 120 lines (a `fn` to the `}` at its own indentation; tests excluded). One
+#    whose comments just above it (doc or plain, attributes between) say "Long because"
+#    and why is listed apart, as explained: a list of metric definitions, say, is long
+#    and reads best whole.
 # 4. `Result<_, String>` in the public functions of library crates (schema/, services/* but
 #    the CLI, whose library is its binary's inside), signatures spanning lines included.
 set -euo pipefail
@@ -68,9 +71,11 @@ long_files() {
     | xargs -0 wc -l | awk '$2 != "total" && $1 > 900 { print $1, $2 }' | sort -rn
 }
 
-# Prints "lines file:line fn-name" for every function over 120 lines.
+# Prints "lines file:line fn-name" for every function over 120 lines; with "explained", those
+# whose comments say why they are long, else the others.
 long_functions() {
-  perl -e '
+  local want=${1:-unexplained}
+  WANT=$want perl -e '
     for my $f (@ARGV) {
       open(my $h, "<", $f) or next;
       my @lines = <$h>; close $h;
@@ -79,14 +84,21 @@ long_functions() {
         my $l = $lines[$i];
         last if $l =~ /^#\[cfg\(test\)\]/ && ($lines[$i + 1] // "") =~ /^mod tests \{/;
         if ($l =~ /^([ \t]*)(?:pub(?:\([a-z]+\))? )?(?:const )?(?:async )?(?:unsafe )?fn ([A-Za-z_0-9]+)/) {
+          my ($indent, $name) = (length($1), $2);
+          # Its comments: the comment and attribute lines right above it.
+          my $explained = 0;
+          for (my $j = $i - 1; $j >= 0 && $lines[$j] =~ /^\s*(?:\/\/|#\[)/; $j--) {
+            $explained = 1 if $lines[$j] =~ /Long because/;
+          }
           # A declaration without a body (a trait method) ends on its own line.
-          push @open, [ length($1), $2, $i + 1 ] unless $l =~ /;\s*$/;
+          push @open, [ $indent, $name, $i + 1, $explained ] unless $l =~ /;\s*$/;
           next;
         }
         if (@open && $l =~ /^([ \t]*)\}/ && length($1) == $open[-1][0]) {
-          my ($indent, $name, $from) = @{ pop @open };
+          my ($indent, $name, $from, $explained) = @{ pop @open };
           my $n = $i + 2 - $from;
-          printf "%d %s:%d %s\n", $n, $f, $from, $name if $n > 120;
+          my $listed = $ENV{WANT} eq "explained" ? $explained : !$explained;
+          printf "%d %s:%d %s\n", $n, $f, $from, $name if $n > 120 && $listed;
         }
       }
     }
@@ -123,6 +135,7 @@ hand=$(loops)
 section "response streams read by hand outside the driver" "$hand"
 section "files over 900 lines" "$(long_files)"
 section "functions over 120 lines" "$(long_functions)"
+section "functions over 120 lines, explained (\"Long because\")" "$(long_functions explained)"
 section "public Result<_, String> in library crates" "$(string_errors)"
 
 if [ "$strict" = 1 ] && [ -n "$hand" ]; then

@@ -51,6 +51,9 @@ pub const KEY_OUTCOMES: [&str; 5] = [
 
 impl GatewayMetrics {
     /// Registers the metrics in `registry`.
+    ///
+    /// Long because it is the list of the gateway's metrics, each defined once with its name,
+    /// help and labels: read whole, it is the catalogue docs/observability.md describes.
     pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
         let requests = IntCounterVec::new(
             Opts::new(

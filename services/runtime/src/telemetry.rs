@@ -169,6 +169,10 @@ pub struct RuntimeMetrics {
 }
 
 impl RuntimeMetrics {
+    /// Registers the runtime's metrics in `registry`.
+    ///
+    /// Long because it is the list of every processor's metrics, each defined once with its
+    /// name, help and labels: read whole, it is the catalogue docs/observability.md describes.
     fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
         let requests = IntCounterVec::new(
             Opts::new(

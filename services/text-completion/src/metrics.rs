@@ -69,6 +69,9 @@ pub struct LlmMetrics {
 
 impl LlmMetrics {
     /// Registers the metrics in `registry`.
+    ///
+    /// Long because it is the list of the provider calls' metrics, each defined once with its
+    /// name, help and labels: read whole, it is the catalogue docs/observability.md describes.
     pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
         let labels = &["provider", "model"];
         let requests = IntCounterVec::new(

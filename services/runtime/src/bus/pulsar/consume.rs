@@ -555,6 +555,47 @@ impl Supervisor {
         }
     }
 
+    /// A message as the subscriber is handed it: its payload and properties, how often it
+    /// came before, who produced it and where it is, and how it is settled.
+    fn delivery(&mut self, m: pulsar::consumer::Message<Vec<u8>>) -> Delivery {
+        let id = m.message_id.id.clone();
+        let count = self.redeliveries.observe(&id);
+        let properties: BTreeMap<String, String> = m
+            .payload
+            .metadata
+            .properties
+            .iter()
+            .map(|kv| (kv.key.clone(), kv.value.clone()))
+            .collect();
+        let origin = Origin {
+            producer: self.producers.intern(&m.payload.metadata.producer_name),
+            sequence: m.payload.metadata.sequence_id,
+        };
+        let position = Position {
+            ledger: id.ledger_id,
+            entry: id.entry_id,
+            partition: id.partition.unwrap_or(-1),
+            batch: id.batch_index.unwrap_or(-1),
+        };
+        let settle = Box::new(PulsarSettle {
+            control: self.control_tx.clone(),
+            topic: self.topics.intern(&m.topic),
+            id,
+        });
+        Delivery::new(Bytes::from(m.payload.data), properties, count, settle)
+            .with_origin(origin)
+            .with_position(position)
+    }
+
+    /// Hands the consumer's messages to the subscriber until the consumer must be made anew
+    /// or the subscription ends.
+    ///
+    /// Long because it is one `select!` over everything a consumer answers (the control
+    /// channel's settles, pauses, renewals and closes; the held acks; the subscriber's slot;
+    /// parked messages to release; the broker's messages; the liveness checks), all sharing
+    /// this loop's state (what is ready, parked, held, heard): split, each part would take
+    /// most of that state as arguments. What stands alone is in its own function
+    /// ([`Self::delivery`], [`Self::alive`], [`Self::flush_acks`], [`Self::apply`]).
     async fn serve(
         &mut self,
         consumer: &mut Consumer<Vec<u8>, TokioExecutor>,
@@ -703,36 +744,7 @@ impl Supervisor {
                             release_at.get_or_insert_with(|| Instant::now() + RELEASE_PARKED_AFTER);
                             continue;
                         }
-                        let id = m.message_id.id.clone();
-                        let count = self.redeliveries.observe(&id);
-                        let properties: BTreeMap<String, String> = m
-                            .payload
-                            .metadata
-                            .properties
-                            .iter()
-                            .map(|kv| (kv.key.clone(), kv.value.clone()))
-                            .collect();
-                        let origin = Origin {
-                            producer: self.producers.intern(&m.payload.metadata.producer_name),
-                            sequence: m.payload.metadata.sequence_id,
-                        };
-                        let position = Position {
-                            ledger: id.ledger_id,
-                            entry: id.entry_id,
-                            partition: id.partition.unwrap_or(-1),
-                            batch: id.batch_index.unwrap_or(-1),
-                        };
-                        let payload = Bytes::from(m.payload.data);
-                        let settle = Box::new(PulsarSettle {
-                            control: self.control_tx.clone(),
-                            topic: self.topics.intern(&m.topic),
-                            id,
-                        });
-                        ready.push_back(
-                            Delivery::new(payload, properties, count, settle)
-                                .with_origin(origin)
-                                .with_position(position),
-                        );
+                        ready.push_back(self.delivery(m));
                     }
                     Some(Err(e)) => {
                         // A message pulsar-rs could not decode (e.g. compressed with a codec
