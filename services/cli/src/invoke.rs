@@ -270,30 +270,7 @@ pub async fn run(args: InvokeArgs) -> Result<(), InvokeError> {
         Some(t) => Some(Secret::new(t)),
         None => Secret::from_env("SLUICE_TOKEN").map_err(|e| InvokeError::Other(e.to_string()))?,
     };
-    let (service, body) = match &args.what {
-        Invoke::Llm { system, prompt } => (
-            "text-completion",
-            json!({ "system": system, "prompt": prompt, "streaming": !args.no_streaming }),
-        ),
-        Invoke::Prompt { template, terms } => (
-            "prompt",
-            json!({ "id": template, "terms": prompt_terms(terms)?, "streaming": !args.no_streaming }),
-        ),
-        Invoke::Agent {
-            question,
-            state,
-            group,
-        } => (
-            "agent",
-            json!({
-                "question": question,
-                "state": state,
-                "group": if group.is_empty() { None } else { Some(group) },
-                "history": [],
-                "streaming": !args.no_streaming,
-            }),
-        ),
-    };
+    let (service, body) = args.body()?;
     sluice_runtime::install_crypto_provider();
     let client = reqwest::Client::builder()
         .build()
@@ -328,38 +305,7 @@ pub async fn run(args: InvokeArgs) -> Result<(), InvokeError> {
         at_line_start: true,
     };
     if !status.is_success() || args.no_streaming {
-        let text = resp.text().await.map_err(|e| {
-            InvokeError::Other(format!("reading the answer failed: {}", without_url(&e)))
-        })?;
-        let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-        // A refusal to a streaming caller comes as NDJSON events: an `error`, then `done`.
-        if let Some(e) = text
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .find(|e| e.get("type").and_then(Value::as_str) == Some("error"))
-        {
-            if let Some(Err(err)) = printer.event(&e) {
-                return Err(err);
-            }
-        }
-        if let Some(err) = value.get("error").filter(|e| !e.is_null()) {
-            return Err(InvokeError::Answer {
-                kind: err
-                    .get("type")
-                    .and_then(Value::as_str)
-                    .unwrap_or("error")
-                    .to_owned(),
-                message: err
-                    .get("message")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_owned(),
-            });
-        }
-        if !status.is_success() {
-            return Err(InvokeError::Other(format!("the gateway answered {status}")));
-        }
-        return whole(&mut printer, &value);
+        return unstreamed(resp, &mut printer).await;
     }
     // The stream's resume token (a gateway on the durable mapping gives one), and the events
     // (lines) received so far: where a broken stream is resumed.
@@ -411,6 +357,74 @@ pub async fn run(args: InvokeArgs) -> Result<(), InvokeError> {
             }
         };
     }
+}
+
+impl InvokeArgs {
+    /// The service the invocation calls, and the request's body.
+    fn body(&self) -> Result<(&'static str, Value), InvokeError> {
+        let streaming = !self.no_streaming;
+        Ok(match &self.what {
+            Invoke::Llm { system, prompt } => (
+                "text-completion",
+                json!({ "system": system, "prompt": prompt, "streaming": streaming }),
+            ),
+            Invoke::Prompt { template, terms } => (
+                "prompt",
+                json!({ "id": template, "terms": prompt_terms(terms)?, "streaming": streaming }),
+            ),
+            Invoke::Agent {
+                question,
+                state,
+                group,
+            } => (
+                "agent",
+                json!({
+                    "question": question,
+                    "state": state,
+                    "group": if group.is_empty() { None } else { Some(group) },
+                    "history": [],
+                    "streaming": streaming,
+                }),
+            ),
+        })
+    }
+}
+
+/// An answer that is not a stream of events: a whole answer (`--no-streaming`), or a refusal
+/// (an HTTP error status; to a streaming caller, an `error` event then `done`).
+async fn unstreamed(resp: reqwest::Response, printer: &mut Printer) -> Result<(), InvokeError> {
+    let status = resp.status();
+    let text = resp.text().await.map_err(|e| {
+        InvokeError::Other(format!("reading the answer failed: {}", without_url(&e)))
+    })?;
+    let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+    // A refusal to a streaming caller comes as NDJSON events: an `error`, then `done`.
+    if let Some(e) = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e.get("type").and_then(Value::as_str) == Some("error"))
+        && let Some(Err(err)) = printer.event(&e)
+    {
+        return Err(err);
+    }
+    if let Some(err) = value.get("error").filter(|e| !e.is_null()) {
+        return Err(InvokeError::Answer {
+            kind: err
+                .get("type")
+                .and_then(Value::as_str)
+                .unwrap_or("error")
+                .to_owned(),
+            message: err
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned(),
+        });
+    }
+    if !status.is_success() {
+        return Err(InvokeError::Other(format!("the gateway answered {status}")));
+    }
+    whole(printer, &value)
 }
 
 /// How many times a broken answer stream is resumed.
