@@ -507,8 +507,8 @@ fn mid_answer_restart() -> Error {
     )
 }
 
-/// How the OpenAI and Ollama routes read text-completion's answers: a restart starts the answer over
-/// until its first chunk went out (the encoder emitted it), and ends it after that.
+/// How the OpenAI and Ollama routes read text-completion's answers: a restart starts the
+/// answer over until its first chunk went out (the encoder emitted it), and ends it after that.
 pub(crate) fn chat_policy() -> ReadPolicy<StartOver> {
     ReadPolicy::new(StartOver(mid_answer_restart()), client_error)
 }
