@@ -61,6 +61,20 @@ pub(crate) const GENERATE_ROUTE: &str = "ollama-generate";
 /// The metrics label of `GET /api/tags`, `POST /api/show` and `GET /api/version`.
 pub(crate) const MODELS_ROUTE: &str = "ollama-models";
 
+/// The paths of Ollama's API that the gateway serves.
+const PATHS: [&str; 5] = [
+    "/api/chat",
+    "/api/generate",
+    "/api/tags",
+    "/api/show",
+    "/api/version",
+];
+
+/// Whether `path` is one of Ollama's routes: a refusal in front of it is in Ollama's shape.
+pub(crate) fn serves(path: &str) -> bool {
+    PATHS.contains(&path)
+}
+
 /// The Ollama release whose API these routes follow (the one the tested `ollama` Python
 /// client, 0.6, was released against), for tools that check it before calling.
 const OLLAMA_API_VERSION: &str = "0.12.0";

@@ -426,6 +426,45 @@ async fn malformed_bodies_get_ollamas_error_shape_never_a_500() {
     }
 }
 
+/// The checks in front of every route refuse in Ollama's shape on its paths: a body not
+/// declared JSON (a plain `curl -d`) 415, a web page of another origin 403.
+#[tokio::test]
+async fn the_checks_in_front_refuse_in_ollamas_shape() {
+    let rig = Rig::start().await;
+    for (path, header, value, status) in [
+        (
+            "/api/chat",
+            "content-type",
+            "application/x-www-form-urlencoded",
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        ),
+        (
+            "/api/generate",
+            "origin",
+            "https://evil.example",
+            StatusCode::FORBIDDEN,
+        ),
+    ] {
+        let mut req = Request::post(path)
+            .header("host", "localhost")
+            .header(header, value);
+        if header != "content-type" {
+            req = req.header("content-type", "application/json");
+        }
+        // As a real client sends it: the body's length declared, which the check looks at.
+        let body = r#"{"model": "routed", "prompt": "hi"}"#;
+        let req = req
+            .header("content-length", body.len())
+            .body(Body::from(body))
+            .unwrap();
+        let resp = rig.router.clone().oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), status, "{path}");
+        let v: Value = serde_json::from_str(&text(resp).await).unwrap();
+        assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()), "{v}");
+        assert_eq!(v.as_object().unwrap().len(), 1, "{v}");
+    }
+}
+
 #[test]
 fn created_at_is_rfc_3339_in_utc_with_nanoseconds() {
     let at = |secs: u64, nanos: u32| {
