@@ -87,7 +87,12 @@ impl Rig {
     }
 
     async fn answer(&self, id: &str, record: TextCompletionResponse) {
-        self.llm.answer(id, "a1", &record).await;
+        self.answer_as(id, "a1", record).await;
+    }
+
+    /// Publishes `record` for `id` as attempt `attempt` (a new attempt is a restart).
+    async fn answer_as(&self, id: &str, attempt: &str, record: TextCompletionResponse) {
+        self.llm.answer(id, attempt, &record).await;
     }
 
     /// Whether the metrics show `line`, waiting for a stream that ends as its body is dropped
@@ -293,6 +298,35 @@ async fn errors_are_a_status_before_the_first_line_and_an_error_line_after() {
         rig.shows(r#"sluice_gateway_streams_total{outcome="error",route="ollama-generate"} 1"#)
             .await
     );
+}
+
+/// A restart before the first line starts the answer over unseen (its counts the new
+/// attempt's); after it, Ollama's lines cannot take text back: an error line ends the stream.
+#[tokio::test]
+async fn a_restart_starts_over_before_the_first_line_and_ends_the_stream_after_it() {
+    let mut rig = Rig::start().await;
+    let ask = json!({"model": "routed", "messages": [{"role": "user", "content": "hi"}]});
+    let call = rig.post("/api/chat", ask.clone());
+    rig.serve_models().await;
+    let (id, _) = rig.request().await;
+    let mut silent = piece("", false);
+    silent.in_token = Some(50);
+    rig.answer_as(&id, "a1", silent).await;
+    rig.answer_as(&id, "a2", piece("full", true)).await;
+    let got = lines(&text(call.await.unwrap()).await);
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(got[0]["message"]["content"], "full");
+    assert_eq!(got[1]["prompt_eval_count"], 2, "the new attempt's alone");
+
+    let call = rig.post("/api/chat", ask);
+    let (id, _) = rig.request().await;
+    rig.answer_as(&id, "a1", piece("par", false)).await;
+    rig.answer_as(&id, "a2", piece("full", true)).await;
+    let got = lines(&text(call.await.unwrap()).await);
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(got[0]["message"]["content"], "par");
+    let error = got[1]["error"].as_str().unwrap();
+    assert!(error.contains("went away mid-answer"), "{error}");
 }
 
 /// A caller that stops reading and goes away cancels the request on the bus.
