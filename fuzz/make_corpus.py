@@ -164,6 +164,16 @@ put("gateway", "chat", 5, 2, j({"model": "smollm2", "stream": True, "max_tokens"
         {"role": "assistant", "content": "Hello"},
         {"role": "user", "content": "Why?"}]}))
 put("gateway", "chat_bad", 5, 0, j({"model": 3, "messages": [{"role": "tool"}]}))
+put("gateway", "ollama_chat", 6, 1, j({"model": "smollm2", "stream": True, "format": "json",
+    "options": {"temperature": 0.3, "num_ctx": "{config.llm.num_ctx}", "num_predict": -1, "stop": ["\n\n"]},
+    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
+    "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "get_weather", "arguments": {"q": "x"}}}]},
+        {"role": "tool", "tool_name": "get_weather", "content": "sunny"}]}))
+put("gateway", "ollama_generate", 7, 2, j({"model": "smollm2", "prompt": "Hi", "system": "s", "stream": False,
+    "format": {"type": "object"}, "keep_alive": "5m", "options": {"top_p": 1.0, "seed": 3}}))
 
 # --- config / templates / tools --------------------------------------------------------
 put("config", "toml", 0, 0, "model = \"smollm2\"\nbase-url = \"http://127.0.0.1:8766\"\nmax-tokens = 64\ntemperature = 0.5\ntopic = [\"a\", \"b\"]\nno-stream-usage = true\nlog-format = \"json\"\n")

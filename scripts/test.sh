@@ -294,6 +294,7 @@ if want broker || want interop; then
   (
     bash scripts/tg-flow-venv.sh
     bash scripts/openai-venv.sh
+    bash scripts/ollama-venv.sh
   ) >"$prefetch_log" 2>&1 &
   prefetch_pid=$!
 fi
@@ -366,6 +367,17 @@ elif [ "${CI:-}" = "true" ]; then
   exit 1
 else
   echo "the openai package could not be installed; the OpenAI SDK tests are skipped" >&2
+fi
+
+# Ollama's own Python client (PyPI ollama, in a venv): the Ollama API tests drive the gateway
+# with it when it is there.
+if ollama_py=$(bash scripts/ollama-venv.sh); then
+  export OLLAMA_PY="$ollama_py"
+elif [ "${CI:-}" = "true" ]; then
+  echo "the ollama package could not be installed from PyPI; CI needs the real Ollama client" >&2
+  exit 1
+else
+  echo "the ollama package could not be installed; the Ollama client tests are skipped" >&2
 fi
 
 # TrustGraph's own Python packages (PyPI trustgraph-flow and -base, in a venv): the pacing

@@ -1,5 +1,6 @@
-//! The gateway's reading of HTTP requests: a POST body on each route (TrustGraph's, sluice's
-//! and OpenAI's `/v1/chat/completions`) and in each answer mode (JSON, NDJSON, SSE), through
+//! The gateway's reading of HTTP requests: a POST body on each route (TrustGraph's, sluice's,
+//! OpenAI's `/v1/chat/completions` and Ollama's `/api/chat` and `/api/generate`) and in each
+//! answer mode (JSON, NDJSON, SSE), through
 //! the real router, with the services not enabled so nothing
 //! reaches a bus (the body is read before that). Property: no panic; an unreadable body is a
 //! 4xx, never a 5xx.
@@ -30,7 +31,7 @@ fn router() -> Router {
     })
 }
 
-const PATHS: [&str; 6] = [
+const PATHS: [&str; 8] = [
     "/api/v1/text-completion",
     "/api/v1/prompt",
     "/api/v1/agent",
@@ -39,6 +40,9 @@ const PATHS: [&str; 6] = [
     // OpenAI's chat body (messages, roles, content parts, options) is read before the
     // route looks for its service.
     "/v1/chat/completions",
+    // Ollama's bodies likewise (its typed decoder, options, tools, format).
+    "/api/chat",
+    "/api/generate",
 ];
 const ACCEPT: [&str; 3] = [
     "application/json",

@@ -8,6 +8,7 @@
 //! - [`records::RecordEvents`]: TrustGraph's streaming REST, each record an SSE event's data.
 //! - [`chunks::Chunks`]: OpenAI's `chat.completion.chunk` events.
 //! - [`frames::Frames`]: TrustGraph's WebSocket frames.
+//! - [`lines::Lines`]: Ollama's NDJSON lines (`/api/chat`, `/api/generate`).
 //!
 //! An encoder never numbers what it emits: a resumable stream's event ids, and the events a
 //! resuming caller already had, are the route's, applied to what is handed out. So what an
@@ -18,6 +19,7 @@
 pub(crate) mod chunks;
 pub(crate) mod events;
 pub(crate) mod frames;
+pub(crate) mod lines;
 pub(crate) mod records;
 
 use std::{sync::Arc, time::Instant};

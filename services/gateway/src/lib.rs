@@ -9,6 +9,9 @@
 //! - `GET /api/v1/socket`: TrustGraph's multiplexed WebSocket protocol.
 //! - `POST /v1/chat/completions`, `GET /v1/models`: OpenAI's dialect, for OpenAI SDKs and
 //!   tools given this gateway as their base URL (see `openai`).
+//! - `POST /api/chat`, `POST /api/generate`, `GET /api/tags`, `POST /api/show`,
+//!   `GET /api/version`: Ollama's API, for Ollama's clients given this gateway as their host
+//!   (see `ollama`).
 //!
 //! Every request goes over the bus with a fresh correlation id and a W3C `traceparent`; a
 //! caller that goes away (HTTP disconnect, socket closed) drops its response stream, which
@@ -25,6 +28,7 @@ pub mod keys;
 pub mod kinds;
 mod limits;
 pub mod metrics;
+mod ollama;
 mod openai;
 mod preamble;
 mod refusal;
@@ -363,6 +367,8 @@ impl Gateway {
                 ServiceKind::TextCompletion => {
                     metrics.route_served(openai::CHAT_ROUTE);
                     metrics.route_served(openai::MODELS_ROUTE);
+                    metrics.route_served(ollama::CHAT_ROUTE);
+                    metrics.route_served(ollama::GENERATE_ROUTE);
                     // Only a client that reads as this gateway's own would is shared.
                     let same =
                         |c: &Arc<TextCompletionClient>| c.config().reads_as(&new_client.config);
@@ -454,6 +460,11 @@ impl Gateway {
             )
             .route("/v1/models/{model}", get(openai::model))
             .route("/v1/{*rest}", axum::routing::any(openai::invalid_url))
+            .route("/api/chat", post(ollama::chat))
+            .route("/api/generate", post(ollama::generate))
+            .route("/api/tags", get(ollama::tags))
+            .route("/api/show", post(ollama::show))
+            .route("/api/version", get(ollama::version))
             .route("/api/v1/{service}", post(http::service))
             .route(
                 "/api/v1/flow/{flow}/service/{service}",

@@ -1,5 +1,6 @@
 //! A request refused before its answer started, in the error shape of the route's dialect:
-//! OpenAI's `{"error": {"message", "type", "param", "code"}}` under `/v1/`, the gateway's
+//! OpenAI's `{"error": {"message", "type", "param", "code"}}` under `/v1/`, Ollama's
+//! `{"error": "..."}` on Ollama's routes (`/api/chat`, ...), the gateway's
 //! NDJSON `error` and `done` events for a caller that asked for NDJSON, and the gateway's
 //! `{"error": {"type", "message"}}` otherwise. Written once, for the checks in front of
 //! every route (see `guard`) and the routes' own early refusals.
@@ -11,6 +12,7 @@ use axum::{
 
 use crate::{
     http::{self, Mode},
+    ollama::{self, OllamaError},
     openai::ApiError,
 };
 
@@ -26,6 +28,9 @@ pub(crate) fn render(
     let accept = http::accepted(headers);
     if path.starts_with("/v1/") && accept != Some(Mode::Ndjson) {
         return ApiError::refusal(status, message, kind).into_response();
+    }
+    if ollama::serves(path) {
+        return OllamaError::new(status, message).into_response();
     }
     http::refuse(accept, headers, status, kind, message)
 }

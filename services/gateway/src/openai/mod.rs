@@ -113,7 +113,7 @@ async fn fetch_models(inner: &Inner) -> Result<Vec<ModelInfo>, ApiError> {
 }
 
 /// The served model ids, from the cache when it is younger than [`MODELS_TTL`].
-async fn served_models(inner: &Inner) -> Result<Vec<String>, ApiError> {
+pub(crate) async fn served_models(inner: &Inner) -> Result<Vec<String>, ApiError> {
     if let Some((at, ids)) = inner.models.lock().await.as_ref()
         && at.elapsed() < MODELS_TTL
     {
@@ -507,8 +507,8 @@ fn mid_answer_restart() -> Error {
     )
 }
 
-/// How the OpenAI routes read text-completion's answers: a restart starts the answer over
-/// until its first chunk went out (the encoder emitted it), and ends it after that.
-fn chat_policy() -> ReadPolicy<StartOver> {
+/// How the OpenAI and Ollama routes read text-completion's answers: a restart starts the
+/// answer over until its first chunk went out (the encoder emitted it), and ends it after that.
+pub(crate) fn chat_policy() -> ReadPolicy<StartOver> {
     ReadPolicy::new(StartOver(mid_answer_restart()), client_error)
 }
