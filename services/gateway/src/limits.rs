@@ -57,7 +57,7 @@ use tracing::{debug, warn};
 use sluice_runtime::seal::{Label, SealKey};
 
 use crate::{
-    keys::{Key, Keys},
+    keys::{Key, Keys, Limits},
     metrics::GatewayMetrics,
 };
 
@@ -296,120 +296,18 @@ impl Limiter {
             .copied()
             .unwrap_or_default()
             .at(&now);
-        let total = state.total(&key.name, &now);
-        let into = now.minute_fraction();
-        let name = &key.name;
+        let judged = Judged {
+            name: &key.name,
+            total: state.total(&key.name, &now),
+            resuming: state.resuming.get(&key.name).copied().unwrap_or(0),
+            resume,
+            reserve,
+            input,
+            now,
+        };
         // Every limit is checked: the caller hears of the one that keeps it waiting longest
         // (a Retry-After that would only meet the next limit helps nobody).
-        let mut refusals = Vec::new();
-        if let Some(max) = limits.concurrent_requests
-            && total.in_flight.saturating_add(1) > max
-        {
-            refusals.push(Limited {
-                what: "requests",
-                message: format!(
-                    "the API key {name:?} has {} requests in flight, its limit of concurrent requests",
-                    total.in_flight
-                ),
-                // A place frees when a request ends: soon, or not; asking again in a second
-                // costs little.
-                retry_after: Some(1),
-                quota: false,
-                concurrent: true,
-            });
-        }
-        let resuming = state.resuming.get(&key.name).copied().unwrap_or(0);
-        if resume && resuming >= RESUMES_PER_KEY {
-            refusals.push(Limited {
-                what: "requests",
-                message: format!(
-                    "the API key {name:?} is resuming {resuming} streams through this gateway, its limit of resumed streams at once"
-                ),
-                retry_after: Some(1),
-                quota: false,
-                concurrent: true,
-            });
-        }
-        if let Some(rpm) = limits.requests_per_minute
-            && sliding(total.requests, total.prev_requests, into) + 1.0 > rpm as f64
-        {
-            refusals.push(Limited {
-                what: "requests",
-                message: format!(
-                    "the API key {name:?} has reached its limit of {rpm} requests per minute"
-                ),
-                retry_after: Some(minute_wait(
-                    total.requests,
-                    total.prev_requests,
-                    1,
-                    rpm,
-                    &now,
-                )),
-                quota: false,
-                concurrent: false,
-            });
-        }
-        // A resumed stream's tokens were counted when it started: the token limits are not
-        // its to meet.
-        let tpm = limits.tokens_per_minute.filter(|_| !resume);
-        if let Some(tpm) = tpm {
-            if reserve > tpm {
-                refusals.push(Limited {
-                    what: "tokens",
-                    message: format!(
-                        "the request reserves {reserve} tokens (its max_tokens, or the key's reserve_tokens, and about {input} for its input), more than the API key {name:?}'s limit of {tpm} tokens per minute"
-                    ),
-                    retry_after: None,
-                    quota: false,
-                    concurrent: false,
-                });
-            } else if sliding(total.tokens, total.prev_tokens, into) + reserve as f64 > tpm as f64 {
-                refusals.push(Limited {
-                    what: "tokens",
-                    message: format!(
-                        "the API key {name:?} has reached its limit of {tpm} tokens per minute (this request reserves {reserve})"
-                    ),
-                    retry_after: Some(minute_wait(
-                        total.tokens,
-                        total.prev_tokens,
-                        reserve,
-                        tpm,
-                        &now,
-                    )),
-                    quota: false,
-                    concurrent: false,
-                });
-            }
-        }
-        for (limit, used, period, wait) in [
-            (
-                limits.tokens_per_day,
-                total.day_tokens,
-                "day",
-                now.secs_to_next_day(),
-            ),
-            (
-                limits.tokens_per_month,
-                total.month_tokens,
-                "month",
-                now.secs_to_next_month(),
-            ),
-        ] {
-            if let Some(limit) = limit.filter(|_| !resume)
-                && used.saturating_add(reserve) > limit
-            {
-                refusals.push(Limited {
-                    what: "tokens",
-                    message: format!(
-                        "the API key {name:?} has used {used} of its {limit} tokens this {period} (UTC); this request reserves {reserve}"
-                    ),
-                    // A reservation larger than the whole quota never fits.
-                    retry_after: (reserve <= limit).then(|| ((wait - 1e-6).ceil() as u64).max(1)),
-                    quota: true,
-                    concurrent: false,
-                });
-            }
-        }
+        let refusals = judged.refusals(&limits);
         if let Some(longest) = refusals
             .into_iter()
             .max_by_key(|l| l.retry_after.unwrap_or(u64::MAX))
@@ -508,6 +406,175 @@ impl Limiter {
             state.dirty.insert(a.key.clone());
             drop(state);
             self.changed.notify_one();
+        }
+    }
+}
+
+/// One admission as the limits judge it: the key's totals over all replicas now, and what
+/// the request asks.
+struct Judged<'a> {
+    name: &'a str,
+    total: Counts,
+    /// Streams of the key this gateway is resuming.
+    resuming: u64,
+    resume: bool,
+    /// Tokens reserved: `max_tokens` (or the key's `reserve_tokens`) and the input's estimate.
+    reserve: u64,
+    input: u64,
+    now: Now,
+}
+
+impl Judged<'_> {
+    /// Every limit of `limits` the request would break.
+    fn refusals(&self, limits: &Limits) -> Vec<Limited> {
+        let mut refusals = Vec::new();
+        self.places(limits, &mut refusals);
+        self.rates(limits, &mut refusals);
+        self.quotas(limits, &mut refusals);
+        refusals
+    }
+
+    /// Places: requests in flight, streams being resumed.
+    fn places(&self, limits: &Limits, refusals: &mut Vec<Limited>) {
+        let Self {
+            name,
+            total,
+            resuming,
+            resume,
+            ..
+        } = *self;
+        if let Some(max) = limits.concurrent_requests
+            && total.in_flight.saturating_add(1) > max
+        {
+            refusals.push(Limited {
+                what: "requests",
+                message: format!(
+                    "the API key {name:?} has {} requests in flight, its limit of concurrent requests",
+                    total.in_flight
+                ),
+                // A place frees when a request ends: soon, or not; asking again in a second
+                // costs little.
+                retry_after: Some(1),
+                quota: false,
+                concurrent: true,
+            });
+        }
+        if resume && resuming >= RESUMES_PER_KEY {
+            refusals.push(Limited {
+                what: "requests",
+                message: format!(
+                    "the API key {name:?} is resuming {resuming} streams through this gateway, its limit of resumed streams at once"
+                ),
+                retry_after: Some(1),
+                quota: false,
+                concurrent: true,
+            });
+        }
+    }
+
+    /// Rates: requests and tokens per sliding minute.
+    fn rates(&self, limits: &Limits, refusals: &mut Vec<Limited>) {
+        let Self {
+            name,
+            total,
+            resume,
+            reserve,
+            input,
+            ref now,
+            ..
+        } = *self;
+        let into = now.minute_fraction();
+        if let Some(rpm) = limits.requests_per_minute
+            && sliding(total.requests, total.prev_requests, into) + 1.0 > rpm as f64
+        {
+            refusals.push(Limited {
+                what: "requests",
+                message: format!(
+                    "the API key {name:?} has reached its limit of {rpm} requests per minute"
+                ),
+                retry_after: Some(minute_wait(
+                    total.requests,
+                    total.prev_requests,
+                    1,
+                    rpm,
+                    now,
+                )),
+                quota: false,
+                concurrent: false,
+            });
+        }
+        // A resumed stream's tokens were counted when it started: the token limits are not
+        // its to meet.
+        let tpm = limits.tokens_per_minute.filter(|_| !resume);
+        if let Some(tpm) = tpm {
+            if reserve > tpm {
+                refusals.push(Limited {
+                    what: "tokens",
+                    message: format!(
+                        "the request reserves {reserve} tokens (its max_tokens, or the key's reserve_tokens, and about {input} for its input), more than the API key {name:?}'s limit of {tpm} tokens per minute"
+                    ),
+                    retry_after: None,
+                    quota: false,
+                    concurrent: false,
+                });
+            } else if sliding(total.tokens, total.prev_tokens, into) + reserve as f64 > tpm as f64 {
+                refusals.push(Limited {
+                    what: "tokens",
+                    message: format!(
+                        "the API key {name:?} has reached its limit of {tpm} tokens per minute (this request reserves {reserve})"
+                    ),
+                    retry_after: Some(minute_wait(
+                        total.tokens,
+                        total.prev_tokens,
+                        reserve,
+                        tpm,
+                        now,
+                    )),
+                    quota: false,
+                    concurrent: false,
+                });
+            }
+        }
+    }
+
+    /// Quotas: tokens per UTC day and month.
+    fn quotas(&self, limits: &Limits, refusals: &mut Vec<Limited>) {
+        let Self {
+            name,
+            total,
+            resume,
+            reserve,
+            ref now,
+            ..
+        } = *self;
+        for (limit, used, period, wait) in [
+            (
+                limits.tokens_per_day,
+                total.day_tokens,
+                "day",
+                now.secs_to_next_day(),
+            ),
+            (
+                limits.tokens_per_month,
+                total.month_tokens,
+                "month",
+                now.secs_to_next_month(),
+            ),
+        ] {
+            if let Some(limit) = limit.filter(|_| !resume)
+                && used.saturating_add(reserve) > limit
+            {
+                refusals.push(Limited {
+                    what: "tokens",
+                    message: format!(
+                        "the API key {name:?} has used {used} of its {limit} tokens this {period} (UTC); this request reserves {reserve}"
+                    ),
+                    // A reservation larger than the whole quota never fits.
+                    retry_after: (reserve <= limit).then(|| ((wait - 1e-6).ceil() as u64).max(1)),
+                    quota: true,
+                    concurrent: false,
+                });
+            }
         }
     }
 }
