@@ -564,17 +564,7 @@ impl Fallback {
                 Some((position, permit, result)) = running.next() => match result {
                     Ok(opened) => {
                         permit.success();
-                        if let Some(h) = hedge {
-                            let outcome = if h == position { "won" } else { "lost" };
-                            self.metrics
-                                .hedges
-                                .with_label_values(&self.members[h].with(outcome))
-                                .inc();
-                        }
-                        self.metrics
-                            .answered
-                            .with_label_values(&self.members[position].labels())
-                            .inc();
+                        self.count_answer(position, hedge);
                         // Dropping `running` cancels a hedge partner still running.
                         return Ok((position, opened));
                     }
@@ -643,6 +633,22 @@ impl Fallback {
                 }
             }
         }
+    }
+
+    /// Counts the answer of the member at `position`, and how the call's hedge (the position
+    /// of the member started beside a slow one), if it had one, fared.
+    fn count_answer(&self, position: usize, hedge: Option<usize>) {
+        if let Some(h) = hedge {
+            let outcome = if h == position { "won" } else { "lost" };
+            self.metrics
+                .hedges
+                .with_label_values(&self.members[h].with(outcome))
+                .inc();
+        }
+        self.metrics
+            .answered
+            .with_label_values(&self.members[position].labels())
+            .inc();
     }
 
     /// The error of a call that found every provider's breaker open.
