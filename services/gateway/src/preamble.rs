@@ -237,27 +237,12 @@ pub(crate) async fn start<K: Routed, P>(
     } else {
         None
     };
-    // A resume sends nothing: only a new request is confined, once the key may make it at
-    // all (a key refused the service hears that, not which tool group it lacks).
+    // A resume sends nothing: only a new request is confined.
     let confined = if resume.is_some() {
         Confined::unchanged(request)
     } else {
-        inner
-            .permitted(caller, K::KIND, K::model(request))
-            .map_err(Refused::Key)?;
-        let standing = caller.standing(inner.config.anonymous_is_operator);
-        K::confine(request, standing).map_err(|why| {
-            if let Some(key) = caller.key() {
-                inner.metrics.key_request(&key.name, "forbidden");
-            }
-            Refused::Key(Refusal::Forbidden(why))
-        })?
+        confine::<K>(inner, caller, request)?
     };
-    for field in &confined.dropped {
-        inner
-            .metrics
-            .operator_field_dropped(K::KIND.as_str(), field);
-    }
     let request: &K::Request = &confined.request;
     // A resumed stream's key must still be allowed to read it, and it counts against the
     // key's limits (no tokens: they were counted when it started). Asking which models are
@@ -335,6 +320,32 @@ pub(crate) async fn start<K: Routed, P>(
         resume,
         numbering,
     })
+}
+
+/// `request` as `caller` may send it, once the key may make it at all (a key refused the
+/// service hears that, not which tool group it lacks): the operator's fields dropped from a
+/// tenant's (each counted), a tool group it may not use refused.
+fn confine<'r, K: Routed>(
+    inner: &Inner,
+    caller: &Caller,
+    request: &'r K::Request,
+) -> Result<Confined<'r, K::Request>, Refused> {
+    inner
+        .permitted(caller, K::KIND, K::model(request))
+        .map_err(Refused::Key)?;
+    let standing = caller.standing(inner.config.anonymous_is_operator);
+    let confined = K::confine(request, standing).map_err(|why| {
+        if let Some(key) = caller.key() {
+            inner.metrics.key_request(&key.name, "forbidden");
+        }
+        Refused::Key(Refusal::Forbidden(why))
+    })?;
+    for field in &confined.dropped {
+        inner
+            .metrics
+            .operator_field_dropped(K::KIND.as_str(), field);
+    }
+    Ok(confined)
 }
 
 #[cfg(test)]
