@@ -763,8 +763,13 @@ async fn the_agent_route_streams_typed_tokens_and_the_dialogs_usage() {
     };
     assert_eq!(tokens("observation"), "5", "the MCP tool's answer");
     assert_eq!(tokens("answer"), "The sum is 5.");
-    let action: Value = serde_json::from_str(&tokens("action")).unwrap();
-    assert_eq!(action["name"], "add");
+    // TrustGraph's streaming spec's action: the tool's name; its arguments beside it.
+    assert_eq!(tokens("action"), "add");
+    let action = events
+        .iter()
+        .find(|e| e["message_type"] == "action")
+        .unwrap();
+    assert_eq!(action["arguments"], json!({"a": "2", "b": "3"}), "{action}");
     let done = events.last().unwrap();
     assert_eq!(done["reason"], "success");
     // Two model calls of 9 input tokens; one output token per word of the two answers.

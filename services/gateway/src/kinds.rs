@@ -391,6 +391,7 @@ impl Kind for Agent {
             let mut event = Event::token(record.content.clone());
             event.message_type = Some(record.message_type);
             event.end_of_message = Some(record.end_of_message);
+            event.arguments.clone_from(&record.arguments);
             out.push(event);
         }
     }
