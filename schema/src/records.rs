@@ -767,7 +767,8 @@ pub enum AgentMessageType {
 pub struct AgentResponse {
     /// What `content` is.
     pub message_type: AgentMessageType,
-    /// The content: a token run, a tool name with arguments, a tool result, an answer.
+    /// The content: a token run, a tool's name (an `action`, as TrustGraph's streaming spec
+    /// shows it), a tool result, an answer.
     pub content: String,
     /// True on the last piece of the current thought, action, observation or answer.
     pub end_of_message: bool,
@@ -783,6 +784,10 @@ pub struct AgentResponse {
     pub out_token: Option<u64>,
     /// The model used.
     pub model: Option<String>,
+    /// sluice's, on an `action` record only: the tool's arguments, as the dialog's `AgentStep`
+    /// keeps them. Written only when set, so no other record changes; TrustGraph's readers
+    /// ignore it.
+    pub arguments: Option<BTreeMap<String, String>>,
 }
 
 /// An [`AgentResponse`] as read: either name of the type field.
@@ -808,6 +813,8 @@ struct AgentResponseIn {
     out_token: Option<u64>,
     #[serde(default)]
     model: Option<String>,
+    #[serde(default)]
+    arguments: Option<BTreeMap<String, String>>,
 }
 
 impl From<AgentResponseIn> for AgentResponse {
@@ -822,6 +829,7 @@ impl From<AgentResponseIn> for AgentResponse {
             in_token: r.in_token,
             out_token: r.out_token,
             model: r.model,
+            arguments: r.arguments,
         }
     }
 }
@@ -839,6 +847,8 @@ struct AgentResponseOut<'a> {
     in_token: Option<u64>,
     out_token: Option<u64>,
     model: &'a Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    arguments: &'a Option<BTreeMap<String, String>>,
 }
 
 impl Serialize for AgentResponse {
@@ -854,6 +864,7 @@ impl Serialize for AgentResponse {
             in_token: self.in_token,
             out_token: self.out_token,
             model: &self.model,
+            arguments: &self.arguments,
         }
         .serialize(serializer)
     }

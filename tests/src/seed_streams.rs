@@ -439,7 +439,9 @@ const CASES: &[Case] = &[
         not_objects: 0,
     },
     // The NDJSON parser contract §1.2's expected output, §2.3's Phase 3.1 lines, and §3.2's two
-    // examples (one line each).
+    // examples (one line each), as one answer: one decision per candidate page (§1.2), so the
+    // first for each of its three pages is published and the four that repeat a page are
+    // dropped.
     Case {
         name: "seed-002-decision-examples",
         text: concat!(
@@ -458,7 +460,7 @@ const CASES: &[Case] = &[
             r#"{"page": "Microservices", "action": "add_under", "target_id": "block-uuid-123", "target_title": "Benefits and Tradeoffs", "confidence": 0.91, "reasoning": "This insight fits naturally under the existing 'Benefits' section"}"#,
             "\n",
         ),
-        expected: expect(INTEGRATION_002, 7, 0),
+        expected: expect(INTEGRATION_002, 3, 4),
         not_objects: 0,
     },
     // The NDJSON parser contract §1.3's expected output and §3.3's example (one line; its `\n` are

@@ -763,8 +763,13 @@ async fn the_agent_route_streams_typed_tokens_and_the_dialogs_usage() {
     };
     assert_eq!(tokens("observation"), "5", "the MCP tool's answer");
     assert_eq!(tokens("answer"), "The sum is 5.");
-    let action: Value = serde_json::from_str(&tokens("action")).unwrap();
-    assert_eq!(action["name"], "add");
+    // TrustGraph's streaming spec's action: the tool's name; its arguments beside it.
+    assert_eq!(tokens("action"), "add");
+    let action = events
+        .iter()
+        .find(|e| e["message_type"] == "action")
+        .unwrap();
+    assert_eq!(action["arguments"], json!({"a": "2", "b": "3"}), "{action}");
     let done = events.last().unwrap();
     assert_eq!(done["reason"], "success");
     // Two model calls of 9 input tokens; one output token per word of the two answers.
@@ -917,20 +922,32 @@ async fn sse_events(resp: reqwest::Response) -> Vec<(String, String)> {
     out
 }
 
-/// TrustGraph's streaming spec's (docs/specs.md#trustgraphs-streaming-spec) REST streaming: with no
-/// `Accept` that names a stream, the body's `streaming: true` gets SSE whose events' data are the
-/// response records themselves, the last with `end_of_stream` and the usage; a failure is the error
-/// record ending the stream. An `Accept` header still picks the events, and TrustGraph's REST form,
-/// which never streams, still answers whole.
+/// TrustGraph's streaming spec's (docs/specs.md#trustgraphs-streaming-spec) REST streaming: the
+/// body's `streaming: true`, with no `Accept` that names a stream or with `Accept:
+/// text/event-stream` (what an SSE client library sends by default), gets SSE whose events' data are
+/// the response records themselves, the last with `end_of_stream` and the usage; a failure is the
+/// error record ending the stream. On TrustGraph's REST form, which never streams unasked, the SSE
+/// `Accept` asks for the same records. `Accept: application/x-ndjson` still picks the events, and
+/// TrustGraph's REST form without an `Accept` still answers whole.
 #[tokio::test]
 async fn the_bodys_streaming_flag_streams_the_records_as_sse() {
     let s = Stack::start("normal", |_| {}).await;
     let c = http();
     let mut body = request();
     body["streaming"] = json!(true);
-    {
-        let path = "/api/v1/text-completion";
-        let resp = c.post(s.url(path)).json(&body).send().await.unwrap();
+    for (path, accept) in [
+        ("/api/v1/text-completion", None),
+        ("/api/v1/text-completion", Some("text/event-stream")),
+        (
+            "/api/v1/flow/default/service/text-completion",
+            Some("text/event-stream"),
+        ),
+    ] {
+        let mut post = c.post(s.url(path));
+        if let Some(accept) = accept {
+            post = post.header("accept", accept);
+        }
+        let resp = post.json(&body).send().await.unwrap();
         assert_eq!(resp.status(), 200, "{path}");
         assert!(
             resp.headers()["content-type"]
@@ -942,7 +959,10 @@ async fn the_bodys_streaming_flag_streams_the_records_as_sse() {
         let records: Vec<Value> = events
             .iter()
             .map(|(name, data)| {
-                assert_eq!(name, "message", "unnamed events: {events:?}");
+                assert_eq!(
+                    name, "message",
+                    "{path} {accept:?}: unnamed events: {events:?}"
+                );
                 serde_json::from_str(data).unwrap()
             })
             .collect();

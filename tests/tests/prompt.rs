@@ -609,7 +609,8 @@ async fn a_cancel_passes_through_the_prompt_processor_to_the_provider_call() {
 /// does not name is dropped; the terminal record says how many of the request's items the answer
 /// covered and (where every item expects one) which are pending, the NDJSON parser contract's
 /// (docs/specs.md#the-structured-ndjson-contracts) "Classified 2/3 blocks, 1 pending"; decisions
-/// are held per knowledge block and at most two per block and page are kept, streamed or whole.
+/// are held per knowledge block to the end of the answer and at most two per block and page are
+/// kept, streamed or whole.
 #[tokio::test]
 async fn request_rules_drop_strangers_and_count_the_pending_items() {
     let s = Setup::new("replay-8", TEMPLATES).await;
@@ -653,8 +654,11 @@ async fn request_rules_drop_strangers_and_count_the_pending_items() {
     let out = s
         .ask_with("decide", &answer, true, &[("knowledge_blocks", knowledge)])
         .await;
-    let objects = objects(&out);
-    assert_eq!(objects.len(), 4, "the third (k1, P) dropped: {out:#?}");
+    assert_eq!(
+        objects(&out).len(),
+        4,
+        "the third (k1, P) dropped: {out:#?}"
+    );
     let last = out.last().unwrap();
     assert_eq!(last.lines_skipped, Some(1));
     assert_eq!(
@@ -664,6 +668,29 @@ async fn request_rules_drop_strangers_and_count_the_pending_items() {
     assert_eq!(
         last.items_pending, None,
         "not every block expects a decision"
+    );
+    // A model that comes back to a block: that block's decisions still go out together, at
+    // the end of the answer (the LLM streaming contract Phase 3: all with a block's id first).
+    let answer = [d("k1", "P"), d("k2", "P"), d("k1", "Q")].join("\n");
+    let knowledge = json!([{"block_id": "k1", "content": "x", "candidate_pages": []},
+                           {"block_id": "k2", "content": "y", "candidate_pages": []}]);
+    let out = s
+        .ask_with("decide", &answer, true, &[("knowledge_blocks", knowledge)])
+        .await;
+    let order: Vec<(String, String)> = objects(&out)
+        .iter()
+        .map(|o| {
+            (
+                o["knowledge_block_id"].as_str().unwrap().to_owned(),
+                o["target_page"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let pair = |k: &str, p: &str| (k.to_owned(), p.to_owned());
+    assert_eq!(
+        order,
+        [pair("k1", "P"), pair("k1", "Q"), pair("k2", "P")],
+        "{out:#?}"
     );
     let m = s.metrics.render();
     for line in [

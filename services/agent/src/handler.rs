@@ -3,7 +3,7 @@
 //! Each iteration renders the ReAct prompt (question, tools, history), streams the model's output
 //! through the ReAct parser and publishes what it finds as it finds it: `thought` pieces
 //! (`end_of_message` on the last), then either `answer` pieces and a last record with
-//! `end_of_dialog`, or one `action` record (the tool and its arguments, as JSON), the tool's
+//! `end_of_dialog`, or one `action` record (the tool's name; its arguments in `arguments`), the tool's
 //! `observation`, and a hand-off: the request, its history one step longer, is re-published on the
 //! agent's own request topic with the same id, so any replica takes the next step and a crash costs
 //! at most one iteration. A non-streaming request gets one record, the answer (TrustGraph's
@@ -329,6 +329,19 @@ impl Dialog<'_> {
             end_of_message,
             end_of_dialog,
         );
+        self.sink.send(record).await.map_err(unsent)
+    }
+
+    /// An `action` record: the tool's name as its content, as TrustGraph's streaming spec shows
+    /// it (TrustGraph's own readers take an action's content as text to show), and its
+    /// arguments in sluice's `arguments` field (docs/protocol.md#agent-messages).
+    async fn send_action(
+        &mut self,
+        name: String,
+        arguments: BTreeMap<String, String>,
+    ) -> Result<(), Error> {
+        let mut record = message(&mut self.usage, AgentMessageType::Action, name, true, false);
+        record.arguments = Some(arguments);
         self.sink.send(record).await.map_err(unsent)
     }
 
@@ -765,10 +778,7 @@ impl Handler for AgentService {
                         .await?;
                 }
                 if dialog.steps {
-                    let action = json!({"name": name, "arguments": arguments}).to_string();
-                    dialog
-                        .send(AgentMessageType::Action, action, true, false)
-                        .await?;
+                    dialog.send_action(name.clone(), arguments.clone()).await?;
                 }
                 let (observation, next_state, tokens) = self
                     .run_tool(&available, &name, &arguments, &ctx, remaining)

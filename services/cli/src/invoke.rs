@@ -199,7 +199,11 @@ impl Printer {
                             .get("end_of_message")
                             .and_then(Value::as_bool)
                             .unwrap_or(false);
-                        self.side(t, content, end);
+                        // An action's content is the tool's name; its arguments ride beside it.
+                        match e.get("arguments").filter(|a| a.is_object()) {
+                            Some(args) => self.side(t, &format!("{content} {args}"), end),
+                            None => self.side(t, content, end),
+                        }
                     }
                     // A prompt's JSON objects: one per line.
                     _ if e.get("object").is_some() => self.answer(&format!("{content}\n")),

@@ -103,6 +103,20 @@ fn cases() -> Vec<Case> {
             tc_stream,
         ),
         case(
+            "rest sse records asked by accept",
+            "POST",
+            "/api/v1/text-completion",
+            SSE,
+            tc_stream,
+        ),
+        case(
+            "flow sse records asked by accept",
+            "POST",
+            "/api/v1/flow/default/service/text-completion",
+            SSE,
+            tc_stream,
+        ),
+        case(
             "rest ndjson error mid-stream",
             "POST",
             "/api/v1/text-completion",

@@ -92,6 +92,10 @@ pub struct Event {
     /// Agent tokens: whether this ends its message.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub end_of_message: Option<bool>,
+    /// Agent `action` tokens: the tool's arguments (the record's `arguments`; the content is
+    /// the tool's name).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<std::collections::BTreeMap<String, String>>,
     /// Prompt objects: the object itself.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub object: Option<serde_json::Value>,
@@ -132,6 +136,7 @@ impl Event {
             error_type: None,
             message_type: None,
             end_of_message: None,
+            arguments: None,
             object: None,
             usage: None,
             model: None,

@@ -2,10 +2,11 @@
 //! (docs/protocol.md#gateway-events-ndjson-and-sse), or TrustGraph's streaming spec's
 //! (docs/specs.md#trustgraphs-streaming-spec) stream of the records themselves as SSE.
 //!
-//! What is sent: the `Accept` header decides when it names a stream (`application/x-ndjson`,
-//! `text/event-stream`: the gateway's events); without one, the body's `streaming: true` gets
-//! TrustGraph's streaming spec's REST streaming (SSE, each event's data one response record), and
-//! anything else one JSON answer. A request refused before its stream starts, by a caller that
+//! What is sent: the `Accept` header decides when it names a stream (`application/x-ndjson`: the
+//! gateway's events; `text/event-stream`: the gateway's events as SSE, unless the body's
+//! `streaming` is true, which gets TrustGraph's streaming spec's REST streaming: SSE, each event's
+//! data one response record); without one, the body's `streaming: true` gets TrustGraph's SSE
+//! records on `/api/v1/{service}`, and anything else one JSON answer. A request refused before its stream starts, by a caller that
 //! asked for NDJSON, gets its error as NDJSON events too (`error`, then `done`), with the HTTP
 //! status the error maps to.
 
@@ -129,6 +130,10 @@ pub(crate) struct Ask {
     pub(crate) accept: Option<Mode>,
     /// The stream a body that asks to stream gets when `accept` names none.
     pub(crate) streamed: Mode,
+    /// TrustGraph's routes: a body that asks to stream, sent with an SSE `Accept`, gets
+    /// TrustGraph's records ([`Mode::Records`]), not the gateway's events: an SSE client
+    /// library sends that `Accept` whatever it reads.
+    pub(crate) records_on_sse: bool,
     /// Agents: every step as a `token` event (`?steps=true`), not only the answer.
     pub(crate) steps: bool,
 }
@@ -140,13 +145,24 @@ impl Ask {
         Self {
             accept: accepted(headers),
             streamed: Mode::Records,
+            records_on_sse: true,
             steps: steps_asked(query),
+        }
+    }
+
+    /// TrustGraph's REST form's rule: a whole answer whatever the body's flag, unless the
+    /// `Accept` header names a stream.
+    fn flow(headers: &HeaderMap, query: Option<&str>) -> Self {
+        Self {
+            streamed: Mode::Json,
+            ..Self::rest(headers, query)
         }
     }
 
     /// The mode, once the body said whether it streams.
     fn mode(self, body_streams: bool) -> Mode {
         match self.accept {
+            Some(Mode::Sse) if body_streams && self.records_on_sse => Mode::Records,
             Some(m) => m,
             None if body_streams => self.streamed,
             None => Mode::Json,
@@ -312,11 +328,7 @@ pub(crate) async fn flow_service(
         );
         return labelled("flow", resp);
     }
-    let ask = Ask {
-        accept: accepted(&headers),
-        streamed: Mode::Json,
-        steps: steps_asked(query.as_deref()),
-    };
+    let ask = Ask::flow(&headers, query.as_deref());
     dispatch(inner, &service, headers, body, ask).await
 }
 
@@ -327,6 +339,7 @@ pub(crate) async fn models(State(inner): State<Arc<Inner>>, headers: HeaderMap) 
     let ask = Ask {
         accept: None,
         streamed: Mode::Json,
+        records_on_sse: false,
         steps: false,
     };
     dispatch(inner, "text-completion", headers, Ok(body), ask).await
@@ -619,7 +632,37 @@ mod tests {
             header::ACCEPT,
             HeaderValue::from_static("text/event-stream"),
         );
-        assert_eq!(Ask::rest(&h, None).mode(true), Mode::Sse);
+        assert_eq!(
+            Ask::rest(&h, None).mode(false),
+            Mode::Sse,
+            "SSE without the body's flag: the events"
+        );
+    }
+
+    /// TrustGraph's streaming spec answers `streaming: true` with SSE records; an SSE client
+    /// library sends `Accept: text/event-stream` by default, and must get the records too, on
+    /// both of TrustGraph's routes. The event protocol's own route keeps its events.
+    #[test]
+    fn an_sse_accept_with_the_bodys_streaming_flag_gets_trustgraphs_records() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        assert_eq!(Ask::rest(&h, None).mode(true), Mode::Records);
+        assert_eq!(Ask::flow(&h, None).mode(true), Mode::Records);
+        assert_eq!(Ask::flow(&h, None).mode(false), Mode::Sse);
+        assert_eq!(
+            Ask::flow(&HeaderMap::new(), None).mode(true),
+            Mode::Json,
+            "TrustGraph's REST form answers whole"
+        );
+        h.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("application/x-ndjson"),
+        );
+        assert_eq!(Ask::rest(&h, None).mode(true), Mode::Ndjson);
+        assert_eq!(Ask::flow(&h, None).mode(true), Mode::Ndjson);
     }
 
     #[tokio::test]

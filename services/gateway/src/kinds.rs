@@ -279,16 +279,16 @@ impl Kind for Prompt {
         if record.model.is_some() {
             state.model.clone_from(&record.model);
         }
-        if let Some(text) = record.text.as_ref().filter(|t| !t.is_empty()) {
-            out.push(Event::token(text.clone()));
-        }
         if let Some(object) = &record.object {
             // The record carries the object JSON-encoded; the event carries it both ways, so
             // a client reading only `content` still gets it
-            // (docs/protocol.md#gateway-events-ndjson-and-sse).
+            // (docs/protocol.md#gateway-events-ndjson-and-sse). A streamed object's `text` is
+            // the same JSON (for TrustGraph's readers): not a second token.
             let mut event = Event::token(object.clone());
             event.object = serde_json::from_str(object).ok();
             out.push(event);
+        } else if let Some(text) = record.text.as_ref().filter(|t| !t.is_empty()) {
+            out.push(Event::token(text.clone()));
         }
     }
 }
@@ -391,6 +391,7 @@ impl Kind for Agent {
             let mut event = Event::token(record.content.clone());
             event.message_type = Some(record.message_type);
             event.end_of_message = Some(record.end_of_message);
+            event.arguments.clone_from(&record.arguments);
             out.push(event);
         }
     }
@@ -652,5 +653,23 @@ mod tests {
         let line = serde_json::to_string(&out[0]).unwrap();
         assert!(line.contains(r#""content":"{\"a\":1}""#), "{line}");
         assert!(line.contains(r#""object":{"a":1}"#), "{line}");
+    }
+
+    /// A streamed object's record carries its JSON in `text` too (for TrustGraph's readers,
+    /// docs/protocol.md#prompt-streaming-trustgraph-and-sluice): one token, not the same JSON
+    /// twice.
+    #[test]
+    fn a_prompt_object_with_its_text_is_one_token() {
+        let mut state = StreamState::default();
+        let mut out = Vec::new();
+        let r = PromptResponse {
+            text: Some("{\"a\":1}\n".into()),
+            object: Some(r#"{"a":1}"#.into()),
+            ..Default::default()
+        };
+        Prompt::events(&r, &mut state, &mut out);
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(out[0].content.as_deref(), Some(r#"{"a":1}"#));
+        assert_eq!(out[0].object, Some(serde_json::json!({"a": 1})));
     }
 }

@@ -1,8 +1,8 @@
 //! The rules of a `jsonl` contract that need the request or the other lines
 //! ([`crate::normalise::Answers`]): an object must answer an item the request names; at most
-//! so many objects per item and page; an item's objects held until the answer moves on; the
-//! links a rewording must keep; and, at the end, how many of the request's items the answer
-//! covered and which are still pending.
+//! so many objects per item, or per item and page; an item's objects held until the answer
+//! ends; the links a rewording must keep; and, at the end, how many of the request's items the
+//! answer covered and which are still pending.
 //!
 //! Nothing here quotes the model's output or the request's text into a reason: reasons name
 //! fields only (they go to logs and metrics).
@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
-use crate::normalise::{self, Answers};
+use crate::normalise::{self, Answers, LostLinks};
 
 /// What the request's items say, and what the answer has covered so far.
 pub struct Coverage {
@@ -22,15 +22,18 @@ pub struct Coverage {
     answered: BTreeSet<String>,
     /// Objects so far per (item, pair field value), for [`Answers::per_pair`].
     pairs: BTreeMap<(String, String), usize>,
-    /// The item whose objects are held ([`Answers::grouped`]), and they.
-    held: Option<(String, Vec<Value>)>,
+    /// Objects so far per item, for [`Answers::per_item`].
+    per_item: BTreeMap<String, usize>,
+    /// The objects held ([`Answers::grouped`]): each item's, items in the order they first
+    /// came.
+    held: Vec<(String, Vec<Value>)>,
 }
 
 /// What to do with an object that passed its normaliser and schema.
 #[derive(Debug, PartialEq)]
 pub enum Verdict {
-    /// Publish these objects now (none while an item's objects are held; several when a
-    /// held group is released).
+    /// Publish these objects now (none when the rules hold an item's objects to the end:
+    /// [`Coverage::release`] hands them out).
     Publish(Vec<Value>),
     /// Drop the object: why (field names only), and the metric's reason.
     Drop(&'static str, String),
@@ -49,7 +52,7 @@ impl Coverage {
                 continue;
             };
             let links = match rules.links {
-                Some((_, fields)) => fields
+                Some((_, fields, _)) => fields
                     .iter()
                     .filter_map(|f| item.get(*f).and_then(Value::as_str))
                     .flat_map(normalise::links)
@@ -76,12 +79,13 @@ impl Coverage {
             items,
             answered: BTreeSet::new(),
             pairs: BTreeMap::new(),
-            held: None,
+            per_item: BTreeMap::new(),
+            held: Vec::new(),
         })
     }
 
-    /// Applies the rules to one object; `lost_links` counts the links a rewording lost (kept
-    /// anyway: a warning).
+    /// Applies the rules to one object; `lost_links` counts the links a rewording lost where
+    /// that is a warning ([`LostLinks::Warn`]; the object is kept).
     pub fn admit(&mut self, value: Value, lost_links: &mut usize) -> Verdict {
         let field = self.rules.field;
         let Some(id) = value.get(field).and_then(Value::as_str).map(str::to_owned) else {
@@ -96,6 +100,29 @@ impl Coverage {
                 ),
             );
         };
+        // Checked before the limits, so a dropped rewording leaves room for a good one.
+        if let Some((text_field, _, on_loss)) = self.rules.links {
+            let text = value.get(text_field).and_then(Value::as_str).unwrap_or("");
+            let lost = links.iter().filter(|l| !text.contains(l.as_str())).count();
+            if lost > 0 && on_loss == LostLinks::Drop {
+                return Verdict::Drop(
+                    "lost-links",
+                    format!("`{text_field}` lost {lost} of its item's links"),
+                );
+            }
+            *lost_links += lost;
+        }
+        if let Some(max) = self.rules.per_item {
+            let count = self.per_item.entry(id.clone()).or_default();
+            if *count >= max {
+                let objects = if max == 1 { "object" } else { "objects" };
+                return Verdict::Drop(
+                    "over-limit",
+                    format!("more than {max} {objects} for one `{field}`"),
+                );
+            }
+            *count += 1;
+        }
         if let Some((pair_field, max)) = self.rules.per_pair {
             let other = value
                 .get(pair_field)
@@ -111,29 +138,24 @@ impl Coverage {
             }
             *count += 1;
         }
-        if let Some((text_field, _)) = self.rules.links {
-            let text = value.get(text_field).and_then(Value::as_str).unwrap_or("");
-            *lost_links += links.iter().filter(|l| !text.contains(l.as_str())).count();
-        }
         self.answered.insert(id.clone());
         if !self.rules.grouped {
             return Verdict::Publish(vec![value]);
         }
-        match &mut self.held {
-            Some((held_id, group)) if *held_id == id => {
-                group.push(value);
-                Verdict::Publish(Vec::new())
-            }
-            _ => {
-                let released = self.held.replace((id, vec![value]));
-                Verdict::Publish(released.map(|(_, g)| g).unwrap_or_default())
-            }
+        match self.held.iter_mut().find(|(held_id, _)| *held_id == id) {
+            Some((_, group)) => group.push(value),
+            None => self.held.push((id, vec![value])),
         }
+        Verdict::Publish(Vec::new())
     }
 
-    /// The objects still held, at the end of the answer.
+    /// The objects held, at the end of the answer (or at its failure): each item's together,
+    /// items in the order they first came.
     pub fn release(&mut self) -> Vec<Value> {
-        self.held.take().map(|(_, g)| g).unwrap_or_default()
+        std::mem::take(&mut self.held)
+            .into_iter()
+            .flat_map(|(_, group)| group)
+            .collect()
     }
 
     /// The request's item count.
@@ -235,10 +257,12 @@ mod tests {
             )
         );
         assert!(published(c.admit(d("k1", "Q"), &mut lost)).is_empty());
-        // The answer moves on to k2: k1's three decisions go out together.
-        let released = published(c.admit(d("k2", "P"), &mut lost));
-        assert_eq!(released, vec![d("k1", "P"), d("k1", "P"), d("k1", "Q")]);
-        assert_eq!(c.release(), vec![d("k2", "P")]);
+        assert!(published(c.admit(d("k2", "P"), &mut lost)).is_empty());
+        // The answer ends: each block's decisions go out together.
+        assert_eq!(
+            c.release(),
+            vec![d("k1", "P"), d("k1", "P"), d("k1", "Q"), d("k2", "P")]
+        );
         assert!(c.release().is_empty());
         assert_eq!(c.tally(), (2, 2, None));
     }
@@ -270,9 +294,130 @@ mod tests {
         )
         .unwrap();
         let mut lost = 0;
-        published(c.admit(json!({"block_id": "k1", "refined_text": "x"}), &mut lost));
-        assert_eq!(lost, 2, "both of k1's links");
+        assert_eq!(
+            c.admit(
+                json!({"block_id": "k1", "refined_text": "x [[L]]"}),
+                &mut lost
+            ),
+            Verdict::Drop(
+                "lost-links",
+                "`refined_text` lost 1 of its item's links".into()
+            ),
+            "the link of k1's other decision counts too"
+        );
+        published(c.admit(
+            json!({"block_id": "k1", "refined_text": "x [[L]] ((r))"}),
+            &mut lost,
+        ));
+        assert_eq!(lost, 0);
         assert_eq!(c.tally(), (2, 1, Some(vec!["k2".into()])));
+    }
+
+    /// Seed 000's Phase 3 lines, as its example stream writes them.
+    fn seed_000_decision(block: &str, page: &str, target: &str) -> Value {
+        json!({"knowledge_block_id": block, "target_page": page, "action": "add_under",
+               "target_block_id": target, "target_block_title": "T", "confidence": 0.9,
+               "reasoning": "r"})
+    }
+
+    /// Seed 000 Phase 3: "Application must buffer all decisions with matching
+    /// `knowledge_block_id` before showing them to user". A model that comes back to a block
+    /// after another's decisions must not have that block shown in two parts: every decision
+    /// is held until the answer ends, then each block's go out together, blocks in the order
+    /// they first came.
+    #[test]
+    fn seed_000s_decisions_of_a_block_are_all_held_until_the_answer_ends() {
+        let blocks = json!([{"block_id": "abc123"}, {"block_id": "def456"}]);
+        for template in [n::INTEGRATION_DECISIONS, n::INTEGRATION_DECISIONS_SEED_000] {
+            let mut c = Coverage::new(
+                answers(template),
+                &terms("knowledge_blocks", blocks.clone()),
+            )
+            .unwrap();
+            let first = seed_000_decision("abc123", "Python/Concurrency", "pattern-section-123");
+            let other = seed_000_decision("def456", "Python/Concurrency", "pattern-section-123");
+            let back = seed_000_decision("abc123", "Textual/Architecture", "worker-section-789");
+            let mut lost = 0;
+            for d in [&first, &other, &back] {
+                assert!(
+                    published(c.admit(d.clone(), &mut lost)).is_empty(),
+                    "{template}: nothing shown before all of a block's decisions are in"
+                );
+            }
+            assert_eq!(c.release(), vec![first, back, other], "{template}");
+            assert!(c.release().is_empty());
+        }
+    }
+
+    /// Seed 002 §3.3: "Preserve `[[Page Links]]` and `((block-refs))` from original content", a
+    /// validation rule of its client, which skips an object that fails one ("Log warning, skip
+    /// object"): the block stays pending, for the caller to ask again. Seeds 000 and 001 have no
+    /// such rule (their models check `block_id` and a non-empty text only): a lost link is
+    /// a warning there.
+    #[test]
+    fn seed_002s_rewording_that_loses_a_link_is_dropped_and_left_pending() {
+        let decisions = json!([
+            {"knowledge_block_id": "abc123", "page": "Software Architecture",
+             "action": "add_section", "full_text": "Bounded contexts matter more than [[Microservices]] size",
+             "hierarchical_text": "- Read paper on ((ddd-ref))\n  - Bounded contexts"},
+            {"knowledge_block_id": "def456", "page": "A", "action": "add_under",
+             "full_text": "HNSW provides O(log n) nearest neighbor search."},
+        ]);
+        let mut c = Coverage::new(
+            answers(n::CONTENT_REWORDING_SEED_002),
+            &terms("decisions", decisions),
+        )
+        .unwrap();
+        let mut lost = 0;
+        assert_eq!(
+            c.admit(
+                json!({"block_id": "abc123", "refined_text": "Bounded contexts matter more than service size.\nEach context should have clear ownership."}),
+                &mut lost
+            ),
+            Verdict::Drop(
+                "lost-links",
+                "`refined_text` lost 2 of its item's links".into()
+            )
+        );
+        let kept = json!({"block_id": "abc123",
+            "refined_text": "Bounded contexts matter more than [[Microservices]] size ((ddd-ref))."});
+        assert_eq!(published(c.admit(kept.clone(), &mut lost)), vec![kept]);
+        assert_eq!(lost, 0);
+        assert_eq!(c.tally(), (2, 1, Some(vec!["def456".into()])));
+
+        // Seed 000's rewording: kept, the loss counted for the warning.
+        let blocks = json!([{"block_id": "abc123", "content": "Learned [[Python]] today"}]);
+        let mut c = Coverage::new(answers(n::CONTENT_REWORDING), &terms("blocks", blocks)).unwrap();
+        let line = json!({"block_id": "abc123", "reworded_content": "Python's asyncio.Queue is thread-safe."});
+        assert_eq!(published(c.admit(line.clone(), &mut lost)), vec![line]);
+        assert_eq!(lost, 1);
+    }
+
+    /// Seed 002 §1.2: "One decision per candidate page". Its parser yields each line as it
+    /// completes, so the first decision for a page is the one shown; a later one for the same
+    /// page is dropped (`over-limit`), and never counts as a second answer.
+    #[test]
+    fn seed_002s_decisions_are_one_per_candidate_page() {
+        let pages = json!([{"page_name": "Software Architecture"}, {"page_name": "Microservices"}]);
+        let mut c = Coverage::new(
+            answers(n::INTEGRATION_DECISIONS_SEED_002),
+            &terms("candidate_pages", pages),
+        )
+        .unwrap();
+        let line = |page: &str, action: &str| {
+            json!({"page": page, "action": action, "target_id": null, "target_title": null,
+                   "confidence": 0.88, "reasoning": "r"})
+        };
+        let mut lost = 0;
+        let first = line("Software Architecture", "add_section");
+        assert_eq!(published(c.admit(first.clone(), &mut lost)), vec![first]);
+        assert_eq!(
+            c.admit(line("Software Architecture", "skip"), &mut lost),
+            Verdict::Drop("over-limit", "more than 1 object for one `page`".into())
+        );
+        let skip = line("Microservices", "skip");
+        assert_eq!(published(c.admit(skip.clone(), &mut lost)), vec![skip]);
+        assert_eq!(c.tally(), (2, 2, Some(vec![])));
     }
 
     #[test]

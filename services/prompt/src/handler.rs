@@ -333,6 +333,7 @@ impl Handler for PromptService {
                 let json = JsonAnswer {
                     a: answer,
                     whole: Whole::default(),
+                    streaming: request.streaming,
                 };
                 reader.drive(json).send_to(sink).await
             }
@@ -386,6 +387,8 @@ impl Restartable<TextCompletionResponse> for TextAnswer<'_> {
 struct JsonAnswer<'a> {
     a: Answer<'a>,
     whole: Whole,
+    /// The caller streams: the record carries the JSON in `text` too.
+    streaming: bool,
 }
 
 impl Encoder<TextCompletionResponse> for JsonAnswer<'_> {
@@ -422,7 +425,13 @@ impl Encoder<TextCompletionResponse> for JsonAnswer<'_> {
         a.metrics.object(&id);
         a.log.chunk(&value);
         let mut last = with_usage(&mut a.pending);
-        last.object = Some(value.to_string());
+        let json = value.to_string();
+        // TrustGraph 2.11 streams a `json` template's answer as `text`, and its streaming
+        // readers read nothing else (docs/protocol.md#prompt-streaming-trustgraph-and-sluice).
+        if self.streaming {
+            last.text = Some(json.clone());
+        }
+        last.object = Some(json);
         last.end_of_stream = true;
         a.end(last, out);
     }
@@ -508,7 +517,11 @@ impl<'a> JsonlAnswer<'a> {
             self.lines.emitted += 1;
             if self.streaming {
                 let mut rec = with_usage(&mut self.a.pending);
-                rec.object = Some(value.to_string());
+                let json = value.to_string();
+                // The line in `text` too, for TrustGraph 2.11's streaming readers, which read
+                // nothing else (docs/protocol.md#prompt-streaming-trustgraph-and-sluice).
+                rec.text = Some(format!("{json}\n"));
+                rec.object = Some(json);
                 out.push(rec);
             } else {
                 self.lines.collected.push(value);

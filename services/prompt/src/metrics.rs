@@ -27,7 +27,7 @@ impl PromptMetrics {
         let skipped = IntCounterVec::new(
             Opts::new(
                 "sluice_prompt_lines_skipped_total",
-                "jsonl lines skipped: malformed (not a JSON object), invalid (fails the schema), rejected (normalisation drops it), unmatched (answers no item of the request), over-limit (more objects per item and page than the contract allows)",
+                "jsonl lines skipped: malformed (not a JSON object), invalid (fails the schema), rejected (normalisation drops it), unmatched (answers no item of the request), over-limit (more objects per item, or per item and page, than the contract allows), lost-links (a rewording without a link its contract says to keep)",
             ),
             &["template", "reason"],
         )?;

@@ -73,12 +73,29 @@ pub struct Answers {
     /// (docs/specs.md#the-structured-ndjson-contracts): at most 2 decisions per knowledge block and
     /// target page); later ones are dropped.
     pub per_pair: Option<(&'static str, usize)>,
-    /// An item's objects are held until the answer moves on to another item, then published
-    /// together (the LLM streaming contract Phase 3: all decisions of a block before any is shown).
+    /// At most this many objects per item (the NDJSON parser contract's decisions: one per
+    /// candidate page); later ones are dropped.
+    pub per_item: Option<usize>,
+    /// Every object of an item is held until the answer ends, then an item's objects are
+    /// published together, items in the order they first came (the LLM streaming contract
+    /// Phase 3: all decisions with a block's id before any is shown; a model may come back to a
+    /// block, so only the end says it has all of them).
     pub grouped: bool,
     /// The object's text field that must keep the `[[links]]` and `((refs))` of the item's
-    /// text fields (rewording): a lost one is a warning.
-    pub links: Option<(&'static str, &'static [&'static str])>,
+    /// text fields (rewording), and what a lost one does.
+    pub links: Option<(&'static str, &'static [&'static str], LostLinks)>,
+}
+
+/// What a rewording that lost a `[[link]]` or `((ref))` of its item's text does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LostLinks {
+    /// Kept, with a warning: the contract's client does not check links (the LLM streaming
+    /// contract's and the LLM API contracts' models).
+    Warn,
+    /// Dropped, the item left pending: the NDJSON parser contract's §3.3 validation rule
+    /// "Preserve `[[Page Links]]` and `((block-refs))`", whose client skips an object that
+    /// fails a rule.
+    Drop,
 }
 
 /// The decision contract's request rules (the LLM streaming contract's Phase 3).
@@ -96,6 +113,7 @@ const CLASSIFICATION_ANSWERS: Answers = Answers {
     field: "block_id",
     every: false,
     per_pair: None,
+    per_item: None,
     grouped: false,
     links: None,
 };
@@ -112,7 +130,7 @@ const REGISTRY: [(&str, Normaliser, Answers); 9] = [
         normalise_rewording,
         Answers {
             every: true,
-            links: Some(("reworded_content", &["content"])),
+            links: Some(("reworded_content", &["content"], LostLinks::Warn)),
             ..CLASSIFICATION_ANSWERS
         },
     ),
@@ -151,7 +169,11 @@ const REGISTRY: [(&str, Normaliser, Answers); 9] = [
             term: "decisions",
             item_id: "knowledge_block_id",
             every: true,
-            links: Some(("refined_text", &["full_text", "hierarchical_text"])),
+            links: Some((
+                "refined_text",
+                &["full_text", "hierarchical_text"],
+                LostLinks::Drop,
+            )),
             ..CLASSIFICATION_ANSWERS
         },
     ),
@@ -163,6 +185,8 @@ const REGISTRY: [(&str, Normaliser, Answers); 9] = [
             item_id: "page_name",
             field: "page",
             every: true,
+            // §1.2: "One decision per candidate page".
+            per_item: Some(1),
             ..CLASSIFICATION_ANSWERS
         },
     ),

@@ -249,14 +249,13 @@ impl AgentService {
             .collect();
         if dialog.steps {
             for (call, args) in made.iter().zip(&checked) {
+                // Arguments that are not a JSON object are shown as the model wrote them,
+                // under an empty name (the observation that follows says what was wrong).
                 let shown = match args {
-                    Ok(a) => Value::Object(a.clone()),
-                    Err(_) => Value::String(call.arguments.clone()),
+                    Ok(a) => arguments_strings(a),
+                    Err(_) => BTreeMap::from([(String::new(), call.arguments.clone())]),
                 };
-                let action = json!({"name": call.name, "arguments": shown}).to_string();
-                dialog
-                    .send(AgentMessageType::Action, action, true, false)
-                    .await?;
+                dialog.send_action(call.name.clone(), shown).await?;
             }
         }
         // The calls run at once; their observations come in the order they were made.

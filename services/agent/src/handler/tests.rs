@@ -338,9 +338,30 @@ async fn an_action_calls_the_tool_and_the_next_step_sees_its_observation() {
         .iter()
         .find(|r| r.message_type == AgentMessageType::Action)
         .expect("an action record");
-    let action: serde_json::Value = serde_json::from_str(&action.content).unwrap();
-    assert_eq!(action["name"], "lookup");
-    assert_eq!(action["arguments"]["question"], "capital of France");
+    // TrustGraph's streaming spec's action chunk, `{chunk_type: "action", content: "search",
+    // end_of_message: true}`: the tool's name as the content, which TrustGraph 2.11's readers
+    // show as text (trustgraph/api/socket_client.py reads an `action` as a thought); the
+    // arguments in sluice's own field beside it.
+    let wire: serde_json::Value = serde_json::to_value(action).unwrap();
+    assert_eq!(wire["chunk_type"], "action");
+    assert_eq!(wire["message_type"], "action");
+    assert_eq!(wire["content"], "lookup");
+    assert_eq!(wire["end_of_message"], true);
+    assert_eq!(wire["end_of_dialog"], false);
+    assert_eq!(
+        wire["arguments"],
+        serde_json::json!({"question": "capital of France"})
+    );
+    // No other record carries the field.
+    for r in records
+        .iter()
+        .filter(|r| r.message_type != AgentMessageType::Action)
+    {
+        assert!(
+            serde_json::to_value(r).unwrap().get("arguments").is_none(),
+            "{r:?}"
+        );
+    }
     assert_eq!(content(&records, AgentMessageType::Observation), "Paris");
     assert_eq!(content(&records, AgentMessageType::Answer).trim(), "Paris");
     let order: Vec<_> = records

@@ -226,6 +226,8 @@ async fn seed_004(
     let ask = Ask {
         accept: accept.or(streams.then_some(Mode::Ndjson)),
         streamed: Mode::Ndjson,
+        // The event protocol's route: SSE carries its events.
+        records_on_sse: false,
         steps: false,
     };
     http::handle::<TextCompletion>(inner, headers, body, ask, |b| {

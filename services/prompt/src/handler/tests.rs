@@ -215,6 +215,38 @@ async fn jsonl_objects_stream_as_lines_complete_and_bad_lines_are_counted() {
     let end = got.last().unwrap();
     assert!(end.end_of_stream && end.error.is_none(), "{end:?}");
     assert_eq!((end.objects_emitted, end.lines_skipped), (Some(2), Some(2)));
+    // TrustGraph 2.11's readers of a streamed prompt (tg-invoke-prompt) read `text` alone:
+    // each object's record carries its line there too, so they print the JSON lines.
+    let text: String = got.iter().filter_map(|r| r.text.as_deref()).collect();
+    assert_eq!(text, "{\"fact\":\"green\"}\n{\"fact\":\"black\"}\n");
+    assert!(
+        got.iter()
+            .all(|r| r.object.is_some() == r.text.as_deref().is_some_and(|t| !t.is_empty())),
+        "text on the object records only: {got:#?}"
+    );
+    rig.stop().await;
+}
+
+/// A streamed `json` answer is one record, as TrustGraph's streaming spec's design decision 4
+/// allows ("the complete JSON in a single response with `end_of_stream=true`"); it carries the
+/// JSON in `text` too, the field TrustGraph 2.11 streams a `json` template's answer in and the
+/// only one its streaming readers read. Not streamed: `object` alone, as TrustGraph answers.
+#[tokio::test]
+async fn a_streamed_json_answer_is_one_record_with_its_json_in_text_too() {
+    let mut rig = Rig::start(Duration::from_secs(30)).await;
+    for streaming in [true, false] {
+        let stream = rig.ask("one", &[("topic", "tea")], streaming).await;
+        let (id, _) = rig.llm_request().await;
+        rig.answer(&id, "a1", piece("```json\n{\"fact\": ")).await;
+        rig.answer(&id, "a1", last("\"green\"}\n```", 5, 9)).await;
+        let got: Vec<PromptResponse> = records(stream).await.into_iter().flatten().collect();
+        assert_eq!(got.len(), 1, "one record: {got:#?}");
+        let r = &got[0];
+        assert!(r.end_of_stream && r.error.is_none(), "{r:?}");
+        assert_eq!(r.object.as_deref(), Some(r#"{"fact":"green"}"#));
+        let text = streaming.then_some(r#"{"fact":"green"}"#);
+        assert_eq!(r.text.as_deref(), text, "streaming {streaming}");
+    }
     rig.stop().await;
 }
 
