@@ -681,38 +681,9 @@ impl Handler for AgentService {
             tools = available.len(),
             "thinking"
         );
-        let step = tokio::time::timeout(remaining, async {
-            let plain = self.limits.plain_answer;
-            match self.think(prompt.clone(), &mut dialog, &ctx, remaining).await? {
-                Step::Unparsable(_, text, true) if plain == PlainAnswer::Final => {
-                    Ok(Step::Prose(text))
-                }
-                Step::Unparsable(why, text, prose) => {
-                    // One corrective retry, telling the model what was wrong.
-                    warn!(reason = %why, "model output not in the ReAct format; retrying once");
-                    self.metrics.iteration(IterationOutcome::Retry);
-                    let mut shown: String = text.chars().take(2000).collect();
-                    if shown.len() < text.len() {
-                        shown.push('…');
-                    }
-                    let corrective = format!(
-                        "{prompt}\n{shown}\n\nThat answer could not be read: {why}\nAnswer again, exactly in the format above.\n"
-                    );
-                    match self.think(corrective, &mut dialog, &ctx, remaining).await? {
-                        Step::Unparsable(_, again, true) if plain == PlainAnswer::RetryFinal => {
-                            Ok(Step::Prose(if prose { text } else { again }))
-                        }
-                        other => Ok(other),
-                    }
-                }
-                other => Ok(other),
-            }
-        })
-        .await;
-        let step = match step {
-            Ok(step) => step?,
-            Err(_) => Step::Deadline,
-        };
+        let step = self
+            .react_turn(prompt, &mut dialog, &ctx, remaining)
+            .await?;
         let outcome = match step {
             Step::Decided(o) => o,
             Step::Failed(e) => {
@@ -771,46 +742,124 @@ impl Handler for AgentService {
                 name,
                 arguments,
             } => {
-                self.metrics.iteration(IterationOutcome::Action);
-                if !dialog.streaming && dialog.steps && !thought.is_empty() {
-                    dialog
-                        .send(AgentMessageType::Thought, thought.clone(), true, false)
-                        .await?;
-                }
-                if dialog.steps {
-                    dialog.send_action(name.clone(), arguments.clone()).await?;
-                }
-                let (observation, next_state, tokens) = self
-                    .run_tool(&available, &name, &arguments, &ctx, remaining)
-                    .await;
-                dialog.spent(tokens);
-                if dialog.steps {
-                    dialog
-                        .send(
-                            AgentMessageType::Observation,
-                            observation.clone(),
-                            true,
-                            false,
-                        )
-                        .await?;
-                }
-                request.history.push(AgentStep {
+                let action = Action {
                     thought,
-                    action: name,
-                    arguments: arguments.into_iter().collect::<BTreeMap<_, _>>(),
-                    observation,
-                    step_type: Some("react".into()),
-                    user: request.user.clone(),
-                    call_id: None,
-                    same_turn: false,
-                    call_arguments: None,
-                });
-                if next_state.is_some() {
-                    request.state = next_state;
-                }
-                self.hand_off(&mut dialog, &mut request).await
+                    name,
+                    arguments,
+                };
+                self.act(action, request, &available, &mut dialog, &ctx, remaining)
+                    .await
             }
         }
+    }
+}
+
+/// A tool call the model asked for in the ReAct format.
+struct Action {
+    thought: String,
+    name: String,
+    arguments: BTreeMap<String, String>,
+}
+
+impl AgentService {
+    /// One ReAct turn within `remaining`: the model's output read, and when it is not in the
+    /// format, one corrective retry telling the model what was wrong (or, as
+    /// `plain_answer` says, plain prose taken as the answer).
+    async fn react_turn(
+        &self,
+        prompt: String,
+        dialog: &mut Dialog<'_>,
+        ctx: &RequestContext,
+        remaining: Duration,
+    ) -> Result<Step, Error> {
+        let step = tokio::time::timeout(remaining, async {
+            let plain = self.limits.plain_answer;
+            match self.think(prompt.clone(), dialog, ctx, remaining).await? {
+                Step::Unparsable(_, text, true) if plain == PlainAnswer::Final => {
+                    Ok(Step::Prose(text))
+                }
+                Step::Unparsable(why, text, prose) => {
+                    warn!(reason = %why, "model output not in the ReAct format; retrying once");
+                    self.metrics.iteration(IterationOutcome::Retry);
+                    let mut shown: String = text.chars().take(2000).collect();
+                    if shown.len() < text.len() {
+                        shown.push('…');
+                    }
+                    let corrective = format!(
+                        "{prompt}\n{shown}\n\nThat answer could not be read: {why}\nAnswer again, exactly in the format above.\n"
+                    );
+                    match self.think(corrective, dialog, ctx, remaining).await? {
+                        Step::Unparsable(_, again, true) if plain == PlainAnswer::RetryFinal => {
+                            Ok(Step::Prose(if prose { text } else { again }))
+                        }
+                        other => Ok(other),
+                    }
+                }
+                other => Ok(other),
+            }
+        })
+        .await;
+        match step {
+            Ok(step) => step,
+            Err(_) => Ok(Step::Deadline),
+        }
+    }
+
+    /// Calls the tool `action` names (its thought, action and observation published as the
+    /// dialog's steps), then hands the dialog, the step in its history, to the next
+    /// iteration.
+    async fn act(
+        &self,
+        action: Action,
+        mut request: AgentRequest,
+        available: &[&Arc<Tool>],
+        dialog: &mut Dialog<'_>,
+        ctx: &RequestContext,
+        remaining: Duration,
+    ) -> Result<(), Error> {
+        let Action {
+            thought,
+            name,
+            arguments,
+        } = action;
+        self.metrics.iteration(IterationOutcome::Action);
+        if !dialog.streaming && dialog.steps && !thought.is_empty() {
+            dialog
+                .send(AgentMessageType::Thought, thought.clone(), true, false)
+                .await?;
+        }
+        if dialog.steps {
+            dialog.send_action(name.clone(), arguments.clone()).await?;
+        }
+        let (observation, next_state, tokens) = self
+            .run_tool(available, &name, &arguments, ctx, remaining)
+            .await;
+        dialog.spent(tokens);
+        if dialog.steps {
+            dialog
+                .send(
+                    AgentMessageType::Observation,
+                    observation.clone(),
+                    true,
+                    false,
+                )
+                .await?;
+        }
+        request.history.push(AgentStep {
+            thought,
+            action: name,
+            arguments: arguments.into_iter().collect::<BTreeMap<_, _>>(),
+            observation,
+            step_type: Some("react".into()),
+            user: request.user.clone(),
+            call_id: None,
+            same_turn: false,
+            call_arguments: None,
+        });
+        if next_state.is_some() {
+            request.state = next_state;
+        }
+        self.hand_off(dialog, &mut request).await
     }
 }
 
