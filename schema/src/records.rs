@@ -534,17 +534,45 @@ impl ResponseRecord for TextCompletionResponse {
 /// A request to render a prompt template and complete it (TrustGraph's `PromptRequest`;
 /// docs/protocol.md#records).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(from = "PromptRequestIn")]
 pub struct PromptRequest {
     /// The template id.
-    #[serde(default, deserialize_with = "null_default")]
     pub id: String,
     /// The template's variables; each value is itself JSON-encoded, as TrustGraph sends it
     /// (a plain JSON value is accepted too, and encoded on reading).
-    #[serde(default, deserialize_with = "crate::de::terms")]
     pub terms: BTreeMap<String, String>,
     /// Stream the answer as many records.
-    #[serde(default, deserialize_with = "null_default")]
     pub streaming: bool,
+}
+
+/// A [`PromptRequest`] as read: `terms`, or TrustGraph's gateway's `variables` (what its
+/// client, `tg-invoke-prompt`, sends), whose plain values are JSON-encoded into the terms as
+/// TrustGraph's gateway does (`trustgraph/messaging/translators/prompt.py`); a term of both
+/// names takes the variable's.
+#[derive(Deserialize)]
+struct PromptRequestIn {
+    #[serde(default, deserialize_with = "null_default")]
+    id: String,
+    #[serde(default, deserialize_with = "crate::de::terms")]
+    terms: BTreeMap<String, String>,
+    #[serde(default)]
+    variables: Option<BTreeMap<String, serde_json::Value>>,
+    #[serde(default, deserialize_with = "null_default")]
+    streaming: bool,
+}
+
+impl From<PromptRequestIn> for PromptRequest {
+    fn from(r: PromptRequestIn) -> Self {
+        let mut terms = r.terms;
+        for (k, v) in r.variables.unwrap_or_default() {
+            terms.insert(k, v.to_string());
+        }
+        Self {
+            id: r.id,
+            terms,
+            streaming: r.streaming,
+        }
+    }
 }
 
 /// One record of a prompt answer (TrustGraph's `PromptResponse`; docs/protocol.md#records).

@@ -167,6 +167,26 @@ fn prompt_terms_take_encoded_strings_and_plain_values() {
     assert!(r.terms.is_empty());
 }
 
+/// TrustGraph's prompt client (`tg-invoke-prompt`, trustgraph-base's `socket_client.py`) sends
+/// `variables` with plain values, which TrustGraph's gateway JSON-encodes into the terms
+/// (`trustgraph/messaging/translators/prompt.py`); so does sluice's reading of a request.
+#[test]
+fn trustgraphs_variables_are_terms_json_encoded() {
+    let r: PromptRequest = serde_json::from_str(
+        r#"{"id":"t","variables":{"x":"tea","n":2},"terms":{"y":"\"z\""},"streaming":true}"#,
+    )
+    .unwrap();
+    assert_eq!(r.terms["x"], "\"tea\"");
+    assert_eq!(r.terms["n"], "2");
+    assert_eq!(r.terms["y"], "\"z\"");
+    assert!(r.streaming);
+    let written = serde_json::to_value(&r).unwrap();
+    assert!(
+        written.get("variables").is_none(),
+        "written as terms: {written}"
+    );
+}
+
 fn text(response: &str, out: Option<u64>) -> TextCompletionResponse {
     TextCompletionResponse {
         response: response.into(),

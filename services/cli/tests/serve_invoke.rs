@@ -755,3 +755,59 @@ async fn a_metrics_port_beyond_loopback_points_at_the_gateway_instead_of_serving
     let stopped = process.stop().await;
     assert!(stopped.status.success(), "{}", stopped.stderr);
 }
+
+/// TrustGraph's own prompt client, `tg-invoke-prompt` (trustgraph-cli 2.11.1, which streams by
+/// default and prints each record's `text`), against `sluice serve`'s gateway (TrustGraph's
+/// WebSocket): a `json` template's answer and a `jsonl` template's objects are printed, as it
+/// prints TrustGraph's own prompt service's streamed text
+/// (docs/protocol.md#prompt-streaming-trustgraph-and-sluice). Before, sluice sent them in
+/// `object` alone and it printed an empty line.
+#[tokio::test]
+async fn trustgraphs_own_prompt_client_prints_a_streamed_json_answer() {
+    let Some(venv) = sluice_tests::outside_tool(
+        "TG_FLOW_VENV",
+        "serve: TrustGraph's tg-invoke-prompt against sluice serve (scripts/tg-flow-venv.sh)",
+    ) else {
+        return;
+    };
+    let fake = FakeOpenAi::start().await;
+    let dir = std::env::temp_dir().join(format!("sluice-tg-prompt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let templates = dir.join("templates.json");
+    // The replay model answers with the rendered prompt: the template writes the JSON.
+    std::fs::write(
+        &templates,
+        r#"{"templates": {
+            "one": {"prompt": "{\"fact\": \"{{ x }}\"}", "response-type": "json"},
+            "lines": {"prompt": "{\"n\": 1}\nnot json\n{\"n\": \"{{ x }}\"}", "response-type": "jsonl"}}}"#,
+    )
+    .unwrap();
+    let s = serve_model(
+        &fake,
+        "replay-4",
+        &["--templates", templates.to_str().unwrap()],
+        &[],
+    )
+    .await;
+    let url = format!("{}/", s.url);
+    for (template, printed) in [
+        ("one", r#"{"fact":"tea"}"#),
+        ("lines", "{\"n\":1}\n{\"n\":\"tea\"}"),
+    ] {
+        let out = tokio::process::Command::new(format!("{venv}/bin/tg-invoke-prompt"))
+            .args(["-u", &url, template, "x=tea"])
+            .output()
+            .await
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{template}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(stdout.trim(), printed, "{template}");
+    }
+    let (status, _) = s.stop().await;
+    assert!(status.success());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
