@@ -684,39 +684,9 @@ impl Handler for AgentService {
         let step = self
             .react_turn(prompt, &mut dialog, &ctx, remaining)
             .await?;
-        let outcome = match step {
-            Step::Decided(o) => o,
-            Step::Failed(e) => {
-                self.metrics.iteration(IterationOutcome::Error);
-                self.metrics.dialog(DialogOutcome::Error);
-                return dialog.fail(e).await;
-            }
-            Step::Deadline => {
-                self.metrics.iteration(IterationOutcome::Error);
-                self.metrics.dialog(DialogOutcome::Deadline);
-                return dialog.fail(self.deadline_error()).await;
-            }
-            Step::Prose(text) => {
-                self.metrics.iteration(IterationOutcome::Answer);
-                self.metrics.dialog(DialogOutcome::Answer);
-                info!(
-                    iterations = request.history.len() + 1,
-                    "dialog answered in plain prose, taken as the final answer"
-                );
-                return dialog
-                    .send(AgentMessageType::Answer, text.trim().to_owned(), true, true)
-                    .await;
-            }
-            Step::Unparsable(why, _, _) => {
-                self.metrics.iteration(IterationOutcome::Error);
-                self.metrics.dialog(DialogOutcome::Error);
-                return dialog
-                    .fail(Error::new(
-                        ErrorKind::Agent,
-                        format!("the model's output could not be read twice: {why}"),
-                    ))
-                    .await;
-            }
+        let outcome = match self.decided(step, &mut dialog, request.history.len()).await {
+            Ok(outcome) => outcome,
+            Err(ended) => return ended,
         };
         match outcome {
             Outcome::Answer { thought, answer } => {
@@ -802,6 +772,51 @@ impl AgentService {
         match step {
             Ok(step) => step,
             Err(_) => Ok(Step::Deadline),
+        }
+    }
+
+    /// What the model decided in a turn of a dialog with `history` steps; `Err` with how the
+    /// dialog ended when it decided nothing to act on (a failure, the deadline, an output
+    /// unreadable twice) or answered in plain prose.
+    async fn decided(
+        &self,
+        step: Step,
+        dialog: &mut Dialog<'_>,
+        history: usize,
+    ) -> Result<Outcome, Result<(), Error>> {
+        match step {
+            Step::Decided(o) => Ok(o),
+            Step::Failed(e) => {
+                self.metrics.iteration(IterationOutcome::Error);
+                self.metrics.dialog(DialogOutcome::Error);
+                Err(dialog.fail(e).await)
+            }
+            Step::Deadline => {
+                self.metrics.iteration(IterationOutcome::Error);
+                self.metrics.dialog(DialogOutcome::Deadline);
+                Err(dialog.fail(self.deadline_error()).await)
+            }
+            Step::Prose(text) => {
+                self.metrics.iteration(IterationOutcome::Answer);
+                self.metrics.dialog(DialogOutcome::Answer);
+                info!(
+                    iterations = history + 1,
+                    "dialog answered in plain prose, taken as the final answer"
+                );
+                Err(dialog
+                    .send(AgentMessageType::Answer, text.trim().to_owned(), true, true)
+                    .await)
+            }
+            Step::Unparsable(why, _, _) => {
+                self.metrics.iteration(IterationOutcome::Error);
+                self.metrics.dialog(DialogOutcome::Error);
+                Err(dialog
+                    .fail(Error::new(
+                        ErrorKind::Agent,
+                        format!("the model's output could not be read twice: {why}"),
+                    ))
+                    .await)
+            }
         }
     }
 
