@@ -141,6 +141,73 @@ fn conversation(request: &AgentRequest) -> Vec<ChatMessage> {
     turns
 }
 
+/// The calls' observations published (with steps) and each call, its arguments and its
+/// observation, a step of the dialog's history (the turn's text the first one's thought);
+/// the last state a tool moved the dialog to is the dialog's.
+async fn observed(
+    request: &mut AgentRequest,
+    dialog: &mut Dialog<'_>,
+    text: &str,
+    made: &[ToolCall],
+    results: Vec<(String, Option<String>, Tokens)>,
+    checked: Vec<Result<Map<String, Value>, String>>,
+) -> Result<(), Error> {
+    for (n, (call, ((observation, next_state, tokens), args))) in made
+        .iter()
+        .zip(results.into_iter().zip(checked))
+        .enumerate()
+    {
+        dialog.spent(tokens);
+        if dialog.steps {
+            dialog
+                .send(
+                    AgentMessageType::Observation,
+                    observation.clone(),
+                    true,
+                    false,
+                )
+                .await?;
+        }
+        request.history.push(AgentStep {
+            thought: if n == 0 {
+                text.to_owned()
+            } else {
+                String::new()
+            },
+            action: call.name.clone(),
+            arguments: args.map(|a| arguments_strings(&a)).unwrap_or_default(),
+            call_arguments: Some(call.arguments.clone()),
+            observation,
+            step_type: Some("native".into()),
+            user: request.user.clone(),
+            call_id: Some(call.id.clone()),
+            same_turn: n > 0,
+        });
+        if next_state.is_some() {
+            request.state = next_state;
+        }
+    }
+    Ok(())
+}
+
+/// The tools as the model is told them, each with its arguments' JSON Schema.
+fn specs(available: &[&Arc<Tool>]) -> Vec<(ToolSpec, Value)> {
+    available
+        .iter()
+        .map(|t| {
+            let schema = schema_of(t);
+            let spec = ToolSpec {
+                name: t.config.name.clone(),
+                description: (!t.config.description.is_empty())
+                    .then(|| t.config.description.clone()),
+                parameters: schema.clone(),
+                strict: None,
+            };
+            (spec, schema)
+        })
+        .collect()
+}
+
 impl AgentService {
     /// One iteration of a native dialog: a model turn, then its calls run and the next step
     /// handed on, or its answer published.
@@ -152,20 +219,7 @@ impl AgentService {
         ctx: &RequestContext,
         remaining: Duration,
     ) -> Result<(), Error> {
-        let specs: Vec<(ToolSpec, Value)> = available
-            .iter()
-            .map(|t| {
-                let schema = schema_of(t);
-                let spec = ToolSpec {
-                    name: t.config.name.clone(),
-                    description: (!t.config.description.is_empty())
-                        .then(|| t.config.description.clone()),
-                    parameters: schema.clone(),
-                    strict: None,
-                };
-                (spec, schema)
-            })
-            .collect();
+        let specs = specs(&available);
         let turns = conversation(&request);
         let asked = TextCompletionRequest {
             system: SYSTEM.to_owned(),
@@ -259,77 +313,55 @@ impl AgentService {
             }
         }
         // The calls run at once; their observations come in the order they were made.
-        let runs = made.iter().zip(&checked).map(|(call, args)| {
-            let available = &available;
-            async move {
-                match args {
-                    Ok(a) => {
-                        self.run_tool(available, &call.name, &arguments_strings(a), ctx, remaining)
-                            .await
-                    }
-                    Err(problem) => {
-                        let known = available.iter().find(|t| t.config.name == call.name);
-                        match known {
-                            // An unknown name gets run_tool's own observation.
-                            None => {
-                                self.run_tool(available, &call.name, &BTreeMap::new(), ctx, remaining)
-                                    .await
-                            }
-                            Some(t) => {
-                                warn!(tool = %call.name, %problem, "tool call arguments do not match the tool's schema; not called");
-                                self.metrics.tool_call(
-                                    &t.config.name,
-                                    kind_label(&t.config.kind),
-                                    ToolOutcome::InvalidArguments,
-                                    Duration::ZERO,
-                                );
-                                (
-                                    format!(
-                                        "The arguments for {} do not match its schema: {problem}. The tool was not called; call it again with arguments that match.",
-                                        call.name
-                                    ),
-                                    None,
-                                    Tokens::default(),
-                                )
-                            }
-                        }
-                    }
-                }
-            }
-        });
-        let results = futures::future::join_all(runs).await;
-        for (n, (call, ((observation, next_state, tokens), args))) in made
+        let runs = made
             .iter()
-            .zip(results.into_iter().zip(checked))
-            .enumerate()
-        {
-            dialog.spent(tokens);
-            if dialog.steps {
-                dialog
-                    .send(
-                        AgentMessageType::Observation,
-                        observation.clone(),
-                        true,
-                        false,
-                    )
-                    .await?;
-            }
-            request.history.push(AgentStep {
-                thought: if n == 0 { text.clone() } else { String::new() },
-                action: call.name.clone(),
-                arguments: args.map(|a| arguments_strings(&a)).unwrap_or_default(),
-                call_arguments: Some(call.arguments.clone()),
-                observation,
-                step_type: Some("native".into()),
-                user: request.user.clone(),
-                call_id: Some(call.id.clone()),
-                same_turn: n > 0,
-            });
-            if next_state.is_some() {
-                request.state = next_state;
-            }
-        }
+            .zip(&checked)
+            .map(|(call, args)| self.run_call(&available, call, args, ctx, remaining));
+        let results = futures::future::join_all(runs).await;
+        observed(&mut request, dialog, &text, &made, results, checked).await?;
         self.hand_off(dialog, &mut request).await
+    }
+
+    /// Runs one call the model made with its checked `args`: its observation, the state it
+    /// moves the dialog to, the tokens it spent. Arguments that do not match the tool's
+    /// schema do not call it: the observation says what is wrong.
+    async fn run_call(
+        &self,
+        available: &[&Arc<Tool>],
+        call: &ToolCall,
+        args: &Result<Map<String, Value>, String>,
+        ctx: &RequestContext,
+        remaining: Duration,
+    ) -> (String, Option<String>, Tokens) {
+        let problem = match args {
+            Ok(a) => {
+                return self
+                    .run_tool(available, &call.name, &arguments_strings(a), ctx, remaining)
+                    .await;
+            }
+            Err(problem) => problem,
+        };
+        let Some(t) = available.iter().find(|t| t.config.name == call.name) else {
+            // An unknown name gets run_tool's own observation.
+            return self
+                .run_tool(available, &call.name, &BTreeMap::new(), ctx, remaining)
+                .await;
+        };
+        warn!(tool = %call.name, %problem, "tool call arguments do not match the tool's schema; not called");
+        self.metrics.tool_call(
+            &t.config.name,
+            kind_label(&t.config.kind),
+            ToolOutcome::InvalidArguments,
+            Duration::ZERO,
+        );
+        (
+            format!(
+                "The arguments for {} do not match its schema: {problem}. The tool was not called; call it again with arguments that match.",
+                call.name
+            ),
+            None,
+            Tokens::default(),
+        )
     }
 
     /// Calls the model once for a native turn: its whole text and its calls.
