@@ -405,7 +405,9 @@ const CASES: &[Case] = &[
         expected: expect(CLASSIFICATION_002, 3, 1),
         not_objects: 1,
     },
-    // The NDJSON parser contract §1.1's expected output, §2.3's Phase 1 lines and §3.1's example.
+    // The NDJSON parser contract §1.1's expected output, §2.3's Phase 1 lines and §3.1's example,
+    // as one answer: one classification result per block (§1.1), so the first for each of its
+    // three blocks is published and the three that repeat a block are dropped.
     Case {
         name: "seed-002-classification-examples",
         text: concat!(
@@ -422,7 +424,7 @@ const CASES: &[Case] = &[
             r#"{"block_id": "abc123", "is_knowledge": true, "confidence": 0.85}"#,
             "\n",
         ),
-        expected: expect(CLASSIFICATION_002, 6, 0),
+        expected: expect(CLASSIFICATION_002, 3, 3),
         not_objects: 0,
     },
     // The NDJSON parser contract §5.2, verbatim: add_section to Software Architecture, skip
@@ -464,7 +466,8 @@ const CASES: &[Case] = &[
         not_objects: 0,
     },
     // The NDJSON parser contract §1.3's expected output and §3.3's example (one line; its `\n` are
-    // continuation lines inside the string). §2.3's rewording line (`"- Bounded contexts..."`) is a
+    // continuation lines inside the string), as one answer: each block is reworded only once
+    // (§1.3), so §3.3's second rewording of abc123 is dropped. §2.3's rewording line (`"- Bounded contexts..."`) is a
     // bullet outline: kept, flattened.
     Case {
         name: "seed-002-rewording-examples",
@@ -476,7 +479,7 @@ const CASES: &[Case] = &[
             r#"{"block_id": "abc123", "refined_text": "Bounded contexts matter more than service size.\nEach context should have clear ownership.\nAvoid sharing databases across contexts."}"#,
             "\n",
         ),
-        expected: expect(REWORDING_002, 3, 0),
+        expected: expect(REWORDING_002, 2, 1),
         not_objects: 0,
     },
     Case {
@@ -721,10 +724,17 @@ mod tests {
     }
 
     /// A reference jsonl consumer, counting as `seed_streams` documents: split at `\n`, trim,
-    /// ignore blank and fence lines, parse, normalise, validate.
+    /// ignore blank and fence lines, parse, normalise, validate; the NDJSON parser contract's
+    /// templates keep one object per block (classification, rewording) or page (decisions).
     fn consume(id: &str, text: &str) -> (Vec<Value>, usize, usize) {
         let template = builtin(id);
         let validator = template.validator().unwrap().unwrap();
+        let once_per = match id {
+            CLASSIFICATION_002 | REWORDING_002 => Some("block_id"),
+            INTEGRATION_002 => Some("page"),
+            _ => None,
+        };
+        let mut seen = std::collections::BTreeSet::new();
         let (mut objects, mut skipped, mut warned) = (Vec::new(), 0, 0);
         for line in text.split('\n').map(str::trim) {
             if line.is_empty() || line.starts_with("```") {
@@ -735,6 +745,11 @@ mod tests {
                 continue;
             };
             match (template.normalise.unwrap())(&mut value) {
+                Normalised::Keep { .. }
+                    if once_per.is_some_and(|f| !seen.insert(value[f].to_string())) =>
+                {
+                    skipped += 1;
+                }
                 Normalised::Keep { warnings } if validator.is_valid(&value) => {
                     warned += usize::from(!warnings.is_empty());
                     objects.push(value);

@@ -226,11 +226,9 @@ mod tests {
     #[test]
     fn every_item_expecting_an_object_reports_the_pending_ones() {
         let blocks = json!([{"block_id": "a"}, {"block_id": "b"}, {"block_id": "c"}]);
-        let mut c = Coverage::new(
-            answers(n::KNOWLEDGE_CLASSIFICATION_SEED_002),
-            &terms("blocks", blocks),
-        )
-        .unwrap();
+        // Seed 000's rewording: every block expects one, and a block answered twice is one
+        // covered (seed 002's templates allow one object per block).
+        let mut c = Coverage::new(answers(n::CONTENT_REWORDING), &terms("blocks", blocks)).unwrap();
         let mut lost = 0;
         published(c.admit(json!({"block_id": "b"}), &mut lost));
         published(c.admit(json!({"block_id": "b"}), &mut lost));
@@ -418,6 +416,53 @@ mod tests {
         let skip = line("Microservices", "skip");
         assert_eq!(published(c.admit(skip.clone(), &mut lost)), vec![skip]);
         assert_eq!(c.tally(), (2, 2, Some(vec![])));
+    }
+
+    /// Seed 002 §1.1: "One classification result per block", and §1.3: "Each knowledge block
+    /// is reworded only once": the first line for a block is the one its parser showed; a
+    /// later one for the same block is dropped (`over-limit`).
+    #[test]
+    fn seed_002s_classifications_and_rewordings_are_one_per_block() {
+        let blocks = json!([{"block_id": "abc123"}, {"block_id": "def456"}]);
+        let mut c = Coverage::new(
+            answers(n::KNOWLEDGE_CLASSIFICATION_SEED_002),
+            &terms("blocks", blocks),
+        )
+        .unwrap();
+        let mut lost = 0;
+        let first = json!({"block_id": "abc123", "is_knowledge": true, "confidence": 0.85});
+        assert_eq!(published(c.admit(first.clone(), &mut lost)), vec![first]);
+        assert_eq!(
+            c.admit(
+                json!({"block_id": "abc123", "is_knowledge": false, "confidence": 0.92}),
+                &mut lost
+            ),
+            Verdict::Drop("over-limit", "more than 1 object for one `block_id`".into())
+        );
+        assert_eq!(c.tally(), (2, 1, Some(vec!["def456".into()])));
+
+        // Two decisions name the block (one per page): it is reworded once.
+        let decisions = json!([
+            {"knowledge_block_id": "abc123", "page": "A", "action": "add_section",
+             "full_text": "Bounded contexts matter."},
+            {"knowledge_block_id": "abc123", "page": "B", "action": "add_under",
+             "full_text": "Bounded contexts matter."},
+        ]);
+        let mut c = Coverage::new(
+            answers(n::CONTENT_REWORDING_SEED_002),
+            &terms("decisions", decisions),
+        )
+        .unwrap();
+        let first = json!({"block_id": "abc123", "refined_text": "Bounded contexts matter."});
+        assert_eq!(published(c.admit(first.clone(), &mut lost)), vec![first]);
+        assert_eq!(
+            c.admit(
+                json!({"block_id": "abc123", "refined_text": "Contexts matter."}),
+                &mut lost
+            ),
+            Verdict::Drop("over-limit", "more than 1 object for one `block_id`".into())
+        );
+        assert_eq!(c.tally(), (1, 1, Some(vec![])));
     }
 
     #[test]

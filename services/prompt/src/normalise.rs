@@ -159,6 +159,8 @@ const REGISTRY: [(&str, Normaliser, Answers); 9] = [
         normalise_classification_seed_002,
         Answers {
             every: true,
+            // §1.1: "One classification result per block".
+            per_item: Some(1),
             ..CLASSIFICATION_ANSWERS
         },
     ),
@@ -174,6 +176,8 @@ const REGISTRY: [(&str, Normaliser, Answers); 9] = [
                 &["full_text", "hierarchical_text"],
                 LostLinks::Drop,
             )),
+            // §1.3: "Each knowledge block is reworded only once".
+            per_item: Some(1),
             ..CLASSIFICATION_ANSWERS
         },
     ),
