@@ -318,6 +318,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # The integration suites too: `test = false` leaves them out of --all-targets, and --all-targets
 # with --test '*' selects only the former's targets (cargo 1.95).
 cargo clippy --workspace --test '*' --locked -- -D warnings
+# The code's shape (docs/architecture.md#one-way-to-read-a-response-stream): no response stream
+# read by hand, no production file over 900 lines, no unexplained function over 120 lines, no
+# public Result<_, String> in a library crate. A second of perl.
+bash scripts/shape.sh --strict >/dev/null
 # The fuzz workspace has a lock file of its own, which a dependency added to a crate it fuzzes
 # leaves behind: checked here in a second, not after the fuzzing's 15 min build in the
 # background (where a stale one once failed the stage: `cargo afl build --locked`).

@@ -3,9 +3,12 @@
 //! - `POST /api/v1/{service}` (`text-completion`, `prompt`, `agent`): the request record as
 //!   the body. `Accept: application/x-ndjson` streams the gateway's events
 //!   (docs/protocol.md#gateway-events-ndjson-and-sse), one JSON object per
-//!   line, flushed per event; `Accept: text/event-stream` carries the same events as SSE;
-//!   anything else gets the final record as JSON (a non-streaming call).
-//! - `POST /api/v1/flow/{flow}/service/{service}`: TrustGraph's REST form; never streams.
+//!   line, flushed per event; `Accept: text/event-stream` carries the same events as SSE,
+//!   or, with the body's `streaming: true`, TrustGraph's records as SSE (seed 003's REST
+//!   streaming); anything else gets the final record as JSON, or the records as SSE when the
+//!   body says `streaming: true` (docs/protocol.md has the table).
+//! - `POST /api/v1/flow/{flow}/service/{service}`: TrustGraph's REST form, answered the same
+//!   way except that without an `Accept` naming a stream it answers JSON.
 //! - `GET /api/v1/socket`: TrustGraph's multiplexed WebSocket protocol.
 //! - `POST /v1/chat/completions`, `GET /v1/models`: OpenAI's dialect, for OpenAI SDKs and
 //!   tools given this gateway as their base URL (see `openai`).

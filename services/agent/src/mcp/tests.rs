@@ -2,7 +2,10 @@
 
 use std::convert::Infallible;
 
-use super::*;
+use super::{
+    reply::{BodyKind, RpcError},
+    *,
+};
 
 fn chunks(parts: &[&str]) -> impl Stream<Item = Result<Vec<u8>, Infallible>> + Unpin {
     futures::stream::iter(
