@@ -536,7 +536,8 @@ fn read_request<K: Routed>(
     Ok((caller, request, body.len()))
 }
 
-fn no_buffering(resp: &mut Response) {
+/// Headers that keep a streamed answer from being held by a cache or a proxy.
+pub(crate) fn no_buffering(resp: &mut Response) {
     let h = resp.headers_mut();
     h.insert(
         header::CACHE_CONTROL,

@@ -65,7 +65,7 @@ mod clock;
 mod counts;
 mod share;
 
-pub(crate) use self::clock::Now;
+pub(crate) use self::clock::{Now, civil_from_days};
 use self::counts::Counts;
 pub use self::share::SnapshotReader;
 

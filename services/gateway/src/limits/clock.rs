@@ -55,17 +55,25 @@ impl Now {
     }
 }
 
-/// The year and month (1-12) of a day since the epoch (Howard Hinnant's civil-from-days).
+/// The year and month (1-12) of a day since the epoch.
 pub(super) fn civil_month(days: u64) -> (u64, u64) {
+    let (y, m, _) = civil_from_days(days);
+    (y, m)
+}
+
+/// The proleptic Gregorian date (year, month 1-12, day 1-31) `days` after 1970-01-01 (Howard
+/// Hinnant's `civil_from_days`, for days since the epoch, so never negative here).
+pub(crate) fn civil_from_days(days: u64) -> (u64, u64, u64) {
     let z = days + 719_468;
     let era = z / 146_097;
-    let doe = z - era * 146_097;
+    let doe = z % 146_097;
     let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
     let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
     let mp = (5 * doy + 2) / 153;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + u64::from(m <= 2);
-    (y, m)
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (year, month, day)
 }
 
 /// Days since the epoch of a date (the inverse of [`civil_month`]'s computation).

@@ -172,7 +172,7 @@ impl IntoResponse for OllamaError {
 pub(crate) fn created_at(t: SystemTime) -> String {
     let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
     let secs = d.as_secs();
-    let (year, month, day) = civil_from_days(secs / 86_400);
+    let (year, month, day) = crate::limits::civil_from_days(secs / 86_400);
     let rem = secs % 86_400;
     format!(
         "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:09}Z",
@@ -181,21 +181,6 @@ pub(crate) fn created_at(t: SystemTime) -> String {
         rem % 60,
         d.subsec_nanos()
     )
-}
-
-/// The proleptic Gregorian date `days` after 1970-01-01 (Howard Hinnant's `civil_from_days`,
-/// for days since the epoch, so never negative here).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z % 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
-    (year, month, day)
 }
 
 /// `POST /api/chat`.
@@ -365,16 +350,11 @@ async fn stream(
         .into_stream()
         .map(|line| Ok::<_, Infallible>(Bytes::from(line)));
     let mut resp = Response::new(Body::from_stream(body));
-    let h = resp.headers_mut();
-    h.insert(
+    resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/x-ndjson"),
     );
-    h.insert(
-        header::CACHE_CONTROL,
-        HeaderValue::from_static("no-cache, no-transform"),
-    );
-    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    crate::http::no_buffering(&mut resp);
     Ok(resp)
 }
 

@@ -469,16 +469,11 @@ async fn stream(
         })
         .map(Ok::<_, Infallible>);
     let mut resp = Response::new(Body::from_stream(body));
-    let h = resp.headers_mut();
-    h.insert(
+    resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/event-stream; charset=utf-8"),
     );
-    h.insert(
-        header::CACHE_CONTROL,
-        HeaderValue::from_static("no-cache, no-transform"),
-    );
-    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    crate::http::no_buffering(&mut resp);
     request_id_header(&mut resp, &completion.id);
     resume::token_header(&mut resp, token.as_deref());
     resp
