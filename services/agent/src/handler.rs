@@ -355,6 +355,36 @@ impl Dialog<'_> {
         self.usage.out_token = add_tokens(self.usage.out_token, output);
     }
 
+    /// A tool's result taken into the dialog, the same for a ReAct action and a native call:
+    /// what it spent counted, its observation published (with steps), `step` recorded in the
+    /// request's history with that observation, and the state the tool moved the dialog to,
+    /// if any, the request's.
+    async fn observe(
+        &mut self,
+        request: &mut AgentRequest,
+        (observation, next_state, tokens): (String, Option<String>, Tokens),
+        step: AgentStep,
+    ) -> Result<(), Error> {
+        self.spent(tokens);
+        if self.steps {
+            self.send(
+                AgentMessageType::Observation,
+                observation.clone(),
+                true,
+                false,
+            )
+            .await?;
+        }
+        request.history.push(AgentStep {
+            observation,
+            ..step
+        });
+        if next_state.is_some() {
+            request.state = next_state;
+        }
+        Ok(())
+    }
+
     /// The terminal error, with the usage so far.
     async fn fail(&mut self, error: Error) -> Result<(), Error> {
         let mut record = AgentResponse::from_error(error);
@@ -846,34 +876,21 @@ impl AgentService {
         if dialog.steps {
             dialog.send_action(name.clone(), arguments.clone()).await?;
         }
-        let (observation, next_state, tokens) = self
+        let ran = self
             .run_tool(available, &name, &arguments, ctx, remaining)
             .await;
-        dialog.spent(tokens);
-        if dialog.steps {
-            dialog
-                .send(
-                    AgentMessageType::Observation,
-                    observation.clone(),
-                    true,
-                    false,
-                )
-                .await?;
-        }
-        request.history.push(AgentStep {
+        let step = AgentStep {
             thought,
             action: name,
             arguments: arguments.into_iter().collect::<BTreeMap<_, _>>(),
-            observation,
+            observation: String::new(),
             step_type: Some("react".into()),
             user: request.user.clone(),
             call_id: None,
             same_turn: false,
             call_arguments: None,
-        });
-        if next_state.is_some() {
-            request.state = next_state;
-        }
+        };
+        dialog.observe(&mut request, ran, step).await?;
         self.hand_off(dialog, &mut request).await
     }
 }

@@ -152,23 +152,12 @@ async fn observed(
     results: Vec<(String, Option<String>, Tokens)>,
     checked: Vec<Result<Map<String, Value>, String>>,
 ) -> Result<(), Error> {
-    for (n, (call, ((observation, next_state, tokens), args))) in made
+    for (n, (call, (ran, args))) in made
         .iter()
         .zip(results.into_iter().zip(checked))
         .enumerate()
     {
-        dialog.spent(tokens);
-        if dialog.steps {
-            dialog
-                .send(
-                    AgentMessageType::Observation,
-                    observation.clone(),
-                    true,
-                    false,
-                )
-                .await?;
-        }
-        request.history.push(AgentStep {
+        let step = AgentStep {
             thought: if n == 0 {
                 text.to_owned()
             } else {
@@ -177,15 +166,13 @@ async fn observed(
             action: call.name.clone(),
             arguments: args.map(|a| arguments_strings(&a)).unwrap_or_default(),
             call_arguments: Some(call.arguments.clone()),
-            observation,
+            observation: String::new(),
             step_type: Some("native".into()),
             user: request.user.clone(),
             call_id: Some(call.id.clone()),
             same_turn: n > 0,
-        });
-        if next_state.is_some() {
-            request.state = next_state;
-        }
+        };
+        dialog.observe(request, ran, step).await?;
     }
     Ok(())
 }
