@@ -131,6 +131,15 @@ impl Fake<OpenAiSeen> {
             .load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// Waits up to `timeout` (what a cancel takes to cross the gateway, the broker and the
+    /// processor to this server) for a stream's client to go away, and fails the test with
+    /// `what` if none did: a cancelled request's provider call must end.
+    pub async fn assert_abandoned(&self, timeout: Duration, what: &str) {
+        let abandoned =
+            crate::eventually(timeout, async || self.abandoned_streams(), |n| *n > 0).await;
+        assert!(abandoned > 0, "{what}");
+    }
+
     /// Lets one `gated` stream go on past its first token.
     pub fn open_gate(&self) {
         self.seen().gate.notify_one();

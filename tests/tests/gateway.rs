@@ -355,25 +355,21 @@ async fn a_client_that_disconnects_cancels_the_provider_call() {
     drop(body);
     // The gateway publishes a cancel; the processor drops the provider call, which closes
     // the connection to the fake provider.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while s.fake.abandoned_streams() == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the provider's connection was not closed after the client went away"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let m = s.processor.telemetry.render();
-        if m.contains(
-            r#"sluice_processor_requests_total{outcome="cancelled",processor="text-completion"} 1"#,
-        ) {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{m}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    s.fake
+        .assert_abandoned(
+            PATIENCE,
+            "the provider's connection was not closed after the client went away",
+        )
+        .await;
+    let cancelled =
+        r#"sluice_processor_requests_total{outcome="cancelled",processor="text-completion"} 1"#;
+    let m = sluice_tests::eventually(
+        PATIENCE,
+        async || s.processor.telemetry.render(),
+        |m| m.contains(cancelled),
+    )
+    .await;
+    assert!(m.contains(cancelled), "{m}");
     assert!(s.telemetry.render().contains(
         r#"sluice_gateway_streams_total{outcome="cancelled",route="text-completion"} 1"#
     ));
@@ -402,14 +398,12 @@ async fn a_socket_that_closes_mid_stream_cancels_the_provider_call() {
     // Mid-stream: the provider is holding the rest back. The client goes away.
     ws.close(None).await.unwrap();
     drop(ws);
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while s.fake.abandoned_streams() == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the provider's connection was not closed after the socket closed"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    s.fake
+        .assert_abandoned(
+            PATIENCE,
+            "the provider's connection was not closed after the socket closed",
+        )
+        .await;
     let m = sluice_tests::eventually(
         PATIENCE,
         async || s.processor.telemetry.render(),
@@ -448,14 +442,9 @@ async fn a_request_past_its_time_limit_ends_with_a_timeout_and_is_cancelled() {
     );
     assert_eq!(events[types.len() - 2]["error_type"], "timeout");
     assert_eq!(events[types.len() - 1]["reason"], "error");
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while s.fake.abandoned_streams() == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the provider call was not cancelled"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    s.fake
+        .assert_abandoned(PATIENCE, "the provider call was not cancelled")
+        .await;
     s.stop().await;
 }
 
@@ -1256,14 +1245,12 @@ async fn a_cancel_reaches_a_caller_still_connected_as_done_cancelled() {
     assert_eq!(types, ["status", "token", "done"], "{events:#?}");
     assert_eq!(events[2]["reason"], "cancelled");
     assert_eq!(events[2]["content"], Value::Null);
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while s.fake.abandoned_streams() == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the provider's connection was not closed after the cancel"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    s.fake
+        .assert_abandoned(
+            PATIENCE,
+            "the provider's connection was not closed after the cancel",
+        )
+        .await;
     let cancelled =
         r#"sluice_gateway_streams_total{outcome="cancelled",route="text-completion"} 1"#;
     let metrics = wait_for_metrics(|| s.telemetry.render(), |m| m.contains(cancelled)).await;

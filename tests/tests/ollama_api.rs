@@ -11,7 +11,7 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 use sluice_gateway::{Auth, keys::Keys};
 use sluice_runtime::secret::Secret;
-use sluice_tests::GatewayStack;
+use sluice_tests::{GatewayStack, wait_for_metrics};
 
 const TOKEN: &str = "ol-test-token-8c1f";
 
@@ -168,24 +168,15 @@ async fn a_client_that_disconnects_mid_stream_cancels_the_provider_call() {
     }
     assert_eq!(s.fake.abandoned_streams(), 0);
     drop(stream);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    while s.fake.abandoned_streams() == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the provider's connection was not closed after the client went away"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let m = s.telemetry.render();
-        if m.contains(r#"sluice_gateway_streams_total{outcome="cancelled",route="ollama-chat"} 1"#)
-        {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{m}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    s.fake
+        .assert_abandoned(
+            Duration::from_secs(15),
+            "the provider's connection was not closed after the client went away",
+        )
+        .await;
+    let cancelled = r#"sluice_gateway_streams_total{outcome="cancelled",route="ollama-chat"} 1"#;
+    let m = wait_for_metrics(|| s.telemetry.render(), |m| m.contains(cancelled)).await;
+    assert!(m.contains(cancelled), "{m}");
     s.stop().await;
 }
 
@@ -417,13 +408,11 @@ async fn the_official_python_client_works_against_the_gateway() {
         "{bodies:?}"
     );
     // Closing the stream early cancelled the provider call.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    while s.fake.abandoned_streams() == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "closing the stream did not cancel the provider call"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    s.fake
+        .assert_abandoned(
+            Duration::from_secs(15),
+            "closing the stream did not cancel the provider call",
+        )
+        .await;
     s.stop().await;
 }

@@ -371,24 +371,15 @@ async fn a_client_that_drops_a_stream_cancels_the_provider_call() {
     }
     assert_eq!(s.fake.abandoned_streams(), 0);
     drop(stream);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    while s.fake.abandoned_streams() == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the provider's connection was not closed after the client went away"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let m = s.telemetry.render();
-        if m.contains(r#"sluice_gateway_streams_total{outcome="cancelled",route="openai-chat"} 1"#)
-        {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{m}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    s.fake
+        .assert_abandoned(
+            Duration::from_secs(15),
+            "the provider's connection was not closed after the client went away",
+        )
+        .await;
+    let cancelled = r#"sluice_gateway_streams_total{outcome="cancelled",route="openai-chat"} 1"#;
+    let m = wait_for_metrics(|| s.telemetry.render(), |m| m.contains(cancelled)).await;
+    assert!(m.contains(cancelled), "{m}");
     s.stop().await;
 }
 
@@ -431,11 +422,9 @@ async fn time_limits_and_trace_context_apply_as_on_the_other_routes() {
     let last = text.split_terminator("\n\n").last().unwrap();
     let v: Value = serde_json::from_str(event_data(last)).unwrap();
     assert_eq!(v["error"]["code"], "timeout", "{v}");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    while s.fake.abandoned_streams() == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "not cancelled");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    s.fake
+        .assert_abandoned(Duration::from_secs(15), "not cancelled")
+        .await;
     let timeout = r#"sluice_gateway_streams_total{outcome="timeout",route="openai-chat"} 1"#;
     let m = wait_for_metrics(|| s.telemetry.render(), |m| m.contains(timeout)).await;
     assert!(m.contains(timeout), "{m}");
@@ -666,14 +655,12 @@ async fn the_official_python_sdk_works_against_the_gateway() {
         "{sent:?}"
     );
     // Closing the stream early cancelled the provider call.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    while s.fake.abandoned_streams() == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "stream.close() did not cancel the provider call"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    s.fake
+        .assert_abandoned(
+            Duration::from_secs(15),
+            "stream.close() did not cancel the provider call",
+        )
+        .await;
     s.stop().await;
 }
 

@@ -19,8 +19,8 @@ use sluice_runtime::{
 };
 use sluice_schema::{PromptRequest, PromptResponse};
 use sluice_tests::{
-    Broker, RunningProcessor, echo_config, fake_openai::FakeOpenAi, init_logging, openai_service,
-    unique_topic,
+    Broker, RunningProcessor, echo_config, eventually_every, fake_openai::FakeOpenAi, init_logging,
+    openai_service, unique_topic, wait_for_metrics,
 };
 use sluice_text_completion::providers::openai::{Dialect, OpenAiConfig};
 use tokio_util::sync::CancellationToken;
@@ -440,33 +440,23 @@ async fn templates_reload_on_file_change_without_disturbing_requests_in_flight()
             "each answer is whole: {t}"
         );
     }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let out = s.ask("say", "x", false).await;
-        if out[0].text.as_deref() == Some("v2: x") {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the change was not picked up"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let picked = eventually_every(
+        Duration::from_millis(50),
+        Duration::from_secs(10),
+        async || s.ask("say", "x", false).await[0].text.clone(),
+        |t| t.as_deref() == Some("v2: x"),
+    )
+    .await;
+    assert_eq!(
+        picked.as_deref(),
+        Some("v2: x"),
+        "the change was not picked up"
+    );
     // A broken file is refused; the last good templates stay in use.
     std::fs::write(&s.file, "{ not json").unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !s
-        .metrics
-        .render()
-        .contains(r#"sluice_prompt_template_reloads_total{outcome="failure"} 1"#)
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{}",
-            s.metrics.render()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let refused = r#"sluice_prompt_template_reloads_total{outcome="failure"} 1"#;
+    let m = wait_for_metrics(|| s.metrics.render(), |m| m.contains(refused)).await;
+    assert!(m.contains(refused), "{m}");
     assert_eq!(
         s.ask("say", "y", false).await[0].text.as_deref(),
         Some("v2: y")
@@ -594,14 +584,12 @@ async fn a_cancel_passes_through_the_prompt_processor_to_the_provider_call() {
     }
     assert_eq!(s.fake.abandoned_streams(), 0);
     drop(st);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    while s.fake.abandoned_streams() == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the provider call was not cancelled"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    s.fake
+        .assert_abandoned(
+            Duration::from_secs(15),
+            "the provider call was not cancelled",
+        )
+        .await;
     s.stop().await;
 }
 
