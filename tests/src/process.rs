@@ -60,3 +60,37 @@ pub async fn terminate(child: &mut Child, grace: Duration) -> Option<ExitStatus>
         }
     }
 }
+
+/// Runs the client script `tests/py/{script}` (a program written against another project's
+/// official client: OpenAI's SDK, Ollama's) under `python` (that client's venv, from the
+/// `scripts/*-venv.sh` the test command runs) with `settings` as its one argument, and returns
+/// the JSON it printed: what the client saw. Fails the test with the script's stderr if it
+/// exits unsuccessfully or has not finished within `timeout` (a client hung on a stream that
+/// never ends must fail the test, not hold it).
+pub async fn py_client(
+    python: &str,
+    script: &str,
+    settings: &serde_json::Value,
+    timeout: Duration,
+) -> serde_json::Value {
+    let path = format!("{}/py/{script}", env!("CARGO_MANIFEST_DIR"));
+    let run = tokio::process::Command::new(python)
+        .arg(&path)
+        .arg(settings.to_string())
+        .kill_on_drop(true)
+        .output();
+    let out = match tokio::time::timeout(timeout, run).await {
+        Ok(Ok(out)) => out,
+        Ok(Err(e)) => panic!("{python} {path}: {e}"),
+        Err(_) => panic!("{path} did not finish within {timeout:?}"),
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{path}: {}\n{stderr}", out.status);
+    match serde_json::from_slice(&out.stdout) {
+        Ok(found) => found,
+        Err(e) => panic!(
+            "{path} printed no JSON ({e}): {}\n{stderr}",
+            String::from_utf8_lossy(&out.stdout)
+        ),
+    }
+}

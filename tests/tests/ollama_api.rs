@@ -323,19 +323,13 @@ async fn the_official_python_client_works_against_the_gateway() {
     let s = stack("m-py").await;
     let settings = json!({"host": s.url(""), "api_key": TOKEN, "model": "m-py",
                           "mid_error": "error_mid_stream", "stall": "stall", "tools_model": "tools"});
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/py/ollama_client.py");
-    let out = tokio::process::Command::new(&python)
-        .arg(script)
-        .arg(settings.to_string())
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = sluice_tests::process::py_client(
+        &python,
+        "ollama_client.py",
+        &settings,
+        Duration::from_secs(300),
+    )
+    .await;
 
     let w = &r["chat_whole"];
     assert_eq!(

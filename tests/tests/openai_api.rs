@@ -1659,14 +1659,9 @@ async fn structured_output_is_held_to_the_schema_where_the_provider_cannot() {
 /// Runs `tests/py/openai_client.py` (OpenAI's Python SDK) with `settings` under `python`;
 /// its findings, once it exited successfully.
 async fn run_python_sdk(python: &str, settings: &Value) -> Value {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/py/openai_client.py");
-    let out = tokio::process::Command::new(python)
-        .arg(script)
-        .arg(settings.to_string())
-        .output()
-        .await
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    serde_json::from_slice(&out.stdout).unwrap()
+    sluice_tests::process::py_client(python, "openai_client.py", settings, CLIENT_PATIENCE).await
 }
+
+/// How long a client script may take: its scenarios run one after another, each a few
+/// streams against a fake that answers at once.
+const CLIENT_PATIENCE: Duration = Duration::from_secs(300);

@@ -136,23 +136,13 @@ async fn serve_answers_openai_clients_from_the_local_llm() {
     };
     let settings = serde_json::json!({"base_url": format!("{gateway}/v1"), "api_key": "unused",
         "model": "smollm2", "only": ["whole", "stream", "multi_turn", "not_found", "models"]});
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../tests/py/openai_client.py"
-    );
-    let out = tokio::time::timeout(
+    let r = sluice_tests::process::py_client(
+        &python,
+        "openai_client.py",
+        &settings,
         Duration::from_secs(300),
-        Command::new(&python)
-            .arg(script)
-            .arg(settings.to_string())
-            .output(),
     )
-    .await
-    .unwrap()
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    .await;
     for scenario in ["whole", "stream", "multi_turn"] {
         let content = r[scenario]["content"].as_str().unwrap_or_default();
         assert!(!content.trim().is_empty(), "{scenario}: {r}");
@@ -207,23 +197,13 @@ async fn serve_holds_the_local_llm_to_a_json_schema() {
     };
     let settings = serde_json::json!({"base_url": format!("{gateway}/v1"), "api_key": "unused",
         "model": "smollm2", "structured_model": "smollm2", "only": ["structured"]});
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../tests/py/openai_client.py"
-    );
-    let out = tokio::time::timeout(
+    let r = sluice_tests::process::py_client(
+        &python,
+        "openai_client.py",
+        &settings,
         Duration::from_secs(300),
-        Command::new(&python)
-            .arg(script)
-            .arg(settings.to_string())
-            .output(),
     )
-    .await
-    .unwrap()
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    .await;
     for how in ["parsed", "streamed"] {
         let label = r["structured"][how].as_str().unwrap_or_default();
         assert!(["blue", "grey"].contains(&label), "{how}: {r}");
