@@ -3,19 +3,16 @@
 
 use std::process::Command;
 
+mod common;
+
 /// `sluice ARGS` as a process (no Pulsar token in its environment): exit code, stdout, stderr.
 fn run(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(args)
-        .env_remove("SLUICE_PULSAR_TOKEN")
-        .env_remove("SLUICE_PULSAR_TOKEN_FILE")
-        .output()
-        .unwrap();
-    (
-        out.status.code(),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
+    let out = common::run_blocking(
+        args,
+        &[],
+        &["SLUICE_PULSAR_TOKEN", "SLUICE_PULSAR_TOKEN_FILE"],
+    );
+    ((out.code >= 0).then_some(out.code), out.stdout, out.stderr)
 }
 
 /// [`run`] with success instead of the exit code.
@@ -133,17 +130,12 @@ fn help_version_and_refused_command_lines_exit_as_documented() {
 /// `sluice ARGS` with `vars` set, as a process that must stop by itself: exit success and
 /// stderr.
 fn run_with(args: &[&str], vars: &[(&str, &str)]) -> (bool, String) {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
-    command
-        .args(args)
-        .env_remove("SLUICE_CONFIG")
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("OPENAI_API_KEY_FILE");
-    for (k, v) in vars {
-        command.env(k, v);
-    }
-    let out = command.output().unwrap();
-    (out.status.success(), String::from_utf8(out.stderr).unwrap())
+    let out = common::run_blocking(
+        args,
+        vars,
+        &["SLUICE_CONFIG", "OPENAI_API_KEY", "OPENAI_API_KEY_FILE"],
+    );
+    (out.ok(), out.stderr)
 }
 
 /// A vendor's key is sent only to the vendor: OPENAI_API_KEY set and a base URL of another

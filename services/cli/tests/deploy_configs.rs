@@ -3,10 +3,9 @@
 //! renamed option fails here, not in a cluster.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::path::{Path, PathBuf};
+
+mod common;
 
 /// The subcommand that reads `file`: deploy/serve/*.toml is `serve`, the others are named
 /// after their processor.
@@ -43,35 +42,25 @@ fn every_deploy_config_file_is_accepted_by_its_subcommand() {
         let command = subcommand(file);
         // The file is spliced in before clap parses, so unknown keys and bad values fail
         // before --help is reached.
-        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args([command, "--config"])
-            .arg(file)
-            .arg("--help")
-            .env_remove("SLUICE_CONFIG")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "sluice {command} --config {}: {}",
-            file.display(),
-            String::from_utf8_lossy(&out.stderr)
+        let path = file.display().to_string();
+        let out = common::run_blocking(
+            &[command, "--config", &path, "--help"],
+            &[],
+            &["SLUICE_CONFIG"],
         );
+        assert!(out.ok(), "sluice {command} --config {path}: {}", out.stderr);
     }
 
     // A key of another subcommand is refused.
     let bad = std::env::temp_dir().join(format!("sluice-bad-{}.toml", std::process::id()));
     std::fs::write(&bad, "model = \"m\"\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["gateway", "--config"])
-        .arg(&bad)
-        .arg("--help")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
+    let bad_path = bad.display().to_string();
+    let out = common::run_blocking(&["gateway", "--config", &bad_path, "--help"], &[], &[]);
+    assert!(!out.ok());
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("unknown key \"model\""),
+        out.stderr.contains("unknown key \"model\""),
         "{}",
-        String::from_utf8_lossy(&out.stderr)
+        out.stderr
     );
     std::fs::remove_file(&bad).unwrap();
 }

@@ -484,20 +484,22 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
 
     // The usage ledger, read with `sluice usage`: a record per admitted request under its
     // key's name, and the tokens its callers were told. The topic was given a retention.
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["usage", "--summary", "--topic", &usage_topic])
-        .args(["--pulsar-url", &broker.url])
-        .env_remove("SLUICE_CONFIG")
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let totals: Vec<serde_json::Value> = String::from_utf8(out.stdout)
-        .unwrap()
+    let out = common::run(
+        &[
+            "usage",
+            "--summary",
+            "--topic",
+            &usage_topic,
+            "--pulsar-url",
+            &broker.url,
+        ],
+        &[],
+        &["SLUICE_CONFIG"],
+    )
+    .await;
+    assert!(out.ok(), "{}", out.stderr);
+    let totals: Vec<serde_json::Value> = out
+        .stdout
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();

@@ -3,21 +3,20 @@
 //! its answer. A 135M model answers poorly: this checks the protocol and usage, not prose.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{process::Stdio, time::Duration};
+use std::time::Duration;
 
-use tokio::{
-    io::{AsyncBufReadExt, BufReader},
-    process::Command,
-};
+use common::Sluice;
+
+mod common;
 
 /// `sluice serve` with the local-LLM config, answering at most `max_tokens` tokens; returns
 /// the process and the gateway's address.
-async fn serve(max_tokens: &str) -> (tokio::process::Child, String) {
+async fn serve(max_tokens: &str) -> (Sluice, String) {
     let url = std::env::var("SLUICE_LLM_URL").unwrap_or_else(|_| "http://127.0.0.1:8766".into());
     let key = std::env::var("SLUICE_LLM_API_KEY")
         .expect("the test command sets SLUICE_LLM_API_KEY and starts the local LLM with it");
-    let mut serve = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
+    let mut serve = Sluice::spawn(
+        &[
             "serve",
             "--config",
             concat!(
@@ -32,21 +31,11 @@ async fn serve(max_tokens: &str) -> (tokio::process::Child, String) {
             "127.0.0.1:0",
             "--max-output-tokens",
             max_tokens,
-        ])
-        .env("SLUICE_LLM_API_KEY", &key)
-        .env_remove("SLUICE_CONFIG")
-        .env_remove("SLUICE_GATEWAY_TOKEN")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(serve.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+        ],
+        &[("SLUICE_LLM_API_KEY", &key)],
+        &["SLUICE_CONFIG", "SLUICE_GATEWAY_TOKEN"],
+    );
+    let line = serve.stdout_line("gateway on ").await;
     let gateway = line
         .split("gateway on ")
         .nth(1)
@@ -59,27 +48,23 @@ async fn serve(max_tokens: &str) -> (tokio::process::Child, String) {
 #[tokio::test]
 async fn serve_streams_a_real_local_llm_answer_to_invoke() {
     let (_serve, gateway) = serve("24").await;
-    let out = tokio::time::timeout(
+    let out = common::run_within(
         Duration::from_secs(180),
-        Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args([
-                "invoke",
-                "-u",
-                &gateway,
-                "--show-usage",
-                "llm",
-                "You are a helpful assistant.",
-                "Name a colour.",
-            ])
-            .env_remove("SLUICE_TOKEN")
-            .output(),
+        &[
+            "invoke",
+            "-u",
+            &gateway,
+            "--show-usage",
+            "llm",
+            "You are a helpful assistant.",
+            "Name a colour.",
+        ],
+        &[],
+        &["SLUICE_TOKEN"],
     )
-    .await
-    .unwrap()
-    .unwrap();
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    let stderr = String::from_utf8(out.stderr).unwrap();
-    assert!(out.status.success(), "{stderr}");
+    .await;
+    let (stdout, stderr) = (out.stdout, out.stderr);
+    assert!(out.code == 0, "{stderr}");
     assert!(!stdout.trim().is_empty(), "an answer was printed");
     let count = |label: &str| -> u64 {
         stderr

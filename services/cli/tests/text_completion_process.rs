@@ -118,19 +118,18 @@ async fn the_processor_process_streams_keeps_its_key_secret_and_drains_on_sigter
 
 #[test]
 fn a_missing_base_url_is_a_clear_error() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
+    let out = common::run_blocking(
+        &[
             "text-completion",
             "--provider",
             "openai-compatible",
             "--in-process",
-        ])
-        .env_remove("SLUICE_BASE_URL")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8(out.stderr).unwrap();
-    assert!(err.contains("--base-url"), "{err}");
+        ],
+        &[],
+        &["SLUICE_BASE_URL"],
+    );
+    assert!(!out.ok());
+    assert!(out.stderr.contains("--base-url"), "{}", out.stderr);
 }
 
 /// A retry policy that cannot be read (here from the environment) stops the processor at
@@ -138,8 +137,8 @@ fn a_missing_base_url_is_a_clear_error() {
 #[test]
 fn a_bad_retry_policy_is_a_clear_error_at_start() {
     let run = |retry: &str| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args([
+        common::run_blocking(
+            &[
                 "text-completion",
                 "--provider",
                 "openai-compatible",
@@ -150,11 +149,10 @@ fn a_bad_retry_policy_is_a_clear_error_at_start() {
                 "--in-process",
                 "--metrics-addr",
                 "127.0.0.1:0",
-            ])
-            .env("SLUICE_RETRY", retry)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .unwrap()
+            ],
+            &[("SLUICE_RETRY", retry)],
+            &[],
+        )
     };
     for (retry, says) in [
         (
@@ -165,9 +163,8 @@ fn a_bad_retry_policy_is_a_clear_error_at_start() {
         ("delay=2", "give a unit: 250ms or 2s"),
     ] {
         let out = run(retry);
-        assert_eq!(out.status.code(), Some(1), "{retry}");
-        let err = String::from_utf8(out.stderr).unwrap();
-        assert!(err.contains(says), "{retry}: {err}");
+        assert_eq!(out.code, 1, "{retry}");
+        assert!(out.stderr.contains(says), "{retry}: {}", out.stderr);
     }
 }
 

@@ -156,33 +156,77 @@ impl Sluice {
     }
 }
 
-/// The result of one `sluice invoke`.
+/// What one `sluice` run to its end left: its exit code (-1 when a signal ended it), stdout
+/// and stderr.
 pub struct Invoked {
     pub code: i32,
     pub stdout: String,
     pub stderr: String,
 }
 
-/// Runs `sluice invoke ARGS` with `env`, without the caller's token, URL or log settings.
-pub async fn invoke(args: &[&str], env: &[(&str, &str)]) -> Invoked {
+impl Invoked {
+    /// Whether it exited with 0.
+    pub fn ok(&self) -> bool {
+        self.code == 0
+    }
+}
+
+/// How long a one-shot `sluice` run (`--help`, a refused start-up, `topics`, `usage`,
+/// `invoke` against a fake) may take before the test fails as hung: such a run takes well
+/// under a second, seconds on a busy machine.
+pub const ONE_SHOT: Duration = Duration::from_secs(120);
+
+/// Runs `sluice ARGS` to its end, with `env` added to and `remove` removed from the test's
+/// environment, its output captured; fails the test if it has not exited within `patience`
+/// (the process is killed then).
+pub async fn run_within(
+    patience: Duration,
+    args: &[&str],
+    env: &[(&str, &str)],
+    remove: &[&str],
+) -> Invoked {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
-    cmd.arg("invoke")
-        .args(args)
-        .env_remove("SLUICE_TOKEN")
-        .env_remove("SLUICE_URL")
-        .env_remove("RUST_LOG");
+    cmd.args(args).stdin(Stdio::null()).kill_on_drop(true);
+    for k in remove {
+        cmd.env_remove(k);
+    }
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+    let out = tokio::time::timeout(patience, cmd.output())
         .await
-        .expect("invoke finishes")
+        .unwrap_or_else(|_| panic!("sluice {args:?} did not exit within {patience:?}"))
         .unwrap();
     Invoked {
         code: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8(out.stdout).unwrap(),
         stderr: String::from_utf8(out.stderr).unwrap(),
     }
+}
+
+/// [`run_within`] [`ONE_SHOT`].
+pub async fn run(args: &[&str], env: &[(&str, &str)], remove: &[&str]) -> Invoked {
+    run_within(ONE_SHOT, args, env, remove).await
+}
+
+/// [`run`] from a test that is not async.
+pub fn run_blocking(args: &[&str], env: &[(&str, &str)], remove: &[&str]) -> Invoked {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(run(args, env, remove))
+}
+
+/// The environment `sluice invoke` is run without: the caller's token, URL and log settings.
+pub const INVOKE_CLEAN: [&str; 3] = ["SLUICE_TOKEN", "SLUICE_URL", "RUST_LOG"];
+
+/// Runs `sluice invoke ARGS` with `env`, without [`INVOKE_CLEAN`].
+pub async fn invoke(args: &[&str], env: &[(&str, &str)]) -> Invoked {
+    let args: Vec<&str> = std::iter::once("invoke")
+        .chain(args.iter().copied())
+        .collect();
+    run_within(Duration::from_secs(60), &args, env, &INVOKE_CLEAN).await
 }
 
 /// One row of the metrics table (`docs/metrics.md`).
