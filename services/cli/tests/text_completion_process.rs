@@ -14,25 +14,14 @@ use common::Sluice;
 
 const KEY: &str = "sk-from-the-environment-only";
 
-/// Waits up to 30 s for the processor's `/readyz` on `port`; fails if it exits first.
-async fn ready(child: &mut tokio::process::Child, port: u16) {
-    sluice_tests::process::ready(
-        child,
-        &format!("http://127.0.0.1:{port}/readyz"),
-        Duration::from_secs(30),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("the processor {e}"));
-}
-
 #[tokio::test]
 async fn the_processor_process_streams_keeps_its_key_secret_and_drains_on_sigterm() {
     let broker = Broker::from_env().await;
     let fake = FakeOpenAi::start().await;
     let (req, resp) = (unique_topic("cli-tc-req"), unique_topic("cli-tc-resp"));
     let port = free_port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
+    let mut child = Sluice::spawn(
+        &[
             "text-completion",
             "--provider",
             "openai-compatible",
@@ -50,15 +39,13 @@ async fn the_processor_process_streams_keeps_its_key_secret_and_drains_on_sigter
             &resp,
             "--metrics-addr",
             &format!("127.0.0.1:{port}"),
-        ])
-        .env("SLUICE_LLM_API_KEY", KEY)
-        .env("RUST_LOG", "debug")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    ready(&mut child, port).await;
+        ],
+        &[("SLUICE_LLM_API_KEY", KEY), ("RUST_LOG", "debug")],
+        &[],
+    );
+    child
+        .ready(&format!("http://127.0.0.1:{port}/readyz"))
+        .await;
 
     let client = text_client(broker.bus().await, &req, &resp).await;
     let mut stream = client
@@ -90,20 +77,9 @@ async fn the_processor_process_streams_keeps_its_key_secret_and_drains_on_sigter
     assert!(metrics.contains("sluice_llm_requests_total"));
     assert!(!metrics.contains(KEY));
 
-    assert!(sluice_tests::process::signal(child.id().unwrap(), "TERM"));
-    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(status.code(), Some(0));
-    let mut logs = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut logs)
-        .await
-        .unwrap();
+    let stopped = child.stop().await;
+    assert_eq!(stopped.status.code(), Some(0));
+    let logs = stopped.stderr;
     assert!(
         logs.contains("llm_request_started") && logs.contains("llm_request_completed"),
         "{logs}"
@@ -187,8 +163,12 @@ async fn the_bedrock_processor_signs_with_sigv4_and_never_logs_its_credentials()
     std::fs::write(&token_file, TOKEN).unwrap();
     let (req, resp) = (unique_topic("cli-br-req"), unique_topic("cli-br-resp"));
     let port = free_port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
+    let (secret_path, token_path) = (
+        secret_file.display().to_string(),
+        token_file.display().to_string(),
+    );
+    let mut child = Sluice::spawn(
+        &[
             "text-completion",
             "--provider",
             "bedrock",
@@ -208,23 +188,25 @@ async fn the_bedrock_processor_signs_with_sigv4_and_never_logs_its_credentials()
             &resp,
             "--metrics-addr",
             &format!("127.0.0.1:{port}"),
-        ])
-        .env_remove("AWS_BEARER_TOKEN_BEDROCK")
-        .env_remove("AWS_SECRET_ACCESS_KEY")
-        .env_remove("AWS_SESSION_TOKEN")
-        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID)
-        .env("AWS_SECRET_ACCESS_KEY_FILE", &secret_file)
-        .env("AWS_SESSION_TOKEN_FILE", &token_file)
-        .env(
-            "RUST_LOG",
-            "debug,aws_sigv4=trace,aws_credential_types=trace,aws_smithy_types=trace",
-        )
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    ready(&mut child, port).await;
+        ],
+        &[
+            ("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID),
+            ("AWS_SECRET_ACCESS_KEY_FILE", &secret_path),
+            ("AWS_SESSION_TOKEN_FILE", &token_path),
+            (
+                "RUST_LOG",
+                "debug,aws_sigv4=trace,aws_credential_types=trace,aws_smithy_types=trace",
+            ),
+        ],
+        &[
+            "AWS_BEARER_TOKEN_BEDROCK",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN",
+        ],
+    );
+    child
+        .ready(&format!("http://127.0.0.1:{port}/readyz"))
+        .await;
     let client = text_client(broker.bus().await, &req, &resp).await;
     let records = client
         .call(&TextCompletionRequest {
@@ -247,20 +229,9 @@ async fn the_bedrock_processor_signs_with_sigv4_and_never_logs_its_credentials()
         .text()
         .await
         .unwrap();
-    assert!(sluice_tests::process::signal(child.id().unwrap(), "TERM"));
-    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(status.code(), Some(0));
-    let mut logs = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut logs)
-        .await
-        .unwrap();
+    let stopped = child.stop().await;
+    assert_eq!(stopped.status.code(), Some(0));
+    let logs = stopped.stderr;
     assert!(logs.contains("llm_request_completed"), "{logs}");
     for secret in [SECRET_ACCESS_KEY, TOKEN] {
         assert!(!logs.contains(secret), "a credential reached the logs");
