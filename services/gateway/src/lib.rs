@@ -629,6 +629,9 @@ pub(crate) fn http_span(method: &str, path: &str, incoming: Option<&str>) -> tra
 }
 
 #[cfg(test)]
+mod testing;
+
+#[cfg(test)]
 mod tests {
     use sluice_runtime::{bus::memory::MemoryBus, testkit::ServiceStub};
     use sluice_schema::TextCompletionResponse;

@@ -7,155 +7,16 @@
 
 use std::time::Duration;
 
-use axum::{
-    Router,
-    body::Body,
-    http::{Request, Response, StatusCode},
-};
+use axum::http::StatusCode;
 use futures::StreamExt;
 use serde_json::{Value, json};
-use sluice_runtime::{
-    bus::{Bus, SubscribeOptions, Subscription, memory::MemoryBus},
-    telemetry::Telemetry,
-    testkit::ServiceStub,
-};
-use sluice_schema::{
-    Error, ErrorKind, ModelInfo, ResponseRecord, TextCompletionRequest, TextCompletionResponse,
-    properties,
-};
-use tower::ServiceExt;
+use sluice_schema::{Error, ErrorKind, ResponseRecord, TextCompletionResponse, properties};
 
-use crate::Gateway;
-
-/// A gateway serving text-completion on the in-process bus, its other side held by the test.
-struct Rig {
-    /// Text-completion, as the gateway sees it.
-    llm: ServiceStub,
-    /// The cancels the gateway sends.
-    cancels: Box<dyn Subscription>,
-    router: Router,
-    telemetry: Telemetry,
-}
-
-impl Rig {
-    async fn start() -> Rig {
-        let bus = MemoryBus::new(1 << 20, 1000);
-        let llm = ServiceStub::start(&bus, "tc-req", "tc-resp").await;
-        let cancels = bus
-            .subscribe("tc-cancel", "stub", SubscribeOptions::shared(16))
-            .await
-            .unwrap();
-        let telemetry = Telemetry::new().unwrap();
-        let gateway = Gateway::start(
-            std::sync::Arc::new(bus.clone()),
-            crate::tests::serving_text_completion(),
-            &telemetry,
-        )
-        .await
-        .unwrap();
-        Rig {
-            llm,
-            cancels,
-            router: gateway.router(),
-            telemetry,
-        }
-    }
-
-    /// Sends `body` to `path` with `headers`; the answer is awaited by the caller, while the
-    /// test plays text-completion.
-    fn post(
-        &self,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: Value,
-    ) -> tokio::task::JoinHandle<Response<Body>> {
-        let mut req = Request::post(path)
-            .header("host", "localhost")
-            .header("content-type", "application/json");
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        let req = req.body(Body::from(body.to_string())).unwrap();
-        let router = self.router.clone();
-        tokio::spawn(async move { router.oneshot(req).await.unwrap() })
-    }
-
-    /// The next request the gateway sent to text-completion, and its bus id.
-    async fn request(&mut self) -> (String, TextCompletionRequest) {
-        self.llm.request().await
-    }
-
-    /// Answers the `list-models` request the OpenAI route checks a model with.
-    async fn serve_models(&mut self) {
-        let (id, request) = self.request().await;
-        assert_eq!(request.operation.as_deref(), Some("list-models"));
-        let models = TextCompletionResponse {
-            end_of_stream: true,
-            models: vec![ModelInfo {
-                id: "routed".into(),
-                ..ModelInfo::default()
-            }],
-            ..TextCompletionResponse::default()
-        };
-        self.llm.answer(&id, "m1", &models).await;
-    }
-
-    /// Publishes `record` for bus id `id` as attempt `attempt`.
-    async fn answer(&self, id: &str, attempt: &str, record: TextCompletionResponse) {
-        self.llm.answer(id, attempt, &record).await;
-    }
-
-    /// Whether the metrics show `line` (a sample and its value), waiting for a stream that
-    /// ends as its body is dropped (by another task: how soon depends on the machine, so the
-    /// bound, 30 s, only ends a wait that would never succeed).
-    async fn shows(&self, line: &str) -> bool {
-        for _ in 0..3_000 {
-            if self.telemetry.render().lines().any(|l| l == line) {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        false
-    }
-
-    /// Asserts that one stream of `route` ended with `outcome` and none is open.
-    async fn stream_counted(&self, route: &str, outcome: &str) {
-        let total =
-            format!(r#"sluice_gateway_streams_total{{outcome="{outcome}",route="{route}"}} 1"#);
-        assert!(self.shows(&total).await, "{total}");
-        let open = format!(r#"sluice_gateway_open_streams{{route="{route}"}} 0"#);
-        assert!(self.shows(&open).await, "{open}");
-    }
-}
-
-fn piece(text: &str, end: bool) -> TextCompletionResponse {
-    TextCompletionResponse {
-        response: text.to_owned(),
-        end_of_stream: end,
-        in_token: Some(2),
-        out_token: Some(1),
-        ..TextCompletionResponse::default()
-    }
-}
+use crate::testing::{Rig, body, lines, piece};
 
 fn chat(stream: bool) -> Value {
     json!({"model": "routed", "stream": stream, "stream_options": {"include_usage": true},
            "messages": [{"role": "user", "content": "hi"}]})
-}
-
-/// The whole body, as text.
-async fn body(resp: Response<Body>) -> String {
-    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
-        .await
-        .unwrap();
-    String::from_utf8(bytes.to_vec()).unwrap()
-}
-
-/// The NDJSON events of a body, as JSON.
-fn lines(body: &str) -> Vec<Value> {
-    body.lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 /// The data of an OpenAI stream's events, as JSON (`[DONE]` as a string).

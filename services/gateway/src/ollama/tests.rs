@@ -6,131 +6,22 @@
 use std::{sync::Arc, time::Duration};
 
 use axum::{
-    Router,
     body::Body,
-    http::{Request, Response, StatusCode, header},
+    http::{Request, StatusCode, header},
 };
 use futures::StreamExt;
 use serde_json::{Value, json};
-use sluice_runtime::{
-    bus::{Bus, SubscribeOptions, Subscription, memory::MemoryBus},
-    telemetry::Telemetry,
-    testkit::ServiceStub,
-};
+use sluice_runtime::{bus::memory::MemoryBus, telemetry::Telemetry};
 use sluice_schema::{
-    Error, ErrorKind, ModelInfo, ResponseRecord, TextCompletionRequest, TextCompletionResponse,
-    ToolCallDelta, properties,
+    Error, ErrorKind, ResponseRecord, TextCompletionResponse, ToolCallDelta, properties,
 };
 use tower::ServiceExt;
 
 use super::*;
-use crate::{Gateway, GatewayConfig};
-
-struct Rig {
-    llm: ServiceStub,
-    cancels: Box<dyn Subscription>,
-    router: Router,
-    telemetry: Telemetry,
-}
-
-impl Rig {
-    async fn start() -> Rig {
-        let bus = MemoryBus::new(1 << 20, 1000);
-        let llm = ServiceStub::start(&bus, "tc-req", "tc-resp").await;
-        let cancels = bus
-            .subscribe("tc-cancel", "stub", SubscribeOptions::shared(16))
-            .await
-            .unwrap();
-        let telemetry = Telemetry::new().unwrap();
-        let gateway = Gateway::start(
-            Arc::new(bus.clone()),
-            crate::tests::serving_text_completion(),
-            &telemetry,
-        )
-        .await
-        .unwrap();
-        Rig {
-            llm,
-            cancels,
-            router: gateway.router(),
-            telemetry,
-        }
-    }
-
-    fn post(&self, path: &str, body: Value) -> tokio::task::JoinHandle<Response<Body>> {
-        let req = Request::post(path)
-            .header("host", "localhost")
-            .header("content-type", "application/json")
-            .body(Body::from(body.to_string()))
-            .unwrap();
-        let router = self.router.clone();
-        tokio::spawn(async move { router.oneshot(req).await.unwrap() })
-    }
-
-    /// Answers the `list-models` request the model is checked with (`routed` is served).
-    async fn serve_models(&mut self) {
-        let (id, request): (String, TextCompletionRequest) = self.llm.request().await;
-        assert_eq!(request.operation.as_deref(), Some("list-models"));
-        let models = TextCompletionResponse {
-            end_of_stream: true,
-            models: vec![ModelInfo {
-                id: "routed".into(),
-                ..ModelInfo::default()
-            }],
-            ..TextCompletionResponse::default()
-        };
-        self.llm.answer(&id, "m1", &models).await;
-    }
-
-    async fn request(&mut self) -> (String, TextCompletionRequest) {
-        self.llm.request().await
-    }
-
-    async fn answer(&self, id: &str, record: TextCompletionResponse) {
-        self.answer_as(id, "a1", record).await;
-    }
-
-    /// Publishes `record` for `id` as attempt `attempt` (a new attempt is a restart).
-    async fn answer_as(&self, id: &str, attempt: &str, record: TextCompletionResponse) {
-        self.llm.answer(id, attempt, &record).await;
-    }
-
-    /// Whether the metrics show `line`, waiting for a stream that ends as its body is dropped
-    /// by another task (the bound, 30 s, only ends a wait that would never succeed).
-    async fn shows(&self, line: &str) -> bool {
-        for _ in 0..3_000 {
-            if self.telemetry.render().lines().any(|l| l == line) {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        false
-    }
-}
-
-fn piece(text: &str, end: bool) -> TextCompletionResponse {
-    TextCompletionResponse {
-        response: text.to_owned(),
-        end_of_stream: end,
-        in_token: Some(2),
-        out_token: Some(1),
-        ..TextCompletionResponse::default()
-    }
-}
-
-async fn text(resp: Response<Body>) -> String {
-    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
-        .await
-        .unwrap();
-    String::from_utf8(bytes.to_vec()).unwrap()
-}
-
-fn lines(body: &str) -> Vec<Value> {
-    assert!(body.ends_with('\n'), "{body:?}");
-    body.lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
+use crate::{
+    Gateway, GatewayConfig,
+    testing::{Rig, body as text, lines, piece},
+};
 
 /// Without `stream`, the answer streams (Ollama's default): a line per piece of text, then
 /// `done: true` with the reason and the counts; `options` reach the request.
@@ -139,6 +30,7 @@ async fn a_chat_streams_by_default_as_ollama_lines_ending_with_done() {
     let mut rig = Rig::start().await;
     let call = rig.post(
         "/api/chat",
+        &[],
         json!({"model": "routed:latest", "messages": [{"role": "user", "content": "hi"}],
                "options": {"temperature": 0.3, "num_ctx": 8192, "num_predict": 9}}),
     );
@@ -148,10 +40,10 @@ async fn a_chat_streams_by_default_as_ollama_lines_ending_with_done() {
     assert_eq!(sent.model.as_deref(), Some("routed"), "the tag dropped");
     assert_eq!((sent.temperature, sent.max_tokens), (Some(0.3), Some(9)));
     assert_eq!(sent.prompt, "hi");
-    rig.answer(&id, piece("Hel", false)).await;
+    rig.answer(&id, "a1", piece("Hel", false)).await;
     let mut end = piece("lo", true);
     end.finish_reason = Some("length".into());
-    rig.answer(&id, end).await;
+    rig.answer(&id, "a1", end).await;
     let resp = call.await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(resp.headers()[header::CONTENT_TYPE], "application/x-ndjson");
@@ -193,6 +85,7 @@ async fn whole_answers_are_one_object_and_generate_says_response() {
     let mut rig = Rig::start().await;
     let call = rig.post(
         "/api/generate",
+        &[],
         json!({"model": "routed", "prompt": "hi", "system": "be brief", "stream": false}),
     );
     rig.serve_models().await;
@@ -202,7 +95,7 @@ async fn whole_answers_are_one_object_and_generate_says_response() {
         (sent.system.as_str(), sent.prompt.as_str()),
         ("be brief", "hi")
     );
-    rig.answer(&id, piece("Hello", true)).await;
+    rig.answer(&id, "a1", piece("Hello", true)).await;
     let resp = call.await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     let v: Value = serde_json::from_str(&text(resp).await).unwrap();
@@ -220,8 +113,7 @@ async fn whole_answers_are_one_object_and_generate_says_response() {
 #[tokio::test]
 async fn tool_calls_are_sent_whole_with_object_arguments() {
     let mut rig = Rig::start().await;
-    let call = rig.post(
-        "/api/chat",
+    let call = rig.post("/api/chat", &[],
         json!({"model": "routed", "messages": [{"role": "user", "content": "weather?"}],
                "tools": [{"type": "function", "function": {"name": "get_weather",
                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]}),
@@ -241,7 +133,7 @@ async fn tool_calls_are_sent_whole_with_object_arguments() {
         }],
         ..TextCompletionResponse::default()
     };
-    rig.answer(&id, first).await;
+    rig.answer(&id, "a1", first).await;
     let mut last = piece("", true);
     last.tool_calls = vec![ToolCallDelta {
         index: 0,
@@ -249,7 +141,7 @@ async fn tool_calls_are_sent_whole_with_object_arguments() {
         ..ToolCallDelta::default()
     }];
     last.finish_reason = Some("tool_calls".into());
-    rig.answer(&id, last).await;
+    rig.answer(&id, "a1", last).await;
     let lines = lines(&text(call.await.unwrap()).await);
     assert_eq!(lines.len(), 2, "{lines:?}");
     assert_eq!(
@@ -270,23 +162,28 @@ async fn errors_are_a_status_before_the_first_line_and_an_error_line_after() {
     let mut rig = Rig::start().await;
     let call = rig.post(
         "/api/chat",
+        &[],
         json!({"model": "routed", "messages": [{"role": "user", "content": "hi"}]}),
     );
     rig.serve_models().await;
     let (id, _) = rig.request().await;
     let refused = Error::new(ErrorKind::TooManyRequests, "the provider is rate limited");
-    rig.answer(&id, TextCompletionResponse::from_error(refused))
+    rig.answer(&id, "a1", TextCompletionResponse::from_error(refused))
         .await;
     let resp = call.await.unwrap();
     assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
     let v: Value = serde_json::from_str(&text(resp).await).unwrap();
     assert_eq!(v, json!({"error": "the provider is rate limited"}));
 
-    let call = rig.post("/api/generate", json!({"model": "routed", "prompt": "hi"}));
+    let call = rig.post(
+        "/api/generate",
+        &[],
+        json!({"model": "routed", "prompt": "hi"}),
+    );
     let (id, _) = rig.request().await;
-    rig.answer(&id, piece("Hel", false)).await;
+    rig.answer(&id, "a1", piece("Hel", false)).await;
     let broke = Error::new(ErrorKind::Llm, "model overloaded");
-    rig.answer(&id, TextCompletionResponse::from_error(broke))
+    rig.answer(&id, "a1", TextCompletionResponse::from_error(broke))
         .await;
     let resp = call.await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
@@ -306,22 +203,22 @@ async fn errors_are_a_status_before_the_first_line_and_an_error_line_after() {
 async fn a_restart_starts_over_before_the_first_line_and_ends_the_stream_after_it() {
     let mut rig = Rig::start().await;
     let ask = json!({"model": "routed", "messages": [{"role": "user", "content": "hi"}]});
-    let call = rig.post("/api/chat", ask.clone());
+    let call = rig.post("/api/chat", &[], ask.clone());
     rig.serve_models().await;
     let (id, _) = rig.request().await;
     let mut silent = piece("", false);
     silent.in_token = Some(50);
-    rig.answer_as(&id, "a1", silent).await;
-    rig.answer_as(&id, "a2", piece("full", true)).await;
+    rig.answer(&id, "a1", silent).await;
+    rig.answer(&id, "a2", piece("full", true)).await;
     let got = lines(&text(call.await.unwrap()).await);
     assert_eq!(got.len(), 2, "{got:?}");
     assert_eq!(got[0]["message"]["content"], "full");
     assert_eq!(got[1]["prompt_eval_count"], 2, "the new attempt's alone");
 
-    let call = rig.post("/api/chat", ask);
+    let call = rig.post("/api/chat", &[], ask);
     let (id, _) = rig.request().await;
-    rig.answer_as(&id, "a1", piece("par", false)).await;
-    rig.answer_as(&id, "a2", piece("full", true)).await;
+    rig.answer(&id, "a1", piece("par", false)).await;
+    rig.answer(&id, "a2", piece("full", true)).await;
     let got = lines(&text(call.await.unwrap()).await);
     assert_eq!(got.len(), 2, "{got:?}");
     assert_eq!(got[0]["message"]["content"], "par");
@@ -335,11 +232,12 @@ async fn a_caller_that_goes_away_cancels_the_request() {
     let mut rig = Rig::start().await;
     let call = rig.post(
         "/api/chat",
+        &[],
         json!({"model": "routed", "messages": [{"role": "user", "content": "hi"}]}),
     );
     rig.serve_models().await;
     let (id, _) = rig.request().await;
-    rig.answer(&id, piece("Hel", false)).await;
+    rig.answer(&id, "a1", piece("Hel", false)).await;
     let resp = call.await.unwrap();
     let mut body = resp.into_body().into_data_stream();
     let first = body.next().await.unwrap().unwrap();
@@ -365,6 +263,7 @@ async fn an_unknown_model_is_a_404_and_an_empty_request_a_load() {
     let mut rig = Rig::start().await;
     let call = rig.post(
         "/api/chat",
+        &[],
         json!({"model": "nope", "messages": [{"role": "user", "content": "hi"}]}),
     );
     rig.serve_models().await;
@@ -377,7 +276,7 @@ async fn an_unknown_model_is_a_404_and_an_empty_request_a_load() {
         ("/api/generate", json!({"model": "routed"})),
     ] {
         let v: Value =
-            serde_json::from_str(&text(rig.post(path, body).await.unwrap()).await).unwrap();
+            serde_json::from_str(&text(rig.post(path, &[], body).await.unwrap()).await).unwrap();
         assert_eq!(
             (v["done"].as_bool(), v["done_reason"].as_str()),
             (Some(true), Some("load")),
