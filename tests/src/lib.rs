@@ -25,6 +25,7 @@ pub mod fake_oauth2;
 pub mod fake_ollama;
 pub mod fake_openai;
 pub mod fake_otlp;
+pub mod keys;
 pub mod mcp_server;
 pub mod metrics_text;
 pub mod process;

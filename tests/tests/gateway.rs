@@ -16,8 +16,8 @@ use sluice_runtime::{
     telemetry::Telemetry,
 };
 use sluice_tests::{
-    Broker, GatewayStack as Stack, PATIENCE, RunningProcessor, sse_event_id, stream_pieces,
-    unique_topic, wait_for_metrics,
+    Broker, GatewayStack as Stack, PATIENCE, RunningProcessor, keys::KeysFile, sse_event_id,
+    stream_pieces, unique_topic, wait_for_metrics,
 };
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 
@@ -1590,16 +1590,6 @@ async fn on_the_in_process_bus_streams_carry_no_resume_token_and_a_resume_is_ref
 
 #[tokio::test]
 async fn api_keys_are_limited_on_every_route_in_its_own_error_shape() {
-    use sluice_gateway::keys::{Keys, hash_hex};
-    let dir = std::env::temp_dir().join(format!("sluice-gw-keys-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("keys.toml");
-    let key = |name: &str, secret: &str, rest: &str| {
-        format!(
-            "[[keys]]\nname = \"{name}\"\nsha256 = \"{}\"\n{rest}\n",
-            hash_hex(secret)
-        )
-    };
     // The fake answers with 11 input and 3 output tokens, 14 in all. A request reserves 1
     // (reserve_tokens) and about a token for every 4 bytes of its body: 12 with this body. A
     // minute of 2 * 14 + 12 - 1 tokens leaves room for 2 requests settled with what they used,
@@ -1607,19 +1597,14 @@ async fn api_keys_are_limited_on_every_route_in_its_own_error_shape() {
     let reserve = 1 + serde_json::to_vec(&request()).unwrap().len().div_ceil(4);
     let tpm = 2 * 14 + reserve - 1;
     assert!(3 * reserve <= tpm, "{reserve}");
-    std::fs::write(
-        &path,
-        key("two", "sk-two", "requests_per_minute = 2")
-            + &key("one", "sk-one", "requests_per_minute = 1")
-            + &key(
-                "tokens",
-                "sk-tokens",
-                &format!("tokens_per_minute = {tpm}\nreserve_tokens = 1"),
-            )
-            + &key("agents", "sk-agents", "services = [\"agent\"]"),
-    )
-    .unwrap();
-    let keys = Arc::new(Keys::load(&path).unwrap());
+    let tokens = format!("tokens_per_minute = {tpm}\nreserve_tokens = 1");
+    let keys_file = KeysFile::new(&[
+        ("two", "sk-two", "requests_per_minute = 2"),
+        ("one", "sk-one", "requests_per_minute = 1"),
+        ("tokens", "sk-tokens", &tokens),
+        ("agents", "sk-agents", "services = [\"agent\"]"),
+    ]);
+    let keys = Arc::new(keys_file.load());
     let s = Stack::start("normal", move |c| {
         c.auth = Auth::new(Some(Secret::new(TOKEN))).with_keys(keys.clone());
     })
@@ -1740,33 +1725,6 @@ async fn api_keys_are_limited_on_every_route_in_its_own_error_shape() {
         );
     }
     s.stop().await;
-    std::fs::remove_dir_all(&dir).unwrap();
-}
-
-/// A keys file of `entries` (name, key, further lines) in a new directory; remove the
-/// directory at the end.
-fn keys_file(entries: &[(&str, &str, &str)]) -> (std::path::PathBuf, std::path::PathBuf) {
-    let dir = std::env::temp_dir().join(format!("sluice-gw-keys-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("keys.toml");
-    write_keys(&path, entries);
-    (dir, path)
-}
-
-/// Writes a keys file as a Kubernetes Secret volume changes: a new file renamed over the old.
-fn write_keys(path: &std::path::Path, entries: &[(&str, &str, &str)]) {
-    let text: String = entries
-        .iter()
-        .map(|(name, key, rest)| {
-            format!(
-                "[[keys]]\nname = \"{name}\"\nsha256 = \"{}\"\n{rest}\n",
-                sluice_gateway::keys::hash_hex(key)
-            )
-        })
-        .collect();
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
 }
 
 /// Issue #53 §3: a resume token is sealed for the caller it was given to. Another API key's
@@ -1775,8 +1733,8 @@ fn write_keys(path: &std::path::Path, entries: &[(&str, &str, &str)]) {
 /// is served, and counts against its key's requests per minute.
 #[tokio::test]
 async fn a_resume_token_is_its_callers_alone_cannot_be_edited_and_counts_against_its_limits() {
-    let (dir, path) = keys_file(&[("a", "sk-a", "requests_per_minute = 3"), ("b", "sk-b", "")]);
-    let keys = Arc::new(sluice_gateway::keys::Keys::load(&path).unwrap());
+    let keys_file = KeysFile::new(&[("a", "sk-a", "requests_per_minute = 3"), ("b", "sk-b", "")]);
+    let keys = Arc::new(keys_file.load());
     let s = Stack::start("normal", move |c| {
         c.auth = Auth::new(None).with_keys(keys);
         c.secret = Some(shared_secret());
@@ -1909,7 +1867,6 @@ async fn a_resume_token_is_its_callers_alone_cannot_be_edited_and_counts_against
         3.0
     );
     s.stop().await;
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Issue #53 §3: a resumed stream belongs to a reader, not to the request: its caller going
@@ -2038,14 +1995,13 @@ async fn forged_limit_snapshots_on_the_topic_change_nothing() {
         2 * 14 + reserve - 1
     );
     let entries = [("k", "sk-k", day.as_str()), ("j", "sk-j", day.as_str())];
-    let (dir, path) = keys_file(&entries);
+    let keys_file = KeysFile::new(&entries);
     let topic = sluice_tests::unique_topic("gateway-limits");
     // Each replica loads the keys file itself, as each process does: with one `Keys` shared,
     // whichever replica saw the file change first took the new keys for both, and the other
     // never counted the reload it waits for below (a failure seen once in a full run).
     let configure = |c: &mut sluice_gateway::GatewayConfig| {
-        c.auth =
-            Auth::new(None).with_keys(Arc::new(sluice_gateway::keys::Keys::load(&path).unwrap()));
+        c.auth = Auth::new(None).with_keys(Arc::new(keys_file.load()));
         c.secret = Some(shared_secret());
         c.limits_topic = Some(topic.clone());
     };
@@ -2211,7 +2167,7 @@ async fn forged_limit_snapshots_on_the_topic_change_nothing() {
     b_read_all().await;
     let mut more = entries.to_vec();
     more.push(("later", "sk-later", "tokens_per_day = 100000"));
-    write_keys(&path, &more);
+    keys_file.write(&more);
     wait_for_metrics(
         || b.telemetry.render(),
         |m| value(m, "sluice_gateway_keys", &[]) == 3.0,
@@ -2245,5 +2201,4 @@ async fn forged_limit_snapshots_on_the_topic_change_nothing() {
     b.stop.cancel();
     b.gateway.close().await;
     a.stop().await;
-    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -9,9 +9,9 @@ use std::{sync::Arc, time::Duration};
 
 use futures::StreamExt;
 use serde_json::{Value, json};
-use sluice_gateway::{Auth, keys::Keys};
+use sluice_gateway::Auth;
 use sluice_runtime::secret::Secret;
-use sluice_tests::{GatewayStack, wait_for_metrics};
+use sluice_tests::{GatewayStack, keys::KeysFile, wait_for_metrics};
 
 const TOKEN: &str = "ol-test-token-8c1f";
 
@@ -185,22 +185,11 @@ async fn a_client_that_disconnects_mid_stream_cancels_the_provider_call() {
 /// `Retry-After`; the error mid-stream is an `{"error"}` line after the text.
 #[tokio::test]
 async fn keys_limits_and_errors_answer_in_ollamas_shape() {
-    let dir = std::env::temp_dir().join(format!("sluice-ol-keys-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("keys.toml");
-    let key = |name: &str, secret: &str, rest: &str| {
-        format!(
-            "[[keys]]\nname = \"{name}\"\nsha256 = \"{}\"\n{rest}\n",
-            sluice_gateway::keys::hash_hex(secret)
-        )
-    };
-    std::fs::write(
-        &path,
-        key("one", "sk-one", "requests_per_minute = 1")
-            + &key("agents", "sk-agents", "services = [\"agent\"]"),
-    )
-    .unwrap();
-    let keys = Arc::new(Keys::load(&path).unwrap());
+    let keys_file = KeysFile::new(&[
+        ("one", "sk-one", "requests_per_minute = 1"),
+        ("agents", "sk-agents", "services = [\"agent\"]"),
+    ]);
+    let keys = Arc::new(keys_file.load());
     let s = GatewayStack::start_serving("m-keys", &["error_mid_stream"], move |gc| {
         gc.auth = Auth::new(Some(Secret::new(TOKEN))).with_keys(keys);
     })
@@ -241,7 +230,6 @@ async fn keys_limits_and_errors_answer_in_ollamas_shape() {
     );
     assert_eq!(last.as_object().unwrap().len(), 1);
     s.stop().await;
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 /// An Ollama caller answered through the Ollama provider: text and tool calls (whole, their

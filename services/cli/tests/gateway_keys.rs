@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use sluice_gateway::keys::hash_hex;
 use sluice_tests::{
-    Broker, PATIENCE, eventually_every, fake_openai::FakeOpenAi, free_port, metrics_text,
+    Broker, PATIENCE, eventually_every, fake_openai::FakeOpenAi, free_port, keys::KeysFile,
+    metrics_text,
 };
 
 mod common;
@@ -38,26 +39,6 @@ const CALLERS: usize = 4;
 const REPLICAS: usize = 3;
 /// The secret the replicas share: their limit state is sealed with it.
 const SECRET: &str = "gateway-keys-test-secret-0123456789abcdef";
-
-fn keys_file(entries: &[(&str, &str, &str)]) -> String {
-    entries
-        .iter()
-        .map(|(name, key, rest)| {
-            format!(
-                "[[keys]]\nname = \"{name}\"\nsha256 = \"{}\"\n{rest}\n",
-                hash_hex(key)
-            )
-        })
-        .collect()
-}
-
-/// Writes `text` to `path` as a Kubernetes Secret volume changes: a new file renamed over the
-/// old, so a reader never sees half of it.
-fn replace(path: &std::path::Path, text: &str) {
-    let tmp = path.with_extension("new");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
 
 /// What one key's callers got.
 #[derive(Debug, Default)]
@@ -191,9 +172,6 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
     // (10-15 ms on average here under this test's load, debug build; under 50 ms at most), as
     // the stated tolerance assumes.
     let model = "tokens-3-300";
-    let dir = std::env::temp_dir().join(&ts);
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("keys.toml");
     let (rpm, day) = (30, 500u64);
     let entries = [
         (
@@ -218,7 +196,7 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
         .iter()
         .map(|(n, k, r)| (*n, *k, r.as_str()))
         .collect();
-    replace(&path, &keys_file(&as_refs));
+    let keys_file = KeysFile::new(&as_refs);
 
     let bus = [
         "--pulsar-url",
@@ -264,7 +242,7 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
     args.extend(bus);
     let mut processor = Sluice::spawn(&args, &[("SLUICE_LLM_API_KEY", "sk-provider")], &clean);
     processor.ready(&readyz(0)).await;
-    let keys_path = path.to_str().unwrap().to_owned();
+    let keys_path = keys_file.arg();
     let gateway = |i: usize| {
         let m = format!("127.0.0.1:{}", ports[i]);
         let mut args = vec![
@@ -606,7 +584,7 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
         .copied()
         .filter(|(n, _, _)| *n != "beta")
         .collect();
-    replace(&path, &keys_file(&kept));
+    keys_file.write(&kept);
     let mut all = urls.clone();
     all.push(late_url.clone());
     for url in &all {
@@ -644,7 +622,7 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
         "{reply}"
     );
     // A broken file keeps the keys as they were, and says so.
-    replace(&path, "[[keys]]\nname = 3\n");
+    keys_file.write_text("[[keys]]\nname = 3\n");
     let invalid = metrics_text::eventually_value(
         ports[1],
         "sluice_gateway_keys_reloads_total",
@@ -672,7 +650,6 @@ async fn limits_hold_across_three_replicas_keys_are_isolated_and_a_revoked_key_s
         );
     }
     processor.stop().await;
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The JSON an admin API GET answers.

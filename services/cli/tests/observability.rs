@@ -631,10 +631,7 @@ async fn every_service_exports_its_documented_metrics_and_no_secret() {
     let keys_file = std::env::temp_dir().join(format!("{ts}-keys.toml"));
     std::fs::write(
         &keys_file,
-        format!(
-            "[[keys]]\nname = \"obs\"\nsha256 = \"{}\"\nrequests_per_minute = 1000\n",
-            sluice_gateway::keys::hash_hex(API_KEY)
-        ),
+        sluice_tests::keys::keys_toml(&[("obs", API_KEY, "requests_per_minute = 1000")]),
     )
     .unwrap();
     let keys_path = keys_file.display().to_string();

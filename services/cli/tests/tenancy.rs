@@ -18,9 +18,9 @@ use std::{path::PathBuf, time::Duration};
 
 use common::Sluice;
 use serde_json::{Value, json};
-use sluice_gateway::keys::hash_hex;
 use sluice_runtime::client::{ClientConfig, Received, RequestClient, RequestOptions};
 use sluice_schema::{TextCompletionRequest, TextCompletionResponse, UsageRecord};
+use sluice_tests::keys::keys_toml;
 use sluice_tests::{Broker, fake_openai::FakeOpenAi, free_port, scrape, value};
 
 /// The billing secret the gateway and text-completion share.
@@ -110,19 +110,21 @@ async fn fleet(broker: &Broker, fake: &FakeOpenAi, name: &str) -> Fleet {
     let ts = sluice_tests::unique_topicspace(name);
     let dir = std::env::temp_dir().join(&ts);
     std::fs::create_dir_all(&dir).unwrap();
+    let team_c = format!(
+        "tool_groups = [\"research\"]\ntokens_per_day = {TEAM_C_TOKENS_PER_DAY}\nreserve_tokens = 1"
+    );
     let keys = dir.join("keys.toml");
     std::fs::write(
         &keys,
-        format!(
-            "[[keys]]\nname = \"team-a\"\nsha256 = \"{}\"\ntool_groups = [\"default\", \"research\"]\n\
-             operator_fields = [\"history\"]\n\
-             [[keys]]\nname = \"team-b\"\nsha256 = \"{}\"\n\
-             [[keys]]\nname = \"team-c\"\nsha256 = \"{}\"\ntool_groups = [\"research\"]\n\
-             tokens_per_day = {TEAM_C_TOKENS_PER_DAY}\nreserve_tokens = 1\n",
-            hash_hex("sk-team-a"),
-            hash_hex("sk-team-b"),
-            hash_hex("sk-team-c")
-        ),
+        keys_toml(&[
+            (
+                "team-a",
+                "sk-team-a",
+                "tool_groups = [\"default\", \"research\"]\noperator_fields = [\"history\"]",
+            ),
+            ("team-b", "sk-team-b", ""),
+            ("team-c", "sk-team-c", &team_c),
+        ]),
     )
     .unwrap();
     let tools = dir.join("tools.json");
