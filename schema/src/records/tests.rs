@@ -320,3 +320,92 @@ fn agent_pieces_merge_within_one_message_only() {
     };
     assert_eq!(held.coalesce(last.clone()), Err(last));
 }
+
+/// The fields TrustGraph 2.11's orchestrator adds to its agent records.
+const ORCHESTRATION_FIELDS: [&str; 6] = [
+    "task_type",
+    "framing",
+    "correlation_id",
+    "parent_session_id",
+    "subagent_goal",
+    "expected_siblings",
+];
+
+/// TrustGraph 2.11's orchestration fields, as it writes a supervisor's subagent request with
+/// a plan and the subagents' results in its history, are read and written back as they were;
+/// a request without them is written without them, as before they existed.
+#[test]
+fn trustgraph_2_11_orchestration_fields_survive_and_are_absent_when_unset() {
+    let request = json!({
+        "question": "q", "state": "", "group": null, "collection": "default",
+        "streaming": true, "session_id": "s2", "conversation_id": "c1",
+        "pattern": "supervisor", "task_type": "research", "framing": "You are a librarian.",
+        "correlation_id": "corr-1", "parent_session_id": "s1", "subagent_goal": "find X",
+        "expected_siblings": 3,
+        "history": [{"thought": "", "action": "", "arguments": {}, "observation": "",
+            "step_type": "plan",
+            "plan": [
+                {"goal": "g1", "tool_hint": "search", "depends_on": [], "status": "completed",
+                 "result": "r1"},
+                {"goal": "g2", "tool_hint": "", "depends_on": [0], "status": "pending",
+                 "result": ""}],
+            "subagent_results": {"find X": "X is 4"}}]
+    });
+    let r: AgentRequest = serde_json::from_value(request.clone()).unwrap();
+    assert_eq!(
+        (r.expected_siblings, r.subagent_goal.as_deref()),
+        (Some(3), Some("find X"))
+    );
+    assert_eq!(r.history[0].plan[1].depends_on, [0]);
+    assert_eq!(r.history[0].subagent_results["find X"], "X is 4");
+    let out = serde_json::to_value(&r).unwrap();
+    for key in ORCHESTRATION_FIELDS {
+        assert_eq!(out[key], request[key], "{key}");
+    }
+    for key in ["plan", "subagent_results"] {
+        assert_eq!(out["history"][0][key], request["history"][0][key], "{key}");
+    }
+
+    let plain = serde_json::to_value(AgentRequest {
+        question: "q".into(),
+        history: vec![AgentStep::default()],
+        ..AgentRequest::default()
+    })
+    .unwrap();
+    for key in ORCHESTRATION_FIELDS {
+        assert!(plain.get(key).is_none(), "{key} written unset: {plain}");
+    }
+    for key in ["plan", "subagent_results"] {
+        assert!(plain["history"][0].get(key).is_none(), "{key}: {plain}");
+    }
+    // A plan step without a status is pending, as TrustGraph's default says.
+    let step: PlanStep = serde_json::from_value(json!({"goal": "g", "status": null})).unwrap();
+    assert_eq!(step.status, "pending");
+}
+
+/// An `explain` record (TrustGraph 2.11's explainability) keeps its type and its provenance
+/// through sluice; a record without them is written without them.
+#[test]
+fn explain_records_pass_through_and_other_records_do_not_grow() {
+    let explain = json!({
+        "message_type": "explain", "content": "", "end_of_message": true,
+        "end_of_dialog": false, "message_id": "m1",
+        "explain_id": "urn:trustgraph:agent:s1/i1", "explain_graph": "urn:graph:retrieval",
+        "explain_triples": [{"s": {"t": "i", "i": "urn:a"}, "p": {"t": "i", "i": "urn:b"},
+                             "o": {"t": "l", "v": "c"}}]
+    });
+    let r: AgentResponse = serde_json::from_value(explain.clone()).unwrap();
+    assert_eq!(r.message_type, AgentMessageType::Explain);
+    let out = serde_json::to_value(&r).unwrap();
+    assert_eq!(
+        (&out["message_type"], &out["chunk_type"]),
+        (&json!("explain"), &json!("explain"))
+    );
+    for key in ["explain_id", "explain_graph", "explain_triples"] {
+        assert_eq!(out[key], explain[key], "{key}");
+    }
+    let plain = serde_json::to_value(AgentResponse::default()).unwrap();
+    for key in ["explain_id", "explain_graph", "explain_triples"] {
+        assert!(plain.get(key).is_none(), "{key} written unset: {plain}");
+    }
+}

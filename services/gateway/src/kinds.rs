@@ -18,7 +18,7 @@ use crate::{
 
 /// Every request field only the operator may set, by service: dropped from a tenant's
 /// request (`sluice_gateway_operator_fields_dropped_total{service,field}`).
-pub const OPERATOR_FIELDS: [(ServiceKind, &str); 6] = [
+pub const OPERATOR_FIELDS: [(ServiceKind, &str); 10] = [
     // Attempts, delays and whether to wait out `Retry-After`: the provider's bill and the
     // processor's time are the operator's.
     (ServiceKind::TextCompletion, "retry"),
@@ -32,6 +32,12 @@ pub const OPERATOR_FIELDS: [(ServiceKind, &str); 6] = [
     // Token counts carried between the agent's steps.
     (ServiceKind::Agent, "pending_in_token"),
     (ServiceKind::Agent, "pending_out_token"),
+    // What makes a request a supervisor's subagent (TrustGraph 2.11's orchestrator): a caller
+    // would answer into another dialog's fan-in.
+    (ServiceKind::Agent, "correlation_id"),
+    (ServiceKind::Agent, "parent_session_id"),
+    (ServiceKind::Agent, "subagent_goal"),
+    (ServiceKind::Agent, "expected_siblings"),
 ];
 
 /// A request as a caller may send it (see [`Kind::confine`]).
@@ -363,6 +369,30 @@ impl Kind for Agent {
             "pending_out_token",
             |r| r.pending_out_token = None,
         );
+        confined.drop_if(
+            standing,
+            request.correlation_id.is_some(),
+            "correlation_id",
+            |r| r.correlation_id = None,
+        );
+        confined.drop_if(
+            standing,
+            request.parent_session_id.is_some(),
+            "parent_session_id",
+            |r| r.parent_session_id = None,
+        );
+        confined.drop_if(
+            standing,
+            request.subagent_goal.is_some(),
+            "subagent_goal",
+            |r| r.subagent_goal = None,
+        );
+        confined.drop_if(
+            standing,
+            request.expected_siblings.is_some(),
+            "expected_siblings",
+            |r| r.expected_siblings = None,
+        );
         Ok(confined)
     }
 
@@ -375,7 +405,7 @@ impl Kind for Agent {
             AgentMessageType::Thought => Some(Status::Thinking),
             AgentMessageType::Action | AgentMessageType::Observation => Some(Status::UsingTool),
             AgentMessageType::Answer => Some(Status::Writing),
-            AgentMessageType::Error | AgentMessageType::Unknown => None,
+            AgentMessageType::Error | AgentMessageType::Explain | AgentMessageType::Unknown => None,
         };
         if let Some(status) = status
             && state.status != Some(status)
@@ -502,6 +532,12 @@ mod tests {
             pending_in_token: Some(1),
             pending_out_token: Some(2),
             session_id: Some("s".into()),
+            correlation_id: Some("another-dialogs-fan-in".into()),
+            parent_session_id: Some("another-dialog".into()),
+            subagent_goal: Some("answer for it".into()),
+            expected_siblings: Some(1),
+            task_type: Some("research".into()),
+            pattern: Some("supervisor".into()),
             ..Default::default()
         }
     }
@@ -520,7 +556,11 @@ mod tests {
                     "state",
                     "history",
                     "pending_in_token",
-                    "pending_out_token"
+                    "pending_out_token",
+                    "correlation_id",
+                    "parent_session_id",
+                    "subagent_goal",
+                    "expected_siblings"
                 ]
             );
             let r = c.request.into_owned();
@@ -528,10 +568,25 @@ mod tests {
                 (r.state, r.deadline_ms, r.history.len(), r.pending_in_token),
                 (None, None, 0, None)
             );
-            // What the caller may set stays.
             assert_eq!(
-                (r.question.as_str(), r.session_id.as_deref()),
-                ("q", Some("s"))
+                (
+                    r.correlation_id,
+                    r.parent_session_id,
+                    r.subagent_goal,
+                    r.expected_siblings
+                ),
+                (None, None, None, None)
+            );
+            // What the caller may set stays: its session, and the pattern and task type it
+            // asks for.
+            assert_eq!(
+                (
+                    r.question.as_str(),
+                    r.session_id.as_deref(),
+                    r.pattern.as_deref(),
+                    r.task_type.as_deref()
+                ),
+                ("q", Some("s"), Some("supervisor"), Some("research"))
             );
         }
         // Nothing to drop: the caller's own request, not a copy.
@@ -564,7 +619,11 @@ mod tests {
                 "deadline_ms",
                 "state",
                 "pending_in_token",
-                "pending_out_token"
+                "pending_out_token",
+                "correlation_id",
+                "parent_session_id",
+                "subagent_goal",
+                "expected_siblings"
             ]
         );
         assert_eq!(c.request.history, forged.history);

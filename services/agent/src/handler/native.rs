@@ -171,6 +171,7 @@ async fn observed(
             user: request.user.clone(),
             call_id: Some(call.id.clone()),
             same_turn: n > 0,
+            ..AgentStep::default()
         };
         dialog.observe(request, ran, step).await?;
     }
@@ -483,6 +484,7 @@ mod tests {
             call_id: id.map(str::to_owned),
             same_turn,
             call_arguments: None,
+            ..AgentStep::default()
         }
     }
 

@@ -15,6 +15,8 @@ use sluice_runtime::{
 };
 use tokio_util::sync::CancellationToken;
 
+use sluice_schema::ResponseRecord;
+
 use super::*;
 use crate::{
     metrics::AgentMetrics,
@@ -231,13 +233,20 @@ async fn a_final_answer_streams_its_thought_and_answer_and_ends_the_dialog() {
 /// Not streamed, by default: TrustGraph's streaming spec's
 /// (docs/specs.md#trustgraphs-streaming-spec) single response, the answer, carrying the usage of
 /// every step (the first step's counts ride in the handed-off request), and the steps the agent
-/// adds keep the request's `user`.
+/// adds keep the request's `user`. The next iteration's request keeps what TrustGraph 2.11's
+/// orchestrator put in the first (a subagent's goal and fan-in among it).
 #[tokio::test]
 async fn a_request_that_does_not_stream_gets_one_answer_with_the_whole_usage() {
     let mut rig = Rig::start(AgentLimits::default()).await;
     let mut requests = ServiceStub::start(&rig.bus, "a-req", "a-watch").await;
     let mut request = question("What is the capital of France?", false);
     request.user = Some("alice".into());
+    request.task_type = Some("research".into());
+    request.framing = Some("You are a geographer.".into());
+    request.correlation_id = Some("corr-1".into());
+    request.parent_session_id = Some("supervisor-1".into());
+    request.subagent_goal = Some("the capital".into());
+    request.expected_siblings = Some(2);
     let stream = rig.ask(request).await;
     let (id, _) = rig.model_call().await;
     rig.answer(
@@ -272,6 +281,24 @@ async fn a_request_that_does_not_stream_gets_one_answer_with_the_whole_usage() {
         (handed.pending_in_token, handed.pending_out_token),
         (Some(34), Some(13)),
         "the first model call's usage and the tool's"
+    );
+    assert_eq!(
+        (
+            handed.task_type.as_deref(),
+            handed.framing.as_deref(),
+            handed.correlation_id.as_deref(),
+            handed.parent_session_id.as_deref(),
+            handed.subagent_goal.as_deref(),
+            handed.expected_siblings
+        ),
+        (
+            Some("research"),
+            Some("You are a geographer."),
+            Some("corr-1"),
+            Some("supervisor-1"),
+            Some("the capital"),
+            Some(2)
+        )
     );
     rig.stop().await;
 }
