@@ -459,3 +459,55 @@ impl Restartable<TextCompletionResponse> for Messages {
         self.called = false;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// sluice's finish reasons in Anthropic's words; calls always end `tool_use`.
+    #[test]
+    fn finish_reasons_are_anthropics_stop_reasons() {
+        for (finish, called, want) in [
+            (None, false, "end_turn"),
+            (Some("stop"), false, "end_turn"),
+            (Some("length"), false, "max_tokens"),
+            (Some("tool_calls"), false, "tool_use"),
+            (Some("stop"), true, "tool_use"),
+            (Some("content_filter"), false, "refusal"),
+            (Some("recitation"), false, "end_turn"),
+        ] {
+            assert_eq!(stop_reason(finish, called), want, "{finish:?} {called}");
+        }
+    }
+
+    /// A call's input is its arguments parsed; none is `{}`; arguments that are not JSON go
+    /// as the string they are.
+    #[test]
+    fn a_calls_input_is_its_arguments_parsed() {
+        assert_eq!(input("{\"q\":\"Paris\"}"), json!({"q": "Paris"}));
+        assert_eq!(input(" "), json!({}));
+        assert_eq!(input("{\"q\":"), json!("{\"q\":"));
+    }
+
+    /// The events' bytes: `event: <type>` then the data with `type` first, as Anthropic's.
+    #[test]
+    fn events_are_named_by_their_type() {
+        let e = Event::ContentBlockDelta {
+            index: 2,
+            delta: Delta::InputJsonDelta {
+                partial_json: "{\"a\"",
+            },
+        };
+        assert_eq!(
+            String::from_utf8(e.sse()).unwrap(),
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":2,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"a\\\"\"}}\n\n"
+        );
+        assert_eq!(
+            String::from_utf8(Event::MessageStop.sse()).unwrap(),
+            "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+        );
+        assert_eq!(ping(), PING);
+    }
+}
