@@ -647,6 +647,19 @@ mod tests {
 
     use super::*;
 
+    /// Whether `telemetry` shows `line` (a sample and its value), waiting for a stream that
+    /// ends as its body is dropped (by another task: how soon depends on the machine, so the
+    /// bound, 30 s, only ends a wait that would never succeed). The routes' tests share it.
+    pub(crate) async fn metrics_show(telemetry: &Telemetry, line: &str) -> bool {
+        for _ in 0..3_000 {
+            if telemetry.render().lines().any(|l| l == line) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
     /// A gateway's configuration serving only text-completion, on the topics `tc-req`,
     /// `tc-resp` and `tc-cancel` (the in-process bus's tests of this crate).
     pub(crate) fn serving_text_completion() -> GatewayConfig {

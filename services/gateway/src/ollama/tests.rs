@@ -95,16 +95,9 @@ impl Rig {
         self.llm.answer(id, attempt, &record).await;
     }
 
-    /// Whether the metrics show `line`, waiting for a stream that ends as its body is dropped
-    /// by another task (the bound, 30 s, only ends a wait that would never succeed).
+    /// Whether the metrics show `line` ([`crate::tests::metrics_show`]).
     async fn shows(&self, line: &str) -> bool {
-        for _ in 0..3_000 {
-            if self.telemetry.render().lines().any(|l| l == line) {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        false
+        crate::tests::metrics_show(&self.telemetry, line).await
     }
 }
 
