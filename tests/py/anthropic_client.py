@@ -109,6 +109,9 @@ def run(s):
         except anthropic.APIStatusError as e:
             out[name] = raised(e)
 
+    out["models"] = sorted(m.id for m in client.models.list())
+    out["model"] = client.models.retrieve(model).id
+
     got = []
     try:
         with client.messages.stream(model=s["mid_error"], max_tokens=40,

@@ -295,8 +295,8 @@ async fn messages_through_the_anthropic_provider_come_back_as_anthropic_sent_the
 /// `messages.stream` (text in order, the final message and usage), tools whole and streamed
 /// (tool_use blocks with parsed input) with the SDK's blocks and the results sent back, a
 /// refused key (whole and streamed), an unknown model, malformed bodies (400
-/// `invalid_request_error`), an error mid-stream, and a stream closed early (which must
-/// cancel the provider call). Runs when `ANTHROPIC_PY` is set.
+/// `invalid_request_error`), an error mid-stream, a stream closed early (which must cancel the
+/// provider call), and the model list. Runs when `ANTHROPIC_PY` is set.
 #[tokio::test]
 async fn the_official_python_sdk_works_against_the_gateway() {
     let Some(python) = sluice_tests::outside_tool(
@@ -425,6 +425,11 @@ async fn the_official_python_sdk_works_against_the_gateway() {
         "{r}"
     );
     assert_eq!(r["cancel"]["first"], "Hel");
+    assert_eq!(
+        r["models"],
+        json!(["error_mid_stream", "m-py", "stall", "tools"])
+    );
+    assert_eq!(r["model"], "m-py");
 
     let bodies = s.fake.bodies();
     // The settings reached the provider.

@@ -376,6 +376,7 @@ impl Gateway {
                     metrics.route_served(ollama::CHAT_ROUTE);
                     metrics.route_served(ollama::GENERATE_ROUTE);
                     metrics.route_served(anthropic::ROUTE);
+                    metrics.route_served(anthropic::MODELS_ROUTE);
                     // Only a client that reads as this gateway's own would is shared.
                     let same =
                         |c: &Arc<TextCompletionClient>| c.config().reads_as(&new_client.config);

@@ -6,6 +6,8 @@
 //!   (`message_start`, the content blocks' events, `message_delta`, `message_stop`; see
 //!   [`crate::encode::messages`]). Text and tool use (`tool_use` blocks, their input streamed
 //!   as `input_json_delta`), `stop_reason` and `usage` as Anthropic sends them.
+//! - `GET /v1/models` and `GET /v1/models/{id}` asked with `anthropic-version` (as the SDKs
+//!   ask): the served models in Anthropic's list shape ([`models`]).
 //!
 //! A route is decode ([`parse`]) -> [`preamble::start`] (credentials, keys and limits, the
 //! request on the bus) -> encode ([`crate::encode::messages::Messages`], driven by the
@@ -51,6 +53,8 @@ use crate::{
 
 /// The metrics label of `POST /v1/messages`.
 pub(crate) const ROUTE: &str = "anthropic-messages";
+/// The metrics label of `GET /v1/models` asked by Anthropic's SDKs.
+pub(crate) const MODELS_ROUTE: &str = "anthropic-models";
 
 /// Silence on a stream longer than this gets a `ping` event, as Anthropic's API sends them.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -79,6 +83,44 @@ pub(crate) async fn not_served(method: Method, uri: axum::http::Uri) -> Response
         StatusCode::NOT_FOUND
     };
     AnthropicError::new(status, format!("{method} {path} is not served here")).into_response()
+}
+
+/// Whether a request is from Anthropic's SDKs, which always send `anthropic-version`: `GET
+/// /v1/models`, a path Anthropic's and OpenAI's APIs share, answers them in Anthropic's shape.
+pub(crate) fn asks(headers: &HeaderMap) -> bool {
+    headers.contains_key("anthropic-version")
+}
+
+/// `GET /v1/models` (`id`: `GET /v1/models/{id}`) in Anthropic's shape: the served models as
+/// `{"type": "model", "id", "display_name", "created_at"}`, listed in one page.
+pub(crate) async fn models(inner: Arc<Inner>, headers: HeaderMap, id: Option<String>) -> Response {
+    let resp = async {
+        if inner.config.auth.caller_of_api_key(&headers).is_none() {
+            return Err(AnthropicError::refused(Refused::Unauthorized, &inner));
+        }
+        let ids = openai::served_models(&inner)
+            .await
+            .map_err(AnthropicError::of_api)?;
+        let entry = |id: &str| {
+            serde_json::json!({"type": "model", "id": id, "display_name": id,
+                               "created_at": "1970-01-01T00:00:00Z"})
+        };
+        Ok(match id {
+            Some(id) if ids.contains(&id) => Json(entry(&id)),
+            Some(id) => return Err(AnthropicError::model_not_found(&id)),
+            None => Json(serde_json::json!({
+                "data": ids.iter().map(|id| entry(id)).collect::<Vec<_>>(),
+                "has_more": false,
+                "first_id": ids.first(),
+                "last_id": ids.last(),
+            })),
+        })
+    };
+    let resp = match resp.await {
+        Ok(v) => v.into_response(),
+        Err(e) => e.into_response(),
+    };
+    labelled(MODELS_ROUTE, resp)
 }
 
 /// Decode, the model checked against those served, [`preamble::start`], then the answer

@@ -511,3 +511,47 @@ async fn malformed_bodies_get_anthropics_error_shape_never_a_500() {
         assert!(v["error"]["type"].is_string(), "{v}");
     }
 }
+
+/// `GET /v1/models` asked as Anthropic's SDKs ask (`anthropic-version`, the key as
+/// `x-api-key`) lists the served models in Anthropic's shape, and one by id; without the
+/// header, the path stays OpenAI's.
+#[tokio::test]
+async fn models_are_listed_in_anthropics_shape_when_its_sdk_asks() {
+    let mut rig = Rig::start().await;
+    let routes = rig.router.clone();
+    let get = |path: &str, anthropic: bool| {
+        let mut req = Request::get(path).header("host", "localhost");
+        req = if anthropic {
+            req.header("x-api-key", KEY)
+                .header("anthropic-version", "2023-06-01")
+        } else {
+            req.header("authorization", format!("Bearer {KEY}"))
+        };
+        let router = routes.clone();
+        let req = req.body(Body::empty()).unwrap();
+        tokio::spawn(async move { router.oneshot(req).await.unwrap() })
+    };
+    let call = get("/v1/models", true);
+    rig.serve_models().await;
+    let resp = call.await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let v: Value = serde_json::from_str(&text(resp).await).unwrap();
+    let model = json!({"type": "model", "id": "routed", "display_name": "routed",
+                       "created_at": "1970-01-01T00:00:00Z"});
+    assert_eq!(
+        v,
+        json!({"data": [model], "has_more": false, "first_id": "routed", "last_id": "routed"})
+    );
+    // Cached: no second list-models request.
+    let v: Value =
+        serde_json::from_str(&text(get("/v1/models/routed", true).await.unwrap()).await).unwrap();
+    assert_eq!(v, model);
+    let resp = get("/v1/models/nope", true).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    let v: Value = serde_json::from_str(&text(resp).await).unwrap();
+    assert_eq!(v["error"]["type"], "not_found_error");
+    let call = get("/v1/models", false);
+    rig.serve_models().await;
+    let v: Value = serde_json::from_str(&text(call.await.unwrap()).await).unwrap();
+    assert_eq!(v["object"], "list", "OpenAI's: {v}");
+}
