@@ -174,6 +174,18 @@ put("gateway", "ollama_chat", 6, 1, j({"model": "smollm2", "stream": True, "form
         {"role": "tool", "tool_name": "get_weather", "content": "sunny"}]}))
 put("gateway", "ollama_generate", 7, 2, j({"model": "smollm2", "prompt": "Hi", "system": "s", "stream": False,
     "format": {"type": "object"}, "keep_alive": "5m", "options": {"top_p": 1.0, "seed": 3}}))
+put("gateway", "anthropic_messages", 8, 2, j({"model": "smollm2", "max_tokens": 64, "stream": True,
+    "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+    "temperature": 0.3, "stop_sequences": ["END"], "metadata": {"user_id": "u"},
+    "tools": [{"name": "get_weather", "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}}}],
+    "tool_choice": {"type": "auto", "disable_parallel_tool_use": True},
+    "messages": [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Looking."},
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"q": "x"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+            "content": [{"type": "text", "text": "sunny"}], "is_error": False}, {"type": "text", "text": "thanks"}]}]}))
+put("gateway", "anthropic_bad", 8, 0, j({"model": "m", "messages": [{"role": "user", "content": [{"type": "image"}]}], "top_k": 3}))
 
 # --- config / templates / tools --------------------------------------------------------
 put("config", "toml", 0, 0, "model = \"smollm2\"\nbase-url = \"http://127.0.0.1:8766\"\nmax-tokens = 64\ntemperature = 0.5\ntopic = [\"a\", \"b\"]\nno-stream-usage = true\nlog-format = \"json\"\n")

@@ -295,6 +295,7 @@ if want broker || want interop; then
     bash scripts/tg-flow-venv.sh
     bash scripts/openai-venv.sh
     bash scripts/ollama-venv.sh
+    bash scripts/anthropic-venv.sh
   ) >"$prefetch_log" 2>&1 &
   prefetch_pid=$!
 fi
@@ -382,6 +383,17 @@ elif [ "${CI:-}" = "true" ]; then
   exit 1
 else
   echo "the ollama package could not be installed; the Ollama client tests are skipped" >&2
+fi
+
+# Anthropic's official Python SDK (PyPI anthropic, in a venv): the Messages API tests drive
+# the gateway with it when it is there.
+if anthropic_py=$(bash scripts/anthropic-venv.sh); then
+  export ANTHROPIC_PY="$anthropic_py"
+elif [ "${CI:-}" = "true" ]; then
+  echo "the anthropic package could not be installed from PyPI; CI needs the real Anthropic SDK" >&2
+  exit 1
+else
+  echo "the anthropic package could not be installed; the Anthropic SDK tests are skipped" >&2
 fi
 
 # TrustGraph's own Python packages (PyPI trustgraph-flow and -base, in a venv): the pacing

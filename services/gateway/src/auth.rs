@@ -177,6 +177,15 @@ impl Auth {
         self.caller(given)
     }
 
+    /// Who the request's `x-api-key` header (where Anthropic's SDKs send their key) or,
+    /// without one, its `Authorization: Bearer` header says is calling, if accepted.
+    pub fn caller_of_api_key(&self, headers: &HeaderMap) -> Option<Caller> {
+        match headers.get("x-api-key") {
+            Some(v) => self.caller(v.to_str().ok().map(str::trim)),
+            None => self.caller_of(headers),
+        }
+    }
+
     /// Whether the request's `Authorization: Bearer` header is accepted.
     pub fn accepts_headers(&self, headers: &HeaderMap) -> bool {
         self.caller_of(headers).is_some()

@@ -9,6 +9,7 @@
 //! - [`chunks::Chunks`]: OpenAI's `chat.completion.chunk` events.
 //! - [`frames::Frames`]: TrustGraph's WebSocket frames.
 //! - [`lines::Lines`]: Ollama's NDJSON lines (`/api/chat`, `/api/generate`).
+//! - [`messages::Messages`]: Anthropic's Messages stream events (`/v1/messages`).
 //!
 //! An encoder never numbers what it emits: a resumable stream's event ids, and the events a
 //! resuming caller already had, are the route's, applied to what is handed out. So what an
@@ -20,6 +21,7 @@ pub(crate) mod chunks;
 pub(crate) mod events;
 pub(crate) mod frames;
 pub(crate) mod lines;
+pub(crate) mod messages;
 pub(crate) mod records;
 
 use std::{sync::Arc, time::Instant};

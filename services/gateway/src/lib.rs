@@ -15,6 +15,8 @@
 //! - `POST /api/chat`, `POST /api/generate`, `GET /api/tags`, `POST /api/show`,
 //!   `GET /api/version`: Ollama's API, for Ollama's clients given this gateway as their host
 //!   (see `ollama`).
+//! - `POST /v1/messages`: Anthropic's Messages API, for Anthropic's SDKs and the tools built
+//!   on them given this gateway as their base URL (see `anthropic`).
 //!
 //! Every request goes over the bus with a fresh correlation id and a W3C `traceparent`; a
 //! caller that goes away (HTTP disconnect, socket closed) drops its response stream, which
@@ -22,6 +24,7 @@
 //! (`{"error":{"type","message"}}`) with a status that fits the error's type. Nothing here
 //! logs a payload: payloads carry prompts and answers.
 
+mod anthropic;
 pub mod auth;
 mod encode;
 pub mod events;
@@ -372,6 +375,8 @@ impl Gateway {
                     metrics.route_served(openai::MODELS_ROUTE);
                     metrics.route_served(ollama::CHAT_ROUTE);
                     metrics.route_served(ollama::GENERATE_ROUTE);
+                    metrics.route_served(anthropic::ROUTE);
+                    metrics.route_served(anthropic::MODELS_ROUTE);
                     // Only a client that reads as this gateway's own would is shared.
                     let same =
                         |c: &Arc<TextCompletionClient>| c.config().reads_as(&new_client.config);
@@ -462,6 +467,14 @@ impl Gateway {
                 get(openai::models).fallback(openai::invalid_url),
             )
             .route("/v1/models/{model}", get(openai::model))
+            .route(
+                "/v1/messages",
+                post(anthropic::messages).fallback(anthropic::not_served),
+            )
+            .route(
+                "/v1/messages/{*rest}",
+                axum::routing::any(anthropic::not_served),
+            )
             .route("/v1/{*rest}", axum::routing::any(openai::invalid_url))
             .route("/api/chat", post(ollama::chat))
             .route("/api/generate", post(ollama::generate))

@@ -1,5 +1,6 @@
 //! A request refused before its answer started, in the error shape of the route's dialect:
-//! OpenAI's `{"error": {"message", "type", "param", "code"}}` under `/v1/`, Ollama's
+//! Anthropic's `{"type": "error", "error": {"type", "message"}}` on `/v1/messages`, OpenAI's
+//! `{"error": {"message", "type", "param", "code"}}` elsewhere under `/v1/`, Ollama's
 //! `{"error": "..."}` on Ollama's routes (`/api/chat`, ...), the gateway's
 //! NDJSON `error` and `done` events for a caller that asked for NDJSON, and the gateway's
 //! `{"error": {"type", "message"}}` otherwise. Written once, for the checks in front of
@@ -11,6 +12,7 @@ use axum::{
 };
 
 use crate::{
+    anthropic::{self, AnthropicError},
     http::{self, Mode},
     ollama::{self, OllamaError},
     openai::ApiError,
@@ -26,6 +28,9 @@ pub(crate) fn render(
     message: &str,
 ) -> Response {
     let accept = http::accepted(headers);
+    if anthropic::serves(path) {
+        return AnthropicError::new(status, message).into_response();
+    }
     if path.starts_with("/v1/") && accept != Some(Mode::Ndjson) {
         return ApiError::refusal(status, message, kind).into_response();
     }

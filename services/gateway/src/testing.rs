@@ -18,7 +18,7 @@ use sluice_runtime::{
 use sluice_schema::{ModelInfo, TextCompletionRequest, TextCompletionResponse};
 use tower::ServiceExt;
 
-use crate::Gateway;
+use crate::{Gateway, GatewayConfig};
 
 /// A gateway serving text-completion on the in-process bus, its other side held by the test.
 pub(crate) struct Rig {
@@ -32,6 +32,12 @@ pub(crate) struct Rig {
 
 impl Rig {
     pub(crate) async fn start() -> Rig {
+        Self::start_with(|_| {}).await
+    }
+
+    /// [`Rig::start`], with the gateway's configuration adjusted by `configure` (its
+    /// credentials, say).
+    pub(crate) async fn start_with(configure: impl FnOnce(&mut GatewayConfig)) -> Rig {
         let bus = MemoryBus::new(1 << 20, 1000);
         let llm = ServiceStub::start(&bus, "tc-req", "tc-resp").await;
         let cancels = bus
@@ -39,13 +45,11 @@ impl Rig {
             .await
             .unwrap();
         let telemetry = Telemetry::new().unwrap();
-        let gateway = Gateway::start(
-            std::sync::Arc::new(bus.clone()),
-            crate::tests::serving_text_completion(),
-            &telemetry,
-        )
-        .await
-        .unwrap();
+        let mut config = crate::tests::serving_text_completion();
+        configure(&mut config);
+        let gateway = Gateway::start(std::sync::Arc::new(bus.clone()), config, &telemetry)
+            .await
+            .unwrap();
         Rig {
             llm,
             cancels,
@@ -98,17 +102,9 @@ impl Rig {
         self.llm.answer(id, attempt, &record).await;
     }
 
-    /// Whether the metrics show `line` (a sample and its value), waiting for a stream that
-    /// ends as its body is dropped (by another task: how soon depends on the machine, so the
-    /// bound, 30 s, only ends a wait that would never succeed).
+    /// Whether the metrics show `line` ([`metrics_show`]).
     pub(crate) async fn shows(&self, line: &str) -> bool {
-        for _ in 0..3_000 {
-            if self.telemetry.render().lines().any(|l| l == line) {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        false
+        metrics_show(&self.telemetry, line).await
     }
 
     /// Asserts that one stream of `route` ended with `outcome` and none is open.
@@ -146,4 +142,17 @@ pub(crate) fn lines(body: &str) -> Vec<Value> {
     body.lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
+}
+
+/// Whether `telemetry` shows `line` (a sample and its value), waiting for a stream that
+/// ends as its body is dropped (by another task: how soon depends on the machine, so the
+/// bound, 30 s, only ends a wait that would never succeed). The routes' tests share it.
+pub(crate) async fn metrics_show(telemetry: &Telemetry, line: &str) -> bool {
+    for _ in 0..3_000 {
+        if telemetry.render().lines().any(|l| l == line) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
 }

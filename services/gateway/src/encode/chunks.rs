@@ -25,7 +25,8 @@ pub(crate) struct Tokens {
 }
 
 impl Tokens {
-    fn add(&mut self, r: &TextCompletionResponse) {
+    /// Adds a record's counts (deltas).
+    pub(crate) fn add(&mut self, r: &TextCompletionResponse) {
         self.input = self.input.saturating_add(r.in_token.unwrap_or(0));
         self.output = self.output.saturating_add(r.out_token.unwrap_or(0));
     }

@@ -5,7 +5,7 @@
 //!   `chat.completion.chunk` events ending `data: [DONE]`; `stream_options.include_usage`
 //!   adds the usage chunk.
 //! - `GET /v1/models` and `GET /v1/models/{model}`: what the processors serve (their
-//!   `list-models` answer).
+//!   `list-models` answer); in Anthropic's shape when Anthropic's SDKs ask (`anthropic`).
 //!
 //! A conversation becomes sluice's request extension (`messages`, `temperature`,
 //! `max_tokens`, `stop`, `model`; see `sluice_schema::TextCompletionRequest`), with the same
@@ -133,6 +133,9 @@ fn model_object(m: &ModelInfo) -> Value {
 
 /// `GET /v1/models`.
 pub(crate) async fn models(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response {
+    if crate::anthropic::asks(&headers) {
+        return crate::anthropic::models(inner, headers, None).await;
+    }
     if !inner.config.auth.accepts_headers(&headers) {
         return labelled(MODELS_ROUTE, Refused::Unauthorized.openai(&inner));
     }
@@ -153,6 +156,9 @@ pub(crate) async fn model(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
+    if crate::anthropic::asks(&headers) {
+        return crate::anthropic::models(inner, headers, Some(id)).await;
+    }
     if !inner.config.auth.accepts_headers(&headers) {
         return labelled(MODELS_ROUTE, Refused::Unauthorized.openai(&inner));
     }
