@@ -12,6 +12,8 @@
 //! - `GET /api/v1/socket`: TrustGraph's multiplexed WebSocket protocol.
 //! - `POST /v1/chat/completions`, `GET /v1/models`: OpenAI's dialect, for OpenAI SDKs and
 //!   tools given this gateway as their base URL (see `openai`).
+//! - `POST /v1/responses`: OpenAI's Responses API, whole or as its semantic SSE events (see
+//!   `responses`).
 //! - `POST /api/chat`, `POST /api/generate`, `GET /api/tags`, `POST /api/show`,
 //!   `GET /api/version`: Ollama's API, for Ollama's clients given this gateway as their host
 //!   (see `ollama`).
@@ -35,6 +37,7 @@ mod ollama;
 mod openai;
 mod preamble;
 mod refusal;
+mod responses;
 mod resume;
 pub mod server;
 pub mod socket;
@@ -370,6 +373,7 @@ impl Gateway {
                 ServiceKind::TextCompletion => {
                     metrics.route_served(openai::CHAT_ROUTE);
                     metrics.route_served(openai::MODELS_ROUTE);
+                    metrics.route_served(responses::ROUTE);
                     metrics.route_served(ollama::CHAT_ROUTE);
                     metrics.route_served(ollama::GENERATE_ROUTE);
                     // Only a client that reads as this gateway's own would is shared.
@@ -462,6 +466,10 @@ impl Gateway {
                 get(openai::models).fallback(openai::invalid_url),
             )
             .route("/v1/models/{model}", get(openai::model))
+            .route(
+                "/v1/responses",
+                post(responses::create).fallback(openai::invalid_url),
+            )
             .route("/v1/{*rest}", axum::routing::any(openai::invalid_url))
             .route("/api/chat", post(ollama::chat))
             .route("/api/generate", post(ollama::generate))
