@@ -1,5 +1,6 @@
 //! The gateway's reading of HTTP requests: a POST body on each route (TrustGraph's, sluice's,
-//! OpenAI's `/v1/chat/completions` and Ollama's `/api/chat` and `/api/generate`) and in each
+//! OpenAI's `/v1/chat/completions` and `/v1/responses`, and Ollama's `/api/chat` and
+//! `/api/generate`) and in each
 //! answer mode (JSON, NDJSON, SSE), through
 //! the real router, with the services not enabled so nothing
 //! reaches a bus (the body is read before that). Property: no panic; an unreadable body is a
@@ -31,7 +32,7 @@ fn router() -> Router {
     })
 }
 
-const PATHS: [&str; 8] = [
+const PATHS: [&str; 9] = [
     "/api/v1/text-completion",
     "/api/v1/prompt",
     "/api/v1/agent",
@@ -43,6 +44,8 @@ const PATHS: [&str; 8] = [
     // Ollama's bodies likewise (its typed decoder, options, tools, format).
     "/api/chat",
     "/api/generate",
+    // OpenAI's Responses body (input items, tools, text.format) likewise.
+    "/v1/responses",
 ];
 const ACCEPT: [&str; 3] = [
     "application/json",
