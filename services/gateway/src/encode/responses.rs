@@ -265,35 +265,38 @@ impl ResponseEvents {
         self.emit("response.in_progress", json!({"response": response}), out);
     }
 
-    /// A piece of text: the message item and its part opened on the first.
-    fn text(&mut self, delta: &str, out: &mut Out<Vec<u8>>) {
+    /// The message item and its text part, opened on the first text: its output index.
+    fn open_message(&mut self, out: &mut Out<Vec<u8>>) -> usize {
+        if let Some(i) = self.message {
+            return i;
+        }
         let id = self.meta.message_id();
-        let index = match self.message {
-            Some(i) => i,
-            None => {
-                let i = self.next_index;
-                self.next_index += 1;
-                self.message = Some(i);
-                let item = message_item(&id, "", Status::InProgress);
-                self.emit(
-                    "response.output_item.added",
-                    json!({"output_index": i, "item": item}),
-                    out,
-                );
-                self.emit(
-                    "response.content_part.added",
-                    json!({"item_id": id, "output_index": i, "content_index": 0,
-                           "part": output_text("")}),
-                    out,
-                );
-                i
-            }
-        };
+        let i = self.next_index;
+        self.next_index += 1;
+        self.message = Some(i);
+        let item = message_item(&id, "", Status::InProgress);
+        self.emit(
+            "response.output_item.added",
+            json!({"output_index": i, "item": item}),
+            out,
+        );
+        self.emit(
+            "response.content_part.added",
+            json!({"item_id": id, "output_index": i, "content_index": 0,
+                   "part": output_text("")}),
+            out,
+        );
+        i
+    }
+
+    /// A piece of text.
+    fn text(&mut self, delta: &str, out: &mut Out<Vec<u8>>) {
+        let index = self.open_message(out);
         self.text.push_str(delta);
         self.emit(
             "response.output_text.delta",
-            json!({"item_id": id, "output_index": index, "content_index": 0, "delta": delta,
-                   "logprobs": []}),
+            json!({"item_id": self.meta.message_id(), "output_index": index, "content_index": 0,
+                   "delta": delta, "logprobs": []}),
             out,
         );
     }
@@ -353,6 +356,10 @@ impl ResponseEvents {
 
     /// The end: every item done, then the whole response.
     fn finish(&mut self, status: Status, out: &mut Out<Vec<u8>>) {
+        // An answer with nothing in it is an empty message, as a whole answer's.
+        if self.calls.is_empty() {
+            self.open_message(out);
+        }
         if let Some(index) = self.message {
             let id = self.meta.message_id();
             let text = self.text.clone();
@@ -383,8 +390,7 @@ impl ResponseEvents {
         for (item_id, index, call) in calls {
             self.emit(
                 "response.function_call_arguments.done",
-                json!({"item_id": item_id, "output_index": index, "arguments": call.arguments,
-                       "name": call.name}),
+                json!({"item_id": item_id, "output_index": index, "arguments": call.arguments}),
                 out,
             );
             let item = function_call_item(&item_id, &call, Status::Completed);

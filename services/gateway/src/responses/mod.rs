@@ -185,10 +185,14 @@ async fn whole(meta: Meta, started_call: Started<TextCompletionResponse, StartOv
                 input: answer.usage.in_token.unwrap_or(0),
                 output: answer.usage.out_token.unwrap_or(0),
             };
-            let mut meta = meta.clone();
-            if let Some(model) = answer.usage.model.clone() {
-                meta.model = model;
-            }
+            let meta = Meta {
+                model: answer
+                    .usage
+                    .model
+                    .clone()
+                    .unwrap_or_else(|| meta.model.clone()),
+                ..meta.clone()
+            };
             let status = Status::of_finish(answer.finish_reason.as_deref());
             let output = whole_output(&meta, &answer.text, &answer.tool_calls(), status);
             Json(response_object(&meta, status, output, Some(tokens), None)).into_response()

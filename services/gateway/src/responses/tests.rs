@@ -464,3 +464,55 @@ async fn refusals_are_openais_shape() {
     let resp = rig.router.clone().oneshot(req).await.unwrap();
     assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
 }
+
+/// Text, then a tool call: the message is output 0 and the call output 1, both in the
+/// completed response in that order; an answer with nothing in it is an empty message, as
+/// whole.
+#[tokio::test]
+async fn text_before_a_call_and_an_empty_answer_keep_openais_items() {
+    let mut rig = Rig::start().await;
+    let ask = json!({"model": "routed", "input": "weather?", "stream": true,
+        "tools": [{"type": "function", "name": "get_weather"}]});
+    let call = rig.post("/v1/responses", ask);
+    rig.serve_models().await;
+    let (id, _) = rig.request().await;
+    rig.answer(&id, piece("Let me look.", false)).await;
+    let mut last = piece("", true);
+    last.tool_calls = vec![ToolCallDelta {
+        index: 0,
+        id: Some("call_7".into()),
+        name: Some("get_weather".into()),
+        arguments: "{}".into(),
+    }];
+    rig.answer(&id, last).await;
+    let got = events(&text(call.await.unwrap()).await);
+    let added: Vec<(u64, &str)> = got
+        .iter()
+        .filter(|(n, _)| n == "response.output_item.added")
+        .map(|(_, d)| {
+            (
+                d["output_index"].as_u64().unwrap(),
+                d["item"]["type"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(added, [(0, "message"), (1, "function_call")]);
+    let output = &got.last().unwrap().1["response"]["output"];
+    assert_eq!(output[0]["content"][0]["text"], "Let me look.");
+    assert_eq!(output[1]["call_id"], "call_7");
+    assert_eq!(output[1]["status"], "completed");
+
+    let call = rig.post(
+        "/v1/responses",
+        json!({"model": "routed", "input": "x", "stream": true}),
+    );
+    let (id, _) = rig.request().await;
+    rig.answer(&id, piece("", true)).await;
+    let got = events(&text(call.await.unwrap()).await);
+    let output = &got.last().unwrap().1["response"]["output"];
+    assert_eq!(
+        output[0]["content"],
+        json!([{"type": "output_text", "text": "", "annotations": []}]),
+        "{output}"
+    );
+}
