@@ -15,6 +15,7 @@ from typing import Literal
 
 import openai
 import pydantic
+from openai.types.responses import Response, ResponseStreamEvent
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "the weather in a city",
            "parameters": {"type": "object", "properties": {"q": {"type": "string"}},
@@ -136,6 +137,28 @@ def run(s):
                 out[name] = {"raised": None}
             except openai.APIError as e:
                 out[name] = raised(e)
+
+    if scenario("validated"):
+        # The SDK builds its objects without validating them; here the raw bodies are
+        # validated against the SDK's own types (pydantic, every required field, every
+        # literal), whole and each streamed event: text, tool calls and a failure.
+        events = pydantic.TypeAdapter(ResponseStreamEvent)
+        whole = client.responses.with_raw_response.create(model=model, input="say hello")
+        Response.model_validate(whole.http_response.json())
+        checked = {"whole": 1}
+        for name, m, tools in [("text", model, []), ("tools", s["tools_model"], [WEATHER]),
+                               ("failed", s["mid_error"], [])]:
+            with client.responses.with_streaming_response.create(
+                    model=m, input="say hello", stream=True, tools=tools) as raw:
+                types = []
+                for line in raw.iter_lines():
+                    if line.startswith("data: "):
+                        event = events.validate_python(json.loads(line[len("data: "):]))
+                        types.append(event.type)
+                        if hasattr(event, "response"):
+                            Response.model_validate(event.response.model_dump())
+            checked[name] = types
+        out["validated"] = checked
 
     if scenario("mid_error"):
         events = list(client.responses.create(model=s["mid_error"], input="hi", stream=True))

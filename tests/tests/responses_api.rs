@@ -230,8 +230,9 @@ async fn keys_limits_bad_bodies_and_errors_answer_in_openais_shape() {
 /// OpenAI's own Python SDK against the route: `responses.create` whole and streamed, the
 /// `responses.stream` helper (text in order, the final response and its usage), a function
 /// tool called and its output sent back, streamed calls, the errors (refused key, unknown
-/// model, `previous_response_id`, a hosted tool), an error mid-stream, and a stream closed
-/// early, which cancels the provider call. Runs when `OPENAI_PY` is set.
+/// model, `previous_response_id`, a hosted tool), every body and event validated against the
+/// SDK's own pydantic types, an error mid-stream, and a stream closed early, which cancels
+/// the provider call. Runs when `OPENAI_PY` is set.
 #[tokio::test]
 async fn the_official_python_sdk_drives_the_responses_route() {
     let Some(python) = sluice_tests::outside_tool(
@@ -243,7 +244,7 @@ async fn the_official_python_sdk_drives_the_responses_route() {
     let s = stack("m-rs-py").await;
     let settings = json!({"base_url": s.url("/v1"), "api_key": TOKEN, "model": "m-rs-py",
                           "mid_error": "error_mid_stream", "stall": "stall", "tools_model": "tools",
-                          "only": ["whole", "stream", "helper", "tools", "errors", "mid_error", "cancel"]});
+                          "only": ["whole", "stream", "helper", "tools", "errors", "validated", "mid_error", "cancel"]});
     let r = run_python_sdk(&python, &settings).await;
     let whole = &r["whole"];
     assert_eq!(whole["output_text"], "Hello world!", "{r}");
@@ -320,6 +321,27 @@ async fn the_official_python_sdk_drives_the_responses_route() {
     assert_eq!(r["previous"]["param"], "previous_response_id");
     assert_eq!(r["hosted_tool"]["raised"], "BadRequestError");
     assert_eq!(r["hosted_tool"]["param"], "tools[0].type");
+
+    // Every body and event validated against the SDK's own types (the SDK itself builds
+    // them unchecked).
+    let validated = &r["validated"];
+    assert_eq!(validated["whole"], 1, "{r}");
+    assert_eq!(
+        validated["text"].as_array().unwrap().last().unwrap(),
+        "response.completed"
+    );
+    assert!(
+        validated["tools"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("response.function_call_arguments.done")),
+        "{r}"
+    );
+    let failed = validated["failed"].as_array().unwrap();
+    assert_eq!(
+        failed[failed.len() - 2..],
+        [json!("error"), json!("response.failed")]
+    );
 
     let mid = &r["mid_error"];
     assert_eq!(mid["text"], "Hel", "{r}");

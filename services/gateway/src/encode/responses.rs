@@ -83,7 +83,7 @@ impl Status {
 
 /// The Responses API's `usage`.
 pub(crate) fn usage(t: Tokens) -> Value {
-    json!({"input_tokens": t.input, "input_tokens_details": {"cached_tokens": 0},
+    json!({"input_tokens": t.input, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
            "output_tokens": t.output, "output_tokens_details": {"reasoning_tokens": 0},
            "total_tokens": t.input.saturating_add(t.output)})
 }

@@ -188,7 +188,7 @@ async fn a_whole_answer_is_one_response_object() {
     );
     assert_eq!(
         v["usage"],
-        json!({"input_tokens": 2, "input_tokens_details": {"cached_tokens": 0},
+        json!({"input_tokens": 2, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                "output_tokens": 1, "output_tokens_details": {"reasoning_tokens": 0},
                "total_tokens": 3})
     );
