@@ -229,9 +229,19 @@ const KNOWN: &[&str] = &[
 
 /// Refuses the first parameter that is neither [`KNOWN`] nor [`IGNORED`].
 fn refuse_unknown(body: &Map<String, Value>) -> Result<(), ApiError> {
+    refuse_unlisted(body, KNOWN, IGNORED)
+}
+
+/// Refuses the first parameter of `body` in neither list, as OpenAI refuses a parameter it
+/// does not define (one route's parameters are `known` and `ignored`).
+pub(crate) fn refuse_unlisted(
+    body: &Map<String, Value>,
+    known: &[&str],
+    ignored: &[&str],
+) -> Result<(), ApiError> {
     if let Some(unknown) = body
         .keys()
-        .find(|k| !KNOWN.contains(&k.as_str()) && !IGNORED.contains(&k.as_str()))
+        .find(|k| !known.contains(&k.as_str()) && !ignored.contains(&k.as_str()))
     {
         let shown: String = unknown.chars().take(60).collect();
         return Err(ApiError::invalid(

@@ -14,7 +14,10 @@ use sluice_schema::{
 
 use crate::openai::{
     ApiError,
-    parse::{MAX_TOOLS, function_tool, json_object, model, number, positive_integer, temperature},
+    parse::{
+        MAX_TOOLS, function_tool, json_object, model, number, positive_integer, refuse_unlisted,
+        temperature,
+    },
 };
 
 /// Parameters OpenAI defines that sluice accepts and ignores because they do not change the
@@ -176,18 +179,7 @@ fn echo(
 
 /// Refuses the first parameter that is neither [`KNOWN`] nor [`IGNORED`].
 fn refuse_unknown(body: &Map<String, Value>) -> Result<(), ApiError> {
-    if let Some(unknown) = body
-        .keys()
-        .find(|k| !KNOWN.contains(&k.as_str()) && !IGNORED.contains(&k.as_str()))
-    {
-        let shown: String = unknown.chars().take(60).collect();
-        return Err(ApiError::invalid(
-            format!("Unrecognized request argument supplied: {shown}"),
-            None,
-            None,
-        ));
-    }
-    Ok(())
+    refuse_unlisted(body, KNOWN, IGNORED)
 }
 
 /// What sluice cannot honour, refused by name; defaults that change nothing pass.
