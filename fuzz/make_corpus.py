@@ -186,6 +186,15 @@ put("gateway", "anthropic_messages", 8, 2, j({"model": "smollm2", "max_tokens": 
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
             "content": [{"type": "text", "text": "sunny"}], "is_error": False}, {"type": "text", "text": "thanks"}]}]}))
 put("gateway", "anthropic_bad", 8, 0, j({"model": "m", "messages": [{"role": "user", "content": [{"type": "image"}]}], "top_k": 3}))
+put("gateway", "responses", 8, 2, j({"model": "smollm2", "stream": True, "instructions": "Be brief.",
+    "max_output_tokens": 64, "temperature": 0.2, "text": {"format": {"type": "json_schema", "name": "n", "schema": {"type": "object"}}},
+    "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}, "strict": True}],
+    "tool_choice": "auto", "input": [
+        {"role": "developer", "content": "d"},
+        {"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}]}))
+put("gateway", "responses_bad", 8, 0, j({"model": "m", "input": [{"type": "function_call_output"}], "previous_response_id": 3}))
 
 # --- config / templates / tools --------------------------------------------------------
 put("config", "toml", 0, 0, "model = \"smollm2\"\nbase-url = \"http://127.0.0.1:8766\"\nmax-tokens = 64\ntemperature = 0.5\ntopic = [\"a\", \"b\"]\nno-stream-usage = true\nlog-format = \"json\"\n")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Makes a Python venv with OpenAI's official Python SDK (the `openai` package from PyPI,
 # unmodified) under ~/.cache/sluice/openai-venv and prints the path of its python, for
-#   OPENAI_PY=$(bash scripts/openai-venv.sh) cargo test -p sluice-tests --test openai_api
+#   OPENAI_PY=$(bash scripts/openai-venv.sh) cargo test -p sluice-tests --test openai_api --test responses_api
 set -euo pipefail
 version="${OPENAI_PY_VERSION:-3.54.0}"
 venv="${OPENAI_VENV:-$HOME/.cache/sluice/openai-venv}"

@@ -363,8 +363,8 @@ if command -v chromium >/dev/null 2>&1; then
   export SLUICE_CHROMIUM="$(command -v chromium)"
 fi
 
-# OpenAI's own Python SDK (PyPI openai, in a venv): the OpenAI-dialect tests drive the
-# gateway and `sluice serve` with it when it is there.
+# OpenAI's own Python SDK (PyPI openai, in a venv): the OpenAI-dialect tests (Chat Completions
+# and the Responses API) drive the gateway and `sluice serve` with it when it is there.
 if openai_py=$(bash scripts/openai-venv.sh); then
   export OPENAI_PY="$openai_py"
 elif [ "${CI:-}" = "true" ]; then

@@ -1,6 +1,6 @@
 //! The gateway's reading of HTTP requests: a POST body on each route (TrustGraph's, sluice's,
-//! OpenAI's `/v1/chat/completions`, Ollama's `/api/chat` and `/api/generate`, Anthropic's
-//! `/v1/messages`) and in each
+//! OpenAI's `/v1/chat/completions` and `/v1/responses`, Ollama's `/api/chat` and
+//! `/api/generate`, Anthropic's `/v1/messages`) and in each
 //! answer mode (JSON, NDJSON, SSE), through
 //! the real router, with the services not enabled so nothing
 //! reaches a bus (the body is read before that). Property: no panic; an unreadable body is a
@@ -32,7 +32,7 @@ fn router() -> Router {
     })
 }
 
-const PATHS: [&str; 9] = [
+const PATHS: [&str; 10] = [
     "/api/v1/text-completion",
     "/api/v1/prompt",
     "/api/v1/agent",
@@ -46,6 +46,8 @@ const PATHS: [&str; 9] = [
     "/api/generate",
     // Anthropic's Messages body likewise (its typed decoder, blocks, tools, tool results).
     "/v1/messages",
+    // OpenAI's Responses body (input items, tools, text.format) likewise.
+    "/v1/responses",
 ];
 const ACCEPT: [&str; 3] = [
     "application/json",

@@ -10,6 +10,7 @@
 //! - [`frames::Frames`]: TrustGraph's WebSocket frames.
 //! - [`lines::Lines`]: Ollama's NDJSON lines (`/api/chat`, `/api/generate`).
 //! - [`messages::Messages`]: Anthropic's Messages stream events (`/v1/messages`).
+//! - [`responses::ResponseEvents`]: OpenAI's Responses API semantic events (`/v1/responses`).
 //!
 //! An encoder never numbers what it emits: a resumable stream's event ids, and the events a
 //! resuming caller already had, are the route's, applied to what is handed out. So what an
@@ -23,6 +24,7 @@ pub(crate) mod frames;
 pub(crate) mod lines;
 pub(crate) mod messages;
 pub(crate) mod records;
+pub(crate) mod responses;
 
 use std::{sync::Arc, time::Instant};
 

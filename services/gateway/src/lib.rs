@@ -12,6 +12,8 @@
 //! - `GET /api/v1/socket`: TrustGraph's multiplexed WebSocket protocol.
 //! - `POST /v1/chat/completions`, `GET /v1/models`: OpenAI's dialect, for OpenAI SDKs and
 //!   tools given this gateway as their base URL (see `openai`).
+//! - `POST /v1/responses`: OpenAI's Responses API, whole or as its semantic SSE events (see
+//!   `responses`).
 //! - `POST /api/chat`, `POST /api/generate`, `GET /api/tags`, `POST /api/show`,
 //!   `GET /api/version`: Ollama's API, for Ollama's clients given this gateway as their host
 //!   (see `ollama`).
@@ -38,6 +40,7 @@ mod ollama;
 mod openai;
 mod preamble;
 mod refusal;
+mod responses;
 mod resume;
 pub mod server;
 pub mod socket;
@@ -373,6 +376,7 @@ impl Gateway {
                 ServiceKind::TextCompletion => {
                     metrics.route_served(openai::CHAT_ROUTE);
                     metrics.route_served(openai::MODELS_ROUTE);
+                    metrics.route_served(responses::ROUTE);
                     metrics.route_served(ollama::CHAT_ROUTE);
                     metrics.route_served(ollama::GENERATE_ROUTE);
                     metrics.route_served(anthropic::ROUTE);
@@ -474,6 +478,10 @@ impl Gateway {
             .route(
                 "/v1/messages/{*rest}",
                 axum::routing::any(anthropic::not_served),
+            )
+            .route(
+                "/v1/responses",
+                post(responses::create).fallback(openai::invalid_url),
             )
             .route("/v1/{*rest}", axum::routing::any(openai::invalid_url))
             .route("/api/chat", post(ollama::chat))

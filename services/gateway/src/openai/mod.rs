@@ -31,7 +31,7 @@
 //! the stream ends without `[DONE]`, which the OpenAI SDKs raise as an exception.
 
 mod errors;
-mod parse;
+pub(crate) mod parse;
 
 use std::{
     convert::Infallible,
@@ -179,7 +179,10 @@ pub(crate) async fn model(
 /// an SDK calling, say, embeddings gets an error it can read.
 pub(crate) async fn invalid_url(method: axum::http::Method, uri: axum::http::Uri) -> Response {
     let path: String = uri.path().chars().take(200).collect();
-    let status = if matches!(path.as_str(), "/v1/chat/completions" | "/v1/models") {
+    let status = if matches!(
+        path.as_str(),
+        "/v1/chat/completions" | "/v1/models" | "/v1/responses"
+    ) {
         StatusCode::METHOD_NOT_ALLOWED
     } else {
         StatusCode::NOT_FOUND

@@ -85,7 +85,7 @@ fn content_text(content: &Value, at: &str) -> Result<String, ApiError> {
     }
 }
 
-fn number(body: &Map<String, Value>, name: &str) -> Result<Option<f64>, ApiError> {
+pub(crate) fn number(body: &Map<String, Value>, name: &str) -> Result<Option<f64>, ApiError> {
     match body.get(name) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => v.as_f64().map(Some).ok_or_else(|| {
@@ -98,7 +98,10 @@ fn number(body: &Map<String, Value>, name: &str) -> Result<Option<f64>, ApiError
     }
 }
 
-fn positive_integer(body: &Map<String, Value>, name: &str) -> Result<Option<u32>, ApiError> {
+pub(crate) fn positive_integer(
+    body: &Map<String, Value>,
+    name: &str,
+) -> Result<Option<u32>, ApiError> {
     match body.get(name) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => match v.as_u64() {
@@ -172,7 +175,7 @@ pub(crate) fn parse_chat(body: &[u8]) -> Result<ChatCall, ApiError> {
 }
 
 /// The body as a JSON object.
-fn json_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+pub(crate) fn json_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     let value: Value = serde_json::from_slice(body).map_err(|_| {
         ApiError::invalid(
             "We could not parse the JSON body of your request. The body must be a JSON object \
@@ -226,9 +229,19 @@ const KNOWN: &[&str] = &[
 
 /// Refuses the first parameter that is neither [`KNOWN`] nor [`IGNORED`].
 fn refuse_unknown(body: &Map<String, Value>) -> Result<(), ApiError> {
+    refuse_unlisted(body, KNOWN, IGNORED)
+}
+
+/// Refuses the first parameter of `body` in neither list, as OpenAI refuses a parameter it
+/// does not define (one route's parameters are `known` and `ignored`).
+pub(crate) fn refuse_unlisted(
+    body: &Map<String, Value>,
+    known: &[&str],
+    ignored: &[&str],
+) -> Result<(), ApiError> {
     if let Some(unknown) = body
         .keys()
-        .find(|k| !KNOWN.contains(&k.as_str()) && !IGNORED.contains(&k.as_str()))
+        .find(|k| !known.contains(&k.as_str()) && !ignored.contains(&k.as_str()))
     {
         let shown: String = unknown.chars().take(60).collect();
         return Err(ApiError::invalid(
@@ -241,7 +254,7 @@ fn refuse_unknown(body: &Map<String, Value>) -> Result<(), ApiError> {
 }
 
 /// `model`: required, a non-empty string.
-fn model(body: &Map<String, Value>) -> Result<String, ApiError> {
+pub(crate) fn model(body: &Map<String, Value>) -> Result<String, ApiError> {
     match body.get("model") {
         Some(Value::String(m)) if !m.is_empty() => Ok(m.clone()),
         None | Some(Value::Null) => Err(ApiError::invalid(
@@ -391,7 +404,7 @@ fn stream_options(body: &Map<String, Value>) -> Result<(bool, bool), ApiError> {
 }
 
 /// `temperature`: a number from 0 to 2.
-fn temperature(body: &Map<String, Value>) -> Result<Option<f64>, ApiError> {
+pub(crate) fn temperature(body: &Map<String, Value>) -> Result<Option<f64>, ApiError> {
     let temperature = number(body, "temperature")?;
     if let Some(t) = temperature
         && !(0.0..=2.0).contains(&t)
@@ -557,7 +570,7 @@ fn tool_result(
 }
 
 /// The most tools one request may offer (OpenAI's limit).
-const MAX_TOOLS: usize = 128;
+pub(crate) const MAX_TOOLS: usize = 128;
 
 /// `tools`, `tool_choice` and `parallel_tool_calls`, checked as OpenAI checks them: function
 /// tools only, names of its pattern and unique, a choice naming one of them, and no
@@ -620,49 +633,8 @@ fn tool_list(body: &Map<String, Value>) -> Result<Vec<Tool>, ApiError> {
                         ));
                     }
                 }
-                let f = &t["function"];
-                let Some(name) = f["name"].as_str() else {
-                    return Err(ApiError::invalid(
-                        format!("Missing required parameter: '{at}.function.name'."),
-                        Some(&format!("{at}.function.name")),
-                        Some("missing_required_parameter"),
-                    ));
-                };
-                if !sluice_schema::tools::valid_name(name) {
-                    return Err(ApiError::invalid(
-                        format!(
-                            "Invalid '{at}.function.name': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]{{1,64}}$'."
-                        ),
-                        Some(&format!("{at}.function.name")),
-                        Some("invalid_value"),
-                    ));
-                }
-                if tools.iter().any(|t: &Tool| t.name == name) {
-                    return Err(ApiError::invalid(
-                        format!("Invalid 'tools': the name '{name}' is given twice."),
-                        Some(&format!("{at}.function.name")),
-                        Some("invalid_value"),
-                    ));
-                }
-                let parameters = match &f["parameters"] {
-                    Value::Null => sluice_schema::tools::no_parameters(),
-                    Value::Object(p) => Value::Object(p.clone()),
-                    _ => {
-                        return Err(ApiError::invalid(
-                            format!(
-                                "Invalid type for '{at}.function.parameters': expected an object."
-                            ),
-                            Some(&format!("{at}.function.parameters")),
-                            Some("invalid_type"),
-                        ));
-                    }
-                };
-                tools.push(Tool {
-                    name: name.to_owned(),
-                    description: f["description"].as_str().map(str::to_owned),
-                    parameters,
-                    strict: f["strict"].as_bool(),
-                });
+                let tool = function_tool(&t["function"], &format!("{at}.function"), &tools)?;
+                tools.push(tool);
             }
         }
         Some(_) => {
@@ -674,6 +646,52 @@ fn tool_list(body: &Map<String, Value>) -> Result<Vec<Tool>, ApiError> {
         }
     }
     Ok(tools)
+}
+
+/// One function tool's `name`, `description`, `parameters` and `strict`, read from `f` (Chat's
+/// `tools[i].function`, the Responses API's `tools[i]` itself; `at` names it in errors): a
+/// name of OpenAI's pattern that `tools` does not have yet, parameters an object.
+pub(crate) fn function_tool(f: &Value, at: &str, tools: &[Tool]) -> Result<Tool, ApiError> {
+    let Some(name) = f["name"].as_str() else {
+        return Err(ApiError::invalid(
+            format!("Missing required parameter: '{at}.name'."),
+            Some(&format!("{at}.name")),
+            Some("missing_required_parameter"),
+        ));
+    };
+    if !sluice_schema::tools::valid_name(name) {
+        return Err(ApiError::invalid(
+            format!(
+                "Invalid '{at}.name': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]{{1,64}}$'."
+            ),
+            Some(&format!("{at}.name")),
+            Some("invalid_value"),
+        ));
+    }
+    if tools.iter().any(|t| t.name == name) {
+        return Err(ApiError::invalid(
+            format!("Invalid 'tools': the name '{name}' is given twice."),
+            Some(&format!("{at}.name")),
+            Some("invalid_value"),
+        ));
+    }
+    let parameters = match &f["parameters"] {
+        Value::Null => sluice_schema::tools::no_parameters(),
+        Value::Object(p) => Value::Object(p.clone()),
+        _ => {
+            return Err(ApiError::invalid(
+                format!("Invalid type for '{at}.parameters': expected an object."),
+                Some(&format!("{at}.parameters")),
+                Some("invalid_type"),
+            ));
+        }
+    };
+    Ok(Tool {
+        name: name.to_owned(),
+        description: f["description"].as_str().map(str::to_owned),
+        parameters,
+        strict: f["strict"].as_bool(),
+    })
 }
 
 /// `tool_choice`: `none`, `auto`, `required` or one of `tools` by name; `required` or a name
