@@ -1,5 +1,6 @@
-//! The gateway scenario: the gateway's routes (NDJSON, OpenAI's) over the broker against
-//! calling the fake provider directly.
+//! The gateway scenario: the gateway's routes (its NDJSON events, OpenAI's chat completions,
+//! and the other dialects: Ollama's, Anthropic's Messages, OpenAI's Responses) over the broker
+//! against calling the fake provider directly.
 
 use std::{
     fmt::Write as _, sync::Arc, sync::atomic::AtomicU64, sync::atomic::Ordering, time::Duration,
@@ -100,6 +101,96 @@ pub(crate) async fn openai_call_as(
     (first, ok)
 }
 
+/// A dialect the gateway speaks beside its own events and OpenAI's chat completions: where it
+/// is served, a streamed request's body for a model, how its frames are separated, which frame
+/// carries the first content, and which one says the answer completed.
+pub(crate) struct Dialect {
+    /// The row's words in the table.
+    pub(crate) label: &'static str,
+    /// Its short name, in the ratio's row.
+    pub(crate) name: &'static str,
+    /// The key of its figures in the JSON file.
+    pub(crate) key: &'static str,
+    pub(crate) path: &'static str,
+    pub(crate) body: fn(&str) -> serde_json::Value,
+    pub(crate) separator: &'static [u8],
+    pub(crate) first: fn(&str) -> bool,
+    pub(crate) done: fn(&str) -> bool,
+}
+
+/// The dialects measured beside the OpenAI route, each streamed as its clients stream it.
+pub(crate) const DIALECTS: [Dialect; 3] = [
+    Dialect {
+        label: "Ollama's API (`POST /api/chat`, NDJSON lines)",
+        name: "Ollama",
+        key: "ollama_chat",
+        path: "/api/chat",
+        body: |model| {
+            serde_json::json!({"model": model, "stream": true,
+                "messages": [{"role": "user", "content": "bench"}]})
+        },
+        separator: b"\n",
+        first: |line| {
+            serde_json::from_str::<serde_json::Value>(line)
+                .ok()
+                .and_then(|v| v["message"]["content"].as_str().map(|c| !c.is_empty()))
+                .unwrap_or(false)
+        },
+        done: |line| {
+            serde_json::from_str::<serde_json::Value>(line)
+                .is_ok_and(|v| v["done"] == true && v["done_reason"] == "stop")
+        },
+    },
+    Dialect {
+        label: "Anthropic's Messages API (`POST /v1/messages`, SSE events)",
+        name: "Messages API",
+        key: "anthropic_messages",
+        path: "/v1/messages",
+        body: |model| {
+            serde_json::json!({"model": model, "stream": true, "max_tokens": 64,
+                "messages": [{"role": "user", "content": "bench"}]})
+        },
+        separator: b"\n\n",
+        first: |event| event.contains("\"text_delta\""),
+        done: |event| event.starts_with("event: message_stop"),
+    },
+    Dialect {
+        label: "OpenAI's Responses API (`POST /v1/responses`, SSE events)",
+        name: "Responses API",
+        key: "openai_responses",
+        path: "/v1/responses",
+        body: |model| serde_json::json!({"model": model, "stream": true, "input": "bench"}),
+        separator: b"\n\n",
+        first: |event| event.contains("\"response.output_text.delta\""),
+        done: |event| event.contains("\"response.completed\""),
+    },
+];
+
+/// Streams one request of `dialect` from the gateway at `base` ("http://host:port") and reads
+/// it to the end. Returns the time to the first frame with content and whether the answer
+/// completed.
+pub(crate) async fn dialect_call(
+    http: &reqwest::Client,
+    base: &str,
+    dialect: &Dialect,
+    model: &str,
+) -> (Option<Duration>, bool) {
+    let t0 = Instant::now();
+    let (mut first, mut ok) = (None, false);
+    let request = http
+        .post(format!("{base}{}", dialect.path))
+        .json(&(dialect.body)(model));
+    stream_frames(request, dialect.label, dialect.separator, |frame| {
+        let frame = String::from_utf8_lossy(frame);
+        if first.is_none() && (dialect.first)(&frame) {
+            first = Some(t0.elapsed());
+        }
+        ok |= (dialect.done)(&frame);
+    })
+    .await;
+    (first, ok)
+}
+
 /// Requests per second through the gateway with `streams` concurrent HTTP streams, and how
 /// many of the `total` requests ended with a successful `done`.
 pub(crate) async fn gateway_throughput(url: &str, streams: u64, total: u64) -> (f64, u64) {
@@ -185,6 +276,8 @@ pub(crate) async fn gateway_bench(
     let http = reqwest::Client::new();
     let (mut h_direct, mut h_gateway, mut h_openai, mut h_off, mut h_keys, mut h_nol) =
         (hist(), hist(), hist(), hist(), hist(), hist());
+    let mut h_dialects: Vec<_> = DIALECTS.iter().map(|_| hist()).collect();
+    let base = format!("http://{addr}");
     for i in 0..requests + 50 {
         let (d, d_ok) = openai_call(&http, &fake_url, model, "the fake provider").await;
         let (g, g_ok) = gateway_call(&http, &url).await;
@@ -204,6 +297,15 @@ pub(crate) async fn gateway_bench(
             h_off.record(f.unwrap().as_micros() as u64).unwrap();
             h_keys.record(k.unwrap().as_micros() as u64).unwrap();
             h_nol.record(n.unwrap().as_micros() as u64).unwrap();
+        }
+        // Each dialect right after the OpenAI route on the same gateway, so its ratio to
+        // that route compares requests made moments apart.
+        for (dialect, h) in DIALECTS.iter().zip(&mut h_dialects) {
+            let (t, ok) = dialect_call(&http, &base, dialect, model).await;
+            assert!(ok, "a stream of {} did not complete", dialect.label);
+            if i >= 50 {
+                h.record(t.unwrap().as_micros() as u64).unwrap();
+            }
         }
     }
     terminate(gateway_off).await;
@@ -286,6 +388,27 @@ pub(crate) async fn gateway_bench(
         o50 / g50,
         o99 / g99
     );
+    let mut dialect_json = serde_json::Map::new();
+    for (dialect, h) in DIALECTS.iter().zip(&h_dialects) {
+        let (p50, p99) = (ms(h, 0.5), ms(h, 0.99));
+        let _ = writeln!(
+            md,
+            "| the same through {} | {p50:.2} | {p99:.2} |",
+            dialect.label
+        );
+        let _ = writeln!(
+            md,
+            "| ratio ({} / OpenAI route) | {:.2}x | {:.2}x |",
+            dialect.name,
+            p50 / o50,
+            p99 / o99
+        );
+        dialect_json.insert(
+            dialect.key.to_owned(),
+            serde_json::json!({"p50": p50, "p99": p99,
+                "vs_openai_route": {"p50": p50 / o50, "p99": p99 / o99}}),
+        );
+    }
     let (f50, f99) = (ms(&h_off, 0.5), ms(&h_off, 0.99));
     let _ = writeln!(
         md,
@@ -344,6 +467,7 @@ pub(crate) async fn gateway_bench(
             "gateway": {"p50": g50, "p99": g99},
             "openai_route": {"p50": o50, "p99": o99},
             "openai_route_vs_gateway": {"p50": o50 / g50, "p99": o99 / g99},
+            "dialects": dialect_json,
             "openai_route_resume_off": {"p50": f50, "p99": f99},
             "resume_on_vs_off": {"p50": o50 / f50, "p99": o99 / f99},
             "openai_route_api_key": {"p50": k50, "p99": k99},
