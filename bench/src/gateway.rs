@@ -250,10 +250,11 @@ pub(crate) async fn gateway_bench(
         std::env::temp_dir().join(format!("sluice-bench-keys-{}.toml", std::process::id()));
     std::fs::write(
         &keys_file,
-        format!(
-            "[[keys]]\nname = \"bench\"\nsha256 = \"{}\"\nrequests_per_minute = 100000000\ntokens_per_minute = 100000000000\ntokens_per_day = 100000000000\n",
-            sluice_gateway::keys::hash_hex(BENCH_KEY)
-        ),
+        sluice_tests::keys::keys_toml(&[(
+            "bench",
+            BENCH_KEY,
+            "requests_per_minute = 100000000\ntokens_per_minute = 100000000000\ntokens_per_day = 100000000000",
+        )]),
     )
     .unwrap();
     let keys_path = keys_file.display().to_string();
