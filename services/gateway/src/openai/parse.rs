@@ -42,47 +42,54 @@ fn content_text(content: &Value, at: &str) -> Result<String, ApiError> {
     match content {
         Value::String(s) => Ok(s.clone()),
         Value::Null => Ok(String::new()),
-        Value::Array(parts) => {
-            let mut text = String::new();
-            for (j, part) in parts.iter().enumerate() {
-                match part["type"].as_str() {
-                    Some("text") => match part["text"].as_str() {
-                        Some(t) => text.push_str(t),
-                        None => {
-                            return Err(ApiError::invalid(
-                                format!("Invalid '{at}[{j}].text': expected a string."),
-                                Some(&format!("{at}[{j}].text")),
-                                Some("invalid_type"),
-                            ));
-                        }
-                    },
-                    Some(other) => {
-                        let shown: String = other.chars().take(40).collect();
-                        return Err(ApiError::invalid(
-                            format!(
-                                "content parts of type '{shown}' are not supported by this server; send text"
-                            ),
-                            Some(&format!("{at}[{j}].type")),
-                            Some("unsupported_value"),
-                        ));
-                    }
-                    None => {
-                        return Err(ApiError::invalid(
-                            format!("Missing required parameter: '{at}[{j}].type'."),
-                            Some(&format!("{at}[{j}].type")),
-                            Some("missing_required_parameter"),
-                        ));
-                    }
-                }
-            }
-            Ok(text)
-        }
+        Value::Array(parts) => parts_text(parts, at, &["text"]),
         _ => Err(ApiError::invalid(
             format!("Invalid type for '{at}': expected a string or an array of text parts."),
             Some(at),
             Some("invalid_type"),
         )),
     }
+}
+
+/// The text of content `parts` at `at`, joined: each part's type one of `kinds` (the dialect's
+/// text parts: Chat Completions' `text`, the Responses API's `input_text` and `output_text`),
+/// any other refused (an image, a file, audio: the processors take text only), in OpenAI's
+/// words and with the part's path as `param`.
+pub(crate) fn parts_text(parts: &[Value], at: &str, kinds: &[&str]) -> Result<String, ApiError> {
+    let mut text = String::new();
+    for (j, part) in parts.iter().enumerate() {
+        match part["type"].as_str() {
+            Some(kind) if kinds.contains(&kind) => match part["text"].as_str() {
+                Some(t) => text.push_str(t),
+                None => {
+                    return Err(ApiError::invalid(
+                        format!("Invalid '{at}[{j}].text': expected a string."),
+                        Some(&format!("{at}[{j}].text")),
+                        Some("invalid_type"),
+                    ));
+                }
+            },
+            Some(other) => {
+                let shown: String = other.chars().take(40).collect();
+                let send = kinds.first().copied().unwrap_or("text");
+                return Err(ApiError::invalid(
+                    format!(
+                        "content parts of type '{shown}' are not supported by this server; send {send}"
+                    ),
+                    Some(&format!("{at}[{j}].type")),
+                    Some("unsupported_value"),
+                ));
+            }
+            None => {
+                return Err(ApiError::invalid(
+                    format!("Missing required parameter: '{at}[{j}].type'."),
+                    Some(&format!("{at}[{j}].type")),
+                    Some("missing_required_parameter"),
+                ));
+            }
+        }
+    }
+    Ok(text)
 }
 
 pub(crate) fn number(body: &Map<String, Value>, name: &str) -> Result<Option<f64>, ApiError> {

@@ -15,8 +15,8 @@ use sluice_schema::{
 use crate::openai::{
     ApiError,
     parse::{
-        MAX_TOOLS, function_tool, json_object, model, number, positive_integer, refuse_unlisted,
-        temperature,
+        MAX_TOOLS, function_tool, json_object, model, number, parts_text, positive_integer,
+        refuse_unlisted, temperature,
     },
 };
 
@@ -619,39 +619,7 @@ fn content_text(content: &Value, at: &str) -> Result<String, ApiError> {
             ));
         }
     };
-    let mut text = String::new();
-    for (j, part) in parts.iter().enumerate() {
-        match part["type"].as_str() {
-            Some("input_text" | "output_text") => match part["text"].as_str() {
-                Some(t) => text.push_str(t),
-                None => {
-                    return Err(ApiError::invalid(
-                        format!("Invalid '{at}[{j}].text': expected a string."),
-                        Some(&format!("{at}[{j}].text")),
-                        Some("invalid_type"),
-                    ));
-                }
-            },
-            Some(other) => {
-                let shown: String = other.chars().take(40).collect();
-                return Err(ApiError::invalid(
-                    format!(
-                        "content parts of type '{shown}' are not supported by this server; send input_text"
-                    ),
-                    Some(&format!("{at}[{j}].type")),
-                    Some("unsupported_value"),
-                ));
-            }
-            None => {
-                return Err(ApiError::invalid(
-                    format!("Missing required parameter: '{at}[{j}].type'."),
-                    Some(&format!("{at}[{j}].type")),
-                    Some("missing_required_parameter"),
-                ));
-            }
-        }
-    }
-    Ok(text)
+    parts_text(parts, at, &["input_text", "output_text"])
 }
 
 #[cfg(test)]
