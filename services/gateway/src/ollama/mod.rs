@@ -268,14 +268,16 @@ async fn served_model(inner: &Inner, asked: &str) -> Result<String, OllamaError>
         .ok_or_else(|| OllamaError::model_not_found(asked))
 }
 
-/// Ollama's answer to a request with nothing to generate: the model is loaded, `done`.
+/// Ollama's answer to a request with nothing to generate: the model is loaded (or, asked with
+/// `keep_alive: 0`, unloaded), `done`. The processors' models are theirs to keep: nothing is
+/// sent.
 fn loaded(call: &OllamaCall, shape: Shape) -> Response {
     let mut v = json!({"model": call.model, "created_at": created_at(SystemTime::now())});
     match shape {
         Shape::Chat => v["message"] = json!({"role": "assistant", "content": ""}),
         Shape::Generate => v["response"] = json!(""),
     }
-    v["done_reason"] = json!("load");
+    v["done_reason"] = json!(if call.unload { "unload" } else { "load" });
     v["done"] = json!(true);
     Json(v).into_response()
 }
