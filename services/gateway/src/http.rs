@@ -536,6 +536,24 @@ fn read_request<K: Routed>(
     Ok((caller, request, body.len()))
 }
 
+/// A started stream's response: `items` as the body, sent as they come, of `content_type`,
+/// with the headers that keep a proxy from holding them ([`no_buffering`]). Every dialect's
+/// stream is answered by this once its first item is ready.
+pub(crate) fn streamed<I: Into<Bytes> + 'static>(
+    items: impl Stream<Item = I> + Send + 'static,
+    content_type: &'static str,
+) -> Response {
+    let body = items.map(|item| Ok::<_, Infallible>(item.into()));
+    let mut resp = Response::new(Body::from_stream(body));
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    no_buffering(&mut resp);
+    resp
+}
+
+/// Server-sent events' content type, as every SSE dialect answers it.
+pub(crate) const SSE: &str = "text/event-stream; charset=utf-8";
+
 /// Headers that keep a streamed answer from being held by a cache or a proxy.
 pub(crate) fn no_buffering(resp: &mut Response) {
     let h = resp.headers_mut();

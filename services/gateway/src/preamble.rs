@@ -23,16 +23,16 @@ use sluice_runtime::{
     billing,
     bus::Position,
     client::RequestOptions,
-    reader::{ReadPolicy, Reader},
+    reader::{ReadPolicy, Reader, StartOver},
     trace,
 };
-use sluice_schema::{Error, ErrorKind};
+use sluice_schema::{Error, ErrorKind, TextCompletionRequest};
 
 use crate::{
     Inner, Refusal,
     auth::Caller,
     http::{self, Mode, Routed},
-    kinds::Confined,
+    kinds::{Confined, TextCompletion},
     openai::ApiError,
     resume::{self, Numbering, Resume, Token},
 };
@@ -193,6 +193,64 @@ pub(crate) struct Call<'a, K: Routed, P> {
     pub policy: ReadPolicy<P>,
     /// Whether a stream of this route can be resumed at all (the WebSocket's cannot).
     pub resumable_route: bool,
+}
+
+/// A dialect route (Ollama's, Anthropic's Messages, OpenAI's Responses): its label (metrics)
+/// and its path (its span's name).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DialectRoute {
+    pub label: &'static str,
+    pub path: &'static str,
+}
+
+impl DialectRoute {
+    /// `request` as this route hands it to [`start`]: text-completion's, its span named after
+    /// the route with the model asked for (`model`, as the caller named it), read as OpenAI's
+    /// chat is (a restart before anything was sent starts over), and not resumable: these
+    /// dialects' events carry no ids to resume from.
+    pub(crate) fn call<'a>(
+        self,
+        inner: &'a Arc<Inner>,
+        headers: &'a HeaderMap,
+        caller: &'a Caller,
+        request: &'a TextCompletionRequest,
+        body_bytes: usize,
+        model: &str,
+    ) -> Call<'a, TextCompletion, StartOver> {
+        let incoming = headers.get("traceparent").and_then(|v| v.to_str().ok());
+        let mut span = crate::http_span("POST", self.path, incoming);
+        span.set("gen_ai.request.model", model.to_owned());
+        Call {
+            inner,
+            headers,
+            caller,
+            request,
+            body_bytes,
+            route: self.label,
+            span,
+            token_trace: None,
+            policy: crate::openai::chat_policy(),
+            resumable_route: false,
+        }
+    }
+}
+
+/// The error of an answer that ended, before anything was sent, without saying why: a guard
+/// (the encoders say why whenever an answer ends so).
+pub(crate) fn no_final_record() -> Error {
+    Error::new(
+        ErrorKind::Internal,
+        "the answer ended without a final record",
+    )
+}
+
+/// A request id as the dialects put it in their ids (`chatcmpl-<id>`, `resp_<id>`,
+/// `msg_<id>`): a UUID's 32 hex digits, or the id itself when it is not a UUID.
+pub(crate) fn short_id(request_id: &str) -> String {
+    match uuid::Uuid::parse_str(request_id) {
+        Ok(u) => u.simple().to_string(),
+        Err(_) => request_id.to_owned(),
+    }
 }
 
 /// A request admitted and sent: its answer's reader and what the encoders need.

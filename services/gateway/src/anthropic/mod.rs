@@ -22,18 +22,17 @@
 mod errors;
 mod parse;
 
-use std::{convert::Infallible, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use axum::{
     Json,
-    body::{Body, Bytes},
+    body::Bytes,
     extract::{State, rejection::BytesRejection},
-    http::{HeaderMap, HeaderValue, Method, StatusCode, header},
+    http::{HeaderMap, HeaderValue, Method, StatusCode},
     response::{IntoResponse, Response},
 };
-use futures::StreamExt;
 use sluice_runtime::reader::StartOver;
-use sluice_schema::{Error, ErrorKind, TextCompletionResponse};
+use sluice_schema::TextCompletionResponse;
 
 pub(crate) use self::errors::AnthropicError;
 use self::parse::{MessagesCall, parse_messages};
@@ -45,10 +44,8 @@ use crate::{
         chunks::Tokens,
         messages::{self as wire, Block, Message, Messages},
     },
-    http_span,
-    kinds::TextCompletion,
     openai,
-    preamble::{self, Call, Refused, Started, labelled},
+    preamble::{self, DialectRoute, Refused, Started, labelled},
 };
 
 /// The metrics label of `POST /v1/messages`.
@@ -163,30 +160,24 @@ async fn answer(
     body_bytes: usize,
     started: std::time::Instant,
 ) -> Result<Response, Response> {
-    let incoming = headers.get("traceparent").and_then(|v| v.to_str().ok());
-    let mut span = http_span("POST", "/v1/messages", incoming);
-    span.set("gen_ai.request.model", call.model.clone());
-    let start = Call::<TextCompletion, _> {
+    // Anthropic's stream has no way to resume: its events carry no ids.
+    let start = DialectRoute {
+        label: ROUTE,
+        path: "/v1/messages",
+    }
+    .call(
         inner,
         headers,
         caller,
-        request: &call.request,
+        &call.request,
         body_bytes,
-        route: ROUTE,
-        span,
-        token_trace: None,
-        policy: openai::chat_policy(),
-        // Anthropic's stream has no way to resume: its events carry no ids.
-        resumable_route: false,
-    };
+        &call.model,
+    );
     let started_call = preamble::start(start)
         .await
         .map_err(|r| AnthropicError::refused(r, inner).into_response())?;
     // The request's id names the message (`msg_<id>`) and the request (`req_<id>`).
-    let simple = match uuid::Uuid::parse_str(&started_call.request_id) {
-        Ok(u) => u.simple().to_string(),
-        Err(_) => started_call.request_id.clone(),
-    };
+    let simple = preamble::short_id(&started_call.request_id);
     let ids = Ids {
         message: format!("msg_{simple}"),
         request: format!("req_{simple}"),
@@ -220,31 +211,17 @@ async fn stream(
     let Started { reader, span, .. } = started_call;
     let tally = Tally::new(inner.clone(), ROUTE, started, span);
     let messages = Messages::new(ids.message.clone(), call.model, tally);
-    let mut driven = match reader.drive(messages).start().await {
-        Ok(d) => d,
-        Err(refused) => {
-            let e = refused.unwrap_or_else(|| {
-                AnthropicError::from_error(&Error::new(
-                    ErrorKind::Internal,
-                    "the answer ended without a final record",
-                ))
-            });
-            return Err(e.into_response());
-        }
-    };
+    let mut driven = reader.drive(messages).start().await.map_err(|refused| {
+        refused
+            .unwrap_or_else(|| AnthropicError::from_error(&preamble::no_final_record()))
+            .into_response()
+    })?;
     // From here the answer is on its way to the caller.
     driven.encoder_mut().opened();
-    let body = driven
-        .keep_alive(KEEP_ALIVE, wire::ping)
-        .into_stream()
-        .map(|event| Ok::<_, Infallible>(Bytes::from(event)));
-    let mut resp = Response::new(Body::from_stream(body));
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream; charset=utf-8"),
-    );
-    crate::http::no_buffering(&mut resp);
-    Ok(resp)
+    Ok(crate::http::streamed(
+        driven.keep_alive(KEEP_ALIVE, wire::ping).into_stream(),
+        crate::http::SSE,
+    ))
 }
 
 /// The whole answer as one `message` object, or its error.

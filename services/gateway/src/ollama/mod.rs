@@ -19,23 +19,21 @@
 mod parse;
 
 use std::{
-    convert::Infallible,
     sync::Arc,
     time::{Instant, SystemTime, UNIX_EPOCH},
 };
 
 use axum::{
     Json,
-    body::{Body, Bytes},
+    body::Bytes,
     extract::{State, rejection::BytesRejection},
     http::{HeaderMap, HeaderValue, StatusCode, header},
     response::{IntoResponse, Response},
 };
-use futures::StreamExt;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use sluice_runtime::reader::StartOver;
-use sluice_schema::{Error, ErrorKind, TextCompletionResponse};
+use sluice_schema::{Error, TextCompletionResponse};
 
 pub(crate) use self::parse::OllamaCall;
 use self::parse::{parse_chat, parse_generate};
@@ -48,10 +46,8 @@ use crate::{
         lines::{Lines, Shape},
     },
     http::{retry_after, status_for},
-    http_span,
-    kinds::TextCompletion,
     openai::{self, ApiError},
-    preamble::{self, Call, Refused, Started, labelled},
+    preamble::{self, DialectRoute, Refused, Started, labelled},
 };
 
 /// The metrics label of `POST /api/chat`.
@@ -272,14 +268,16 @@ async fn served_model(inner: &Inner, asked: &str) -> Result<String, OllamaError>
         .ok_or_else(|| OllamaError::model_not_found(asked))
 }
 
-/// Ollama's answer to a request with nothing to generate: the model is loaded, `done`.
+/// Ollama's answer to a request with nothing to generate: the model is loaded (or, asked with
+/// `keep_alive: 0`, unloaded), `done`. The processors' models are theirs to keep: nothing is
+/// sent.
 fn loaded(call: &OllamaCall, shape: Shape) -> Response {
     let mut v = json!({"model": call.model, "created_at": created_at(SystemTime::now())});
     match shape {
         Shape::Chat => v["message"] = json!({"role": "assistant", "content": ""}),
         Shape::Generate => v["response"] = json!(""),
     }
-    v["done_reason"] = json!("load");
+    v["done_reason"] = json!(if call.unload { "unload" } else { "load" });
     v["done"] = json!(true);
     Json(v).into_response()
 }
@@ -294,22 +292,19 @@ async fn answer(
     route: Route,
     started: Instant,
 ) -> Result<Response, Response> {
-    let incoming = headers.get("traceparent").and_then(|v| v.to_str().ok());
-    let mut span = http_span("POST", route.path, incoming);
-    span.set("gen_ai.request.model", call.model.clone());
-    let start = Call::<TextCompletion, _> {
+    // NDJSON lines carry no ids to resume from.
+    let start = DialectRoute {
+        label: route.label,
+        path: route.path,
+    }
+    .call(
         inner,
         headers,
         caller,
-        request: &call.request,
+        &call.request,
         body_bytes,
-        route: route.label,
-        span,
-        token_trace: None,
-        policy: openai::chat_policy(),
-        // NDJSON lines carry no ids to resume from.
-        resumable_route: false,
-    };
+        &call.model,
+    );
     let started_call = preamble::start(start)
         .await
         .map_err(|r| OllamaError::refused(r, inner).into_response())?;
@@ -332,30 +327,17 @@ async fn stream(
     let Started { reader, span, .. } = started_call;
     let tally = Tally::new(inner.clone(), route.label, started, span);
     let lines = Lines::new(route.shape, call.model, started, tally);
-    let mut driven = match reader.drive(lines).start().await {
-        Ok(d) => d,
-        Err(refused) => {
-            let e = refused.unwrap_or_else(|| {
-                OllamaError::from_error(&Error::new(
-                    ErrorKind::Internal,
-                    "the answer ended without a final record",
-                ))
-            });
-            return Err(e.into_response());
-        }
-    };
+    let mut driven = reader.drive(lines).start().await.map_err(|refused| {
+        refused
+            .unwrap_or_else(|| OllamaError::from_error(&preamble::no_final_record()))
+            .into_response()
+    })?;
     // From here the answer is on its way to the caller.
     driven.encoder_mut().opened();
-    let body = driven
-        .into_stream()
-        .map(|line| Ok::<_, Infallible>(Bytes::from(line)));
-    let mut resp = Response::new(Body::from_stream(body));
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/x-ndjson"),
-    );
-    crate::http::no_buffering(&mut resp);
-    Ok(resp)
+    Ok(crate::http::streamed(
+        driven.into_stream(),
+        "application/x-ndjson",
+    ))
 }
 
 /// The whole answer as one object, or its error.

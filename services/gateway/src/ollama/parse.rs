@@ -30,6 +30,9 @@ pub(crate) struct OllamaCall {
     /// Nothing to answer (no messages, an empty prompt): Ollama loads the model and answers
     /// `done_reason: "load"` without generating.
     pub load_only: bool,
+    /// `keep_alive` asks to unload the model at once (`0`): with nothing to answer, Ollama
+    /// answers `done_reason: "unload"`.
+    pub unload: bool,
 }
 
 /// `POST /api/chat`'s body.
@@ -55,6 +58,9 @@ struct ChatBody {
     logprobs: Option<bool>,
     #[serde(default)]
     top_logprobs: Option<i64>,
+    /// How long the model stays loaded: the server's business, read only for `0` (unload).
+    #[serde(default)]
+    keep_alive: Option<Value>,
 }
 
 /// `POST /api/generate`'s body.
@@ -90,11 +96,14 @@ struct GenerateBody {
     logprobs: Option<bool>,
     #[serde(default)]
     top_logprobs: Option<i64>,
+    /// How long the model stays loaded: the server's business, read only for `0` (unload).
+    #[serde(default)]
+    keep_alive: Option<Value>,
 }
 
 /// The fields both routes share (written out in each body rather than flattened: a
 /// flattened field's errors lose their path). `keep_alive`, how long the model stays loaded,
-/// is the server's business and is ignored with the unknown fields.
+/// is the server's business: read only for an unload ([`unloads`]).
 struct Common {
     stream: Option<bool>,
     format: Option<Value>,
@@ -283,7 +292,22 @@ pub(crate) fn parse_chat(body: &[u8]) -> Result<OllamaCall, OllamaError> {
         model,
         stream,
         load_only,
+        unload: unloads(body.keep_alive.as_ref()),
     })
+}
+
+/// Whether `keep_alive` asks to unload the model at once, as Ollama reads it: `0` seconds,
+/// or a duration of zero (`"0"`, `"0s"`, `"0m"`). A negative one keeps it loaded for ever.
+fn unloads(keep_alive: Option<&Value>) -> bool {
+    let zero = |f: f64| f.abs() < f64::EPSILON;
+    match keep_alive {
+        Some(Value::Number(n)) => n.as_f64().is_some_and(zero),
+        Some(Value::String(s)) => {
+            let amount = s.trim().trim_end_matches(|c: char| c.is_ascii_alphabetic());
+            amount.parse::<f64>().is_ok_and(zero)
+        }
+        _ => false,
+    }
 }
 
 /// Checks a `POST /api/generate` body and translates it.
@@ -327,6 +351,7 @@ pub(crate) fn parse_generate(body: &[u8]) -> Result<OllamaCall, OllamaError> {
         model,
         stream,
         load_only,
+        unload: unloads(body.keep_alive.as_ref()),
     })
 }
 

@@ -271,15 +271,41 @@ async fn an_unknown_model_is_a_404_and_an_empty_request_a_load() {
     assert_eq!(resp.status(), StatusCode::NOT_FOUND);
     let v: Value = serde_json::from_str(&text(resp).await).unwrap();
     assert_eq!(v, json!({"error": "model 'nope' not found"}));
-    for (path, body) in [
-        ("/api/chat", json!({"model": "routed", "messages": []})),
-        ("/api/generate", json!({"model": "routed"})),
+    // `keep_alive: 0` (a number of seconds, or a duration) with nothing to answer is
+    // Ollama's way to unload the model: it answers `unload`.
+    for (path, body, reason) in [
+        (
+            "/api/chat",
+            json!({"model": "routed", "messages": []}),
+            "load",
+        ),
+        ("/api/generate", json!({"model": "routed"}), "load"),
+        (
+            "/api/chat",
+            json!({"model": "routed", "messages": [], "keep_alive": "5m"}),
+            "load",
+        ),
+        (
+            "/api/chat",
+            json!({"model": "routed", "messages": [], "keep_alive": 0}),
+            "unload",
+        ),
+        (
+            "/api/generate",
+            json!({"model": "routed", "keep_alive": "0s"}),
+            "unload",
+        ),
+        (
+            "/api/generate",
+            json!({"model": "routed", "keep_alive": "0"}),
+            "unload",
+        ),
     ] {
         let v: Value =
             serde_json::from_str(&text(rig.post(path, &[], body).await.unwrap()).await).unwrap();
         assert_eq!(
             (v["done"].as_bool(), v["done_reason"].as_str()),
-            (Some(true), Some("load")),
+            (Some(true), Some(reason)),
             "{v}"
         );
     }

@@ -34,16 +34,15 @@ mod errors;
 pub(crate) mod parse;
 
 use std::{
-    convert::Infallible,
     sync::Arc,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use axum::{
     Json,
-    body::{Body, Bytes},
+    body::Bytes,
     extract::{Path, State, rejection::BytesRejection},
-    http::{HeaderMap, HeaderValue, StatusCode, header},
+    http::{HeaderMap, HeaderValue, StatusCode},
     response::{IntoResponse, Response},
 };
 use futures::StreamExt;
@@ -340,11 +339,7 @@ async fn complete(
         Err(refused) => return refused.openai(&inner),
     };
     // The request's id names the completion (`chatcmpl-<id>`): the same again when resumed.
-    let request_id = &started_call.request_id;
-    let id = match uuid::Uuid::parse_str(request_id) {
-        Ok(u) => format!("chatcmpl-{}", u.simple()),
-        Err(_) => format!("chatcmpl-{request_id}"),
-    };
+    let id = format!("chatcmpl-{}", preamble::short_id(&started_call.request_id));
     let created = match &started_call.resume {
         Some(r) => r.token.created,
         None => now_secs(),
@@ -460,29 +455,22 @@ async fn stream(
         .keep_alive(KEEP_ALIVE, || ChunkItem::KeepAlive)
         .into_stream();
     let mut numbering = numbering;
-    let body = items
-        .filter_map(move |item| {
-            let bytes = match item {
-                ChunkItem::KeepAlive => Some(Bytes::from_static(ChunkItem::KEEP_ALIVE)),
-                ChunkItem::Event(event) => match numbering.step() {
-                    Step::Skip => None,
-                    Step::Send(None) => Some(Bytes::from(event)),
-                    Step::Send(Some(id)) => {
-                        let mut numbered = format!("id: {id}\n").into_bytes();
-                        numbered.extend_from_slice(&event);
-                        Some(Bytes::from(numbered))
-                    }
-                },
-            };
-            std::future::ready(bytes)
-        })
-        .map(Ok::<_, Infallible>);
-    let mut resp = Response::new(Body::from_stream(body));
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream; charset=utf-8"),
-    );
-    crate::http::no_buffering(&mut resp);
+    let body = items.filter_map(move |item| {
+        let bytes = match item {
+            ChunkItem::KeepAlive => Some(Bytes::from_static(ChunkItem::KEEP_ALIVE)),
+            ChunkItem::Event(event) => match numbering.step() {
+                Step::Skip => None,
+                Step::Send(None) => Some(Bytes::from(event)),
+                Step::Send(Some(id)) => {
+                    let mut numbered = format!("id: {id}\n").into_bytes();
+                    numbered.extend_from_slice(&event);
+                    Some(Bytes::from(numbered))
+                }
+            },
+        };
+        std::future::ready(bytes)
+    });
+    let mut resp = crate::http::streamed(body, crate::http::SSE);
     request_id_header(&mut resp, &completion.id);
     resume::token_header(&mut resp, token.as_deref());
     resp
@@ -491,10 +479,7 @@ async fn stream(
 /// The error of an answer that ended before anything was sent without saying why: a guard (a
 /// chat stream's encoder says why whenever it ends so).
 fn unfinished() -> ApiError {
-    ApiError::from_error(&Error::new(
-        ErrorKind::Internal,
-        "the answer ended without a final record",
-    ))
+    ApiError::from_error(&preamble::no_final_record())
 }
 
 fn request_id_header(resp: &mut Response, id: &str) {

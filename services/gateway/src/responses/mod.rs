@@ -13,18 +13,17 @@
 
 mod parse;
 
-use std::{convert::Infallible, sync::Arc, time::Instant};
+use std::{sync::Arc, time::Instant};
 
 use axum::{
     Json,
-    body::{Body, Bytes},
+    body::Bytes,
     extract::{State, rejection::BytesRejection},
-    http::{HeaderMap, HeaderValue, header},
+    http::{HeaderMap, HeaderValue},
     response::{IntoResponse, Response},
 };
-use futures::StreamExt;
 use sluice_runtime::reader::StartOver;
-use sluice_schema::{Error, ErrorKind, TextCompletionResponse};
+use sluice_schema::TextCompletionResponse;
 
 use self::parse::ResponsesCall;
 pub(crate) use self::parse::parse_responses;
@@ -36,10 +35,8 @@ use crate::{
         chunks::{ChunkItem, Tokens},
         responses::{Meta, ResponseEvents, Status, response_object, whole_output},
     },
-    http_span,
-    kinds::TextCompletion,
     openai::{self, ApiError},
-    preamble::{self, Call, Refused, Started, labelled},
+    preamble::{self, DialectRoute, Refused, Started, labelled},
 };
 
 /// The metrics label of `POST /v1/responses`.
@@ -95,30 +92,23 @@ async fn answer(
     body_bytes: usize,
     started: Instant,
 ) -> Result<Response, Response> {
-    let incoming = headers.get("traceparent").and_then(|v| v.to_str().ok());
-    let mut span = http_span("POST", "/v1/responses", incoming);
-    span.set("gen_ai.request.model", call.model.clone());
-    let start = Call::<TextCompletion, _> {
+    // OpenAI resumes a response by its stored id (`GET /v1/responses/{id}`), which this
+    // server does not keep.
+    let start = DialectRoute {
+        label: ROUTE,
+        path: "/v1/responses",
+    }
+    .call(
         inner,
         headers,
         caller,
-        request: &call.request,
+        &call.request,
         body_bytes,
-        route: ROUTE,
-        span,
-        token_trace: None,
-        policy: openai::chat_policy(),
-        // OpenAI resumes a response by its stored id (`GET /v1/responses/{id}`), which this
-        // server does not keep.
-        resumable_route: false,
-    };
+        &call.model,
+    );
     let started_call = preamble::start(start).await.map_err(|r| r.openai(inner))?;
     // The request's id names the response (`resp_<id>`).
-    let request_id = &started_call.request_id;
-    let id = match uuid::Uuid::parse_str(request_id) {
-        Ok(u) => format!("resp_{}", u.simple()),
-        Err(_) => format!("resp_{request_id}"),
-    };
+    let id = format!("resp_{}", preamble::short_id(&started_call.request_id));
     let meta = Meta {
         id,
         created_at: std::time::SystemTime::now()
@@ -146,30 +136,17 @@ async fn stream(
     let tally = Tally::new(inner.clone(), ROUTE, started, span);
     let id = meta.id.clone();
     let events = ResponseEvents::new(meta, tally);
-    let mut driven = match reader.drive(events).start().await {
-        Ok(d) => d,
-        Err(refused) => {
-            let e = refused.unwrap_or_else(|| {
-                ApiError::from_error(&Error::new(
-                    ErrorKind::Internal,
-                    "the answer ended without a final record",
-                ))
-            });
-            return Err(e.into_response());
-        }
-    };
+    let mut driven = reader.drive(events).start().await.map_err(|refused| {
+        refused
+            .unwrap_or_else(|| ApiError::from_error(&preamble::no_final_record()))
+            .into_response()
+    })?;
     // From here the answer is on its way to the caller.
     driven.encoder_mut().opened();
-    let body = driven
+    let stream = driven
         .keep_alive(KEEP_ALIVE, || ChunkItem::KEEP_ALIVE.to_vec())
-        .into_stream()
-        .map(|event| Ok::<_, Infallible>(Bytes::from(event)));
-    let mut resp = Response::new(Body::from_stream(body));
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream; charset=utf-8"),
-    );
-    crate::http::no_buffering(&mut resp);
+        .into_stream();
+    let mut resp = crate::http::streamed(stream, crate::http::SSE);
     request_id_header(&mut resp, &id);
     Ok(resp)
 }
