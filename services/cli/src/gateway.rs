@@ -257,10 +257,13 @@ pub async fn run(args: GatewayCommand) -> Result<(), String> {
     )?;
     let bus: Arc<dyn Bus> = connect(&args.bus, &topics).await?;
     let telemetry = Telemetry::new().map_err(|e| e.to_string())?;
+    // The limits topic is used only when the replicas share their keys' limits: a keys file
+    // and a secret they share. Without the secret each replica counts alone, the topic is
+    // never created, and there is no policy to set on it.
     let limits_topic = config
         .limits_topic
         .clone()
-        .filter(|_| config.auth.keys().is_some());
+        .filter(|_| config.auth.keys().is_some() && config.secret.is_some());
     let gateway = Gateway::start(bus, config, &telemetry)
         .await
         .map_err(|e| e.to_string())?;
