@@ -608,49 +608,56 @@ fn parse_tools(
 /// `tools`: at most [`MAX_TOOLS`] function tools, each named by OpenAI's pattern, no name
 /// twice.
 fn tool_list(body: &Map<String, Value>) -> Result<Vec<Tool>, ApiError> {
-    let mut tools = Vec::new();
     match body.get("tools") {
-        None | Some(Value::Null) => {}
+        None | Some(Value::Null) => Ok(Vec::new()),
         Some(Value::Array(list)) => {
-            if list.len() > MAX_TOOLS {
+            function_tools(list, Some("function"), "only function tools are supported")
+        }
+        Some(_) => Err(ApiError::invalid(
+            "Invalid type for 'tools': expected an array of tools.",
+            Some("tools"),
+            Some("invalid_type"),
+        )),
+    }
+}
+
+/// The tools of a `tools` array: at most [`MAX_TOOLS`], each `type: "function"` (any other
+/// refused, `refused` saying why) and read by [`function_tool`] from the tool itself (the
+/// Responses API) or from its `nested` member (Chat Completions' `function`).
+pub(crate) fn function_tools(
+    list: &[Value],
+    nested: Option<&str>,
+    refused: &str,
+) -> Result<Vec<Tool>, ApiError> {
+    if list.len() > MAX_TOOLS {
+        return Err(ApiError::invalid(
+            format!(
+                "Invalid 'tools': array too long. Expected an array with maximum length {MAX_TOOLS}, but got an array with length {} instead.",
+                list.len()
+            ),
+            Some("tools"),
+            Some("array_above_max_length"),
+        ));
+    }
+    let mut tools = Vec::new();
+    for (i, t) in list.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        match t["type"].as_str() {
+            Some("function") => {}
+            Some(_) => return Err(ApiError::unsupported(&format!("{at}.type"), refused)),
+            None => {
                 return Err(ApiError::invalid(
-                    format!(
-                        "Invalid 'tools': array too long. Expected an array with maximum length {MAX_TOOLS}, but got an array with length {} instead.",
-                        list.len()
-                    ),
-                    Some("tools"),
-                    Some("array_above_max_length"),
+                    format!("Missing required parameter: '{at}.type'."),
+                    Some(&format!("{at}.type")),
+                    Some("missing_required_parameter"),
                 ));
             }
-            for (i, t) in list.iter().enumerate() {
-                let at = format!("tools[{i}]");
-                match t["type"].as_str() {
-                    Some("function") => {}
-                    Some(_) => {
-                        return Err(ApiError::unsupported(
-                            &format!("{at}.type"),
-                            "only function tools are supported",
-                        ));
-                    }
-                    None => {
-                        return Err(ApiError::invalid(
-                            format!("Missing required parameter: '{at}.type'."),
-                            Some(&format!("{at}.type")),
-                            Some("missing_required_parameter"),
-                        ));
-                    }
-                }
-                let tool = function_tool(&t["function"], &format!("{at}.function"), &tools)?;
-                tools.push(tool);
-            }
         }
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "Invalid type for 'tools': expected an array of tools.",
-                Some("tools"),
-                Some("invalid_type"),
-            ));
-        }
+        let tool = match nested {
+            Some(member) => function_tool(&t[member], &format!("{at}.{member}"), &tools)?,
+            None => function_tool(t, &at, &tools)?,
+        };
+        tools.push(tool);
     }
     Ok(tools)
 }

@@ -15,8 +15,8 @@ use sluice_schema::{
 use crate::openai::{
     ApiError,
     parse::{
-        MAX_TOOLS, function_tool, json_object, model, number, parts_text, positive_integer,
-        refuse_unlisted, temperature,
+        function_tools, json_object, model, number, parts_text, positive_integer, refuse_unlisted,
+        temperature,
     },
 };
 
@@ -336,39 +336,11 @@ fn tool_list(body: &Map<String, Value>) -> Result<Vec<Tool>, ApiError> {
             ));
         }
     };
-    if list.len() > MAX_TOOLS {
-        return Err(ApiError::invalid(
-            format!(
-                "Invalid 'tools': array too long. Expected an array with maximum length {MAX_TOOLS}, but got an array with length {} instead.",
-                list.len()
-            ),
-            Some("tools"),
-            Some("array_above_max_length"),
-        ));
-    }
-    let mut tools = Vec::new();
-    for (i, t) in list.iter().enumerate() {
-        let at = format!("tools[{i}]");
-        match t["type"].as_str() {
-            Some("function") => {}
-            Some(_) => {
-                return Err(ApiError::unsupported(
-                    &format!("{at}.type"),
-                    "only function tools are supported (no hosted tools)",
-                ));
-            }
-            None => {
-                return Err(ApiError::invalid(
-                    format!("Missing required parameter: '{at}.type'."),
-                    Some(&format!("{at}.type")),
-                    Some("missing_required_parameter"),
-                ));
-            }
-        }
-        let tool = function_tool(t, &at, &tools)?;
-        tools.push(tool);
-    }
-    Ok(tools)
+    function_tools(
+        list,
+        None,
+        "only function tools are supported (no hosted tools)",
+    )
 }
 
 /// `tool_choice`: `none`, `auto`, `required` or `{type: "function", name}` naming one of
