@@ -13,6 +13,9 @@
 #   tg-list-models, tg-invoke-prompt, tg-invoke-agent.
 # Part 2: TrustGraph's text-completion serves the flow; sluice's prompt and agent
 #   (--config-service) call it: tg-invoke-prompt and tg-invoke-agent.
+# Part 3: sluice's gateway (`sluice gateway --trustgraph`) in place of TrustGraph's
+#   api-gateway on port 8888: tg-invoke-llm, tg-invoke-prompt and tg-invoke-agent with their
+#   own defaults (no -u), another workspace and a wrong token refused.
 #
 #   bash scripts/test-trustgraph.sh            (needs a broker: PULSAR_URL, PULSAR_ADMIN_URL)
 #
@@ -171,6 +174,45 @@ for port in $((metrics_base + 1)) $((metrics_base + 2)); do
   n=$(counter "$port" sluice_processor_requests_total 'outcome="success"')
   [ "${n%.*}" -ge 1 ] || fail "the sluice processor with metrics on $port answered nothing"
 done
+
+log "part 3: sluice's gateway in TrustGraph's place (--trustgraph), TrustGraph's CLI with its defaults"
+# TrustGraph's api-gateway leaves port 8888 to sluice's gateway, which finds the flow's
+# topics as TrustGraph's flow service named them; the CLI is given no -u, only its token in
+# TRUSTGRAPH_TOKEN, as a TrustGraph user sets it.
+kill "$(cat "$run/api-gateway.pid")" 2>/dev/null || true
+rm -f "$run/api-gateway.pid"
+WAIT_INTERVAL=1 wait_until 60 "TrustGraph's api-gateway to leave port 8888" \
+  bash -c '! (exec 3<>/dev/tcp/127.0.0.1/8888) 2>/dev/null' || fail "port 8888 stayed in use"
+gw_token="tg-part3-$RANDOM$RANDOM"
+SLUICE_GATEWAY_TOKEN="$gw_token" RUST_LOG=info "$sluice" gateway --trustgraph \
+  --pulsar-url "$PULSAR_URL" --metrics-addr "127.0.0.1:$((metrics_base + 3))" > "$run/sluice-gateway.log" 2>&1 &
+sluice_pids+=($!)
+echo $! > "$run/sluice-gateway.spid"
+WAIT_INTERVAL=1 wait_ready 120 "sluice's gateway listening on 8888" "$(cat "$run/sluice-gateway.spid")" \
+  "$run/sluice-gateway.log" grep -qF "gateway listening on 0.0.0.0:8888" "$run/sluice-gateway.log" ||
+  fail "sluice's gateway did not listen on 8888"
+with_token=(env "TRUSTGRAPH_TOKEN=$gw_token")
+expect "tg-invoke-llm (no -u) through sluice's gateway to TrustGraph's text-completion" \
+  "What is 5+5?" "${with_token[@]}" "$tg/tg-invoke-llm" "Be terse." "What is 5+5?"
+expect "tg-invoke-llm --no-streaming through sluice's gateway" \
+  "What is 6+6?" "${with_token[@]}" "$tg/tg-invoke-llm" --no-streaming "Be terse." "What is 6+6?"
+expect "tg-invoke-prompt through sluice's gateway to sluice's prompt" \
+  "What is 7+7?" "${with_token[@]}" "$tg/tg-invoke-prompt" question 'question=What is 7+7?'
+expect "tg-invoke-agent through sluice's gateway to sluice's agent" \
+  "fake answer to" "${with_token[@]}" "$tg/tg-invoke-agent" -q "What is 8+8?"
+# Another workspace is refused, not answered from this one's flow; a wrong token too. (The
+# CLI prints "Exception: ..." and exits 0 on both, so its output is what tells.)
+out=$(timeout 60 "${with_token[@]}" "$tg/tg-invoke-llm" -w elsewhere "Be terse." "Hi elsewhere" 2>&1) || true
+case "$out" in *'unknown workspace "elsewhere"'*) ;;
+  *) fail "tg-invoke-llm -w elsewhere: expected 'unknown workspace' in: $out" ;; esac
+case "$out" in *"Hi elsewhere"*) fail "tg-invoke-llm -w elsewhere was answered: $out" ;; esac
+log "ok: another workspace is refused"
+out=$(TRUSTGRAPH_TOKEN=wrong timeout 60 "$tg/tg-invoke-llm" "Be terse." "Hi stranger" 2>&1) || true
+case "$out" in *"auth failure"*) ;;
+  *) fail "tg-invoke-llm with a wrong token: expected 'auth failure' in: $out" ;; esac
+case "$out" in *"Hi stranger"*) fail "tg-invoke-llm with a wrong token was answered: $out" ;; esac
+log "ok: a wrong token is refused"
+stop_sluice gateway
 stop_sluice prompt
 stop_sluice agent
 log "all TrustGraph interoperability checks passed"

@@ -225,10 +225,12 @@ async fn json_answers_whole_and_errors_map_to_statuses() {
     assert_eq!(r["end_of_stream"], true);
     assert_eq!(r["in_token"], 11);
 
-    // TrustGraph's REST form.
+    // TrustGraph's REST form; TrustGraph 2.x's client names its workspace in the body.
+    let mut scoped = request();
+    scoped["workspace"] = json!("default");
     let resp = c
         .post(s.url("/api/v1/flow/default/service/text-completion"))
-        .json(&request())
+        .json(&scoped)
         .send()
         .await
         .unwrap();
@@ -244,6 +246,19 @@ async fn json_answers_whole_and_errors_map_to_statuses() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 404);
+    scoped["workspace"] = json!("other");
+    let resp = c
+        .post(s.url("/api/v1/flow/default/service/text-completion"))
+        .json(&scoped)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    let refused: Value = resp.json().await.unwrap();
+    assert!(
+        refused.to_string().contains("unknown workspace"),
+        "{refused}"
+    );
 
     // Bad input: a clear JSON error, nothing echoed back.
     let resp = c

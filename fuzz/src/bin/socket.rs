@@ -17,7 +17,8 @@ fn main() {
         };
         let text = String::from_utf8_lossy(input.body);
         let flow = if input.selector % 2 == 0 { "default" } else { "other" };
-        match read_frame(&text, flow) {
+        let workspace = if input.selector % 4 < 2 { "default" } else { "other" };
+        match read_frame(&text, flow, workspace) {
             Ok(SocketFrame::Auth { .. }) => {}
             Ok(SocketFrame::Request { id, kind, request }) => {
                 let frame: serde_json::Value =

@@ -53,6 +53,10 @@ pub struct GatewayArgs {
     /// The flow name TrustGraph clients address.
     #[arg(long, env = "SLUICE_FLOW", default_value = "default")]
     pub flow: String,
+    /// The TrustGraph workspace served: TrustGraph 2.x's clients name one on every request,
+    /// and a request for another is refused (one gateway serves one workspace's flow).
+    #[arg(long, env = "SLUICE_WORKSPACE", default_value = "default")]
+    pub workspace: String,
     /// Seconds after its start a stream may still be resumed (Last-Event-ID, Sluice-Resume);
     /// keep it within the response namespace's retention (`sluice pulsar ensure-namespaces`
     /// sets 60 minutes). 0 turns resuming off: no event ids, no token.
@@ -115,13 +119,18 @@ impl GatewayArgs {
     }
 
     /// The gateway config for `services` listening on `listen`, with their topics in
-    /// `topicspace` (`tg` for TrustGraph's) under `mapping`.
+    /// `topicspace` (`tg` for TrustGraph's) under `mapping`. With `flow_topics`, a service's
+    /// request and response topics are those TrustGraph 2.x's flow service gives the
+    /// workspace's flow (`request:tg:text-completion:<workspace>:<flow>`), as its blueprints
+    /// name them; its cancel topic stays the service's own (sluice's processors read one
+    /// cancel topic for all their flows).
     pub fn config(
         &self,
         listen: SocketAddr,
         services: &[ServiceKind],
         topicspace: &str,
         mapping: TopicMapping,
+        flow_topics: bool,
     ) -> Result<(GatewayConfig, Vec<TopicName>), String> {
         let token = Secret::from_env("SLUICE_GATEWAY_TOKEN").map_err(|e| e.to_string())?;
         let mut config = GatewayConfig::new();
@@ -136,6 +145,7 @@ impl GatewayArgs {
         config.inactivity_timeout = Duration::from_secs(self.inactivity_timeout_secs);
         config.resume_window = Duration::from_secs(self.resume_window_secs);
         config.flow.clone_from(&self.flow);
+        config.workspace.clone_from(&self.workspace);
         if let Some(path) = &self.keys_file {
             let keys = Keys::load(path).map_err(|e| e.to_string())?;
             info!(keys = keys.ring().len(), path = %path.display(), "API keys loaded");
@@ -169,8 +179,13 @@ impl GatewayArgs {
         for kind in services {
             let name = kind.as_str();
             let parse = |s: String| s.parse::<TopicName>().map_err(|e| e.to_string());
-            let request = parse(defaults::topic_in("request", topicspace, name))?;
-            let response = parse(defaults::topic_in("response", topicspace, name))?;
+            let flow_name = if flow_topics {
+                format!("{name}:{}:{}", self.workspace, self.flow)
+            } else {
+                name.to_owned()
+            };
+            let request = parse(defaults::topic_in("request", topicspace, &flow_name))?;
+            let response = parse(defaults::topic_in("response", topicspace, &flow_name))?;
             let cancel = cancel_topic(name, Some(&defaults::cancel_topic_in(topicspace, name)))?;
             config.services.insert(
                 *kind,
@@ -200,6 +215,12 @@ pub struct GatewayCommand {
     bus: BusArgs,
     #[command(flatten)]
     gateway: GatewayArgs,
+    /// In front of a TrustGraph 2.x deployment, for TrustGraph's own clients with their
+    /// defaults: TrustGraph's topic mapping, its API's port (8888) unless --listen says
+    /// otherwise, and each service's topics those of the flow (--flow) of the workspace
+    /// (--workspace) that TrustGraph's flow service started (docs/trustgraph.md).
+    #[arg(long, env = "SLUICE_TRUSTGRAPH")]
+    trustgraph: bool,
     /// Services to route to (the others answer 404).
     #[arg(long, env = "SLUICE_SERVICES", value_delimiter = ',', value_parser = parse_service,
           default_value = "text-completion,prompt,agent")]
@@ -245,15 +266,21 @@ pub async fn serve_until(
 }
 
 /// Runs the gateway until SIGTERM/SIGINT.
-pub async fn run(args: GatewayCommand) -> Result<(), String> {
+pub async fn run(mut args: GatewayCommand) -> Result<(), String> {
+    // TrustGraph's clients (tg-invoke-*, its Python API) default to port 8888.
+    let port = if args.trustgraph { 8888 } else { 8088 };
+    if args.trustgraph {
+        args.bus.topic_mapping = TopicMapping::TrustGraph;
+    }
     let addr = args
         .gateway
-        .listen_or(SocketAddr::from(([0, 0, 0, 0], 8088)));
+        .listen_or(SocketAddr::from(([0, 0, 0, 0], port)));
     let (config, topics) = args.gateway.config(
         addr,
         &args.services,
         &args.topicspace,
         args.bus.topic_mapping,
+        args.trustgraph,
     )?;
     let bus: Arc<dyn Bus> = connect(&args.bus, &topics).await?;
     let telemetry = Telemetry::new().map_err(|e| e.to_string())?;

@@ -210,7 +210,7 @@ impl ServeArgs {
         ];
         let (gateway_config, mut topics) =
             self.gateway
-                .config(addr, &services, defaults::TOPICSPACE, mapping)?;
+                .config(addr, &services, defaults::TOPICSPACE, mapping, false)?;
         let processor_config = |kind: ServiceKind| -> Result<ProcessorConfig, String> {
             let name = kind.as_str();
             let t = &gateway_config.services[&kind];

@@ -328,8 +328,35 @@ pub(crate) async fn flow_service(
         );
         return labelled("flow", resp);
     }
+    // TrustGraph 2.x's REST client puts its workspace in the body; a gateway serves one.
+    if let Some(other) = body.as_ref().ok().and_then(|b| body_workspace(b))
+        && other != inner.config.workspace
+    {
+        let message = format!(
+            "unknown workspace {other:?}; this gateway serves workspace {:?}",
+            inner.config.workspace
+        );
+        let resp = refuse(
+            accepted(&headers),
+            &headers,
+            StatusCode::NOT_FOUND,
+            "invalid-request",
+            &message,
+        );
+        return labelled("flow", resp);
+    }
     let ask = Ask::flow(&headers, query.as_deref());
     dispatch(inner, &service, headers, body, ask).await
+}
+
+/// The `workspace` a TrustGraph REST body names, when it is a JSON object naming one (a body
+/// that does not decode is refused later, by its service's decoder).
+fn body_workspace(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Scope {
+        workspace: Option<String>,
+    }
+    serde_json::from_slice::<Scope>(body).ok()?.workspace
 }
 
 /// `GET /api/v1/models`: the models the text-completion processor serves, as the final

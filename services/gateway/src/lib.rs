@@ -122,6 +122,9 @@ pub struct GatewayConfig {
     pub inactivity_timeout: Duration,
     /// The flow name TrustGraph clients address (`/api/v1/flow/{flow}/...`, socket `flow`).
     pub flow: String,
+    /// The TrustGraph workspace the gateway serves: its WebSocket's `auth-ok` names it as the
+    /// default, and a socket frame or TrustGraph REST body naming another is refused.
+    pub workspace: String,
     /// The services routed to, and their topics. A service not listed answers 404.
     pub services: BTreeMap<ServiceKind, ServiceTopics>,
     /// How old a stream may be and still be resumed (docs/gateway.md#resuming-a-stream): at
@@ -162,6 +165,7 @@ impl GatewayConfig {
             request_timeout: Duration::from_secs(600),
             inactivity_timeout: Duration::from_secs(120),
             flow: "default".into(),
+            workspace: "default".into(),
             services: BTreeMap::new(),
             resume_window: Duration::from_secs(15 * 60),
             limits_topic: None,

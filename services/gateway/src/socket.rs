@@ -157,9 +157,9 @@ pub struct FrameRefusal {
     pub message: String,
 }
 
-/// Reads one text frame of a socket of the gateway serving `flow`. Pure: the caller checks
-/// what depends on the socket's state (authentication, ids in flight).
-pub fn read_frame(text: &str, flow: &str) -> Result<SocketFrame, FrameRefusal> {
+/// Reads one text frame of a socket of the gateway serving `flow` of `workspace`. Pure: the
+/// caller checks what depends on the socket's state (authentication, ids in flight).
+pub fn read_frame(text: &str, flow: &str, workspace: &str) -> Result<SocketFrame, FrameRefusal> {
     let refuse = |id: Option<&str>, message: String| FrameRefusal {
         id: id.map(str::to_owned),
         message,
@@ -183,6 +183,17 @@ pub fn read_frame(text: &str, flow: &str) -> Result<SocketFrame, FrameRefusal> {
         return Err(refuse(
             Some(&id),
             format!("unknown flow {other:?}; this gateway serves flow {flow:?}"),
+        ));
+    }
+    // TrustGraph 2.x's clients name their workspace on every frame; a gateway serves one
+    // (its flows' topics are that workspace's), so a frame for another is refused rather
+    // than answered from the wrong workspace's flow.
+    if let Some(other) = frame.get("workspace").and_then(Value::as_str)
+        && other != workspace
+    {
+        return Err(refuse(
+            Some(&id),
+            format!("unknown workspace {other:?}; this gateway serves workspace {workspace:?}"),
         ));
     }
     let service = frame.get("service").and_then(Value::as_str).unwrap_or("");
@@ -220,7 +231,7 @@ fn frame(
     };
     const NOT_AUTHENTICATED: &str =
         "not authenticated: send {\"type\":\"auth\",\"token\":...} first";
-    let (id, kind, request) = match read_frame(text, &inner.config.flow) {
+    let (id, kind, request) = match read_frame(text, &inner.config.flow, &inner.config.workspace) {
         Ok(SocketFrame::Auth { token }) => {
             inner.metrics.socket_frame("auth");
             // The socket stays open after a failure: the client may try again.
@@ -230,7 +241,8 @@ fn frame(
                 *auth_failures += 1;
             }
             return Some(if accepted {
-                json!({ "type": "auth-ok", "default_workspace": "default" }).to_string()
+                json!({ "type": "auth-ok", "default_workspace": inner.config.workspace })
+                    .to_string()
             } else {
                 json!({ "type": "auth-failed", "error": "auth failure" }).to_string()
             });

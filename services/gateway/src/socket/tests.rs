@@ -112,6 +112,7 @@ fn ask(id: &str, prompt: &str) -> Value {
         "id": id,
         "service": "text-completion",
         "flow": "default",
+        "workspace": "default",
         "request": {"system": "", "prompt": prompt, "streaming": true},
     })
 }
@@ -180,7 +181,11 @@ async fn a_socket_authenticates_before_its_requests() {
     send(&mut socket, json!({"type": "auth", "token": "wrong"})).await;
     assert_eq!(next(&mut socket).await["type"], "auth-failed");
     send(&mut socket, json!({"type": "auth", "token": "s3cret"})).await;
-    assert_eq!(next(&mut socket).await["type"], "auth-ok");
+    // TrustGraph 2.x's client takes its workspace from here when it was given none.
+    assert_eq!(
+        next(&mut socket).await,
+        json!({"type": "auth-ok", "default_workspace": "default"})
+    );
     send(&mut socket, ask("late", "y")).await;
     let (id, request) = rig.request().await;
     assert_eq!(
@@ -197,7 +202,7 @@ async fn a_socket_authenticates_before_its_requests() {
 }
 
 /// Frames that cannot be served get an error frame (under their id when they have one) and
-/// the socket goes on serving: not JSON, binary, no id, an unknown service or flow, a
+/// the socket goes on serving: not JSON, binary, no id, an unknown service, flow or workspace, a
 /// request that does not decode, and an id already in flight.
 #[tokio::test]
 async fn bad_frames_get_error_frames_and_the_socket_goes_on() {
@@ -234,6 +239,13 @@ async fn bad_frames_get_error_frames_and_the_socket_goes_on() {
     let e = next(&mut socket).await;
     assert_eq!(e["id"], "f1");
     assert!(message(&e).contains("unknown flow"), "{e}");
+    // TrustGraph 2.x's clients name their workspace: this gateway serves "default" only.
+    let mut other_workspace = ask("w1", "x");
+    other_workspace["workspace"] = json!("other");
+    send(&mut socket, other_workspace).await;
+    let e = next(&mut socket).await;
+    assert_eq!(e["id"], "w1");
+    assert!(message(&e).contains("unknown workspace \"other\""), "{e}");
     let mut undecodable = ask("d1", "x");
     undecodable["request"] = json!({"prompt": 7});
     send(&mut socket, undecodable).await;
@@ -260,7 +272,7 @@ async fn bad_frames_get_error_frames_and_the_socket_goes_on() {
     assert_eq!(done["response"]["response"], "fine");
     let text = rig.telemetry.render();
     assert!(
-        text.contains(r#"sluice_gateway_socket_frames_total{kind="invalid"} 6"#),
+        text.contains(r#"sluice_gateway_socket_frames_total{kind="invalid"} 7"#),
         "{text}"
     );
     rig.shutdown.cancel();
