@@ -783,6 +783,44 @@ impl GatewayStack {
         self.gateway.close().await;
         self.processor.stop().await;
     }
+
+    /// Reads the streamed answer `resp` until its bytes contain `seen`, then goes away as a
+    /// client that disconnects mid-stream: the provider call must end (the fake sees its
+    /// connection closed) and the stream be counted `cancelled` under `route`. What every
+    /// route that streams must do, whatever its dialect.
+    pub async fn disconnect_mid_stream(&self, resp: reqwest::Response, seen: &str, route: &str) {
+        use futures::StreamExt;
+        assert_eq!(resp.status(), 200, "{route}: the stream was not answered");
+        let mut stream = resp.bytes_stream();
+        let mut bytes = Vec::new();
+        while !String::from_utf8_lossy(&bytes).contains(seen) {
+            let piece = stream.next().await;
+            let piece =
+                piece.unwrap_or_else(|| panic!("{route}: the stream ended before {seen:?}"));
+            bytes.extend_from_slice(&piece.unwrap());
+        }
+        assert_eq!(
+            self.fake.abandoned_streams(),
+            0,
+            "{route}: abandoned too early"
+        );
+        drop(stream);
+        self.fake
+            .assert_abandoned(
+                PATIENCE,
+                "the provider's connection was not closed after the client went away",
+            )
+            .await;
+        let cancelled =
+            format!(r#"sluice_gateway_streams_total{{outcome="cancelled",route="{route}"}} 1"#);
+        let m = eventually(
+            PATIENCE,
+            async || self.telemetry.render(),
+            |m| m.contains(&cancelled),
+        )
+        .await;
+        assert!(m.contains(&cancelled), "{m}");
+    }
 }
 
 /// The pieces of a streamed body as the caller sees them: SSE events (the blocks between blank
