@@ -11,7 +11,8 @@
 #                    seed (tests/py/tg/seed.json) into `__template__`, workspace `default`
 #                    through IAM, and flow `default` of blueprint `sluice-min`
 #   config-svc       tests/py/tg_config_svc.py (TrustGraph's config service, in-memory store)
-#   no-auth-svc      TrustGraph's IAM that allows everything (api-gateway requires an IAM)
+#   no-auth-svc      TrustGraph's IAM that allows everything (api-gateway requires an IAM),
+#                    through tests/py/tg_noauth_svc.py: unmodified but for a signing key
 #   flow-svc         TrustGraph's flow service (start-flow writes processor:<id> config)
 #   api-gateway      TrustGraph's HTTP gateway, used by tg-invoke-llm/-prompt/-agent
 #   text-completion  text-completion-openai  --id text-completion  (TG_PROCESSORS)
@@ -111,15 +112,16 @@ EOF
   wait_log config-svc "Pushed config poke version"
 
   mapfile -t c < <(common 2)
-  launch no-auth-svc "$bin/no-auth-svc" "${c[@]}"
+  launch no-auth-svc "$bin/python" "$repo/tests/py/tg_noauth_svc.py" "${c[@]}"
   wait_log no-auth-svc "Applied startup config version"
 
   mapfile -t c < <(common 3)
   launch flow-svc "$bin/flow-svc" "${c[@]}"
   wait_log flow-svc "Applied startup config version"
 
-  # The gateway asks IAM for a JWT signing key 30 times, 2 s apart, before it listens;
-  # no-auth-svc has none, so it listens after ~60 s: start it now, wait for it last.
+  # The gateway asks IAM for a JWT signing key (30 times, 2 s apart) before it listens:
+  # tests/py/tg_noauth_svc.py answers with one, so it listens at once, instead of after
+  # ~60 s as under no-auth-svc's empty key. Started now, waited for last.
   mapfile -t c < <(common 7)
   launch api-gateway "$bin/api-gateway" "${c[@]}" --port "$GW_PORT"
 
