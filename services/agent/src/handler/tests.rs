@@ -41,6 +41,11 @@ struct Rig {
 impl Rig {
     /// An agent with one tool, `lookup` (a text completion with [`TOOL_SYSTEM`]).
     async fn start(limits: AgentLimits) -> Rig {
+        Self::start_routing(limits, Routing::default()).await
+    }
+
+    /// [`Rig::start`], meta-routing choosing from `routing`.
+    async fn start_routing(limits: AgentLimits, routing: Routing) -> Rig {
         let bus = MemoryBus::new(1 << 20, 1000);
         let shared: Arc<dyn Bus> = Arc::new(bus.clone());
         let telemetry = Telemetry::new().unwrap();
@@ -76,7 +81,8 @@ impl Rig {
             limits,
             AgentMetrics::register(&telemetry.registry).unwrap(),
         )
-        .unwrap();
+        .unwrap()
+        .with_routing(routing);
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(processor::run(
             shared.clone(),
@@ -564,3 +570,5 @@ async fn a_model_error_ends_the_dialog_with_that_error() {
     assert_ended_with(&records, ErrorKind::TooManyRequests, "the provider is busy");
     rig.stop().await;
 }
+
+mod patterns;
