@@ -41,7 +41,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     metrics::{AgentMetrics, DialogOutcome, IterationOutcome, ToolOutcome, kind_label},
-    patterns::{Pattern, TEMPLATES, route::Routing},
+    patterns::{Dispatch, Pattern, TEMPLATES, route::Routing},
     react::{Event, Outcome, ReactParser},
     tools::{self, Tokens, Tool, ToolError},
 };
@@ -606,30 +606,17 @@ impl Handler for AgentService {
             request.group.as_deref(),
             request.state.as_deref(),
         );
-        // The pattern this iteration runs (docs/agent.md#patterns).
+        // The pattern this iteration runs (docs/agent.md#patterns); ReAct's goes on here.
         match self
             .dispatch(&mut request, &mut dialog, &ctx, remaining)
             .await?
         {
             Dispatch::Pattern(Pattern::React) => {}
-            Dispatch::Pattern(Pattern::PlanThenExecute) => {
+            other => {
                 return self
-                    .plan_iteration(request, &available, &mut dialog, &ctx, remaining)
+                    .run_dispatched(other, request, &available, &mut dialog, &ctx, remaining)
                     .await;
             }
-            // Replaced by the supervisor pattern.
-            Dispatch::Pattern(Pattern::Supervisor) => {
-                return self
-                    .refuse(&mut dialog, "the supervisor pattern is not available here")
-                    .await;
-            }
-            // A subagent's answer coming back to its supervisor: the fan-in hooks in here.
-            Dispatch::SubagentCompletion => {
-                return self
-                    .refuse(&mut dialog, "the supervisor pattern is not available here")
-                    .await;
-            }
-            Dispatch::Ended(ended) => return ended,
         }
         if self.limits.tool_calling == ToolCalling::Native {
             return self
@@ -689,70 +676,6 @@ impl Handler for AgentService {
                     .await
             }
         }
-    }
-}
-
-/// What an iteration is, as [`AgentService::dispatch`] finds it.
-enum Dispatch {
-    /// An iteration of this pattern.
-    Pattern(Pattern),
-    /// A subagent's answer for its supervisor's fan-in (TrustGraph: a history with a
-    /// `subagent-completion` step, and a correlation id).
-    SubagentCompletion,
-    /// The dialog ended here (its terminal record is out).
-    Ended(Result<(), Error>),
-}
-
-impl AgentService {
-    /// What `request`'s iteration is: a subagent's completion, or an iteration of its pattern;
-    /// a dialog's first request with no pattern is routed first (the decision written into
-    /// it, so that its later iterations carry it). An unknown pattern ends the dialog.
-    async fn dispatch(
-        &self,
-        request: &mut AgentRequest,
-        dialog: &mut Dialog<'_>,
-        ctx: &RequestContext,
-        remaining: Duration,
-    ) -> Result<Dispatch, Error> {
-        let completion = request
-            .correlation_id
-            .as_deref()
-            .is_some_and(|c| !c.is_empty())
-            && request
-                .history
-                .iter()
-                .any(|s| s.step_type.as_deref() == Some("subagent-completion"));
-        if completion {
-            return Ok(Dispatch::SubagentCompletion);
-        }
-        if request.pattern.as_deref().unwrap_or_default().is_empty() && request.history.is_empty() {
-            if let Err(e) = self.route(request, dialog, ctx, remaining).await {
-                self.metrics.iteration(IterationOutcome::Error);
-                self.metrics.dialog(if e.kind == ErrorKind::Timeout {
-                    DialogOutcome::Deadline
-                } else {
-                    DialogOutcome::Error
-                });
-                return Ok(Dispatch::Ended(dialog.fail(e).await));
-            }
-        }
-        // A dialog handed on by an older agent carries no pattern: ReAct, as before.
-        let name = request.pattern.as_deref().unwrap_or_default();
-        if name.is_empty() {
-            return Ok(Dispatch::Pattern(Pattern::React));
-        }
-        match name.parse() {
-            Ok(p) => Ok(Dispatch::Pattern(p)),
-            Err(why) => Ok(Dispatch::Ended(self.refuse(dialog, &why).await)),
-        }
-    }
-
-    /// Ends the dialog with an `agent-error` saying `why`, counted as an error.
-    async fn refuse(&self, dialog: &mut Dialog<'_>, why: &str) -> Result<(), Error> {
-        warn!(reason = %why, "dialog refused");
-        self.metrics.iteration(IterationOutcome::Error);
-        self.metrics.dialog(DialogOutcome::Error);
-        dialog.fail(Error::new(ErrorKind::Agent, why)).await
     }
 }
 
