@@ -46,6 +46,14 @@ impl Rig {
 
     /// [`Rig::start`], meta-routing choosing from `routing`.
     async fn start_routing(limits: AgentLimits, routing: Routing) -> Rig {
+        Self::start_with(limits, move |s| s.with_routing(routing)).await
+    }
+
+    /// [`Rig::start`], the agent made as `build` makes it from the default one.
+    async fn start_with(
+        limits: AgentLimits,
+        build: impl FnOnce(AgentService) -> AgentService,
+    ) -> Rig {
         let bus = MemoryBus::new(1 << 20, 1000);
         let shared: Arc<dyn Bus> = Arc::new(bus.clone());
         let telemetry = Telemetry::new().unwrap();
@@ -81,8 +89,8 @@ impl Rig {
             limits,
             AgentMetrics::register(&telemetry.registry).unwrap(),
         )
-        .unwrap()
-        .with_routing(routing);
+        .unwrap();
+        let service = build(service);
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(processor::run(
             shared.clone(),

@@ -109,8 +109,18 @@ impl AgentService {
     /// Ends the dialog with an `agent-error` saying `why`, counted as an error.
     async fn refuse(&self, dialog: &mut Dialog<'_>, why: &str) -> Result<(), Error> {
         warn!(reason = %why, "dialog refused");
+        self.end_with(dialog, Error::new(ErrorKind::Agent, why))
+            .await
+    }
+
+    /// Ends the dialog with `error`, counted as an iteration's error and the dialog's.
+    pub(crate) async fn end_with(
+        &self,
+        dialog: &mut Dialog<'_>,
+        error: Error,
+    ) -> Result<(), Error> {
         self.metrics.iteration(IterationOutcome::Error);
         self.metrics.dialog(DialogOutcome::Error);
-        dialog.fail(Error::new(ErrorKind::Agent, why)).await
+        dialog.fail(error).await
     }
 }

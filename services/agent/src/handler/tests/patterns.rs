@@ -392,3 +392,105 @@ async fn meta_routing_falls_back_on_an_unknown_answer_and_counts_it() {
     );
     rig.stop().await;
 }
+
+/// A pattern's template replaced by the operator's is the one the model gets; a name that is
+/// not a pattern template is refused.
+#[tokio::test]
+async fn a_replaced_pattern_template_is_the_prompt() {
+    let mut rig = Rig::start_with(AgentLimits::default(), |s| {
+        s.with_template(
+            "plan-create",
+            "PLAN FOR: {{ question }} ({{ tools | length }} tools)",
+        )
+        .unwrap()
+    })
+    .await;
+    let stream = rig
+        .ask(with_pattern("Capital?", "plan-then-execute", true))
+        .await;
+    let (id, call) = rig.model_call().await;
+    assert_eq!(call.prompt, "PLAN FOR: Capital? (1 tools)");
+    rig.answer(&id, &["no"], (1, 1)).await;
+    let (id, _) = rig.model_call().await;
+    rig.answer(&id, &["no"], (1, 1)).await;
+    let records = dialog(stream).await;
+    assert_ended_with(&records, ErrorKind::Agent, "not usable twice");
+    rig.stop().await;
+    let e = AgentService::new(
+        rig_llm().await,
+        Vec::new(),
+        Arc::new(MemoryBus::new(1024, 10))
+            .publisher("x")
+            .await
+            .unwrap(),
+        DEFAULT_REACT_TEMPLATE,
+        AgentLimits::default(),
+        AgentMetrics::register(&Telemetry::new().unwrap().registry).unwrap(),
+    )
+    .unwrap()
+    .with_template("plan-make", "x")
+    .err()
+    .expect("an unknown template name is refused");
+    assert!(e.to_string().contains("plan-create"), "{e}");
+}
+
+/// A text-completion client on a bus of its own, for an agent that is never asked.
+async fn rig_llm() -> Arc<RequestClient<TextCompletionRequest, TextCompletionResponse>> {
+    let bus: Arc<dyn Bus> = Arc::new(MemoryBus::new(1024, 10));
+    Arc::new(
+        RequestClient::start(bus, ClientConfig::new("text-completion", "r", "s"), None)
+            .await
+            .unwrap(),
+    )
+}
+
+/// `max_iterations` counts the planning and each step: a plan longer than the limit ends with
+/// the limit's error, not a hang.
+#[tokio::test]
+async fn a_plan_longer_than_the_iteration_limit_ends_with_its_error() {
+    let mut rig = Rig::start(AgentLimits {
+        max_iterations: 2,
+        ..AgentLimits::default()
+    })
+    .await;
+    let stream = rig
+        .ask(with_pattern("Capital?", "plan-then-execute", true))
+        .await;
+    let (id, _) = rig.model_call().await;
+    rig.answer(&id, &[r#"[{"goal": "a"}, {"goal": "b"}]"#], (1, 1))
+        .await;
+    let (id, _) = rig.model_call().await;
+    rig.answer(&id, &[r#"{"tool": "nothing"}"#], (1, 1)).await;
+    let records = dialog(stream).await;
+    assert_ended_with(
+        &records,
+        ErrorKind::Agent,
+        "no final answer after 2 iterations",
+    );
+    let text = rig.telemetry.render();
+    assert!(
+        text.contains(r#"sluice_agent_dialogs_total{outcome="max-iterations"} 1"#),
+        "{text}"
+    );
+    rig.stop().await;
+}
+
+/// The dialog's deadline bounds a JSON turn: a model that never answers the planning prompt
+/// ends the dialog with `timeout`.
+#[tokio::test]
+async fn the_dialog_deadline_ends_a_plan_whose_model_never_answers() {
+    let mut rig = Rig::start(AgentLimits::default()).await;
+    let mut request = with_pattern("Capital?", "plan-then-execute", true);
+    request.deadline_ms = Some(now_ms() + 300);
+    let stream = rig.ask(request).await;
+    let _unanswered = rig.model_call().await;
+    let records = dialog(stream).await;
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_ended_with(&records, ErrorKind::Timeout, "did not finish");
+    let text = rig.telemetry.render();
+    assert!(
+        text.contains(r#"sluice_agent_dialogs_total{outcome="deadline"} 1"#),
+        "{text}"
+    );
+    rig.stop().await;
+}
