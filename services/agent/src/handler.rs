@@ -1,4 +1,5 @@
-//! The agent handler: one ReAct iteration per request.
+//! The agent handler: one iteration per request, ReAct's below or another pattern's
+//! ([`crate::patterns`], dispatched by the request's `pattern`).
 //!
 //! Each iteration renders the ReAct prompt (question, tools, history), streams the model's output
 //! through the ReAct parser and publishes what it finds as it finds it: `thought` pieces
