@@ -494,3 +494,40 @@ async fn the_dialog_deadline_ends_a_plan_whose_model_never_answers() {
     );
     rig.stop().await;
 }
+
+/// Not streamed, with `NonStreaming::Steps`: each thought and observation whole, then the
+/// synthesised answer whole with the dialog's end.
+#[tokio::test]
+async fn a_plan_not_streamed_sends_each_message_whole_when_asked() {
+    let mut rig = Rig::start(AgentLimits {
+        non_streaming: NonStreaming::Steps,
+        ..AgentLimits::default()
+    })
+    .await;
+    let stream = rig
+        .ask(with_pattern("Capital?", "plan-then-execute", false))
+        .await;
+    let (id, _) = rig.model_call().await;
+    rig.answer(&id, &[r#"[{"goal": "find it"}]"#], (1, 1)).await;
+    let (id, _) = rig.model_call().await;
+    rig.answer(&id, &[r#"{"tool": "lookup"}"#], (1, 1)).await;
+    let (tool_id, _) = rig.llm_request().await;
+    rig.answer(&tool_id, &["Paris"], (1, 1)).await;
+    let (id, _) = rig.model_call().await;
+    rig.answer(&id, &["It is ", "Paris."], (1, 1)).await;
+    let records = dialog(stream).await;
+    use AgentMessageType::{Answer, Observation, Thought};
+    assert_eq!(
+        shown(&records),
+        [
+            (Thought, "Created plan with 1 steps"),
+            (Thought, "Step 0: find it → calling lookup"),
+            (Observation, "Paris"),
+            (Thought, "Synthesising final answer from plan results"),
+            (Answer, "It is Paris."),
+        ]
+    );
+    assert!(records.iter().all(|r| r.end_of_message));
+    assert_eq!(usage(&records), (4, 4));
+    rig.stop().await;
+}
