@@ -1,4 +1,5 @@
-//! The agent handler: one ReAct iteration per request.
+//! The agent handler: one iteration per request, ReAct's below or another pattern's
+//! ([`crate::patterns`], dispatched by the request's `pattern`).
 //!
 //! Each iteration renders the ReAct prompt (question, tools, history), streams the model's output
 //! through the ReAct parser and publishes what it finds as it finds it: `thought` pieces
@@ -41,6 +42,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     metrics::{AgentMetrics, DialogOutcome, IterationOutcome, ToolOutcome, kind_label},
+    patterns::{Dispatch, Pattern, TEMPLATES, route::Routing},
     react::{Event, Outcome, ReactParser},
     tools::{self, Tokens, Tool, ToolError},
 };
@@ -189,17 +191,19 @@ impl Default for AgentLimits {
 
 /// The agent's handler.
 pub struct AgentService {
-    llm: Arc<RequestClient<TextCompletionRequest, TextCompletionResponse>>,
-    tools: Vec<Arc<Tool>>,
+    pub(crate) llm: Arc<RequestClient<TextCompletionRequest, TextCompletionResponse>>,
+    pub(crate) tools: Vec<Arc<Tool>>,
     next_step: Arc<dyn Publisher>,
-    env: Environment<'static>,
-    limits: AgentLimits,
-    metrics: AgentMetrics,
+    pub(crate) env: Environment<'static>,
+    pub(crate) limits: AgentLimits,
+    pub(crate) metrics: AgentMetrics,
+    /// Meta-routing's task types and patterns (the workspace's, or the tools file's).
+    pub(crate) routing: Routing,
 }
 
 /// Why the agent could not be set up.
 #[derive(Debug, thiserror::Error)]
-#[error("the ReAct template does not compile: {0}")]
+#[error("a prompt template does not compile: {0}")]
 pub struct TemplateError(String);
 
 impl AgentService {
@@ -219,6 +223,10 @@ impl AgentService {
         env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
         env.add_template_owned("react", template.to_owned())
             .map_err(|e| TemplateError(e.to_string()))?;
+        for (name, text) in TEMPLATES {
+            env.add_template_owned(name, text.to_owned())
+                .map_err(|e| TemplateError(format!("{name}: {e}")))?;
+        }
         Ok(Self {
             llm,
             tools,
@@ -226,11 +234,32 @@ impl AgentService {
             env,
             limits,
             metrics,
+            routing: Routing::default(),
         })
     }
 
+    /// This agent with the pattern template `name` (one of [`TEMPLATES`]) replaced by `text`.
+    pub fn with_template(mut self, name: &str, text: &str) -> Result<Self, TemplateError> {
+        if !TEMPLATES.iter().any(|(n, _)| *n == name) {
+            return Err(TemplateError(format!(
+                "no pattern template is called {name:?}; they are {}",
+                TEMPLATES.map(|(n, _)| n).join(", ")
+            )));
+        }
+        self.env
+            .add_template_owned(name.to_owned(), text.to_owned())
+            .map_err(|e| TemplateError(format!("{name}: {e}")))?;
+        Ok(self)
+    }
+
+    /// This agent with meta-routing's task types and patterns.
+    pub fn with_routing(mut self, routing: Routing) -> Self {
+        self.routing = routing;
+        self
+    }
+
     /// The error that ends a dialog whose total time ran out.
-    fn deadline_error(&self) -> Error {
+    pub(crate) fn deadline_error(&self) -> Error {
         Error::new(
             ErrorKind::Timeout,
             format!(
@@ -279,7 +308,7 @@ impl AgentService {
     }
 }
 
-fn restarted() -> Error {
+pub(crate) fn restarted() -> Error {
     Error::new(
         ErrorKind::Agent,
         "text-completion restarted its answer midway; ask again",
@@ -288,7 +317,7 @@ fn restarted() -> Error {
 
 /// How the agent reads the model's answers under `on_restart`: a client-side failure is
 /// reported with the agent's kind.
-fn read_policy<P>(on_restart: P) -> ReadPolicy<P> {
+pub(crate) fn read_policy<P>(on_restart: P) -> ReadPolicy<P> {
     ReadPolicy::new(on_restart, |e| {
         e.to_error("text-completion", ErrorKind::Agent)
     })
@@ -317,7 +346,7 @@ impl AgentService {
     /// Runs the tool `name` with `arguments` from `available`: its observation (its answer,
     /// its failure, or that no such tool exists), the state after it, and the tokens its
     /// call spent on models (the dialog's caller's: see [`Dialog::spent`]).
-    async fn run_tool(
+    pub(crate) async fn run_tool(
         &self,
         available: &[&Arc<Tool>],
         name: &str,
@@ -399,7 +428,7 @@ impl AgentService {
 
     /// Hands the dialog's next step on over the agent's own request topic, with the usage no
     /// record published yet.
-    async fn hand_off(
+    pub(crate) async fn hand_off(
         &self,
         dialog: &mut Dialog<'_>,
         request: &mut AgentRequest,
@@ -578,6 +607,18 @@ impl Handler for AgentService {
             request.group.as_deref(),
             request.state.as_deref(),
         );
+        // The pattern this iteration runs (docs/agent.md#patterns); ReAct's goes on here.
+        match self
+            .dispatch(&mut request, &mut dialog, &ctx, remaining)
+            .await?
+        {
+            Dispatch::Pattern(Pattern::React) => {}
+            other => {
+                return self
+                    .run_dispatched(other, request, &available, &mut dialog, &ctx, remaining)
+                    .await;
+            }
+        }
         if self.limits.tool_calling == ToolCalling::Native {
             return self
                 .native_step(request, available, &mut dialog, &ctx, remaining)
@@ -784,7 +825,7 @@ impl AgentService {
 mod dialog;
 mod native;
 
-use self::dialog::{Dialog, message, unsent};
+pub(crate) use self::dialog::{Dialog, message, unsent};
 
 #[cfg(test)]
 mod tests;

@@ -113,6 +113,7 @@ pub struct AgentMetrics {
     tool_calls: IntCounterVec,
     tool_duration: HistogramVec,
     dialogs: IntCounterVec,
+    route_fallbacks: IntCounterVec,
 }
 
 impl AgentMetrics {
@@ -150,13 +151,27 @@ impl AgentMetrics {
         registry.register(Box::new(iterations.clone()))?;
         registry.register(Box::new(tool_calls.clone()))?;
         registry.register(Box::new(tool_duration.clone()))?;
+        let route_fallbacks = IntCounterVec::new(
+            Opts::new(
+                "sluice_agent_route_fallbacks_total",
+                "Meta-routing decisions that fell back to TrustGraph's default (the model's answer was not one of the choices, or its call failed), by decision: task-type, pattern",
+            ),
+            &["decision"],
+        )?;
         registry.register(Box::new(dialogs.clone()))?;
+        registry.register(Box::new(route_fallbacks.clone()))?;
         Ok(Self {
             iterations,
             tool_calls,
             tool_duration,
             dialogs,
+            route_fallbacks,
         })
+    }
+
+    /// A meta-routing `decision` (`task-type` or `pattern`) fell back to the default.
+    pub(crate) fn route_fallback(&self, decision: &'static str) {
+        self.route_fallbacks.with_label_values(&[decision]).inc();
     }
 
     pub(crate) fn iteration(&self, outcome: IterationOutcome) {

@@ -41,6 +41,19 @@ struct Rig {
 impl Rig {
     /// An agent with one tool, `lookup` (a text completion with [`TOOL_SYSTEM`]).
     async fn start(limits: AgentLimits) -> Rig {
+        Self::start_routing(limits, Routing::default()).await
+    }
+
+    /// [`Rig::start`], meta-routing choosing from `routing`.
+    async fn start_routing(limits: AgentLimits, routing: Routing) -> Rig {
+        Self::start_with(limits, move |s| s.with_routing(routing)).await
+    }
+
+    /// [`Rig::start`], the agent made as `build` makes it from the default one.
+    async fn start_with(
+        limits: AgentLimits,
+        build: impl FnOnce(AgentService) -> AgentService,
+    ) -> Rig {
         let bus = MemoryBus::new(1 << 20, 1000);
         let shared: Arc<dyn Bus> = Arc::new(bus.clone());
         let telemetry = Telemetry::new().unwrap();
@@ -77,6 +90,7 @@ impl Rig {
             AgentMetrics::register(&telemetry.registry).unwrap(),
         )
         .unwrap();
+        let service = build(service);
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(processor::run(
             shared.clone(),
@@ -241,6 +255,8 @@ async fn a_request_that_does_not_stream_gets_one_answer_with_the_whole_usage() {
     let mut requests = ServiceStub::start(&rig.bus, "a-req", "a-watch").await;
     let mut request = question("What is the capital of France?", false);
     request.user = Some("alice".into());
+    // As TrustGraph's supervisor sends a subagent: with a pattern, so it is not routed.
+    request.pattern = Some("react".into());
     request.task_type = Some("research".into());
     request.framing = Some("You are a geographer.".into());
     request.correlation_id = Some("corr-1".into());
@@ -562,3 +578,5 @@ async fn a_model_error_ends_the_dialog_with_that_error() {
     assert_ended_with(&records, ErrorKind::TooManyRequests, "the provider is busy");
     rig.stop().await;
 }
+
+mod patterns;
