@@ -35,10 +35,15 @@ pub(crate) fn extract_json(text: &str) -> Result<Value, String> {
         return Err("the answer was empty; it must be JSON".to_owned());
     }
     let mut first_error = None;
-    for (at, c) in trimmed.char_indices() {
-        if c != '{' && c != '[' {
-            continue;
-        }
+    // Each candidate is parsed to its end or its first error, so a hostile answer full of
+    // unclosed brackets and strings would cost the square of its length: only the first
+    // CANDIDATES are tried (an answer's JSON comes after a sentence or two, never after
+    // dozens of brackets).
+    let candidates = trimmed
+        .char_indices()
+        .filter(|&(_, c)| c == '{' || c == '[')
+        .take(CANDIDATES);
+    for (at, _) in candidates {
         let mut values = serde_json::Deserializer::from_str(&trimmed[at..]).into_iter::<Value>();
         match values.next() {
             Some(Ok(v)) => return Ok(v),
@@ -53,6 +58,9 @@ pub(crate) fn extract_json(text: &str) -> Result<Value, String> {
         None => "the answer has no JSON object or list in it".to_owned(),
     })
 }
+
+/// How many places where a JSON value could start [`extract_json`] tries.
+const CANDIDATES: usize = 64;
 
 /// `text`, cut to what a corrective prompt shows of it.
 fn shown(text: &str) -> String {
@@ -147,6 +155,19 @@ mod tests {
             extract_json("Sure! [{\"goal\": \"a [b]\"}] is it").unwrap(),
             json!([{"goal": "a [b]"}])
         );
+    }
+
+    #[test]
+    fn a_hostile_answer_costs_a_bounded_number_of_parses() {
+        // 20,000 unclosed strings, each of which would be read to the end of the answer.
+        let hostile = "{\"x".repeat(20_000);
+        assert!(
+            extract_json(&hostile)
+                .unwrap_err()
+                .contains("does not parse")
+        );
+        let late = format!("{}{}", "[".repeat(200), "{\"goal\": 1}");
+        assert!(extract_json(&late).is_err(), "past the candidates tried");
     }
 
     #[test]
