@@ -113,6 +113,7 @@ pub struct AgentMetrics {
     tool_calls: IntCounterVec,
     tool_duration: HistogramVec,
     dialogs: IntCounterVec,
+    fanin: IntCounterVec,
 }
 
 impl AgentMetrics {
@@ -147,6 +148,14 @@ impl AgentMetrics {
             ),
             &["outcome"],
         )?;
+        let fanin = IntCounterVec::new(
+            Opts::new(
+                "sluice_agent_fanin_total",
+                "The supervisor's fan-out and fan-in, by event: fanout, completion, join-complete, join-deadline, dropped-duplicate, dropped-finished, dropped-orphan, takeover",
+            ),
+            &["event"],
+        )?;
+        registry.register(Box::new(fanin.clone()))?;
         registry.register(Box::new(iterations.clone()))?;
         registry.register(Box::new(tool_calls.clone()))?;
         registry.register(Box::new(tool_duration.clone()))?;
@@ -156,7 +165,13 @@ impl AgentMetrics {
             tool_calls,
             tool_duration,
             dialogs,
+            fanin,
         })
+    }
+
+    /// Counts one fan-out or fan-in event (see [`crate::fanin::Event`]).
+    pub fn fanin(&self, event: crate::fanin::Event) {
+        self.fanin.with_label_values(&[event.as_str()]).inc();
     }
 
     pub(crate) fn iteration(&self, outcome: IterationOutcome) {
