@@ -41,6 +41,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     metrics::{AgentMetrics, DialogOutcome, IterationOutcome, ToolOutcome, kind_label},
+    patterns::{Pattern, TEMPLATES, route::Routing},
     react::{Event, Outcome, ReactParser},
     tools::{self, Tokens, Tool, ToolError},
 };
@@ -189,17 +190,19 @@ impl Default for AgentLimits {
 
 /// The agent's handler.
 pub struct AgentService {
-    llm: Arc<RequestClient<TextCompletionRequest, TextCompletionResponse>>,
-    tools: Vec<Arc<Tool>>,
+    pub(crate) llm: Arc<RequestClient<TextCompletionRequest, TextCompletionResponse>>,
+    pub(crate) tools: Vec<Arc<Tool>>,
     next_step: Arc<dyn Publisher>,
-    env: Environment<'static>,
-    limits: AgentLimits,
-    metrics: AgentMetrics,
+    pub(crate) env: Environment<'static>,
+    pub(crate) limits: AgentLimits,
+    pub(crate) metrics: AgentMetrics,
+    /// Meta-routing's task types and patterns (the workspace's, or the tools file's).
+    pub(crate) routing: Routing,
 }
 
 /// Why the agent could not be set up.
 #[derive(Debug, thiserror::Error)]
-#[error("the ReAct template does not compile: {0}")]
+#[error("a prompt template does not compile: {0}")]
 pub struct TemplateError(String);
 
 impl AgentService {
@@ -219,6 +222,10 @@ impl AgentService {
         env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
         env.add_template_owned("react", template.to_owned())
             .map_err(|e| TemplateError(e.to_string()))?;
+        for (name, text) in TEMPLATES {
+            env.add_template_owned(name, text.to_owned())
+                .map_err(|e| TemplateError(format!("{name}: {e}")))?;
+        }
         Ok(Self {
             llm,
             tools,
@@ -226,11 +233,32 @@ impl AgentService {
             env,
             limits,
             metrics,
+            routing: Routing::default(),
         })
     }
 
+    /// This agent with the pattern template `name` (one of [`TEMPLATES`]) replaced by `text`.
+    pub fn with_template(mut self, name: &str, text: &str) -> Result<Self, TemplateError> {
+        if !TEMPLATES.iter().any(|(n, _)| *n == name) {
+            return Err(TemplateError(format!(
+                "no pattern template is called {name:?}; they are {}",
+                TEMPLATES.map(|(n, _)| n).join(", ")
+            )));
+        }
+        self.env
+            .add_template_owned(name.to_owned(), text.to_owned())
+            .map_err(|e| TemplateError(format!("{name}: {e}")))?;
+        Ok(self)
+    }
+
+    /// This agent with meta-routing's task types and patterns.
+    pub fn with_routing(mut self, routing: Routing) -> Self {
+        self.routing = routing;
+        self
+    }
+
     /// The error that ends a dialog whose total time ran out.
-    fn deadline_error(&self) -> Error {
+    pub(crate) fn deadline_error(&self) -> Error {
         Error::new(
             ErrorKind::Timeout,
             format!(
@@ -279,7 +307,7 @@ impl AgentService {
     }
 }
 
-fn restarted() -> Error {
+pub(crate) fn restarted() -> Error {
     Error::new(
         ErrorKind::Agent,
         "text-completion restarted its answer midway; ask again",
@@ -288,7 +316,7 @@ fn restarted() -> Error {
 
 /// How the agent reads the model's answers under `on_restart`: a client-side failure is
 /// reported with the agent's kind.
-fn read_policy<P>(on_restart: P) -> ReadPolicy<P> {
+pub(crate) fn read_policy<P>(on_restart: P) -> ReadPolicy<P> {
     ReadPolicy::new(on_restart, |e| {
         e.to_error("text-completion", ErrorKind::Agent)
     })
@@ -317,7 +345,7 @@ impl AgentService {
     /// Runs the tool `name` with `arguments` from `available`: its observation (its answer,
     /// its failure, or that no such tool exists), the state after it, and the tokens its
     /// call spent on models (the dialog's caller's: see [`Dialog::spent`]).
-    async fn run_tool(
+    pub(crate) async fn run_tool(
         &self,
         available: &[&Arc<Tool>],
         name: &str,
@@ -399,7 +427,7 @@ impl AgentService {
 
     /// Hands the dialog's next step on over the agent's own request topic, with the usage no
     /// record published yet.
-    async fn hand_off(
+    pub(crate) async fn hand_off(
         &self,
         dialog: &mut Dialog<'_>,
         request: &mut AgentRequest,
@@ -578,6 +606,31 @@ impl Handler for AgentService {
             request.group.as_deref(),
             request.state.as_deref(),
         );
+        // The pattern this iteration runs (docs/agent.md#patterns).
+        match self
+            .dispatch(&mut request, &mut dialog, &ctx, remaining)
+            .await?
+        {
+            Dispatch::Pattern(Pattern::React) => {}
+            Dispatch::Pattern(Pattern::PlanThenExecute) => {
+                return self
+                    .plan_iteration(request, &available, &mut dialog, &ctx, remaining)
+                    .await;
+            }
+            // Replaced by the supervisor pattern.
+            Dispatch::Pattern(Pattern::Supervisor) => {
+                return self
+                    .refuse(&mut dialog, "the supervisor pattern is not available here")
+                    .await;
+            }
+            // A subagent's answer coming back to its supervisor: the fan-in hooks in here.
+            Dispatch::SubagentCompletion => {
+                return self
+                    .refuse(&mut dialog, "the supervisor pattern is not available here")
+                    .await;
+            }
+            Dispatch::Ended(ended) => return ended,
+        }
         if self.limits.tool_calling == ToolCalling::Native {
             return self
                 .native_step(request, available, &mut dialog, &ctx, remaining)
@@ -636,6 +689,70 @@ impl Handler for AgentService {
                     .await
             }
         }
+    }
+}
+
+/// What an iteration is, as [`AgentService::dispatch`] finds it.
+enum Dispatch {
+    /// An iteration of this pattern.
+    Pattern(Pattern),
+    /// A subagent's answer for its supervisor's fan-in (TrustGraph: a history with a
+    /// `subagent-completion` step, and a correlation id).
+    SubagentCompletion,
+    /// The dialog ended here (its terminal record is out).
+    Ended(Result<(), Error>),
+}
+
+impl AgentService {
+    /// What `request`'s iteration is: a subagent's completion, or an iteration of its pattern;
+    /// a dialog's first request with no pattern is routed first (the decision written into
+    /// it, so that its later iterations carry it). An unknown pattern ends the dialog.
+    async fn dispatch(
+        &self,
+        request: &mut AgentRequest,
+        dialog: &mut Dialog<'_>,
+        ctx: &RequestContext,
+        remaining: Duration,
+    ) -> Result<Dispatch, Error> {
+        let completion = request
+            .correlation_id
+            .as_deref()
+            .is_some_and(|c| !c.is_empty())
+            && request
+                .history
+                .iter()
+                .any(|s| s.step_type.as_deref() == Some("subagent-completion"));
+        if completion {
+            return Ok(Dispatch::SubagentCompletion);
+        }
+        if request.pattern.as_deref().unwrap_or_default().is_empty() && request.history.is_empty() {
+            if let Err(e) = self.route(request, dialog, ctx, remaining).await {
+                self.metrics.iteration(IterationOutcome::Error);
+                self.metrics.dialog(if e.kind == ErrorKind::Timeout {
+                    DialogOutcome::Deadline
+                } else {
+                    DialogOutcome::Error
+                });
+                return Ok(Dispatch::Ended(dialog.fail(e).await));
+            }
+        }
+        // A dialog handed on by an older agent carries no pattern: ReAct, as before.
+        let name = request.pattern.as_deref().unwrap_or_default();
+        if name.is_empty() {
+            return Ok(Dispatch::Pattern(Pattern::React));
+        }
+        match name.parse() {
+            Ok(p) => Ok(Dispatch::Pattern(p)),
+            Err(why) => Ok(Dispatch::Ended(self.refuse(dialog, &why).await)),
+        }
+    }
+
+    /// Ends the dialog with an `agent-error` saying `why`, counted as an error.
+    async fn refuse(&self, dialog: &mut Dialog<'_>, why: &str) -> Result<(), Error> {
+        warn!(reason = %why, "dialog refused");
+        self.metrics.iteration(IterationOutcome::Error);
+        self.metrics.dialog(DialogOutcome::Error);
+        dialog.fail(Error::new(ErrorKind::Agent, why)).await
     }
 }
 
@@ -784,7 +901,7 @@ impl AgentService {
 mod dialog;
 mod native;
 
-use self::dialog::{Dialog, message, unsent};
+pub(crate) use self::dialog::{Dialog, message, unsent};
 
 #[cfg(test)]
 mod tests;

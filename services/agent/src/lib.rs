@@ -6,6 +6,8 @@
 //! - [`tools`]: tool configuration, group and state filters, invocation;
 //! - [`mcp`]: a client for tools on MCP servers (streamable HTTP, JSON-RPC);
 //! - [`metrics`]: the agent's metrics (`sluice_agent_*`);
+//! - [`patterns`]: TrustGraph 2.11's orchestrator patterns beside ReAct: meta-routing and
+//!   plan-then-execute;
 //! - [`flows`]: an agent assembled from its tools, and the flows TrustGraph's config service
 //!   assigns.
 
@@ -14,5 +16,6 @@ pub mod flows;
 pub mod handler;
 pub mod mcp;
 pub mod metrics;
+pub mod patterns;
 pub mod react;
 pub mod tools;

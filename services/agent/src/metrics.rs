@@ -114,6 +114,7 @@ pub struct AgentMetrics {
     tool_duration: HistogramVec,
     dialogs: IntCounterVec,
     fanin: IntCounterVec,
+    route_fallbacks: IntCounterVec,
 }
 
 impl AgentMetrics {
@@ -159,19 +160,33 @@ impl AgentMetrics {
         registry.register(Box::new(iterations.clone()))?;
         registry.register(Box::new(tool_calls.clone()))?;
         registry.register(Box::new(tool_duration.clone()))?;
+        let route_fallbacks = IntCounterVec::new(
+            Opts::new(
+                "sluice_agent_route_fallbacks_total",
+                "Meta-routing decisions that fell back to TrustGraph's default (the model's answer was not one of the choices, or its call failed), by decision: task-type, pattern",
+            ),
+            &["decision"],
+        )?;
         registry.register(Box::new(dialogs.clone()))?;
+        registry.register(Box::new(route_fallbacks.clone()))?;
         Ok(Self {
             iterations,
             tool_calls,
             tool_duration,
             dialogs,
             fanin,
+            route_fallbacks,
         })
     }
 
     /// Counts one fan-out or fan-in event (see [`crate::fanin::Event`]).
     pub fn fanin(&self, event: crate::fanin::Event) {
         self.fanin.with_label_values(&[event.as_str()]).inc();
+    }
+
+    /// A meta-routing `decision` (`task-type` or `pattern`) fell back to the default.
+    pub(crate) fn route_fallback(&self, decision: &'static str) {
+        self.route_fallbacks.with_label_values(&[decision]).inc();
     }
 
     pub(crate) fn iteration(&self, outcome: IterationOutcome) {

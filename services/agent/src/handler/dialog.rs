@@ -11,16 +11,16 @@ use sluice_schema::{
 
 use crate::tools::Tokens;
 
-pub(super) struct Dialog<'a> {
-    pub(super) sink: &'a mut ResponseSink<AgentResponse>,
-    pub(super) usage: PendingUsage,
-    pub(super) streaming: bool,
+pub(crate) struct Dialog<'a> {
+    pub(crate) sink: &'a mut ResponseSink<AgentResponse>,
+    pub(crate) usage: PendingUsage,
+    pub(crate) streaming: bool,
     /// Whether thoughts, actions and observations are published (streamed, or whole).
-    pub(super) steps: bool,
+    pub(crate) steps: bool,
 }
 
 /// A record of the dialog, carrying the usage no record passed on yet.
-pub(super) fn message(
+pub(crate) fn message(
     usage: &mut PendingUsage,
     message_type: AgentMessageType,
     content: String,
@@ -41,12 +41,12 @@ pub(super) fn message(
 }
 
 /// A record that could not be published: the request is attempted again.
-pub(super) fn unsent(e: SinkError) -> Error {
+pub(crate) fn unsent(e: SinkError) -> Error {
     Error::new(ErrorKind::Internal, e.to_string())
 }
 
 impl Dialog<'_> {
-    pub(super) async fn send(
+    pub(crate) async fn send(
         &mut self,
         message_type: AgentMessageType,
         content: String,
@@ -66,7 +66,7 @@ impl Dialog<'_> {
     /// An `action` record: the tool's name as its content, as TrustGraph's streaming spec shows
     /// it (TrustGraph's own readers take an action's content as text to show), and its
     /// arguments in sluice's `arguments` field (docs/protocol.md#agent-messages).
-    pub(super) async fn send_action(
+    pub(crate) async fn send_action(
         &mut self,
         name: String,
         arguments: BTreeMap<String, String>,
@@ -81,7 +81,7 @@ impl Dialog<'_> {
     /// per-key token limits at the gateway count the usage the dialog's records carry: so it
     /// goes out with them (the next record, or the hand-off's pending counts) like the
     /// dialog's own model calls'.
-    pub(super) fn spent(&mut self, (input, output): Tokens) {
+    pub(crate) fn spent(&mut self, (input, output): Tokens) {
         self.usage.in_token = add_tokens(self.usage.in_token, input);
         self.usage.out_token = add_tokens(self.usage.out_token, output);
     }
@@ -90,7 +90,7 @@ impl Dialog<'_> {
     /// what it spent counted, its observation published (with steps), `step` recorded in the
     /// request's history with that observation, and the state the tool moved the dialog to,
     /// if any, the request's.
-    pub(super) async fn observe(
+    pub(crate) async fn observe(
         &mut self,
         request: &mut AgentRequest,
         (observation, next_state, tokens): (String, Option<String>, Tokens),
@@ -117,7 +117,7 @@ impl Dialog<'_> {
     }
 
     /// The terminal error, with the usage so far.
-    pub(super) async fn fail(&mut self, error: Error) -> Result<(), Error> {
+    pub(crate) async fn fail(&mut self, error: Error) -> Result<(), Error> {
         let mut record = AgentResponse::from_error(error);
         (record.in_token, record.out_token) = self.usage.take();
         record.model.clone_from(&self.usage.model);

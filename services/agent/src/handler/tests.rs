@@ -241,6 +241,8 @@ async fn a_request_that_does_not_stream_gets_one_answer_with_the_whole_usage() {
     let mut requests = ServiceStub::start(&rig.bus, "a-req", "a-watch").await;
     let mut request = question("What is the capital of France?", false);
     request.user = Some("alice".into());
+    // As TrustGraph's supervisor sends a subagent: with a pattern, so it is not routed.
+    request.pattern = Some("react".into());
     request.task_type = Some("research".into());
     request.framing = Some("You are a geographer.".into());
     request.correlation_id = Some("corr-1".into());
