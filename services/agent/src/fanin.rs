@@ -207,7 +207,7 @@ impl Completion {
 #[derive(Debug)]
 pub enum Incoming {
     /// A supervisor's fan-out.
-    Registration(Registration),
+    Registration(Box<Registration>),
     /// A subagent's end.
     Completion(Completion),
 }
@@ -215,7 +215,7 @@ pub enum Incoming {
 /// Reads a fan-in message; `None` for one that is neither kind.
 pub fn decode(payload: &[u8]) -> Option<Incoming> {
     if let Ok(r) = serde_json::from_slice::<RegistrationRecord>(payload) {
-        return Some(Incoming::Registration(r.fanin_registration));
+        return Some(Incoming::Registration(Box::new(r.fanin_registration)));
     }
     let request = sluice_schema::decode::<AgentRequest>(payload).ok()?;
     Completion::from_request(&request).map(Incoming::Completion)
@@ -286,7 +286,7 @@ pub enum Step<T> {
     /// Count an event.
     Count(Event),
     /// Publish the synthesis, then ack the joined correlation's messages.
-    Join(Joined<T>),
+    Join(Box<Joined<T>>),
 }
 
 struct Open<T> {
@@ -364,7 +364,6 @@ impl<T> Joiner<T> {
                         held: vec![token],
                     },
                 );
-                steps.push(Step::Count(Event::Fanout));
                 for orphan in self.orphans.remove(&id).unwrap_or_default() {
                     steps.extend(self.record(orphan.completion, orphan.token));
                 }
@@ -450,7 +449,7 @@ impl<T> Joiner<T> {
             }
         }
         let complete = open.results.len() == open.registration.goals.len();
-        Some(Step::Join(Joined {
+        Some(Step::Join(Box::new(Joined {
             registration: open.registration,
             properties: open.properties,
             results,
@@ -458,7 +457,7 @@ impl<T> Joiner<T> {
             complete,
             tokens: open.held,
             usage,
-        }))
+        })))
     }
 
     fn remember(&mut self, id: &str) {
@@ -635,6 +634,7 @@ impl FanIn {
                         missing = joined.missing.len(),
                         "fan-in joined; synthesis handed on"
                     );
+                    let joined = *joined;
                     for delivery in joined.tokens {
                         delivery.ack();
                     }
@@ -662,7 +662,7 @@ fn accept(joiner: &mut Joiner<Delivery>, delivery: Delivery) -> Vec<Step<Deliver
     match decode(delivery.payload()) {
         Some(Incoming::Registration(r)) => {
             let props = carried(&delivery);
-            joiner.registration(r, props, delivery, now)
+            joiner.registration(*r, props, delivery, now)
         }
         Some(Incoming::Completion(c)) => joiner.completion(c, delivery, now),
         None => {

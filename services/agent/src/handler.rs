@@ -173,6 +173,10 @@ pub struct AgentLimits {
     pub non_streaming: NonStreaming,
     /// How the model calls tools.
     pub tool_calling: ToolCalling,
+    /// The supervisor's most goals (TrustGraph's `MAX_SUBAGENTS`).
+    pub max_subagents: usize,
+    /// How long a supervisor waits for its subagents (within the dialog's time).
+    pub fanin_timeout: Duration,
 }
 
 impl Default for AgentLimits {
@@ -184,6 +188,8 @@ impl Default for AgentLimits {
             plain_answer: PlainAnswer::default(),
             non_streaming: NonStreaming::default(),
             tool_calling: ToolCalling::default(),
+            max_subagents: crate::patterns::supervisor::DEFAULT_MAX_SUBAGENTS,
+            fanin_timeout: crate::fanin::DEFAULT_FANIN_TIMEOUT,
         }
     }
 }
@@ -192,7 +198,9 @@ impl Default for AgentLimits {
 pub struct AgentService {
     pub(crate) llm: Arc<RequestClient<TextCompletionRequest, TextCompletionResponse>>,
     pub(crate) tools: Vec<Arc<Tool>>,
-    next_step: Arc<dyn Publisher>,
+    pub(crate) next_step: Arc<dyn Publisher>,
+    /// The fan-in topic's publisher (the supervisor's registrations, subagents' completions).
+    pub(crate) fanin: Option<Arc<dyn Publisher>>,
     pub(crate) env: Environment<'static>,
     pub(crate) limits: AgentLimits,
     pub(crate) metrics: AgentMetrics,
@@ -234,6 +242,7 @@ impl AgentService {
             limits,
             metrics,
             routing: Routing::default(),
+            fanin: None,
         })
     }
 
@@ -249,6 +258,13 @@ impl AgentService {
             .add_template_owned(name.to_owned(), text.to_owned())
             .map_err(|e| TemplateError(format!("{name}: {e}")))?;
         Ok(self)
+    }
+
+    /// This agent with the supervisor pattern: registrations and subagents' completions
+    /// published through `fanin` (the fan-in topic's publisher; see [`crate::fanin`]).
+    pub fn with_fanin(mut self, fanin: Arc<dyn Publisher>) -> Self {
+        self.fanin = Some(fanin);
+        self
     }
 
     /// This agent with meta-routing's task types and patterns.
@@ -577,12 +593,35 @@ impl Handler for AgentService {
             out_token: request.pending_out_token.take(),
             model: None,
         };
+        // A supervisor's subagent publishes nothing on the response topic (its records would
+        // restart its supervisor's stream): its end becomes a completion for the fan-in.
+        let subagent = crate::patterns::supervisor::is_subagent(&request);
         let mut dialog = Dialog {
             sink,
             usage,
-            streaming: request.streaming,
-            steps: request.streaming || self.limits.non_streaming == NonStreaming::Steps,
+            streaming: request.streaming && !subagent,
+            steps: !subagent
+                && (request.streaming || self.limits.non_streaming == NonStreaming::Steps),
+            capture: subagent.then(Captured::default),
         };
+        let asked = subagent.then(|| request.clone());
+        let ended = self.iteration(request, &ctx, &mut dialog, remaining).await;
+        match asked {
+            Some(asked) => self.complete_subagent(&asked, ended, &mut dialog).await,
+            None => ended,
+        }
+    }
+}
+
+impl AgentService {
+    /// One iteration of a dialog, after its limits are read: its pattern's step.
+    async fn iteration(
+        &self,
+        mut request: AgentRequest,
+        ctx: &RequestContext,
+        dialog: &mut Dialog<'_>,
+        remaining: Duration,
+    ) -> Result<(), Error> {
         if remaining.is_zero() {
             self.metrics.dialog(DialogOutcome::Deadline);
             return dialog.fail(self.deadline_error()).await;
@@ -607,33 +646,27 @@ impl Handler for AgentService {
             request.state.as_deref(),
         );
         // The pattern this iteration runs (docs/agent.md#patterns).
-        match self
-            .dispatch(&mut request, &mut dialog, &ctx, remaining)
-            .await?
-        {
+        match self.dispatch(&mut request, dialog, ctx, remaining).await? {
             Dispatch::Pattern(Pattern::React) => {}
             Dispatch::Pattern(Pattern::PlanThenExecute) => {
                 return self
-                    .plan_iteration(request, &available, &mut dialog, &ctx, remaining)
+                    .plan_iteration(request, &available, dialog, ctx, remaining)
                     .await;
             }
-            // Replaced by the supervisor pattern.
             Dispatch::Pattern(Pattern::Supervisor) => {
                 return self
-                    .refuse(&mut dialog, "the supervisor pattern is not available here")
+                    .supervisor_iteration(request, &available, dialog, ctx, remaining)
                     .await;
             }
-            // A subagent's answer coming back to its supervisor: the fan-in hooks in here.
+            // A completion published on the request topic, as TrustGraph's subagents do.
             Dispatch::SubagentCompletion => {
-                return self
-                    .refuse(&mut dialog, "the supervisor pattern is not available here")
-                    .await;
+                return self.forward_completion(request, dialog).await;
             }
             Dispatch::Ended(ended) => return ended,
         }
         if self.limits.tool_calling == ToolCalling::Native {
             return self
-                .native_step(request, available, &mut dialog, &ctx, remaining)
+                .native_step(request, available, dialog, ctx, remaining)
                 .await;
         }
         let prompt = match self.render(&request, &available) {
@@ -649,10 +682,8 @@ impl Handler for AgentService {
             tools = available.len(),
             "thinking"
         );
-        let step = self
-            .react_turn(prompt, &mut dialog, &ctx, remaining)
-            .await?;
-        let outcome = match self.decided(step, &mut dialog, request.history.len()).await {
+        let step = self.react_turn(prompt, dialog, ctx, remaining).await?;
+        let outcome = match self.decided(step, dialog, request.history.len()).await {
             Ok(outcome) => outcome,
             Err(ended) => return ended,
         };
@@ -685,7 +716,7 @@ impl Handler for AgentService {
                     name,
                     arguments,
                 };
-                self.act(action, request, &available, &mut dialog, &ctx, remaining)
+                self.act(action, request, &available, dialog, ctx, remaining)
                     .await
             }
         }
@@ -901,7 +932,7 @@ impl AgentService {
 mod dialog;
 mod native;
 
-pub(crate) use self::dialog::{Dialog, message, unsent};
+pub(crate) use self::dialog::{Captured, Dialog, message, unsent};
 
 #[cfg(test)]
 mod tests;

@@ -43,7 +43,7 @@ fn split(steps: Vec<Step<u32>>) -> (Vec<Joined<u32>>, Vec<u32>) {
     let mut acked = Vec::new();
     for s in steps {
         match s {
-            Step::Join(j) => joins.push(j),
+            Step::Join(j) => joins.push(*j),
             Step::Ack(t, _) => acked.push(t),
             Step::Count(_) => {}
         }
@@ -218,6 +218,6 @@ fn a_completion_request_reads_back_as_its_completion() {
     let Some(Incoming::Registration(r)) = decode(&reg.encode().unwrap()) else {
         panic!("a registration");
     };
-    assert_eq!(r, reg);
+    assert_eq!(*r, reg);
     assert!(decode(br#"{"question": "not a completion"}"#).is_none());
 }
