@@ -267,3 +267,78 @@ async fn a_supervisor_dialog_survives_the_sigkill_of_its_fan_in_holder() {
     client.close().await;
     llm.stop().await;
 }
+
+/// The same dialog on `sluice serve`'s in-process bus (one process: the agent, its fan-in
+/// joiner, text-completion and the gateway), through the gateway's agent route: one answer
+/// from all four results, one `done`.
+#[tokio::test]
+async fn a_supervisor_dialog_on_sluice_serve_answers_from_every_subagent() {
+    init_logging();
+    let fake = FakeOpenAi::start().await;
+    let (listen, metrics) = (free_port(), free_port());
+    let log = std::env::temp_dir().join(format!(
+        "sluice-supervisor-serve-{}.log",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let mut child = Command::new(sluice_bin())
+        .args([
+            "serve",
+            "--provider",
+            "openai-compatible",
+            "--base-url",
+            &fake.base_url(),
+            "--model",
+            "supervisor",
+            "--listen",
+            &format!("127.0.0.1:{listen}"),
+            "--metrics-addr",
+            &format!("127.0.0.1:{metrics}"),
+        ])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let ready = format!("http://127.0.0.1:{metrics}/readyz");
+    if let Err(e) = process::ready(&mut child, &ready, Duration::from_secs(60)).await {
+        panic!(
+            "sluice serve {e}: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+    }
+    let body = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{listen}/api/v1/agent"))
+        .header("accept", "application/x-ndjson")
+        .json(&serde_json::json!({
+            "question": "Tell me about four things.",
+            "pattern": "supervisor",
+            "streaming": true,
+        }))
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let events: Vec<serde_json::Value> = body
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let answer: String = events
+        .iter()
+        .filter(|e| e["type"] == "token")
+        .filter_map(|e| e["content"].as_str())
+        .collect();
+    for goal in ["alpha", "beta", "gamma", "delta"] {
+        assert!(
+            answer.contains(&format!("result-{goal}")),
+            "every subagent's result in the synthesis: {body}"
+        );
+    }
+    let done: Vec<_> = events.iter().filter(|e| e["type"] == "done").collect();
+    assert_eq!(done.len(), 1, "{body}");
+    assert_eq!(done[0]["reason"], "success", "{body}");
+    process::terminate(&mut child, Duration::from_secs(20)).await;
+}
