@@ -577,6 +577,7 @@ impl FanIn {
     /// to the broker with it.
     async fn hold(&self, mut sub: Box<dyn Subscription>, shutdown: &CancellationToken) {
         let mut joiner: Joiner<Delivery> = Joiner::new(self.timeout);
+        let link = sub.link();
         let settled =
             now_ms().saturating_add(u64::try_from(TAKEOVER_GRACE.as_millis()).unwrap_or(u64::MAX));
         loop {
@@ -597,7 +598,17 @@ impl FanIn {
                     }
                     Some(Ok(delivery)) => accept(&mut joiner, delivery),
                 },
-                () = tokio::time::sleep(wake) => joiner.tick(now_ms()),
+                () = tokio::time::sleep(wake) => {
+                    if !link.is_up() {
+                        // While the consumer is detached another replica may hold the
+                        // subscription and join what this one holds: a deadline acted on
+                        // now could answer a dialog twice. Let go; the broker sends it all
+                        // to the holder.
+                        warn!("the fan-in's consumer is detached at a deadline; letting the fan-in go");
+                        break;
+                    }
+                    joiner.tick(now_ms())
+                }
             };
             if !self.settle(steps).await {
                 break;
