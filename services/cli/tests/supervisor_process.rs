@@ -5,9 +5,6 @@
 //! three completions held unacked and the fourth subagent held back by the model. The dialog
 //! still ends with one answer synthesised from all four results (the scripted model echoes
 //! what it was given), and nothing is answered twice.
-//!
-//! Needs the `sluice` binary (`cargo build -p sluice-cli`): `SLUICE_BIN`, or `sluice` beside
-//! the test binary's directory (`target/debug/`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::{path::PathBuf, process::Stdio, time::Duration};
@@ -18,35 +15,11 @@ use sluice_runtime::{
 };
 use sluice_schema::{AgentMessageType, AgentRequest, AgentResponse};
 use sluice_tests::{
-    Broker, RunningProcessor, echo_config, eventually_every, fake_openai::FakeOpenAi, init_logging,
-    metrics_text, openai_service, process, unique_topic,
+    Broker, RunningProcessor, echo_config, eventually_every, fake_openai::FakeOpenAi, free_port,
+    init_logging, metrics_text, openai_service, process, unique_topic,
 };
 use sluice_text_completion::providers::openai::{Dialect, OpenAiConfig};
 use tokio::process::{Child, Command};
-
-/// The `sluice` binary under test.
-fn sluice_bin() -> PathBuf {
-    if let Ok(p) = std::env::var("SLUICE_BIN") {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(|d| d.parent()).unwrap();
-    let bin = dir.join("sluice");
-    assert!(
-        bin.exists(),
-        "no sluice binary at {} (cargo build -p sluice-cli, or set SLUICE_BIN)",
-        bin.display()
-    );
-    bin
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// The topics of one run.
 struct Topics {
@@ -70,7 +43,7 @@ impl Replica {
             uuid::Uuid::new_v4().simple()
         ));
         let file = std::fs::File::create(&log).unwrap();
-        let mut child = Command::new(sluice_bin())
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
             .args([
                 "agent",
                 "--pulsar-url",
@@ -280,7 +253,7 @@ async fn a_supervisor_dialog_on_sluice_serve_answers_from_every_subagent() {
         "sluice-supervisor-serve-{}.log",
         uuid::Uuid::new_v4().simple()
     ));
-    let mut child = Command::new(sluice_bin())
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args([
             "serve",
             "--provider",
