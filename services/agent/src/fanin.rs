@@ -77,6 +77,18 @@ pub enum Event {
 }
 
 impl Event {
+    /// Every event, each shown at 0 from the start.
+    pub const ALL: [Event; 8] = [
+        Event::Fanout,
+        Event::Completion,
+        Event::JoinComplete,
+        Event::JoinDeadline,
+        Event::DroppedDuplicate,
+        Event::DroppedFinished,
+        Event::DroppedOrphan,
+        Event::Takeover,
+    ];
+
     /// The `event` label value.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -156,6 +156,10 @@ impl AgentMetrics {
             ),
             &["event"],
         )?;
+        for event in crate::fanin::Event::ALL {
+            // Each at 0 from the start: a replica that never held the fan-in shows so.
+            fanin.with_label_values(&[event.as_str()]);
+        }
         registry.register(Box::new(fanin.clone()))?;
         registry.register(Box::new(iterations.clone()))?;
         registry.register(Box::new(tool_calls.clone()))?;
