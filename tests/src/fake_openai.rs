@@ -33,6 +33,7 @@
 //! | `tokens-N-D-F` | as `tokens-N-D`, the first token F ms after the request (a model's time to first token) |
 //! | `routed` | as the model named by `[model:NAME]` in the last user message, else `normal`: one configured model, every behaviour (call counts are per routed name) |
 //! | `chaos-ok`, `chaos-429`, `chaos-500`, `chaos-malformed`, `chaos-drop`, `chaos-stall` | for soak traffic, counted per distinct last user message (each request its own): the message streamed back in 5-byte pieces (whole when not streaming), after `chaos-429`'s first call answers 429 with only `retry-after: 1` and `chaos-500`'s first call 500; `chaos-malformed` slips an unparseable event after the first piece; `chaos-drop` breaks the connection after the first piece and `chaos-stall` stops there, every call (not streaming: 500 `x-should-retry: false`, and no answer at all) |
+//! | `plan`, `plan-malformed`, `plan-gated` | an agent's model under the orchestrator's patterns, answering each built-in pattern prompt (routing, a plan of two steps, each step's tool call, the synthesis); `plan-malformed` never plans, `plan-gated` holds the synthesis behind the gate (see [`plan_model`]) |
 //! | `tools`, `tools-text`, `tools-interleaved` | tool calling in OpenAI's shapes (see [`tools`]): calls every tool offered with `{"q": <message>}`, the arguments streamed in 4-byte fragments, `finish_reason: tool_calls`; answers `results: ...` once given the tools' results |
 //!
 //! [`prompted`] is the same fake scripted by the prompt instead, for processes configured
@@ -438,6 +439,7 @@ async fn answer(
             v
         }
         "supervisor" | "supervisor-held" => supervisor_script(&model, &user_message, held),
+        "plan" | "plan-malformed" | "plan-gated" => plan_model(&model, &user_message, gate),
         m if m.starts_with("react-") => {
             // A scripted ReAct agent: the step is the number of observations in the prompt.
             let step = user_message.matches("\nObservation: ").count();
@@ -721,6 +723,42 @@ fn supervisor_script(model: &str, user_message: &str, held: Arc<crate::fake::Hel
         3,
     ));
     steps
+}
+
+/// The `plan` models: an agent's model under the orchestrator's patterns, answering each of
+/// the built-in pattern templates (services/agent/src/patterns/templates) by what the prompt
+/// asks: the task type `research`, the pattern `plan-then-execute`, a plan of two steps in a
+/// ```json fence (adding 2 and 3 with `add`, then looking the capital of France up with
+/// `lookup`), each step's tool call, and the synthesis. `plan-malformed` answers every
+/// planning prompt with prose; `plan-gated` holds the synthesis after its first piece until
+/// [`FakeOpenAi::open_gate`].
+fn plan_model(model: &str, prompt: &str, gate: Arc<tokio::sync::Notify>) -> Vec<Step> {
+    let text = if prompt.contains("Classify the question below") {
+        "research"
+    } else if prompt.contains("Choose how to answer the question below") {
+        "\"plan-then-execute\""
+    } else if prompt.contains("Make a plan to answer the question below") {
+        if model == "plan-malformed" {
+            "I would add the numbers first."
+        } else {
+            "Here is the plan:\n```json\n[{\"goal\": \"add 2 and 3\", \"tool_hint\": \"add\"},\n {\"goal\": \"look up the capital of France\", \"tool_hint\": \"lookup\", \"depends_on\": [0]}]\n```"
+        }
+    } else if prompt.contains("Goal: add 2 and 3") {
+        r#"{"tool": "add", "arguments": {"a": 2, "b": 3}}"#
+    } else if prompt.contains("Goal: look up the capital of France") {
+        r#"{"tool": "lookup", "arguments": {"key": "capital-of-france"}}"#
+    } else if prompt.contains("from the results of the steps") {
+        if model == "plan-gated" {
+            let mut v = vec![Step::Send(delta("The sum is 5"))];
+            v.push(Step::Gate(gate));
+            v.extend(streamed(" and the capital is Paris.", 3));
+            return v;
+        }
+        "The sum is 5 and the capital is Paris."
+    } else {
+        "I do not know this prompt."
+    };
+    streamed(text, 3)
 }
 
 fn streamed(text: &str, n: usize) -> Vec<Step> {

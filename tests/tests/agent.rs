@@ -18,6 +18,7 @@ use sluice_agent::{
     },
     mcp::{McpClient, McpTimeouts},
     metrics::AgentMetrics,
+    patterns::route::Routing,
     tools::{self, AnyResponse, Backend, Tool, ToolKind},
 };
 use sluice_prompt::{
@@ -139,6 +140,7 @@ struct Setup {
     broker: Broker,
     topics: Topics,
     limits: AgentLimits,
+    routing: Routing,
     templates: PathBuf,
 }
 
@@ -168,6 +170,23 @@ impl Setup {
     }
 
     async fn with_limits(config: OpenAiConfig, fake: FakeOpenAi, limits: AgentLimits) -> Self {
+        Self::routed(config, fake, limits, Routing::default()).await
+    }
+
+    /// An agent whose meta-routing chooses from `routing`, its model the fake's `model`.
+    async fn routing(model: &str, routing: Routing) -> Self {
+        let fake = FakeOpenAi::start().await;
+        let mut config = OpenAiConfig::new(Dialect::OpenAi, fake.base_url(), model);
+        config.api_key = Some(Secret::new("sk-test"));
+        Self::routed(config, fake, AgentLimits::default(), routing).await
+    }
+
+    async fn routed(
+        config: OpenAiConfig,
+        fake: FakeOpenAi,
+        limits: AgentLimits,
+        routing: Routing,
+    ) -> Self {
         init_logging();
         let broker = Broker::from_env().await;
         let topics = Topics {
@@ -220,7 +239,14 @@ impl Setup {
         let lookup = RunningProcessor::start(broker.bus().await, l_config, LookupService).await;
 
         let mcp = mcp_server::start(None).await;
-        let agent = start_agent(&broker, &topics, &mcp.url(), limits.clone()).await;
+        let agent = start_agent(
+            &broker,
+            &topics,
+            &mcp.url(),
+            limits.clone(),
+            routing.clone(),
+        )
+        .await;
         let client = AgentClient::start(
             broker.bus().await,
             ClientConfig::new("agent", &topics.agent.0, &topics.agent.1),
@@ -239,6 +265,7 @@ impl Setup {
             broker,
             topics,
             limits,
+            routing,
             templates,
         }
     }
@@ -250,6 +277,7 @@ impl Setup {
             &self.topics,
             &self.mcp.url(),
             self.limits.clone(),
+            self.routing.clone(),
         )
         .await
     }
@@ -284,6 +312,7 @@ async fn start_agent(
     t: &Topics,
     mcp_url: &str,
     limits: AgentLimits,
+    routing: Routing,
 ) -> RunningProcessor {
     let bus = broker.bus().await;
     let llm: Arc<LlmClient> = Arc::new(
@@ -338,7 +367,8 @@ async fn start_agent(
         limits,
         metrics,
     )
-    .unwrap();
+    .unwrap()
+    .with_routing(routing);
     let mut config = ProcessorConfig::new("agent", &t.agent.0, &t.agent.1);
     sluice_tests::record_per_delta(&mut config);
     config.drain_grace = Duration::from_secs(5);
@@ -1058,5 +1088,260 @@ async fn the_dialog_deadline_ends_the_dialog_with_a_timeout() {
     );
     // Let the held-back model call finish, so the text-completion processor drains at once.
     s.fake.open_gate();
+    s.stop().await;
+}
+
+/// A question for the orchestrator's patterns: `pattern`, or none (meta-routing).
+fn plan_request(pattern: Option<&str>, streaming: bool) -> AgentRequest {
+    AgentRequest {
+        pattern: pattern.map(str::to_owned),
+        ..Setup::request(streaming)
+    }
+}
+
+/// Every record of a dialog, asserting it ends once and never restarts.
+async fn whole_dialog(s: &Setup, request: &AgentRequest) -> Vec<AgentResponse> {
+    let records = s.client.call(request).await.unwrap();
+    assert_eq!(
+        records.iter().filter(|r| r.end_of_dialog).count(),
+        1,
+        "{records:#?}"
+    );
+    assert!(records.last().unwrap().end_of_dialog);
+    records
+}
+
+/// The thoughts of a dialog, each whole.
+fn thoughts(out: &[AgentResponse]) -> Vec<&str> {
+    out.iter()
+        .filter(|r| r.message_type == AgentMessageType::Thought)
+        .map(|r| r.content.as_str())
+        .collect()
+}
+
+/// The records of the fake `plan` model's two-step plan, streamed, in TrustGraph's order:
+/// the plan's thought; per step its thought and the tool's observation; the synthesis's
+/// thought; the answer's pieces; the end of the dialog.
+const PLAN_TWO_STEPS: [&str; 7] = [
+    "thought.",
+    "observation.",
+    "thought.",
+    "observation.",
+    "thought.",
+    "answer",
+    "answer.!",
+];
+
+/// What the fake `plan` model's dialog thinks.
+const PLAN_THOUGHTS: [&str; 4] = [
+    "Created plan with 2 steps",
+    "Step 0: add 2 and 3 → calling add",
+    "Step 1: look up the capital of France → calling lookup",
+    "Synthesising final answer from plan results",
+];
+
+/// Plan-then-execute over the broker: a plan of two steps, each step an iteration handed on
+/// over the agent's request topic running one real tool (the MCP adder, then the lookup
+/// service), then the synthesis streamed; TrustGraph's records in its order, and one answer
+/// record when not streaming.
+#[tokio::test]
+async fn plan_then_execute_runs_a_two_step_plan_with_tools() {
+    let s = Setup::new("plan", 5).await;
+    let out = whole_dialog(&s, &plan_request(Some("plan-then-execute"), true)).await;
+    assert_eq!(shape(&out), PLAN_TWO_STEPS, "{out:#?}");
+    assert_eq!(thoughts(&out), PLAN_THOUGHTS, "{out:#?}");
+    let observations: Vec<_> = out
+        .iter()
+        .filter(|r| r.message_type == AgentMessageType::Observation)
+        .map(|r| r.content.as_str())
+        .collect();
+    // The service tool's observation is its terminal record.
+    assert_eq!(observations.len(), 2, "{out:#?}");
+    assert_eq!(observations[0], "5");
+    assert!(observations[1].contains(r#""value":"Paris""#), "{out:#?}");
+    assert_eq!(
+        text(&out, AgentMessageType::Answer),
+        "The sum is 5 and the capital is Paris."
+    );
+    // Four model calls of 9 input tokens each, counted once.
+    assert_eq!(out.iter().filter_map(|r| r.in_token).sum::<u64>(), 36);
+    assert_eq!(s.mcp.calls(), 1);
+
+    let out = whole_dialog(&s, &plan_request(Some("plan-then-execute"), false)).await;
+    assert_eq!(shape(&out), ["answer.!"], "{out:#?}");
+    assert_eq!(out[0].content, "The sum is 5 and the capital is Paris.");
+    assert_eq!(out[0].in_token, Some(36));
+    assert_metrics_soon(
+        || s.metrics(),
+        &[
+            r#"sluice_agent_iterations_total{outcome="action"} 6"#,
+            r#"sluice_agent_iterations_total{outcome="answer"} 2"#,
+            r#"sluice_agent_tool_calls_total{kind="mcp",outcome="success",tool="add"} 2"#,
+            r#"sluice_agent_tool_calls_total{kind="service",outcome="success",tool="lookup"} 2"#,
+            r#"sluice_agent_dialogs_total{outcome="answer"} 2"#,
+            r#"sluice_processor_requests_total{outcome="continued",processor="agent"} 6"#,
+        ],
+    )
+    .await;
+    s.stop().await;
+}
+
+/// With no pattern, meta-routing picks the task type (two are configured) and then the
+/// pattern with the model, and the dialog runs as plan-then-execute.
+#[tokio::test]
+async fn meta_routing_chooses_plan_then_execute_from_two_task_types() {
+    let task_types = std::collections::BTreeMap::from([
+        (
+            "research".to_owned(),
+            r#"{"description": "Questions needing several facts", "valid_patterns": ["react", "plan-then-execute"]}"#.to_owned(),
+        ),
+        (
+            "chat".to_owned(),
+            r#"{"description": "Small talk", "valid_patterns": ["react"]}"#.to_owned(),
+        ),
+    ]);
+    let patterns = std::collections::BTreeMap::from([
+        (
+            "react".to_owned(),
+            r#"{"description": "Reason and act"}"#.to_owned(),
+        ),
+        (
+            "plan-then-execute".to_owned(),
+            r#"{"description": "Plan, then run each step"}"#.to_owned(),
+        ),
+    ]);
+    let s = Setup::routing("plan", Routing::from_entries(&task_types, &patterns)).await;
+    let out = whole_dialog(&s, &plan_request(None, true)).await;
+    assert_eq!(shape(&out), PLAN_TWO_STEPS, "{out:#?}");
+    assert_eq!(thoughts(&out), PLAN_THOUGHTS, "{out:#?}");
+    // Two routing calls, the plan, two steps, the synthesis.
+    assert_eq!(s.fake.calls("plan"), 6);
+    assert_eq!(out.iter().filter_map(|r| r.in_token).sum::<u64>(), 54);
+    s.stop().await;
+}
+
+/// An unknown pattern is one `agent-error` record naming the known patterns; no model call.
+#[tokio::test]
+async fn an_unknown_pattern_is_one_error_record() {
+    let s = Setup::new("plan", 5).await;
+    let out = whole_dialog(&s, &plan_request(Some("tree-of-thought"), true)).await;
+    assert_eq!(shape(&out), ["error.!"], "{out:#?}");
+    let e = out[0].error.as_ref().unwrap();
+    assert_eq!(e.kind, "agent-error", "{e:?}");
+    assert!(
+        e.message
+            .contains("the known patterns are react, plan-then-execute, supervisor"),
+        "{}",
+        e.message
+    );
+    assert_eq!(s.fake.calls("plan"), 0);
+    assert_metrics_soon(
+        || s.metrics(),
+        &[r#"sluice_agent_dialogs_total{outcome="error"} 1"#],
+    )
+    .await;
+    s.stop().await;
+}
+
+/// A model that never answers the planning prompt with a plan: one corrective retry, then one
+/// `agent-error` record saying what was wrong; the dialog does not hang.
+#[tokio::test]
+async fn a_plan_malformed_twice_is_one_error_record() {
+    let s = Setup::new("plan-malformed", 5).await;
+    let out = whole_dialog(&s, &plan_request(Some("plan-then-execute"), true)).await;
+    assert_eq!(shape(&out), ["error.!"], "{out:#?}");
+    let e = out[0].error.as_ref().unwrap();
+    assert_eq!(e.kind, "agent-error", "{e:?}");
+    assert!(
+        e.message.contains(
+            "plan-create answer was not usable twice: the answer has no JSON object or list"
+        ),
+        "{}",
+        e.message
+    );
+    assert_eq!(s.fake.calls("plan-malformed"), 2);
+    assert_eq!(out[0].in_token, Some(18), "both calls' usage on the error");
+    assert_metrics_soon(
+        || s.metrics(),
+        &[
+            r#"sluice_agent_iterations_total{outcome="retry"} 1"#,
+            r#"sluice_agent_dialogs_total{outcome="error"} 1"#,
+        ],
+    )
+    .await;
+    s.stop().await;
+}
+
+/// The agent dies while a plan's synthesis is in flight (the fake holds it behind its gate):
+/// another replica repeats only the synthesis; the plan and its steps' tools are not redone.
+#[tokio::test]
+async fn a_killed_agent_mid_plan_repeats_only_its_iteration() {
+    let mut s = Setup::new("plan-gated", 5).await;
+    let mut stream = s
+        .client
+        .request(&plan_request(Some("plan-then-execute"), true))
+        .await
+        .unwrap();
+    let mut items: Vec<Received<AgentResponse>> = Vec::new();
+    // Up to the synthesis's first piece, sent before the gate.
+    loop {
+        let item = next(&mut stream).await.unwrap().unwrap();
+        let answer =
+            matches!(&item, Received::Record(r) if r.message_type == AgentMessageType::Answer);
+        items.push(item);
+        if answer {
+            break;
+        }
+    }
+    let survivor = s.start_agent().await;
+    let doomed = std::mem::replace(&mut s.agent, survivor);
+    let doomed = doomed.kill().await;
+    loop {
+        let item = next(&mut stream).await.unwrap().unwrap();
+        let answer =
+            matches!(&item, Received::Record(r) if r.message_type == AgentMessageType::Answer);
+        let restarted = items.iter().any(|i| matches!(i, Received::Restarted));
+        items.push(item);
+        if restarted && answer {
+            break;
+        }
+    }
+    s.fake.open_gate();
+    s.fake.open_gate();
+    while let Some(item) = next(&mut stream).await {
+        items.push(item.unwrap());
+    }
+    assert_eq!(
+        shape_of(&items),
+        [
+            "thought.",
+            "observation.",
+            "thought.",
+            "observation.",
+            "thought.",
+            "answer",
+            "<restarted>",
+            "thought.",
+            "answer",
+            "answer.!"
+        ],
+        "{items:#?}"
+    );
+    // The plan and both steps ran once (one adder call); the synthesis twice.
+    assert_eq!(s.mcp.calls(), 1);
+    assert_eq!(s.fake.calls("plan-gated"), 5);
+    assert_metrics(
+        &doomed.render(),
+        &[r#"sluice_agent_iterations_total{outcome="action"} 3"#],
+    );
+    let survived = s.metrics();
+    assert_metrics(
+        &survived,
+        &[r#"sluice_agent_dialogs_total{outcome="answer"} 1"#],
+    );
+    assert!(
+        !survived.contains("sluice_agent_tool_calls_total"),
+        "the survivor called no tool"
+    );
     s.stop().await;
 }

@@ -3,7 +3,8 @@
 //! text-completion and the prompt service on its own topics
 //! (`text-completion-request`/`-response`, `prompt-request`/`-response`) and hands its next
 //! steps to its own `request` topic; its tools are the workspace's `tool` entries (with the
-//! `mcp` entries the MCP tools name). When those change, the workspace's flows restart with
+//! `mcp` entries the MCP tools name), and meta-routing chooses from its `agent-task-type` and
+//! `agent-pattern` entries. When those change, the workspace's flows restart with
 //! the new tools: dialogs in flight go on at their next step, which the new consumer takes.
 
 use std::{collections::BTreeMap, sync::Arc};
@@ -27,6 +28,7 @@ use crate::{
     handler::{AgentLimits, AgentService, TemplateError},
     mcp::{McpClient, McpError, McpTimeouts},
     metrics::AgentMetrics,
+    patterns::route::Routing,
     tools::{self, AnyResponse, Backend, Tool, ToolConfig, ToolKind},
 };
 
@@ -73,7 +75,7 @@ pub enum AssembleError {
     /// The agent's own request topic (its next steps) cannot be published to.
     #[error("cannot publish to the agent's own request topic: {0}")]
     NextStep(BusError),
-    /// The ReAct template does not compile.
+    /// A prompt template (ReAct's or a pattern's) does not compile.
     #[error(transparent)]
     Template(#[from] TemplateError),
 }
@@ -175,6 +177,8 @@ pub struct AgentFlowSettings {
     pub limits: AgentLimits,
     /// The ReAct prompt template.
     pub template: String,
+    /// Pattern templates replacing the built-in ones (name, text).
+    pub pattern_templates: Vec<(String, String)>,
     /// The text-completion client's settings but its topics, which are each flow's.
     pub llm: ClientConfig,
 }
@@ -251,7 +255,13 @@ impl FlowService for AgentFlows {
     type Handler = AgentService;
 
     fn config_types(&self) -> Vec<String> {
-        vec!["mcp".to_owned(), "tool".to_owned()]
+        // Meta-routing's task types and patterns too (TrustGraph 2.11's orchestrator).
+        vec![
+            "mcp".to_owned(),
+            "tool".to_owned(),
+            "agent-task-type".to_owned(),
+            "agent-pattern".to_owned(),
+        ]
     }
 
     fn restarts_flows(&self, _kind: &str) -> bool {
@@ -336,6 +346,17 @@ impl FlowService for AgentFlows {
             self.metrics.clone(),
         )
         .await;
+        let routing = Routing::from_entries(
+            &self.entries(&key.workspace, "agent-task-type"),
+            &self.entries(&key.workspace, "agent-pattern"),
+        );
+        let built = built.and_then(|(service, prompt)| {
+            let mut service = service.with_routing(routing);
+            for (name, text) in &self.settings.pattern_templates {
+                service = service.with_template(name, text)?;
+            }
+            Ok((service, prompt))
+        });
         let (service, prompt) = match built {
             Ok(b) => b,
             Err(e) => {

@@ -1,4 +1,5 @@
-//! The agent handler: one ReAct iteration per request.
+//! The agent handler: one iteration per request, ReAct's below or another pattern's
+//! ([`crate::patterns`], dispatched by the request's `pattern`).
 //!
 //! Each iteration renders the ReAct prompt (question, tools, history), streams the model's output
 //! through the ReAct parser and publishes what it finds as it finds it: `thought` pieces
@@ -41,7 +42,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     metrics::{AgentMetrics, DialogOutcome, IterationOutcome, ToolOutcome, kind_label},
-    patterns::{Pattern, TEMPLATES, route::Routing},
+    patterns::{Dispatch, Pattern, TEMPLATES, route::Routing},
     react::{Event, Outcome, ReactParser},
     tools::{self, Tokens, Tool, ToolError},
 };
@@ -539,24 +540,14 @@ impl AgentService {
             request.group.as_deref(),
             request.state.as_deref(),
         );
-        // The pattern this iteration runs (docs/agent.md#patterns).
+        // The pattern this iteration runs (docs/agent.md#patterns); ReAct's goes on here.
         match self.dispatch(&mut request, dialog, ctx, remaining).await? {
             Dispatch::Pattern(Pattern::React) => {}
-            Dispatch::Pattern(Pattern::PlanThenExecute) => {
+            other => {
                 return self
-                    .plan_iteration(request, &available, dialog, ctx, remaining)
+                    .run_dispatched(other, request, &available, dialog, ctx, remaining)
                     .await;
             }
-            Dispatch::Pattern(Pattern::Supervisor) => {
-                return self
-                    .supervisor_iteration(request, &available, dialog, ctx, remaining)
-                    .await;
-            }
-            // A completion published on the request topic, as TrustGraph's subagents do.
-            Dispatch::SubagentCompletion => {
-                return self.forward_completion(request, dialog).await;
-            }
-            Dispatch::Ended(ended) => return ended,
         }
         if self.limits.tool_calling == ToolCalling::Native {
             return self
@@ -614,70 +605,6 @@ impl AgentService {
                     .await
             }
         }
-    }
-}
-
-/// What an iteration is, as [`AgentService::dispatch`] finds it.
-enum Dispatch {
-    /// An iteration of this pattern.
-    Pattern(Pattern),
-    /// A subagent's answer for its supervisor's fan-in (TrustGraph: a history with a
-    /// `subagent-completion` step, and a correlation id).
-    SubagentCompletion,
-    /// The dialog ended here (its terminal record is out).
-    Ended(Result<(), Error>),
-}
-
-impl AgentService {
-    /// What `request`'s iteration is: a subagent's completion, or an iteration of its pattern;
-    /// a dialog's first request with no pattern is routed first (the decision written into
-    /// it, so that its later iterations carry it). An unknown pattern ends the dialog.
-    async fn dispatch(
-        &self,
-        request: &mut AgentRequest,
-        dialog: &mut Dialog<'_>,
-        ctx: &RequestContext,
-        remaining: Duration,
-    ) -> Result<Dispatch, Error> {
-        let completion = request
-            .correlation_id
-            .as_deref()
-            .is_some_and(|c| !c.is_empty())
-            && request
-                .history
-                .iter()
-                .any(|s| s.step_type.as_deref() == Some("subagent-completion"));
-        if completion {
-            return Ok(Dispatch::SubagentCompletion);
-        }
-        if request.pattern.as_deref().unwrap_or_default().is_empty() && request.history.is_empty() {
-            if let Err(e) = self.route(request, dialog, ctx, remaining).await {
-                self.metrics.iteration(IterationOutcome::Error);
-                self.metrics.dialog(if e.kind == ErrorKind::Timeout {
-                    DialogOutcome::Deadline
-                } else {
-                    DialogOutcome::Error
-                });
-                return Ok(Dispatch::Ended(dialog.fail(e).await));
-            }
-        }
-        // A dialog handed on by an older agent carries no pattern: ReAct, as before.
-        let name = request.pattern.as_deref().unwrap_or_default();
-        if name.is_empty() {
-            return Ok(Dispatch::Pattern(Pattern::React));
-        }
-        match name.parse() {
-            Ok(p) => Ok(Dispatch::Pattern(p)),
-            Err(why) => Ok(Dispatch::Ended(self.refuse(dialog, &why).await)),
-        }
-    }
-
-    /// Ends the dialog with an `agent-error` saying `why`, counted as an error.
-    async fn refuse(&self, dialog: &mut Dialog<'_>, why: &str) -> Result<(), Error> {
-        warn!(reason = %why, "dialog refused");
-        self.metrics.iteration(IterationOutcome::Error);
-        self.metrics.dialog(DialogOutcome::Error);
-        dialog.fail(Error::new(ErrorKind::Agent, why)).await
     }
 }
 

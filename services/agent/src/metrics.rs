@@ -172,6 +172,10 @@ impl AgentMetrics {
             &["decision"],
         )?;
         registry.register(Box::new(dialogs.clone()))?;
+        for decision in ["task-type", "pattern"] {
+            // At 0 from the start, as the docs list it (docs/metrics.md).
+            route_fallbacks.with_label_values(&[decision]);
+        }
         registry.register(Box::new(route_fallbacks.clone()))?;
         Ok(Self {
             iterations,

@@ -38,7 +38,10 @@ use sluice_schema::{
     TextCompletionResponse, add_tokens,
 };
 
-use crate::mcp::{McpClient, McpError};
+use crate::{
+    mcp::{McpClient, McpError},
+    patterns::route::Routing,
+};
 
 /// One argument of a tool, as the model is told about it.
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
@@ -130,7 +133,14 @@ fn default_group() -> Vec<String> {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ToolFile {
+    #[serde(default)]
     tools: Vec<ToolConfig>,
+    /// Meta-routing's task types, as a TrustGraph workspace's `agent-task-type` entries.
+    #[serde(default, rename = "agent-task-type")]
+    task_types: BTreeMap<String, Value>,
+    /// Meta-routing's patterns, as a TrustGraph workspace's `agent-pattern` entries.
+    #[serde(default, rename = "agent-pattern")]
+    patterns: BTreeMap<String, Value>,
 }
 
 /// Why the tools could not be configured.
@@ -161,6 +171,17 @@ pub fn load(path: &Path) -> Result<Vec<ToolConfig>, ToolConfigError> {
     let text =
         std::fs::read_to_string(path).map_err(|e| ToolConfigError::Read(shown.clone(), e))?;
     parse(&text).map_err(|e| ToolConfigError::Parse(shown, e))
+}
+
+/// Reads meta-routing's task types and patterns from a tools file (its `agent-task-type` and
+/// `agent-pattern` objects; TrustGraph's defaults when it has none).
+pub fn load_routing(path: &Path) -> Result<Routing, ToolConfigError> {
+    let shown = path.display().to_string();
+    let text =
+        std::fs::read_to_string(path).map_err(|e| ToolConfigError::Read(shown.clone(), e))?;
+    let file: ToolFile = serde_json::from_str(&text)
+        .map_err(|e| ToolConfigError::Parse(shown, ToolsFileError::Json(e)))?;
+    Ok(Routing::from_file_entries(&file.task_types, &file.patterns))
 }
 
 /// Parses a tools file's text.
@@ -688,5 +709,40 @@ mod tests {
             names(None, Some("searching")),
             ["facts", "search", "lookup"]
         );
+    }
+
+    /// A standalone agent's meta-routing choices sit in its tools file beside the tools, as
+    /// a TrustGraph workspace's `agent-task-type` and `agent-pattern` entries.
+    #[test]
+    fn a_tools_file_carries_meta_routing_entries() {
+        let text = r#"{"tools": [{"name": "ask", "type": "text-completion", "description": "Ask"}],
+            "agent-task-type": {"research": {"valid_patterns": ["plan-then-execute"], "framing": "F"},
+                                "chat": {"description": "Small talk"}},
+            "agent-pattern": {"plan-then-execute": {"description": "Plan"}}}"#;
+        assert_eq!(parse(text).unwrap().len(), 1);
+        let path = std::env::temp_dir().join(format!("sluice-routing-{}.json", std::process::id()));
+        std::fs::write(&path, text).unwrap();
+        let routing = load_routing(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let entries = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        assert_eq!(
+            routing,
+            Routing::from_entries(
+                &entries(&[
+                    ("chat", r#"{"description":"Small talk"}"#),
+                    (
+                        "research",
+                        r#"{"framing":"F","valid_patterns":["plan-then-execute"]}"#
+                    ),
+                ]),
+                &entries(&[("plan-then-execute", r#"{"description":"Plan"}"#)]),
+            )
+        );
+        assert_ne!(routing, Routing::default());
     }
 }

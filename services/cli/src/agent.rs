@@ -12,6 +12,7 @@ use sluice_agent::{
         AgentLimits, AgentService, DEFAULT_REACT_TEMPLATE, NonStreaming, PlainAnswer, ToolCalling,
     },
     metrics::AgentMetrics,
+    patterns::route::Routing,
     tools,
 };
 use sluice_runtime::{
@@ -37,6 +38,11 @@ pub struct AgentArgs {
     /// replacing the built-in one.
     #[arg(long, env = "SLUICE_REACT_TEMPLATE")]
     pub react_template: Option<PathBuf>,
+    /// A pattern's prompt template replacing the built-in one, as NAME=FILE (minijinja; NAME one
+    /// of task-type-classify, pattern-select, plan-create, plan-step-execute, plan-synthesise;
+    /// see docs/agent.md, "Patterns"). Repeat for each template replaced.
+    #[arg(long = "pattern-template", value_name = "NAME=FILE")]
+    pub pattern_templates: Vec<String>,
     /// Tool calls before the dialog ends without an answer.
     #[arg(long, env = "SLUICE_MAX_ITERATIONS", default_value_t = 10)]
     pub max_iterations: usize,
@@ -104,6 +110,21 @@ impl AgentArgs {
         })
     }
 
+    /// The pattern templates replacing built-in ones: (name, the file's text).
+    fn pattern_templates(&self) -> Result<Vec<(String, String)>, String> {
+        self.pattern_templates
+            .iter()
+            .map(|spec| {
+                let (name, path) = spec
+                    .split_once('=')
+                    .ok_or_else(|| format!("--pattern-template {spec:?}: expected NAME=FILE"))?;
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read the {name} template {path}: {e}"))?;
+                Ok((name.to_owned(), text))
+            })
+            .collect()
+    }
+
     /// The ReAct template: the file's, or the built-in one.
     fn react_template(&self) -> Result<String, String> {
         match &self.react_template {
@@ -126,9 +147,12 @@ pub async fn agent_service(
     telemetry: &Telemetry,
 ) -> Result<(AgentService, FanIn), String> {
     let metrics = AgentMetrics::register(&telemetry.registry).map_err(|e| e.to_string())?;
-    let configs = match &args.tools {
-        Some(path) => tools::load(path).map_err(|e| e.to_string())?,
-        None => Vec::new(),
+    let (configs, routing) = match &args.tools {
+        Some(path) => (
+            tools::load(path).map_err(|e| e.to_string())?,
+            tools::load_routing(path).map_err(|e| e.to_string())?,
+        ),
+        None => (Vec::new(), Routing::default()),
     };
     let topic = |t: &str| -> Result<String, String> {
         t.parse::<TopicName>()
@@ -155,6 +179,12 @@ pub async fn agent_service(
     )
     .await
     .map_err(|e| e.to_string())?;
+    let mut service = service.with_routing(routing);
+    for (name, text) in args.pattern_templates()? {
+        service = service
+            .with_template(&name, &text)
+            .map_err(|e| e.to_string())?;
+    }
     let fanin_topic = topic(&args.fanin_topic)?;
     let publisher = |t: String| {
         let bus = bus.clone();
@@ -209,6 +239,7 @@ pub async fn run(args: AgentCommand) -> Result<(), String> {
         let settings = AgentFlowSettings {
             limits: args.agent.limits()?,
             template: args.agent.react_template()?,
+            pattern_templates: args.agent.pattern_templates()?,
             llm: args.llm.client_config(mapping)?,
         };
         let service = Arc::new(

@@ -588,3 +588,126 @@ async fn agent_takes_tools_from_the_config_and_restarts_its_flows_when_they_chan
         assert!(stopped.status.success(), "{}", stopped.stderr);
     }
 }
+
+/// Meta-routing's choices are the workspace's `agent-task-type` and `agent-pattern` entries:
+/// with two task types configured, a question with no pattern is routed by the model (the
+/// fake's `plan` model chooses `research`, then `plan-then-execute`) and runs as a plan.
+#[tokio::test]
+async fn agent_routes_by_the_workspaces_task_types_and_patterns() {
+    use sluice_schema::{AgentMessageType, AgentRequest, AgentResponse};
+    sluice_runtime::install_crypto_provider();
+    let broker = Broker::from_env().await;
+    let bus = broker.bus().await;
+    let fake = FakeOpenAi::start().await;
+    let topics = config_topics("rt");
+    let config =
+        FakeConfigService::start(bus.clone(), &topics.request, &topics.response, &topics.push)
+            .await;
+    let (tc_req, tc_resp) = (unique_topic("rt-tc-req"), unique_topic("rt-tc-resp"));
+    let (a_req, a_resp) = (unique_topic("rt-a-req"), unique_topic("rt-a-resp"));
+    config
+        .put(
+            "ws",
+            "processor:text-completion",
+            &[("flow", &flow(&tc_req, &tc_resp, json!({"model": "plan"})))],
+        )
+        .await;
+    config
+        .put(
+            "ws",
+            "agent-task-type",
+            &[
+                (
+                    "research",
+                    r#"{"name": "research", "description": "Several facts",
+                        "valid_patterns": ["react", "plan-then-execute"]}"#,
+                ),
+                (
+                    "chat",
+                    r#"{"name": "chat", "description": "Small talk", "valid_patterns": ["react"]}"#,
+                ),
+            ],
+        )
+        .await;
+    config
+        .put(
+            "ws",
+            "agent-pattern",
+            &[
+                (
+                    "react",
+                    r#"{"name": "react", "description": "Reason and act"}"#,
+                ),
+                (
+                    "plan-then-execute",
+                    r#"{"name": "plan-then-execute", "description": "Plan, then run each step"}"#,
+                ),
+            ],
+        )
+        .await;
+    let agent_flow = json!({"topics": {"request": a_req, "response": a_resp,
+        "text-completion-request": tc_req, "text-completion-response": tc_resp,
+        "prompt-request": "request:tg:prompt", "prompt-response": "response:tg:prompt"},
+        "parameters": {}})
+    .to_string();
+    config
+        .put("ws", "processor:agent-manager", &[("flow", &agent_flow)])
+        .await;
+
+    let (tc, _) = start_text_completion(&fake, &topics, &broker).await;
+    let (agent, a_port) = start(&["agent"], &topics, &broker, &[]).await;
+    until(
+        &agent,
+        a_port,
+        "sluice_config_flows",
+        &[("processor", "agent-manager")],
+        1.0,
+    )
+    .await;
+    let client: RequestClient<AgentRequest, AgentResponse> = RequestClient::start(
+        bus.clone(),
+        sluice_runtime::client::ClientConfig::new("agent", &a_req, &a_resp),
+        None,
+    )
+    .await
+    .unwrap();
+    let request = AgentRequest {
+        question: "What is 2 + 3, and the capital of France?".into(),
+        streaming: true,
+        ..Default::default()
+    };
+    let records = client.call(&request).await.unwrap();
+    let thoughts: Vec<_> = records
+        .iter()
+        .filter(|r| r.message_type == AgentMessageType::Thought)
+        .map(|r| r.content.as_str())
+        .collect();
+    assert_eq!(
+        thoughts.first().copied(),
+        Some("Created plan with 2 steps"),
+        "{records:#?}"
+    );
+    // The workspace has no tools: each step observes that its tool is not there.
+    let observations: Vec<_> = records
+        .iter()
+        .filter(|r| r.message_type == AgentMessageType::Observation)
+        .map(|r| r.content.as_str())
+        .collect();
+    assert_eq!(
+        observations,
+        [
+            "Error: tool 'add' not found",
+            "Error: tool 'lookup' not found"
+        ]
+    );
+    let last = records.last().unwrap();
+    assert!(last.end_of_dialog && last.error.is_none(), "{last:?}");
+    // Two routing calls, the plan, two steps, the synthesis.
+    assert_eq!(fake.calls("plan"), 6);
+
+    client.close().await;
+    for process in [agent, tc] {
+        let stopped = process.stop().await;
+        assert!(stopped.status.success(), "{}", stopped.stderr);
+    }
+}

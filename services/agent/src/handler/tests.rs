@@ -41,6 +41,19 @@ struct Rig {
 impl Rig {
     /// An agent with one tool, `lookup` (a text completion with [`TOOL_SYSTEM`]).
     async fn start(limits: AgentLimits) -> Rig {
+        Self::start_routing(limits, Routing::default()).await
+    }
+
+    /// [`Rig::start`], meta-routing choosing from `routing`.
+    async fn start_routing(limits: AgentLimits, routing: Routing) -> Rig {
+        Self::start_with(limits, move |s| s.with_routing(routing)).await
+    }
+
+    /// [`Rig::start`], the agent made as `build` makes it from the default one.
+    async fn start_with(
+        limits: AgentLimits,
+        build: impl FnOnce(AgentService) -> AgentService,
+    ) -> Rig {
         let bus = MemoryBus::new(1 << 20, 1000);
         let shared: Arc<dyn Bus> = Arc::new(bus.clone());
         let telemetry = Telemetry::new().unwrap();
@@ -79,6 +92,7 @@ impl Rig {
         )
         .unwrap()
         .with_fanin(shared.publisher("a-fanin").await.unwrap());
+        let service = build(service);
         let shutdown = CancellationToken::new();
         // The fan-in's joiner, as `sluice serve` runs it beside the agent.
         let fanin = crate::fanin::FanIn {
@@ -707,3 +721,5 @@ async fn a_failed_subagent_is_named_in_the_synthesis() {
     assert_eq!(records[0].content, "Only half.");
     rig.stop().await;
 }
+
+mod patterns;

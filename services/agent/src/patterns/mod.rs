@@ -20,8 +20,10 @@ use sluice_schema::{
     AgentMessageType, AgentResponse, PendingUsage, TextCompletionRequest, TextCompletionResponse,
 };
 
+pub(crate) use self::dispatch::Dispatch;
 use crate::handler::{AgentService, Dialog, message, read_policy, restarted, unsent};
 
+mod dispatch;
 pub mod json_turn;
 pub mod plan;
 pub mod route;

@@ -150,11 +150,14 @@ impl AgentService {
             .iter()
             .map(|t| json!({"name": t.config.name, "description": t.config.description}))
             .collect();
-        let prompt = self.render_template(
+        let prompt = match self.render_template(
             "plan-create",
             json!({"question": request.question,
                    "framing": request.framing.clone().unwrap_or_default(), "tools": tools}),
-        )?;
+        ) {
+            Ok(p) => p,
+            Err(e) => return self.end_with(dialog, e).await,
+        };
         let planned = match self
             .json_turn("plan-create", prompt, check_plan, dialog, ctx, remaining)
             .await?
@@ -228,10 +231,13 @@ impl AgentService {
                        "arguments": arguments})
             })
             .collect();
-        let prompt = self.render_template(
+        let prompt = match self.render_template(
             "plan-step-execute",
             json!({"goal": goal, "previous_results": previous_results, "tools": tools}),
-        )?;
+        ) {
+            Ok(p) => p,
+            Err(e) => return self.end_with(dialog, e).await,
+        };
         let (tool, arguments) = match self
             .json_turn(
                 "plan-step-execute",
@@ -315,11 +321,14 @@ impl AgentService {
             .enumerate()
             .map(|(i, s)| json!({"index": i, "goal": s.goal, "result": s.result}))
             .collect();
-        let prompt = self.render_template(
+        let prompt = match self.render_template(
             "plan-synthesise",
             json!({"question": request.question,
                    "framing": request.framing.clone().unwrap_or_default(), "steps": steps}),
-        )?;
+        ) {
+            Ok(p) => p,
+            Err(e) => return self.end_with(dialog, e).await,
+        };
         let streaming = dialog.streaming;
         match self
             .generate(prompt, streaming, dialog, ctx, remaining)
