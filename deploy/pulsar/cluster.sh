@@ -454,6 +454,9 @@ grant_roles() {
   done
   # The agent hands each next step of a dialog on over its own request topic.
   grant sluice-agent consume,produce "persistent://$ts/request/agent"
+  # The supervisor's fan-in (docs/agent.md#the-supervisor-and-its-fan-in): registrations and
+  # subagents' completions, held by one replica's joiner at a time.
+  grant sluice-agent consume,produce "persistent://$ts/request/agent-fanin"
   # The gateways' shared limit state (docs/gateway.md#limits-across-replicas): theirs alone.
   grant sluice-gateway consume,produce "persistent://$ts/response/gateway-limits"
   # The usage ledger (docs/text-completion.md#usage-ledger): text-completion's alone.

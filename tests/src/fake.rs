@@ -101,6 +101,35 @@ pub(crate) enum Step {
     Stamped(String),
     /// Wait until the test opens the gate (`Notify::notify_one`).
     Gate(Arc<tokio::sync::Notify>),
+    /// Wait until the test releases what is held ([`Held::release`]), for good: every call
+    /// held then, and every one after.
+    Hold(Arc<Held>),
+}
+
+/// Calls held until the test releases them all (unlike a gate, which lets one through).
+#[derive(Debug, Default)]
+pub struct Held {
+    released: std::sync::atomic::AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl Held {
+    /// Lets every held call, and every later one, go on.
+    pub fn release(&self) {
+        self.released
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+
+    async fn wait(&self) {
+        loop {
+            let notified = self.notify.notified();
+            if self.released.load(std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
+            notified.await;
+        }
+    }
 }
 
 /// A response whose body follows `steps`.
@@ -157,6 +186,10 @@ pub(crate) fn tracked_body(
                 }
                 Step::Gate(gate) => {
                     gate.notified().await;
+                    Ok(Bytes::new())
+                }
+                Step::Hold(held) => {
+                    held.wait().await;
                     Ok(Bytes::new())
                 }
                 Step::Break => {

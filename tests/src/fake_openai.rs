@@ -71,6 +71,7 @@ pub struct OpenAiSeen {
     traceparents: Vec<Option<String>>,
     abandoned: Arc<std::sync::atomic::AtomicUsize>,
     gate: Arc<tokio::sync::Notify>,
+    held: Arc<crate::fake::Held>,
     per_message: Calls,
     chaos_calls: Vec<ChaosCall>,
 }
@@ -139,6 +140,11 @@ impl Fake<OpenAiSeen> {
         let abandoned =
             crate::eventually(timeout, async || self.abandoned_streams(), |n| *n > 0).await;
         assert!(abandoned > 0, "{what}");
+    }
+
+    /// Lets every held call (`supervisor-held`'s `delta` subagent) go on, now and later.
+    pub fn release_held(&self) {
+        self.seen().held.release();
     }
 
     /// Lets one `gated` stream go on past its first token.
@@ -263,8 +269,9 @@ async fn answer(
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         s.traceparents.push(traceparent);
-        (call, s.abandoned.clone(), s.gate.clone())
+        (call, s.abandoned.clone(), (s.gate.clone(), s.held.clone()))
     };
+    let (gate, held) = gate;
     if let Some((status, failing, then)) = status_script(&model) {
         if call <= failing {
             return error(status, "scripted failure", "server_error", "scripted");
@@ -431,6 +438,7 @@ async fn answer(
             v.extend(streamed("Final Answer: The sum is 5.", 3));
             v
         }
+        "supervisor" | "supervisor-held" => supervisor_script(&model, &user_message, held),
         "plan" | "plan-malformed" | "plan-gated" => plan_model(&model, &user_message, gate),
         m if m.starts_with("react-") => {
             // A scripted ReAct agent: the step is the number of observations in the prompt.
@@ -682,6 +690,39 @@ async fn chaos(
         _ => {}
     }
     sse(steps, abandoned)
+}
+
+/// A scripted supervisor (docs/agent.md#the-supervisor-and-its-fan-in): the decomposition
+/// gives four goals, each subagent answers `result-<goal>` (with `supervisor-held`, the
+/// `delta` subagent only once the test releases it), and the synthesis echoes every result it
+/// was given, so the answer shows which reached it.
+fn supervisor_script(model: &str, user_message: &str, held: Arc<crate::fake::Held>) -> Vec<Step> {
+    if user_message.contains("independent goals") {
+        return streamed(r#"["alpha", "beta", "gamma", "delta"]"#, 3);
+    }
+    if user_message.contains("sub-agents that worked on its parts") {
+        let results: Vec<&str> = user_message
+            .lines()
+            .filter_map(|l| l.strip_prefix("Result: "))
+            .collect();
+        return streamed(&format!("Synthesis of {}.", results.join(", ")), 3);
+    }
+    let goal = user_message
+        .rsplit("\nQuestion: ")
+        .next()
+        .and_then(|rest| rest.lines().next())
+        .unwrap_or("")
+        .trim()
+        .to_owned();
+    let mut steps = Vec::new();
+    if model == "supervisor-held" && goal == "delta" {
+        steps.push(Step::Hold(held));
+    }
+    steps.extend(streamed(
+        &format!("Thought: I know it.\nFinal Answer: result-{goal}"),
+        3,
+    ));
+    steps
 }
 
 /// The `plan` models: an agent's model under the orchestrator's patterns, answering each of

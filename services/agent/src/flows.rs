@@ -22,9 +22,11 @@ use sluice_schema::{
     PromptRequest, PromptResponse, TextCompletionRequest, TextCompletionResponse, TopicError,
     TopicMapping, TopicName, config::FlowDefinition, topics::defaults,
 };
+use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use crate::{
+    fanin::FanIn,
     handler::{AgentLimits, AgentService, TemplateError},
     mcp::{McpClient, McpError, McpTimeouts},
     metrics::AgentMetrics,
@@ -75,6 +77,9 @@ pub enum AssembleError {
     /// The agent's own request topic (its next steps) cannot be published to.
     #[error("cannot publish to the agent's own request topic: {0}")]
     NextStep(BusError),
+    /// The flow's fan-in topic (the supervisor's) cannot be published to.
+    #[error("cannot publish to the agent flow's fan-in topic: {0}")]
+    FanIn(BusError),
     /// A prompt template (ReAct's or a pattern's) does not compile.
     #[error(transparent)]
     Template(#[from] TemplateError),
@@ -201,8 +206,25 @@ pub struct AgentFlows {
     instances: std::sync::atomic::AtomicU64,
 }
 
-/// One flow instance's clients, and the name its text-completion client is watched under.
-type FlowClients = (Arc<LlmClient>, Option<Arc<PromptClient>>, String);
+/// One flow instance's clients, the name its text-completion client is watched under, and
+/// what stops its fan-in joiner.
+type FlowClients = (
+    Arc<LlmClient>,
+    Option<Arc<PromptClient>>,
+    String,
+    CancellationToken,
+);
+
+/// A flow's fan-in topic (the supervisor's, see [`crate::fanin`]): its request topic's, with
+/// `-fanin`, persistent whatever the flow's request topic is (the fan-in's state is its
+/// messages).
+pub fn flow_fanin_topic(request_topic: &str) -> String {
+    let durable = match request_topic.strip_prefix("non-persistent://") {
+        Some(rest) => format!("persistent://{rest}"),
+        None => request_topic.to_owned(),
+    };
+    format!("{durable}-fanin")
+}
 
 impl AgentFlows {
     /// The flows of processor `processor_id` on `bus`, their metrics in `telemetry`'s
@@ -235,6 +257,38 @@ impl AgentFlows {
             .get(&(workspace.to_owned(), kind.to_owned()))
             .cloned()
             .unwrap_or_default()
+    }
+}
+
+impl AgentFlows {
+    /// `service` with the fan-in of the flow whose request topic is `request_topic`, and its
+    /// joiner started (stopped by the token returned).
+    async fn fanin(
+        &self,
+        service: AgentService,
+        request_topic: &str,
+    ) -> Result<(AgentService, CancellationToken), AssembleError> {
+        let topic = flow_fanin_topic(request_topic);
+        let publisher = self
+            .bus
+            .publisher(&topic)
+            .await
+            .map_err(AssembleError::FanIn)?;
+        let next_step = self
+            .bus
+            .publisher(request_topic)
+            .await
+            .map_err(AssembleError::NextStep)?;
+        let stop = CancellationToken::new();
+        let joiner = FanIn {
+            bus: self.bus.clone(),
+            topic,
+            next_step,
+            metrics: self.metrics.clone(),
+            timeout: self.settings.limits.fanin_timeout,
+        };
+        tokio::spawn(joiner.run(stop.clone()));
+        Ok((service.with_fanin(publisher), stop))
     }
 }
 
@@ -357,7 +411,14 @@ impl FlowService for AgentFlows {
             }
             Ok((service, prompt))
         });
-        let (service, prompt) = match built {
+        let built = match built {
+            Ok((service, prompt)) => self
+                .fanin(service, &request_topic)
+                .await
+                .map(|(service, joiner)| (service, prompt, joiner)),
+            Err(e) => Err(e),
+        };
+        let (service, prompt, joiner) = match built {
             Ok(b) => b,
             Err(e) => {
                 self.telemetry.health.unwatch(&link_name);
@@ -370,7 +431,7 @@ impl FlowService for AgentFlows {
             .await
             .entry(key.clone())
             .or_default()
-            .push((llm, prompt, link_name));
+            .push((llm, prompt, link_name, joiner));
         Ok(Arc::new(service))
     }
 
@@ -386,12 +447,30 @@ impl FlowService for AgentFlows {
             }
             oldest
         };
-        if let Some((llm, prompt, link_name)) = oldest {
+        if let Some((llm, prompt, link_name, joiner)) = oldest {
+            joiner.cancel();
             self.telemetry.health.unwatch(&link_name);
             llm.close().await;
             if let Some(p) = prompt {
                 p.close().await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flows_fan_in_topic_is_its_request_topics_and_persistent() {
+        assert_eq!(
+            flow_fanin_topic("non-persistent://tg/request/agent:default"),
+            "persistent://tg/request/agent:default-fanin"
+        );
+        assert_eq!(
+            flow_fanin_topic("persistent://t/n/agent"),
+            "persistent://t/n/agent-fanin"
+        );
     }
 }

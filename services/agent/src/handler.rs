@@ -51,113 +51,7 @@ use crate::{
 /// `history`).
 pub const DEFAULT_REACT_TEMPLATE: &str = include_str!("react_prompt.txt");
 
-/// What the agent does with a model response in plain prose: no `Thought:`, `Action:` or
-/// `Final Answer:` marker at all. Small local models answer this way all the time, and
-/// their prose is usually the answer a user wants.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum PlainAnswer {
-    /// The prose is the final answer at once (no second model call).
-    Final,
-    /// One corrective retry first; if the model answers in prose again, the first prose is
-    /// the final answer (it answers the question; the second answers the correction). A
-    /// model that can follow the format gets its chance to use tools.
-    #[default]
-    RetryFinal,
-    /// One corrective retry, then an `agent-error` (strict ReAct).
-    Error,
-}
-
-impl PlainAnswer {
-    /// Every value's name, for options and messages.
-    pub const NAMES: [&'static str; 3] = ["final", "retry-final", "error"];
-
-    /// The option value this is.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PlainAnswer::Final => "final",
-            PlainAnswer::RetryFinal => "retry-final",
-            PlainAnswer::Error => "error",
-        }
-    }
-}
-
-impl std::str::FromStr for PlainAnswer {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "final" => Ok(PlainAnswer::Final),
-            "retry-final" => Ok(PlainAnswer::RetryFinal),
-            "error" => Ok(PlainAnswer::Error),
-            other => Err(format!(
-                "unknown plain-answer {other:?}; expected one of {}",
-                Self::NAMES.join(", ")
-            )),
-        }
-    }
-}
-
-/// What a non-streaming request (`streaming: false`) gets. TrustGraph's streaming spec says one
-/// response with the complete answer; TrustGraph 2.x's agent sends each thought, action and
-/// observation whole before the answer, and its `tg-invoke-agent --no-streaming -v` shows them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum NonStreaming {
-    /// One record: the answer (or the terminal error), with the whole dialog's usage.
-    #[default]
-    Answer,
-    /// Every step's messages, each whole, then the answer.
-    Steps,
-}
-
-impl NonStreaming {
-    /// Every value's name, for options and messages.
-    pub const NAMES: [&'static str; 2] = ["answer", "steps"];
-}
-
-impl std::str::FromStr for NonStreaming {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "answer" => Ok(NonStreaming::Answer),
-            "steps" => Ok(NonStreaming::Steps),
-            other => Err(format!(
-                "unknown non-streaming reply {other:?}; expected one of {}",
-                Self::NAMES.join(", ")
-            )),
-        }
-    }
-}
-
-/// How the agent has the model call tools.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ToolCalling {
-    /// The ReAct text format ([`DEFAULT_REACT_TEMPLATE`]) parsed from the model's text:
-    /// works with any model, streams thoughts and answers piece by piece.
-    #[default]
-    React,
-    /// The provider's own tool calling: the tools on the text-completion request, the calls
-    /// on its records, several per turn, arguments checked against each tool's schema; needs a
-    /// text-completion processor whose provider calls tools (docs/agent.md).
-    Native,
-}
-
-impl ToolCalling {
-    /// The values `--tool-calling` takes.
-    pub const NAMES: [&'static str; 2] = ["react", "native"];
-}
-
-impl std::str::FromStr for ToolCalling {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "react" => Ok(Self::React),
-            "native" => Ok(Self::Native),
-            other => Err(format!("expected react or native, not {other:?}")),
-        }
-    }
-}
+pub use self::modes::{NonStreaming, PlainAnswer, ToolCalling};
 
 /// The agent's limits.
 #[derive(Debug, Clone)]
@@ -174,6 +68,10 @@ pub struct AgentLimits {
     pub non_streaming: NonStreaming,
     /// How the model calls tools.
     pub tool_calling: ToolCalling,
+    /// The supervisor's most goals (TrustGraph's `MAX_SUBAGENTS`).
+    pub max_subagents: usize,
+    /// How long a supervisor waits for its subagents (within the dialog's time).
+    pub fanin_timeout: Duration,
 }
 
 impl Default for AgentLimits {
@@ -185,6 +83,8 @@ impl Default for AgentLimits {
             plain_answer: PlainAnswer::default(),
             non_streaming: NonStreaming::default(),
             tool_calling: ToolCalling::default(),
+            max_subagents: crate::patterns::supervisor::DEFAULT_MAX_SUBAGENTS,
+            fanin_timeout: crate::fanin::DEFAULT_FANIN_TIMEOUT,
         }
     }
 }
@@ -193,7 +93,9 @@ impl Default for AgentLimits {
 pub struct AgentService {
     pub(crate) llm: Arc<RequestClient<TextCompletionRequest, TextCompletionResponse>>,
     pub(crate) tools: Vec<Arc<Tool>>,
-    next_step: Arc<dyn Publisher>,
+    pub(crate) next_step: Arc<dyn Publisher>,
+    /// The fan-in topic's publisher (the supervisor's registrations, subagents' completions).
+    pub(crate) fanin: Option<Arc<dyn Publisher>>,
     pub(crate) env: Environment<'static>,
     pub(crate) limits: AgentLimits,
     pub(crate) metrics: AgentMetrics,
@@ -235,6 +137,7 @@ impl AgentService {
             limits,
             metrics,
             routing: Routing::default(),
+            fanin: None,
         })
     }
 
@@ -250,6 +153,13 @@ impl AgentService {
             .add_template_owned(name.to_owned(), text.to_owned())
             .map_err(|e| TemplateError(format!("{name}: {e}")))?;
         Ok(self)
+    }
+
+    /// This agent with the supervisor pattern: registrations and subagents' completions
+    /// published through `fanin` (the fan-in topic's publisher; see [`crate::fanin`]).
+    pub fn with_fanin(mut self, fanin: Arc<dyn Publisher>) -> Self {
+        self.fanin = Some(fanin);
+        self
     }
 
     /// This agent with meta-routing's task types and patterns.
@@ -578,12 +488,35 @@ impl Handler for AgentService {
             out_token: request.pending_out_token.take(),
             model: None,
         };
+        // A supervisor's subagent publishes nothing on the response topic (its records would
+        // restart its supervisor's stream): its end becomes a completion for the fan-in.
+        let subagent = crate::patterns::supervisor::is_subagent(&request);
         let mut dialog = Dialog {
             sink,
             usage,
-            streaming: request.streaming,
-            steps: request.streaming || self.limits.non_streaming == NonStreaming::Steps,
+            streaming: request.streaming && !subagent,
+            steps: !subagent
+                && (request.streaming || self.limits.non_streaming == NonStreaming::Steps),
+            capture: subagent.then(Captured::default),
         };
+        let asked = subagent.then(|| request.clone());
+        let ended = self.iteration(request, &ctx, &mut dialog, remaining).await;
+        match asked {
+            Some(asked) => self.complete_subagent(&asked, ended, &mut dialog).await,
+            None => ended,
+        }
+    }
+}
+
+impl AgentService {
+    /// One iteration of a dialog, after its limits are read: its pattern's step.
+    async fn iteration(
+        &self,
+        mut request: AgentRequest,
+        ctx: &RequestContext,
+        dialog: &mut Dialog<'_>,
+        remaining: Duration,
+    ) -> Result<(), Error> {
         if remaining.is_zero() {
             self.metrics.dialog(DialogOutcome::Deadline);
             return dialog.fail(self.deadline_error()).await;
@@ -608,20 +541,17 @@ impl Handler for AgentService {
             request.state.as_deref(),
         );
         // The pattern this iteration runs (docs/agent.md#patterns); ReAct's goes on here.
-        match self
-            .dispatch(&mut request, &mut dialog, &ctx, remaining)
-            .await?
-        {
+        match self.dispatch(&mut request, dialog, ctx, remaining).await? {
             Dispatch::Pattern(Pattern::React) => {}
             other => {
                 return self
-                    .run_dispatched(other, request, &available, &mut dialog, &ctx, remaining)
+                    .run_dispatched(other, request, &available, dialog, ctx, remaining)
                     .await;
             }
         }
         if self.limits.tool_calling == ToolCalling::Native {
             return self
-                .native_step(request, available, &mut dialog, &ctx, remaining)
+                .native_step(request, available, dialog, ctx, remaining)
                 .await;
         }
         let prompt = match self.render(&request, &available) {
@@ -637,10 +567,8 @@ impl Handler for AgentService {
             tools = available.len(),
             "thinking"
         );
-        let step = self
-            .react_turn(prompt, &mut dialog, &ctx, remaining)
-            .await?;
-        let outcome = match self.decided(step, &mut dialog, request.history.len()).await {
+        let step = self.react_turn(prompt, dialog, ctx, remaining).await?;
+        let outcome = match self.decided(step, dialog, request.history.len()).await {
             Ok(outcome) => outcome,
             Err(ended) => return ended,
         };
@@ -673,7 +601,7 @@ impl Handler for AgentService {
                     name,
                     arguments,
                 };
-                self.act(action, request, &available, &mut dialog, &ctx, remaining)
+                self.act(action, request, &available, dialog, ctx, remaining)
                     .await
             }
         }
@@ -823,9 +751,10 @@ impl AgentService {
 }
 
 mod dialog;
+mod modes;
 mod native;
 
-pub(crate) use self::dialog::{Dialog, message, unsent};
+pub(crate) use self::dialog::{Captured, Dialog, message, unsent};
 
 #[cfg(test)]
 mod tests;

@@ -11,6 +11,7 @@
 //! - [`flows`]: an agent assembled from its tools, and the flows TrustGraph's config service
 //!   assigns.
 
+pub mod fanin;
 pub mod flows;
 pub mod handler;
 pub mod mcp;

@@ -113,6 +113,7 @@ pub struct AgentMetrics {
     tool_calls: IntCounterVec,
     tool_duration: HistogramVec,
     dialogs: IntCounterVec,
+    fanin: IntCounterVec,
     route_fallbacks: IntCounterVec,
 }
 
@@ -148,6 +149,18 @@ impl AgentMetrics {
             ),
             &["outcome"],
         )?;
+        let fanin = IntCounterVec::new(
+            Opts::new(
+                "sluice_agent_fanin_total",
+                "The supervisor's fan-out and fan-in, by event: fanout, completion, join-complete, join-deadline, dropped-duplicate, dropped-finished, dropped-orphan, takeover",
+            ),
+            &["event"],
+        )?;
+        for event in crate::fanin::Event::ALL {
+            // Each at 0 from the start: a replica that never held the fan-in shows so.
+            fanin.with_label_values(&[event.as_str()]);
+        }
+        registry.register(Box::new(fanin.clone()))?;
         registry.register(Box::new(iterations.clone()))?;
         registry.register(Box::new(tool_calls.clone()))?;
         registry.register(Box::new(tool_duration.clone()))?;
@@ -159,14 +172,24 @@ impl AgentMetrics {
             &["decision"],
         )?;
         registry.register(Box::new(dialogs.clone()))?;
+        for decision in ["task-type", "pattern"] {
+            // At 0 from the start, as the docs list it (docs/metrics.md).
+            route_fallbacks.with_label_values(&[decision]);
+        }
         registry.register(Box::new(route_fallbacks.clone()))?;
         Ok(Self {
             iterations,
             tool_calls,
             tool_duration,
             dialogs,
+            fanin,
             route_fallbacks,
         })
+    }
+
+    /// Counts one fan-out or fan-in event (see [`crate::fanin::Event`]).
+    pub fn fanin(&self, event: crate::fanin::Event) {
+        self.fanin.with_label_values(&[event.as_str()]).inc();
     }
 
     /// A meta-routing `decision` (`task-type` or `pattern`) fell back to the default.

@@ -6,6 +6,7 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use clap::Args;
 use sluice_agent::{
+    fanin::FanIn,
     flows::{AgentFlowSettings, AgentFlows, PromptTopics, assemble},
     handler::{
         AgentLimits, AgentService, DEFAULT_REACT_TEMPLATE, NonStreaming, PlainAnswer, ToolCalling,
@@ -19,6 +20,7 @@ use sluice_runtime::{
     telemetry::Telemetry,
 };
 use sluice_schema::{TopicMapping, TopicName, topics::defaults};
+use tokio_util::sync::CancellationToken;
 
 use crate::common::{
     BusArgs, ConfigFileArgs, ConfigServiceArgs, LlmClient, LlmServiceArgs, ProcessorArgs, connect,
@@ -71,6 +73,17 @@ pub struct AgentArgs {
     #[arg(long, env = "SLUICE_TOOL_CALLING", default_value = "react",
           value_parser = clap::builder::PossibleValuesParser::new(ToolCalling::NAMES))]
     pub tool_calling: String,
+    /// The supervisor pattern's most goals (subagents) per question.
+    #[arg(long, env = "SLUICE_MAX_SUBAGENTS", default_value_t = sluice_agent::patterns::supervisor::DEFAULT_MAX_SUBAGENTS)]
+    pub max_subagents: usize,
+    /// Seconds a supervisor waits for its subagents before it answers with what came back
+    /// (within the dialog's time).
+    #[arg(long, env = "SLUICE_FANIN_TIMEOUT_SECS", default_value_t = 300)]
+    pub fanin_timeout_secs: u64,
+    /// The supervisor's fan-in topic (docs/agent.md#the-supervisor-and-its-fan-in): every
+    /// replica's joiner asks for it, one holds it. Persistent under either topic mapping.
+    #[arg(long, env = "SLUICE_FANIN_TOPIC", default_value = sluice_agent::fanin::DEFAULT_FANIN_TOPIC)]
+    pub fanin_topic: String,
     /// The prompt service's request topic (for prompt tools).
     #[arg(long, default_value = defaults::PROMPT_REQUEST)]
     pub prompt_request_topic: String,
@@ -92,6 +105,8 @@ impl AgentArgs {
             plain_answer: self.plain_answer.parse()?,
             non_streaming: self.non_streaming.parse()?,
             tool_calling: self.tool_calling.parse()?,
+            max_subagents: self.max_subagents.max(1),
+            fanin_timeout: Duration::from_secs(self.fanin_timeout_secs),
         })
     }
 
@@ -120,8 +135,9 @@ impl AgentArgs {
     }
 }
 
-/// The agent handler `args` describe, on `bus`; `request_topic` is its own (for hand-offs).
-/// Its metrics are registered on `telemetry`'s registry.
+/// The agent handler `args` describe, on `bus`; `request_topic` is its own (for hand-offs),
+/// and the supervisor's fan-in joiner to run beside it. Its metrics are registered on
+/// `telemetry`'s registry.
 pub async fn agent_service(
     args: &AgentArgs,
     llm: Arc<LlmClient>,
@@ -129,7 +145,7 @@ pub async fn agent_service(
     mapping: TopicMapping,
     request_topic: &str,
     telemetry: &Telemetry,
-) -> Result<AgentService, String> {
+) -> Result<(AgentService, FanIn), String> {
     let metrics = AgentMetrics::register(&telemetry.registry).map_err(|e| e.to_string())?;
     let (configs, routing) = match &args.tools {
         Some(path) => (
@@ -148,8 +164,10 @@ pub async fn agent_service(
         response: topic(&args.prompt_response_topic)?,
         cancel: topic(&args.prompt_cancel_topic)?,
     };
+    let limits = args.limits()?;
+    let fanin_timeout = limits.fanin_timeout;
     let (service, _prompt) = assemble(
-        args.limits()?,
+        limits,
         &args.react_template()?,
         configs,
         llm,
@@ -157,7 +175,7 @@ pub async fn agent_service(
         mapping,
         request_topic,
         &prompt_topics,
-        metrics,
+        metrics.clone(),
     )
     .await
     .map_err(|e| e.to_string())?;
@@ -167,7 +185,24 @@ pub async fn agent_service(
             .with_template(&name, &text)
             .map_err(|e| e.to_string())?;
     }
-    Ok(service)
+    let fanin_topic = topic(&args.fanin_topic)?;
+    let publisher = |t: String| {
+        let bus = bus.clone();
+        async move {
+            bus.publisher(&t)
+                .await
+                .map_err(|e| format!("cannot publish on {t}: {e}"))
+        }
+    };
+    let service = service.with_fanin(publisher(fanin_topic.clone()).await?);
+    let fanin = FanIn {
+        bus: bus.clone(),
+        topic: fanin_topic,
+        next_step: publisher(request_topic.to_owned()).await?,
+        metrics,
+        timeout: fanin_timeout,
+    };
+    Ok((service, fanin))
 }
 
 /// `sluice agent` options.
@@ -228,20 +263,30 @@ pub async fn run(args: AgentCommand) -> Result<(), String> {
         .llm
         .client(bus.clone(), args.bus.topic_mapping, &telemetry)
         .await?;
-    let handler = Arc::new(
-        agent_service(
-            &args.agent,
-            llm.clone(),
-            bus.clone(),
-            args.bus.topic_mapping,
-            &config.request_topic,
-            &telemetry,
-        )
-        .await?,
-    );
-    let result = run_until_signalled(bus, config, handler, telemetry, args.processor.metrics_addr)
-        .await
-        .map_err(|e| e.to_string());
+    let (handler, fanin) = agent_service(
+        &args.agent,
+        llm.clone(),
+        bus.clone(),
+        args.bus.topic_mapping,
+        &config.request_topic,
+        &telemetry,
+    )
+    .await?;
+    // The fan-in joiner runs beside the processor until it has drained: then another
+    // replica's takes the fan-in over.
+    let fanin_stop = CancellationToken::new();
+    let joiner = tokio::spawn(fanin.run(fanin_stop.clone()));
+    let result = run_until_signalled(
+        bus,
+        config,
+        Arc::new(handler),
+        telemetry,
+        args.processor.metrics_addr,
+    )
+    .await
+    .map_err(|e| e.to_string());
+    fanin_stop.cancel();
+    let _ = joiner.await;
     llm.close().await;
     result.map(|_| ())
 }

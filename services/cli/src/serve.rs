@@ -113,17 +113,16 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
             .with_content_logging(args.templates.log_content)
             .with_structured_output(args.templates.structured_output),
     );
-    let agent_handler = Arc::new(
-        agent_service(
-            &args.agent,
-            llm_client.clone(),
-            bus.clone(),
-            mapping,
-            &agent_config.request_topic,
-            &telemetry,
-        )
-        .await?,
-    );
+    let (agent_handler, fanin) = agent_service(
+        &args.agent,
+        llm_client.clone(),
+        bus.clone(),
+        mapping,
+        &agent_config.request_topic,
+        &telemetry,
+    )
+    .await?;
+    let agent_handler = Arc::new(agent_handler);
 
     let shutdown = shutdown_on_signals();
     let processor_stop = CancellationToken::new();
@@ -142,6 +141,9 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         stop,
     );
     spawn(&mut processors, &bus, agent_config, agent_handler, t, stop);
+    // The supervisor's fan-in joiner (on the in-process bus the only one: it holds the fan-in
+    // from the start).
+    tokio::spawn(fanin.run(processor_stop.clone()));
     // The in-process bus delivers only what is published after a subscription exists: the
     // gateway opens once every processor started above has subscribed.
     let subscribed = watched_before + processors.len();

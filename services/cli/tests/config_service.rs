@@ -711,3 +711,78 @@ async fn agent_routes_by_the_workspaces_task_types_and_patterns() {
         assert!(stopped.status.success(), "{}", stopped.stderr);
     }
 }
+
+/// A supervisor dialog in an agent flow of the config service: the flow's agent runs the
+/// fan-in of its own request topic (`<request topic>-fanin`), and the dialog ends with one
+/// answer from its four subagents' results.
+#[tokio::test]
+async fn an_agent_flow_runs_the_supervisor_and_its_fan_in() {
+    use sluice_schema::{AgentMessageType, AgentRequest, AgentResponse};
+    sluice_runtime::install_crypto_provider();
+    let broker = Broker::from_env().await;
+    let bus = broker.bus().await;
+    let fake = FakeOpenAi::start().await;
+    let topics = config_topics("sv");
+    let config =
+        FakeConfigService::start(bus.clone(), &topics.request, &topics.response, &topics.push)
+            .await;
+    let (tc_req, tc_resp) = (unique_topic("sv-tc-req"), unique_topic("sv-tc-resp"));
+    let (a_req, a_resp) = (unique_topic("sv-a-req"), unique_topic("sv-a-resp"));
+    config
+        .put(
+            "ws",
+            "processor:text-completion",
+            &[(
+                "flow",
+                &flow(&tc_req, &tc_resp, json!({"model": "supervisor"})),
+            )],
+        )
+        .await;
+    let agent_flow = json!({"topics": {"request": a_req, "response": a_resp,
+        "text-completion-request": tc_req, "text-completion-response": tc_resp,
+        "prompt-request": "request:tg:prompt", "prompt-response": "response:tg:prompt"},
+        "parameters": {}})
+    .to_string();
+    config
+        .put("ws", "processor:agent-manager", &[("flow", &agent_flow)])
+        .await;
+    let (tc, _) = start_text_completion(&fake, &topics, &broker).await;
+    let (agent, a_port) = start(&["agent"], &topics, &broker, &[]).await;
+    until(
+        &agent,
+        a_port,
+        "sluice_config_flows",
+        &[("processor", "agent-manager")],
+        1.0,
+    )
+    .await;
+    let client: RequestClient<AgentRequest, AgentResponse> = RequestClient::start(
+        bus.clone(),
+        sluice_runtime::client::ClientConfig::new("agent", &a_req, &a_resp),
+        None,
+    )
+    .await
+    .unwrap();
+    let request = AgentRequest {
+        question: "Tell me about four things.".into(),
+        pattern: Some("supervisor".into()),
+        streaming: true,
+        ..Default::default()
+    };
+    let records = client.call(&request).await.unwrap();
+    assert!(records.iter().all(|r| r.error.is_none()), "{records:#?}");
+    let answer: String = records
+        .iter()
+        .filter(|r| r.message_type == AgentMessageType::Answer)
+        .map(|r| r.content.as_str())
+        .collect();
+    for goal in ["alpha", "beta", "gamma", "delta"] {
+        assert!(answer.contains(&format!("result-{goal}")), "{answer}");
+    }
+    assert_eq!(records.iter().filter(|r| r.end_of_dialog).count(), 1);
+    client.close().await;
+    for process in [agent, tc] {
+        let stopped = process.stop().await;
+        assert!(stopped.status.success(), "{}", stopped.stderr);
+    }
+}

@@ -17,6 +17,16 @@ pub(crate) struct Dialog<'a> {
     pub(crate) streaming: bool,
     /// Whether thoughts, actions and observations are published (streamed, or whole).
     pub(crate) steps: bool,
+    /// Set for a supervisor's subagent: nothing is published; its end is kept here for the
+    /// fan-in instead.
+    pub(crate) capture: Option<Captured>,
+}
+
+/// A subagent's end, kept instead of published.
+#[derive(Debug, Default)]
+pub(crate) struct Captured {
+    /// Its answer, or the message of the error that ended it.
+    pub(crate) end: Option<Result<String, String>>,
 }
 
 /// A record of the dialog, carrying the usage no record passed on yet.
@@ -53,6 +63,12 @@ impl Dialog<'_> {
         end_of_message: bool,
         end_of_dialog: bool,
     ) -> Result<(), Error> {
+        if let Some(capture) = &mut self.capture {
+            if end_of_dialog {
+                capture.end = Some(Ok(content));
+            }
+            return Ok(());
+        }
         let record = message(
             &mut self.usage,
             message_type,
@@ -71,6 +87,9 @@ impl Dialog<'_> {
         name: String,
         arguments: BTreeMap<String, String>,
     ) -> Result<(), Error> {
+        if self.capture.is_some() {
+            return Ok(());
+        }
         let mut record = message(&mut self.usage, AgentMessageType::Action, name, true, false);
         record.arguments = Some(arguments);
         self.sink.send(record).await.map_err(unsent)
@@ -118,6 +137,10 @@ impl Dialog<'_> {
 
     /// The terminal error, with the usage so far.
     pub(crate) async fn fail(&mut self, error: Error) -> Result<(), Error> {
+        if let Some(capture) = &mut self.capture {
+            capture.end = Some(Err(error.message));
+            return Ok(());
+        }
         let mut record = AgentResponse::from_error(error);
         (record.in_token, record.out_token) = self.usage.take();
         record.model.clone_from(&self.usage.model);

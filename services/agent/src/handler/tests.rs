@@ -81,17 +81,28 @@ impl Rig {
             },
             backend: Backend::TextCompletion(llm.clone()),
         };
+        let metrics = AgentMetrics::register(&telemetry.registry).unwrap();
         let service = AgentService::new(
             llm,
             vec![Arc::new(tool)],
             shared.publisher("a-req").await.unwrap(),
             DEFAULT_REACT_TEMPLATE,
             limits,
-            AgentMetrics::register(&telemetry.registry).unwrap(),
+            metrics.clone(),
         )
-        .unwrap();
+        .unwrap()
+        .with_fanin(shared.publisher("a-fanin").await.unwrap());
         let service = build(service);
         let shutdown = CancellationToken::new();
+        // The fan-in's joiner, as `sluice serve` runs it beside the agent.
+        let fanin = crate::fanin::FanIn {
+            bus: shared.clone(),
+            topic: "a-fanin".into(),
+            next_step: shared.publisher("a-req").await.unwrap(),
+            metrics,
+            timeout: Duration::from_secs(300),
+        };
+        tokio::spawn(fanin.run(shutdown.clone()));
         let task = tokio::spawn(processor::run(
             shared.clone(),
             ProcessorConfig::new("agent", "a-req", "a-resp"),
@@ -259,7 +270,6 @@ async fn a_request_that_does_not_stream_gets_one_answer_with_the_whole_usage() {
     request.pattern = Some("react".into());
     request.task_type = Some("research".into());
     request.framing = Some("You are a geographer.".into());
-    request.correlation_id = Some("corr-1".into());
     request.parent_session_id = Some("supervisor-1".into());
     request.subagent_goal = Some("the capital".into());
     request.expected_siblings = Some(2);
@@ -310,7 +320,7 @@ async fn a_request_that_does_not_stream_gets_one_answer_with_the_whole_usage() {
         (
             Some("research"),
             Some("You are a geographer."),
-            Some("corr-1"),
+            None,
             Some("supervisor-1"),
             Some("the capital"),
             Some(2)
@@ -576,6 +586,139 @@ async fn a_model_error_ends_the_dialog_with_that_error() {
     rig.llm.answer(&id, "a1", &failed).await;
     let records = dialog(stream).await;
     assert_ended_with(&records, ErrorKind::TooManyRequests, "the provider is busy");
+    rig.stop().await;
+}
+
+/// The rig's metrics, as `/metrics` shows them.
+fn metrics_text(telemetry: &Telemetry) -> String {
+    use prometheus::Encoder as _;
+    let mut out = Vec::new();
+    prometheus::TextEncoder::new()
+        .encode(&telemetry.registry.gather(), &mut out)
+        .unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+/// The supervisor on the in-process bus (as `sluice serve` runs it): the question decomposed
+/// into four goals, four subagents run as dialogs of their own publishing nothing to the
+/// caller, their ends joined by the fan-in, and one synthesis streamed from all four results,
+/// the usage of every model call on the dialog's records.
+#[tokio::test]
+async fn a_supervisor_answers_from_every_subagents_result() {
+    let mut rig = Rig::start(AgentLimits::default()).await;
+    let mut request = question("Compare four cities.", true);
+    request.pattern = Some("supervisor".into());
+    let stream = rig.ask(request).await;
+    let (id, call) = rig.model_call().await;
+    assert!(
+        call.prompt.contains("at most 5 independent goals"),
+        "{}",
+        call.prompt
+    );
+    rig.answer(&id, &["[\"g1\", \"g2\", ", "\"g3\", \"g4\"]"], (10, 4))
+        .await;
+    // The subagents' model calls, in whatever order the agent takes them.
+    for _ in 0..4 {
+        let (id, call) = rig.model_call().await;
+        let goal = ["g1", "g2", "g3", "g4"]
+            .into_iter()
+            .find(|g| call.prompt.contains(&format!("Question: {g}\n")))
+            .unwrap_or_else(|| panic!("a subagent's ReAct prompt: {}", call.prompt));
+        rig.answer(
+            &id,
+            &[&format!("Thought: known\nFinal Answer: result-{goal}")],
+            (100, 10),
+        )
+        .await;
+    }
+    let (id, call) = rig.model_call().await;
+    for g in ["g1", "g2", "g3", "g4"] {
+        assert!(
+            call.prompt
+                .contains(&format!("Goal: {g}\nResult: result-{g}")),
+            "every result in the synthesis: {}",
+            call.prompt
+        );
+    }
+    assert!(!call.prompt.contains("got no answer"), "{}", call.prompt);
+    rig.answer(&id, &["All four: ", "done."], (1000, 100)).await;
+    let records = dialog(stream).await;
+    let thoughts: Vec<&str> = records
+        .iter()
+        .filter(|r| r.message_type == AgentMessageType::Thought && !r.content.is_empty())
+        .map(|r| r.content.as_str())
+        .collect();
+    assert_eq!(
+        thoughts,
+        [
+            "Decomposed into 4 sub-goals: ['g1', 'g2', 'g3', 'g4']",
+            "Synthesising final answer from sub-agent results"
+        ],
+        "{records:?}"
+    );
+    assert_eq!(
+        content(&records, AgentMessageType::Answer),
+        "All four: done."
+    );
+    assert!(records.iter().all(|r| r.error.is_none()), "{records:?}");
+    let tokens: (u64, u64) = records.iter().fold((0, 0), |(i, o), r| {
+        (i + r.in_token.unwrap_or(0), o + r.out_token.unwrap_or(0))
+    });
+    assert_eq!(
+        tokens,
+        (1410, 144),
+        "the decomposition, four subagents, the synthesis"
+    );
+    let metrics = metrics_text(&rig.telemetry);
+    for line in [
+        r#"sluice_agent_fanin_total{event="fanout"} 1"#,
+        r#"sluice_agent_fanin_total{event="completion"} 4"#,
+        r#"sluice_agent_fanin_total{event="join-complete"} 1"#,
+        r#"sluice_agent_fanin_total{event="takeover"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    rig.stop().await;
+}
+
+/// A subagent whose model fails ends as a failed completion, never a hang: the fan-in joins
+/// at once and the synthesis names the goal that got no answer.
+#[tokio::test]
+async fn a_failed_subagent_is_named_in_the_synthesis() {
+    let mut rig = Rig::start(AgentLimits::default()).await;
+    let mut request = question("Two things.", false);
+    request.pattern = Some("supervisor".into());
+    let stream = rig.ask(request).await;
+    let (id, _) = rig.model_call().await;
+    rig.answer(&id, &["[\"good\", \"bad\"]"], (1, 1)).await;
+    for _ in 0..2 {
+        let (id, call) = rig.model_call().await;
+        if call.prompt.contains("Question: bad\n") {
+            let failed = TextCompletionResponse {
+                error: Some(Error::new(ErrorKind::Llm, "the provider is down")),
+                end_of_stream: true,
+                ..TextCompletionResponse::default()
+            };
+            rig.llm.answer(&id, "a1", &failed).await;
+        } else {
+            rig.answer(&id, &["Final Answer: fine"], (1, 1)).await;
+        }
+    }
+    let (id, call) = rig.model_call().await;
+    assert!(
+        call.prompt.contains("Goal: good\nResult: fine"),
+        "{}",
+        call.prompt
+    );
+    assert!(
+        call.prompt.contains("These goals got no answer: bad."),
+        "{}",
+        call.prompt
+    );
+    rig.answer(&id, &["Only half."], (1, 1)).await;
+    let records = dialog(stream).await;
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0].content, "Only half.");
     rig.stop().await;
 }
 

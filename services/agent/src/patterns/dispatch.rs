@@ -94,14 +94,11 @@ impl AgentService {
             }
             // Replaced by the supervisor pattern.
             Dispatch::Pattern(Pattern::Supervisor) => {
-                self.refuse(dialog, "the supervisor pattern is not available here")
+                self.supervisor_iteration(request, available, dialog, ctx, remaining)
                     .await
             }
-            // A subagent's answer coming back to its supervisor: the fan-in hooks in here.
-            Dispatch::SubagentCompletion => {
-                self.refuse(dialog, "the supervisor pattern is not available here")
-                    .await
-            }
+            // A completion published on the request topic, as TrustGraph's subagents do.
+            Dispatch::SubagentCompletion => self.forward_completion(request, dialog).await,
             Dispatch::Ended(ended) => ended,
         }
     }

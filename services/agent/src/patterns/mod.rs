@@ -27,6 +27,7 @@ mod dispatch;
 pub mod json_turn;
 pub mod plan;
 pub mod route;
+pub mod supervisor;
 
 /// How a dialog is run, as the request's `pattern` names it (TrustGraph 2.11's orchestrator).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,7 +74,7 @@ impl std::str::FromStr for Pattern {
 }
 
 /// The patterns' built-in prompt templates (minijinja), by TrustGraph's prompt ids.
-pub const TEMPLATES: [(&str, &str); 5] = [
+pub const TEMPLATES: [(&str, &str); 7] = [
     (
         "task-type-classify",
         include_str!("templates/task-type-classify.txt"),
@@ -90,6 +91,14 @@ pub const TEMPLATES: [(&str, &str); 5] = [
     (
         "plan-synthesise",
         include_str!("templates/plan-synthesise.txt"),
+    ),
+    (
+        "supervisor-decompose",
+        include_str!("templates/supervisor-decompose.txt"),
+    ),
+    (
+        "supervisor-synthesise",
+        include_str!("templates/supervisor-synthesise.txt"),
     ),
 ];
 
