@@ -37,8 +37,11 @@ use crate::metrics::AgentMetrics;
 pub const DEFAULT_FANIN_TOPIC: &str = "persistent://tg/request/agent-fanin";
 /// The subscription every replica's joiner asks for; the broker gives it to one at a time.
 pub const FANIN_SUBSCRIPTION: &str = "agent-fanin";
-/// How long a supervisor waits for its subagents by default (TrustGraph's aggregator's).
-pub const DEFAULT_FANIN_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long a supervisor waits for its subagents by default: less than a caller waits
+/// without a record (the client's and the gateway's inactivity timeout, 120 s by default), so
+/// that the caller gets the synthesis of what came back rather than a timeout. TrustGraph's
+/// aggregator keeps a fan-out 300 s, but never answers at that deadline.
+pub const DEFAULT_FANIN_TIMEOUT: Duration = Duration::from_secs(90);
 /// How often a standby asks for the fan-in subscription.
 pub const STANDBY_RETRY: Duration = Duration::from_secs(1);
 /// The step type of a subagent's completion (TrustGraph's).

@@ -77,8 +77,10 @@ pub struct AgentArgs {
     #[arg(long, env = "SLUICE_MAX_SUBAGENTS", default_value_t = sluice_agent::patterns::supervisor::DEFAULT_MAX_SUBAGENTS)]
     pub max_subagents: usize,
     /// Seconds a supervisor waits for its subagents before it answers with what came back
-    /// (within the dialog's time).
-    #[arg(long, env = "SLUICE_FANIN_TIMEOUT_SECS", default_value_t = 300)]
+    /// (within the dialog's time). The caller sees no record meanwhile: keep it below the
+    /// callers' inactivity timeout (120 s by default).
+    #[arg(long, env = "SLUICE_FANIN_TIMEOUT_SECS",
+          default_value_t = sluice_agent::fanin::DEFAULT_FANIN_TIMEOUT.as_secs())]
     pub fanin_timeout_secs: u64,
     /// The supervisor's fan-in topic (docs/agent.md#the-supervisor-and-its-fan-in): every
     /// replica's joiner asks for it, one holds it. Persistent under either topic mapping.
