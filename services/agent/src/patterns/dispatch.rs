@@ -92,7 +92,6 @@ impl AgentService {
                 self.plan_iteration(request, available, dialog, ctx, remaining)
                     .await
             }
-            // Replaced by the supervisor pattern.
             Dispatch::Pattern(Pattern::Supervisor) => {
                 self.supervisor_iteration(request, available, dialog, ctx, remaining)
                     .await

@@ -21,7 +21,10 @@ use sluice_schema::{
 };
 
 pub(crate) use self::dispatch::Dispatch;
-use crate::handler::{AgentService, Dialog, message, read_policy, restarted, unsent};
+use crate::{
+    handler::{AgentService, Dialog, message, read_policy, restarted, unsent},
+    metrics::{DialogOutcome, IterationOutcome},
+};
 
 mod dispatch;
 pub mod json_turn;
@@ -201,6 +204,43 @@ impl AgentService {
             Ok(generated) => generated,
             Err(_) => Ok(Generated::Deadline),
         }
+    }
+
+    /// A pattern's last step (plan-then-execute's and the supervisor's synthesis): the
+    /// model's answer to `prompt` streamed as the dialog's answer (sent whole when the
+    /// dialog does not stream), then the dialog's end; a failed call or the dialog's deadline
+    /// ends it with that error. Counted as the iteration's and the dialog's outcome. A
+    /// subagent's dialog captures its end for the fan-in instead of publishing it.
+    pub(crate) async fn final_answer(
+        &self,
+        prompt: String,
+        dialog: &mut Dialog<'_>,
+        ctx: &RequestContext,
+        remaining: Duration,
+    ) -> Result<(), sluice_schema::Error> {
+        let streaming = dialog.streaming;
+        let (iteration, outcome, error) = match self
+            .generate(prompt, streaming, dialog, ctx, remaining)
+            .await?
+        {
+            Generated::Text(answer) => {
+                self.metrics.iteration(IterationOutcome::Answer);
+                self.metrics.dialog(DialogOutcome::Answer);
+                let whole = if streaming { String::new() } else { answer };
+                return dialog
+                    .send(AgentMessageType::Answer, whole, true, true)
+                    .await;
+            }
+            Generated::Failed(e) => (IterationOutcome::Error, DialogOutcome::Error, e),
+            Generated::Deadline => (
+                IterationOutcome::Error,
+                DialogOutcome::Deadline,
+                self.deadline_error(),
+            ),
+        };
+        self.metrics.iteration(iteration);
+        self.metrics.dialog(outcome);
+        dialog.fail(error).await
     }
 
     /// Renders the pattern template `name` with `context`.

@@ -16,10 +16,10 @@ use sluice_runtime::processor::RequestContext;
 use sluice_schema::{AgentMessageType, AgentRequest, AgentStep, Error, records::PlanStep};
 use tracing::{debug, warn};
 
-use super::{Generated, json_turn::Turn};
+use super::json_turn::Turn;
 use crate::{
     handler::{AgentService, Dialog},
-    metrics::{DialogOutcome, IterationOutcome, ToolOutcome},
+    metrics::{IterationOutcome, ToolOutcome},
     tools::{Tokens, Tool},
 };
 
@@ -329,33 +329,7 @@ impl AgentService {
             Ok(p) => p,
             Err(e) => return self.end_with(dialog, e).await,
         };
-        let streaming = dialog.streaming;
-        match self
-            .generate(prompt, streaming, dialog, ctx, remaining)
-            .await?
-        {
-            Generated::Text(answer) => {
-                self.metrics.iteration(IterationOutcome::Answer);
-                self.metrics.dialog(DialogOutcome::Answer);
-                // A subagent's answer goes to its supervisor's fan-in instead (the supervisor
-                // pattern's part).
-                let whole = if streaming { String::new() } else { answer };
-                dialog
-                    .send(AgentMessageType::Answer, whole, true, true)
-                    .await
-            }
-            Generated::Failed(e) => {
-                self.metrics.iteration(IterationOutcome::Error);
-                self.metrics.dialog(DialogOutcome::Error);
-                dialog.fail(e).await
-            }
-            Generated::Deadline => {
-                self.metrics.iteration(IterationOutcome::Error);
-                self.metrics.dialog(DialogOutcome::Deadline);
-                let e = self.deadline_error();
-                dialog.fail(e).await
-            }
-        }
+        self.final_answer(prompt, dialog, ctx, remaining).await
     }
 }
 

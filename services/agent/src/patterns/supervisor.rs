@@ -26,7 +26,7 @@ use sluice_runtime::{bus::Message, processor::RequestContext};
 use sluice_schema::{AgentMessageType, AgentRequest, AgentStep, Error, ErrorKind, properties};
 use tracing::{info, warn};
 
-use super::{Generated, json_turn::Turn};
+use super::json_turn::Turn;
 use crate::{
     fanin::{self, COMPLETION_STEP, Completion, DECOMPOSE_STEP, Registration, SYNTHESISE_STEP},
     handler::{AgentService, Dialog},
@@ -170,11 +170,14 @@ impl AgentService {
             .iter()
             .map(|t| json!({"name": t.config.name, "description": t.config.description}))
             .collect();
-        let prompt = self.render_template(
+        let prompt = match self.render_template(
             "supervisor-decompose",
             json!({"question": request.question, "framing": request.framing.clone().unwrap_or_default(),
                    "max_subagents": max, "tools": tools}),
-        )?;
+        ) {
+            Ok(p) => p,
+            Err(e) => return self.end_with(dialog, e).await,
+        };
         let goals = match self
             .json_turn(
                 "supervisor-decompose",
@@ -344,35 +347,15 @@ impl AgentService {
             .iter()
             .filter(|g| !answered.contains_key(*g))
             .collect();
-        let prompt = self.render_template(
+        let prompt = match self.render_template(
             "supervisor-synthesise",
             json!({"question": request.question, "framing": request.framing.clone().unwrap_or_default(),
                    "results": results, "missing": missing}),
-        )?;
-        let streaming = dialog.streaming;
-        match self
-            .generate(prompt, streaming, dialog, ctx, remaining)
-            .await?
-        {
-            Generated::Text(answer) => {
-                self.metrics.iteration(IterationOutcome::Answer);
-                self.metrics.dialog(DialogOutcome::Answer);
-                let whole = if streaming { String::new() } else { answer };
-                dialog
-                    .send(AgentMessageType::Answer, whole, true, true)
-                    .await
-            }
-            Generated::Failed(e) => {
-                self.metrics.iteration(IterationOutcome::Error);
-                self.metrics.dialog(DialogOutcome::Error);
-                dialog.fail(e).await
-            }
-            Generated::Deadline => {
-                self.metrics.iteration(IterationOutcome::Error);
-                self.metrics.dialog(DialogOutcome::Deadline);
-                dialog.fail(self.deadline_error()).await
-            }
-        }
+        ) {
+            Ok(p) => p,
+            Err(e) => return self.end_with(dialog, e).await,
+        };
+        self.final_answer(prompt, dialog, ctx, remaining).await
     }
 
     /// A subagent's iteration is over (`ended`, its end captured in `dialog`): when it ended
