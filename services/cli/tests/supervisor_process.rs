@@ -102,6 +102,13 @@ fn triple(name: &str) -> (String, String, String) {
     )
 }
 
+/// As [`triple`], non-persistent: the request and response topics of TrustGraph's mapping.
+fn non_persistent_triple(name: &str) -> (String, String, String) {
+    let (request, response, cancel) = triple(name);
+    let np = |t: String| t.replacen("persistent://", "non-persistent://", 1);
+    (np(request), np(response), np(cancel))
+}
+
 /// See the module's documentation.
 #[tokio::test]
 async fn a_supervisor_dialog_survives_the_sigkill_of_its_fan_in_holder() {
@@ -236,6 +243,123 @@ async fn a_supervisor_dialog_survives_the_sigkill_of_its_fan_in_holder() {
     assert_eq!(takeovers, 1.0, "one survivor took the fan-in over");
     for &i in &survivors {
         process::terminate(&mut replicas[i].child, Duration::from_secs(20)).await;
+    }
+    client.close().await;
+    llm.stop().await;
+}
+
+/// On TrustGraph's mapping (non-persistent request and response topics; the fan-in topic stays
+/// persistent): the caller reads no record while the subagents run, and its client's loss
+/// detection, which on such topics ends a stream no processor lists, must not end the dialog
+/// during a fan-out that outlasts its windows (a request unlisted for `UNLISTED_GRACE`, a
+/// listing processor silent for `SILENT_AFTER`). The fourth subagent is held that long; the
+/// dialog then ends with one answer from all four results, no loss, no restart.
+#[tokio::test]
+async fn a_supervisor_dialog_on_trustgraphs_mapping_outlasts_the_clients_loss_windows() {
+    use sluice_runtime::sync::{SILENT_AFTER, UNLISTED_GRACE};
+    init_logging();
+    let broker = Broker::from_env().await;
+    let topics = Topics {
+        agent: non_persistent_triple("sup-np-agent"),
+        llm: non_persistent_triple("sup-np-tc"),
+        fanin: unique_topic("sup-np-fanin"),
+    };
+    let fake = FakeOpenAi::start().await;
+    let mut config = OpenAiConfig::new(Dialect::OpenAi, fake.base_url(), "supervisor-held");
+    config.api_key = Some(Secret::new("sk-test"));
+    let llm = RunningProcessor::start(
+        broker.bus().await,
+        echo_config(&topics.llm.0, &topics.llm.1, 64),
+        openai_service(config),
+    )
+    .await;
+    let mut replicas = Vec::new();
+    for name in ["np-a", "np-b"] {
+        replicas.push(Replica::start(&broker, &topics, name).await);
+    }
+    let client: RequestClient<AgentRequest, AgentResponse> = RequestClient::start(
+        broker.bus().await,
+        ClientConfig::new("agent", &topics.agent.0, &topics.agent.1),
+        None,
+    )
+    .await
+    .unwrap();
+    let request = AgentRequest {
+        question: "Tell me about four things.".into(),
+        pattern: Some("supervisor".into()),
+        streaming: true,
+        ..AgentRequest::default()
+    };
+    let mut stream = client.request(&request).await.unwrap();
+    let mut items = Vec::new();
+    loop {
+        let item = tokio::time::timeout(Duration::from_secs(60), stream.next())
+            .await
+            .expect("the dialog goes on")
+            .expect("the dialog goes on")
+            .unwrap();
+        let decomposed = matches!(&item, Received::Record(r)
+            if r.message_type == AgentMessageType::Thought && r.content.starts_with("Decomposed into 4 sub-goals"));
+        items.push(item);
+        if decomposed {
+            break;
+        }
+    }
+    let completions = async || {
+        let mut n = 0.0;
+        for r in &replicas {
+            n += r.fanin("completion").await;
+        }
+        n
+    };
+    let held = eventually_every(
+        Duration::from_millis(100),
+        Duration::from_secs(60),
+        completions,
+        |n| *n >= 3.0,
+    )
+    .await;
+    assert_eq!(held, 3.0, "three completions held, the fourth not back");
+    // The length of the scenario, not a synchronisation: the fan-out outlasts both of the
+    // client's loss windows while the caller receives nothing.
+    tokio::time::sleep(UNLISTED_GRACE + SILENT_AFTER + Duration::from_secs(2)).await;
+    fake.release_held();
+    while let Some(item) = tokio::time::timeout(Duration::from_secs(60), stream.next())
+        .await
+        .expect("the dialog goes on")
+    {
+        items.push(item.unwrap());
+    }
+    assert!(
+        !items.iter().any(|i| matches!(i, Received::Restarted)),
+        "{items:#?}"
+    );
+    let records: Vec<&AgentResponse> = items
+        .iter()
+        .filter_map(|i| match i {
+            Received::Record(r) => Some(r),
+            Received::Restarted => None,
+        })
+        .collect();
+    assert!(records.iter().all(|r| r.error.is_none()), "{records:#?}");
+    assert_eq!(
+        records.iter().filter(|r| r.end_of_dialog).count(),
+        1,
+        "one end: {records:#?}"
+    );
+    let answer: String = records
+        .iter()
+        .filter(|r| r.message_type == AgentMessageType::Answer)
+        .map(|r| r.content.as_str())
+        .collect();
+    for goal in ["alpha", "beta", "gamma", "delta"] {
+        assert!(
+            answer.contains(&format!("result-{goal}")),
+            "every subagent's result in the synthesis: {answer}"
+        );
+    }
+    for r in &mut replicas {
+        process::terminate(&mut r.child, Duration::from_secs(20)).await;
     }
     client.close().await;
     llm.stop().await;
