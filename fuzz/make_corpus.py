@@ -268,3 +268,9 @@ put("shared", "usage", 3, 0, j({"id": "req-1", "attempt": "a1", "key": "team-a",
     "provider": "openai", "streaming": True, "input_tokens": 37, "output_tokens": 12,
     "estimated": False, "outcome": "answered", "error": None, "duration_ms": 812,
     "ended_at_ms": 1795860030000, "cost": 0.000123}))
+# Found by the fuzzer (serde_json reads this cost one unit in the last place away from the
+# nearest double): kept as a seed, byte for byte as it was found.
+put("shared", "usage_cost_ulp", 3, 0, '{"id":"req-1","attempt":"a1","key":"te","trace_id":"0af7",'
+    '"flow":"ult","service":"-completion","model":"gpt-4o-mini","provider":"oi","streaming":true,'
+    '"input_tokens":37,"output_tokens":12,"estimated":false,"outcome":"aned","error":null,'
+    '"duration_ms":812,"ended_at_ms":1795860030000,"cost":0.0000000000000000000000000123}')
