@@ -314,28 +314,20 @@ pub(crate) async fn flow_service(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    if flow != inner.config.flow {
-        let message = format!(
-            "unknown flow {flow:?}; this gateway serves flow {:?}",
-            inner.config.flow
-        );
-        let resp = refuse(
-            accepted(&headers),
-            &headers,
-            StatusCode::NOT_FOUND,
-            "invalid-request",
-            &message,
-        );
-        return labelled("flow", resp);
-    }
-    // TrustGraph 2.x's REST client puts its workspace in the body; a gateway serves one.
-    if let Some(other) = body.as_ref().ok().and_then(|b| body_workspace(b))
-        && other != inner.config.workspace
-    {
-        let message = format!(
-            "unknown workspace {other:?}; this gateway serves workspace {:?}",
-            inner.config.workspace
-        );
+    // A flow or a workspace (TrustGraph 2.x's REST client names its workspace in the body)
+    // other than the one this gateway serves is refused, never answered from this one's.
+    let workspace;
+    let elsewhere = if flow == inner.config.flow {
+        workspace = body.as_ref().ok().and_then(|b| body_workspace(b));
+        workspace
+            .as_deref()
+            .filter(|w| *w != inner.config.workspace)
+            .map(|w| ("workspace", w, inner.config.workspace.as_str()))
+    } else {
+        Some(("flow", flow.as_str(), inner.config.flow.as_str()))
+    };
+    if let Some((what, asked, served)) = elsewhere {
+        let message = format!("unknown {what} {asked:?}; this gateway serves {what} {served:?}");
         let resp = refuse(
             accepted(&headers),
             &headers,
