@@ -109,6 +109,61 @@ fn non_persistent_triple(name: &str) -> (String, String, String) {
     (np(request), np(response), np(cancel))
 }
 
+/// Reads the dialog's `stream` up to the decomposition's thought (four goals), which the
+/// fan-out follows.
+async fn until_decomposed(
+    stream: &mut sluice_runtime::client::ResponseStream<AgentResponse>,
+) -> Vec<Received<AgentResponse>> {
+    let mut items = Vec::new();
+    loop {
+        let item = tokio::time::timeout(Duration::from_secs(60), stream.next())
+            .await
+            .expect("the dialog goes on")
+            .expect("the dialog goes on")
+            .unwrap();
+        let decomposed = matches!(&item, Received::Record(r)
+            if r.message_type == AgentMessageType::Thought && r.content.starts_with("Decomposed into 4 sub-goals"));
+        items.push(item);
+        if decomposed {
+            return items;
+        }
+    }
+}
+
+/// The dialog ended once, never restarted (nothing of it was in flight on a killed replica),
+/// without an error, and its answer holds every subagent's result (the scripted model echoes
+/// what the synthesis was given).
+fn assert_one_answer_from_every_subagent(items: &[Received<AgentResponse>]) {
+    assert!(
+        !items.iter().any(|i| matches!(i, Received::Restarted)),
+        "the dialog never restarted: {items:#?}"
+    );
+    let records: Vec<&AgentResponse> = items
+        .iter()
+        .filter_map(|i| match i {
+            Received::Record(r) => Some(r),
+            Received::Restarted => None,
+        })
+        .collect();
+    assert!(records.iter().all(|r| r.error.is_none()), "{records:#?}");
+    assert_eq!(
+        records.iter().filter(|r| r.end_of_dialog).count(),
+        1,
+        "one end: {records:#?}"
+    );
+    let answer: String = records
+        .iter()
+        .filter(|r| r.message_type == AgentMessageType::Answer)
+        .map(|r| r.content.as_str())
+        .collect();
+    for goal in ["alpha", "beta", "gamma", "delta"] {
+        assert!(
+            answer.contains(&format!("result-{goal}")),
+            "every subagent's result in the synthesis: {answer}"
+        );
+    }
+}
+
 /// See the module's documentation.
 #[tokio::test]
 async fn a_supervisor_dialog_survives_the_sigkill_of_its_fan_in_holder() {
@@ -151,21 +206,8 @@ async fn a_supervisor_dialog_survives_the_sigkill_of_its_fan_in_holder() {
         ..AgentRequest::default()
     };
     let mut stream = client.request(&request).await.unwrap();
-    let mut items = Vec::new();
     // Up to the decomposition's thought: the fan-out follows it.
-    loop {
-        let item = tokio::time::timeout(Duration::from_secs(60), stream.next())
-            .await
-            .expect("the dialog goes on")
-            .expect("the dialog goes on")
-            .unwrap();
-        let decomposed = matches!(&item, Received::Record(r)
-            if r.message_type == AgentMessageType::Thought && r.content.starts_with("Decomposed into 4 sub-goals"));
-        items.push(item);
-        if decomposed {
-            break;
-        }
-    }
+    let mut items = until_decomposed(&mut stream).await;
     // The holder has three completions held (the fourth subagent's model is held back).
     let mut holder = None;
     for (i, r) in replicas.iter().enumerate() {
@@ -200,34 +242,7 @@ async fn a_supervisor_dialog_survives_the_sigkill_of_its_fan_in_holder() {
     {
         items.push(item.unwrap());
     }
-    let records: Vec<&AgentResponse> = items
-        .iter()
-        .filter_map(|i| match i {
-            Received::Record(r) => Some(r),
-            Received::Restarted => None,
-        })
-        .collect();
-    assert!(
-        !items.iter().any(|i| matches!(i, Received::Restarted)),
-        "nothing of the dialog was in flight on a killed replica: {items:#?}"
-    );
-    assert!(records.iter().all(|r| r.error.is_none()), "{records:#?}");
-    assert_eq!(
-        records.iter().filter(|r| r.end_of_dialog).count(),
-        1,
-        "one end: {records:#?}"
-    );
-    let answer: String = records
-        .iter()
-        .filter(|r| r.message_type == AgentMessageType::Answer)
-        .map(|r| r.content.as_str())
-        .collect();
-    for goal in ["alpha", "beta", "gamma", "delta"] {
-        assert!(
-            answer.contains(&format!("result-{goal}")),
-            "every subagent's result in the synthesis: {answer}"
-        );
-    }
+    assert_one_answer_from_every_subagent(&items);
     // A survivor took the fan-in over and joined it once; nobody else joined.
     let survivors: Vec<usize> = (0..replicas.len())
         .filter(|i| !doomed.contains(i))
@@ -291,20 +306,8 @@ async fn a_supervisor_dialog_on_trustgraphs_mapping_outlasts_the_clients_loss_wi
         ..AgentRequest::default()
     };
     let mut stream = client.request(&request).await.unwrap();
-    let mut items = Vec::new();
-    loop {
-        let item = tokio::time::timeout(Duration::from_secs(60), stream.next())
-            .await
-            .expect("the dialog goes on")
-            .expect("the dialog goes on")
-            .unwrap();
-        let decomposed = matches!(&item, Received::Record(r)
-            if r.message_type == AgentMessageType::Thought && r.content.starts_with("Decomposed into 4 sub-goals"));
-        items.push(item);
-        if decomposed {
-            break;
-        }
-    }
+    // Up to the decomposition's thought: the fan-out follows it.
+    let mut items = until_decomposed(&mut stream).await;
     let completions = async || {
         let mut n = 0.0;
         for r in &replicas {
@@ -330,34 +333,7 @@ async fn a_supervisor_dialog_on_trustgraphs_mapping_outlasts_the_clients_loss_wi
     {
         items.push(item.unwrap());
     }
-    assert!(
-        !items.iter().any(|i| matches!(i, Received::Restarted)),
-        "{items:#?}"
-    );
-    let records: Vec<&AgentResponse> = items
-        .iter()
-        .filter_map(|i| match i {
-            Received::Record(r) => Some(r),
-            Received::Restarted => None,
-        })
-        .collect();
-    assert!(records.iter().all(|r| r.error.is_none()), "{records:#?}");
-    assert_eq!(
-        records.iter().filter(|r| r.end_of_dialog).count(),
-        1,
-        "one end: {records:#?}"
-    );
-    let answer: String = records
-        .iter()
-        .filter(|r| r.message_type == AgentMessageType::Answer)
-        .map(|r| r.content.as_str())
-        .collect();
-    for goal in ["alpha", "beta", "gamma", "delta"] {
-        assert!(
-            answer.contains(&format!("result-{goal}")),
-            "every subagent's result in the synthesis: {answer}"
-        );
-    }
+    assert_one_answer_from_every_subagent(&items);
     for r in &mut replicas {
         process::terminate(&mut r.child, Duration::from_secs(20)).await;
     }
